@@ -1,0 +1,39 @@
+"""unickpt: unified checkpointing for large-model training in PyTorch.
+
+    handle = unickpt.save("ckpts/step_100", {"model": m, "optimizer": opt,
+                          "extra_state": {"step": 100, "rng": unickpt.rng_state()}}, framework="fsdp2")
+    unickpt.load("ckpts/step_100", state, framework="auto")   # any world size / parallelism
+"""
+
+from .api import SaveHandle, load, save
+from .errors import (
+    CheckpointError,
+    ChecksumMismatchError,
+    ConcurrentSaveError,
+    CorruptMetadataError,
+    DtypeMismatchError,
+    FrameworkError,
+    IncompleteCheckpointError,
+    MissingDataFileError,
+    MissingKeysError,
+    NotACheckpointError,
+    PlanningError,
+    RankFailures,
+    ShapeMismatchError,
+    StorageError,
+    TruncatedDataFileError,
+    UnexpectedKeysError,
+    UnsupportedFormatVersionError,
+)
+from .options import LoadOptions, SaveOptions
+from .state.extra import rng_state, set_rng_state
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "save", "load", "SaveHandle", "SaveOptions", "LoadOptions", "rng_state", "set_rng_state",
+    "CheckpointError", "ChecksumMismatchError", "ConcurrentSaveError", "CorruptMetadataError",
+    "DtypeMismatchError", "FrameworkError", "IncompleteCheckpointError", "MissingDataFileError",
+    "MissingKeysError", "NotACheckpointError", "PlanningError", "RankFailures", "ShapeMismatchError",
+    "StorageError", "TruncatedDataFileError", "UnexpectedKeysError", "UnsupportedFormatVersionError",
+]

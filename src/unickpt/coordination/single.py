@@ -1,0 +1,28 @@
+"""The one-process coordinator (framework="torch" or no process group)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["SingleProcessCoordinator"]
+
+
+class SingleProcessCoordinator:
+    rank = 0
+    world_size = 1
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        return [obj]
+
+    def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
+        return [obj]
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        return obj
+
+    def scatter_object(self, objs: list[Any] | None, src: int = 0) -> Any:
+        assert objs is not None and len(objs) == 1
+        return objs[0]
+
+    def barrier(self) -> None:
+        return None

@@ -1,0 +1,178 @@
+"""Metadata codec: ``Metadata`` <-> UTF-8 JSON bytes, with version dispatch and validation.
+
+Writers call ``encode_metadata`` once (the coordinator, at commit). Readers call
+``decode_metadata`` which checks the format version first, then the structure, then the geometry
+(every shard inside its tensor, byte lengths consistent with dtype and box, no two shards of one
+file overlapping) so that nothing downstream allocates or reads from an absurd record.
+Shard tables are stored column-compact: one flat integer list per shard
+``[*offsets, *lengths, file_index, byte_offset, byte_length, crc32c]``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from ..errors import CorruptMetadataError, UnsupportedFormatVersionError
+from .dtypes import itemsize
+from .records import (
+    FORMAT_VERSION,
+    BlobRecord,
+    Metadata,
+    ShardRecord,
+    TensorRecord,
+    Topology,
+)
+
+__all__ = ["encode_metadata", "decode_metadata", "MAGIC"]
+
+MAGIC = "unickpt"
+_MAX_NDIM = 64
+
+
+def encode_metadata(md: Metadata) -> bytes:
+    tensors = {}
+    for fqn, t in md.tensors.items():
+        tensors[fqn] = {
+            "dtype": t.dtype,
+            "shape": list(t.shape),
+            "shards": [
+                [*s.offsets, *s.lengths, s.file_index, s.byte_offset, s.byte_length, s.crc32c]
+                for s in t.shards
+            ],
+        }
+    doc = {
+        "magic": MAGIC,
+        "format_version": md.format_version,
+        "save_id": md.save_id,
+        "created_unix": md.created_unix,
+        "role": md.role,
+        "topology": {
+            "framework": md.topology.framework,
+            "world_size": md.topology.world_size,
+            "mesh": [[name, size] for name, size in md.topology.mesh],
+        },
+        "files": list(md.files),
+        "tensors": tensors,
+        "objects": md.objects,
+        "blobs": {
+            k: [b.file_index, b.byte_offset, b.byte_length, b.crc32c] for k, b in md.blobs.items()
+        },
+    }
+    return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def _fail(source: str, what: str) -> CorruptMetadataError:
+    return CorruptMetadataError(f"corrupt checkpoint metadata {source}: {what}")
+
+
+def _int(v: Any, source: str, what: str, lo: int = 0) -> int:
+    if type(v) is not int or v < lo:
+        raise _fail(source, f"{what} must be an integer >= {lo}, got {v!r}")
+    return v
+
+
+def decode_metadata(data: bytes, source: str = "<metadata>") -> Metadata:
+    """Parse and validate metadata bytes read from ``source`` (a path, for messages)."""
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise _fail(source, f"not valid JSON ({e.__class__.__name__}: {e})") from None
+    if not isinstance(doc, dict) or doc.get("magic") != MAGIC:
+        raise _fail(source, "missing unickpt magic")
+    version = doc.get("format_version")
+    if type(version) is not int:
+        raise _fail(source, f"format_version must be an integer, got {version!r}")
+    if version > FORMAT_VERSION or version < 1:
+        raise UnsupportedFormatVersionError(
+            f"checkpoint {source} has format version {version}; this unickpt reads versions "
+            f"1..{FORMAT_VERSION}. Upgrade unickpt to load it."
+        )
+    try:
+        return _decode_v1(doc, source)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as e:
+        if isinstance(e, CorruptMetadataError):
+            raise
+        raise _fail(source, f"{e.__class__.__name__}: {e}") from None
+
+
+def _decode_v1(doc: dict[str, Any], source: str) -> Metadata:
+    files = doc["files"]
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        raise _fail(source, "files must be a list of strings")
+    for f in files:
+        if f.startswith("/") or ".." in f.split("/") or "\\" in f or not f:
+            raise _fail(source, f"file name {f!r} escapes the checkpoint folder")
+    nfiles = len(files)
+    topo = doc["topology"]
+    topology = Topology(
+        framework=str(topo["framework"]),
+        world_size=_int(topo["world_size"], source, "topology.world_size", 1),
+        mesh=tuple((str(n), _int(s, source, "topology.mesh size", 1)) for n, s in topo["mesh"]),
+    )
+    ranges_by_file: dict[int, list[tuple[int, int, str]]] = {}
+    tensors: dict[str, TensorRecord] = {}
+    raw_tensors = doc["tensors"]
+    if not isinstance(raw_tensors, dict):
+        raise _fail(source, "tensors must be an object")
+    for fqn, t in raw_tensors.items():
+        dtype = t["dtype"]
+        if not isinstance(dtype, str):
+            raise _fail(source, f"tensor {fqn!r}: dtype must be a string")
+        isz = itemsize(dtype)
+        shape = tuple(_int(d, source, f"tensor {fqn!r} shape", 0) for d in t["shape"])
+        ndim = len(shape)
+        if ndim > _MAX_NDIM:
+            raise _fail(source, f"tensor {fqn!r} has {ndim} dimensions")
+        shards = []
+        for row in t["shards"]:
+            if not isinstance(row, list) or len(row) != 2 * ndim + 4:
+                raise _fail(source, f"tensor {fqn!r}: shard entry has the wrong length")
+            vals = [_int(v, source, f"tensor {fqn!r} shard field", 0) for v in row]
+            offs, lens = tuple(vals[:ndim]), tuple(vals[ndim : 2 * ndim])
+            fidx, boff, blen, crc = vals[2 * ndim :]
+            for d in range(ndim):
+                if offs[d] + lens[d] > shape[d]:
+                    raise _fail(source, f"tensor {fqn!r}: shard {offs}+{lens} outside shape {shape}")
+            if fidx >= nfiles:
+                raise _fail(source, f"tensor {fqn!r}: shard names file #{fidx} of {nfiles}")
+            if blen != math.prod(lens) * isz:
+                raise _fail(source, f"tensor {fqn!r}: shard byte length {blen} != box size")
+            if crc >= 1 << 32:
+                raise _fail(source, f"tensor {fqn!r}: checksum out of range")
+            ranges_by_file.setdefault(fidx, []).append((boff, blen, fqn))
+            shards.append(ShardRecord(offs, lens, fidx, boff, blen, crc))
+        tensors[fqn] = TensorRecord(fqn, dtype, shape, tuple(shards))
+    blobs = {}
+    for key, row in doc.get("blobs", {}).items():
+        fidx, boff, blen, crc = (_int(v, source, f"blob {key!r} field", 0) for v in row)
+        if fidx >= nfiles:
+            raise _fail(source, f"blob {key!r} names file #{fidx} of {nfiles}")
+        ranges_by_file.setdefault(fidx, []).append((boff, blen, key))
+        blobs[key] = BlobRecord(key, fidx, boff, blen, crc)
+    for fidx, ranges in ranges_by_file.items():
+        ranges.sort()
+        for (a_off, a_len, a_key), (b_off, _b_len, b_key) in zip(ranges, ranges[1:]):
+            if a_off + a_len > b_off:
+                raise _fail(source, f"byte ranges of {a_key!r} and {b_key!r} overlap in {files[fidx]}")
+    objects = doc.get("objects", {})
+    if not isinstance(objects, dict):
+        raise _fail(source, "objects must be an object")
+    created = doc["created_unix"]
+    if not isinstance(created, (int, float)):
+        raise _fail(source, "created_unix must be a number")
+    role = doc.get("role")
+    if role is not None and not isinstance(role, str):
+        raise _fail(source, "role must be a string")
+    return Metadata(
+        format_version=doc["format_version"],
+        save_id=str(doc["save_id"]),
+        created_unix=float(created),
+        topology=topology,
+        files=tuple(files),
+        tensors=tensors,
+        objects=objects,
+        blobs=blobs,
+        role=role,
+    )

@@ -1,0 +1,91 @@
+"""Metadata records: the parallelism-agnostic description of one checkpoint (DESIGN.md section 3).
+
+``Metadata`` is what the coordinator writes last (its presence is the commit). For every saved
+tensor it holds the basic meta (dtype, global shape) and the map from each shard's box
+``(offsets, lengths)`` to its bytes ``(file, byte offset, byte length, crc32c)``: the
+TensorShardToBasicByteMap. Everything is plain data: the codec turns it into JSON, never pickle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+__all__ = [
+    "FORMAT_VERSION",
+    "METADATA_FILE",
+    "JSONValue",
+    "ShardRecord",
+    "TensorRecord",
+    "BlobRecord",
+    "Topology",
+    "Metadata",
+]
+
+FORMAT_VERSION = 1
+METADATA_FILE = "unickpt.metadata.json"
+DATA_DIR = "data"
+
+JSONValue = Union[None, bool, int, float, str, list["JSONValue"], dict[str, "JSONValue"]]
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ShardRecord:
+    """One saved box of a tensor and where its raw, row-major bytes live."""
+
+    offsets: Shape
+    lengths: Shape
+    file_index: int  # index into Metadata.files
+    byte_offset: int
+    byte_length: int
+    crc32c: int
+
+
+@dataclass(frozen=True, slots=True)
+class TensorRecord:
+    """Basic meta of one global tensor plus all of its saved shards (non-overlapping, covering)."""
+
+    fqn: str
+    dtype: str
+    shape: Shape
+    shards: tuple[ShardRecord, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BlobRecord:
+    """An opaque, checksummed byte range (per-rank extra state, dataloader parts)."""
+
+    key: str
+    file_index: int
+    byte_offset: int
+    byte_length: int
+    crc32c: int
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """How the saving job was parallelised. Informational: loading never needs it."""
+
+    framework: str
+    world_size: int
+    mesh: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Metadata:
+    """The global metadata of one committed checkpoint."""
+
+    format_version: int
+    save_id: str
+    created_unix: float
+    topology: Topology
+    files: tuple[str, ...]
+    tensors: dict[str, TensorRecord]
+    objects: dict[str, JSONValue] = field(default_factory=dict)
+    blobs: dict[str, BlobRecord] = field(default_factory=dict)
+    role: str | None = None
+
+    @property
+    def total_tensor_bytes(self) -> int:
+        return sum(s.byte_length for t in self.tensors.values() for s in t.shards)

@@ -1,0 +1,20 @@
+"""Option dataclasses for save and load, grouped by concern (small, frozen, keyword-only)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["SaveOptions", "LoadOptions"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SaveOptions:
+    files_per_rank: int = 2  # data files per rank, written by parallel workers
+    io_threads: int = 4  # writer threads per rank
+    cleanup_previous: bool = True  # delete the previous checkpoint's data at this path after commit
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadOptions:
+    io_threads: int = 4  # reader threads per rank
+    verify_checksums: bool = True

@@ -1,0 +1,124 @@
+"""Load planning: target boxes of one rank + checkpoint metadata -> which saved shards to read
+and which sub-boxes to copy where (pure functions).
+
+Called by ``engine.load`` on every rank after the metadata is read and validated. Validation
+(``check_targets``) runs first and collects every problem (missing / unexpected keys under the
+strictness, shape and dtype mismatches) before any byte is read. Then ``plan_local_load``
+intersects each target box with the saved boxes of its tensor: every element of every target is
+covered exactly once because saved boxes tile their tensor (checked at save and on decode).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from ..errors import DtypeMismatchError, MissingKeysError, ShapeMismatchError, UnexpectedKeysError
+from ..format.records import Metadata
+from .boxes import intersect
+from .specs import Shape, ShardSpec
+
+__all__ = ["CopyOp", "ShardRead", "KeyReport", "check_targets", "plan_local_load"]
+
+
+@dataclass(frozen=True, slots=True)
+class CopyOp:
+    """Copy box ``lengths`` from ``src_offsets`` (relative to the saved shard) into local
+    destination ``item_index`` at ``dst_offsets`` (relative to its target box)."""
+
+    item_index: int
+    src_offsets: Shape
+    dst_offsets: Shape
+    lengths: Shape
+
+
+@dataclass(frozen=True, slots=True)
+class ShardRead:
+    """One saved shard this rank needs, and what to copy out of it."""
+
+    fqn: str
+    shard_index: int
+    copies: tuple[CopyOp, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class KeyReport:
+    """Keys skipped by a non-strict load."""
+
+    missing: tuple[str, ...]  # wanted by the live state, absent from the checkpoint
+    unexpected: tuple[str, ...]  # in the checkpoint, not wanted by the live state
+
+
+def check_targets(
+    md: Metadata,
+    specs: list[ShardSpec],
+    *,
+    strict: bool,
+    source: str,
+    checkpoint_keys: set[str] | None = None,
+) -> KeyReport:
+    """Validate targets against the metadata; raise one error listing every problem.
+
+    ``checkpoint_keys``: the saved fqns this load is responsible for (default: all tensors), so a
+    load of only the model does not call the optimizer's tensors unexpected.
+    """
+    wanted = {s.fqn: s for s in specs}
+    saved = set(md.tensors) if checkpoint_keys is None else checkpoint_keys
+    missing = sorted(set(wanted) - set(md.tensors))
+    unexpected = sorted(saved - set(wanted))
+    shape_problems, dtype_problems = [], []
+    for fqn, spec in wanted.items():
+        rec = md.tensors.get(fqn)
+        if rec is None:
+            continue
+        if tuple(rec.shape) != tuple(spec.global_shape):
+            shape_problems.append(f"{fqn}: checkpoint shape {rec.shape}, live shape {spec.global_shape}")
+        elif rec.dtype != spec.dtype:
+            dtype_problems.append(f"{fqn}: checkpoint dtype {rec.dtype}, live dtype {spec.dtype}")
+    if shape_problems:
+        raise ShapeMismatchError(f"shape mismatch loading {source}:\n  " + "\n  ".join(shape_problems[:50]))
+    if dtype_problems:
+        raise DtypeMismatchError(f"dtype mismatch loading {source}:\n  " + "\n  ".join(dtype_problems[:50]))
+    if strict and missing:
+        raise MissingKeysError(
+            f"{len(missing)} tensor(s) of the live state are not in checkpoint {source}: "
+            + ", ".join(missing[:20]) + (" ..." if len(missing) > 20 else "")
+            + " (pass strict=False to load the rest)"
+        )
+    if strict and unexpected:
+        raise UnexpectedKeysError(
+            f"checkpoint {source} has {len(unexpected)} tensor(s) the live state lacks: "
+            + ", ".join(unexpected[:20]) + (" ..." if len(unexpected) > 20 else "")
+            + " (pass strict=False to ignore them)"
+        )
+    return KeyReport(tuple(missing), tuple(unexpected))
+
+
+def plan_local_load(md: Metadata, specs: list[ShardSpec]) -> list[ShardRead]:
+    """For targets ``specs`` (index = local item index), the saved shards to read, in file order."""
+    copies: dict[tuple[str, int], list[CopyOp]] = defaultdict(list)
+    for idx, spec in enumerate(specs):
+        rec = md.tensors.get(spec.fqn)
+        if rec is None or spec.numel == 0:
+            continue
+        for sidx, shard in enumerate(rec.shards):
+            hit = intersect(spec.offsets, spec.lengths, shard.offsets, shard.lengths)
+            if hit is None:
+                continue
+            offs, lens = hit
+            copies[(spec.fqn, sidx)].append(
+                CopyOp(
+                    idx,
+                    tuple(o - s for o, s in zip(offs, shard.offsets)),
+                    tuple(o - t for o, t in zip(offs, spec.offsets)),
+                    lens,
+                )
+            )
+    reads = [ShardRead(fqn, sidx, tuple(ops)) for (fqn, sidx), ops in copies.items()]
+
+    def order(r: ShardRead) -> tuple[int, int]:
+        s = md.tensors[r.fqn].shards[r.shard_index]
+        return (s.file_index, s.byte_offset)
+
+    reads.sort(key=order)
+    return reads

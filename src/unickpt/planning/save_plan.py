@@ -1,0 +1,169 @@
+"""Save planning: local plans from every rank -> one global plan (pure functions).
+
+Called by the coordinator (rank 0) inside ``engine.save`` after ``all_gather``/``gather`` of the
+ranks' ``LocalSavePlan``s; the result is scattered back as ``RankSavePlan``s and reused (cached)
+while the local plans do not change. Steps:
+1. check every rank agrees on each tensor's dtype and global shape;
+2. deduplicate: identical boxes on several ranks are replicas; each is written once, by the
+   replica with the fewest bytes assigned so far (worst-fit, largest boxes first);
+3. check the written boxes of each tensor neither overlap nor leave gaps;
+4. lay out bytes: each rank's items go into ``files_per_rank`` files, balanced by bytes.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+from dataclasses import dataclass
+
+from ..errors import PlanningError
+from ..format.dtypes import itemsize
+from .boxes import find_overlaps_and_gaps, numel
+from .specs import BlobSpec, Shape, ShardSpec
+
+__all__ = ["LocalSavePlan", "WriteEntry", "RankSavePlan", "GlobalSavePlan", "plan_save", "data_file_name"]
+
+
+@dataclass(frozen=True, slots=True)
+class LocalSavePlan:
+    rank: int
+    shards: tuple[ShardSpec, ...]
+    blobs: tuple[BlobSpec, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class WriteEntry:
+    """Write local item ``item_index`` (or blob when ``blob_key`` is set) at ``byte_offset`` of ``file``."""
+
+    item_index: int
+    file: str
+    byte_offset: int
+    byte_length: int
+    blob_key: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RankSavePlan:
+    rank: int
+    save_id: str
+    entries: tuple[WriteEntry, ...]  # grouped by file, in byte order
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(e.file for e in self.entries))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(e.byte_length for e in self.entries)
+
+
+@dataclass(frozen=True, slots=True)
+class GlobalSavePlan:
+    save_id: str
+    rank_plans: tuple[RankSavePlan, ...]
+    files: tuple[str, ...]
+    tensors: dict[str, tuple[str, Shape]]  # fqn -> (dtype, global shape)
+    # (fqn, offsets, lengths, rank, item_index); which rank writes each kept box
+    writers: tuple[tuple[str, Shape, Shape, int, int], ...]
+
+
+def data_file_name(save_id: str, rank: int, part: int) -> str:
+    return f"data/{save_id}/r{rank:05d}-{part:02d}.bin"
+
+
+def plan_save(local_plans: list[LocalSavePlan], save_id: str, files_per_rank: int = 1) -> GlobalSavePlan:
+    world = len(local_plans)
+    if [p.rank for p in local_plans] != list(range(world)):
+        raise PlanningError("local plans must come from ranks 0..world_size-1 in order")
+    if files_per_rank < 1:
+        raise PlanningError("files_per_rank must be >= 1")
+    tensors: dict[str, tuple[str, Shape]] = {}
+    holders: dict[tuple[str, Shape, Shape], list[tuple[int, int]]] = defaultdict(list)
+    problems: list[str] = []
+    for plan in local_plans:
+        for idx, s in enumerate(plan.shards):
+            seen = tensors.setdefault(s.fqn, (s.dtype, s.global_shape))
+            if seen != (s.dtype, s.global_shape):
+                problems.append(
+                    f"{s.fqn}: rank {plan.rank} has dtype {s.dtype} shape {s.global_shape}, "
+                    f"another rank has dtype {seen[0]} shape {seen[1]}"
+                )
+                continue
+            if s.numel == 0 and s.global_shape and numel(s.global_shape) != 0:
+                continue  # empty shard (uneven sharding): nothing to write
+            holders[(s.fqn, s.offsets, s.lengths)].append((plan.rank, idx))
+    if problems:
+        raise PlanningError("ranks disagree on tensor metadata:\n  " + "\n  ".join(problems[:20]))
+
+    # worst-fit: unique boxes are fixed; replicated ones go, largest first, to the lightest replica
+    load = [0] * world
+    chosen: dict[tuple[str, Shape, Shape], tuple[int, int]] = {}
+    replicated = []
+    for key, hs in holders.items():
+        nbytes = numel(key[2]) * itemsize(tensors[key[0]][0])
+        if len(hs) == 1:
+            chosen[key] = hs[0]
+            load[hs[0][0]] += nbytes
+        else:
+            replicated.append((nbytes, key))
+    replicated.sort(key=lambda t: (-t[0], t[1]))
+    for nbytes, key in replicated:
+        rank, idx = min(holders[key], key=lambda h: (load[h[0]], h[0]))
+        chosen[key] = (rank, idx)
+        load[rank] += nbytes
+
+    by_fqn: dict[str, list[tuple[Shape, Shape]]] = defaultdict(list)
+    for fqn, offs, lens in chosen:
+        by_fqn[fqn].append((offs, lens))
+    for fqn, (dtype, shape) in tensors.items():
+        boxes = by_fqn.get(fqn, [])
+        if numel(shape) == 0:
+            continue
+        overlaps, covered = find_overlaps_and_gaps(shape, boxes)
+        if overlaps:
+            a, b = overlaps[0]
+            problems.append(f"{fqn}: saved shards overlap: {boxes[a]} and {boxes[b]}")
+        elif not covered:
+            got = sum(numel(b[1]) for b in boxes)
+            problems.append(f"{fqn}: saved shards cover {got} of {numel(shape)} elements of shape {shape}")
+    if problems:
+        raise PlanningError("the ranks' shards do not tile their tensors:\n  " + "\n  ".join(problems[:20]))
+
+    per_rank: list[list[tuple[int, int, str]]] = [[] for _ in range(world)]  # (nbytes, item, blob)
+    writers = []
+    for (fqn, offs, lens), (rank, idx) in sorted(chosen.items(), key=lambda kv: (kv[1][0], kv[1][1])):
+        per_rank[rank].append((numel(lens) * itemsize(tensors[fqn][0]), idx, ""))
+        writers.append((fqn, offs, lens, rank, idx))
+    for plan in local_plans:
+        for blob in plan.blobs:
+            per_rank[plan.rank].append((blob.nbytes, -1, blob.key))
+
+    rank_plans = []
+    all_files: list[str] = []
+    for rank, work in enumerate(per_rank):
+        entries = _layout(save_id, rank, work, files_per_rank)
+        rank_plans.append(RankSavePlan(rank, save_id, entries))
+        all_files.extend(f for f in dict.fromkeys(e.file for e in entries))
+    return GlobalSavePlan(save_id, tuple(rank_plans), tuple(all_files), tensors, tuple(writers))
+
+
+def _layout(save_id: str, rank: int, work: list[tuple[int, int, str]], parts: int) -> tuple[WriteEntry, ...]:
+    """Spread one rank's items over ``parts`` files (largest first to the lightest file)."""
+    if not work:
+        return ()
+    parts = min(parts, len(work))
+    heap = [(0, p) for p in range(parts)]
+    assigned: list[list[tuple[int, int, str]]] = [[] for _ in range(parts)]
+    order = sorted(range(len(work)), key=lambda i: -work[i][0]) if parts > 1 else range(len(work))
+    for i in order:
+        size, part = heapq.heappop(heap)
+        assigned[part].append(work[i])
+        heapq.heappush(heap, (size + work[i][0], part))
+    entries = []
+    for part, items in enumerate(assigned):
+        name = data_file_name(save_id, rank, part)
+        offset = 0
+        for nbytes, idx, blob in items:
+            entries.append(WriteEntry(idx, name, offset, nbytes, blob))
+            offset += nbytes
+    return tuple(entries)

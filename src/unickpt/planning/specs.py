@@ -1,0 +1,71 @@
+"""The framework-neutral shard spec that adapters produce and planners consume.
+
+An adapter describes every local piece of state as ``ShardSpec`` (which box of which global
+tensor) plus the live tensor holding it (``SaveItem`` on save, ``LoadItem`` on load: the
+destination written in place). Specs are frozen records; items hold tensors and so are not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .boxes import numel
+
+__all__ = ["Shape", "ShardSpec", "SaveItem", "LoadItem", "BlobSpec"]
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ShardSpec:
+    """Box ``(offsets, lengths)`` of global tensor ``fqn`` (dtype name, global shape)."""
+
+    fqn: str
+    dtype: str
+    global_shape: Shape
+    offsets: Shape
+    lengths: Shape
+
+    def __post_init__(self) -> None:
+        nd = len(self.global_shape)
+        if len(self.offsets) != nd or len(self.lengths) != nd:
+            raise ValueError(f"{self.fqn}: box rank differs from tensor rank {nd}")
+        for o, n, g in zip(self.offsets, self.lengths, self.global_shape):
+            if o < 0 or n < 0 or o + n > g:
+                raise ValueError(
+                    f"{self.fqn}: box offsets={self.offsets} lengths={self.lengths} outside {self.global_shape}"
+                )
+
+    @property
+    def numel(self) -> int:
+        return numel(self.lengths)
+
+    @property
+    def box(self) -> tuple[Shape, Shape]:
+        return (self.offsets, self.lengths)
+
+
+@dataclass(frozen=True, slots=True)
+class BlobSpec:
+    """An opaque per-rank byte blob (extra state, dataloader part) to store with the tensors."""
+
+    key: str
+    nbytes: int
+
+
+@dataclass(slots=True)
+class SaveItem:
+    """A local tensor holding exactly the box ``spec`` (shape == spec.lengths; any strides)."""
+
+    spec: ShardSpec
+    tensor: torch.Tensor
+
+
+@dataclass(slots=True)
+class LoadItem:
+    """A writable destination for box ``spec`` (shape == spec.lengths), filled in place."""
+
+    spec: ShardSpec
+    tensor: torch.Tensor
