@@ -11,25 +11,30 @@ Who calls what, in order, on every rank:
 
 from __future__ import annotations
 
-import threading
+import time
 import warnings
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, MutableMapping
 
 
 from .coordination import Coordinator, make_coordinator, run_stage
 from .engine.load import read_blob, read_metadata, read_stage
-from .engine.save import SaveRequest, commit_stage, plan_stage, write_stage
-from .engine.staging import stage_items
+from .engine.lock import run_locked
+from .engine.save import CachedPlan, SaveRequest, commit_stage, plan_stage, write_stage
+from .engine.staging import STAGING_POOL, live_parts
+from .engine.worker import SAVE_WORKER
 from .errors import CheckpointError, FrameworkError
 from .format.records import Metadata
 from .format.values import dumps_value, loads_value
 from .frameworks import get_framework
 from .options import LoadOptions, SaveOptions
 from .planning.load_plan import check_targets, plan_local_load
-from .planning.save_plan import GlobalSavePlan, LocalSavePlan
+from .monitoring.events import emit, phase
+from .planning.save_plan import LocalSavePlan, RankSavePlan
 from .planning.specs import BlobSpec
 from .state.extra import extra_blob_key, pick_extra_blob
-from .storage import Storage, open_storage
+from .storage import Buffer, Storage, open_storage
 
 __all__ = ["save", "load", "SaveHandle"]
 
@@ -39,42 +44,38 @@ _KNOWN_KEYS = {"model", "optimizer", "extra_state", "dataloader"}
 class SaveHandle:
     """Result of ``save``: ``wait()`` blocks until committed (re-raising any error), ``done()`` polls."""
 
-    def __init__(self) -> None:
-        self._event = threading.Event()
-        self._error: BaseException | None = None
-        self._metadata: Metadata | None = None
+    def __init__(self, future: "Future[Metadata | None]") -> None:
+        self._future = future
         self._reported = False
 
-    def _finish(self, metadata: Metadata | None, error: BaseException | None) -> None:
-        self._metadata, self._error = metadata, error
-        self._event.set()
-
     def done(self) -> bool:
-        return self._event.is_set()
+        return self._future.done()
 
     def wait(self, timeout: float | None = None) -> Metadata | None:
         """Block until the save is committed; returns the metadata on rank 0 (None elsewhere)."""
-        if not self._event.wait(timeout):
-            raise TimeoutError("checkpoint save still running")
-        if self._error is not None:
-            self._reported = True
-            raise self._error
-        return self._metadata
-
-
-_IN_FLIGHT: SaveHandle | None = None
-_PLAN_CACHE: dict[tuple[str | None, str], tuple[LocalSavePlan, GlobalSavePlan]] = {}
-
-
-def _wait_in_flight() -> None:
-    global _IN_FLIGHT
-    prev, _IN_FLIGHT = _IN_FLIGHT, None
-    if prev is not None:
         try:
-            prev.wait()
-        except BaseException as e:
-            if not prev._reported:
-                raise CheckpointError(f"the previous asynchronous save failed: {e}") from e
+            return self._future.result(timeout)
+        except FutureTimeout:
+            raise TimeoutError("checkpoint save still running") from None
+        except BaseException:
+            self._reported = True
+            raise
+
+
+_HANDLES: list[SaveHandle] = []  # async saves whose failure nobody has seen yet
+_PLAN_CACHE: dict[tuple[str | None, str], CachedPlan] = {}
+
+
+def _raise_unreported_failures() -> None:
+    """Surface a failed background save in the next save/load, never silently."""
+    global _HANDLES
+    done = [h for h in _HANDLES if h.done()]
+    _HANDLES = [h for h in _HANDLES if not h.done()]
+    for h in done:
+        err = h._future.exception()
+        if err is not None and not h._reported:
+            h._reported = True
+            raise CheckpointError(f"a previous asynchronous save failed: {err}") from err
 
 
 def _open(path: str, role: str | None) -> Storage:
@@ -96,51 +97,83 @@ def _check_state(state: MutableMapping[str, Any]) -> None:
 def save(path: str, state: MutableMapping[str, Any], *, framework: str = "auto",
          async_save: bool = False, role: str | None = None,
          options: SaveOptions | None = None) -> SaveHandle:
-    """Save ``state`` (model, optimizer, extra_state, dataloader) to ``path`` from every rank."""
+    """Save ``state`` (model, optimizer, extra_state, dataloader) to ``path`` from every rank.
+
+    Blocking: returns once committed. ``async_save=True``: returns once the snapshot is taken;
+    writing and the commit run on the background worker, after any earlier save."""
     options = options or SaveOptions()
     _check_state(state)
-    _wait_in_flight()
+    _raise_unreported_failures()
+    t0 = time.perf_counter()
     storage = _open(path, role)
-    coord = make_coordinator()
+    coord = make_coordinator(channel="foreground")
+    emit("save.begin", coord.rank, path=storage.url)
     adapter = get_framework(framework, state)
     view = run_stage(coord, "save (describe state)", lambda: adapter.save_view(state))
     blobs = _blobs_to_save(state, coord.rank)
     local = LocalSavePlan(coord.rank, tuple(i.spec for i in view.items),
                           tuple(BlobSpec(k, len(v)) for k, v in blobs.items()))
     key = (role, adapter.name)
-    rank_plan, gplan = plan_stage(coord, local, options.files_per_rank, _PLAN_CACHE.get(key))
-    if gplan is not None:
-        _PLAN_CACHE[key] = (local, gplan)
+    with phase("save.plan", coord.rank, path=storage.url):
+        cached = plan_stage(coord, local, options.files_per_rank, _PLAN_CACHE.get(key))
+    _PLAN_CACHE[key] = cached
+    gplan = cached.plan
+    rank_plan = gplan.rank_plans[coord.rank]
     request = SaveRequest(adapter.name, role, view.mesh, options.files_per_rank)
     objects = view.objects if coord.rank == 0 else {}
-    written = {e.item_index for e in rank_plan.entries if not e.blob_key}
-    item_bytes = run_stage(coord, "save (stage)",
-                           lambda: stage_items(view.items, written, copy=async_save))
-    handle = SaveHandle()
+    background = make_coordinator(channel="background")
 
-    def write_and_commit() -> None:
+    if async_save:
+        with phase("save.stage", coord.rank, path=storage.url, save_id=gplan.save_id) as p:
+            staged = run_stage(coord, "save (stage)", lambda: STAGING_POOL.stage(view.items, rank_plan, blobs))
+            p.nbytes = staged.nbytes
+        images = {f: memoryview(parts[0]) if parts else memoryview(b"") for f, parts in staged.parts.items()}
+        entry_bytes = [images[e.file][e.byte_offset: e.byte_offset + e.byte_length] for e in rank_plan.entries]
+        file_parts = staged.parts
+    else:
+        staged = None
+        file_parts = live_parts(view.items, rank_plan, blobs)
+        entry_bytes = _plan_order(rank_plan, file_parts)
+
+    def write_and_commit() -> Metadata | None:
         crcs, error = None, None
         try:
-            crcs = write_stage(storage, rank_plan, item_bytes, blobs, options.io_threads)
-        except BaseException as e:  # reported to all ranks by commit_stage
+            if staged is not None:
+                staged.wait_ready()
+            with phase("save.write", coord.rank, path=storage.url, save_id=gplan.save_id) as p:
+                crcs = write_stage(storage, rank_plan, entry_bytes, file_parts, options.io_threads)
+                p.nbytes = rank_plan.nbytes
+        except Exception as e:  # reported to all ranks by commit_stage
             error = e
-        md = commit_stage(coord, storage, gplan, crcs, error, request, objects, options.cleanup_previous)
-        handle._finish(md, None)
+        finally:
+            if staged is not None:
+                staged.release()
+        md = commit_stage(background, storage, gplan, crcs, error, request, objects, options.cleanup_previous)
+        emit("save.end", coord.rank, t0, path=storage.url, save_id=gplan.save_id, nbytes=rank_plan.nbytes)
+        return md
 
+    # under the save lock: one save per path; a failed save's partial data is discarded
+    handle = SaveHandle(SAVE_WORKER.submit(lambda: run_locked(
+        background, storage, rank_plan, write_and_commit, on_refused=staged.release if staged else None)))
     if not async_save:
-        write_and_commit()
-        return handle
-
-    def background() -> None:
-        try:
-            write_and_commit()
-        except BaseException as e:
-            handle._finish(None, e)
-
-    global _IN_FLIGHT
-    _IN_FLIGHT = handle
-    threading.Thread(target=background, name="unickpt-async-save", daemon=True).start()
+        handle.wait()
+    else:
+        _HANDLES.append(handle)
     return handle
+
+
+def _plan_order(plan: RankSavePlan, file_parts: dict[str, list[Buffer]]) -> list[Buffer]:
+    """Each entry's bytes, in plan order, picked out of ``live_parts``' per-file lists."""
+    cursor = {f: 0 for f in file_parts}
+    ends: dict[str, int] = {}
+    out = []
+    for e in plan.entries:
+        if e.byte_offset != ends.get(e.file, 0):
+            cursor[e.file] += 1  # skip the padding part
+        ends[e.file] = e.byte_offset + e.byte_length
+        out.append(file_parts[e.file][cursor[e.file]])
+        cursor[e.file] += 1
+    return out
 
 
 def _blobs_to_save(state: MutableMapping[str, Any], rank: int) -> dict[str, bytes]:
@@ -160,9 +193,10 @@ def load(path: str, state: MutableMapping[str, Any], *, framework: str = "auto",
     """Load the checkpoint at ``path`` into ``state`` in place, resharding as needed."""
     options = options or LoadOptions()
     _check_state(state)
-    _wait_in_flight()
+    SAVE_WORKER.drain()  # a save in flight commits first (it may target this path)
+    _raise_unreported_failures()
     storage = _open(path, role)
-    coord = make_coordinator()
+    coord = make_coordinator(channel="foreground")
     adapter = get_framework(framework, state)
     md = read_metadata(coord, storage)
     view = run_stage(coord, "load (describe state)", lambda: adapter.load_view(state))

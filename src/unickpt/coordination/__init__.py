@@ -12,8 +12,8 @@ __all__ = ["Coordinator", "run_stage", "SingleProcessCoordinator", "TorchDistCoo
            "checkpoint_group", "make_coordinator"]
 
 
-def make_coordinator(group: dist.ProcessGroup | None = None) -> Coordinator:
-    """TorchDist when a process group is initialised (and has >1 rank), else single-process."""
+def make_coordinator(group: dist.ProcessGroup | None = None, channel: str = "foreground") -> Coordinator:
+    """TorchDist when a process group is initialised, else single-process."""
     if dist.is_available() and dist.is_initialized():
-        return TorchDistCoordinator(group)
+        return TorchDistCoordinator(group, channel)
     return SingleProcessCoordinator()

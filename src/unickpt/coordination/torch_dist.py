@@ -1,9 +1,11 @@
 """Coordinator over ``torch.distributed``.
 
-Checkpoint traffic runs on its own gloo process group (created once per parent group, by every
-rank, in the order ranks first call save/load), so that background saves never interleave their
-collectives with the training job's NCCL/gloo collectives, and so that object collectives work on
-CPU whatever the training backend is. Objects exchanged here are unickpt's own plan records
+Checkpoint traffic runs on two gloo process groups of its own, created once per parent group by
+every rank at its first save/load: ``foreground`` for what the calling thread does (planning,
+load), ``background`` for what the async save worker does (commit). So background saves never
+interleave collectives with the training job's NCCL/gloo collectives nor with a foreground
+save/load planning at the same time, and object collectives work on CPU whatever the training
+backend is. Objects exchanged here are unickpt's own plan records
 between live ranks of one job, never data read from a checkpoint.
 """
 
@@ -16,29 +18,28 @@ import torch.distributed as dist
 
 __all__ = ["TorchDistCoordinator", "checkpoint_group"]
 
-_GROUPS: dict[int, dist.ProcessGroup] = {}
+CHANNELS = ("foreground", "background")
+_GROUPS: dict[tuple[int, str], dist.ProcessGroup] = {}
 _LOCK = threading.Lock()
 
 
-def checkpoint_group(parent: dist.ProcessGroup | None = None) -> dist.ProcessGroup:
-    """The gloo group unickpt uses beside ``parent`` (default: the world). Collective on first use."""
+def checkpoint_group(parent: dist.ProcessGroup | None = None, channel: str = "foreground") -> dist.ProcessGroup:
+    """unickpt's gloo group for ``channel`` beside ``parent`` (default: the world).
+
+    The first call creates the groups of every channel, in a fixed order, so it must be made by
+    all ranks of ``parent`` from their main thread (save/load do that)."""
     parent = parent or dist.group.WORLD
-    key = id(parent)
     with _LOCK:
-        group = _GROUPS.get(key)
-        if group is None:
+        if (id(parent), channel) not in _GROUPS:
             ranks = dist.get_process_group_ranks(parent)
-            if dist.get_backend(parent) == "gloo":
-                group = parent
-            else:
-                group = dist.new_group(ranks=ranks, backend="gloo")
-            _GROUPS[key] = group
-        return group
+            for ch in CHANNELS:
+                _GROUPS[(id(parent), ch)] = dist.new_group(ranks=ranks, backend="gloo")
+        return _GROUPS[(id(parent), channel)]
 
 
 class TorchDistCoordinator:
-    def __init__(self, group: dist.ProcessGroup | None = None) -> None:
-        self.group = checkpoint_group(group)
+    def __init__(self, group: dist.ProcessGroup | None = None, channel: str = "foreground") -> None:
+        self.group = checkpoint_group(group, channel)
         self.rank = dist.get_rank(self.group)
         self.world_size = dist.get_world_size(self.group)
         self._global_ranks = dist.get_process_group_ranks(self.group)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import crc32c
@@ -35,9 +35,10 @@ from ..format.records import (
     Topology,
 )
 from ..planning.save_plan import GlobalSavePlan, LocalSavePlan, RankSavePlan, plan_save
+from ..monitoring.events import emit, phase
 from ..storage.base import Buffer, Storage
 
-__all__ = ["SaveRequest", "plan_stage", "write_stage", "commit_stage", "new_save_id"]
+__all__ = ["SaveRequest", "CachedPlan", "plan_stage", "write_stage", "commit_stage", "new_save_id"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,77 +55,84 @@ def new_save_id() -> str:
     return time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:12]
 
 
-def plan_stage(coord: Coordinator, local: LocalSavePlan, files_per_rank: int,
-               cached: tuple[LocalSavePlan, GlobalSavePlan] | None = None,
-               ) -> tuple[RankSavePlan, GlobalSavePlan | None]:
-    """Collective: return this rank's plan (and the global plan on rank 0).
+@dataclass(frozen=True, slots=True)
+class CachedPlan:
+    """A global plan kept for reuse while this rank's local plan stays the same.
 
-    With ``cached`` (the previous local plan and global plan) the ranks only agree that nothing
-    changed, and reuse the layout under a fresh save id; otherwise plans are gathered again."""
-    unchanged = cached is not None and cached[0] == local
+    Reuse renames the files under a fresh save id ``<base>-<seq>``: every rank derives the same
+    id from the same sequence of saves, so no collective is needed to agree on it."""
+
+    local: LocalSavePlan
+    plan: GlobalSavePlan
+    base: str
+    seq: int = 0
+
+    def next(self) -> "CachedPlan":
+        seq = self.seq + 1
+        return CachedPlan(self.local, _rename_plan(self.plan, f"{self.base}-{seq:06d}"), self.base, seq)
+
+
+def plan_stage(coord: Coordinator, local: LocalSavePlan, files_per_rank: int,
+               cached: CachedPlan | None = None) -> CachedPlan:
+    """Collective (foreground group): this save's global plan, from the cache when every rank's
+    local plan is unchanged (one tiny all_gather), else gathered and computed by rank 0."""
+    unchanged = cached is not None and cached.local == local
     if coord.world_size > 1:
         unchanged = all(coord.all_gather_object(unchanged))
-    save_id = coord.broadcast_object(new_save_id() if coord.rank == 0 else None)
     if unchanged:
         assert cached is not None
-        gplan = _rename_plan(cached[1], save_id)
-        return gplan.rank_plans[coord.rank], gplan
+        return cached.next()
+    save_id = coord.broadcast_object(new_save_id() if coord.rank == 0 else None)
     plans = coord.gather_object(local)
+    payload: object = None
     if coord.rank == 0:
         assert plans is not None
         try:
-            gplan: GlobalSavePlan | None = plan_save(plans, save_id, files_per_rank)
-            payload: list[object] = list(gplan.rank_plans)
+            payload = plan_save(plans, save_id, files_per_rank)
         except CheckpointError as e:
-            gplan, payload = None, [e] * coord.world_size
-    else:
-        gplan, payload = None, None  # type: ignore[assignment]
-    mine = coord.scatter_object(payload)
-    if isinstance(mine, CheckpointError):
-        raise mine
-    # every rank keeps the global plan so the next save can reuse it without gathering
-    gplan = coord.broadcast_object(gplan) if coord.world_size > 1 else gplan
-    return mine, gplan
+            payload = e
+    # every rank keeps the global plan so later saves reuse it without gathering
+    payload = coord.broadcast_object(payload) if coord.world_size > 1 else payload
+    if isinstance(payload, CheckpointError):
+        raise payload
+    assert isinstance(payload, GlobalSavePlan)
+    return CachedPlan(local, payload, save_id)
 
 
 def _rename_plan(gplan: GlobalSavePlan, save_id: str) -> GlobalSavePlan:
     old = gplan.save_id
     rank_plans = tuple(
         RankSavePlan(rp.rank, save_id, tuple(
-            type(e)(e.item_index, e.file.replace(old, save_id, 1), e.byte_offset, e.byte_length, e.blob_key)
-            for e in rp.entries))
+            replace(e, file=e.file.replace(old, save_id, 1)) for e in rp.entries))
         for rp in gplan.rank_plans
     )
-    return GlobalSavePlan(save_id, rank_plans, tuple(f.replace(old, save_id, 1) for f in gplan.files),
-                          gplan.tensors, gplan.writers)
+    return replace(gplan, save_id=save_id, rank_plans=rank_plans,
+                   files=tuple(f.replace(old, save_id, 1) for f in gplan.files))
 
 
-def write_stage(storage: Storage, plan: RankSavePlan, item_bytes: Sequence[Buffer],
-                blobs: dict[str, bytes], threads: int) -> list[int]:
-    """Write this rank's files in parallel; return the CRC32C of every entry (plan order)."""
+def write_stage(storage: Storage, plan: RankSavePlan, entry_bytes: Sequence[Buffer],
+                file_parts: dict[str, list[Buffer]], threads: int) -> list[int]:
+    """Write this rank's files in parallel, checksumming each entry (plan order) alongside."""
     by_file: dict[str, list[int]] = {}
     for i, e in enumerate(plan.entries):
         by_file.setdefault(e.file, []).append(i)
+        if len(entry_bytes[i]) != e.byte_length:
+            raise CheckpointError(f"{e.file}: entry {i} has {len(entry_bytes[i])} bytes, plan says {e.byte_length}")
     crcs = [0] * len(plan.entries)
 
-    def write_file(name: str) -> None:
-        parts = []
+    def checksum(name: str) -> None:
         for i in by_file[name]:
-            e = plan.entries[i]
-            data = blobs[e.blob_key] if e.blob_key else item_bytes[e.item_index]
-            if len(data) != e.byte_length:
-                raise CheckpointError(f"{name}: entry {i} has {len(data)} bytes, plan says {e.byte_length}")
-            crcs[i] = crc32c.crc32c(data)
-            parts.append(data)
-        storage.write(name, parts)
+            crcs[i] = crc32c.crc32c(entry_bytes[i])
 
-    if len(by_file) <= 1 or threads <= 1:
-        for name in by_file:
-            write_file(name)
-    else:
-        with ThreadPoolExecutor(min(threads, len(by_file)), thread_name_prefix="unickpt-write") as pool:
-            for f in [pool.submit(write_file, n) for n in by_file]:
-                f.result()
+    def write(name: str) -> None:
+        with phase("save.write.file", plan.rank, path=name, save_id=plan.save_id) as p:
+            storage.write(name, file_parts.get(name, []))
+            p.nbytes = sum(plan.entries[i].byte_length for i in by_file[name])
+
+    jobs = [(fn, n) for n in by_file for fn in (write, checksum)]
+    with ThreadPoolExecutor(max(1, min(threads, len(jobs))), thread_name_prefix="unickpt-write") as pool:
+        for f in [pool.submit(fn, n) for fn, n in jobs]:
+            f.result()
     return crcs
 
 
@@ -172,6 +180,7 @@ def commit_stage(coord: Coordinator, storage: Storage, gplan: GlobalSavePlan | N
         return crcs
 
     run_stage(coord, "save (write)", local)
+    emit("save.commit.begin", coord.rank, save_id=gplan.save_id if gplan else "", path=storage.url)
     all_crcs = coord.gather_object(crcs)
 
     def finalize() -> Metadata | None:
@@ -185,6 +194,7 @@ def commit_stage(coord: Coordinator, storage: Storage, gplan: GlobalSavePlan | N
                 sync_dir(d)
             sync_dir(DATA_DIR)
         storage.commit(METADATA_FILE, encode_metadata(md))
+        emit("save.commit", coord.rank, save_id=md.save_id, path=storage.url)
         if cleanup_previous:
             remove_stale_data(storage, keep_save_id=md.save_id)
         return md

@@ -1,27 +1,173 @@
-"""Snapshot staging: turn the items a rank writes into byte buffers that stay valid while writing.
+"""Snapshot staging: the bytes a rank writes, made safe from training for the whole save.
 
-A blocking save writes straight from the live tensors (zero copy). An asynchronous save must
-snapshot them first: each written item is copied into host memory so training may continue.
+A blocking save writes straight from the live tensors (zero copy, ``live_parts``). An async save
+snapshots them first (``StagingPool.stage``): every written entry is copied into a *file image*,
+one page-aligned host buffer per data file laid out exactly as the file, so the writers can send
+it to disk with O_DIRECT and no further copy. Buffers are allocated once and reused (two slots,
+ping-pong: a save can stage into one while the previous still writes from the other), so the
+pool never holds more than 2x this rank's checkpoint bytes. On CUDA the images are pinned and the
+device-to-host copies run on a side stream; the training stream waits on the copy's event, so
+the next optimizer step (or any kernel) can not modify a tensor before its snapshot is taken,
+while the host returns at once.
 """
 
 from __future__ import annotations
 
+import threading
+from dataclasses import dataclass, field
+
 import torch
 
+from ..planning.save_plan import RankSavePlan
 from ..planning.specs import SaveItem
+from ..storage.aligned import AlignedBuffer
 from ..storage.base import Buffer
 from .bytes_view import tensor_bytes
 
-__all__ = ["stage_items"]
+__all__ = ["live_parts", "StagedFiles", "StagingPool", "STAGING_POOL"]
 
 
-def stage_items(items: list[SaveItem], written: set[int], *, copy: bool) -> list[Buffer]:
-    """Byte buffers for the written items (index-aligned with ``items``; others are empty)."""
-    out: list[Buffer] = [b""] * len(items)
+def live_parts(items: list[SaveItem], plan: RankSavePlan, blobs: dict[str, bytes]) -> dict[str, list[Buffer]]:
+    """For a blocking save: each file's parts (entries and the zero padding between them),
+    viewing the live tensors (CPU) or a host copy."""
+    out: dict[str, list[Buffer]] = {}
+    ends: dict[str, int] = {}
     with torch.no_grad():
-        for i in written:
-            t = items[i].tensor
-            if copy or t.device.type != "cpu":
-                t = t.detach().to("cpu", copy=True).contiguous() if copy else t.detach().cpu()
-            out[i] = tensor_bytes(t)
+        for e in plan.entries:
+            gap = e.byte_offset - ends.get(e.file, 0)
+            if gap:
+                out.setdefault(e.file, []).append(bytes(gap))  # alignment padding
+            ends[e.file] = e.byte_offset + e.byte_length
+            if e.blob_key:
+                data: Buffer = blobs[e.blob_key]
+            else:
+                t = items[e.item_index].tensor
+                data = tensor_bytes(t if t.device.type == "cpu" else t.detach().cpu())
+            out.setdefault(e.file, []).append(data)
     return out
+
+
+@dataclass
+class _Slot:
+    buffers: list[AlignedBuffer | torch.Tensor] = field(default_factory=list)
+    busy: bool = False
+
+
+@dataclass
+class StagedFiles:
+    """File images of one staged save; ``release()`` returns the slot once written."""
+
+    parts: dict[str, list[Buffer]]
+    ready: "torch.cuda.Event | None"
+    _pool: "StagingPool"
+    _slot: _Slot
+    nbytes: int
+
+    def wait_ready(self) -> None:
+        if self.ready is not None:
+            self.ready.synchronize()
+
+    def release(self) -> None:
+        self._pool._release(self._slot)
+
+
+class StagingPool:
+    def __init__(self, slots: int = 2) -> None:
+        self._slots = [_Slot() for _ in range(slots)]
+        self._cond = threading.Condition()
+        self._stream: "torch.cuda.Stream | None" = None
+
+    def capacity_bytes(self) -> int:
+        return sum(_cap(b) for s in self._slots for b in s.buffers)
+
+    def _acquire(self) -> _Slot:
+        with self._cond:
+            while True:
+                for s in self._slots:
+                    if not s.busy:
+                        s.busy = True
+                        return s
+                self._cond.wait()
+
+    def _release(self, slot: _Slot) -> None:
+        with self._cond:
+            slot.busy = False
+            self._cond.notify_all()
+
+    def stage(self, items: list[SaveItem], plan: RankSavePlan, blobs: dict[str, bytes]) -> StagedFiles:
+        """Copy every entry of ``plan`` into a free slot's file images (blocks while both are busy)."""
+        sizes: dict[str, int] = {}
+        for e in plan.entries:
+            sizes[e.file] = max(sizes.get(e.file, 0), e.byte_offset + e.byte_length)
+        files = list(sizes)
+        cuda = any(items[e.item_index].tensor.device.type == "cuda" for e in plan.entries if not e.blob_key)
+        slot = self._acquire()
+        try:
+            _fit(slot, [sizes[f] for f in files], pinned=cuda)
+            images = {f: _as_uint8(slot.buffers[i])[: sizes[f]] for i, f in enumerate(files)}
+            stream = None
+            if cuda:
+                if self._stream is None:
+                    self._stream = torch.cuda.Stream()
+                stream = self._stream
+                stream.wait_stream(torch.cuda.current_stream())
+            with torch.no_grad(), torch.cuda.stream(stream) if stream is not None else _null():
+                for e in plan.entries:
+                    dst = images[e.file][e.byte_offset: e.byte_offset + e.byte_length]
+                    if e.blob_key:
+                        if e.byte_length:
+                            dst.copy_(torch.frombuffer(bytearray(blobs[e.blob_key]), dtype=torch.uint8))
+                        continue
+                    src = items[e.item_index].tensor.detach()
+                    if src.numel() == 0:
+                        continue
+                    dst.view(src.dtype).view(src.shape).copy_(src, non_blocking=stream is not None)
+            ready = None
+            if stream is not None:
+                ready = torch.cuda.Event()
+                ready.record(stream)
+                torch.cuda.current_stream().wait_event(ready)  # training kernels run after the copy
+            parts: dict[str, list[Buffer]] = {
+                f: [memoryview(images[f].numpy()).cast("B")] if sizes[f] else [] for f in files}
+            return StagedFiles(parts, ready, self, slot, sum(sizes.values()))
+        except BaseException:
+            self._release(slot)
+            raise
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *a: object) -> None:
+        return None
+
+
+def _cap(b: AlignedBuffer | torch.Tensor) -> int:
+    return b.capacity if isinstance(b, AlignedBuffer) else b.numel()
+
+
+def _as_uint8(b: AlignedBuffer | torch.Tensor) -> torch.Tensor:
+    return torch.frombuffer(b.view, dtype=torch.uint8) if isinstance(b, AlignedBuffer) else b
+
+
+def _fit(slot: _Slot, sizes: list[int], pinned: bool) -> None:
+    """Make the slot hold one buffer per file, each at least as large; reuse what fits."""
+    have = sorted(slot.buffers, key=_cap, reverse=True)
+    out: list[AlignedBuffer | torch.Tensor] = []
+    for size in sizes:
+        pick = next((b for b in have if _cap(b) >= size and isinstance(b, torch.Tensor) == pinned), None)
+        if pick is not None:
+            have.remove(pick)
+        elif pinned:
+            pick = torch.empty(max(size, 1), dtype=torch.uint8, pin_memory=True)
+        else:
+            pick = AlignedBuffer(size)
+        out.append(pick)
+    for b in have:
+        if isinstance(b, AlignedBuffer):
+            b.close()
+    slot.buffers = out
+
+
+STAGING_POOL = StagingPool()

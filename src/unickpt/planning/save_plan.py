@@ -7,7 +7,8 @@ while the local plans do not change. Steps:
 2. deduplicate: identical boxes on several ranks are replicas; each is written once, by the
    replica with the fewest bytes assigned so far (worst-fit, largest boxes first);
 3. check the written boxes of each tensor neither overlap nor leave gaps;
-4. lay out bytes: each rank's items go into ``files_per_rank`` files, balanced by bytes.
+4. lay out bytes: each rank's items go into ``files_per_rank`` files, balanced by bytes, each
+   entry starting at a multiple of ENTRY_ALIGN bytes.
 """
 
 from __future__ import annotations
@@ -65,6 +66,10 @@ class GlobalSavePlan:
     tensors: dict[str, tuple[str, Shape]]  # fqn -> (dtype, global shape)
     # (fqn, offsets, lengths, rank, item_index); which rank writes each kept box
     writers: tuple[tuple[str, Shape, Shape, int, int], ...]
+
+
+# every entry starts at a multiple of this (element-aligned views, cache-line aligned copies)
+ENTRY_ALIGN = 64
 
 
 def data_file_name(save_id: str, rank: int, part: int) -> str:
@@ -165,5 +170,5 @@ def _layout(save_id: str, rank: int, work: list[tuple[int, int, str]], parts: in
         offset = 0
         for nbytes, idx, blob in items:
             entries.append(WriteEntry(idx, name, offset, nbytes, blob))
-            offset += nbytes
+            offset += -(-nbytes // ENTRY_ALIGN) * ENTRY_ALIGN
     return tuple(entries)

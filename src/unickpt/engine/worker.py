@@ -1,0 +1,49 @@
+"""The background save worker: one thread per process running save jobs in submission order.
+
+``api.save(async_save=True)`` snapshots on the caller's thread, then submits the rest (write,
+checksums, commit collectives on the ``background`` group) here. Every rank submits the same
+saves in the same order, so the collectives of the background group always match across ranks.
+The thread is not a daemon: a process that exits waits for its queued saves to commit.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable, TypeVar
+
+__all__ = ["SaveWorker", "SAVE_WORKER"]
+
+T = TypeVar("T")
+
+
+class SaveWorker:
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: list[Future] = []
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[[], T]) -> "Future[T]":
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="unickpt-save")
+            fut = self._pool.submit(fn)
+            self._pending = [f for f in self._pending if not f.done()] + [fut]
+            return fut
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return sum(1 for f in self._pending if not f.done())
+
+    def drain(self) -> None:
+        """Wait until every submitted job has finished (errors are reported by their handles)."""
+        with self._lock:
+            pending = list(self._pending)
+        for f in pending:
+            try:
+                f.result()
+            except BaseException:
+                pass
+
+
+SAVE_WORKER = SaveWorker()
