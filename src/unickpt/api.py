@@ -29,7 +29,7 @@ from .format.records import Metadata
 from .format.values import dumps_value, loads_value
 from .frameworks import get_framework
 from .options import LoadOptions, SaveOptions
-from .planning.load_plan import check_targets, plan_local_load
+from .planning.load_plan import KeyReport, ShardRead, check_targets, plan_local_load
 from .monitoring.events import emit, phase
 from .planning.save_plan import LocalSavePlan, RankSavePlan
 from .planning.specs import BlobSpec
@@ -195,23 +195,35 @@ def load(path: str, state: MutableMapping[str, Any], *, framework: str = "auto",
     _check_state(state)
     SAVE_WORKER.drain()  # a save in flight commits first (it may target this path)
     _raise_unreported_failures()
+    t_load = time.perf_counter()
     storage = _open(path, role)
     coord = make_coordinator(channel="foreground")
+    emit("load.begin", coord.rank, path=storage.url)
     adapter = get_framework(framework, state)
-    md = read_metadata(coord, storage)
+    with phase("load.metadata", coord.rank, path=storage.url):
+        md = read_metadata(coord, storage)
     view = run_stage(coord, "load (describe state)", lambda: adapter.load_view(state))
     specs = [i.spec for i in view.items]
     ckpt_keys = {k for k in md.tensors if k.startswith(view.prefixes)} if view.prefixes else set()
 
-    def local_load() -> tuple[list[str], list[str]]:
+    def check_and_plan() -> tuple[KeyReport, list[ShardRead]]:
         report = check_targets(md, specs, strict=strict, source=storage.url, checkpoint_keys=ckpt_keys)
-        reads = plan_local_load(md, specs)
-        read_stage(md, storage, view.items, reads, coord.rank, options.io_threads, options.verify_checksums)
+        return report, plan_local_load(md, specs)
+
+    with phase("load.plan", coord.rank, path=storage.url):
+        report, reads = run_stage(coord, "load (validate)", check_and_plan)
+    with phase("load.read", coord.rank, path=storage.url) as p:
+        p.nbytes = read_stage(md, storage, coord, view.items, reads, options.io_threads,
+                              options.verify_checksums, options.dedup_reads)
+
+    def finish() -> list[str]:
         skipped = view.finish(md.objects, strict)
         _restore_blobs(md, storage, state, coord, strict)
-        return list(report.missing) + skipped, list(report.unexpected)
+        return skipped
 
-    missing, unexpected = run_stage(coord, "load", local_load)
+    skipped = run_stage(coord, "load (finish)", finish)
+    missing, unexpected = list(report.missing) + skipped, list(report.unexpected)
+    emit("load.end", coord.rank, t_load, path=storage.url)
     if (missing or unexpected) and coord.rank == 0:
         warnings.warn(
             f"non-strict load of {storage.url}: skipped {len(missing)} live key(s) missing from the "

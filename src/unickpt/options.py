@@ -18,3 +18,5 @@ class SaveOptions:
 class LoadOptions:
     io_threads: int = 4  # reader threads per rank
     verify_checksums: bool = True
+    # read each saved byte once across all ranks and forward it over the process group
+    dedup_reads: bool = True

@@ -32,6 +32,12 @@ class Coordinator(Protocol):
 
     def barrier(self) -> None: ...
 
+    # point-to-point byte transfer (uint8 CPU tensors), used by the distributed load; only
+    # called when world_size > 1
+    def isend(self, tensor: Any, dst: int, tag: int) -> Any: ...
+
+    def irecv(self, tensor: Any, src: int, tag: int) -> Any: ...
+
 
 def run_stage(coord: Coordinator, stage: str, fn: Callable[[], T]) -> T:
     """Run ``fn`` locally, then agree across ranks; re-raise a lone local error unchanged."""

@@ -26,3 +26,9 @@ class SingleProcessCoordinator:
 
     def barrier(self) -> None:
         return None
+
+    def isend(self, tensor: Any, dst: int, tag: int) -> Any:
+        raise RuntimeError("a single process has no peer to send to")
+
+    def irecv(self, tensor: Any, src: int, tag: int) -> Any:
+        raise RuntimeError("a single process has no peer to receive from")

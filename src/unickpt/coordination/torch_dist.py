@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 __all__ = ["TorchDistCoordinator", "checkpoint_group"]
@@ -67,3 +68,9 @@ class TorchDistCoordinator:
 
     def barrier(self) -> None:
         dist.barrier(group=self.group)
+
+    def isend(self, tensor: "torch.Tensor", dst: int, tag: int) -> "dist.Work":
+        return dist.isend(tensor, dst=self._global_ranks[dst], group=self.group, tag=tag)
+
+    def irecv(self, tensor: "torch.Tensor", src: int, tag: int) -> "dist.Work":
+        return dist.irecv(tensor, src=self._global_ranks[src], group=self.group, tag=tag)

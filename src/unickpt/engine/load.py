@@ -5,8 +5,10 @@ Call order (every rank; * = collective on the checkpoint group):
                       metadata file is told apart as an interrupted save or not a checkpoint;
   ``check_targets``   every problem with keys, shapes and dtypes, before any data I/O;
   ``plan_local_load`` which saved shards this rank needs and which sub-boxes go where;
-  ``read_stage``      file sizes checked, then whole shards read by a thread pool (straight into
-                      the destination when the boxes coincide), CRC32C verified, sub-boxes copied;
+  ``read_stage``*     needs gathered -> each needed saved shard assigned to one reading rank ->
+                      file sizes checked -> whole shards read by a thread pool as parallel ranged
+                      reads (straight into the destination when it is one contiguous region),
+                      CRC32C verified, forwarded to the other ranks needing them, sub-boxes copied;
   agreement*          every rank learns whether all ranks succeeded.
 """
 
@@ -17,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import crc32c
 import torch
 
-from ..coordination.base import Coordinator
+from ..coordination.base import Coordinator, run_stage
 from ..errors import (
     ChecksumMismatchError,
     CheckpointError,
@@ -29,15 +31,21 @@ from ..errors import (
 from ..format.codec import decode_metadata
 from ..format.dtypes import dtype_from_name
 from ..format.records import DATA_DIR, METADATA_FILE, BlobRecord, Metadata
+from ..planning.boxes import sub_box_is_contiguous
 from ..planning.load_plan import ShardRead
+from ..planning.read_assignment import ReadBatch, assign_reads
 from ..planning.specs import LoadItem
 from ..storage.base import Storage
 from .bytes_view import box_view, sub_box, tensor_bytes
 
-__all__ = ["read_metadata", "read_stage", "read_blob"]
+__all__ = ["read_metadata", "read_metadata_bytes", "read_stage", "read_blob"]
 
 
-def _read_metadata_local(storage: Storage) -> bytes:
+def read_metadata_bytes(storage: Storage) -> bytes:
+    """The raw metadata bytes of the checkpoint in ``storage`` (one process, no collective).
+
+    A missing metadata file is told apart: data files present -> IncompleteCheckpointError (an
+    interrupted save), nothing -> NotACheckpointError. Used by ``read_metadata`` and the tools."""
     data = storage.read(METADATA_FILE)
     if data is not None:
         return data
@@ -52,11 +60,11 @@ def _read_metadata_local(storage: Storage) -> bytes:
 def read_metadata(coord: Coordinator, storage: Storage) -> Metadata:
     """Collective: rank 0 reads, everyone decodes the same bytes."""
     if coord.world_size == 1:
-        return decode_metadata(_read_metadata_local(storage), f"{storage.url}/{METADATA_FILE}")
+        return decode_metadata(read_metadata_bytes(storage), f"{storage.url}/{METADATA_FILE}")
     payload: object = None
     if coord.rank == 0:
         try:
-            payload = _read_metadata_local(storage)
+            payload = read_metadata_bytes(storage)
         except CheckpointError as e:
             payload = e
     payload = coord.broadcast_object(payload)
@@ -86,50 +94,123 @@ def _check_files(md: Metadata, storage: Storage, reads: list[ShardRead], rank: i
                 f"but {fqn!r} needs bytes up to {end}")
 
 
-def read_stage(md: Metadata, storage: Storage, items: list[LoadItem], reads: list[ShardRead],
-               rank: int, threads: int, verify: bool) -> int:
-    """Read and place every needed shard; return the number of bytes read."""
-    _check_files(md, storage, reads, rank)
+_CHUNK = 16 << 20  # large shards are read as parallel ranged reads of this size
 
-    def one(r: ShardRead) -> int:
-        rec = md.tensors[r.fqn]
-        shard = rec.shards[r.shard_index]
-        dtype = dtype_from_name(rec.dtype)
-        name = md.files[shard.file_index]
-        direct = None
-        if len(r.copies) == 1:
-            c = r.copies[0]
-            dest = items[c.item_index].tensor
-            if (c.lengths == shard.lengths and tuple(dest.shape) == c.lengths
-                    and dest.device.type == "cpu" and dest.is_contiguous()):
-                direct = dest
-        if direct is not None:
-            view = tensor_bytes(direct)
-            storage.read_into(name, shard.byte_offset, view)
-            buf = None
+
+def read_stage(md: Metadata, storage: Storage, coord: Coordinator, items: list[LoadItem],
+               reads: list[ShardRead], threads: int, verify: bool, dedup: bool) -> int:
+    """Collective: read and place every needed shard; return the bytes this rank read.
+
+    With ``dedup`` (and several ranks) each needed saved shard is read by one rank only and
+    forwarded over the process group to the other ranks that need it (``assign_reads``).
+    Order: gather needs -> every rank reads its batches (parallel ranged reads, checksums) ->
+    all ranks agree the reads succeeded (so nobody waits forever on a failed peer) ->
+    receives posted, batches sent, pieces copied into place as they arrive."""
+    me = coord.rank
+    mine = {(r.fqn, r.shard_index): r for r in reads}
+    if dedup and coord.world_size > 1:
+        needs = coord.all_gather_object(list(mine))
+    else:
+        needs = [[] for _ in range(coord.world_size)]
+        needs[me] = list(mine)
+    batches = assign_reads(md, needs)
+    reading = [b for b in batches if b.reader == me]
+    outgoing: list[tuple[ReadBatch, torch.Tensor]] = []
+
+    def read_mine() -> int:
+        _check_files(md, storage, [mine.get(k) or ShardRead(k[0], k[1], ()) for b in reading for k in b.keys], me)
+        total = 0
+        with ThreadPoolExecutor(max(1, threads), thread_name_prefix="unickpt-read") as pool:
+            for b in reading:
+                buf = torch.empty(b.nbytes, dtype=torch.uint8) if len(b.consumers) > 1 else None
+                total += _read_batch(md, storage, pool, items, mine, b, buf, verify, me)
+                if buf is not None:
+                    outgoing.append((b, buf))
+        return total
+
+    total = run_stage(coord, "load (read)", read_mine)
+    if coord.world_size == 1 or not any(len(b.consumers) > 1 for b in batches):
+        return total
+    recvs = []
+    for b in batches:
+        if b.reader != me and me in b.consumers:
+            buf = torch.empty(b.nbytes, dtype=torch.uint8)
+            recvs.append((b, buf, coord.irecv(buf, b.reader, b.batch_id)))
+    sends = [coord.isend(buf, dst, b.batch_id) for b, buf in outgoing for dst in b.consumers if dst != me]
+    for b, buf, work in recvs:
+        work.wait()
+        for key, off in zip(b.keys, b.offsets):
+            _apply(md, items, mine[key], buf[off: off + md.tensors[key[0]].shards[key[1]].byte_length])
+    for w in sends:
+        w.wait()
+    return total
+
+
+def _read_batch(md: Metadata, storage: Storage, pool: ThreadPoolExecutor, items: list[LoadItem],
+                mine: dict[tuple[str, int], ShardRead], b: ReadBatch, buf: torch.Tensor | None,
+                verify: bool, rank: int) -> int:
+    """Read one batch's shards (into ``buf`` if it is to be forwarded, else straight into the
+    destination where possible), verify them and copy this rank's pieces into place."""
+    tasks, checks = [], []
+    total = 0
+    for key, off in zip(b.keys, b.offsets):
+        shard = md.tensors[key[0]].shards[key[1]]
+        target = _direct_target(md, items, mine.get(key)) if buf is None else None
+        if target is None:
+            region = (buf[off: off + shard.byte_length] if buf is not None
+                      else torch.empty(shard.byte_length, dtype=torch.uint8))
+            view = memoryview(region.numpy()).cast("B") if shard.byte_length else memoryview(b"")
         else:
-            buf = torch.empty(shard.byte_length, dtype=torch.uint8)
-            view = memoryview(buf.numpy()).cast("B") if shard.byte_length else memoryview(b"")
-            storage.read_into(name, shard.byte_offset, view)
-        if verify:
-            got = crc32c.crc32c(view)
-            if got != shard.crc32c:
-                raise ChecksumMismatchError(
-                    f"rank {rank}: checksum mismatch for {r.fqn!r} shard offsets={shard.offsets} "
-                    f"lengths={shard.lengths} in {storage.url}/{name} at byte {shard.byte_offset}: "
-                    f"stored {shard.crc32c:#010x}, read {got:#010x} (the file is corrupt)")
-        if buf is not None:
-            src = box_view(buf, dtype, shard.lengths)
-            with torch.no_grad():
-                for c in r.copies:
-                    dest = sub_box(items[c.item_index].tensor, c.dst_offsets, c.lengths)
-                    dest.copy_(sub_box(src, c.src_offsets, c.lengths))
-        return shard.byte_length
+            region, view = None, target
+        name = md.files[shard.file_index]
+        for start in range(0, len(view), _CHUNK):
+            tasks.append(pool.submit(storage.read_into, name, shard.byte_offset + start,
+                                     view[start: start + _CHUNK]))
+        checks.append((key, view, region))
+        total += shard.byte_length
+    for t in tasks:
+        t.result()
+    if verify:
+        for f in [pool.submit(_verify, md, storage, key, view, rank) for key, view, _ in checks]:
+            f.result()
+    for key, _view, region in checks:
+        if region is not None and key in mine:
+            _apply(md, items, mine[key], region)
+    return total
 
-    if threads <= 1 or len(reads) <= 1:
-        return sum(one(r) for r in reads)
-    with ThreadPoolExecutor(min(threads, len(reads)), thread_name_prefix="unickpt-read") as pool:
-        return sum(f.result() for f in [pool.submit(one, r) for r in reads])
+
+def _direct_target(md: Metadata, items: list[LoadItem], r: ShardRead | None) -> memoryview | None:
+    """The destination memory itself, when the shard lands whole in one contiguous CPU region."""
+    if r is None or len(r.copies) != 1:
+        return None
+    c = r.copies[0]
+    shard = md.tensors[r.fqn].shards[r.shard_index]
+    dest = items[c.item_index].tensor
+    if c.lengths != shard.lengths or dest.device.type != "cpu" or not dest.is_contiguous():
+        return None
+    if not sub_box_is_contiguous(tuple(dest.shape), c.dst_offsets, c.lengths):
+        return None
+    return tensor_bytes(sub_box(dest, c.dst_offsets, c.lengths)) if shard.byte_length else None
+
+
+def _verify(md: Metadata, storage: Storage, key: tuple[str, int], view: memoryview, rank: int) -> None:
+    shard = md.tensors[key[0]].shards[key[1]]
+    got = crc32c.crc32c(view)
+    if got != shard.crc32c:
+        raise ChecksumMismatchError(
+            f"rank {rank}: checksum mismatch for {key[0]!r} shard offsets={shard.offsets} "
+            f"lengths={shard.lengths} in {storage.url}/{md.files[shard.file_index]} at byte "
+            f"{shard.byte_offset}: stored {shard.crc32c:#010x}, read {got:#010x} (the file is corrupt)")
+
+
+def _apply(md: Metadata, items: list[LoadItem], r: ShardRead, region: torch.Tensor) -> None:
+    rec = md.tensors[r.fqn]
+    shard = rec.shards[r.shard_index]
+    src = box_view(region, dtype_from_name(rec.dtype), shard.lengths)
+    with torch.no_grad():
+        for c in r.copies:
+            dest = sub_box(items[c.item_index].tensor, c.dst_offsets, c.lengths)
+            dest.copy_(sub_box(src, c.src_offsets, c.lengths))
 
 
 def read_blob(md: Metadata, storage: Storage, blob: BlobRecord, rank: int) -> bytes:
