@@ -1,0 +1,31 @@
+# Two commands for a fresh machine (Python 3.11 only needed):
+#   make demo   - installs into .venv, runs the main job (train on 4 ranks, resume on 2, prove bit-identity)
+#   make test   - installs into .venv, runs the whole test suite
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+
+.PHONY: setup demo test bench clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# the CPU build of torch (a local wheel here); installed first so nothing pulls a CUDA build
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $@
+
+demo: setup
+	$(BIN)/unickpt demo
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/python bench/save_load.py
+	$(BIN)/python bench/async_stall.py
+
+clean:
+	rm -rf $(VENV) demo_out bench_out .pytest_cache

@@ -1,0 +1,127 @@
+"""Async save semantics: the checkpoint is the state at the save call, errors surface, the
+staging pool is bounded and reused, plans are cached and never stale."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import unickpt
+from unickpt.engine.staging import STAGING_POOL
+from unickpt.errors import CheckpointError, StorageError
+from unickpt.monitoring import add_listener, remove_listener
+from unickpt.storage.local import LocalStorage
+
+
+def _model(seed: int = 0, width: int = 64) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    m = nn.Sequential(nn.Linear(32, width), nn.ReLU(), nn.Linear(width, 8))
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    m(torch.randn(4, 32)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    return m, opt
+
+
+def _snapshot(m: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in m.state_dict().items()}
+
+
+def _load(path: str, width: int = 64) -> nn.Module:
+    m, opt = _model(seed=99, width=width)
+    unickpt.load(path, {"model": m, "optimizer": opt})
+    return m
+
+
+def test_checkpoint_is_the_state_at_the_save_call(tmp_path):
+    m, opt = _model()
+    before = _snapshot(m)
+    h = unickpt.save(str(tmp_path / "c"), {"model": m, "optimizer": opt}, async_save=True)
+    with torch.no_grad():  # training goes on and modifies the parameters in place
+        for p in m.parameters():
+            p.add_(1.0)
+    h.wait()
+    got = _load(str(tmp_path / "c")).state_dict()
+    assert all(torch.equal(got[k], before[k]) for k in before)
+
+
+def test_background_error_surfaces_in_wait_and_in_next_save(tmp_path, monkeypatch):
+    m, opt = _model()
+    real_write = LocalStorage.write
+
+    def failing(self, name, parts):
+        raise StorageError(f"injected failure writing {name}")
+
+    monkeypatch.setattr(LocalStorage, "write", failing)
+    h = unickpt.save(str(tmp_path / "a"), {"model": m, "optimizer": opt}, async_save=True)
+    with pytest.raises(CheckpointError, match="injected failure writing data/"):
+        h.wait()
+    unickpt.save(str(tmp_path / "b"), {"model": m, "optimizer": opt}, async_save=True)  # fails, unseen
+    unickpt.api.SAVE_WORKER.drain()
+    monkeypatch.setattr(LocalStorage, "write", real_write)
+    with pytest.raises(CheckpointError, match="previous asynchronous save failed"):
+        unickpt.save(str(tmp_path / "c"), {"model": m, "optimizer": opt})
+    unickpt.save(str(tmp_path / "c"), {"model": m, "optimizer": opt})  # reported once, then clean
+    # nothing was committed at the failed path (its partial data may already be cleaned up)
+    with pytest.raises((unickpt.IncompleteCheckpointError, unickpt.NotACheckpointError)):
+        _load(str(tmp_path / "a"))
+
+
+def test_back_to_back_async_saves_commit_in_order_with_bounded_pool(tmp_path):
+    m, opt = _model(width=256)
+    states = []
+    handles = []
+    for i in range(4):
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(0.5)
+        states.append(_snapshot(m))
+        handles.append(unickpt.save(str(tmp_path / f"s{i}"), {"model": m, "optimizer": opt}, async_save=True))
+    mds = [h.wait() for h in handles]
+    for i, md in enumerate(mds):
+        got = _load(str(tmp_path / f"s{i}"), width=256).state_dict()
+        assert all(torch.equal(got[k], states[i][k]) for k in states[i])
+    rank_bytes = sum(s.byte_length for t in mds[0].tensors.values() for s in t.shards)
+    assert STAGING_POOL.capacity_bytes() <= 2 * rank_bytes + 2 * 3 * 4096 * 4  # 2 slots, page rounding
+
+
+def test_plan_cache_reused_and_invalidated(tmp_path):
+    events = []
+
+    def listen(ev):
+        if ev.phase == "save.plan":
+            events.append(ev)
+
+    add_listener(listen)
+    try:
+        m, opt = _model()
+        md1 = unickpt.save(str(tmp_path / "x"), {"model": m, "optimizer": opt}).wait()
+        md2 = unickpt.save(str(tmp_path / "y"), {"model": m, "optimizer": opt}).wait()
+        assert md2.save_id.startswith(md1.save_id) and md2.save_id != md1.save_id
+        m3, opt3 = _model(width=48)  # a different layout: never reuse the stale plan
+        md3 = unickpt.save(str(tmp_path / "z"), {"model": m3, "optimizer": opt3}).wait()
+        assert not md3.save_id.startswith(md1.save_id)
+        assert md3.tensors["model.0.weight"].shape == (48, 32)
+        got = _load(str(tmp_path / "z"), width=48).state_dict()
+        assert torch.equal(got["0.weight"], m3.state_dict()["0.weight"])
+    finally:
+        remove_listener(listen)
+    assert len(events) == 3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_async_snapshot_round_trip(tmp_path):
+    m, opt = _model()
+    m.cuda()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    before = _snapshot(m)
+    h = unickpt.save(str(tmp_path / "g"), {"model": m}, async_save=True)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.mul_(3.0)
+    h.wait()
+    m2, _ = _model(seed=5)
+    m2.cuda()
+    unickpt.load(str(tmp_path / "g"), {"model": m2})
+    assert all(torch.equal(m2.state_dict()[k], before[k]) for k in before)
