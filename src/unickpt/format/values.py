@@ -44,7 +44,7 @@ def encode_value(v: Any, path: str = "extra_state", depth: int = 0) -> Any:
     if isinstance(v, np.ndarray):
         if v.dtype.hasobject:
             raise TypeError(f"{path}: numpy arrays of objects cannot be saved safely")
-        a = np.ascontiguousarray(v)
+        a = np.require(v, requirements="C")  # keeps 0-d arrays 0-d (ascontiguousarray does not)
         return {_TAG: "ndarray", "dtype": a.dtype.str, "shape": list(a.shape),
                 "v": base64.b64encode(a.tobytes()).decode()}
     if isinstance(v, np.generic):

@@ -1,0 +1,133 @@
+"""The ``unickpt`` command line (console script ``unickpt = unickpt.cli:main``; ``python -m unickpt``).
+
+Who calls what: ``main(argv)`` parses the arguments (argparse, one subcommand each) and dispatches
+to the subcommand's ``_cmd_*`` function, which calls the logic in ``unickpt.tools`` (``inspect``,
+``demo``) and renders the result. Every expected failure is a unickpt ``CheckpointError``: it is
+printed on stderr as ``unickpt <command>: error: <ErrorType>: <message>`` (no traceback).
+
+Exit codes: 0 success; 1 the check the command ran failed (``inspect --verify`` found corrupt or
+missing data, ``demo`` found a mismatch); 2 bad input (not a checkpoint, incomplete or corrupt
+checkpoint, unsupported format version, usage errors); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Callable, Sequence
+
+from .errors import CheckpointError
+
+__all__ = ["main", "build_parser", "EXIT_OK", "EXIT_FAILED", "EXIT_ERROR"]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_ERROR = 2
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from .tools import inspect as ins
+
+    storage, md, md_bytes = ins.load_metadata(args.path, args.role)
+    sizes = ins.file_sizes(storage, md)
+    summary = ins.summarize(md, storage.url, sizes, md_bytes)
+    if args.verify:
+        summary.verify = ins.verify(md, storage, sizes=sizes, threads=args.threads,
+                                    max_failures=args.max_failures)
+    if args.json:
+        print(ins.to_json(summary))
+    else:
+        print(ins.format_text(summary, tensors=not args.summary))
+    return EXIT_FAILED if summary.verify is not None and not summary.verify.ok else EXIT_OK
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .tools import demo
+
+    cfg = demo.DemoConfig(
+        out=args.out, steps=args.steps, save_every=args.save_every, extra_steps=args.extra_steps,
+        world_size=args.world_size, resume_world_size=args.resume_world_size, dim=args.dim,
+        layers=args.layers, timeout_s=args.timeout,
+    )
+    return EXIT_OK if demo.run_demo(cfg) else EXIT_FAILED
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def _role(text: str) -> str:
+    if not text or "/" in text or text.startswith("."):
+        raise argparse.ArgumentTypeError(f"invalid role {text!r} (a plain folder name)")
+    return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="unickpt", description="Unified checkpointing for PyTorch training: tools.")
+    parser.add_argument("--version", action="version", version=f"unickpt {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("inspect", help="describe a checkpoint (tensors, topology, files, totals)",
+                       description="Describe a checkpoint from its metadata (no data reads unless "
+                                   "--verify).")
+    p.add_argument("path", help="checkpoint folder or URL (local path, memory://, s3://, ...)")
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    p.add_argument("--verify", action="store_true",
+                   help="read every shard and blob and check its CRC32C (exit 1 on any failure)")
+    p.add_argument("--role", type=_role, default=None, help="inspect the sub-checkpoint of this role")
+    p.add_argument("--summary", action="store_true", help="text output without per-tensor/file tables")
+    p.add_argument("--threads", type=_positive, default=4, help="reader threads for --verify (4)")
+    p.add_argument("--max-failures", type=_positive, default=10,
+                   help="how many --verify failures to describe (10; all are counted)")
+    p.set_defaults(func=_cmd_inspect)
+
+    d = sub.add_parser("demo", help="train with FSDP2, save, resume with resharding, prove bit-exactness",
+                       description="Train the toy transformer with FSDP2 on CPU/gloo, checkpoint it, "
+                                   "resume on a different world size and prove the resumed run is "
+                                   "bit-identical to the uninterrupted one.")
+    d.add_argument("--out", default="./demo_out", help="folder for the checkpoints (./demo_out)")
+    d.add_argument("--steps", type=_positive, default=6, help="steps before the last checkpoint (6)")
+    d.add_argument("--save-every", type=_positive, default=2, help="save every N steps (2)")
+    d.add_argument("--extra-steps", type=_positive, default=4,
+                   help="steps trained after the last checkpoint, and after resuming (4)")
+    d.add_argument("--world-size", type=_positive, default=4, help="processes of the first run (4)")
+    d.add_argument("--resume-world-size", type=_positive, default=2, help="processes after resuming (2)")
+    d.add_argument("--dim", type=_positive, default=130, help="model width (130)")
+    d.add_argument("--layers", type=_positive, default=4, help="transformer blocks (4)")
+    d.add_argument("--timeout", type=float, default=300.0, help="seconds each phase may take (300)")
+    d.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` (default ``sys.argv[1:]``), run the subcommand, return the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "demo" and args.save_every > args.steps:
+        parser.error(f"--save-every {args.save_every} is larger than --steps {args.steps}: nothing to resume")
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except CheckpointError as e:
+        print(f"unickpt {args.command}: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print(f"unickpt {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `unickpt inspect ... | head`: stop quietly, as other CLI tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit flush
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""Metadata codec: encode/decode round trips and validation of every impossible record.
+
+Each rejection must be a CorruptMetadataError (or UnsupportedFormatVersionError) whose message
+names the offending tensor, blob or file, so a user can tell what is broken.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+import pytest
+
+from unickpt.errors import CorruptMetadataError, UnsupportedFormatVersionError
+from unickpt.format import (
+    FORMAT_VERSION,
+    BlobRecord,
+    Metadata,
+    ShardRecord,
+    TensorRecord,
+    Topology,
+    decode_metadata,
+    encode_metadata,
+)
+
+FILES = ("data/s1/r00000-00.bin", "data/s1/r00001-00.bin")
+
+
+def sample() -> Metadata:
+    """Two ranks: a 2-D tensor split by rows over both files, a 0-d tensor, a bf16 vector, blobs."""
+    w = TensorRecord("model.w", "float32", (5, 3), (
+        ShardRecord((0, 0), (3, 3), 0, 0, 36, 123),
+        ShardRecord((3, 0), (2, 3), 1, 0, 24, 0xFFFFFFFF),
+    ))
+    scalar = TensorRecord("optimizer.state.w.step", "float32", (), (ShardRecord((), (), 0, 36, 4, 7),))
+    half = TensorRecord("model.b", "bfloat16", (4,), (ShardRecord((0,), (4,), 1, 24, 8, 9),))
+    empty = TensorRecord("model.empty", "int64", (0, 4), (ShardRecord((0, 0), (0, 4), 1, 32, 0, 0),))
+    return Metadata(
+        format_version=FORMAT_VERSION,
+        save_id="s1",
+        created_unix=1700000000.25,
+        topology=Topology("fsdp2", 2, (("dp", 2),)),
+        files=FILES,
+        tensors={t.fqn: t for t in (w, scalar, half, empty)},
+        objects={"optimizer": {"param_groups": [{"lr": 0.01, "params": ["w"]}]}},
+        blobs={"extra_state/rank0": BlobRecord("extra_state/rank0", 0, 40, 17, 5),
+               "extra_state/rank1": BlobRecord("extra_state/rank1", 1, 32, 17, 6)},
+        role="actor",
+    )
+
+
+def doc() -> dict[str, Any]:
+    return json.loads(encode_metadata(sample()))
+
+
+def decode(d: dict[str, Any]) -> Metadata:
+    return decode_metadata(json.dumps(d).encode(), "ckpt/unickpt.metadata.json")
+
+
+def test_round_trip_is_identity() -> None:
+    md = sample()
+    data = encode_metadata(md)
+    assert decode_metadata(data) == md
+    assert encode_metadata(decode_metadata(data)) == data  # stable bytes
+
+
+def test_round_trip_without_optional_fields() -> None:
+    md = Metadata(FORMAT_VERSION, "x", 0.0, Topology("torch", 1), (), {})
+    assert decode_metadata(encode_metadata(md)) == md
+
+
+def test_encoding_is_compact_json_without_pickle() -> None:
+    data = encode_metadata(sample())
+    text = data.decode("utf-8")
+    assert json.loads(text)["magic"] == "unickpt"
+    assert " " not in text.split('"objects"')[0]  # separators without spaces
+    assert json.loads(text)["tensors"]["model.w"]["shards"][0] == [0, 0, 3, 3, 0, 0, 36, 123]
+
+
+def test_total_tensor_bytes() -> None:
+    assert sample().total_tensor_bytes == 36 + 24 + 4 + 8
+
+
+def _shard(d: dict[str, Any], fqn: str = "model.w", i: int = 0) -> list[Any]:
+    return d["tensors"][fqn]["shards"][i]
+
+
+def _set(fn: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    d = doc()
+    fn(d)
+    return d
+
+
+BAD: dict[str, tuple[Callable[[dict[str, Any]], None], list[str]]] = {
+    # shard box [3, 0]+[3, 3] pokes out of the 5 rows
+    "shard outside the shape": (lambda d: _shard(d, i=1).__setitem__(2, 3), ["model.w", "outside"]),
+    "wrong byte length": (lambda d: _shard(d).__setitem__(6, 35), ["model.w", "byte length"]),
+    "overlapping byte ranges": (lambda d: _shard(d, "model.b").__setitem__(3, 20), ["overlap", "model.b"]),
+    "file index out of range": (lambda d: _shard(d).__setitem__(4, 2), ["model.w", "file #2"]),
+    "negative offset": (lambda d: _shard(d).__setitem__(0, -1), ["model.w", "-1"]),
+    "negative shape": (lambda d: d["tensors"]["model.w"].__setitem__("shape", [-5, 3]), ["model.w", "-5"]),
+    "float field": (lambda d: _shard(d).__setitem__(5, 0.5), ["model.w", "0.5"]),
+    "string field": (lambda d: _shard(d).__setitem__(5, "0"), ["model.w", "'0'"]),
+    "bool field": (lambda d: _shard(d).__setitem__(5, True), ["model.w", "True"]),
+    "non-string dtype": (lambda d: d["tensors"]["model.b"].__setitem__("dtype", 4), ["model.b", "dtype"]),
+    "checksum out of range": (lambda d: _shard(d).__setitem__(7, 1 << 32), ["model.w", "checksum"]),
+    "shard row too short": (lambda d: _shard(d).pop(), ["model.w", "wrong length"]),
+    "shards leave a gap": (lambda d: d["tensors"]["model.w"]["shards"].pop(1), ["model.w", "cover"]),
+    "shards overlap in the tensor": (lambda d: _shard(d, i=1).__setitem__(0, 2), ["model.w", "(2, 0)+(2, 3)"]),
+    "blob file index": (lambda d: d["blobs"]["extra_state/rank0"].__setitem__(0, 9), ["extra_state/rank0", "#9"]),
+    "blob overlaps tensor": (lambda d: d["blobs"]["extra_state/rank0"].__setitem__(1, 30),
+                             ["extra_state/rank0", "overlap"]),
+    "parent traversal": (lambda d: d["files"].__setitem__(0, "../x"), ["'../x'", "escapes"]),
+    "nested traversal": (lambda d: d["files"].__setitem__(0, "data/../../x"), ["data/../../x", "escapes"]),
+    "absolute file name": (lambda d: d["files"].__setitem__(0, "/abs"), ["'/abs'", "escapes"]),
+    "backslash file name": (lambda d: d["files"].__setitem__(0, "..\\x"), ["escapes"]),
+    "empty file name": (lambda d: d["files"].__setitem__(0, ""), ["''", "escapes"]),
+    "world size zero": (lambda d: d["topology"].__setitem__("world_size", 0), ["world_size"]),
+    "missing tensors": (lambda d: d.pop("tensors"), ["tensors"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_validation_rejects(case: str) -> None:
+    mutate, words = BAD[case]
+    with pytest.raises(CorruptMetadataError) as info:
+        decode(_set(mutate))
+    msg = str(info.value)
+    assert "ckpt/unickpt.metadata.json" in msg  # names the metadata file
+    for w in words:
+        assert w in msg, (case, msg)
+
+
+def test_unknown_dtype_is_corrupt_metadata() -> None:
+    with pytest.raises(CorruptMetadataError, match="float7"):
+        decode(_set(lambda d: d["tensors"]["model.b"].__setitem__("dtype", "float7")))
+
+
+def test_unknown_dtype_message_names_tensor_and_file() -> None:
+    with pytest.raises(CorruptMetadataError) as info:
+        decode(_set(lambda d: d["tensors"]["model.b"].__setitem__("dtype", "float7")))
+    assert "model.b" in str(info.value) and "ckpt/unickpt.metadata.json" in str(info.value)
+
+
+def test_rejects_unsupported_format_version() -> None:
+    with pytest.raises(UnsupportedFormatVersionError, match=r"ckpt/unickpt.metadata.json.*version 99"):
+        decode(_set(lambda d: d.__setitem__("format_version", 99)))
+
+
+@pytest.mark.parametrize("version", [0, -1])
+def test_rejects_impossible_format_version(version: int) -> None:
+    with pytest.raises(UnsupportedFormatVersionError):
+        decode(_set(lambda d: d.__setitem__("format_version", version)))
+
+
+@pytest.mark.parametrize("data", [b"", b"\x00\xff garbage", b'{"magic": "unickpt", "format_', b"[]", b"null"])
+def test_rejects_garbage_and_truncated_json(data: bytes) -> None:
+    with pytest.raises(CorruptMetadataError, match="ckpt/unickpt.metadata.json"):
+        decode_metadata(data, "ckpt/unickpt.metadata.json")
+
+
+def test_rejects_truncated_real_metadata() -> None:
+    data = encode_metadata(sample())
+    with pytest.raises(CorruptMetadataError, match="not valid JSON"):
+        decode_metadata(data[: len(data) // 2])
+
+
+def test_rejects_foreign_json() -> None:
+    with pytest.raises(CorruptMetadataError, match="magic"):
+        decode_metadata(json.dumps({"format_version": 1, "state_dict_metadata": {}}).encode())
+
+
+def test_rejects_non_integer_version() -> None:
+    with pytest.raises(CorruptMetadataError, match="format_version"):
+        decode(_set(lambda d: d.__setitem__("format_version", "1")))
+
+
+def test_adjacent_byte_ranges_are_fine() -> None:
+    md = decode(doc())  # the sample packs ranges back to back in both files
+    assert md.tensors["model.w"].shards[0].byte_offset + 36 == md.tensors["optimizer.state.w.step"].shards[0].byte_offset

@@ -1,0 +1,374 @@
+"""Every error of the foundation: the right exception type, and a message naming the tensor/file.
+
+All single-process (framework="torch") with tiny models. The checkpoint fixture saves a model, an
+optimizer with state and extra state; each test breaks one thing and loads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import unickpt
+from unickpt.errors import (
+    CheckpointError,
+    ChecksumMismatchError,
+    CorruptMetadataError,
+    DtypeMismatchError,
+    FrameworkError,
+    IncompleteCheckpointError,
+    MissingDataFileError,
+    MissingKeysError,
+    NotACheckpointError,
+    ShapeMismatchError,
+    TruncatedDataFileError,
+    UnexpectedKeysError,
+    UnsupportedFormatVersionError,
+)
+from unickpt.format import METADATA_FILE, Metadata, decode_metadata
+
+
+class Tiny(nn.Module):
+    def __init__(self, hidden: int = 3, extra: str | None = None, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.a = nn.Linear(4, hidden)
+        self.b = nn.Linear(hidden, 2)
+        if extra:
+            self.register_parameter(extra, nn.Parameter(torch.randn(5)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x))
+
+
+def trained(model: nn.Module) -> tuple[nn.Module, torch.optim.Optimizer]:
+    optim = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model(torch.ones(2, 4)).sum().backward()
+    optim.step()
+    optim.zero_grad()
+    return model, optim
+
+
+def save(path: Path | str, model: nn.Module, optim: torch.optim.Optimizer | None = None,
+         step: int = 1) -> None:
+    state: dict[str, Any] = {"model": model, "extra_state": {"step": step}}
+    if optim is not None:
+        state["optimizer"] = optim
+    unickpt.save(str(path), state, framework="torch").wait()
+
+
+def load(path: Path | str, model: nn.Module, **kw: Any) -> dict[str, Any]:
+    state: dict[str, Any] = {"model": model}
+    unickpt.load(str(path), state, framework="torch", **kw)
+    return state
+
+
+def metadata(path: Path) -> Metadata:
+    return decode_metadata((path / METADATA_FILE).read_bytes())
+
+
+def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def assert_same(model: nn.Module, want: dict[str, torch.Tensor]) -> None:
+    got = model.state_dict()
+    assert set(got) == set(want)
+    for k, v in want.items():
+        assert torch.equal(got[k], v), k
+
+
+@pytest.fixture
+def ckpt(tmp_path: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    path = tmp_path / "ckpt"
+    model, _ = trained(Tiny())
+    save(path, model)
+    return path, snapshot(model)
+
+
+def shard_file(path: Path, fqn: str) -> tuple[Path, int, int]:
+    """(data file, byte offset, byte length) of the first shard of ``fqn``."""
+    md = metadata(path)
+    s = md.tensors[fqn].shards[0]
+    return path / md.files[s.file_index], s.byte_offset, s.byte_length
+
+
+# ----------------------------------------------------------------------------- keys, shapes, dtypes
+
+
+def test_loads_bit_exact(ckpt: tuple[Path, dict[str, torch.Tensor]]) -> None:
+    path, want = ckpt
+    model = Tiny(seed=5)
+    state = load(path, model)
+    assert_same(model, want)
+    assert state["model"] is model
+
+
+def test_missing_keys(ckpt: tuple[Path, dict[str, torch.Tensor]]) -> None:
+    path, _ = ckpt
+    with pytest.raises(MissingKeysError) as info:
+        load(path, Tiny(extra="gate"))
+    assert "model.gate" in str(info.value) and str(path) in str(info.value)
+    assert isinstance(info.value, KeyError)
+
+
+def test_unexpected_keys(tmp_path: Path) -> None:
+    save(tmp_path / "c", Tiny(extra="gate"))
+    with pytest.raises(UnexpectedKeysError) as info:
+        load(tmp_path / "c", Tiny())
+    assert "model.gate" in str(info.value) and str(tmp_path / "c") in str(info.value)
+
+
+def test_non_strict_loads_intersection_and_warns(tmp_path: Path) -> None:
+    saved, _ = trained(Tiny(extra="old_gate"))
+    save(tmp_path / "c", saved)
+    model = Tiny(extra="new_gate", seed=7)
+    untouched = model.new_gate.detach().clone()
+    with pytest.warns(UserWarning) as record:
+        load(tmp_path / "c", model, strict=False)
+    msg = "\n".join(str(w.message) for w in record)
+    assert "model.new_gate" in msg and "model.old_gate" in msg
+    for name in ("a.weight", "a.bias", "b.weight", "b.bias"):
+        assert torch.equal(model.state_dict()[name], saved.state_dict()[name]), name
+    assert torch.equal(model.new_gate, untouched)
+
+
+def test_shape_mismatch(ckpt: tuple[Path, dict[str, torch.Tensor]]) -> None:
+    path, _ = ckpt
+    with pytest.raises(ShapeMismatchError) as info:
+        load(path, Tiny(hidden=5))
+    msg = str(info.value)
+    assert "model.a.weight" in msg and "(3, 4)" in msg and "(5, 4)" in msg and str(path) in msg
+
+
+def test_dtype_mismatch(ckpt: tuple[Path, dict[str, torch.Tensor]]) -> None:
+    path, _ = ckpt
+    with pytest.raises(DtypeMismatchError) as info:
+        load(path, Tiny().to(torch.float64))
+    msg = str(info.value)
+    assert "model.a.weight" in msg and "float32" in msg and "float64" in msg
+
+
+def test_failed_validation_leaves_model_untouched(ckpt: tuple[Path, dict[str, torch.Tensor]]) -> None:
+    path, _ = ckpt
+    model = Tiny(extra="gate", seed=3)
+    before = snapshot(model)
+    with pytest.raises(MissingKeysError):
+        load(path, model)
+    assert_same(model, before)  # validation happens before any byte is copied
+
+
+# ----------------------------------------------------------------------------- data files
+
+
+def test_missing_data_file(ckpt: tuple[Path, dict[str, torch.Tensor]]) -> None:
+    path, _ = ckpt
+    f, _, _ = shard_file(path, "model.a.weight")
+    f.unlink()
+    with pytest.raises(MissingDataFileError) as info:
+        load(path, Tiny())
+    msg = str(info.value)
+    assert str(f) in msg
+    holders = {fqn for fqn, t in metadata(path).tensors.items()
+               if any(metadata(path).files[s.file_index] in str(f) for s in t.shards)}
+    assert any(repr(h) in msg for h in holders), msg
+
+
+def test_truncated_data_file(ckpt: tuple[Path, dict[str, torch.Tensor]]) -> None:
+    path, _ = ckpt
+    f, off, length = shard_file(path, "model.a.weight")
+    with open(f, "r+b") as fh:
+        fh.truncate(off + length // 2)
+    with pytest.raises(TruncatedDataFileError) as info:
+        load(path, Tiny())
+    msg = str(info.value)
+    assert str(f) in msg and "truncated" in msg
+    md = metadata(path)
+    name = os.path.relpath(f, path)
+    cut = [fqn for fqn, t in md.tensors.items() for s in t.shards
+           if md.files[s.file_index] == name and s.byte_offset + s.byte_length > off + length // 2]
+    assert "model.a.weight" in cut
+    assert any(repr(fqn) in msg for fqn in cut), msg
+
+
+def test_checksum_mismatch(ckpt: tuple[Path, dict[str, torch.Tensor]]) -> None:
+    path, _ = ckpt
+    f, off, length = shard_file(path, "model.b.weight")
+    data = bytearray(f.read_bytes())
+    data[off + length // 2] ^= 0x01  # one bit inside the shard's byte range
+    f.write_bytes(bytes(data))
+    with pytest.raises(ChecksumMismatchError) as info:
+        load(path, Tiny())
+    msg = str(info.value)
+    assert "'model.b.weight'" in msg and str(f) in msg
+
+
+def test_checksum_mismatch_in_extra_state(ckpt: tuple[Path, dict[str, torch.Tensor]]) -> None:
+    path, _ = ckpt
+    md = metadata(path)
+    blob = md.blobs["extra_state/rank0"]
+    f = path / md.files[blob.file_index]
+    data = bytearray(f.read_bytes())
+    data[blob.byte_offset + 2] ^= 0x20
+    f.write_bytes(bytes(data))
+    with pytest.raises(ChecksumMismatchError, match="extra_state/rank0"):
+        unickpt.load(str(path), {"model": Tiny(), "extra_state": None}, framework="torch")
+
+
+# ----------------------------------------------------------------------------- metadata / folders
+
+
+def test_incomplete_checkpoint(ckpt: tuple[Path, dict[str, torch.Tensor]]) -> None:
+    path, _ = ckpt
+    (path / METADATA_FILE).unlink()
+    assert any((path / "data").rglob("*.bin"))
+    with pytest.raises(IncompleteCheckpointError) as info:
+        load(path, Tiny())
+    assert str(path) in str(info.value) and "interrupted" in str(info.value)
+
+
+@pytest.mark.parametrize("content", ["empty", "unrelated", "absent"])
+def test_not_a_checkpoint(tmp_path: Path, content: str) -> None:
+    path = tmp_path / "folder"
+    if content != "absent":
+        path.mkdir()
+    if content == "unrelated":
+        (path / "model.pt").write_bytes(b"PK\x03\x04")
+        (path / "notes.txt").write_text("hello")
+        (path / "sub").mkdir()
+        (path / "sub" / "x.bin").write_bytes(b"\0" * 8)
+    with pytest.raises(NotACheckpointError) as info:
+        load(path, Tiny())
+    assert str(path) in str(info.value) and METADATA_FILE in str(info.value)
+
+
+def test_not_a_checkpoint_when_path_is_a_file(tmp_path: Path) -> None:
+    path = tmp_path / "model.pt"
+    path.write_bytes(b"PK\x03\x04")
+    with pytest.raises(NotACheckpointError, match="model.pt"):
+        load(path, Tiny())
+
+
+def test_unsupported_format_version(ckpt: tuple[Path, dict[str, torch.Tensor]]) -> None:
+    path, _ = ckpt
+    doc = json.loads((path / METADATA_FILE).read_bytes())
+    doc["format_version"] = 99
+    (path / METADATA_FILE).write_text(json.dumps(doc))
+    with pytest.raises(UnsupportedFormatVersionError) as info:
+        load(path, Tiny())
+    assert "99" in str(info.value) and str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("kind", ["garbage", "truncated"])
+def test_corrupt_metadata(ckpt: tuple[Path, dict[str, torch.Tensor]], kind: str) -> None:
+    path, _ = ckpt
+    meta = path / METADATA_FILE
+    data = meta.read_bytes()
+    meta.write_bytes(b"\x8b\x00garbage\xff" if kind == "garbage" else data[: len(data) // 2])
+    with pytest.raises(CorruptMetadataError) as info:
+        load(path, Tiny())
+    assert str(meta) in str(info.value)
+
+
+# ----------------------------------------------------------------------------- frameworks
+
+
+def test_framework_error_wrong_model_type(tmp_path: Path) -> None:
+    with pytest.raises(FrameworkError) as info:
+        unickpt.save(str(tmp_path / "c"), {"model": {"weight": torch.ones(2)}}, framework="torch")
+    assert 'state["model"]' in str(info.value) and "dict" in str(info.value)
+    assert not (tmp_path / "c").exists() or not any((tmp_path / "c").rglob("*"))
+
+
+def test_framework_error_unknown_framework(ckpt: tuple[Path, dict[str, torch.Tensor]]) -> None:
+    path, _ = ckpt
+    with pytest.raises(FrameworkError) as info:
+        unickpt.load(str(path), {"model": Tiny()}, framework="jax")
+    assert "'jax'" in str(info.value) and "fsdp2" in str(info.value)
+
+
+def test_framework_error_unknown_state_key(tmp_path: Path) -> None:
+    with pytest.raises(FrameworkError, match="modle"):
+        unickpt.save(str(tmp_path / "c"), {"modle": Tiny()}, framework="torch")
+
+
+def test_all_errors_are_checkpoint_errors() -> None:
+    for cls in (MissingKeysError, UnexpectedKeysError, ShapeMismatchError, DtypeMismatchError,
+                MissingDataFileError, TruncatedDataFileError, ChecksumMismatchError,
+                IncompleteCheckpointError, NotACheckpointError, UnsupportedFormatVersionError,
+                CorruptMetadataError, FrameworkError):
+        assert issubclass(cls, CheckpointError)
+
+
+# ----------------------------------------------------------------------------- interrupted saves
+
+
+def test_failed_commit_keeps_previous_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A save that dies after writing its data but before the commit leaves the old one loadable."""
+    from unickpt.storage.local import LocalStorage
+
+    path = tmp_path / "c"
+    first, _ = trained(Tiny(seed=1))
+    save(path, first, step=1)
+    want = snapshot(first)
+    second, _ = trained(Tiny(seed=2))
+
+    def broken_commit(self: LocalStorage, name: str, data: bytes) -> None:
+        raise OSError("simulated crash before the metadata is published")
+
+    monkeypatch.setattr(LocalStorage, "commit", broken_commit)
+    with pytest.raises(Exception, match="simulated crash"):
+        save(path, second, step=2)
+    monkeypatch.undo()
+    model = Tiny(seed=9)
+    state = {"model": model, "extra_state": None}
+    unickpt.load(str(path), state, framework="torch")
+    assert_same(model, want)
+    assert state["extra_state"] == {"step": 1}
+    # the next successful save removes the interrupted save's data
+    save(path, second, step=3)
+    assert len({p.parent for p in (path / "data").rglob("*.bin")}) == 1
+
+
+_CRASH = textwrap.dedent("""
+    import os, sys, torch
+    import unickpt
+    from unickpt.storage.local import LocalStorage
+
+    def crash(self, name, data):
+        os._exit(17)  # the process dies: no cleanup, no exception handling
+
+    LocalStorage.commit = crash
+    torch.manual_seed(int(sys.argv[2]))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    unickpt.save(sys.argv[1], {"model": model, "extra_state": {"step": 2}}, framework="torch")
+    sys.exit(0)  # not reached
+""")
+
+
+def test_crash_before_commit_in_subprocess(tmp_path: Path) -> None:
+    """os._exit during the commit: the old checkpoint loads bit-exactly; a fresh path is incomplete."""
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    want = snapshot(model)
+    old, fresh = tmp_path / "old", tmp_path / "fresh"
+    unickpt.save(str(old), {"model": model}, framework="torch").wait()
+    for path in (old, fresh):
+        proc = subprocess.run([sys.executable, "-c", _CRASH, str(path), "2"], capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 17, proc.stderr
+    target = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    unickpt.load(str(old), {"model": target}, framework="torch")
+    assert_same(target, want)
+    assert any((fresh / "data").rglob("*.bin"))
+    with pytest.raises(IncompleteCheckpointError, match=str(fresh)):
+        unickpt.load(str(fresh), {"model": target}, framework="torch")
