@@ -1,6 +1,7 @@
 """Framework adapters: live objects <-> shard specs (translation only, no I/O, no collectives)."""
 
 from . import generic as _generic  # noqa: F401  (registers torch, ddp, fsdp2, dtensor)
+from . import fsdp1 as _fsdp1  # noqa: F401  (registers fsdp)
 from .base import (
     FrameworkAdapter,
     LoadView,

@@ -7,6 +7,10 @@ identical boxes on several ranks are replicas (the save planner writes each once
 Checkpoint keys: ``model.<fqn>`` for parameters and persistent buffers,
 ``optimizer.state.<param fqn>.<state name>`` for optimizer state tensors, and one JSON object
 ``optimizer`` with param groups (params named by fqn) and non-tensor state values.
+
+Parameter names (``ParamNames``) map ``id(param)`` to its clean fqn, or to a tuple of clean fqns
+when one live parameter stands for several original ones (an FSDP1 FlatParameter); groups and
+non-tensor state are then written per original fqn, so every framework reads the same object.
 """
 
 from __future__ import annotations
@@ -27,7 +31,11 @@ from .base import MODEL_PREFIX, OPTIM_PREFIX
 __all__ = [
     "clean_fqn", "tensor_box", "local_tensor", "model_tensors", "param_fqns",
     "optimizer_save", "optimizer_load", "ensure_optimizer_state", "items_for",
+    "ParamNames", "names_of", "optimizer_object", "optimizer_finish",
 ]
+
+# id(param) -> clean fqn, or the clean fqns of the original parameters a flat parameter holds
+ParamNames = Mapping[int, str | tuple[str, ...]]
 
 _WRAPPER_PARTS = ("module", "_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
 
@@ -89,14 +97,20 @@ def param_fqns(module: nn.Module, strip_module: bool) -> dict[int, str]:
     return {id(p): clean_fqn(n, strip_module) for n, p in module.named_parameters()}
 
 
-def _group_entries(optim: torch.optim.Optimizer, names: dict[int, str]) -> list[dict[str, Any]]:
+def names_of(names: ParamNames, p: torch.Tensor) -> tuple[str, ...]:
+    """The clean fqn(s) ``names`` gives parameter ``p`` (several for a flat parameter)."""
+    n = names[id(p)]
+    return (n,) if isinstance(n, str) else tuple(n)
+
+
+def _group_entries(optim: torch.optim.Optimizer, names: ParamNames) -> list[dict[str, Any]]:
     groups = []
     for gi, g in enumerate(optim.param_groups):
-        params = []
+        params: list[str] = []
         for p in g["params"]:
             if id(p) not in names:
                 raise FrameworkError(f"optimizer param group {gi} holds a parameter that is not in the model")
-            params.append(names[id(p)])
+            params.extend(names_of(names, p))
         entry = {k: v for k, v in g.items() if k != "params"}
         entry["params"] = params
         groups.append(entry)
@@ -125,19 +139,36 @@ def optimizer_save(
                     items.extend(describe(f"{OPTIM_PREFIX}state.{pname}.{key}", v, p))
                 else:
                     values.setdefault(pname, {})[key] = v
-    obj = {"param_groups": _group_entries(optim, names), "state_values": values}
-    return items, {"optimizer": encode_value(obj, "optimizer")}
+    return items, optimizer_object(optim, names, values)
 
 
-def ensure_optimizer_state(optim: torch.optim.Optimizer) -> None:
+def optimizer_object(optim: torch.optim.Optimizer, names: ParamNames,
+                     values: Mapping[str, Mapping[str, Any]]) -> dict[str, JSONValue]:
+    """The ``optimizer`` JSON object: param groups (params by clean fqn) and the non-tensor
+    state ``values`` (clean param fqn -> state name -> value)."""
+    obj = {"param_groups": _group_entries(optim, names),
+           "state_values": {k: dict(v) for k, v in values.items()}}
+    return {"optimizer": encode_value(obj, "optimizer")}
+
+
+def ensure_optimizer_state(optim: torch.optim.Optimizer,
+                           params: Iterable[torch.Tensor] | None = None) -> None:
     """Materialise empty optimizer state (a fresh optimizer) so it can be loaded in place.
 
     Runs one step with zero gradients and learning rate 0, then drops the gradients; parameters
-    are unchanged and the state's values are overwritten by the load."""
-    if optim.state:
-        return
-    params = [p for g in optim.param_groups for p in g["params"] if p.requires_grad]
-    if any(p.grad is not None for p in params):
+    are unchanged and the state's values are overwritten by the load. By default this happens
+    only when the optimizer has no state at all (for every parameter); with ``params`` it
+    happens for those of ``params`` that lack state (others get no gradient, so no update)."""
+    if params is None:
+        if optim.state:
+            return
+        params = [p for g in optim.param_groups for p in g["params"] if p.requires_grad]
+    else:
+        params = [p for p in params if p.requires_grad and not optim.state.get(p)]
+        if not params:
+            return
+    every = [p for g in optim.param_groups for p in g["params"] if p.requires_grad]
+    if any(p.grad is not None for p in every):
         raise FrameworkError("cannot initialise optimizer state: parameters already have gradients")
     saved_lrs = []
     for g in optim.param_groups:
@@ -171,6 +202,12 @@ def optimizer_load(
             for key, v in optim.state.get(p, {}).items():
                 if isinstance(v, torch.Tensor):
                     items.extend(describe(f"{OPTIM_PREFIX}state.{names[id(p)]}.{key}", v, p))
+    return items, optimizer_finish(optim, names)
+
+
+def optimizer_finish(optim: torch.optim.Optimizer,
+                     names: ParamNames) -> Callable[[Mapping[str, JSONValue], bool], list[str]]:
+    """The load finisher: applies the checkpoint's param groups and non-tensor state values."""
 
     def finish(objects: Mapping[str, JSONValue], strict: bool) -> list[str]:
         raw = objects.get("optimizer")
@@ -180,16 +217,16 @@ def optimizer_load(
             return ["optimizer"]
         saved = decode_value(raw, "optimizer object")
         _apply_param_groups(optim, names, saved["param_groups"], strict)
-        by_name = {names[id(p)]: p for g in optim.param_groups for p in g["params"]}
+        by_name = {n: p for g in optim.param_groups for p in g["params"] for n in names_of(names, p)}
         for pname, vals in saved.get("state_values", {}).items():
             if pname in by_name:
                 optim.state[by_name[pname]].update(vals)
         return []
 
-    return items, finish
+    return finish
 
 
-def _apply_param_groups(optim: torch.optim.Optimizer, names: dict[int, str],
+def _apply_param_groups(optim: torch.optim.Optimizer, names: ParamNames,
                         saved_groups: list[dict[str, Any]], strict: bool) -> None:
     live = _group_entries(optim, names)
     if len(live) != len(saved_groups):

@@ -93,8 +93,12 @@ def _tp_plan() -> dict[str, object]:
 
 
 def build(framework: str, c: ToyConfig = ToyConfig(), seed: int = 0, lr: float = 1e-2,
-          tp: int = 2) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """Build the toy model for ``framework`` on the current process group (or one process)."""
+          tp: int = 2, *, use_orig_params: bool = False, sharding: str = "FULL_SHARD",
+          ) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """Build the toy model for ``framework`` on the current process group (or one process).
+
+    ``use_orig_params`` and ``sharding`` (a ``ShardingStrategy`` name) apply to ``"fsdp"``
+    (FSDP1, every Block wrapped, then the root)."""
     torch.manual_seed(seed)
     model: nn.Module = ToyTransformer(c)
     ws = dist.get_world_size() if dist.is_initialized() else 1
@@ -130,8 +134,9 @@ def build(framework: str, c: ToyConfig = ToyConfig(), seed: int = 0, lr: float =
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
         model = FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({Block}),
-                                         sharding_strategy=ShardingStrategy.FULL_SHARD,
-                                         use_orig_params=False)
+                                         sharding_strategy=ShardingStrategy[sharding],
+                                         use_orig_params=use_orig_params,
+                                         device_id=next(model.parameters()).device)
     elif framework != "torch":
         raise ValueError(f"unknown toy framework {framework!r}")
     optim = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1)
@@ -146,6 +151,10 @@ def full_state(model: nn.Module, optim: torch.optim.Optimizer | None = None) -> 
     def full(t: torch.Tensor) -> torch.Tensor:
         return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().cpu().clone()
 
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    if any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
+        return _fsdp1_full_state(model, optim)
     out = {}
     names = {}
     for n, p in model.named_parameters():
@@ -157,4 +166,81 @@ def full_state(model: nn.Module, optim: torch.optim.Optimizer | None = None) -> 
                 for k, v in optim.state.get(p, {}).items():
                     if isinstance(v, torch.Tensor):
                         out[f"optimizer.state.{names[id(p)]}.{k}"] = full(v)
+    return out
+
+
+def _fsdp1_full_state(model: nn.Module, optim: torch.optim.Optimizer | None) -> dict[str, torch.Tensor]:
+    """``full_state`` for FSDP1 (flat parameters), by all-gathering every local shard.
+
+    Independent of unickpt's adapter: each original parameter's place in the unsharded flat
+    parameter comes from ``_numels_with_padding`` (as FSDP's own unflatten does) and each rank's
+    part of it from the equal split of the padded flat parameter. Collective: call on all ranks."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    from ..frameworks.module_state import clean_fqn
+
+    def gather(local: torch.Tensor, group: object) -> torch.Tensor:
+        parts = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, local.detach().contiguous(), group=group)
+        return torch.cat(parts)
+
+    spans: dict[int, list[tuple[str, torch.Size, int, int]]] = {}  # id(flat) -> (fqn, shape, start, n)
+    owners: dict[int, tuple[torch.Tensor, int, object]] = {}  # id(orig param) -> (flat, index, group)
+    flats: dict[int, object] = {}
+    out: dict[str, torch.Tensor] = {}
+    for prefix, m in model.named_modules():
+        if not isinstance(m, FullyShardedDataParallel) or m._handle is None:
+            continue
+        fp = m._handle.flat_param
+        pos, i, rows = 0, 0, []
+        for n, pad in zip(fp._numels_with_padding, fp._is_padding_mask):
+            if not pad:
+                rows.append((clean_fqn(f"{prefix}.{fp._fqns[i]}" if prefix else fp._fqns[i], True),
+                             fp._shapes[i], pos, n))
+                if fp._params is not None:
+                    owners[id(fp._params[i])] = (fp, i, m.process_group)
+                i += 1
+            pos += n
+        spans[id(fp)], flats[id(fp)] = rows, m.process_group
+        full = gather(fp, m.process_group)
+        for fqn, shape, start, n in rows:
+            out["model." + fqn] = full[start:start + n].view(shape).clone()
+    if optim is None:
+        return out
+    # which state keys each parameter has on some rank (ranks without a local run have none)
+    local_keys = {}
+    for g in optim.param_groups:
+        for p in g["params"]:
+            for k, v in optim.state.get(p, {}).items():
+                if isinstance(v, torch.Tensor):
+                    local_keys.setdefault(id(p), {})[k] = v if v.dim() == 0 else None
+    for g in optim.param_groups:
+        for p in g["params"]:
+            mine = local_keys.get(id(p), {})
+            if id(p) in spans:  # flat optimizer state, laid out like the flat parameter
+                for k, v in optim.state[p].items():
+                    if not isinstance(v, torch.Tensor):
+                        continue
+                    full = v.detach() if v.dim() == 0 else gather(v, flats[id(p)])
+                    for fqn, shape, start, n in spans[id(p)]:
+                        key = f"optimizer.state.{fqn}.{k}"
+                        out[key] = full.clone() if v.dim() == 0 else full[start:start + n].view(shape).clone()
+                continue
+            fp, i, group = owners[id(p)]
+            fqn, shape, start, n = spans[id(fp)][i]
+            every: list = [None] * dist.get_world_size(group)
+            dist.all_gather_object(every, mine, group=group)
+            keys = sorted({k for d in every for k in d})
+            size = fp.numel()  # local shard with padding
+            lo = dist.get_rank(group) * size
+            a, b = max(start, lo), min(start + n, lo + size)  # this rank's run of the param
+            for k in keys:
+                scal = next((d[k] for d in every if d.get(k) is not None), None)
+                if scal is not None:
+                    out[f"optimizer.state.{fqn}.{k}"] = scal.clone()
+                    continue
+                buf = torch.zeros(size, dtype=fp.dtype)
+                if b > a:
+                    buf[a - lo:b - lo] = optim.state[p][k].detach().reshape(-1)
+                out[f"optimizer.state.{fqn}.{k}"] = gather(buf, group)[start:start + n].view(shape).clone()
     return out
