@@ -45,3 +45,37 @@ def test_replicated_load_is_spread_over_ranks():
     for b in batches:
         per_reader[b.reader] = per_reader.get(b.reader, 0) + sum(1000 for _ in b.keys)
     assert per_reader == {0: 2000, 1: 2000, 2: 2000, 3: 2000}
+
+
+def test_vectorized_intersection_matches_scalar_path():
+    """plan_local_load gives the same copies whether a tensor has few or many saved shards."""
+    import random
+
+    from unickpt.planning import load_plan
+    from unickpt.planning.boxes import chunk_bounds
+    from unickpt.planning.specs import ShardSpec
+
+    rng = random.Random(0)
+    for _ in range(30):
+        shape = (rng.randint(1, 60), rng.randint(1, 9))
+        parts = rng.randint(1, 40)
+        shards = []
+        for i in range(parts):
+            o, n = chunk_bounds(shape[0], parts, i)
+            if n:
+                shards.append(ShardRecord((o, 0), (n, shape[1]), 0, 0, n * shape[1] * 4, 0))
+        md = Metadata(1, "x", 0.0, Topology("t", 1), ("f",),
+                      {"w": TensorRecord("w", "float32", shape, tuple(shards))})
+        tparts = rng.randint(1, 7)
+        specs = []
+        for j in range(tparts):
+            o, n = chunk_bounds(shape[1], tparts, j)
+            specs.append(ShardSpec("w", "float32", shape, (0, o), (shape[0], n)))
+        fast = load_plan.plan_local_load(md, specs)
+        old = load_plan._VECTORIZE_FROM
+        load_plan._VECTORIZE_FROM = 10**9
+        try:
+            slow = load_plan.plan_local_load(md, specs)
+        finally:
+            load_plan._VECTORIZE_FROM = old
+        assert fast == slow

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import DtypeMismatchError, MissingKeysError, ShapeMismatchError, UnexpectedKeysError
 from ..format.records import Metadata
 from .boxes import intersect
@@ -94,14 +96,36 @@ def check_targets(
     return KeyReport(tuple(missing), tuple(unexpected))
 
 
+_VECTORIZE_FROM = 16  # tensors with at least this many saved shards are intersected with numpy
+
+
 def plan_local_load(md: Metadata, specs: list[ShardSpec]) -> list[ShardRead]:
-    """For targets ``specs`` (index = local item index), the saved shards to read, in file order."""
+    """For targets ``specs`` (index = local item index), the saved shards to read, in file order.
+
+    Cost is O(targets x saved shards of their tensor), done with numpy for tensors with many
+    shards so that planning a load of a checkpoint from thousands of ranks stays fast."""
     copies: dict[tuple[str, int], list[CopyOp]] = defaultdict(list)
+    tables: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for idx, spec in enumerate(specs):
         rec = md.tensors.get(spec.fqn)
         if rec is None or spec.numel == 0:
             continue
-        for sidx, shard in enumerate(rec.shards):
+        if len(rec.shards) >= _VECTORIZE_FROM and spec.offsets:
+            table = tables.get(spec.fqn)
+            if table is None:
+                table = tables[spec.fqn] = (
+                    np.array([s.offsets for s in rec.shards], dtype=np.int64),
+                    np.array([s.lengths for s in rec.shards], dtype=np.int64),
+                )
+            s_off, s_len = table
+            t_off = np.array(spec.offsets, dtype=np.int64)
+            lo = np.maximum(s_off, t_off)
+            hi = np.minimum(s_off + s_len, t_off + np.array(spec.lengths, dtype=np.int64))
+            hits = np.nonzero((hi > lo).all(axis=1))[0].tolist()
+            candidates = [(int(i), rec.shards[i]) for i in hits]
+        else:
+            candidates = list(enumerate(rec.shards))
+        for sidx, shard in candidates:
             hit = intersect(spec.offsets, spec.lengths, shard.offsets, shard.lengths)
             if hit is None:
                 continue
