@@ -21,12 +21,14 @@ from .errors import (
     RankFailures,
     ShapeMismatchError,
     StorageError,
+    TransientStorageError,
     TruncatedDataFileError,
     UnexpectedKeysError,
     UnsupportedFormatVersionError,
 )
 from .options import LoadOptions, SaveOptions
 from .state.extra import rng_state, set_rng_state
+from .tools.manager import CheckpointManager
 
 __version__ = "0.1.0"
 
@@ -36,4 +38,5 @@ __all__ = [
     "DtypeMismatchError", "FrameworkError", "IncompleteCheckpointError", "MissingDataFileError",
     "MissingKeysError", "NotACheckpointError", "PlanningError", "RankFailures", "ShapeMismatchError",
     "StorageError", "TruncatedDataFileError", "UnexpectedKeysError", "UnsupportedFormatVersionError",
+    "CheckpointManager", "TransientStorageError",
 ]

@@ -21,6 +21,7 @@ __all__ = [
     "TruncatedDataFileError",
     "ChecksumMismatchError",
     "StorageError",
+    "TransientStorageError",
     "ConcurrentSaveError",
     "FrameworkError",
     "PlanningError",
@@ -84,6 +85,13 @@ class ChecksumMismatchError(CheckpointError, ValueError):
 
 class StorageError(CheckpointError, OSError):
     """A storage operation failed (after retries where the backend retries)."""
+
+
+class TransientStorageError(StorageError):
+    """A storage failure worth retrying (timeouts, throttling, dropped connections, EIO).
+
+    Backends raise it for errors they know to be transient; ``storage.retry.RetryingStorage``
+    retries it with backoff and raises a plain ``StorageError`` once the retries are spent."""
 
 
 class ConcurrentSaveError(CheckpointError):

@@ -3,13 +3,17 @@
 Writers call ``encode_metadata`` once (the coordinator, at commit). Readers call
 ``decode_metadata`` which checks the format version first, then the structure, then the geometry
 (every shard inside its tensor, byte lengths consistent with dtype and box, no two shards of one
-file overlapping) so that nothing downstream allocates or reads from an absurd record.
+file overlapping, the shards of every tensor tiling it exactly, sizes and offsets below
+``MAX_BYTES``) so that nothing downstream allocates or reads from an absurd record. Only
+``CheckpointError`` subclasses leave ``decode_metadata`` whatever the input bytes (fuzz-tested in
+tests/reliability/test_fuzz.py).
 Shard tables are stored column-compact: one flat integer list per shard
 ``[*offsets, *lengths, file_index, byte_offset, byte_length, crc32c]``.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 from typing import Any
@@ -25,10 +29,11 @@ from .records import (
     Topology,
 )
 
-__all__ = ["encode_metadata", "decode_metadata", "MAGIC"]
+__all__ = ["encode_metadata", "decode_metadata", "tiling_problem", "MAGIC", "MAX_BYTES"]
 
 MAGIC = "unickpt"
 _MAX_NDIM = 64
+MAX_BYTES = 1 << 56  # 64 PiB: no tensor, shard, file offset or blob is larger (absurd beyond)
 
 
 def encode_metadata(md: Metadata) -> bytes:
@@ -77,7 +82,7 @@ def decode_metadata(data: bytes, source: str = "<metadata>") -> Metadata:
     """Parse and validate metadata bytes read from ``source`` (a path, for messages)."""
     try:
         doc = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError, JSONDecodeError, int too long
         raise _fail(source, f"not valid JSON ({e.__class__.__name__}: {e})") from None
     if not isinstance(doc, dict) or doc.get("magic") != MAGIC:
         raise _fail(source, "missing unickpt magic")
@@ -120,11 +125,18 @@ def _decode_v1(doc: dict[str, Any], source: str) -> Metadata:
         dtype = t["dtype"]
         if not isinstance(dtype, str):
             raise _fail(source, f"tensor {fqn!r}: dtype must be a string")
-        isz = itemsize(dtype)
+        try:
+            isz = itemsize(dtype)
+        except CorruptMetadataError:
+            raise _fail(source, f"tensor {fqn!r}: unknown dtype {dtype!r}") from None
+        if not isinstance(t["shape"], list) or len(t["shape"]) > _MAX_NDIM:
+            raise _fail(source, f"tensor {fqn!r}: shape must be a list of at most {_MAX_NDIM} sizes")
         shape = tuple(_int(d, source, f"tensor {fqn!r} shape", 0) for d in t["shape"])
         ndim = len(shape)
-        if ndim > _MAX_NDIM:
-            raise _fail(source, f"tensor {fqn!r} has {ndim} dimensions")
+        if math.prod(shape) * isz > MAX_BYTES:
+            raise _fail(source, f"tensor {fqn!r}: shape {shape} is absurdly large")
+        if not isinstance(t["shards"], list):
+            raise _fail(source, f"tensor {fqn!r}: shards must be a list")
         shards = []
         for row in t["shards"]:
             if not isinstance(row, list) or len(row) != 2 * ndim + 4:
@@ -137,18 +149,28 @@ def _decode_v1(doc: dict[str, Any], source: str) -> Metadata:
                     raise _fail(source, f"tensor {fqn!r}: shard {offs}+{lens} outside shape {shape}")
             if fidx >= nfiles:
                 raise _fail(source, f"tensor {fqn!r}: shard names file #{fidx} of {nfiles}")
+            if boff + blen > MAX_BYTES:
+                raise _fail(source, f"tensor {fqn!r}: shard byte range [{boff}, {boff + blen}) is absurd")
             if blen != math.prod(lens) * isz:
                 raise _fail(source, f"tensor {fqn!r}: shard byte length {blen} != box size")
             if crc >= 1 << 32:
                 raise _fail(source, f"tensor {fqn!r}: checksum out of range")
             ranges_by_file.setdefault(fidx, []).append((boff, blen, fqn))
             shards.append(ShardRecord(offs, lens, fidx, boff, blen, crc))
+        _check_tiling(fqn, shape, shards, source)
         tensors[fqn] = TensorRecord(fqn, dtype, shape, tuple(shards))
     blobs = {}
-    for key, row in doc.get("blobs", {}).items():
+    raw_blobs = doc.get("blobs", {})
+    if not isinstance(raw_blobs, dict):
+        raise _fail(source, "blobs must be an object")
+    for key, row in raw_blobs.items():
+        if not isinstance(row, list) or len(row) != 4:
+            raise _fail(source, f"blob {key!r}: entry must be [file, offset, length, crc32c]")
         fidx, boff, blen, crc = (_int(v, source, f"blob {key!r} field", 0) for v in row)
         if fidx >= nfiles:
             raise _fail(source, f"blob {key!r} names file #{fidx} of {nfiles}")
+        if boff + blen > MAX_BYTES or crc >= 1 << 32:
+            raise _fail(source, f"blob {key!r}: byte range [{boff}, {boff + blen}) or checksum is absurd")
         ranges_by_file.setdefault(fidx, []).append((boff, blen, key))
         blobs[key] = BlobRecord(key, fidx, boff, blen, crc)
     for fidx, ranges in ranges_by_file.items():
@@ -165,9 +187,12 @@ def _decode_v1(doc: dict[str, Any], source: str) -> Metadata:
     role = doc.get("role")
     if role is not None and not isinstance(role, str):
         raise _fail(source, "role must be a string")
+    save_id = doc["save_id"]
+    if not isinstance(save_id, str):
+        raise _fail(source, "save_id must be a string")
     return Metadata(
         format_version=doc["format_version"],
-        save_id=str(doc["save_id"]),
+        save_id=save_id,
         created_unix=float(created),
         topology=topology,
         files=tuple(files),
@@ -176,3 +201,70 @@ def _decode_v1(doc: dict[str, Any], source: str) -> Metadata:
         blobs=blobs,
         role=role,
     )
+
+
+def _check_tiling(fqn: str, shape: tuple[int, ...], shards: list[ShardRecord], source: str) -> None:
+    """The shards of one tensor cover it exactly once (else a load would silently keep stale
+    values where a shard is missing, or copy some elements twice)."""
+    boxes = [(s.offsets, s.lengths, i) for i, s in enumerate(shards) if 0 not in s.lengths]
+    found = _tiling(shape, boxes, 0)
+    if found is None:
+        return
+    where, pair = found
+    if pair is None:
+        raise _fail(source, f"tensor {fqn!r}: its shards do not cover the shape {shape}: {where}")
+    a, b = shards[pair[0]], shards[pair[1]]
+    raise _fail(source, f"tensor {fqn!r}: shards {a.offsets}+{a.lengths} and {b.offsets}+{b.lengths} "
+                        f"overlap: {where}")
+
+
+Box = tuple[tuple[int, ...], tuple[int, ...]]
+_Indexed = tuple[tuple[int, ...], tuple[int, ...], int]
+
+
+def tiling_problem(shape: tuple[int, ...], boxes: list[Box]) -> str | None:
+    """None if the non-empty, in-bounds ``boxes`` tile ``shape`` exactly; else the first problem."""
+    found = _tiling(shape, [(o, n, i) for i, (o, n) in enumerate(boxes)], 0)
+    return None if found is None else found[0]
+
+
+def _tiling(shape: tuple[int, ...], boxes: list[_Indexed], dim: int) -> tuple[str, tuple[int, int] | None] | None:
+    """``(where, overlapping pair or None for a gap)`` of the first problem, or None if tiled.
+
+    Sweeps dimension 0: between consecutive box boundaries every slab is covered by the same
+    boxes, whose projections must tile the remaining dimensions (recursively; 1-D is a sorted
+    interval scan). A grid of R x C shards costs O(R * C log C), a row sharding O(n log n), with
+    no pairwise comparison of shards."""
+    if math.prod(shape) == 0:
+        return None if not boxes else (f"a shard lies in the empty dimension {dim}", None)
+    if not shape:
+        if len(boxes) == 1:
+            return None
+        return ("no shard holds the element", None) if not boxes else ("both hold the element", (boxes[0][2], boxes[1][2]))
+    if len(shape) == 1:
+        pos, last = 0, -1
+        for start, end, i in sorted((o[0], o[0] + n[0], i) for o, n, i in boxes):
+            if start > pos:
+                return f"elements [{pos}, {start}) of dimension {dim} are not saved", None
+            if start < pos:
+                return f"elements [{start}, {min(pos, end)}) of dimension {dim} are saved twice", (last, i)
+            pos, last = end, i
+        return None if pos == shape[0] else (f"elements [{pos}, {shape[0]}) of dimension {dim} are not saved", None)
+    rest, zeros = shape[1:], (0,) * (len(shape) - 1)
+    if all(o[1:] == zeros and n[1:] == rest for o, n, _ in boxes):  # split along dimension 0 only
+        return _tiling(shape[:1], [(o[:1], n[:1], i) for o, n, i in boxes], dim)
+    order = sorted(boxes, key=lambda b: b[0][0])
+    cuts = sorted({0, shape[0]} | {o[0] for o, _, _ in boxes} | {o[0] + n[0] for o, n, _ in boxes})
+    active: list[tuple[int, int, _Indexed]] = []  # heap of (end along dim 0, index, box)
+    nxt = 0
+    for a, b in zip(cuts, cuts[1:]):
+        while nxt < len(order) and order[nxt][0][0] == a:
+            box = order[nxt]
+            heapq.heappush(active, (a + box[1][0], box[2], box))
+            nxt += 1
+        while active and active[0][0] <= a:
+            heapq.heappop(active)
+        found = _tiling(rest, [(o[1:], n[1:], i) for _, _, (o, n, i) in active], dim + 1)
+        if found is not None:
+            return f"in [{a}, {b}) of dimension {dim}, {found[0]}", found[1]
+    return None

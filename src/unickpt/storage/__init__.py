@@ -7,10 +7,13 @@ needed only when used; unknown schemes raise with the list of known ones.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..errors import StorageError
 from .base import Buffer, Storage
+
+if TYPE_CHECKING:
+    from .retry import RetryPolicy
 
 __all__ = ["Storage", "Buffer", "open_storage", "register_storage", "registered_schemes"]
 
@@ -28,7 +31,10 @@ def registered_schemes() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def open_storage(url: str) -> Storage:
+def open_storage(url: str, retry: RetryPolicy | None = None) -> Storage:
+    """The backend for ``url``, wrapped in ``RetryingStorage`` (``retry``: its policy)."""
+    from .retry import RetryingStorage
+
     scheme, sep, rest = str(url).partition("://")
     if not sep:
         scheme, rest = "file", str(url)
@@ -38,7 +44,8 @@ def open_storage(url: str) -> Storage:
         raise StorageError(
             f"no storage backend for {scheme}:// (known: {', '.join(registered_schemes())})"
         ) from None
-    return factory(rest)
+    backend = factory(rest)
+    return backend if isinstance(backend, RetryingStorage) else RetryingStorage(backend, retry)
 
 
 def _local(path: str) -> Storage:

@@ -151,7 +151,7 @@ class LocalStorage:
         path = self._path(name)
         try:
             fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             raise MissingDataFileError(f"data file {path} is missing") from None
         except OSError as e:
             raise self._oserror("open", name, e) from None
@@ -175,10 +175,8 @@ class LocalStorage:
         try:
             with open(self._path(name), "rb") as f:
                 return f.read()
-        except FileNotFoundError:
-            return None
-        except IsADirectoryError:
-            return None
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None  # missing, or the root is a regular file: not here
         except OSError as e:
             raise self._oserror("read", name, e) from None
 
@@ -192,7 +190,7 @@ class LocalStorage:
         return None if stat.S_ISDIR(st.st_mode) else st.st_size
 
     def list(self, prefix: str = "") -> list[str]:
-        out = []
+        out: list[str] = []
         if not os.path.isdir(self.root):
             return out
         for dirpath, _dirs, files in os.walk(self.root):

@@ -1,0 +1,302 @@
+"""``CheckpointManager``: numbered checkpoints for a training loop, a ``latest`` pointer, retention.
+
+    manager = unickpt.CheckpointManager("ckpts", keep_last=3)
+    start = manager.load_latest(state, framework="fsdp2")     # None on a fresh start
+    for step in range(start or 0, steps):
+        train_step(...)
+        if step % 100 == 0:
+            manager.save(step, state, framework="fsdp2", async_save=True)
+
+Layout under ``root`` (any storage URL): ``step_<step:08d>/`` holds one checkpoint (with ``role``:
+``step_<step:08d>/<role>/``, so managers of several models can share a root); the pointer file
+``latest`` (``latest.<role>``) holds ``{"step": N, "path": "step_000000NN"}``, ``path`` relative to
+``root`` so the tree can be moved.
+
+Who calls what, in order (every rank calls ``save`` / ``load_latest`` with the same arguments):
+  ``save``     -> ``unickpt.save`` (snapshot now; write + commit on the save worker) -> a
+               post-commit job queued on the same worker, so it runs after exactly that save:
+               rank 0 checks the committed metadata names this save, publishes the pointer
+               (``storage.commit``: temporary file, fsync, atomic rename), then applies retention.
+               The returned handle completes after the post-commit job. A failed save never
+               reaches the pointer: ``latest`` only ever names a committed checkpoint.
+  retention    (rank 0) deletes complete checkpoints beyond the ``keep_last`` newest steps,
+               oldest first, never the one ``latest`` names (metadata first, so a crash half-way
+               leaves an incomplete folder, never a complete-looking one with missing data), and
+               incomplete leftovers of steps older than ``latest`` whose save lock is not live.
+  ``load_latest`` rank 0 reads the pointer (falling back to the newest complete checkpoint when
+               it is missing or names an unusable one), broadcasts the step, all ranks load it.
+``list_checkpoints`` reports only complete checkpoints: metadata present and decodable.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import warnings
+from dataclasses import dataclass
+from typing import Any, MutableMapping
+
+from ..api import SaveHandle, load, save
+from ..coordination import make_coordinator
+from ..engine.lock import LOCK_FILE, LockOwner, stale_reason
+from ..engine.worker import SAVE_WORKER
+from ..errors import CheckpointError, IncompleteCheckpointError
+from ..format.codec import decode_metadata
+from ..format.records import METADATA_FILE, Metadata
+from ..options import LoadOptions, SaveOptions
+from ..storage import Storage, open_storage
+
+__all__ = ["CheckpointManager", "CheckpointInfo", "LatestPointer"]
+
+_STEP_RE = re.compile(r"step_(\d{8,})")
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointInfo:
+    """One complete checkpoint under a manager's root."""
+
+    step: int
+    path: str  # the URL/path to pass to unickpt.load (with the manager's role)
+    save_id: str
+    created_unix: float
+
+
+@dataclass(frozen=True, slots=True)
+class LatestPointer:
+    """Content of the ``latest`` file: the step and its folder, relative to the root."""
+
+    step: int
+    path: str
+
+    def encode(self) -> bytes:
+        return json.dumps({"step": self.step, "path": self.path}).encode("utf-8")
+
+    @staticmethod
+    def decode(data: bytes) -> "LatestPointer | None":
+        try:
+            doc = json.loads(data.decode("utf-8"))
+            step, path = doc["step"], doc["path"]
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+            return None
+        if type(step) is not int or step < 0 or path != _folder(step):
+            return None
+        return LatestPointer(step, path)
+
+
+def _folder(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+class CheckpointManager:
+    """Numbered checkpoints under ``root`` with a ``latest`` pointer and ``keep_last`` retention
+    (``None`` keeps everything). See the module docstring for the protocol."""
+
+    def __init__(self, root: str, keep_last: int | None = 3, role: str | None = None) -> None:
+        if keep_last is not None and keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1 or None, got {keep_last}")
+        if role is not None and (not role or "/" in role or role.startswith(".")):
+            raise ValueError(f"invalid role {role!r}")
+        self.root = str(root).rstrip("/")
+        self.keep_last = keep_last
+        self.role = role
+        self.pointer_name = "latest" if role is None else f"latest.{role}"
+        self._storage: Storage = open_storage(self.root)
+        self._handles: list[SaveHandle] = []  # async saves whose failure nobody has seen yet
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ paths
+
+    def path_for(self, step: int) -> str:
+        """The folder of ``step`` (pass it with ``role=self.role`` to unickpt.save/load)."""
+        if type(step) is not int or step < 0:
+            raise ValueError(f"step must be a non-negative int, got {step!r}")
+        return f"{self.root}/{_folder(step)}"
+
+    def _prefix(self, step: int) -> str:
+        """Names of ``step``'s checkpoint inside the root storage start with this."""
+        return f"{_folder(step)}/" + (f"{self.role}/" if self.role else "")
+
+    # ------------------------------------------------------------------ save
+
+    def save(self, step: int, state: MutableMapping[str, Any], *, framework: str = "auto",
+             async_save: bool = False, options: SaveOptions | None = None) -> SaveHandle:
+        """Save ``state`` as ``step`` (every rank). The handle completes once the checkpoint is
+        committed and (rank 0) ``latest`` points at it and retention ran."""
+        self._raise_unreported()
+        path = self.path_for(step)
+        inner = save(path, state, framework=framework, async_save=async_save, role=self.role,
+                     options=options)
+        rank = make_coordinator().rank
+        outer = SaveHandle(SAVE_WORKER.submit(lambda: self._after_commit(step, inner, rank)))
+        if not async_save:
+            outer.wait()
+        else:
+            with self._lock:
+                self._handles.append(outer)
+        return outer
+
+    def _after_commit(self, step: int, inner: SaveHandle, rank: int) -> Metadata | None:
+        md = inner.wait()  # runs after that save on the same worker; re-raises its failure
+        if rank != 0:
+            return md
+        if md is None:
+            raise IncompleteCheckpointError(f"save of step {step} returned no metadata on rank 0")
+        self._publish_latest(step, md.save_id)
+        try:
+            self.apply_retention()
+        except CheckpointError as e:
+            warnings.warn(f"checkpoint retention under {self.root} failed (will retry after the "
+                          f"next save): {e}", stacklevel=2)
+        return md
+
+    def _publish_latest(self, step: int, save_id: str) -> None:
+        """Move ``latest`` to ``step`` after re-reading its committed metadata (rank 0)."""
+        md = self._metadata(step)
+        if md is None or md.save_id != save_id:
+            raise IncompleteCheckpointError(
+                f"refusing to point {self.root}/{self.pointer_name} at step {step}: its metadata "
+                f"does not name the save {save_id} that just committed")
+        self._storage.commit(self.pointer_name, LatestPointer(step, _folder(step)).encode())
+
+    def _raise_unreported(self) -> None:
+        with self._lock:
+            done = [h for h in self._handles if h.done()]
+            self._handles = [h for h in self._handles if not h.done()]
+        for h in done:
+            err = h._future.exception()
+            if err is not None and not h._reported:
+                h._reported = True
+                raise CheckpointError(f"a previous asynchronous save of {self.root} failed: {err}") from err
+
+    def wait(self) -> None:
+        """Block until every save of this manager committed and its pointer/retention ran;
+        raises the first failure nobody has seen yet."""
+        with self._lock:
+            pending = list(self._handles)
+        for h in pending:
+            try:
+                h.wait()
+            except BaseException:
+                h._reported = False  # reported below, once
+        self._raise_unreported()
+
+    # ------------------------------------------------------------------ discovery
+
+    def _scan(self) -> dict[int, list[str]]:
+        """Every step folder under root (for this role) -> the names it holds."""
+        out: dict[int, list[str]] = {}
+        for name in self._storage.list(""):
+            first, sep, _rest = name.partition("/")
+            m = _STEP_RE.fullmatch(first)
+            if m is None or not sep:
+                continue
+            step = int(m.group(1))
+            if self.role is not None and not name.startswith(self._prefix(step)):
+                continue
+            out.setdefault(step, []).append(name)
+        return out
+
+    def _metadata(self, step: int) -> Metadata | None:
+        """The decoded metadata of ``step``, or None if missing or undecodable."""
+        name = self._prefix(step) + METADATA_FILE
+        try:
+            data = self._storage.read(name)
+            return None if data is None else decode_metadata(data, f"{self.root}/{name}")
+        except CheckpointError:
+            return None
+
+    def list_checkpoints(self) -> list[CheckpointInfo]:
+        """Complete checkpoints (metadata present and decodable), by increasing step."""
+        out = []
+        for step in sorted(self._scan()):
+            md = self._metadata(step)
+            if md is not None:
+                out.append(CheckpointInfo(step, self.path_for(step), md.save_id, md.created_unix))
+        return out
+
+    def read_pointer(self) -> LatestPointer | None:
+        """The ``latest`` pointer as written, or None when missing or malformed."""
+        data = self._storage.read(self.pointer_name)
+        return None if data is None else LatestPointer.decode(data)
+
+    def latest_step(self) -> int | None:
+        """The step ``latest`` names if it is complete; else the newest complete step (with a
+        warning when a pointer exists); None when there is no complete checkpoint."""
+        raw = self._storage.read(self.pointer_name)
+        pointer = None if raw is None else LatestPointer.decode(raw)
+        if pointer is not None and self._metadata(pointer.step) is not None:
+            return pointer.step
+        complete = self.list_checkpoints()
+        newest = complete[-1].step if complete else None
+        if raw is not None:
+            warnings.warn(f"{self.root}/{self.pointer_name} is malformed or names an incomplete "
+                          f"checkpoint; using the newest complete one (step {newest})", stacklevel=2)
+        return newest
+
+    # ------------------------------------------------------------------ load
+
+    def load_latest(self, state: MutableMapping[str, Any], *, framework: str = "auto",
+                    strict: bool = True, options: LoadOptions | None = None) -> int | None:
+        """Load the latest complete checkpoint into ``state`` (every rank); return its step, or
+        None (state untouched) when there is none. Rank 0 picks the step for all ranks."""
+        self.wait()
+        coord = make_coordinator()
+        outcome: tuple[int | None, str | None] = (None, None)
+        if coord.rank == 0:
+            try:
+                outcome = (self.latest_step(), None)
+            except CheckpointError as e:
+                outcome = (None, f"{type(e).__name__}: {e}")
+        if coord.world_size > 1:
+            outcome = coord.broadcast_object(outcome)
+        step, error = outcome
+        if error is not None:
+            raise CheckpointError(f"cannot find the latest checkpoint under {self.root}: {error}")
+        if step is None:
+            return None
+        load(self.path_for(step), state, framework=framework, strict=strict, role=self.role,
+             options=options)
+        return step
+
+    # ------------------------------------------------------------------ retention
+
+    def apply_retention(self) -> list[int]:
+        """Delete what retention allows (rank 0 only; see the module docstring). Returns the
+        steps whose files were deleted."""
+        pointer = self.read_pointer()
+        latest = pointer.step if pointer is not None else None
+        folders = self._scan()
+        complete = [s for s in sorted(folders) if self._metadata(s) is not None]
+        keep = set(complete if self.keep_last is None else complete[-self.keep_last:])
+        if latest is not None:
+            keep.add(latest)
+        deleted = []
+        for step in complete:  # oldest first
+            if step not in keep:
+                self._delete_checkpoint(step, folders[step])
+                deleted.append(step)
+        if latest is not None:
+            for step in sorted(set(folders) - set(complete)):
+                if step < latest and not self._lock_is_live(step):
+                    self._delete_checkpoint(step, folders[step])
+                    deleted.append(step)
+        tmp = self._storage.list(self.pointer_name + ".tmp-")
+        if tmp:
+            self._storage.delete(tmp)
+        return sorted(deleted)
+
+    def _lock_is_live(self, step: int) -> bool:
+        data = self._storage.read(self._prefix(step) + LOCK_FILE)
+        if data is None:
+            return False
+        owner = LockOwner.decode(data)
+        return owner is not None and stale_reason(owner) is None
+
+    def _delete_checkpoint(self, step: int, names: list[str]) -> None:
+        meta = self._prefix(step) + METADATA_FILE
+        if meta in names:  # first: the checkpoint turns incomplete before its data goes
+            self._storage.delete([meta])
+        rest = [n for n in names if n != meta]
+        if rest:
+            self._storage.delete(rest)

@@ -1,0 +1,164 @@
+"""CheckpointManager: retention, the ``latest`` pointer (never ahead of a commit), discovery of
+complete checkpoints only, roles, and failures of background saves."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+import time
+import warnings
+
+import psutil
+import pytest
+
+import unickpt
+from unickpt.engine.lock import LOCK_FILE, LockOwner
+from unickpt.format.records import METADATA_FILE
+from unickpt.monitoring import add_listener, remove_listener
+
+from rel_faults import install_faulty_scheme
+from rel_helpers import data_files, mismatches, snapshot, step, tiny_model
+
+
+def _state(seed: int = 0) -> dict:
+    model, optim = tiny_model(seed=seed)
+    return {"model": model, "optimizer": optim, "extra_state": {"seed": seed}}
+
+
+def _steps(manager) -> list[int]:
+    return [c.step for c in manager.list_checkpoints()]
+
+
+def test_retention_keeps_the_newest_and_latest(tmp_path):
+    m = unickpt.CheckpointManager(str(tmp_path), keep_last=2)
+    st = _state()
+    for s in (10, 20, 30, 40, 50):
+        step(st["model"], st["optimizer"], s)
+        m.save(s, st, framework="torch")
+    assert _steps(m) == [40, 50] and m.latest_step() == 50
+    assert sorted(os.listdir(tmp_path)) == ["latest", "step_00000040", "step_00000050"]
+    assert json.loads(open(tmp_path / "latest").read()) == {"step": 50, "path": "step_00000050"}
+    fresh = _state(seed=9)
+    assert m.load_latest(fresh, framework="torch") == 50
+    assert not mismatches(snapshot(fresh["model"], fresh["optimizer"]), snapshot(st["model"], st["optimizer"]))
+    assert fresh["extra_state"] == {"seed": 0}
+    # rolling back: saving an older step moves latest there and never deletes it
+    m.save(5, st, framework="torch")
+    assert m.latest_step() == 5 and _steps(m) == [5, 40, 50]
+
+
+def test_latest_moves_only_after_the_commit(tmp_path):
+    m = unickpt.CheckpointManager(str(tmp_path), keep_last=3)
+    st = _state()
+    m.save(1, st, framework="torch")
+    seen = []
+
+    def spy(ev):
+        if ev.phase in ("save.write.file", "save.commit.begin", "save.commit"):
+            seen.append((ev.phase, m.read_pointer().step))
+
+    add_listener(spy)
+    try:
+        h = m.save(2, st, framework="torch", async_save=True)
+        h.wait()
+    finally:
+        remove_listener(spy)
+    assert seen and {p for p, _ in seen} == {"save.write.file", "save.commit.begin", "save.commit"}
+    assert all(pointer == 1 for _, pointer in seen), seen  # even right after the commit
+    assert m.read_pointer().step == 2 and h.done()
+
+
+def test_failed_background_save_never_moves_latest(tmp_path):
+    install_faulty_scheme("write", fail_times=0)
+    m = unickpt.CheckpointManager(f"faulty://{tmp_path}", keep_last=3)
+    st = _state()
+    m.save(1, st, framework="torch")
+    install_faulty_scheme("write", fail_times=10**6, errno_code=errno.EACCES, match="/data/")
+    h = m.save(2, st, framework="torch", async_save=True)
+    with pytest.raises(unickpt.StorageError, match="step_00000002/data/"):
+        h.wait()
+    assert m.read_pointer().step == 1 and _steps(m) == [1]
+    h3 = m.save(3, st, framework="torch", async_save=True)  # fails too; nobody waits on it
+    deadline = time.monotonic() + 30
+    while not h3.done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    install_faulty_scheme("write", fail_times=0)
+    with pytest.raises(unickpt.CheckpointError, match="previous asynchronous save .* failed"):
+        m.save(4, st, framework="torch")
+    m.save(4, st, framework="torch")  # reported once; the next save goes through
+    assert _steps(m) == [1, 4] and m.latest_step() == 4
+    for s in (2, 3):  # the failed saves left no file behind (at most an empty folder)
+        assert not data_files(str(tmp_path / f"step_{s:08d}"))
+
+
+def test_discovery_ignores_incomplete_and_corrupt(tmp_path):
+    m = unickpt.CheckpointManager(str(tmp_path), keep_last=10)
+    st = _state()
+    for s in (1, 2, 3):
+        m.save(s, st, framework="torch")
+    open(tmp_path / "step_00000002" / METADATA_FILE, "w").write("{not json")
+    os.unlink(tmp_path / "step_00000003" / METADATA_FILE)  # looks like an interrupted save
+    os.makedirs(tmp_path / "step_00000009" / "data")
+    open(tmp_path / "step_00000009" / "data" / "x.bin", "wb").write(b"x")
+    os.makedirs(tmp_path / "unrelated")
+    open(tmp_path / "unrelated" / "notes.txt", "w").write("hi")
+    assert _steps(m) == [1]
+    with pytest.warns(UserWarning, match="names an incomplete checkpoint; using the newest complete one"):
+        assert m.latest_step() == 1  # latest named step 3, which is no longer complete
+    open(tmp_path / "latest", "w").write("garbage")
+    with pytest.warns(UserWarning, match="malformed"):
+        assert m.latest_step() == 1
+
+
+def test_retention_removes_old_leftovers_but_not_live_saves(tmp_path):
+    m = unickpt.CheckpointManager(str(tmp_path), keep_last=3)
+    st = _state()
+    m.save(1, st, framework="torch")
+    parent = psutil.Process(os.getppid())  # a live process of another "job"
+    live = LockOwner("live-save", socket.gethostname(), parent.pid, parent.create_time(), time.time())
+    for s, owner in ((2, live), (3, None)):
+        d = tmp_path / f"step_{s:08d}"
+        os.makedirs(d / "data" / "x")
+        open(d / "data" / "x" / "r00000-00.bin", "wb").write(b"partial")
+        if owner is not None:  # another save in progress there
+            open(d / LOCK_FILE, "wb").write(owner.encode())
+    m.save(4, st, framework="torch")
+    assert sorted(os.listdir(tmp_path)) == ["latest", "step_00000001", "step_00000002", "step_00000004"]
+    os.unlink(tmp_path / "step_00000002" / LOCK_FILE)  # that save died: its leftovers go next time
+    m.save(5, st, framework="torch")
+    assert sorted(os.listdir(tmp_path)) == ["latest", "step_00000001", "step_00000004", "step_00000005"]
+
+
+def test_roles_share_a_root_without_touching_each_other(tmp_path):
+    actor = unickpt.CheckpointManager(str(tmp_path), keep_last=1, role="actor")
+    critic = unickpt.CheckpointManager(str(tmp_path), keep_last=2, role="critic")
+    a, c = _state(1), _state(2)
+    for s in (1, 2, 3):
+        actor.save(s, a, framework="torch")
+        critic.save(s, c, framework="torch")
+    assert _steps(actor) == [3] and _steps(critic) == [2, 3]
+    assert actor.read_pointer().step == 3 and critic.read_pointer().step == 3
+    assert sorted(os.listdir(tmp_path / "step_00000002")) == ["critic"]
+    fresh = _state(7)
+    assert critic.load_latest(fresh, framework="torch") == 3
+    assert fresh["extra_state"] == {"seed": 2}
+
+
+def test_empty_root_and_memory_backend():
+    m = unickpt.CheckpointManager("memory://unickpt-manager-test", keep_last=1)
+    fresh = _state(3)
+    before = snapshot(fresh["model"], fresh["optimizer"])
+    assert m.latest_step() is None and m.load_latest(fresh, framework="torch") is None
+    assert not mismatches(snapshot(fresh["model"], fresh["optimizer"]), before)  # untouched
+    st = _state()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m.save(1, st, framework="torch")
+        m.save(2, st, framework="torch", async_save=True).wait()
+    assert _steps(m) == [2] and m.load_latest(fresh, framework="torch") == 2
+    with pytest.raises(ValueError):
+        unickpt.CheckpointManager("x", keep_last=0)
+    with pytest.raises(ValueError):
+        m.path_for(-1)
