@@ -334,9 +334,15 @@ def test_failed_commit_keeps_previous_checkpoint(tmp_path: Path, monkeypatch: py
     unickpt.load(str(path), state, framework="torch")
     assert_same(model, want)
     assert state["extra_state"] == {"step": 1}
-    # the next successful save removes the interrupted save's data
+    # the next successful save removes the interrupted save's data; it keeps only its own and the
+    # generation it replaced (for loads still reading that one)
+    from unickpt.engine.save import committed_save_id
+    from unickpt.storage import open_storage
+
+    first_id = committed_save_id(open_storage(str(path)))
     save(path, second, step=3)
-    assert len({p.parent for p in (path / "data").rglob("*.bin")}) == 1
+    left = {p.parent.name for p in (path / "data").rglob("*.bin")}
+    assert left == {first_id, committed_save_id(open_storage(str(path)))}
 
 
 _CRASH = textwrap.dedent("""

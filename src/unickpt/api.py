@@ -20,14 +20,21 @@ from typing import Any, MutableMapping
 
 from .coordination import Coordinator, make_coordinator, run_stage
 from .engine.load import read_blob, read_metadata, read_stage
-from .engine.lock import run_locked
+from .engine.lock import checkpoint_replaced, run_locked
 from .engine.save import CachedPlan, SaveRequest, commit_stage, plan_stage, write_stage
 from .engine.staging import STAGING_POOL, live_parts
 from .engine.worker import SAVE_WORKER
-from .errors import CheckpointError, FrameworkError
+from .errors import (
+    CheckpointError,
+    ChecksumMismatchError,
+    FrameworkError,
+    MissingDataFileError,
+    RankFailures,
+    TruncatedDataFileError,
+)
 from .format.records import Metadata
 from .format.values import dumps_value, loads_value
-from .frameworks import get_framework
+from .frameworks import LoadView, get_framework
 from .options import LoadOptions, SaveOptions
 from .planning.load_plan import KeyReport, ShardRead, check_targets, plan_local_load
 from .monitoring.events import emit, phase
@@ -38,6 +45,7 @@ from .storage import Buffer, Storage, open_storage
 
 __all__ = ["save", "load", "SaveHandle"]
 
+_LOAD_ATTEMPTS = 3
 _KNOWN_KEYS = {"model", "optimizer", "extra_state", "dataloader"}
 
 
@@ -203,6 +211,29 @@ def load(path: str, state: MutableMapping[str, Any], *, framework: str = "auto",
     with phase("load.metadata", coord.rank, path=storage.url):
         md = read_metadata(coord, storage)
     view = run_stage(coord, "load (describe state)", lambda: adapter.load_view(state))
+    for attempt in range(_LOAD_ATTEMPTS):
+        if attempt:
+            md = read_metadata(coord, storage)
+        try:
+            missing, unexpected = _load_tensors(md, storage, coord, view, state, strict, options)
+            break
+        except (MissingDataFileError, TruncatedDataFileError, ChecksumMismatchError, RankFailures):
+            # another job may have committed a newer checkpoint here and deleted the data this load
+            # was reading: start over on the new metadata (never a mix: every byte is re-read)
+            if attempt + 1 == _LOAD_ATTEMPTS or not checkpoint_replaced(coord, storage, md.save_id):
+                raise
+    emit("load.end", coord.rank, t_load, path=storage.url)
+    if (missing or unexpected) and coord.rank == 0:
+        warnings.warn(
+            f"non-strict load of {storage.url}: skipped {len(missing)} live key(s) missing from the "
+            f"checkpoint {missing[:10]} and {len(unexpected)} checkpoint key(s) the state lacks "
+            f"{unexpected[:10]}", stacklevel=2)
+
+
+def _load_tensors(md: Metadata, storage: Storage, coord: Coordinator, view: LoadView,
+                  state: MutableMapping[str, Any], strict: bool, options: LoadOptions
+                  ) -> tuple[list[str], list[str]]:
+    """Validate, plan, read and place; then apply objects and blobs. Returns skipped keys."""
     specs = [i.spec for i in view.items]
     ckpt_keys = {k for k in md.tensors if k.startswith(view.prefixes)} if view.prefixes else set()
 
@@ -222,13 +253,7 @@ def load(path: str, state: MutableMapping[str, Any], *, framework: str = "auto",
         return skipped
 
     skipped = run_stage(coord, "load (finish)", finish)
-    missing, unexpected = list(report.missing) + skipped, list(report.unexpected)
-    emit("load.end", coord.rank, t_load, path=storage.url)
-    if (missing or unexpected) and coord.rank == 0:
-        warnings.warn(
-            f"non-strict load of {storage.url}: skipped {len(missing)} live key(s) missing from the "
-            f"checkpoint {missing[:10]} and {len(unexpected)} checkpoint key(s) the state lacks "
-            f"{unexpected[:10]}", stacklevel=2)
+    return list(report.missing) + skipped, list(report.unexpected)
 
 
 def _restore_blobs(md: Metadata, storage: Storage, state: MutableMapping[str, Any],

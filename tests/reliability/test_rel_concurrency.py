@@ -137,8 +137,8 @@ def test_memory_backend_gets_the_best_effort_lock():
 def test_loads_during_repeated_saves_see_whole_versions(tmp_path):
     """A loader in a loop while another job re-saves the same path 30 times: every load that
     returns is bit-exact one saved version (never a mix). A load whose data was superseded and
-    removed by a newer commit between its metadata read and its data read is refused with a
-    precise MissingDataFileError (no retry in ``unickpt.load`` yet: see the report)."""
+    removed by a newer commit between its metadata read and its data read starts over on the new
+    metadata, so no load fails."""
     ckpt, stop = str(tmp_path / "ck"), str(tmp_path / "stop")
     m0, o0 = version_state(0)  # version 0 first, so the loader never sees an empty folder
     unickpt.save(ckpt, {"model": m0, "optimizer": o0, "extra_state": {"version": 0}}, framework="torch")
@@ -150,8 +150,7 @@ def test_loads_during_repeated_saves_see_whole_versions(tmp_path):
           f"{len(report['errors'])} refused")
     assert report["bad"] == [], report  # never a mix of two versions
     assert report["loads"] >= 5 and len(report["versions"]) >= 3, report
-    for err in report["errors"]:  # refused precisely: a superseded save's data file is gone
-        assert err.startswith("MissingDataFileError: ") and f"{ckpt}/data/" in err, err
+    assert report["errors"] == [], report
 
 
 def test_checkpoint_replaced_tells_a_failed_load_to_start_over(tmp_path):

@@ -16,6 +16,8 @@ import pytest
 import torch
 
 import unickpt
+from unickpt.engine.save import committed_save_id
+from unickpt.storage import open_storage
 from unickpt.engine.lock import LOCK_FILE
 from unickpt.format.records import METADATA_FILE
 from unickpt.tools.toy import build, train_step
@@ -90,6 +92,7 @@ def test_killed_rank_leaves_previous_checkpoint(tmp_path, fault, victim, same_pa
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         if same_path:
+            previous_id = committed_save_id(open_storage(same))
             unickpt.save(same, new_state, framework="torch")
         manager.save(3, new_state, framework="torch")
     left_lock = any("broke the stale save lock" in str(w.message) for w in caught)
@@ -102,7 +105,10 @@ def test_killed_rank_leaves_previous_checkpoint(tmp_path, fault, victim, same_pa
         md_files = data_files(same)
         assert LOCK_FILE not in md_files and not [f for f in md_files if ".tmp-" in f], md_files
         save_dirs = {f.split("/")[1] for f in md_files if f.startswith("data/")}
-        assert len(save_dirs) == 1, md_files  # stale data of both earlier saves is gone
+        # the killed save's partial data is gone; only the new commit and the generation it
+        # replaced (kept until the next commit, for loads in progress) remain
+        assert save_dirs <= {committed_save_id(open_storage(same)), previous_id}, md_files
+        assert committed_save_id(open_storage(same)) in save_dirs
         check = _fresh_state()
         unickpt.load(same, check, framework="torch")
         assert not mismatches(snapshot(check["model"], check["optimizer"]), snapshot(model, optim))

@@ -168,18 +168,13 @@ def test_mutated_metadata_whole_load(valid, mutations):
     """The whole ``unickpt.load`` over the real data files (in memory://) and a mutated metadata."""
     _raw, doc, _specs = valid
     mem = MemoryStorage(_MEM_ROOT)
-    mem.commit(METADATA_FILE, _encode(_mutate(doc, mutations, skip=("objects",))))
+    mem.commit(METADATA_FILE, _encode(_mutate(doc, mutations, skip=())))
     try:
         unickpt.load(f"memory://{_MEM_ROOT}", _fresh_state(), framework="torch")
     except CheckpointError:
         pass
 
 
-@pytest.mark.xfail(strict=True, raises=(KeyError, TypeError, AttributeError), reason=(
-    "frameworks/module_state.py optimizer_finish/_apply_param_groups: a malformed 'optimizer' "
-    "entry of metadata.objects (found by fuzzing) raises KeyError/TypeError instead of "
-    "CorruptMetadataError; the objects subtree is left out of test_mutated_metadata_whole_load "
-    "until that is fixed"))
 @pytest.mark.parametrize("bad", [{}, {"param_groups": None}, {"param_groups": [{"lr": 1.0}]}, []],
                          ids=["no groups", "groups None", "group without params", "a list"])
 def test_malformed_optimizer_object_is_a_checkpoint_error(valid, bad):

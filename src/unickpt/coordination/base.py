@@ -57,8 +57,22 @@ def run_stage(coord: Coordinator, stage: str, fn: Callable[[], T]) -> T:
     if not failures:
         return result  # type: ignore[return-value]
     if error is not None and isinstance(error, CheckpointError) and len(failures) == 1:
-        raise error
+        raise _with_rank(error, coord.rank, stage)
     raise RankFailures(stage, failures) from error
+
+
+def _with_rank(error: CheckpointError, rank: int, stage: str) -> CheckpointError:
+    """The same error type, its message prefixed with the rank and stage (if not already)."""
+    msg = str(error)
+    if msg.startswith(f"rank {rank}"):
+        return error
+    try:
+        new = type(error)(f"rank {rank}, {stage}: {msg}")
+    except TypeError:  # an error type with another constructor: keep it as it is
+        return error
+    new.__cause__ = error.__cause__
+    new.__traceback__ = error.__traceback__
+    return new
 
 
 def _describe(e: BaseException) -> str:

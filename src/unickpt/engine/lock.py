@@ -51,9 +51,10 @@ import psutil
 
 from ..coordination.base import Coordinator
 from ..errors import CheckpointError, ConcurrentSaveError, StorageError
-from ..format.records import DATA_DIR, METADATA_FILE
+from ..format.records import DATA_DIR
 from ..planning.save_plan import RankSavePlan
 from ..storage.base import Storage
+from .save import committed_save_id
 
 __all__ = [
     "LOCK_FILE",
@@ -264,13 +265,8 @@ def discard_partial_save(storage: Storage, save_id: str, files: Sequence[str], r
     disk gets its space back. Nothing is deleted when the metadata names ``save_id`` (the commit
     happened before the failure). Never raises; problems become warnings."""
     try:
-        current = storage.read(METADATA_FILE)
-        if current is not None:
-            try:
-                if json.loads(current.decode("utf-8")).get("save_id") == save_id:
-                    return
-            except (ValueError, AttributeError, RecursionError):
-                pass  # unreadable metadata is not ours
+        if committed_save_id(storage) == save_id:
+            return
         names = list(files)
         if rank == 0:
             names += storage.list(f"{DATA_DIR}/{save_id}/")
@@ -313,12 +309,8 @@ def checkpoint_replaced(coord: Coordinator, storage: Storage, save_id: str) -> b
     load was reading). The load should then start over on the new metadata. Rank 0 decides."""
     replaced = False
     if coord.rank == 0:
-        try:
-            data = storage.read(METADATA_FILE)
-            current = json.loads(data.decode("utf-8")).get("save_id") if data is not None else None
-            replaced = isinstance(current, str) and current != save_id
-        except Exception:  # noqa: BLE001 - unreadable now: not a newer commit we could load
-            replaced = False
+        current = committed_save_id(storage)  # unreadable now: not a newer commit we could load
+        replaced = current is not None and current != save_id
     if coord.world_size > 1:
         replaced = bool(coord.broadcast_object(replaced))
     return replaced

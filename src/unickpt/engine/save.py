@@ -12,6 +12,7 @@ A failure on any rank surfaces on every rank as the same ``RankFailures`` (``run
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -193,19 +194,34 @@ def commit_stage(coord: Coordinator, storage: Storage, gplan: GlobalSavePlan | N
             for d in dict.fromkeys(f.rsplit("/", 1)[0] for f in gplan.files):
                 sync_dir(d)
             sync_dir(DATA_DIR)
+        previous = committed_save_id(storage) if cleanup_previous else None
         storage.commit(METADATA_FILE, encode_metadata(md))
         emit("save.commit", coord.rank, save_id=md.save_id, path=storage.url)
         if cleanup_previous:
-            remove_stale_data(storage, keep_save_id=md.save_id)
+            remove_stale_data(storage, keep=(md.save_id, previous))
         return md
 
     return run_stage(coord, "save (commit)", finalize)
 
 
-def remove_stale_data(storage: Storage, keep_save_id: str) -> None:
-    """Delete data of earlier or interrupted saves at this path (after a successful commit)."""
-    keep = f"{DATA_DIR}/{keep_save_id}/"
-    stale = [n for n in storage.list(DATA_DIR + "/") if not n.startswith(keep)]
+def committed_save_id(storage: Storage) -> str | None:
+    """The save id of the checkpoint committed at ``storage`` now, or None (none / unreadable)."""
+    try:
+        data = storage.read(METADATA_FILE)
+        doc = json.loads(data.decode("utf-8")) if data is not None else None
+    except (CheckpointError, ValueError, UnicodeDecodeError):
+        return None
+    sid = doc.get("save_id") if isinstance(doc, dict) else None
+    return sid if isinstance(sid, str) else None
+
+
+def remove_stale_data(storage: Storage, keep: tuple[str | None, ...]) -> None:
+    """Delete data of earlier or interrupted saves at this path (after a successful commit).
+
+    ``keep``: the save just committed and the one it replaced. The replaced generation stays until
+    the next commit here, so a load that read the old metadata a moment ago can still finish."""
+    prefixes = tuple(f"{DATA_DIR}/{sid}/" for sid in keep if sid)
+    stale = [n for n in storage.list(DATA_DIR + "/") if not n.startswith(prefixes)]
     stale += [n for n in storage.list(METADATA_FILE + ".tmp-")]
     if stale:
         storage.delete(stale)

@@ -152,11 +152,14 @@ def _as_uint8(b: AlignedBuffer | torch.Tensor) -> torch.Tensor:
 
 
 def _fit(slot: _Slot, sizes: list[int], pinned: bool) -> None:
-    """Make the slot hold one buffer per file, each at least as large; reuse what fits."""
-    have = sorted(slot.buffers, key=_cap, reverse=True)
+    """Make the slot hold one buffer per file, each at least as large; reuse what fits tightly
+    (at most one page larger: with an unchanged layout, the same buffers), free the rest, so the
+    pool holds at most 2x this rank's checkpoint bytes once both slots served the layout."""
+    have = sorted(slot.buffers, key=_cap)
     out: list[AlignedBuffer | torch.Tensor] = []
     for size in sizes:
-        pick = next((b for b in have if _cap(b) >= size and isinstance(b, torch.Tensor) == pinned), None)
+        pick = next((b for b in have if size <= _cap(b) <= max(size, 1) + 4096
+                     and isinstance(b, torch.Tensor) == pinned), None)
         if pick is not None:
             have.remove(pick)
         elif pinned:

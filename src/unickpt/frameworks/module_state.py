@@ -21,12 +21,12 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from ..errors import FrameworkError, MissingKeysError, UnexpectedKeysError
+from ..errors import CorruptMetadataError, FrameworkError, MissingKeysError, UnexpectedKeysError
 from ..format.dtypes import dtype_name
 from ..format.records import JSONValue
 from ..format.values import decode_value, encode_value
 from ..planning.specs import LoadItem, SaveItem, ShardSpec
-from .base import MODEL_PREFIX, OPTIM_PREFIX
+from .base import OPTIM_PREFIX
 
 __all__ = [
     "clean_fqn", "tensor_box", "local_tensor", "model_tensors", "param_fqns",
@@ -215,7 +215,7 @@ def optimizer_finish(optim: torch.optim.Optimizer,
             if strict:
                 raise MissingKeysError("checkpoint has no optimizer param groups ('optimizer' object)")
             return ["optimizer"]
-        saved = decode_value(raw, "optimizer object")
+        saved = _checked_optimizer_object(decode_value(raw, "optimizer object"))
         _apply_param_groups(optim, names, saved["param_groups"], strict)
         by_name = {n: p for g in optim.param_groups for p in g["params"] for n in names_of(names, p)}
         for pname, vals in saved.get("state_values", {}).items():
@@ -224,6 +224,27 @@ def optimizer_finish(optim: torch.optim.Optimizer,
         return []
 
     return finish
+
+
+def _checked_optimizer_object(saved: Any) -> dict[str, Any]:
+    """The decoded ``optimizer`` object, or CorruptMetadataError if its structure is wrong."""
+
+    def bad(what: str) -> CorruptMetadataError:
+        return CorruptMetadataError(f"checkpoint metadata object 'optimizer' is malformed: {what}")
+
+    if not isinstance(saved, dict) or not isinstance(saved.get("param_groups"), list):
+        raise bad("expected a dict with a 'param_groups' list")
+    for gi, g in enumerate(saved["param_groups"]):
+        if not isinstance(g, dict) or not isinstance(g.get("params"), list) or not all(
+                isinstance(p, str) for p in g["params"]):
+            raise bad(f"param group {gi} must be a dict with a 'params' list of names")
+        for k, v in g.items():
+            if k != "params" and not isinstance(v, (type(None), bool, int, float, str, tuple, list, torch.Tensor)):
+                raise bad(f"param group {gi} entry {k!r} has type {type(v).__name__}")
+    values = saved.get("state_values", {})
+    if not isinstance(values, dict) or not all(isinstance(v, dict) for v in values.values()):
+        raise bad("'state_values' must map parameter names to dicts")
+    return saved
 
 
 def _apply_param_groups(optim: torch.optim.Optimizer, names: ParamNames,
@@ -242,6 +263,10 @@ def _apply_param_groups(optim: torch.optim.Optimizer, names: ParamNames,
             if k == "params":
                 continue
             cur = g.get(k)
+            if cur is not None and isinstance(cur, (int, float, bool, torch.Tensor)) != isinstance(
+                    v, (int, float, bool, torch.Tensor)):
+                raise CorruptMetadataError(
+                    f"optimizer param group {gi} entry {k!r}: checkpoint value {v!r} does not fit {cur!r}")
             if isinstance(cur, torch.Tensor) and not isinstance(v, torch.Tensor):
                 cur.fill_(v)
             elif isinstance(cur, tuple) and isinstance(v, list):

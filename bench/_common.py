@@ -1,0 +1,587 @@
+"""Shared helpers for the unickpt benchmarks (bench/save_load.py, bench/async_stall.py).
+
+- ``spawn(fn, world_size, *args)``: run ``fn(rank, world_size, *args)`` on N gloo ranks (or in one
+  process without a process group when ``world_size == 0``), return every rank's result.
+- ``evict(paths)``: drop every file under ``paths`` from the page cache (fdatasync, then
+  ``posix_fadvise(DONTNEED)``), so that the next read comes from the disk ("cold").
+- ``timed(fn)``: barrier, run, barrier: the wall time of a collective operation on this rank.
+- raw disk baselines: buffered write+fsync, O_DIRECT write, cold read, all from/into buffers
+  allocated and touched once (never fresh memory inside a timed region).
+- ``PeakRSS``: a sampling thread giving the peak resident set size inside labelled regions.
+- ``Model``: a stack of ``nn.Linear(d, d, bias=False)`` sized from a GiB target (params + Adam).
+- table printing and small statistics.
+
+Numbers are GB = 1e9 bytes per second; sizes are printed in GiB.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import pickle
+import shutil
+import socket
+import statistics
+import tempfile
+import threading
+import time
+import traceback
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+
+GiB = 1 << 30
+GB = 1e9
+CHUNK = 16 << 20  # raw-disk baselines move 16 MiB per system call
+ALIGN = 4096
+
+
+# --------------------------------------------------------------------------------------------
+# processes
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank: int, world_size: int, port: int, threads: int, fn: Callable[..., Any],
+           args: tuple, q: Any) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads)
+    try:
+        if world_size > 0:
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                              WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                              LOCAL_WORLD_SIZE=str(world_size))
+            dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        result = fn(rank, max(world_size, 1), *args)
+        q.put((rank, "ok", pickle.dumps(result)))
+    except BaseException:
+        q.put((rank, "error", traceback.format_exc()))
+        os._exit(1)  # do not wait on peers stuck in a collective
+    if world_size > 0:
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass
+
+
+def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 900,
+          threads: int | None = None) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` fresh processes joined by gloo.
+
+    ``world_size=0`` runs one process with no process group (``fn`` sees world size 1). Each
+    process gets ``threads`` torch threads (default: the cores divided among the ranks). The
+    children are not daemons, so they may start processes of their own (DCP's PROCESS async
+    checkpointer does). Raises with the first failing rank's traceback."""
+    import torch.multiprocessing as mp
+
+    n = max(world_size, 1)
+    if threads is None:
+        threads = max(1, (os.cpu_count() or 1) // n)
+    ctx = mp.get_context("spawn")
+    q = ctx.SimpleQueue()
+    port = _free_port()
+    procs = [ctx.Process(target=_entry, args=(r, world_size, port, threads, fn, args, q))
+             for r in range(n)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout
+    results: dict[int, Any] = {}
+    errors: dict[int, str] = {}
+    try:
+        while len(results) + len(errors) < n:
+            if not q.empty():
+                rank, status, payload = q.get()
+                (results if status == "ok" else errors)[rank] = payload
+                if errors:
+                    break
+                continue
+            if time.monotonic() > deadline:
+                break
+            if any(p.exitcode not in (None, 0) for p in procs):
+                time.sleep(0.5)
+                if q.empty():
+                    break
+            time.sleep(0.05)
+        time.sleep(0.1)
+        while not q.empty():
+            rank, status, payload = q.get()
+            (results if status == "ok" else errors)[rank] = payload
+    finally:
+        for p in procs:
+            p.join(timeout=30 if not errors else 0.5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    if errors:
+        rank = min(errors)
+        raise RuntimeError(f"rank {rank} of {n} failed:\n{errors[rank]}")
+    if len(results) < n:
+        codes = {r: p.exitcode for r, p in enumerate(procs)}
+        raise RuntimeError(f"ranks did not finish within {timeout}s or died (exit codes {codes})")
+    return [pickle.loads(results[r]) for r in range(n)]
+
+
+# --------------------------------------------------------------------------------------------
+# timing and collectives
+
+
+def barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    """Wall seconds of ``fn`` as a collective: barrier, run, barrier (all ranks see ~the same)."""
+    barrier()
+    t0 = time.perf_counter()
+    out = fn()
+    barrier()
+    return time.perf_counter() - t0, out
+
+
+def gather(obj: Any) -> list[Any]:
+    """all_gather_object (or ``[obj]`` without a process group)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def median(xs: Sequence[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+# --------------------------------------------------------------------------------------------
+# page cache
+
+
+def files_under(paths: Iterable[str]) -> list[str]:
+    out = []
+    for root in paths:
+        if os.path.isfile(root):
+            out.append(root)
+            continue
+        for d, _dirs, files in os.walk(root):
+            out.extend(os.path.join(d, f) for f in files)
+    return out
+
+
+def evict(paths: Iterable[str]) -> int:
+    """Drop every file under ``paths`` from the page cache; returns the number of files.
+
+    fdatasync first (a no-op for files already durable), so that no page is dirty and
+    POSIX_FADV_DONTNEED can drop all of them."""
+    n = 0
+    for f in files_under(paths):
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            n += 1
+        finally:
+            os.close(fd)
+    return n
+
+
+def dir_bytes(path: str) -> int:
+    return sum(os.path.getsize(f) for f in files_under([path]))
+
+
+def rmtree(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def make_tmp(base: str | None, need_bytes: int) -> str:
+    """A fresh folder under ``base`` (default /tmp), refusing if the disk lacks ``need_bytes``."""
+    base = base or tempfile.gettempdir()
+    os.makedirs(base, exist_ok=True)
+    free = shutil.disk_usage(base).free
+    if free < need_bytes * 1.2 + 2 * GiB:
+        raise SystemExit(f"{base}: {free / GiB:.1f} GiB free, this run needs ~{need_bytes / GiB:.1f} GiB")
+    return tempfile.mkdtemp(prefix="unickpt-bench-", dir=base)
+
+
+# --------------------------------------------------------------------------------------------
+# raw disk baselines (buffers allocated and touched once, outside the timed regions)
+
+
+class RawBuffer:
+    """A page-aligned, pre-faulted 16 MiB buffer of random bytes (no zero-page tricks)."""
+
+    def __init__(self, size: int = CHUNK, seed: int = 0) -> None:
+        self.mm = mmap.mmap(-1, size)
+        self.view = memoryview(self.mm)
+        arr = np.frombuffer(self.view, dtype=np.uint8)
+        arr[:] = np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
+
+    def close(self) -> None:
+        self.view.release()
+        self.mm.close()
+
+
+def raw_write_buffered(path: str, nbytes: int, buf: RawBuffer) -> None:
+    """write(2) ``nbytes`` in 16 MiB calls through the page cache, then fsync."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        done = 0
+        while done < nbytes:
+            n = min(len(buf.view), nbytes - done)
+            done += os.write(fd, buf.view[:n])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_direct_one(path: str, nbytes: int, buf: RawBuffer) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+    try:
+        padded = -(-nbytes // ALIGN) * ALIGN
+        done = 0
+        while done < padded:
+            n = min(len(buf.view), padded - done)
+            done += os.pwrite(fd, buf.view[:n], done)
+        os.ftruncate(fd, nbytes)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def split(nbytes: int, parts: int) -> list[int]:
+    base = nbytes // parts // ALIGN * ALIGN
+    out = [base] * parts
+    out[-1] = nbytes - base * (parts - 1)
+    return out
+
+
+def raw_write_direct(paths: Sequence[str], nbytes: int, bufs: Sequence[RawBuffer]) -> None:
+    """O_DIRECT: ``nbytes`` split over ``paths``, one thread per file (queue depth = files),
+    aligned 16 MiB pwrite calls from pre-touched buffers, then fsync."""
+    sizes = split(nbytes, len(paths))
+    threads = [threading.Thread(target=_write_direct_one, args=(p, s, b))
+               for p, s, b in zip(paths, sizes, bufs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def _read_one(path: str, buf: RawBuffer, out: list[int], i: int) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        done = 0
+        while True:
+            n = os.preadv(fd, [buf.view], done)
+            if n == 0:
+                break
+            done += n
+        out[i] = done
+    finally:
+        os.close(fd)
+
+
+def raw_read(paths: Sequence[str], bufs: Sequence[RawBuffer]) -> int:
+    """Buffered preadv of whole files in 16 MiB calls into pre-touched buffers, one thread per
+    file; returns the bytes read."""
+    got = [0] * len(paths)
+    threads = [threading.Thread(target=_read_one, args=(p, b, got, i))
+               for i, (p, b) in enumerate(zip(paths, bufs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(got)
+
+
+# --------------------------------------------------------------------------------------------
+# memory
+
+
+def rss() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+def maxrss() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+class PeakRSS:
+    """Samples this process's RSS every ``interval`` s; ``region(label)`` appends, per label,
+    ``(rss before, peak rss inside, rss after)`` for every occurrence."""
+
+    def __init__(self, interval: float = 0.005) -> None:
+        import psutil
+
+        self._proc = psutil.Process()
+        self._interval = interval
+        self._peak = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.regions: dict[str, list[tuple[int, int, int]]] = {}
+        self._thread = threading.Thread(target=self._run, name="bench-rss", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            r = self._proc.memory_info().rss
+            with self._lock:
+                if r > self._peak:
+                    self._peak = r
+
+    @contextmanager
+    def region(self, label: str) -> Iterator[None]:
+        before = self._proc.memory_info().rss
+        with self._lock:
+            self._peak = before
+        try:
+            yield
+        finally:
+            r = self._proc.memory_info().rss
+            with self._lock:
+                peak = max(self._peak, r)
+            self.regions.setdefault(label, []).append((before, peak, r))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+# --------------------------------------------------------------------------------------------
+# model
+
+
+def model_shape(gib: float) -> tuple[int, int]:
+    """(layers, dim) of a stack of Linear(dim, dim) whose fp32 params + Adam exp_avg and
+    exp_avg_sq (12 bytes per parameter) take about ``gib`` GiB; dim 4096 unless that gives
+    fewer than 2 layers, then a smaller dim (multiple of 64)."""
+    per_layer = 12 * 4096 * 4096
+    layers = round(gib * GiB / per_layer)
+    if layers >= 2:
+        return layers, 4096
+    dim = int((gib * GiB / (12 * 2)) ** 0.5) // 64 * 64
+    return 2, max(64, dim)
+
+
+def build_model(layers: int, dim: int, seed: int, fsdp2: bool, lr: float = 1e-4,
+                reshard_after_forward: bool = True) -> tuple[Any, Any]:
+    """The stack (FSDP2: every layer and the root ``fully_shard``-ed) and its Adam optimizer.
+
+    ``reshard_after_forward=False`` (ZeRO-2 style) saves the second all-gather in backward:
+    the parameters are sharded again after backward either way, so checkpoints see the same
+    sharded DTensors."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(seed)
+    model = nn.Sequential(*[nn.Linear(dim, dim, bias=False) for _ in range(layers)])
+    if fsdp2:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model:
+            fully_shard(layer, reshard_after_forward=reshard_after_forward)
+        fully_shard(model, reshard_after_forward=reshard_after_forward)
+    optim = torch.optim.Adam(model.parameters(), lr=lr)
+    return model, optim
+
+
+def train_step(model: Any, optim: Any, x: Any) -> None:
+    loss = model(x).square().mean()
+    loss.backward()
+    optim.step()
+    optim.zero_grad(set_to_none=True)
+
+
+def local_tensors(model: Any, optim: Any) -> dict[str, Any]:
+    """Every parameter / optimizer-state tensor this rank holds (DTensor -> its local shard)."""
+    out = {}
+    names = {}
+    for n, p in model.named_parameters():
+        out["model." + n] = _local(p)
+        names[id(p)] = n
+    for p, st in optim.state.items():
+        for k, v in st.items():
+            if hasattr(v, "shape"):
+                out[f"optim.{names[id(p)]}.{k}"] = _local(v)
+    return out
+
+
+def sharded_keys(model: Any, optim: Any) -> set[str]:
+    """Keys of ``local_tensors`` that are DTensor shards (the others are replicated, e.g. step)."""
+    out = set()
+    names = {}
+    for n, p in model.named_parameters():
+        names[id(p)] = n
+        if hasattr(p, "to_local"):
+            out.add("model." + n)
+    for p, st in optim.state.items():
+        for k, v in st.items():
+            if hasattr(v, "to_local"):
+                out.add(f"optim.{names[id(p)]}.{k}")
+    return out
+
+
+def _local(t: Any) -> Any:
+    return (t.to_local() if hasattr(t, "to_local") else t).detach()
+
+
+def state_bytes(model: Any, optim: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in local_tensors(model, optim).values())
+
+
+def checksums(model: Any, optim: Any) -> dict[str, float]:
+    """float64 sum of every local tensor (a cheap content fingerprint)."""
+    return {k: float(t.double().sum()) for k, t in local_tensors(model, optim).items()}
+
+
+def scramble(model: Any, optim: Any) -> None:
+    """Overwrite every local tensor in place (so a load that reads nothing is caught)."""
+    import torch
+
+    with torch.no_grad():
+        for t in local_tensors(model, optim).values():
+            t.fill_(0.5)
+
+
+def compare_checksums(got: dict[str, float], want: dict[str, float], what: str) -> None:
+    bad = [k for k in want if k not in got or abs(got[k] - want[k]) > 1e-6 * (1 + abs(want[k]))]
+    if bad:
+        raise AssertionError(f"{what}: {len(bad)} tensor(s) not restored, e.g. {bad[:3]}: "
+                             f"got {got.get(bad[0])} want {want[bad[0]]}")
+
+
+# --------------------------------------------------------------------------------------------
+# unickpt metadata / events
+
+
+def unickpt_bytes_per_rank(path: str) -> dict[int, int]:
+    """Bytes each saving rank wrote (sum of shard/blob byte lengths, by data file ``rNNNNN``)."""
+    from unickpt.format.codec import decode_metadata
+    from unickpt.format.records import METADATA_FILE
+
+    with open(os.path.join(path, METADATA_FILE), "rb") as f:
+        md = decode_metadata(f.read())
+    per_file = [0] * len(md.files)
+    for t in md.tensors.values():
+        for s in t.shards:
+            per_file[s.file_index] += s.byte_length
+    for b in md.blobs.values():
+        per_file[b.file_index] += b.byte_length
+    out: dict[int, int] = {}
+    for name, n in zip(md.files, per_file):
+        rank = int(os.path.basename(name).split("-")[0].lstrip("r"))
+        out[rank] = out.get(rank, 0) + n
+    return out
+
+
+class EventLog:
+    """Collects unickpt monitoring events of this process (``unickpt.monitoring``)."""
+
+    def __init__(self) -> None:
+        from unickpt.monitoring.events import add_listener
+
+        self.events: list[Any] = []  # since the last take()
+        self.all: list[Any] = []  # every event
+        self._lock = threading.Lock()
+        add_listener(self._on)
+
+    def _on(self, ev: Any) -> None:
+        with self._lock:
+            self.events.append(ev)
+            self.all.append(ev)
+
+    def take(self) -> list[Any]:
+        with self._lock:
+            out, self.events = self.events, []
+        return out
+
+
+def phase_breakdown(events: Sequence[Any]) -> dict[str, float]:
+    """Seconds of one unickpt save or load by phase, from its events on this rank.
+
+    save: plan (``save.plan``), stage (end of plan -> start of write: binding / snapshotting
+    the bytes), write (``save.write``: files written, checksummed, fsynced), commit (end of
+    write -> ``save.end``: gather checksums, metadata, folder fsyncs, everyone agrees), total
+    (``save.end``). load: metadata, plan (validation + load plan), read (``load.read``: reads,
+    checksums, forwarding, copies), finish (end of read -> ``load.end``), total."""
+    by = {}
+    for e in events:
+        by.setdefault(e.phase, []).append(e)
+
+    def one(name: str) -> Any:
+        return by[name][-1] if name in by else None
+
+    out: dict[str, float] = {}
+    if one("save.end") is not None:
+        plan, write, end = one("save.plan"), one("save.write"), one("save.end")
+        out["plan"] = plan.seconds if plan else float("nan")
+        if write is not None:
+            out["stage"] = write.t_start - (plan.t_end if plan else end.t_start)
+            stage = one("save.stage")
+            if stage is not None:
+                out["stage"] = stage.seconds
+            out["write"] = write.seconds
+            out["commit"] = end.t_end - write.t_end
+        out["total"] = end.seconds
+    if one("load.end") is not None:
+        md, plan, read, end = one("load.metadata"), one("load.plan"), one("load.read"), one("load.end")
+        out["metadata"] = md.seconds if md else float("nan")
+        out["plan"] = plan.seconds if plan else float("nan")
+        out["read"] = read.seconds if read else float("nan")
+        out["finish"] = end.t_end - read.t_end if read else float("nan")
+        out["total"] = end.seconds
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# printing
+
+
+def fmt_s(x: float) -> str:
+    return "-" if x != x else f"{x:.3f}"
+
+
+def fmt_gbs(nbytes: float, seconds: float) -> str:
+    return "-" if not seconds or seconds != seconds else f"{nbytes / seconds / GB:.2f}"
+
+
+def table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]],
+          left: Sequence[int] = (0,)) -> str:
+    """A plain-text table: columns in ``left`` are left-aligned, the others right-aligned."""
+    cells = [[str(c) for c in header]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = [title, "  ".join(h.ljust(w) for h, w in zip(cells[0], widths)).rstrip(),
+             "  ".join("-" * w for w in widths)]
+    for r in cells[1:]:
+        lines.append("  ".join((c.ljust(w) if i in left else c.rjust(w))
+                               for i, (c, w) in enumerate(zip(r, widths))).rstrip())
+    return "\n".join(lines)
+
+
+def progress(msg: str) -> None:
+    """A timestamped progress line on stderr (the results go to stdout)."""
+    import sys
+
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def machine_line() -> str:
+    import torch
+
+    load = os.getloadavg()
+    return (f"machine: {os.cpu_count()} cores, load average {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} "
+            f"(other jobs share this machine), torch {torch.__version__}")

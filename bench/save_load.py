@@ -1,0 +1,362 @@
+"""Blocking save / cold load / resharding load: unickpt vs PyTorch DCP vs the raw disk (issue #2).
+
+What runs (one invocation, all numbers from the same run):
+
+* State: a stack of ``nn.Linear(d, d, bias=False)`` layers (d = 4096 unless ``--gib`` is tiny),
+  FSDP2 (``fully_shard`` on every layer and the root) at ``--world-size`` gloo ranks (CPU), Adam
+  with its state created by one training step on a tiny batch: fp32 params + exp_avg +
+  exp_avg_sq = ``--gib`` GiB in total (12 bytes per parameter).
+* Saves, at the saving world size, each into a fresh folder (the previous one is removed outside
+  the timed region), interleaved A, B, raw, raw, A, B, ... and repeated ``--repeats`` times after
+  one untimed warm-up save of each (reported separately as "first save"):
+    - unickpt: ``unickpt.save(path, {"model", "optimizer"}, framework="fsdp2")`` (blocking:
+      returns once committed; unickpt fsyncs its files and folders);
+    - DCP: ``get_state_dict(model, optim)`` + ``dcp.save({"model", "optim"}, checkpoint_id=dir)``
+      (default FileSystemWriter: one file per rank, ``sync_files=True``, i.e. fsync);
+    - raw disk: every rank writes exactly the bytes of its unickpt share (from the metadata)
+      (a) buffered ``write`` in 16 MiB calls + fsync, one file, (b) O_DIRECT, aligned 16 MiB
+      ``pwrite`` calls from a pre-touched buffer, split over ``files_per_rank`` files written by
+      one thread each (as unickpt does), + fsync.
+* Loads (cold: before each one every checkpoint file is evicted from the page cache with
+  ``posix_fadvise(DONTNEED)``; every local tensor is overwritten first and checked after):
+    - same layout at the saving world size: ``unickpt.load(..., framework="fsdp2")``;
+      DCP ``get_state_dict`` + ``dcp.load`` + ``set_state_dict``; raw: cold buffered read of the
+      raw O_DIRECT files (one thread per file, 16 MiB ``preadv`` into pre-touched buffers);
+    - resharding: one process without a process group loads the checkpoints into a plain
+      (unsharded) model + Adam: ``unickpt.load(..., framework="torch")`` and
+      ``get_state_dict`` + ``dcp.load`` + ``set_state_dict``. Checked against the saved values
+      (one full tensor bit for bit, float64 sums of every tensor).
+* Timing: barrier, operation, barrier, on rank 0; the table gives the median over the repeats,
+  and min/max. GB/s = bytes of that checkpoint (or raw bytes) / seconds, GB = 1e9.
+
+Usage:  python bench/save_load.py [--gib 1.0] [--repeats 3] [--world-size 2] [--dir /tmp]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _common import (  # noqa: E402
+    GiB,
+    EventLog,
+    RawBuffer,
+    barrier,
+    build_model,
+    checksums,
+    compare_checksums,
+    dir_bytes,
+    evict,
+    fmt_gbs,
+    fmt_s,
+    gather,
+    machine_line,
+    make_tmp,
+    median,
+    model_shape,
+    phase_breakdown,
+    raw_read,
+    raw_write_buffered,
+    raw_write_direct,
+    rmtree,
+    scramble,
+    sharded_keys,
+    spawn,
+    state_bytes,
+    table,
+    timed,
+    train_step,
+    unickpt_bytes_per_rank,
+)
+
+
+def _batch(dim: int, seed: int):
+    import torch
+
+    return torch.randn(8, dim, generator=torch.Generator().manual_seed(seed))
+
+
+def _global_sums(model, optim) -> dict[str, float]:
+    """float64 sum of every full tensor (local sums all-reduced; collective)."""
+    import torch
+    import torch.distributed as dist
+
+    local = checksums(model, optim)
+    if not dist.is_initialized():
+        return local
+    keys = sorted(sharded_keys(model, optim))  # replicated tensors (Adam's step) stay as they are
+    t = torch.tensor([local[k] for k in keys], dtype=torch.float64)
+    dist.all_reduce(t)
+    return {**local, **dict(zip(keys, t.tolist()))}
+
+
+def _first_weight_full(model):
+    w = model[0].weight
+    return (w.full_tensor() if hasattr(w, "full_tensor") else w).detach().clone()
+
+
+def _dcp_save(model, optim, path: str) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    msd, osd = get_state_dict(model, optim)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
+
+
+def _dcp_load(model, optim, path: str) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    msd, osd = get_state_dict(model, optim)
+    sd = {"model": msd, "optim": osd}
+    dcp.load(sd, checkpoint_id=path)
+    set_state_dict(model, optim, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+
+
+def rank_main(rank: int, ws: int, cfg: dict) -> dict:
+    """Everything at the saving world size: saves (unickpt, DCP, raw) and same-layout loads."""
+    import torch
+
+    import unickpt
+
+    tmp = cfg["tmp"]
+    layers, dim = cfg["layers"], cfg["dim"]
+    model, optim = build_model(layers, dim, seed=0, fsdp2=True)
+    train_step(model, optim, _batch(dim, 1))
+    want = checksums(model, optim)
+    ref = {"sums": _global_sums(model, optim), "w0": _first_weight_full(model)}
+    my_state = state_bytes(model, optim)
+    state = {"model": model, "optimizer": optim}
+    upath, dpath = os.path.join(tmp, "unickpt"), os.path.join(tmp, "dcp")
+    rawdir = os.path.join(tmp, "raw")
+    if rank == 0:
+        os.makedirs(rawdir, exist_ok=True)
+    parts = cfg["files_per_rank"]
+    log = EventLog()
+    phases: dict[str, list[dict[str, float]]] = {"save": [], "load": []}
+    bufs = [RawBuffer(seed=rank * 16 + i) for i in range(parts)]
+
+    def fresh(path: str) -> None:
+        if rank == 0:
+            rmtree(path)
+        barrier()
+
+    # warm-up (first saves: unickpt plans, DCP plans; page cache and allocator warm)
+    fresh(upath)
+    first_u, _ = timed(lambda: unickpt.save(upath, state, framework="fsdp2"))
+    fresh(dpath)
+    first_d, _ = timed(lambda: _dcp_save(model, optim, dpath))
+    per_rank = gather(unickpt_bytes_per_rank(upath) if rank == 0 else None)[0]
+    share = per_rank[rank]
+    buf_file = os.path.join(rawdir, f"r{rank}-buffered.bin")
+    direct_files = [os.path.join(rawdir, f"r{rank}-direct-{i}.bin") for i in range(parts)]
+
+    def raw_buffered() -> None:
+        raw_write_buffered(buf_file, share, bufs[0])
+
+    def raw_direct() -> None:
+        raw_write_direct(direct_files, share, bufs)
+
+    def unlink(paths: list[str]) -> None:
+        for p in paths:
+            if os.path.exists(p):
+                os.unlink(p)
+        barrier()
+
+    saves = {"unickpt": [], "dcp": [], "raw_buffered": [], "raw_direct": []}
+    ops = [
+        ("unickpt", lambda: fresh(upath), lambda: unickpt.save(upath, state, framework="fsdp2")),
+        ("dcp", lambda: fresh(dpath), lambda: _dcp_save(model, optim, dpath)),
+        ("raw_buffered", lambda: unlink([buf_file]), raw_buffered),
+        ("raw_direct", lambda: unlink(direct_files), raw_direct),
+    ]
+    for r in range(cfg["repeats"]):
+        order = ops[r % len(ops):] + ops[:r % len(ops)]  # rotate: nobody always goes first
+        for name, prepare, op in order:
+            prepare()
+            log.take()
+            saves[name].append(timed(op)[0])
+            if name == "unickpt":
+                phases["save"].append(phase_breakdown(log.take()))
+    unlink([buf_file])
+
+    # cold loads at the same layout
+    def cold() -> None:
+        if rank == 0:
+            evict([upath, dpath, rawdir])
+        barrier()
+
+    loads = {"unickpt": [], "dcp": [], "raw_read": []}
+
+    def check(what: str) -> None:
+        compare_checksums(checksums(model, optim), want, what)
+
+    lops = [
+        ("unickpt", lambda: unickpt.load(upath, state, framework="fsdp2")),
+        ("dcp", lambda: _dcp_load(model, optim, dpath)),
+        ("raw_read", lambda: raw_read(direct_files, bufs)),
+    ]
+    for r in range(cfg["repeats"]):
+        order = lops[r % len(lops):] + lops[:r % len(lops)]
+        for name, op in order:
+            if name != "raw_read":
+                scramble(model, optim)
+            cold()
+            log.take()
+            loads[name].append(timed(op)[0])
+            if name == "unickpt":
+                phases["load"].append(phase_breakdown(log.take()))
+            if name != "raw_read":
+                check(f"rank {rank}: {name} same-layout load")
+    for b in bufs:
+        b.close()
+    loss_check = float(model(_batch(dim, 1)).square().mean().detach())
+    out = {"saves": saves, "loads": loads, "phases": phases, "first": {"unickpt": first_u, "dcp": first_d},
+           "per_rank": per_rank, "state_bytes": gather(my_state),
+           "ubytes": dir_bytes(upath), "dbytes": dir_bytes(dpath),
+           "raw_bytes": sum(per_rank.values()), "loss": loss_check}
+    if rank == 0:
+        out["ref"] = ref
+    torch.distributed.barrier()
+    return out
+
+
+def reshard_main(rank: int, ws: int, cfg: dict, ref: dict) -> dict:
+    """One process, no process group: load both checkpoints into a plain model + Adam."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+    import torch
+
+    import unickpt
+
+    tmp = cfg["tmp"]
+    upath, dpath = os.path.join(tmp, "unickpt"), os.path.join(tmp, "dcp")
+    model, optim = build_model(cfg["layers"], cfg["dim"], seed=1, fsdp2=False)
+    train_step(model, optim, _batch(cfg["dim"], 2))  # creates Adam state (different values)
+    state = {"model": model, "optimizer": optim}
+    times = {"unickpt": [], "dcp": []}
+
+    def check(what: str) -> None:
+        compare_checksums(checksums(model, optim), ref["sums"], what)
+        if not torch.equal(model[0].weight.detach(), ref["w0"]):
+            raise AssertionError(f"{what}: 0.weight differs from the saved tensor")
+
+    ops = [("unickpt", lambda: unickpt.load(upath, state, framework="torch")),
+           ("dcp", lambda: _dcp_load(model, optim, dpath))]
+    log = EventLog()
+    phases = []
+    for r in range(cfg["repeats"]):
+        for name, op in (ops if r % 2 == 0 else ops[::-1]):
+            scramble(model, optim)
+            evict([upath, dpath])
+            log.take()
+            t0 = time.perf_counter()
+            op()
+            times[name].append(time.perf_counter() - t0)
+            if name == "unickpt":
+                phases.append(phase_breakdown(log.take()))
+            check(f"{name} resharding load")
+    return {"times": times, "phases": phases, "loss": float(model(_batch(cfg["dim"], 1)).square().mean().detach())}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gib", type=float, default=1.0, help="total state size (params + Adam), GiB")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--world-size", type=int, default=2, help="saving world size (FSDP2)")
+    ap.add_argument("--dir", default=None, help="parent of the temporary folder (default /tmp)")
+    ap.add_argument("--files-per-rank", type=int, default=2,
+                    help="unickpt SaveOptions default; also the raw O_DIRECT writer's file count")
+    args = ap.parse_args()
+    layers, dim = model_shape(args.gib)
+    total = layers * dim * dim * 12
+    # unickpt + DCP checkpoints + raw files (buffered and direct) at the same time, at most
+    tmp = make_tmp(args.dir, 4 * total)
+    cfg = {"tmp": tmp, "layers": layers, "dim": dim, "repeats": args.repeats,
+           "files_per_rank": args.files_per_rank}
+    ws = args.world_size
+    print(f"unickpt save/load benchmark: {layers} x Linear({dim}, {dim}) + Adam = "
+          f"{total / GiB:.3f} GiB, FSDP2 at world size {ws}, {args.repeats} repeats, folder {tmp}")
+    print(machine_line())
+    print("writes: fsync'ed (unickpt: its own fsync; DCP: FileSystemWriter sync_files=True)")
+    print("reads: cold (page cache evicted)")
+    t0 = time.perf_counter()
+    try:
+        res = spawn(rank_main, ws, cfg)
+        r0 = res[0]
+        rs = spawn(reshard_main, 0, cfg, r0["ref"])[0]
+    finally:
+        rmtree(tmp)
+    print(f"(ran in {time.perf_counter() - t0:.0f} s; temporary folder removed)\n")
+    s, ld, rt = r0["saves"], r0["loads"], rs["times"]
+    ub, db, rb = r0["ubytes"], r0["dbytes"], r0["raw_bytes"]
+
+    def row(op: str, xs: list[float], nbytes: int) -> list[str]:
+        m = median(xs)
+        return [op, fmt_s(m), fmt_s(min(xs)), fmt_s(max(xs)), f"{nbytes / GiB:.3f}", fmt_gbs(nbytes, m)]
+
+    rows = [
+        row(f"unickpt save (ws={ws})", s["unickpt"], ub),
+        row(f"DCP save (ws={ws})", s["dcp"], db),
+        row("raw write buffered+fsync", s["raw_buffered"], rb),
+        row(f"raw write O_DIRECT ({args.files_per_rank} files/rank)+fsync", s["raw_direct"], rb),
+        row(f"unickpt load (ws={ws}, same layout)", ld["unickpt"], ub),
+        row(f"DCP load (ws={ws}, same layout)", ld["dcp"], db),
+        row("raw cold read", ld["raw_read"], rb),
+        row(f"unickpt reshard load ({ws} -> 1)", rt["unickpt"], ub),
+        row(f"DCP reshard load ({ws} -> 1)", rt["dcp"], db),
+    ]
+    print(table(f"Times (median of {args.repeats}; GB/s = bytes / median seconds)",
+                ["op", "median s", "min s", "max s", "GiB", "GB/s"], rows))
+    print(f"first (warm-up) save, not in the medians: unickpt {r0['first']['unickpt']:.3f} s, "
+          f"DCP {r0['first']['dcp']:.3f} s")
+
+    def bw(nbytes: int, xs: list[float]) -> float:
+        return nbytes / median(xs)
+
+    ratios = [
+        ["save speedup (DCP s / unickpt s)", f"{median(s['dcp']) / median(s['unickpt']):.2f}x"],
+        ["load speedup (DCP s / unickpt s)", f"{median(ld['dcp']) / median(ld['unickpt']):.2f}x"],
+        ["reshard load speedup (DCP s / unickpt s)", f"{median(rt['dcp']) / median(rt['unickpt']):.2f}x"],
+        ["unickpt save GB/s / raw buffered write GB/s", f"{bw(ub, s['unickpt']) / bw(rb, s['raw_buffered']):.2f}"],
+        ["unickpt save GB/s / raw O_DIRECT write GB/s", f"{bw(ub, s['unickpt']) / bw(rb, s['raw_direct']):.2f}"],
+        ["DCP save GB/s / raw buffered write GB/s", f"{bw(db, s['dcp']) / bw(rb, s['raw_buffered']):.2f}"],
+        ["unickpt load GB/s / raw cold read GB/s", f"{bw(ub, ld['unickpt']) / bw(rb, ld['raw_read']):.2f}"],
+        ["DCP load GB/s / raw cold read GB/s", f"{bw(db, ld['dcp']) / bw(rb, ld['raw_read']):.2f}"],
+        ["unickpt reshard load s / same-layout load s", f"{median(rt['unickpt']) / median(ld['unickpt']):.2f}"],
+        ["DCP reshard load s / same-layout load s", f"{median(rt['dcp']) / median(ld['dcp']):.2f}"],
+    ]
+    print()
+    print(table("Ratios (same run)", ["ratio", "value"], ratios))
+    per = r0["per_rank"]
+    avg = sum(per.values()) / len(per)
+    print()
+    print(table("Bytes written per rank by unickpt (from its metadata) vs the rank's local state",
+                ["rank", "unickpt bytes", "GiB", "local state GiB", "/ mean"],
+                [[r, per[r], f"{per[r] / GiB:.4f}", f"{r0['state_bytes'][r] / GiB:.4f}",
+                  f"{per[r] / avg:.3f}"] for r in sorted(per)]))
+    print()
+    prow = []
+    for rank, r in enumerate(res):
+        for kind in ("save", "load"):
+            runs = r["phases"][kind]
+            keys = list(runs[0]) if runs else []
+            prow.append([rank, f"unickpt {kind}",
+                         ", ".join(f"{k} {median([x[k] for x in runs]):.3f}" for k in keys)])
+    rph = rs["phases"]
+    prow.append(["0 (ws 1)", "unickpt reshard load",
+                 ", ".join(f"{k} {median([x[k] for x in rph]):.3f}" for k in rph[0])])
+    print(table("unickpt phases per rank (seconds, median over the timed runs; from its events)",
+                ["rank", "op", "phases"], prow, left=(0, 1, 2)))
+    print(f"checkpoint sizes on disk: unickpt {ub / GiB:.4f} GiB, DCP {db / GiB:.4f} GiB")
+    print("correctness: every same-layout and resharding load restored all tensors "
+          "(float64 sums of every tensor; 0.weight bit for bit after resharding)")
+
+
+if __name__ == "__main__":
+    main()
