@@ -178,3 +178,59 @@ def test_rejects_non_integer_version() -> None:
 def test_adjacent_byte_ranges_are_fine() -> None:
     md = decode(doc())  # the sample packs ranges back to back in both files
     assert md.tensors["model.w"].shards[0].byte_offset + 36 == md.tensors["optimizer.state.w.step"].shards[0].byte_offset
+
+
+# --- binary shard tables (tensors with many shards) --------------------------------------------
+
+def _many_shards_md(rows: int = 100) -> Metadata:
+    from unickpt.format.codec import TABLE_FROM
+
+    assert rows >= TABLE_FROM
+    shards = tuple(ShardRecord((r * 2, 0), (2, 3), r % 4, r * 64, 24, r) for r in range(rows))
+    rec = TensorRecord("model.big", "float32", (2 * rows, 3), shards)
+    return Metadata(1, "sid", 1.0, Topology("fsdp2", 4), tuple(f"data/s/r{r:05d}-00.bin" for r in range(4)),
+                    {"model.big": rec})
+
+
+def test_binary_shard_table_round_trip():
+    import json as _json
+
+    md = _many_shards_md()
+    raw = encode_metadata(md)
+    assert "shard_table" in _json.loads(raw)["tensors"]["model.big"]
+    assert decode_metadata(raw) == md
+
+
+@pytest.mark.parametrize("corrupt, words", [
+    (lambda a: a.__setitem__((5, 0), -1), ["model.big", "row 5", "negative"]),
+    (lambda a: a.__setitem__((7, 0), 10**6), ["model.big", "row 7", "outside"]),
+    (lambda a: a.__setitem__((3, 4), 99), ["model.big", "row 3", "file index"]),
+    (lambda a: a.__setitem__((9, 6), 25), ["model.big", "row 9", "byte length"]),
+    (lambda a: a.__setitem__((2, 7), 1 << 40), ["model.big", "row 2", "checksum"]),
+    (lambda a: a.__setitem__((4, 0), 6), ["model.big", "overlap"]),
+])
+def test_binary_shard_table_rejects_bad_rows(corrupt, words):
+    import base64
+    import json as _json
+
+    import numpy as np
+
+    doc = _json.loads(encode_metadata(_many_shards_md()))
+    entry = doc["tensors"]["model.big"]
+    arr = np.frombuffer(base64.b64decode(entry["shard_table"]), dtype="<i8").reshape(-1, 8).copy()
+    corrupt(arr)
+    entry["shard_table"] = base64.b64encode(arr.astype("<i8").tobytes()).decode()
+    with pytest.raises(CorruptMetadataError) as ei:
+        decode_metadata(_json.dumps(doc).encode(), "ck/unickpt.metadata.json")
+    for w in words:
+        assert w in str(ei.value)
+
+
+@pytest.mark.parametrize("table", ["not base64!", "AAAA", 12])
+def test_binary_shard_table_rejects_bad_encoding(table):
+    import json as _json
+
+    doc = _json.loads(encode_metadata(_many_shards_md()))
+    doc["tensors"]["model.big"]["shard_table"] = table
+    with pytest.raises(CorruptMetadataError, match="model.big"):
+        decode_metadata(_json.dumps(doc).encode())

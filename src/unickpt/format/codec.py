@@ -13,10 +13,14 @@ Shard tables are stored column-compact: one flat integer list per shard
 
 from __future__ import annotations
 
+import base64
+import binascii
 import heapq
 import json
 import math
 from typing import Any
+
+import numpy as np
 
 from ..errors import CorruptMetadataError, UnsupportedFormatVersionError
 from .dtypes import itemsize
@@ -33,20 +37,22 @@ __all__ = ["encode_metadata", "decode_metadata", "tiling_problem", "MAGIC", "MAX
 
 MAGIC = "unickpt"
 _MAX_NDIM = 64
+# tensors with at least this many shards store them as a binary table (compact, fast to check)
+TABLE_FROM = 64
 MAX_BYTES = 1 << 56  # 64 PiB: no tensor, shard, file offset or blob is larger (absurd beyond)
 
 
 def encode_metadata(md: Metadata) -> bytes:
     tensors = {}
     for fqn, t in md.tensors.items():
-        tensors[fqn] = {
-            "dtype": t.dtype,
-            "shape": list(t.shape),
-            "shards": [
-                [*s.offsets, *s.lengths, s.file_index, s.byte_offset, s.byte_length, s.crc32c]
-                for s in t.shards
-            ],
-        }
+        rows = [[*s.offsets, *s.lengths, s.file_index, s.byte_offset, s.byte_length, s.crc32c]
+                for s in t.shards]
+        entry: dict[str, Any] = {"dtype": t.dtype, "shape": list(t.shape)}
+        if len(rows) >= TABLE_FROM:
+            entry["shard_table"] = base64.b64encode(np.asarray(rows, dtype="<i8").tobytes()).decode("ascii")
+        else:
+            entry["shards"] = rows
+        tensors[fqn] = entry
     doc = {
         "magic": MAGIC,
         "format_version": md.format_version,
@@ -135,6 +141,13 @@ def _decode_v1(doc: dict[str, Any], source: str) -> Metadata:
         ndim = len(shape)
         if math.prod(shape) * isz > MAX_BYTES:
             raise _fail(source, f"tensor {fqn!r}: shape {shape} is absurdly large")
+        if "shard_table" in t:
+            shards = _decode_table(fqn, t["shard_table"], shape, isz, nfiles, source)
+            for sh in shards:
+                ranges_by_file.setdefault(sh.file_index, []).append((sh.byte_offset, sh.byte_length, fqn))
+            _check_tiling(fqn, shape, shards, source)
+            tensors[fqn] = TensorRecord(fqn, dtype, shape, tuple(shards))
+            continue
         if not isinstance(t["shards"], list):
             raise _fail(source, f"tensor {fqn!r}: shards must be a list")
         shards = []
@@ -201,6 +214,39 @@ def _decode_v1(doc: dict[str, Any], source: str) -> Metadata:
         blobs=blobs,
         role=role,
     )
+
+
+def _decode_table(fqn: str, table: Any, shape: tuple[int, ...], isz: int, nfiles: int,
+                  source: str) -> list[ShardRecord]:
+    """Decode and validate a binary shard table (rows of little-endian int64), vectorised."""
+    if not isinstance(table, str):
+        raise _fail(source, f"tensor {fqn!r}: shard_table must be a base64 string")
+    try:
+        raw = base64.b64decode(table, validate=True)
+    except (ValueError, binascii.Error):
+        raise _fail(source, f"tensor {fqn!r}: shard_table is not valid base64") from None
+    width = 2 * len(shape) + 4
+    if len(raw) % (8 * width):
+        raise _fail(source, f"tensor {fqn!r}: shard_table length {len(raw)} is not a multiple of its rows")
+    arr = np.frombuffer(raw, dtype="<i8").reshape(-1, width)
+    nd = len(shape)
+    offs, lens = arr[:, :nd], arr[:, nd:2 * nd]
+    fidx, boff, blen, crc = (arr[:, 2 * nd + i] for i in range(4))
+    problems = [
+        ((arr < 0).any(axis=1), "negative field"),
+        ((arr > MAX_BYTES).any(axis=1), "absurd value"),
+        ((offs + lens > np.asarray(shape, dtype=np.int64)).any(axis=1), f"box outside shape {shape}"),
+        (fidx >= nfiles, f"file index beyond the {nfiles} files"),
+        (boff + blen > MAX_BYTES, "absurd byte range"),
+        (blen != np.prod(lens, axis=1, dtype=np.int64) * isz, "byte length != box size"),
+        (crc >= 1 << 32, "checksum out of range"),
+    ]
+    for mask, what in problems:
+        bad = np.nonzero(mask)[0]
+        if len(bad):
+            raise _fail(source, f"tensor {fqn!r}: shard row {int(bad[0])}: {what}")
+    return [ShardRecord(tuple(r[:nd]), tuple(r[nd:2 * nd]), r[2 * nd], r[2 * nd + 1], r[2 * nd + 2], r[2 * nd + 3])
+            for r in arr.tolist()]
 
 
 def _check_tiling(fqn: str, shape: tuple[int, ...], shards: list[ShardRecord], source: str) -> None:
