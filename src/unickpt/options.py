@@ -18,5 +18,6 @@ class SaveOptions:
 class LoadOptions:
     io_threads: int = 4  # reader threads per rank
     verify_checksums: bool = True
-    # read each saved byte once across all ranks and forward it over the process group
-    dedup_reads: bool = True
+    # read each saved byte once across all ranks and forward it over the process group:
+    # True always, False never, None (auto) unless all ranks share one host's page cache
+    dedup_reads: bool | None = None

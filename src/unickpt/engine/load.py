@@ -14,6 +14,7 @@ Call order (every rank; * = collective on the checkpoint group):
 
 from __future__ import annotations
 
+import socket
 from concurrent.futures import ThreadPoolExecutor
 
 import crc32c
@@ -98,18 +99,26 @@ _CHUNK = 16 << 20  # large shards are read as parallel ranged reads of this size
 
 
 def read_stage(md: Metadata, storage: Storage, coord: Coordinator, items: list[LoadItem],
-               reads: list[ShardRead], threads: int, verify: bool, dedup: bool) -> int:
+               reads: list[ShardRead], threads: int, verify: bool, dedup: bool | None) -> int:
     """Collective: read and place every needed shard; return the bytes this rank read.
 
     With ``dedup`` (and several ranks) each needed saved shard is read by one rank only and
-    forwarded over the process group to the other ranks that need it (``assign_reads``).
+    forwarded over the process group to the other ranks that need it (``assign_reads``);
+    ``dedup=None`` does that unless all ranks run on one host over storage that shares its page
+    cache (local files), where the kernel already fetches each byte from the device once.
     Order: gather needs -> every rank reads its batches (parallel ranged reads, checksums) ->
     all ranks agree the reads succeeded (so nobody waits forever on a failed peer) ->
     receives posted, batches sent, pieces copied into place as they arrive."""
     me = coord.rank
     mine = {(r.fqn, r.shard_index): r for r in reads}
-    if dedup and coord.world_size > 1:
-        needs = coord.all_gather_object(list(mine))
+    if coord.world_size > 1 and dedup is not False:
+        gathered = coord.all_gather_object((socket.gethostname(), list(mine)))
+        hosts = {h for h, _ in gathered}
+        # auto: ranks of one host reading local files share its page cache, which already reads
+        # each byte from the device once; forwarding pays off across hosts or for remote storage
+        if dedup is None and len(hosts) == 1 and getattr(storage, "shared_page_cache", False):
+            gathered = [(h, n if r == me else []) for r, (h, n) in enumerate(gathered)]
+        needs = [n for _, n in gathered]
     else:
         needs = [[] for _ in range(coord.world_size)]
         needs[me] = list(mine)

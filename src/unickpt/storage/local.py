@@ -98,6 +98,7 @@ def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
 
 class LocalStorage:
     direct_io = os.environ.get("UNICKPT_DIRECT_IO", "1") != "0"
+    shared_page_cache = True  # ranks on one host reading these files share the kernel's cache
 
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(root)
