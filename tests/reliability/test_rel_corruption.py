@@ -84,8 +84,8 @@ def test_two_rank_load_of_a_corrupt_checkpoint(two_rank_loads, kind):
         assert all(f"{ckpt}/{METADATA_FILE}" in r["msg"] for r in res)
         return
     # the rank that read the bad file raises the precise error; the other gets the report naming
-    # that rank, the stage and the file
-    assert expected in types, res
+    # that rank, the stage and the file (when both ranks read it, both get that report)
+    assert expected in types or types == ["RankFailures", "RankFailures"], res
     for r in res:
         assert name.rsplit("/", 1)[1] in r["msg"], r
         if r["type"] == "RankFailures":
