@@ -43,7 +43,8 @@ reduce-scatter), ``optimizer.step()``.
    compared with a same-layout load at that new world size too (the loaded state saved there
    by each library and loaded back cold), so that the ratio compares equal reader counts.
 4. Bytes read from storage by a DDP load at ``--ddp-world-size`` ranks (state ``--ddp-gib``),
-   unickpt also with ``LoadOptions(dedup_reads=False)`` (every rank reads what it needs):
+   unickpt with the default (auto: one host over local files reads locally, sharing the page
+   cache), ``dedup_reads=True`` (each byte read by one rank and forwarded) and ``False``:
    unickpt = sum over ranks of the ``nbytes`` of its ``load.read`` events; DCP = bytes its
    ``FileSystemReader`` asked for (a subclass counting the stored length of every read item);
    both also as ``/proc/self/io`` ``read_bytes`` deltas summed over ranks (bytes the kernel
@@ -571,7 +572,9 @@ def ddp_main(rank: int, ws: int, cfg: dict) -> dict:
 
     from unickpt import LoadOptions
 
-    ops = [("unickpt", lambda: unickpt.load(upath, state, framework="ddp")),
+    ops = [("unickpt (dedup auto)", lambda: unickpt.load(upath, state, framework="ddp")),
+           ("unickpt dedup_reads=True", lambda: unickpt.load(
+               upath, state, framework="ddp", options=LoadOptions(dedup_reads=True))),
            ("unickpt dedup_reads=False", lambda: unickpt.load(
                upath, state, framework="ddp", options=LoadOptions(dedup_reads=False))),
            ("DCP", dcp_load)]
@@ -744,8 +747,8 @@ def main() -> None:
           "read_bytes: kernel's per-process count of bytes fetched from the device, summed over "
           "ranks (median over repeats; a cold page read by several ranks at once is fetched, and "
           "counted, once)")
-    ph = [r["runs"]["unickpt"][-1]["phases"] for r in dd]
-    print("  unickpt DDP load phases (last repeat): " + "; ".join(
+    ph = [r["runs"]["unickpt dedup_reads=True"][-1]["phases"] for r in dd]
+    print("  unickpt DDP load phases, dedup_reads=True (last repeat): " + "; ".join(
         f"rank {i}: " + ", ".join(f"{k} {v:.3f}" for k, v in p.items()) for i, p in enumerate(ph)))
 
     # ---- 5. plan cache

@@ -69,6 +69,22 @@ class SaveHandle:
             self._reported = True
             raise
 
+    def join(self, timeout: float | None = None) -> bool:
+        """Block until the save finished (committed or failed) without raising; True if it did."""
+        try:
+            self._future.exception(timeout)
+        except FutureTimeout:
+            return False
+        return True
+
+    def take_unreported_error(self) -> BaseException | None:
+        """For a finished save: its error if nobody has seen it yet (then it counts as seen)."""
+        if not self._future.done() or self._reported:
+            return None
+        err = self._future.exception()
+        self._reported = err is not None
+        return err
+
 
 _HANDLES: list[SaveHandle] = []  # async saves whose failure nobody has seen yet
 _PLAN_CACHE: dict[tuple[str | None, str], CachedPlan] = {}
@@ -80,9 +96,8 @@ def _raise_unreported_failures() -> None:
     done = [h for h in _HANDLES if h.done()]
     _HANDLES = [h for h in _HANDLES if not h.done()]
     for h in done:
-        err = h._future.exception()
-        if err is not None and not h._reported:
-            h._reported = True
+        err = h.take_unreported_error()
+        if err is not None:
             raise CheckpointError(f"a previous asynchronous save failed: {err}") from err
 
 

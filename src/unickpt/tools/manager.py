@@ -164,9 +164,8 @@ class CheckpointManager:
             done = [h for h in self._handles if h.done()]
             self._handles = [h for h in self._handles if not h.done()]
         for h in done:
-            err = h._future.exception()
-            if err is not None and not h._reported:
-                h._reported = True
+            err = h.take_unreported_error()
+            if err is not None:
                 raise CheckpointError(f"a previous asynchronous save of {self.root} failed: {err}") from err
 
     def wait(self) -> None:
@@ -175,10 +174,7 @@ class CheckpointManager:
         with self._lock:
             pending = list(self._handles)
         for h in pending:
-            try:
-                h.wait()
-            except BaseException:
-                h._reported = False  # reported below, once
+            h.join()  # without marking an error as seen: reported below, once
         self._raise_unreported()
 
     # ------------------------------------------------------------------ discovery
