@@ -232,7 +232,6 @@ class _DCPSaver(_Saver):
 
 def rank_main(rank: int, ws: int, cfg: dict) -> dict:
     """Sections 1-3 and 5-6 at the training world size."""
-    import torch
     import torch.distributed as dist
 
     import unickpt

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
 
 from harness import run_ranks
 from reshard_workers import check, load_phase, save_phase

@@ -112,16 +112,21 @@ def test_plan_cache_reused_and_invalidated(tmp_path):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_async_snapshot_round_trip(tmp_path):
-    m, opt = _model()
+    """Pinned staging + side-stream D2H at save, H2D at load: the snapshot is the state at the
+    call even though the next kernels modify the tensors at once."""
+    m, _ = _model()
     m.cuda()
     opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    m(torch.randn(4, 32, device="cuda")).sum().backward()
+    opt.step()
     before = _snapshot(m)
-    h = unickpt.save(str(tmp_path / "g"), {"model": m}, async_save=True)
+    h = unickpt.save(str(tmp_path / "g"), {"model": m, "optimizer": opt}, async_save=True)
     with torch.no_grad():
         for p in m.parameters():
             p.mul_(3.0)
     h.wait()
     m2, _ = _model(seed=5)
     m2.cuda()
-    unickpt.load(str(tmp_path / "g"), {"model": m2})
+    opt2 = torch.optim.AdamW(m2.parameters(), lr=1e-2)
+    unickpt.load(str(tmp_path / "g"), {"model": m2, "optimizer": opt2})
     assert all(torch.equal(m2.state_dict()[k], before[k]) for k in before)
