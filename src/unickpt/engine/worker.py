@@ -48,10 +48,6 @@ class SaveWorker:
             self._pending = [f for f in self._pending if not f.done()] + [fut]
             return fut
 
-    def in_flight(self) -> int:
-        with self._lock:
-            return sum(1 for f in self._pending if not f.done())
-
     def drain(self) -> None:
         """Wait until every submitted job has finished (errors are reported by their handles)."""
         with self._lock:
