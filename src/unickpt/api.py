@@ -142,7 +142,7 @@ def save(path: str, state: MutableMapping[str, Any], *, framework: str = "auto",
     _PLAN_CACHE[key] = cached
     gplan = cached.plan
     rank_plan = gplan.rank_plans[coord.rank]
-    request = SaveRequest(adapter.name, role, view.mesh, options.files_per_rank)
+    request = SaveRequest(adapter.name, role, view.mesh)
     objects = view.objects if coord.rank == 0 else {}
     background = make_coordinator(channel="background")
 
@@ -151,7 +151,7 @@ def save(path: str, state: MutableMapping[str, Any], *, framework: str = "auto",
             staged = run_stage(coord, "save (stage)", lambda: STAGING_POOL.stage(view.items, rank_plan, blobs))
             p.nbytes = staged.nbytes
         images = {f: memoryview(parts[0]) if parts else memoryview(b"") for f, parts in staged.parts.items()}
-        entry_bytes = [images[e.file][e.byte_offset: e.byte_offset + e.byte_length] for e in rank_plan.entries]
+        entry_bytes: list[Buffer] = [images[e.file][e.byte_offset: e.byte_offset + e.byte_length] for e in rank_plan.entries]
         file_parts = staged.parts
     else:
         staged = None

@@ -12,7 +12,7 @@ between live ranks of one job, never data read from a checkpoint.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -70,7 +70,9 @@ class TorchDistCoordinator:
         dist.barrier(group=self.group)
 
     def isend(self, tensor: "torch.Tensor", dst: int, tag: int) -> "dist.Work":
-        return dist.isend(tensor, dst=self._global_ranks[dst], group=self.group, tag=tag)
+        # None only for a rank outside ``group``; this rank is always in its own group
+        return cast("dist.Work", dist.isend(tensor, dst=self._global_ranks[dst], group=self.group, tag=tag))
 
     def irecv(self, tensor: "torch.Tensor", src: int, tag: int) -> "dist.Work":
-        return dist.irecv(tensor, src=self._global_ranks[src], group=self.group, tag=tag)
+        # None only for a rank outside ``group``; this rank is always in its own group
+        return cast("dist.Work", dist.irecv(tensor, src=self._global_ranks[src], group=self.group, tag=tag))

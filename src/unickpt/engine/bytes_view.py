@@ -16,7 +16,7 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
         t = t.contiguous()
     if t.numel() == 0:
         return memoryview(b"")
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy()).cast("B")
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy()).cast("B")  # type: ignore[arg-type]  # numpy stubs: __buffer__ only on 3.12+
 
 
 def box_view(buf: torch.Tensor, dtype: torch.dtype, lengths: tuple[int, ...]) -> torch.Tensor:

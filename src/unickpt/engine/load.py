@@ -168,7 +168,7 @@ def _read_batch(md: Metadata, storage: Storage, pool: ThreadPoolExecutor, items:
         if target is None:
             region = (buf[off: off + shard.byte_length] if buf is not None
                       else torch.empty(shard.byte_length, dtype=torch.uint8))
-            view = memoryview(region.numpy()).cast("B") if shard.byte_length else memoryview(b"")
+            view = memoryview(region.numpy()).cast("B") if shard.byte_length else memoryview(b"")  # type: ignore[arg-type]  # numpy stubs: __buffer__ only on 3.12+
         else:
             region, view = None, target
         name = md.files[shard.file_index]

@@ -44,12 +44,11 @@ __all__ = ["SaveRequest", "CachedPlan", "plan_stage", "write_stage", "commit_sta
 
 @dataclass(frozen=True, slots=True)
 class SaveRequest:
-    """What one rank asks to save; the same on every call while the sharding is unchanged."""
+    """Who saves (recorded in the metadata as information: framework, role, mesh)."""
 
     framework: str
     role: str | None
     mesh: tuple[tuple[str, int], ...]
-    files_per_rank: int
 
 
 def new_save_id() -> str:

@@ -128,7 +128,8 @@ class StagingPool:
                 ready.record(stream)
                 torch.cuda.current_stream().wait_event(ready)  # training kernels run after the copy
             parts: dict[str, list[Buffer]] = {
-                f: [memoryview(images[f].numpy()).cast("B")] if sizes[f] else [] for f in files}
+                f: [memoryview(images[f].numpy()).cast("B")] if sizes[f] else []  # type: ignore[arg-type]  # numpy stubs: __buffer__ only on 3.12+
+                for f in files}
             return StagedFiles(parts, ready, self, slot, sum(sizes.values()))
         except BaseException:
             self._release(slot)

@@ -106,14 +106,14 @@ def decode_value(v: Any, source: str = "extra state", depth: int = 0) -> Any:
                 return torch.empty(shape, dtype=dt)
             return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dt).reshape(shape).clone()
         if tag == "ndarray":
-            dt = np.dtype(v["dtype"])
-            if dt.hasobject:
+            ndt = np.dtype(v["dtype"])
+            if ndt.hasobject:
                 raise ValueError("object arrays are refused")
-            shape = tuple(int(d) for d in v["shape"])
+            nshape = tuple(int(d) for d in v["shape"])
             raw = base64.b64decode(v["v"], validate=True)
-            if len(raw) != math.prod(shape) * dt.itemsize:
+            if len(raw) != math.prod(nshape) * ndt.itemsize:
                 raise ValueError("array byte count does not match its shape")
-            return np.frombuffer(raw, dtype=dt).reshape(shape).copy()
+            return np.frombuffer(raw, dtype=ndt).reshape(nshape).copy()
     except (KeyError, TypeError, ValueError) as e:
         raise CorruptMetadataError(f"{source}: bad {tag!r} entry ({e})") from None
     raise CorruptMetadataError(f"{source}: unknown tag {tag!r}")

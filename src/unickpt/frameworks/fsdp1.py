@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 import torch
 from torch import nn
@@ -56,6 +56,7 @@ __all__ = ["FSDP1Adapter", "LocalPiece", "OrigParam", "FlatLayout", "local_piece
            "flat_layouts"]
 
 Item = SaveItem | LoadItem
+ItemT = TypeVar("ItemT", bound=Item)  # SaveItem on save, LoadItem on load
 Finish = Callable[[Mapping[str, JSONValue], bool], list[str]]
 
 
@@ -133,7 +134,7 @@ def _empty_box(shape: Shape) -> tuple[Shape, Shape] | None:
 
 
 def _describe(key: str, shape: Shape, flat: torch.Tensor, start: int, pieces: list[LocalPiece],
-              make: type[Item]) -> Iterator[Item]:
+              make: type[ItemT]) -> Iterator[ItemT]:
     """Items for tensor ``key`` whose local run starts at ``flat[start]``: one view per box."""
     dtype = dtype_name(flat.dtype)
     if not pieces:
@@ -141,7 +142,7 @@ def _describe(key: str, shape: Shape, flat: torch.Tensor, start: int, pieces: li
         if box is not None:
             yield make(ShardSpec(key, dtype, shape, *box), flat[:0].view(box[1]))
         elif make is LoadItem:  # a 0-d tensor held by another rank: read it, then drop it
-            yield LoadItem(ShardSpec(key, dtype, (), (), ()), flat.new_empty(()))
+            yield make(ShardSpec(key, dtype, (), (), ()), flat.new_empty(()))
         return
     for pc in pieces:
         a = start + pc.local_start
@@ -203,7 +204,8 @@ class _Index:
             if lay.orig_params is not None:
                 for p, op in zip(lay.orig_params, lay.params):
                     self.orig[id(p)] = (lay, op)
-                managed.update(id(p) for p in lay.flat_param._shared_params or ())
+                # flat_param is a FlatParameter (typed nn.Parameter here, no torch.distributed import)
+                managed.update(id(p) for p in lay.flat_param._shared_params or ())  # type: ignore[attr-defined]
         managed.update(self.orig)
         # parameters FSDP does not manage (ignored modules): plain, replicated tensors
         self.plain = [(clean_fqn(n, True), p) for n, p in model.named_parameters()
@@ -217,8 +219,8 @@ class _Index:
         for key, (_, op) in self.orig.items():
             self.names[key] = op.fqn
 
-    def model_items(self, make: type[Item]) -> list[Item]:
-        items: list[Item] = []
+    def model_items(self, make: type[ItemT]) -> list[ItemT]:
+        items: list[ItemT] = []
         for lay in self.layouts:
             for op in lay.params:
                 for fqn in (op.fqn, *op.aliases):
@@ -228,8 +230,8 @@ class _Index:
             items.append(items_for(MODEL_PREFIX + fqn, t, make))
         return items
 
-    def state_items(self, p: torch.Tensor, key: str, v: torch.Tensor, make: type[Item],
-                    scalar: Callable[[str, torch.Tensor], Item]) -> list[Item]:
+    def state_items(self, p: torch.Tensor, key: str, v: torch.Tensor, make: type[ItemT],
+                    scalar: Callable[[str, torch.Tensor], ItemT]) -> list[ItemT]:
         """Items of optimizer state ``key`` (tensor ``v``) of live parameter ``p``."""
         if id(p) in self.flat:  # use_orig_params=False: state laid out like the flat shard
             lay = self.flat[id(p)]

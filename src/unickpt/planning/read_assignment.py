@@ -63,18 +63,18 @@ def assign_reads(md: Metadata, needs: list[list[ShardKey]], max_batch_bytes: int
     for k in sorted(reader, key=location):
         groups[(reader[k], tuple(consumers[k]))].append(k)
     batches: list[ReadBatch] = []
-    for (r, cs), keys in sorted(groups.items()):
+    for (r, cons), keys in sorted(groups.items()):
         cur: list[ShardKey] = []
         offs: list[int] = []
         pos = 0
         for k in keys:
             n = size(k)
             if cur and pos + n > max_batch_bytes:
-                batches.append(ReadBatch(len(batches), r, cs, tuple(cur), tuple(offs), pos))
+                batches.append(ReadBatch(len(batches), r, cons, tuple(cur), tuple(offs), pos))
                 cur, offs, pos = [], [], 0
             cur.append(k)
             offs.append(pos)
             pos += -(-n // _ALIGN) * _ALIGN
         if cur:
-            batches.append(ReadBatch(len(batches), r, cs, tuple(cur), tuple(offs), pos))
+            batches.append(ReadBatch(len(batches), r, cons, tuple(cur), tuple(offs), pos))
     return batches

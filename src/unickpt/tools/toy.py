@@ -10,11 +10,15 @@ trajectories can be compared bit for bit across world sizes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor.parallel import ParallelStyle
 
 __all__ = ["ToyConfig", "ToyTransformer", "build", "batch", "train_step", "full_state"]
 
@@ -85,7 +89,7 @@ def train_step(model: nn.Module, optim: torch.optim.Optimizer, step: int,
     return float(loss.detach())
 
 
-def _tp_plan() -> dict[str, object]:
+def _tp_plan() -> dict[str, ParallelStyle]:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     return {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(),
@@ -100,7 +104,8 @@ def build(framework: str, c: ToyConfig = ToyConfig(), seed: int = 0, lr: float =
     ``use_orig_params`` and ``sharding`` (a ``ShardingStrategy`` name) apply to ``"fsdp"``
     (FSDP1, every Block wrapped, then the root)."""
     torch.manual_seed(seed)
-    model: nn.Module = ToyTransformer(c)
+    toy = ToyTransformer(c)
+    model: nn.Module = toy
     ws = dist.get_world_size() if dist.is_initialized() else 1
     if framework == "ddp":
         from torch.nn.parallel import DistributedDataParallel
@@ -109,7 +114,7 @@ def build(framework: str, c: ToyConfig = ToyConfig(), seed: int = 0, lr: float =
     elif framework == "fsdp2":
         from torch.distributed.fsdp import fully_shard
 
-        for blk in model.blocks:
+        for blk in toy.blocks:
             fully_shard(blk)
         fully_shard(model)
     elif framework == "dtensor":
@@ -117,7 +122,7 @@ def build(framework: str, c: ToyConfig = ToyConfig(), seed: int = 0, lr: float =
         from torch.distributed.tensor.parallel import parallelize_module
 
         mesh = init_device_mesh("cpu", (ws,), mesh_dim_names=("tp",))
-        for blk in model.blocks:
+        for blk in toy.blocks:
             parallelize_module(blk, mesh, _tp_plan())
     elif framework == "fsdp2+tp":
         from torch.distributed.device_mesh import init_device_mesh
@@ -125,7 +130,7 @@ def build(framework: str, c: ToyConfig = ToyConfig(), seed: int = 0, lr: float =
         from torch.distributed.tensor.parallel import parallelize_module
 
         mesh = init_device_mesh("cpu", (ws // tp, tp), mesh_dim_names=("dp", "tp"))
-        for blk in model.blocks:
+        for blk in toy.blocks:
             parallelize_module(blk, mesh["tp"], _tp_plan())
             fully_shard(blk, mesh=mesh["dp"])
         fully_shard(model, mesh=mesh["dp"])
@@ -179,14 +184,14 @@ def _fsdp1_full_state(model: nn.Module, optim: torch.optim.Optimizer | None) -> 
 
     from ..frameworks.module_state import clean_fqn
 
-    def gather(local: torch.Tensor, group: object) -> torch.Tensor:
+    def gather(local: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
         parts = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
         dist.all_gather(parts, local.detach().contiguous(), group=group)
         return torch.cat(parts)
 
     spans: dict[int, list[tuple[str, torch.Size, int, int]]] = {}  # id(flat) -> (fqn, shape, start, n)
-    owners: dict[int, tuple[torch.Tensor, int, object]] = {}  # id(orig param) -> (flat, index, group)
-    flats: dict[int, object] = {}
+    owners: dict[int, tuple[torch.Tensor, int, dist.ProcessGroup | None]] = {}  # id(orig param) -> (flat, index, group)
+    flats: dict[int, dist.ProcessGroup | None] = {}
     out: dict[str, torch.Tensor] = {}
     for prefix, m in model.named_modules():
         if not isinstance(m, FullyShardedDataParallel) or m._handle is None:
@@ -208,7 +213,7 @@ def _fsdp1_full_state(model: nn.Module, optim: torch.optim.Optimizer | None) -> 
     if optim is None:
         return out
     # which state keys each parameter has on some rank (ranks without a local run have none)
-    local_keys = {}
+    local_keys: dict[int, dict[str, torch.Tensor | None]] = {}
     for g in optim.param_groups:
         for p in g["params"]:
             for k, v in optim.state.get(p, {}).items():
@@ -226,12 +231,12 @@ def _fsdp1_full_state(model: nn.Module, optim: torch.optim.Optimizer | None) -> 
                         key = f"optimizer.state.{fqn}.{k}"
                         out[key] = full.clone() if v.dim() == 0 else full[start:start + n].view(shape).clone()
                 continue
-            fp, i, group = owners[id(p)]
-            fqn, shape, start, n = spans[id(fp)][i]
+            owner, i, group = owners[id(p)]
+            fqn, shape, start, n = spans[id(owner)][i]
             every: list = [None] * dist.get_world_size(group)
             dist.all_gather_object(every, mine, group=group)
             keys = sorted({k for d in every for k in d})
-            size = fp.numel()  # local shard with padding
+            size = owner.numel()  # local shard with padding
             lo = dist.get_rank(group) * size
             a, b = max(start, lo), min(start + n, lo + size)  # this rank's run of the param
             for k in keys:
@@ -239,7 +244,7 @@ def _fsdp1_full_state(model: nn.Module, optim: torch.optim.Optimizer | None) -> 
                 if scal is not None:
                     out[f"optimizer.state.{fqn}.{k}"] = scal.clone()
                     continue
-                buf = torch.zeros(size, dtype=fp.dtype)
+                buf = torch.zeros(size, dtype=owner.dtype)
                 if b > a:
                     buf[a - lo:b - lo] = optim.state[p][k].detach().reshape(-1)
                 out[f"optimizer.state.{fqn}.{k}"] = gather(buf, group)[start:start + n].view(shape).clone()
