@@ -18,18 +18,17 @@ from __future__ import annotations
 
 import mmap
 import os
-import pickle
 import shutil
-import socket
 import statistics
 import tempfile
 import threading
 import time
-import traceback
 from contextlib import contextmanager
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
+
+from unickpt.tools.launch import run_ranks
 
 GiB = 1 << 30
 GB = 1e9
@@ -41,91 +40,11 @@ ALIGN = 4096
 # processes
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _entry(rank: int, world_size: int, port: int, threads: int, fn: Callable[..., Any],
-           args: tuple, q: Any) -> None:
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(threads)
-    try:
-        if world_size > 0:
-            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                              WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                              LOCAL_WORLD_SIZE=str(world_size))
-            dist.init_process_group("gloo", rank=rank, world_size=world_size)
-        result = fn(rank, max(world_size, 1), *args)
-        q.put((rank, "ok", pickle.dumps(result)))
-    except BaseException:
-        q.put((rank, "error", traceback.format_exc()))
-        os._exit(1)  # do not wait on peers stuck in a collective
-    if world_size > 0:
-        try:
-            dist.destroy_process_group()
-        except Exception:
-            pass
-
-
 def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 900,
           threads: int | None = None) -> list[Any]:
-    """Run ``fn(rank, world_size, *args)`` in ``world_size`` fresh processes joined by gloo.
-
-    ``world_size=0`` runs one process with no process group (``fn`` sees world size 1). Each
-    process gets ``threads`` torch threads (default: the cores divided among the ranks). The
-    children are not daemons, so they may start processes of their own (DCP's PROCESS async
-    checkpointer does). Raises with the first failing rank's traceback."""
-    import torch.multiprocessing as mp
-
-    n = max(world_size, 1)
-    if threads is None:
-        threads = max(1, (os.cpu_count() or 1) // n)
-    ctx = mp.get_context("spawn")
-    q = ctx.SimpleQueue()
-    port = _free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world_size, port, threads, fn, args, q))
-             for r in range(n)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + timeout
-    results: dict[int, Any] = {}
-    errors: dict[int, str] = {}
-    try:
-        while len(results) + len(errors) < n:
-            if not q.empty():
-                rank, status, payload = q.get()
-                (results if status == "ok" else errors)[rank] = payload
-                if errors:
-                    break
-                continue
-            if time.monotonic() > deadline:
-                break
-            if any(p.exitcode not in (None, 0) for p in procs):
-                time.sleep(0.5)
-                if q.empty():
-                    break
-            time.sleep(0.05)
-        time.sleep(0.1)
-        while not q.empty():
-            rank, status, payload = q.get()
-            (results if status == "ok" else errors)[rank] = payload
-    finally:
-        for p in procs:
-            p.join(timeout=30 if not errors else 0.5)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    if errors:
-        rank = min(errors)
-        raise RuntimeError(f"rank {rank} of {n} failed:\n{errors[rank]}")
-    if len(results) < n:
-        codes = {r: p.exitcode for r, p in enumerate(procs)}
-        raise RuntimeError(f"ranks did not finish within {timeout}s or died (exit codes {codes})")
-    return [pickle.loads(results[r]) for r in range(n)]
+    """``unickpt.tools.launch.run_ranks``: ``fn(rank, world_size, *args)`` on fresh gloo ranks
+    (``world_size=0``: one process without a process group)."""
+    return run_ranks(fn, world_size, *args, timeout=timeout, threads=threads)
 
 
 # --------------------------------------------------------------------------------------------

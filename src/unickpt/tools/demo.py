@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from .launch import free_port
 from .toy import ToyConfig, build, full_state, train_step
 
 __all__ = ["DemoConfig", "DemoResult", "run_demo"]
@@ -217,12 +217,6 @@ def _resume_worker(rank: int, world_size: int, port: int, cfg: DemoConfig, excha
 # ------------------------------------------------------------------------------ parent process
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class DemoFailure(RuntimeError):
     """A phase of the demo crashed or timed out (the message holds the child's traceback)."""
 
@@ -230,7 +224,7 @@ class DemoFailure(RuntimeError):
 def _spawn(fn: Callable[..., None], world_size: int, cfg: DemoConfig, exchange: str, phase: str) -> float:
     """Run ``fn(rank, world_size, port, cfg, exchange)`` on ``world_size`` spawned processes."""
     t0 = time.perf_counter()
-    ctx = mp.start_processes(fn, args=(world_size, _free_port(), cfg, exchange), nprocs=world_size,
+    ctx = mp.start_processes(fn, args=(world_size, free_port(), cfg, exchange), nprocs=world_size,
                              join=False, start_method="spawn")
     deadline = t0 + cfg.timeout_s
     try:
