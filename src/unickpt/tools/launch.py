@@ -2,7 +2,9 @@
 
 ``run_ranks(fn, world_size, *args)`` starts ``world_size`` fresh (spawned) processes, joins them
 with a gloo process group on a free local port, calls ``fn(rank, world_size, *args)`` in each and
-returns every rank's result (pickled by value between our own processes). The first failing
+returns every rank's result. Results travel in unickpt's safe value encoding (plain values,
+tensors, numpy arrays, nested dicts/lists/tuples: ``format.values``), never pickle, so the
+parent runs no code from a child's output. The first failing
 rank's traceback is re-raised in the caller; a rank that dies or a run past ``timeout`` fails the
 call instead of hanging it. ``fn`` must be importable (a module-level function).
 """
@@ -10,11 +12,12 @@ call instead of hanging it. ``fn`` must be importable (a module-level function).
 from __future__ import annotations
 
 import os
-import pickle
 import socket
 import time
 import traceback
 from typing import Any, Callable
+
+from ..format.values import dumps_value, loads_value
 
 __all__ = ["free_port", "run_ranks", "RanksFailed"]
 
@@ -42,8 +45,8 @@ def _entry(rank: int, world_size: int, port: int, threads: int, fn: Callable[...
                               LOCAL_WORLD_SIZE=str(world_size))
             dist.init_process_group("gloo", rank=rank, world_size=world_size)
         result = fn(rank, max(world_size, 1), *args)
-        # by value: torch's queue reducers would share memory with a child about to exit
-        q.put((rank, "ok", pickle.dumps(result)))
+        # bytes, by value: torch's queue reducers would share memory with a child about to exit
+        q.put((rank, "ok", dumps_value(result, f"rank {rank} result")))
     except BaseException:
         q.put((rank, "error", traceback.format_exc()))
         os._exit(1)  # do not wait on peers stuck in a collective
@@ -107,4 +110,4 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: floa
     if len(results) < n:
         codes = {r: p.exitcode for r, p in enumerate(procs)}
         raise RanksFailed(f"ranks did not finish within {timeout}s or died (exit codes {codes})")
-    return [pickle.loads(results[r]) for r in range(n)]
+    return [loads_value(results[r], f"rank {r} result") for r in range(n)]
