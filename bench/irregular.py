@@ -20,18 +20,13 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
 import statistics
 import tempfile
 import time
 import warnings
 from typing import Any, Callable
 
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from unickpt.tools.launch import run_ranks
 
 
 def _timed(fn: Callable[[], Any]) -> float:
@@ -49,7 +44,7 @@ def _timed(fn: Callable[[], Any]) -> float:
     return float(t)
 
 
-def _worker(rank: int, ws: int, port: int, args: argparse.Namespace, folder: str, q: Any) -> None:
+def _worker(rank: int, ws: int, args: argparse.Namespace, folder: str) -> dict | None:
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -62,54 +57,48 @@ def _worker(rank: int, ws: int, port: int, args: argparse.Namespace, folder: str
     from unickpt.frameworks import get_framework
 
     warnings.filterwarnings("ignore")  # torch's FSDP1 state-dict path deprecation chatter
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=ws)
-    try:
-        torch.manual_seed(0)
-        layers = [nn.Linear(args.in_features if i == 0 else args.out_features, args.out_features)
-                  for i in range(args.layers)]
-        n_params = sum(p.numel() for layer in layers for p in layer.parameters())
-        model = FullyShardedDataParallel(nn.Sequential(*layers), auto_wrap_policy=ModuleWrapPolicy({nn.Linear}),
-                                         use_orig_params=args.orig, device_id=torch.device("cpu"))
-        optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        model(torch.randn(4, args.in_features)).square().mean().backward()
-        optim.step()
-        optim.zero_grad(set_to_none=True)
-        state = {"model": model, "optimizer": optim}
-        opts = StateDictOptions(full_state_dict=False)
+    # run_ranks (unickpt.tools.launch) has set up the gloo process group
+    torch.manual_seed(0)
+    layers = [nn.Linear(args.in_features if i == 0 else args.out_features, args.out_features)
+              for i in range(args.layers)]
+    n_params = sum(p.numel() for layer in layers for p in layer.parameters())
+    model = FullyShardedDataParallel(nn.Sequential(*layers), auto_wrap_policy=ModuleWrapPolicy({nn.Linear}),
+                                     use_orig_params=args.orig, device_id=torch.device("cpu"))
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(4, args.in_features)).square().mean().backward()
+    optim.step()
+    optim.zero_grad(set_to_none=True)
+    state = {"model": model, "optimizer": optim}
+    opts = StateDictOptions(full_state_dict=False)
 
-        def u_blocked() -> Any:
-            return get_framework("fsdp", state).save_view(state)
+    def u_blocked() -> Any:
+        return get_framework("fsdp", state).save_view(state)
 
-        def t_blocked() -> Any:
-            return get_state_dict(model, optim, options=opts)
+    def t_blocked() -> Any:
+        return get_state_dict(model, optim, options=opts)
 
-        def u_save(path: str) -> Any:
-            return unickpt.save(path, state, framework="fsdp").wait()
+    def u_save(path: str) -> Any:
+        return unickpt.save(path, state, framework="fsdp").wait()
 
-        def t_save(path: str) -> Any:
-            msd, osd = get_state_dict(model, optim, options=opts)
-            dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
+    def t_save(path: str) -> Any:
+        msd, osd = get_state_dict(model, optim, options=opts)
+        dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
 
-        times: dict[str, list[float]] = {k: [] for k in ("u_blocked", "t_blocked", "u_save", "t_save")}
-        for rep in range(1 + args.repeats):
-            order = ("u", "t") if rep % 2 == 0 else ("t", "u")
-            sample = {}
-            for who in order:
-                sample[f"{who}_blocked"] = _timed(u_blocked if who == "u" else t_blocked)
-                path = os.path.join(folder, f"{who}{rep}")
-                sample[f"{who}_save"] = _timed(lambda: (u_save if who == "u" else t_save)(path))
-                dist.barrier()
-                if rank == 0:
-                    shutil.rmtree(path, ignore_errors=True)
-            if rep > 0:  # the first round is a warm-up (plan caches, page allocation)
-                for k, v in sample.items():
-                    times[k].append(v)
-        if rank == 0:
-            q.put({"times": times, "params": n_params})
-    finally:
-        dist.destroy_process_group()
+    times: dict[str, list[float]] = {k: [] for k in ("u_blocked", "t_blocked", "u_save", "t_save")}
+    for rep in range(1 + args.repeats):
+        order = ("u", "t") if rep % 2 == 0 else ("t", "u")
+        sample = {}
+        for who in order:
+            sample[f"{who}_blocked"] = _timed(u_blocked if who == "u" else t_blocked)
+            path = os.path.join(folder, f"{who}{rep}")
+            sample[f"{who}_save"] = _timed(lambda: (u_save if who == "u" else t_save)(path))
+            dist.barrier()
+            if rank == 0:
+                shutil.rmtree(path, ignore_errors=True)
+        if rep > 0:  # the first round is a warm-up (plan caches, page allocation)
+            for k, v in sample.items():
+                times[k].append(v)
+    return {"times": times, "params": n_params} if rank == 0 else None
 
 
 def main() -> None:
@@ -122,22 +111,10 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="parent folder for the temporary checkpoints")
     args = ap.parse_args()
 
-    import torch.multiprocessing as mp
-
     ws = 2
     folder = tempfile.mkdtemp(prefix="unickpt-bench-irregular-", dir=args.dir)
     try:
-        ctx = mp.get_context("spawn")
-        q = ctx.SimpleQueue()
-        port = _port()
-        procs = [ctx.Process(target=_worker, args=(r, ws, port, args, folder, q)) for r in range(ws)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join()
-        if any(p.exitcode != 0 for p in procs) or q.empty():
-            raise SystemExit(f"a rank failed (exit codes {[p.exitcode for p in procs]})")
-        res = q.get()
+        res = run_ranks(_worker, ws, args, folder, timeout=900, threads=1)[0]
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

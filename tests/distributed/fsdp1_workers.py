@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from reshard_workers import loaded_report, param_groups
 
 import unickpt
 import unickpt.errors
@@ -35,10 +36,6 @@ def make(spec: str, seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer, 
     return model, optim, framework
 
 
-def _groups(optim: torch.optim.Optimizer) -> list[dict]:
-    return [{k: v for k, v in g.items() if k != "params"} for g in optim.param_groups]
-
-
 def save_one(rank: int, spec: str, ckpt: str) -> dict:
     """Train, save at step 2, then go on one more step (the uninterrupted run's next loss)."""
     model, optim, framework = make(spec, 0)
@@ -47,7 +44,7 @@ def save_one(rank: int, spec: str, ckpt: str) -> dict:
     extra = {"step": STEPS_BEFORE_SAVE, "rank": rank, "note": ("tuple", 1.5, None)}
     unickpt.save(ckpt, {"model": model, "optimizer": optim, "extra_state": extra}, framework=framework).wait()
     state = full_state(model, optim)
-    groups = _groups(optim)
+    groups = param_groups(optim)
     next_loss = train_step(model, optim, STEPS_BEFORE_SAVE, CFG)
     return {"state": state if rank == 0 else None, "groups": groups, "next_loss": next_loss}
 
@@ -58,19 +55,9 @@ def load_one(rank: int, spec: str, ckpt: str, ref: dict) -> dict:
         train_step(model, optim, 7, CFG)
     state = {"model": model, "optimizer": optim, "extra_state": None}
     unickpt.load(ckpt, state, framework=framework)
-    got = full_state(model, optim)
-    mismatched = [k for k in ref["state"] if not torch.equal(got.get(k, torch.empty(0)), ref["state"][k])]
-    groups = _groups(optim)
-    loss = train_step(model, optim, STEPS_BEFORE_SAVE, CFG)
-    extra = state["extra_state"]
-    return {
-        "mismatched": mismatched,
-        "missing": sorted(set(ref["state"]) - set(got)),
-        "extra": sorted(set(got) - set(ref["state"])),
-        "groups_equal": groups == ref["groups"],
-        "loss": loss,
-        "extra_state": {"step": extra["step"], "rank": extra["rank"], "note": extra["note"]},
-    }
+    report = loaded_report(state, ref)
+    report["loss"] = train_step(model, optim, STEPS_BEFORE_SAVE, CFG)
+    return report
 
 
 def save_many(rank: int, ws: int, jobs: list[tuple[str, str]]) -> list[dict]:

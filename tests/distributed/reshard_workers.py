@@ -21,7 +21,7 @@ def save_phase(rank: int, ws: int, framework: str, ckpt: str) -> dict:
     unickpt.save(ckpt, {"model": model, "optimizer": optim, "extra_state": extra},
                  framework=framework.replace("fsdp2+tp", "fsdp2")).wait()
     state = full_state(model, optim)
-    groups = [{k: v for k, v in g.items() if k != "params"} for g in optim.param_groups]
+    groups = param_groups(optim)
     next_loss = train_step(model, optim, STEPS_BEFORE_SAVE)
     return {"state": state if rank == 0 else None, "groups": groups, "next_loss": next_loss}
 
@@ -30,19 +30,29 @@ def load_phase(rank: int, ws: int, framework: str, ckpt: str, ref: dict) -> dict
     model, optim = build(framework, seed=1234)  # different init: everything must come from ckpt
     state = {"model": model, "optimizer": optim, "extra_state": None}
     unickpt.load(ckpt, state, framework=framework)
+    report = loaded_report(state, ref)
+    report["loss"] = train_step(model, optim, STEPS_BEFORE_SAVE)
+    report["world"] = dist.get_world_size() if dist.is_initialized() else 1
+    return report
+
+
+def param_groups(optim: torch.optim.Optimizer) -> list[dict]:
+    """The optimizer's param groups without their parameter lists (hyperparameters only)."""
+    return [{k: v for k, v in g.items() if k != "params"} for g in optim.param_groups]
+
+
+def loaded_report(state: dict, ref: dict) -> dict:
+    """What a load restored into ``state`` (model, optimizer, extra_state) against the saved
+    reference: tensors that differ, are missing or extra, param groups, extra state."""
+    model, optim = state["model"], state["optimizer"]
     got = full_state(model, optim)
-    mismatched = [k for k in ref["state"] if not torch.equal(got.get(k, torch.empty(0)), ref["state"][k])]
-    groups = [{k: v for k, v in g.items() if k != "params"} for g in optim.param_groups]
-    loss = train_step(model, optim, STEPS_BEFORE_SAVE)
     extra = state["extra_state"]
     return {
-        "mismatched": mismatched,
+        "mismatched": [k for k in ref["state"] if not torch.equal(got.get(k, torch.empty(0)), ref["state"][k])],
         "missing": sorted(set(ref["state"]) - set(got)),
         "extra": sorted(set(got) - set(ref["state"])),
-        "groups_equal": groups == ref["groups"],
-        "loss": loss,
+        "groups_equal": param_groups(optim) == ref["groups"],
         "extra_state": {"step": extra["step"], "rank": extra["rank"], "note": extra["note"]},
-        "world": dist.get_world_size() if dist.is_initialized() else 1,
     }
 
 
