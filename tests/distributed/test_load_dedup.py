@@ -1,6 +1,6 @@
 """A DDP ws=4 load reads every saved byte from storage once, not 4 times (dedup_reads=True);
 without dedup every rank reads its own copy; auto forwards only when ranks do not share a host's
-page cache (so on this one host it reads locally)."""
+page cache (so on this one host it reads locally, through that cache)."""
 
 from __future__ import annotations
 
@@ -18,16 +18,27 @@ def _save_then_load(rank: int, ws: int, ckpt: str) -> dict:
     train_step(model, optim, 0)
     unickpt.save(ckpt, {"model": model, "optimizer": optim})
     ref = full_state(model, optim)
+    from unickpt.storage.local import LocalStorage
+
+    cached = {"n": 0}
+    plain = LocalStorage.read_into_cached
+
+    def counting(self, name, offset, out):  # noqa: ANN001
+        cached["n"] += len(out)
+        plain(self, name, offset, out)
+
+    LocalStorage.read_into_cached = counting  # type: ignore[method-assign]
     read: list[int] = []
     add_listener(lambda ev: read.append(ev.nbytes) if ev.phase == "load.read" else None)
     out = {}
     for mode in ("True", "False", "None"):
         model2, optim2 = build("ddp", seed=7)
-        before = len(read)
+        before, cached_before = len(read), cached["n"]
         dedup = {"True": True, "False": False, "None": None}[mode]
         unickpt.load(ckpt, {"model": model2, "optimizer": optim2}, options=LoadOptions(dedup_reads=dedup))
         got = full_state(model2, optim2)
-        out[mode] = {"read": sum(read[before:]), "exact": all(torch.equal(ref[k], got[k]) for k in ref)}
+        out[mode] = {"read": sum(read[before:]), "exact": all(torch.equal(ref[k], got[k]) for k in ref),
+                     "cached": cached["n"] - cached_before}
     return out
 
 
@@ -44,3 +55,7 @@ def test_ddp_ws4_load_reads_each_byte_once(tmp_path):
         assert all(r[mode]["exact"] for r in res), mode
         assert sum(r[mode]["read"] for r in res) == factor * size, mode
     assert all(r["True"]["read"] > 0 for r in res)  # the reading is spread over the ranks
+    # auto on one host: the bytes every rank reads go through the shared page cache (the device
+    # delivers them once); dedup on/off: each byte has one reader, so reads bypass the cache
+    assert all(r["None"]["cached"] == r["None"]["read"] for r in res)
+    assert all(r["True"]["cached"] == 0 and r["False"]["cached"] == 0 for r in res)

@@ -49,6 +49,10 @@ class FaultyStorage(LocalStorage):
         self._maybe_fail("read", name)
         super().read_into(name, offset, out)
 
+    def read_into_cached(self, name: str, offset: int, out: memoryview) -> None:
+        self._maybe_fail("read", name)
+        super().read_into_cached(name, offset, out)
+
     def commit(self, name: str, data: bytes) -> None:
         self._maybe_fail("commit", name)
         super().commit(name, data)

@@ -58,3 +58,47 @@ def test_commit_is_atomic_replace_and_delete_prunes_empty_dirs(tmp_path):
     s.write("data/x/a.bin", [b"1"])
     s.delete(["data/x/a.bin"])
     assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_large_ranged_reads_match_the_file(tmp_path, monkeypatch, direct):
+    """Direct reads: any offset and length, into page-aligned memory with and without the file
+    offset's page phase and into unaligned memory; truncation is reported, not padded."""
+    monkeypatch.setattr(LocalStorage, "direct_io", direct)
+    s = LocalStorage(str(tmp_path))
+    rng = np.random.default_rng(1)
+    size = (40 << 20) + 1234
+    data = rng.integers(0, 255, size, dtype=np.uint8)
+    s.write("f.bin", [memoryview(data)])
+    want = data.tobytes()
+    dst = AlignedBuffer(20 << 20)
+    cases = [(0, 20 << 20, 0), (4096, 17 << 20, 0), (4096 * 3 + 64, (1 << 20) + 7, 64),
+             (size - (3 << 20), 3 << 20, 0), (123457, (16 << 20) + 5, 11)]
+    cases += [(int(rng.integers(0, size - (2 << 20))), int(rng.integers(1 << 20, 2 << 20)),
+               int(rng.integers(0, 4096))) for _ in range(20)]
+    for off, n, phase in cases:
+        for read in (s.read_into, s.read_into_cached):
+            out = dst.view[phase: phase + n]
+            out[:] = bytes(n)
+            read("f.bin", off, out)
+            assert bytes(out) == want[off: off + n], (off, n, phase)
+    unaligned = bytearray((2 << 20) + 3)
+    s.read_into("f.bin", 5000, memoryview(unaligned)[3:])
+    assert bytes(unaligned[3:]) == want[5000: 5000 + (2 << 20)]
+    for off in (size - (1 << 20), size - (1 << 20) + 4096, size - 5):
+        with pytest.raises(TruncatedDataFileError, match=f"ends at {size}"):
+            s.read_into("f.bin", off, dst.view[: 2 << 20])
+
+
+def test_large_reads_bypass_the_page_cache_unless_cached(tmp_path, monkeypatch):
+    import unickpt.storage.local as local
+
+    s = LocalStorage(str(tmp_path))
+    s.write("f.bin", [bytes(3 << 20)])
+    flags: list[int] = []
+    real_open = os.open
+    monkeypatch.setattr(local.os, "open", lambda p, f, *a: (flags.append(f), real_open(p, f, *a))[1])
+    s.read_into("f.bin", 0, memoryview(bytearray(2 << 20)))  # large: direct
+    s.read_into("f.bin", 0, memoryview(bytearray(1000)))  # small: buffered
+    s.read_into_cached("f.bin", 0, memoryview(bytearray(2 << 20)))  # shared bytes: buffered
+    assert [bool(f & os.O_DIRECT) for f in flags] == [True, False, False]

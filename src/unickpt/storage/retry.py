@@ -44,7 +44,7 @@ TRANSIENT_ERRNOS: frozenset[int] = frozenset(
     {errno.EIO, errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT, errno.ECONNRESET, errno.EBUSY}
 )
 _TRANSIENT_TYPES = (TimeoutError, ConnectionResetError, InterruptedError, BlockingIOError)
-_RETRIED_OPTIONAL = frozenset({"sync_dir"})
+_RETRIED_OPTIONAL = frozenset({"sync_dir", "read_into_cached"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
