@@ -102,3 +102,24 @@ def test_large_reads_bypass_the_page_cache_unless_cached(tmp_path, monkeypatch):
     s.read_into("f.bin", 0, memoryview(bytearray(1000)))  # small: buffered
     s.read_into_cached("f.bin", 0, memoryview(bytearray(2 << 20)))  # shared bytes: buffered
     assert [bool(f & os.O_DIRECT) for f in flags] == [True, False, False]
+
+
+def test_direct_write_in_parallel_segments(tmp_path, monkeypatch):
+    """Segments cut at aligned offsets and written by several threads reproduce the stream,
+    whatever mix of aligned and unaligned parts crosses the cuts."""
+    import unickpt.storage.local as local
+
+    monkeypatch.setattr(local, "_SEGMENT", 1 << 20)
+    s = LocalStorage(str(tmp_path))
+    rng = np.random.default_rng(2)
+    aligned = AlignedBuffer(3 << 20)
+    np.frombuffer(aligned.view, np.uint8)[:] = rng.integers(0, 255, 3 << 20, dtype=np.uint8)
+    odd = rng.integers(0, 255, (5 << 20) + 17, dtype=np.uint8)
+    for trial in range(6):
+        parts = [aligned.view[: (2 << 20) + 4096 * trial], memoryview(odd[trial:]),
+                 aligned.view[4096: 4096 + 12345 * trial], memoryview(odd[: 999 * trial])]
+        s.write(f"f{trial}.bin", parts)
+        want = b"".join(bytes(p) for p in parts)
+        assert open(tmp_path / f"f{trial}.bin", "rb").read() == want
+    assert [len(v) for _, seg in local._segments([memoryview(bytes(5)), memoryview(bytes(7))], 4)
+            for v in seg] == [4, 1, 3, 4]

@@ -29,6 +29,7 @@ import errno
 import os
 import stat
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 from ..errors import (
@@ -61,14 +62,53 @@ def _write_all(fd: int, views: list[memoryview]) -> None:
                 n = 0
 
 
+_SEGMENT = 64 << 20  # a direct-written file is cut into segments of this size ...
+_SEGMENT_WRITERS = 2  # ... written by this many threads: one fills its bounce buffer while the
+# other's write is with the device (a single thread alternates copy and write, idling the disk)
+
+
+def _segments(views: list[memoryview], size: int) -> list[tuple[int, list[memoryview]]]:
+    """The byte stream of ``views`` cut at multiples of ``size``: [(file offset, views)]."""
+    out: list[tuple[int, list[memoryview]]] = []
+    cur: list[memoryview] = []
+    start = pos = 0
+    for v in views:
+        i = 0
+        while i < len(v):
+            n = min(size - (pos - start), len(v) - i)
+            cur.append(v[i:i + n])
+            i += n
+            pos += n
+            if pos - start == size:
+                out.append((start, cur))
+                cur, start = [], pos
+    if cur:
+        out.append((start, cur))
+    return out
+
+
 def _write_direct(fd: int, views: list[memoryview], total: int) -> None:
-    """Write ``views`` back to back with O_DIRECT: aligned chunks straight from memory, the rest
-    via a bounce buffer; the last partial block is padded, then the file is cut to ``total``."""
+    """Write ``views`` back to back with O_DIRECT, as segments (aligned file offsets) written in
+    parallel; the last partial block is padded, then the file is cut to ``total``."""
+    segments = _segments(views, _SEGMENT)
+    if len(segments) <= 1:
+        for pos, seg in segments:
+            _write_direct_at(fd, seg, pos)
+    else:
+        with ThreadPoolExecutor(_SEGMENT_WRITERS, thread_name_prefix="unickpt-segment") as pool:
+            for f in [pool.submit(_write_direct_at, fd, seg, pos) for pos, seg in segments]:
+                f.result()
+    os.ftruncate(fd, total)
+
+
+def _write_direct_at(fd: int, views: list[memoryview], pos: int) -> None:
+    """Write ``views`` back to back from the aligned file offset ``pos`` with O_DIRECT: aligned
+    chunks straight from memory, the rest via a bounce buffer; a last partial block is padded."""
     bounce = BOUNCE_POOL.get()
     try:
         chunk = bounce.capacity
         fill = 0  # bytes pending in the bounce buffer
-        pos = 0  # file offset of the bounce buffer's first byte (always aligned)
+        # pos: file offset of the bounce buffer's first byte (always aligned)
         for v in views:
             i = 0
             while i < len(v):
@@ -91,7 +131,6 @@ def _write_direct(fd: int, views: list[memoryview], total: int) -> None:
             padded = -(-fill // ALIGN) * ALIGN
             bounce.view[fill:padded] = bytes(padded - fill)
             _pwrite_all(fd, bounce.view[:padded], pos)
-        os.ftruncate(fd, total)
     finally:
         BOUNCE_POOL.put(bounce)
 
