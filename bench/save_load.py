@@ -20,14 +20,18 @@ What runs (one invocation, all numbers from the same run):
 * Loads (cold: before each one every checkpoint file is evicted from the page cache with
   ``posix_fadvise(DONTNEED)``; every local tensor is overwritten first and checked after):
     - same layout at the saving world size: ``unickpt.load(..., framework="fsdp2")``;
-      DCP ``get_state_dict`` + ``dcp.load`` + ``set_state_dict``; raw: cold buffered read of the
-      raw O_DIRECT files (one thread per file, 16 MiB ``preadv`` into pre-touched buffers);
+      DCP ``get_state_dict`` + ``dcp.load`` + ``set_state_dict``; raw: the raw O_DIRECT files
+      read (a) buffered, one thread per file, 16 MiB ``preadv`` into pre-touched buffers, and
+      (b) with O_DIRECT by 4 threads per rank, 16 MiB chunks (the deep queue the device likes);
     - resharding: one process without a process group loads the checkpoints into a plain
       (unsharded) model + Adam: ``unickpt.load(..., framework="torch")`` and
       ``get_state_dict`` + ``dcp.load`` + ``set_state_dict``. Checked against the saved values
       (one full tensor bit for bit, float64 sums of every tensor).
 * Timing: barrier, operation, barrier, on rank 0; the table gives the median over the repeats,
-  and min/max. GB/s = bytes of that checkpoint (or raw bytes) / seconds, GB = 1e9.
+  and min/max. GB/s = bytes of that checkpoint (or raw bytes) / seconds, GB = 1e9. Ratios are
+  given two ways: of the medians, and "paired" (median over repeats of the ratio of the two runs
+  of one repeat, which ran back to back: robust to the shared disk's slow swings). "Best raw" is
+  the faster of the raw baselines: the disk's own limit as far as this run can tell.
 
 Usage:  python bench/save_load.py [--gib 1.0] [--repeats 3] [--world-size 2] [--dir /tmp]
 """
@@ -60,6 +64,7 @@ from _common import (  # noqa: E402
     model_shape,
     phase_breakdown,
     raw_read,
+    raw_read_direct,
     raw_write_buffered,
     raw_write_direct,
     rmtree,
@@ -190,7 +195,8 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict:
             evict([upath, dpath, rawdir])
         barrier()
 
-    loads = {"unickpt": [], "dcp": [], "raw_read": []}
+    loads = {"unickpt": [], "dcp": [], "raw_read": [], "raw_read_direct": []}
+    rbufs = [RawBuffer(seed=99 + i) for i in range(4)]
 
     def check(what: str) -> None:
         compare_checksums(checksums(model, optim), want, what)
@@ -199,20 +205,21 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict:
         ("unickpt", lambda: unickpt.load(upath, state, framework="fsdp2")),
         ("dcp", lambda: _dcp_load(model, optim, dpath)),
         ("raw_read", lambda: raw_read(direct_files, bufs)),
+        ("raw_read_direct", lambda: raw_read_direct(direct_files, rbufs)),
     ]
     for r in range(cfg["repeats"]):
         order = lops[r % len(lops):] + lops[:r % len(lops)]
         for name, op in order:
-            if name != "raw_read":
+            if not name.startswith("raw"):
                 scramble(model, optim)
             cold()
             log.take()
             loads[name].append(timed(op)[0])
             if name == "unickpt":
                 phases["load"].append(phase_breakdown(log.take()))
-            if name != "raw_read":
+            if not name.startswith("raw"):
                 check(f"rank {rank}: {name} same-layout load")
-    for b in bufs:
+    for b in bufs + rbufs:
         b.close()
     loss_check = float(model(_batch(dim, 1)).square().mean().detach())
     out = {"saves": saves, "loads": loads, "phases": phases, "first": {"unickpt": first_u, "dcp": first_d},
@@ -307,7 +314,8 @@ def main() -> None:
         row(f"raw write O_DIRECT ({args.files_per_rank} files/rank)+fsync", s["raw_direct"], rb),
         row(f"unickpt load (ws={ws}, same layout)", ld["unickpt"], ub),
         row(f"DCP load (ws={ws}, same layout)", ld["dcp"], db),
-        row("raw cold read", ld["raw_read"], rb),
+        row("raw cold read buffered (1 thread/file)", ld["raw_read"], rb),
+        row("raw cold read O_DIRECT (4 threads/rank)", ld["raw_read_direct"], rb),
         row(f"unickpt reshard load ({ws} -> 1)", rt["unickpt"], ub),
         row(f"DCP reshard load ({ws} -> 1)", rt["dcp"], db),
     ]
@@ -319,20 +327,35 @@ def main() -> None:
     def bw(nbytes: int, xs: list[float]) -> float:
         return nbytes / median(xs)
 
+    def paired(a: list[float], b: list[float]) -> str:
+        """median of a / b over the repeats: each pair ran back to back, so slow drifts of the
+        shared disk cancel out (the ratio of medians can be skewed by them)"""
+        return f"{median([x / y for x, y in zip(a, b)]):.2f}"
+
+    # the device's limit: the best of the raw baselines of this run
+    w_raw = min(median(s["raw_buffered"]), median(s["raw_direct"]))
+    r_raw = min(median(ld["raw_read"]), median(ld["raw_read_direct"]))
     ratios = [
-        ["save speedup (DCP s / unickpt s)", f"{median(s['dcp']) / median(s['unickpt']):.2f}x"],
-        ["load speedup (DCP s / unickpt s)", f"{median(ld['dcp']) / median(ld['unickpt']):.2f}x"],
-        ["reshard load speedup (DCP s / unickpt s)", f"{median(rt['dcp']) / median(rt['unickpt']):.2f}x"],
-        ["unickpt save GB/s / raw buffered write GB/s", f"{bw(ub, s['unickpt']) / bw(rb, s['raw_buffered']):.2f}"],
-        ["unickpt save GB/s / raw O_DIRECT write GB/s", f"{bw(ub, s['unickpt']) / bw(rb, s['raw_direct']):.2f}"],
-        ["DCP save GB/s / raw buffered write GB/s", f"{bw(db, s['dcp']) / bw(rb, s['raw_buffered']):.2f}"],
-        ["unickpt load GB/s / raw cold read GB/s", f"{bw(ub, ld['unickpt']) / bw(rb, ld['raw_read']):.2f}"],
-        ["DCP load GB/s / raw cold read GB/s", f"{bw(db, ld['dcp']) / bw(rb, ld['raw_read']):.2f}"],
-        ["unickpt reshard load s / same-layout load s", f"{median(rt['unickpt']) / median(ld['unickpt']):.2f}"],
-        ["DCP reshard load s / same-layout load s", f"{median(rt['dcp']) / median(ld['dcp']):.2f}"],
+        ["save speedup (DCP s / unickpt s)", f"{median(s['dcp']) / median(s['unickpt']):.2f}x",
+         paired(s["dcp"], s["unickpt"])],
+        ["load speedup (DCP s / unickpt s)", f"{median(ld['dcp']) / median(ld['unickpt']):.2f}x",
+         paired(ld["dcp"], ld["unickpt"])],
+        ["reshard load speedup (DCP s / unickpt s)", f"{median(rt['dcp']) / median(rt['unickpt']):.2f}x",
+         paired(rt["dcp"], rt["unickpt"])],
+        ["unickpt save GB/s / raw buffered write GB/s", f"{bw(ub, s['unickpt']) / bw(rb, s['raw_buffered']):.2f}",
+         paired([x / rb for x in s["raw_buffered"]], [x / ub for x in s["unickpt"]])],
+        ["unickpt save GB/s / raw O_DIRECT write GB/s", f"{bw(ub, s['unickpt']) / bw(rb, s['raw_direct']):.2f}",
+         paired([x / rb for x in s["raw_direct"]], [x / ub for x in s["unickpt"]])],
+        ["unickpt save GB/s / best raw write GB/s", f"{ub / median(s['unickpt']) / (rb / w_raw):.2f}", ""],
+        ["DCP save GB/s / best raw write GB/s", f"{db / median(s['dcp']) / (rb / w_raw):.2f}", ""],
+        ["unickpt load GB/s / best raw cold read GB/s", f"{ub / median(ld['unickpt']) / (rb / r_raw):.2f}", ""],
+        ["DCP load GB/s / best raw cold read GB/s", f"{db / median(ld['dcp']) / (rb / r_raw):.2f}", ""],
+        ["unickpt reshard load s / same-layout load s", f"{median(rt['unickpt']) / median(ld['unickpt']):.2f}", ""],
+        ["DCP reshard load s / same-layout load s", f"{median(rt['dcp']) / median(ld['dcp']):.2f}", ""],
     ]
     print()
-    print(table("Ratios (same run)", ["ratio", "value"], ratios))
+    print(table("Ratios (same run): of the medians, and the median of per-repeat pairs",
+                ["ratio", "of medians", "paired"], ratios))
     per = r0["per_rank"]
     avg = sum(per.values()) / len(per)
     print()
