@@ -20,6 +20,7 @@ from .errors import (
     PlanningError,
     RankFailures,
     ShapeMismatchError,
+    SnapshotConflictError,
     StorageError,
     TransientStorageError,
     TruncatedDataFileError,
@@ -37,6 +38,6 @@ __all__ = [
     "CheckpointError", "ChecksumMismatchError", "ConcurrentSaveError", "CorruptMetadataError",
     "DtypeMismatchError", "FrameworkError", "IncompleteCheckpointError", "MissingDataFileError",
     "MissingKeysError", "NotACheckpointError", "PlanningError", "RankFailures", "ShapeMismatchError",
-    "StorageError", "TruncatedDataFileError", "UnexpectedKeysError", "UnsupportedFormatVersionError",
+    "SnapshotConflictError", "StorageError", "TruncatedDataFileError", "UnexpectedKeysError", "UnsupportedFormatVersionError",
     "CheckpointManager", "TransientStorageError",
 ]

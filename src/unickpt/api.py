@@ -2,8 +2,9 @@
 
 Who calls what, in order, on every rank:
   save: wait for the previous save (one in flight) -> adapter.save_view -> plan (collective, cached
-        while the sharding is unchanged) -> stage (snapshot) -> [background if async] write ->
-        commit (collective) -> handle done.
+        while the sharding is unchanged) -> stage (snapshot; async: buffers in the call, the
+        optimizer's parameters and state on the snapshot thread, which its next step() waits
+        for) -> [background if async] write -> commit (collective) -> handle done.
   load: wait for any save in flight -> adapter.load_view -> read metadata (collective) ->
         validate keys/shapes/dtypes -> plan -> read + copy in place -> agree (collective) ->
         param groups and extra state applied.
@@ -15,13 +16,16 @@ import time
 import warnings
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, MutableMapping
+from typing import Any, Callable, MutableMapping
+
+import torch
 
 
 from .coordination import Coordinator, make_coordinator, run_stage
 from .engine.load import read_blob, read_metadata, read_stage
 from .engine.lock import checkpoint_replaced, run_locked
 from .engine.save import CachedPlan, SaveRequest, commit_stage, plan_stage, write_stage
+from .engine import step_guard
 from .engine.staging import STAGING_POOL, live_parts
 from .engine.worker import SAVE_WORKER
 from .errors import (
@@ -39,7 +43,7 @@ from .options import LoadOptions, SaveOptions
 from .planning.load_plan import KeyReport, ShardRead, check_targets, plan_local_load
 from .monitoring.events import emit, phase
 from .planning.save_plan import LocalSavePlan, RankSavePlan
-from .planning.specs import BlobSpec
+from .planning.specs import BlobSpec, SaveItem
 from .state.extra import extra_blob_key, pick_extra_blob
 from .storage import Buffer, Storage, open_storage
 
@@ -50,11 +54,20 @@ _KNOWN_KEYS = {"model", "optimizer", "extra_state", "dataloader"}
 
 
 class SaveHandle:
-    """Result of ``save``: ``wait()`` blocks until committed (re-raising any error), ``done()`` polls."""
+    """Result of ``save``: ``wait()`` blocks until committed (re-raising any error), ``done()`` polls,
+    ``wait_snapshot()`` blocks until the state at the call is copied (async saves)."""
 
-    def __init__(self, future: "Future[Metadata | None]") -> None:
+    def __init__(self, future: "Future[Metadata | None]", snapshot: "Future[None] | None" = None) -> None:
         self._future = future
+        self._snapshot = snapshot
         self._reported = False
+
+    def wait_snapshot(self) -> None:
+        """Block until the snapshot is complete: from then on the saved tensors may be changed in
+        any way. (``optimizer.step()`` waits for it by itself.) A failed copy is reported by
+        ``wait()``, not here."""
+        if self._snapshot is not None:
+            self._snapshot.exception()
 
     def done(self) -> bool:
         return self._future.done()
@@ -147,9 +160,12 @@ def save(path: str, state: MutableMapping[str, Any], *, framework: str = "auto",
     background = make_coordinator(channel="background")
 
     if async_save:
+        later = _copied_later(state, options)
         with phase("save.stage", coord.rank, path=storage.url, save_id=gplan.save_id) as p:
-            staged = run_stage(coord, "save (stage)", lambda: STAGING_POOL.stage(view.items, rank_plan, blobs))
+            staged = run_stage(coord, "save (stage)", lambda: STAGING_POOL.stage(view.items, rank_plan, blobs, later))
             p.nbytes = staged.nbytes
+        if staged.copied is not None:
+            step_guard.guard(state["optimizer"], staged.copied)
         images = {f: memoryview(parts[0]) if parts else memoryview(b"") for f, parts in staged.parts.items()}
         entry_bytes: list[Buffer] = [images[e.file][e.byte_offset: e.byte_offset + e.byte_length] for e in rank_plan.entries]
         file_parts = staged.parts
@@ -177,12 +193,23 @@ def save(path: str, state: MutableMapping[str, Any], *, framework: str = "auto",
 
     # under the save lock: one save per path; a failed save's partial data is discarded
     handle = SaveHandle(SAVE_WORKER.submit(lambda: run_locked(
-        background, storage, rank_plan, write_and_commit, on_refused=staged.release if staged else None)))
+        background, storage, rank_plan, write_and_commit, on_refused=staged.release if staged else None)),
+        staged.copied if staged is not None else None)
     if not async_save:
         handle.wait()
     else:
         _HANDLES.append(handle)
     return handle
+
+
+def _copied_later(state: MutableMapping[str, Any], options: SaveOptions) -> Callable[[SaveItem], bool] | None:
+    """Which save items an async save may copy after returning: those only optimizer.step()
+    changes (it waits for the copy; see engine.step_guard). None: copy everything in the call."""
+    optimizer = state.get("optimizer")
+    if not options.background_snapshot or not isinstance(optimizer, torch.optim.Optimizer):
+        return None
+    protected = step_guard.protected_storages(optimizer)
+    return lambda item: step_guard.storage_key(item.tensor) in protected
 
 
 def _plan_order(plan: RankSavePlan, file_parts: dict[str, list[Buffer]]) -> list[Buffer]:

@@ -23,6 +23,7 @@ __all__ = [
     "StorageError",
     "TransientStorageError",
     "ConcurrentSaveError",
+    "SnapshotConflictError",
     "FrameworkError",
     "PlanningError",
     "RankFailures",
@@ -96,6 +97,11 @@ class TransientStorageError(StorageError):
 
 class ConcurrentSaveError(CheckpointError):
     """Another job committed or is committing a checkpoint at the same path."""
+
+
+class SnapshotConflictError(CheckpointError):
+    """A tensor an async save was still copying in the background was changed in place outside
+    ``optimizer.step()``; the save is refused rather than committing a torn snapshot."""
 
 
 class FrameworkError(CheckpointError, TypeError):

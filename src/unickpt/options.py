@@ -12,6 +12,10 @@ class SaveOptions:
     files_per_rank: int = 2  # data files per rank, written by parallel workers
     io_threads: int = 4  # writer threads per rank
     cleanup_previous: bool = True  # delete the previous checkpoint's data at this path after commit
+    # async saves: copy the optimizer's parameters and state on a background thread after the call
+    # returns; the optimizer's next step() waits for that copy. Turn off when the loop changes
+    # them in place outside optimizer.step() right after saving (or call handle.wait_snapshot()).
+    background_snapshot: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -195,3 +195,44 @@ def load_expecting_error(rank: int, ws: int, specs: list[str], ckpt: str) -> lis
         except unickpt.errors.CheckpointError as e:
             out.append(str(e))
     return out
+
+
+def async_save_while_training(rank: int, world_size: int, specs: list[str], root: str) -> dict:
+    """For each spec: train, save asynchronously with the background copy held back, keep
+    training at once (the optimizer step must wait for the copy), then load into fresh objects:
+    the checkpoint must be the state at the save call, bit for bit."""
+    import threading
+    import time
+
+    from unickpt.engine import staging
+
+    real = staging._copy_entries
+
+    def held(*args, **kwargs):  # the snapshot thread starts late: training overlaps it
+        if threading.current_thread().name.startswith("unickpt-snapshot"):
+            time.sleep(0.2)
+        return real(*args, **kwargs)
+
+    staging._copy_entries = held
+    out = {}
+    for spec in specs:
+        model, optim, framework = make(spec, 0)
+        for s in range(STEPS_BEFORE_SAVE):
+            train_step(model, optim, s, CFG)
+        ref = {"state": full_state(model, optim), "groups": param_groups(optim)}
+        extra = {"step": STEPS_BEFORE_SAVE, "rank": rank, "note": ("tuple", 1.5, None)}
+        path = f"{root}/{spec}"
+        h = unickpt.save(path, {"model": model, "optimizer": optim, "extra_state": extra},
+                         framework=framework, async_save=True)
+        waited = []
+        for s in range(2):
+            train_step(model, optim, STEPS_BEFORE_SAVE + s, CFG)
+            waited.append(h._snapshot is not None and h._snapshot.done())
+        h.wait()
+        model2, optim2, _ = make(spec, 1234)
+        state = {"model": model2, "optimizer": optim2, "extra_state": None}
+        unickpt.load(path, state, framework=framework)
+        report = loaded_report(state, ref)
+        report["step_waited_for_copy"] = waited
+        out[spec] = report
+    return out

@@ -34,16 +34,82 @@ def _load(path: str, width: int = 64) -> nn.Module:
     return m
 
 
-def test_checkpoint_is_the_state_at_the_save_call(tmp_path):
-    m, opt = _model()
+def _held_background_copy(monkeypatch, seconds: float = 0.3):
+    """Hold the snapshot thread's copy until the returned event is set (or ``seconds`` pass),
+    so that what the test does right after the save call surely overlaps the copy."""
+    import threading
+
+    from unickpt.engine import staging
+
+    real = staging._copy_entries
+    go = threading.Event()
+
+    def held(*args, **kwargs):
+        if threading.current_thread().name.startswith("unickpt-snapshot"):
+            go.wait(seconds)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(staging, "_copy_entries", held)
+    return go
+
+
+def test_checkpoint_is_the_state_at_the_save_call(tmp_path, monkeypatch):
+    """Training goes on right after the call (forward, backward, optimizer.step): the step waits
+    for the background copy of parameters and optimizer state; buffers, which forward changes,
+    were copied in the call."""
+    _held_background_copy(monkeypatch)
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(32, 64), nn.BatchNorm1d(64), nn.Linear(64, 8))
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2)
+    for _ in range(2):
+        m(torch.randn(16, 32)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
     before = _snapshot(m)
+    before_opt = {k: v.clone() for k, v in opt.state[m[0].weight].items()}
     h = unickpt.save(str(tmp_path / "c"), {"model": m, "optimizer": opt}, async_save=True)
-    with torch.no_grad():  # training goes on and modifies the parameters in place
-        for p in m.parameters():
-            p.add_(1.0)
+    for _ in range(3):
+        m(torch.randn(16, 32)).square().mean().backward()  # updates BatchNorm's running stats
+        opt.step()
+        assert h._snapshot is not None and h._snapshot.done()  # the step waited for the copy
+        opt.zero_grad()
     h.wait()
-    got = _load(str(tmp_path / "c")).state_dict()
+    assert not torch.equal(m[0].weight, before["0.weight"])
+    m2 = nn.Sequential(nn.Linear(32, 64), nn.BatchNorm1d(64), nn.Linear(64, 8))
+    opt2 = torch.optim.Adam(m2.parameters(), lr=1e-2)
+    unickpt.load(str(tmp_path / "c"), {"model": m2, "optimizer": opt2})
+    got = m2.state_dict()
     assert all(torch.equal(got[k], before[k]) for k in before)
+    assert all(torch.equal(opt2.state[m2[0].weight][k], v) for k, v in before_opt.items())
+
+
+def test_in_place_changes_outside_the_step(tmp_path, monkeypatch):
+    """Changing parameters in place outside optimizer.step(): fine after wait_snapshot() or with
+    background_snapshot=False; during the background copy the save is refused, never torn."""
+    m, opt = _model()
+    for mode in ("call-copy", "wait_snapshot", "conflict"):
+        go = _held_background_copy(monkeypatch, seconds=30)
+        before = _snapshot(m)
+        path = str(tmp_path / mode)
+        options = unickpt.SaveOptions(background_snapshot=mode != "call-copy")
+        h = unickpt.save(path, {"model": m, "optimizer": opt}, async_save=True, options=options)
+        assert (h._snapshot is None) == (mode == "call-copy")
+        if mode == "wait_snapshot":
+            go.set()
+            h.wait_snapshot()
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(1.0)
+        go.set()
+        if mode == "conflict":
+            with pytest.raises(unickpt.SnapshotConflictError, match="modified in place.*wait_snapshot"):
+                h.wait()
+            with pytest.raises((unickpt.IncompleteCheckpointError, unickpt.NotACheckpointError)):
+                _load(path)
+            continue
+        h.wait()
+        got = _load(path).state_dict()
+        assert all(torch.equal(got[k], before[k]) for k in before), mode
 
 
 def test_background_error_surfaces_in_wait_and_in_next_save(tmp_path, monkeypatch):
@@ -73,6 +139,8 @@ def test_back_to_back_async_saves_commit_in_order_with_bounded_pool(tmp_path):
     states = []
     handles = []
     for i in range(4):
+        if handles:
+            handles[-1].wait_snapshot()  # in-place changes outside optimizer.step() wait for it
         with torch.no_grad():
             for p in m.parameters():
                 p.add_(0.5)

@@ -8,17 +8,22 @@ ping-pong: a save can stage into one while the previous still writes from the ot
 pool never holds more than 2x this rank's checkpoint bytes. On CUDA the images are pinned and the
 device-to-host copies run on a side stream; the training stream waits on the copy's event, so
 the next optimizer step (or any kernel) can not modify a tensor before its snapshot is taken,
-while the host returns at once.
+while the host returns at once. On CPU, the entries the caller marks ``later`` (tensors only
+``optimizer.step()`` modifies, see ``step_guard``) are copied by the snapshot thread after
+``stage`` returns; ``StagedFiles.copied`` tells when, and the writer waits for it.
 """
 
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
-from ..planning.save_plan import RankSavePlan
+from ..errors import SnapshotConflictError
+from ..planning.save_plan import RankSavePlan, WriteEntry
 from ..planning.specs import SaveItem
 from ..storage.aligned import AlignedBuffer
 from ..storage.base import Buffer
@@ -62,8 +67,12 @@ class StagedFiles:
     _pool: "StagingPool"
     _slot: _Slot
     nbytes: int
+    copied: "Future[None] | None" = None  # the background part of the copy (CPU), if any
 
     def wait_ready(self) -> None:
+        """Block until every byte is in the images; re-raises a failed background copy."""
+        if self.copied is not None:
+            self.copied.result()
         if self.ready is not None:
             self.ready.synchronize()
 
@@ -94,8 +103,11 @@ class StagingPool:
             slot.busy = False
             self._cond.notify_all()
 
-    def stage(self, items: list[SaveItem], plan: RankSavePlan, blobs: dict[str, bytes]) -> StagedFiles:
-        """Copy every entry of ``plan`` into a free slot's file images (blocks while both are busy)."""
+    def stage(self, items: list[SaveItem], plan: RankSavePlan, blobs: dict[str, bytes],
+              later: Callable[[SaveItem], bool] | None = None) -> StagedFiles:
+        """Copy every entry of ``plan`` into a free slot's file images (blocks while both are
+        busy); CPU tensor entries whose item satisfies ``later`` are copied on the snapshot
+        thread after the return (``StagedFiles.copied``)."""
         sizes: dict[str, int] = {}
         for e in plan.entries:
             sizes[e.file] = max(sizes.get(e.file, 0), e.byte_offset + e.byte_length)
@@ -111,17 +123,14 @@ class StagingPool:
                     self._stream = torch.cuda.Stream()
                 stream = self._stream
                 stream.wait_stream(torch.cuda.current_stream())
-            with torch.no_grad(), torch.cuda.stream(stream) if stream is not None else _null():
-                for e in plan.entries:
-                    dst = images[e.file][e.byte_offset: e.byte_offset + e.byte_length]
-                    if e.blob_key:
-                        if e.byte_length:
-                            dst.copy_(torch.frombuffer(bytearray(blobs[e.blob_key]), dtype=torch.uint8))
-                        continue
-                    src = items[e.item_index].tensor.detach()
-                    if src.numel() == 0:
-                        continue
-                    dst.view(src.dtype).view(src.shape).copy_(src, non_blocking=stream is not None)
+            now: list[WriteEntry] = []
+            deferred: list[WriteEntry] = []
+            for e in plan.entries:
+                defer = (later is not None and not e.blob_key
+                         and items[e.item_index].tensor.device.type == "cpu" and later(items[e.item_index]))
+                (deferred if defer else now).append(e)
+            with torch.cuda.stream(stream) if stream is not None else _null():
+                _copy_entries(now, items, images, blobs, non_blocking=stream is not None)
             ready = None
             if stream is not None:
                 ready = torch.cuda.Event()
@@ -130,10 +139,57 @@ class StagingPool:
             parts: dict[str, list[Buffer]] = {
                 f: [memoryview(images[f].numpy()).cast("B")] if sizes[f] else []  # type: ignore[arg-type]  # numpy stubs: __buffer__ only on 3.12+
                 for f in files}
-            return StagedFiles(parts, ready, self, slot, sum(sizes.values()))
+            copied = None
+            if deferred:  # version counters read now, in the call: the state the save stands for
+                versions = [items[e.item_index].tensor._version for e in deferred]
+                copied = _snapshotter().submit(_copy_checked, deferred, versions, items, images)
+            return StagedFiles(parts, ready, self, slot, sum(sizes.values()), copied)
         except BaseException:
             self._release(slot)
             raise
+
+
+_SNAPSHOTTER: list[ThreadPoolExecutor] = []
+_SNAPSHOTTER_LOCK = threading.Lock()
+
+
+def _snapshotter() -> ThreadPoolExecutor:
+    """The thread copying the deferred part of snapshots (normal priority: a step may wait on it)."""
+    with _SNAPSHOTTER_LOCK:
+        if not _SNAPSHOTTER:
+            _SNAPSHOTTER.append(ThreadPoolExecutor(1, thread_name_prefix="unickpt-snapshot"))
+        return _SNAPSHOTTER[0]
+
+
+def _copy_entries(entries: list[WriteEntry], items: list[SaveItem], images: dict[str, torch.Tensor],
+                  blobs: dict[str, bytes], non_blocking: bool = False) -> None:
+    with torch.no_grad():
+        for e in entries:
+            dst = images[e.file][e.byte_offset: e.byte_offset + e.byte_length]
+            if e.blob_key:
+                if e.byte_length:
+                    dst.copy_(torch.frombuffer(bytearray(blobs[e.blob_key]), dtype=torch.uint8))
+                continue
+            src = items[e.item_index].tensor.detach()
+            if src.numel() == 0:
+                continue
+            dst.view(src.dtype).view(src.shape).copy_(src, non_blocking=non_blocking)
+
+
+def _copy_checked(entries: list[WriteEntry], versions: list[int], items: list[SaveItem],
+                  images: dict[str, torch.Tensor]) -> None:
+    """The background copy; refuses (SnapshotConflictError) if a source changed in place since
+    the save call, detected by torch's version counters (in-place ops bump them; ``.data``
+    writes don't)."""
+    _copy_entries(entries, items, images, {})
+    for e, v in zip(entries, versions):
+        t = items[e.item_index].tensor
+        if t._version != v:
+            raise SnapshotConflictError(
+                f"{items[e.item_index].spec.fqn!r} was modified in place while the async save was "
+                "copying it in the background (outside optimizer.step(), which waits for the copy); "
+                "call handle.wait_snapshot() before such changes, or save with "
+                "SaveOptions(background_snapshot=False)")
 
 
 class _null:
