@@ -64,7 +64,7 @@ def test_commit_is_atomic_replace_and_delete_prunes_empty_dirs(tmp_path):
 def test_large_ranged_reads_match_the_file(tmp_path, monkeypatch, direct):
     """Direct reads: any offset and length, into page-aligned memory with and without the file
     offset's page phase and into unaligned memory; truncation is reported, not padded."""
-    monkeypatch.setattr(LocalStorage, "direct_io", direct)
+    monkeypatch.setattr(LocalStorage, "direct_reads", direct)
     s = LocalStorage(str(tmp_path))
     rng = np.random.default_rng(1)
     size = (40 << 20) + 1234
@@ -93,6 +93,7 @@ def test_large_ranged_reads_match_the_file(tmp_path, monkeypatch, direct):
 def test_large_reads_bypass_the_page_cache_unless_cached(tmp_path, monkeypatch):
     import unickpt.storage.local as local
 
+    monkeypatch.setattr(LocalStorage, "direct_reads", True)
     s = LocalStorage(str(tmp_path))
     s.write("f.bin", [bytes(3 << 20)])
     flags: list[int] = []
@@ -102,6 +103,10 @@ def test_large_reads_bypass_the_page_cache_unless_cached(tmp_path, monkeypatch):
     s.read_into("f.bin", 0, memoryview(bytearray(1000)))  # small: buffered
     s.read_into_cached("f.bin", 0, memoryview(bytearray(2 << 20)))  # shared bytes: buffered
     assert [bool(f & os.O_DIRECT) for f in flags] == [True, False, False]
+    monkeypatch.setattr(LocalStorage, "direct_reads", False)  # the default: buffered
+    flags.clear()
+    s.read_into("f.bin", 0, memoryview(bytearray(2 << 20)))
+    assert [bool(f & os.O_DIRECT) for f in flags] == [False]
 
 
 def test_direct_write_in_parallel_segments(tmp_path, monkeypatch):

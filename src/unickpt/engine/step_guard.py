@@ -46,7 +46,7 @@ def protected_storages(optimizer: torch.optim.Optimizer) -> set[int]:
 def guard(optimizer: torch.optim.Optimizer, copied: Future) -> None:
     """Make ``optimizer.step()`` wait until ``copied`` (a background snapshot) is done."""
     with _LOCK:
-        _PENDING.append(copied)
+        _PENDING[:] = [f for f in _PENDING if not f.done()] + [copied]  # keep no finished ones
         if optimizer not in _GUARDED:
             optimizer.register_step_pre_hook(_before_step)
             _GUARDED.add(optimizer)
