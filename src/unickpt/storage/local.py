@@ -92,6 +92,8 @@ def _write_direct(fd: int, views: list[memoryview], total: int) -> None:
     """Write ``views`` back to back with O_DIRECT, as segments (aligned file offsets) written in
     parallel; the last partial block is padded, then the file is cut to ``total``."""
     segments = _segments(views, _SEGMENT)
+    if len(segments) > 1:
+        _reserve(fd, -(-total // ALIGN) * ALIGN)
     if len(segments) <= 1:
         for pos, seg in segments:
             _write_direct_at(fd, seg, pos)
@@ -100,6 +102,16 @@ def _write_direct(fd: int, views: list[memoryview], total: int) -> None:
             for f in [pool.submit(_write_direct_at, fd, seg, pos) for pos, seg in segments]:
                 f.result()
     os.ftruncate(fd, total)
+
+
+def _reserve(fd: int, size: int) -> None:
+    """Allocate the file's blocks up front: segments written concurrently would otherwise get
+    interleaved extents (slower to read back), and a full disk fails here, before any write."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
 
 
 def _write_direct_at(fd: int, views: list[memoryview], pos: int) -> None:
