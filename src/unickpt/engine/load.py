@@ -147,19 +147,15 @@ def read_stage(md: Metadata, storage: Storage, coord: Coordinator, items: list[L
                 for key, off in zip(b.keys, b.offsets):
                     job = _ShardJob(md, storage, items, mine, key, buf, off, verify, me,
                                     cached if key in shared else storage.read_into)
-                    chunks = job.chunks()
-                    if not chunks:  # an empty shard: nothing to read, still checked and placed
+                    if not job.pieces:  # an empty shard: nothing to read, still checked and placed
                         job.finish()
-                    futures += [pool.submit(job.read_chunk, lo, n) for lo, n in chunks]
+                    futures += [pool.submit(job.read_chunk, lo, n) for lo, n in job.pieces]
                     total += job.shard.byte_length
             for f in futures:
                 f.result()
             return total
-        except BaseException:
+        finally:  # after a failure: drop the chunks not started yet
             pool.shutdown(wait=True, cancel_futures=True)
-            raise
-        finally:
-            pool.shutdown(wait=True)
 
     total = run_stage(coord, "load (read)", read_mine)
     if coord.world_size == 1 or not any(len(b.consumers) > 1 for b in batches):
@@ -204,11 +200,12 @@ class _ShardJob:
         else:
             self.view = _direct_target(md, items, self.mine)
         if self.region is not None:
-            self.view = _bytes_of(self.region)
-        self.left = len(self.chunks())
+            self.view = tensor_bytes(self.region)
+        self.pieces = self._pieces()
+        self.left = len(self.pieces)
         self._lock = threading.Lock()
 
-    def chunks(self) -> list[tuple[int, int]]:
+    def _pieces(self) -> list[tuple[int, int]]:
         """(offset in the shard, length) pieces, cut where the file offset crosses a _CHUNK line."""
         out, start, n = [], self.shard.byte_offset, self.shard.byte_length
         pos = start
@@ -222,7 +219,7 @@ class _ShardJob:
         with self._lock:
             if self.view is None:  # first chunk to run allocates the temporary
                 self.region = torch.empty(self.shard.byte_length, dtype=torch.uint8)
-                self.view = _bytes_of(self.region)
+                self.view = tensor_bytes(self.region)
             return self.view
 
     def read_chunk(self, lo: int, n: int) -> None:
@@ -241,12 +238,6 @@ class _ShardJob:
             _apply(self.md, self.items, self.mine, self.region)
         self.region = None
         self.view = memoryview(b"")  # the temporary (if any) is freed now
-
-
-def _bytes_of(region: torch.Tensor) -> memoryview:
-    if not region.numel():
-        return memoryview(b"")
-    return memoryview(region.numpy()).cast("B")  # type: ignore[arg-type]  # numpy stubs: __buffer__ only on 3.12+
 
 
 def _direct_target(md: Metadata, items: list[LoadItem], r: ShardRead | None) -> memoryview | None:

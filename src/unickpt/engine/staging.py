@@ -142,23 +142,16 @@ class StagingPool:
             copied = None
             if deferred:  # version counters read now, in the call: the state the save stands for
                 versions = [items[e.item_index].tensor._version for e in deferred]
-                copied = _snapshotter().submit(_copy_checked, deferred, versions, items, images)
+                copied = _SNAPSHOTTER.submit(_copy_checked, deferred, versions, items, images)
             return StagedFiles(parts, ready, self, slot, sum(sizes.values()), copied)
         except BaseException:
             self._release(slot)
             raise
 
 
-_SNAPSHOTTER: list[ThreadPoolExecutor] = []
-_SNAPSHOTTER_LOCK = threading.Lock()
-
-
-def _snapshotter() -> ThreadPoolExecutor:
-    """The thread copying the deferred part of snapshots (normal priority: a step may wait on it)."""
-    with _SNAPSHOTTER_LOCK:
-        if not _SNAPSHOTTER:
-            _SNAPSHOTTER.append(ThreadPoolExecutor(1, thread_name_prefix="unickpt-snapshot"))
-        return _SNAPSHOTTER[0]
+# copies the deferred part of snapshots (normal priority: an optimizer step may wait on it);
+# its one thread starts at the first submit
+_SNAPSHOTTER = ThreadPoolExecutor(1, thread_name_prefix="unickpt-snapshot")
 
 
 def _copy_entries(entries: list[WriteEntry], items: list[SaveItem], images: dict[str, torch.Tensor],

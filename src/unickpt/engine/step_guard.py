@@ -29,8 +29,6 @@ _GUARDED: "weakref.WeakSet[torch.optim.Optimizer]" = weakref.WeakSet()
 def storage_key(t: torch.Tensor) -> int:
     """The address of the memory block behind ``t`` (0 for none); DTensors by their local shard."""
     local = getattr(t, "_local_tensor", t)  # DTensor -> its shard (no collective)
-    if local.device.type != "cpu":
-        return 0
     return int(local.untyped_storage().data_ptr())
 
 

@@ -92,12 +92,11 @@ def _write_direct(fd: int, views: list[memoryview], total: int) -> None:
     """Write ``views`` back to back with O_DIRECT, as segments (aligned file offsets) written in
     parallel; the last partial block is padded, then the file is cut to ``total``."""
     segments = _segments(views, _SEGMENT)
-    if len(segments) > 1:
-        _reserve(fd, -(-total // ALIGN) * ALIGN)
     if len(segments) <= 1:
         for pos, seg in segments:
             _write_direct_at(fd, seg, pos)
     else:
+        _reserve(fd, -(-total // ALIGN) * ALIGN)
         with ThreadPoolExecutor(_SEGMENT_WRITERS, thread_name_prefix="unickpt-segment") as pool:
             for f in [pool.submit(_write_direct_at, fd, seg, pos) for pos, seg in segments]:
                 f.result()
@@ -183,14 +182,15 @@ def _read_direct(fd: int, view: memoryview, offset: int) -> int:
         if hi <= lo:
             continue
         part = view[lo - offset: hi - offset]
-        got = _pread_full(fd, part, lo, direct=True) if in_place else _bounced(fd, part, lo, hi)
+        got = _pread_full(fd, part, lo, direct=True) if in_place else _bounced(fd, part, lo)
         if got < hi - lo:
             return lo - offset + got
     return len(view)
 
 
-def _bounced(fd: int, view: memoryview, lo: int, hi: int) -> int:
-    """Read file bytes [lo, hi) into ``view`` through a bounce buffer; the bytes delivered."""
+def _bounced(fd: int, view: memoryview, lo: int) -> int:
+    """Fill ``view`` with the file's bytes from ``lo`` through a bounce buffer; the bytes delivered."""
+    hi = lo + len(view)
     bounce = BOUNCE_POOL.get()
     try:
         pos = lo // ALIGN * ALIGN
