@@ -470,20 +470,28 @@ def reshard_main(rank: int, ws: int, cfg: dict, sums: dict) -> dict:
     times = {"unickpt": [], "dcp": []}
     log = EventLog()
     phases: list[dict[str, float]] = []
-    ops = [("unickpt", lambda: unickpt.load(upath, state, framework=fw)),
-           ("dcp", lambda: _dcp_load(model, optim, dpath))]
-    for r in range(cfg["repeats"]):
-        for name, op in (ops if r % 2 == 0 else ops[::-1]):
-            scramble(model, optim)
-            if rank == 0:
-                evict([upath, dpath])
-            barrier()
-            with mem.region(f"{name} reshard load"):
-                log.take()
-                times[name].append(timed(op)[0])
-                if name == "unickpt":
-                    phases.append(phase_breakdown(log.take()))
-            compare_checksums(_global_sums(model, optim), sums, f"{name} resharding load")
+
+    def cold_loads(ops: list, paths: list[str], what: str, record: bool) -> None:
+        """Interleaved cold loads (order alternating per repeat), each checked; ``record``:
+        also the memory region and unickpt's phases."""
+        for r in range(cfg["repeats"]):
+            for name, op in (ops if r % 2 == 0 else ops[::-1]):
+                scramble(model, optim)
+                if rank == 0:
+                    evict(paths)
+                barrier()
+                if not record:
+                    times[name].append(timed(op)[0])
+                else:
+                    with mem.region(f"{name} reshard load"):
+                        log.take()
+                        times[name].append(timed(op)[0])
+                        if name == "unickpt":
+                            phases.append(phase_breakdown(log.take()))
+                compare_checksums(_global_sums(model, optim), sums, f"{name} {what}")
+
+    cold_loads([("unickpt", lambda: unickpt.load(upath, state, framework=fw)),
+                ("dcp", lambda: _dcp_load(model, optim, dpath))], [upath, dpath], "resharding load", True)
 
     # same-layout baseline at this world size: save what was loaded, load it back cold
     import torch.distributed.checkpoint as dcp
@@ -492,16 +500,8 @@ def reshard_main(rank: int, ws: int, cfg: dict, sums: dict) -> dict:
     unickpt.save(u1, state, framework=fw)
     dcp.save(_dcp_sd(model, optim), checkpoint_id=d1)
     times.update({"unickpt same": [], "dcp same": []})
-    ops = [("unickpt same", lambda: unickpt.load(u1, state, framework=fw)),
-           ("dcp same", lambda: _dcp_load(model, optim, d1))]
-    for r in range(cfg["repeats"]):
-        for name, op in (ops if r % 2 == 0 else ops[::-1]):
-            scramble(model, optim)
-            if rank == 0:
-                evict([u1, d1])
-            barrier()
-            times[name].append(timed(op)[0])
-            compare_checksums(_global_sums(model, optim), sums, f"{name} load")
+    cold_loads([("unickpt same", lambda: unickpt.load(u1, state, framework=fw)),
+                ("dcp same", lambda: _dcp_load(model, optim, d1))], [u1, d1], "load", False)
     barrier()
     if rank == 0:
         rmtree(u1)
