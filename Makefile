@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test lint bench clean
 
 setup: $(VENV)/.installed
 
@@ -20,8 +20,12 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(BIN)/unickpt demo
 
-test: setup
+test: setup lint
 	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
 
 bench: setup
 	$(BIN)/python bench/save_load.py

@@ -16,6 +16,7 @@ Numbers are GB = 1e9 bytes per second; sizes are printed in GiB.
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import shutil
@@ -23,8 +24,9 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -40,8 +42,9 @@ ALIGN = 4096
 # processes
 
 
-def spawn(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 900,
-          threads: int | None = None) -> list[Any]:
+def spawn(
+    fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 900, threads: int | None = None
+) -> list[Any]:
     """``unickpt.tools.launch.run_ranks``: ``fn(rank, world_size, *args)`` on fresh gloo ranks
     (``world_size=0``: one process without a process group)."""
     return run_ranks(fn, world_size, *args, timeout=timeout, threads=threads)
@@ -188,8 +191,7 @@ def raw_write_direct(paths: Sequence[str], nbytes: int, bufs: Sequence[RawBuffer
     """O_DIRECT: ``nbytes`` split over ``paths``, one thread per file (queue depth = files),
     aligned 16 MiB pwrite calls from pre-touched buffers, then fsync."""
     sizes = split(nbytes, len(paths))
-    threads = [threading.Thread(target=_write_direct_one, args=(p, s, b))
-               for p, s, b in zip(paths, sizes, bufs)]
+    threads = [threading.Thread(target=_write_direct_one, args=(p, s, b)) for p, s, b in zip(paths, sizes, bufs)]
     for t in threads:
         t.start()
     for t in threads:
@@ -214,8 +216,7 @@ def raw_read(paths: Sequence[str], bufs: Sequence[RawBuffer]) -> int:
     """Buffered preadv of whole files in 16 MiB calls into pre-touched buffers, one thread per
     file; returns the bytes read."""
     got = [0] * len(paths)
-    threads = [threading.Thread(target=_read_one, args=(p, b, got, i))
-               for i, (p, b) in enumerate(zip(paths, bufs))]
+    threads = [threading.Thread(target=_read_one, args=(p, b, got, i)) for i, (p, b) in enumerate(zip(paths, bufs))]
     for t in threads:
         t.start()
     for t in threads:
@@ -292,8 +293,7 @@ class PeakRSS:
         while not self._stop.wait(self._interval):
             r = self._proc.memory_info().rss
             with self._lock:
-                if r > self._peak:
-                    self._peak = r
+                self._peak = max(self._peak, r)
 
     @contextmanager
     def region(self, label: str) -> Iterator[None]:
@@ -329,8 +329,9 @@ def model_shape(gib: float) -> tuple[int, int]:
     return 2, max(64, dim)
 
 
-def build_model(layers: int, dim: int, seed: int, fsdp2: bool, lr: float = 1e-4,
-                reshard_after_forward: bool = True) -> tuple[Any, Any]:
+def build_model(
+    layers: int, dim: int, seed: int, fsdp2: bool, lr: float = 1e-4, reshard_after_forward: bool = True
+) -> tuple[Any, Any]:
     """The stack (FSDP2: every layer and the root ``fully_shard``-ed) and its Adam optimizer.
 
     ``reshard_after_forward=False`` (ZeRO-2 style) saves the second all-gather in backward:
@@ -412,8 +413,9 @@ def scramble(model: Any, optim: Any) -> None:
 def compare_checksums(got: dict[str, float], want: dict[str, float], what: str) -> None:
     bad = [k for k in want if k not in got or abs(got[k] - want[k]) > 1e-6 * (1 + abs(want[k]))]
     if bad:
-        raise AssertionError(f"{what}: {len(bad)} tensor(s) not restored, e.g. {bad[:3]}: "
-                             f"got {got.get(bad[0])} want {want[bad[0]]}")
+        raise AssertionError(
+            f"{what}: {len(bad)} tensor(s) not restored, e.g. {bad[:3]}: got {got.get(bad[0])} want {want[bad[0]]}"
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -504,23 +506,26 @@ def phase_breakdown(events: Sequence[Any]) -> dict[str, float]:
 
 
 def fmt_s(x: float) -> str:
-    return "-" if x != x else f"{x:.3f}"
+    return "-" if math.isnan(x) else f"{x:.3f}"
 
 
 def fmt_gbs(nbytes: float, seconds: float) -> str:
-    return "-" if not seconds or seconds != seconds else f"{nbytes / seconds / GB:.2f}"
+    return "-" if not seconds or math.isnan(seconds) else f"{nbytes / seconds / GB:.2f}"
 
 
-def table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]],
-          left: Sequence[int] = (0,)) -> str:
+def table(title: str, header: Sequence[str], rows: Sequence[Sequence[Any]], left: Sequence[int] = (0,)) -> str:
     """A plain-text table: columns in ``left`` are left-aligned, the others right-aligned."""
     cells = [[str(c) for c in header]] + [[str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    lines = [title, "  ".join(h.ljust(w) for h, w in zip(cells[0], widths)).rstrip(),
-             "  ".join("-" * w for w in widths)]
+    lines = [
+        title,
+        "  ".join(h.ljust(w) for h, w in zip(cells[0], widths)).rstrip(),
+        "  ".join("-" * w for w in widths),
+    ]
     for r in cells[1:]:
-        lines.append("  ".join((c.ljust(w) if i in left else c.rjust(w))
-                               for i, (c, w) in enumerate(zip(r, widths))).rstrip())
+        lines.append(
+            "  ".join((c.ljust(w) if i in left else c.rjust(w)) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+        )
     return "\n".join(lines)
 
 
@@ -535,5 +540,7 @@ def machine_line() -> str:
     import torch
 
     load = os.getloadavg()
-    return (f"machine: {os.cpu_count()} cores, load average {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} "
-            f"(other jobs share this machine), torch {torch.__version__}")
+    return (
+        f"machine: {os.cpu_count()} cores, load average {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} "
+        f"(other jobs share this machine), torch {torch.__version__}"
+    )

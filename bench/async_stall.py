@@ -66,9 +66,9 @@ import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import (  # noqa: E402
-    GiB,
+from _common import (
     EventLog,
+    GiB,
     PeakRSS,
     RawBuffer,
     barrier,
@@ -193,25 +193,34 @@ class _UnickptSaver(_Saver):
 
 class _DCPSaver(_Saver):
     def __init__(self, variant: str, model, optim, group) -> None:
-        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
         self.name = f"DCP async_save [{variant}]"
         self.variant, self.model, self.optim, self.group = variant, model, optim, group
         self.kind = AsyncCheckpointerType.PROCESS if variant == "process" else AsyncCheckpointerType.THREAD
         self.stager = None
         if variant != "default":
-            self.stager = DefaultStager(StagingOptions(
-                use_pinned_memory=False, use_shared_memory=variant == "process",
-                use_async_staging=variant == "thread-async", use_non_blocking_copy=False))
+            self.stager = DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=False,
+                    use_shared_memory=variant == "process",
+                    use_async_staging=variant == "thread-async",
+                    use_non_blocking_copy=False,
+                )
+            )
 
     def start(self, path: str):
         import torch.distributed.checkpoint as dcp
 
         self.done_at = float("nan")
-        h = dcp.async_save(_dcp_sd(self.model, self.optim), checkpoint_id=path,
-                           process_group=self.group, async_checkpointer_type=self.kind,
-                           async_stager=self.stager)
+        h = dcp.async_save(
+            _dcp_sd(self.model, self.optim),
+            checkpoint_id=path,
+            process_group=self.group,
+            async_checkpointer_type=self.kind,
+            async_stager=self.stager,
+        )
         (h.upload_completion if hasattr(h, "upload_completion") else h).add_done_callback(self._done)
         return h
 
@@ -275,7 +284,8 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict:
     variants = sorted(cfg["dcp_variants"], key=lambda v: v == "default")
     savers += [_DCPSaver(v, model, optim, dcp_group) for v in variants]
     stall: dict[str, dict[str, list[float]]] = {
-        s.name: {"with": [], "without": [], "blocks": [], "save_s": []} for s in savers}
+        s.name: {"with": [], "without": [], "blocks": [], "save_s": []} for s in savers
+    }
     errors: dict[str, str] = {}
     first: dict[str, dict[str, float]] = {}
 
@@ -315,11 +325,13 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict:
                 h = saver.start(path)
                 blocked += time.perf_counter() - t_issue
             if h is not None and i == 0:
-                def wait_snapshot() -> None:
+
+                def wait_snapshot(h: object = h) -> None:
                     nonlocal blocked
                     tb = time.perf_counter()
                     saver.before_step(h)
                     blocked += time.perf_counter() - tb
+
                 step(wait_snapshot)
             else:
                 step()
@@ -332,7 +344,7 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict:
     for r in range(R):
         if rank == 0:
             progress(f"stall windows, repeat {r + 1}/{R}")
-        order = savers[r % len(savers):] + savers[:r % len(savers)]
+        order = savers[r % len(savers) :] + savers[: r % len(savers)]
         for s in order:
             if s.name in errors:
                 continue
@@ -395,7 +407,7 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict:
     with mem.region("DCP blocking save"):
         timed(dcp_save)  # warm-up (DCP's first save plans)
     for r in range(R):
-        for name, prepare, op in ops[r % len(ops):] + ops[:r % len(ops)]:
+        for name, prepare, op in ops[r % len(ops) :] + ops[: r % len(ops)]:
             prepare()
             log.take()
             durable[name].append(timed(op)[0])
@@ -409,17 +421,20 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict:
     # ---- 3a. cold loads, same layout
     if rank == 0:
         progress("cold loads")
+
     def cold() -> None:
         if rank == 0:
             evict([upath, dpath, rawdir])
         barrier()
 
     loads = {"unickpt": [], "dcp": [], "raw_read": []}
-    lops = [("unickpt", lambda: unickpt.load(upath, state, framework="fsdp2")),
-            ("dcp", lambda: _dcp_load(model, optim, dpath)),
-            ("raw_read", lambda: raw_read(direct_files, bufs))]
+    lops = [
+        ("unickpt", lambda: unickpt.load(upath, state, framework="fsdp2")),
+        ("dcp", lambda: _dcp_load(model, optim, dpath)),
+        ("raw_read", lambda: raw_read(direct_files, bufs)),
+    ]
     for r in range(R):
-        for name, op in lops[r % len(lops):] + lops[:r % len(lops)]:
+        for name, op in lops[r % len(lops) :] + lops[: r % len(lops)]:
             if name != "raw_read":
                 scramble(model, optim)
             cold()
@@ -438,12 +453,25 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict:
     plan_events = [(e.save_id, e.seconds) for e in log.all if e.phase == "save.plan"]
     stage_events = [(e.seconds, e.nbytes) for e in log.all if e.phase == "save.stage"]
     out = {
-        "step_times": step_times, "stall": stall, "errors": errors, "first": first, "durable": durable,
-        "loads": loads, "per_rank": per_rank, "plan": plan_events, "stage": stage_events,
+        "step_times": step_times,
+        "stall": stall,
+        "errors": errors,
+        "first": first,
+        "durable": durable,
+        "loads": loads,
+        "per_rank": per_rank,
+        "plan": plan_events,
+        "stage": stage_events,
         "phases": phases,
-        "state_bytes": my_state, "ubytes": dir_bytes(upath), "dbytes": dir_bytes(dpath),
-        "mem": mem.regions, "maxrss": maxrss(), "rss0": rss0, "rss_trained": rss_trained,
-        "rss_end": rss(), "sums": ref_sums if rank == 0 else None,
+        "state_bytes": my_state,
+        "ubytes": dir_bytes(upath),
+        "dbytes": dir_bytes(dpath),
+        "mem": mem.regions,
+        "maxrss": maxrss(),
+        "rss0": rss0,
+        "rss_trained": rss_trained,
+        "rss_end": rss(),
+        "sums": ref_sums if rank == 0 else None,
     }
     mem.close()
     dist.barrier()
@@ -475,7 +503,7 @@ def reshard_main(rank: int, ws: int, cfg: dict, sums: dict) -> dict:
         """Interleaved cold loads (order alternating per repeat), each checked; ``record``:
         also the memory region and unickpt's phases."""
         for r in range(cfg["repeats"]):
-            for name, op in (ops if r % 2 == 0 else ops[::-1]):
+            for name, op in ops if r % 2 == 0 else ops[::-1]:
                 scramble(model, optim)
                 if rank == 0:
                     evict(paths)
@@ -490,8 +518,15 @@ def reshard_main(rank: int, ws: int, cfg: dict, sums: dict) -> dict:
                             phases.append(phase_breakdown(log.take()))
                 compare_checksums(_global_sums(model, optim), sums, f"{name} {what}")
 
-    cold_loads([("unickpt", lambda: unickpt.load(upath, state, framework=fw)),
-                ("dcp", lambda: _dcp_load(model, optim, dpath))], [upath, dpath], "resharding load", True)
+    cold_loads(
+        [
+            ("unickpt", lambda: unickpt.load(upath, state, framework=fw)),
+            ("dcp", lambda: _dcp_load(model, optim, dpath)),
+        ],
+        [upath, dpath],
+        "resharding load",
+        True,
+    )
 
     # same-layout baseline at this world size: save what was loaded, load it back cold
     import torch.distributed.checkpoint as dcp
@@ -500,8 +535,15 @@ def reshard_main(rank: int, ws: int, cfg: dict, sums: dict) -> dict:
     unickpt.save(u1, state, framework=fw)
     dcp.save(_dcp_sd(model, optim), checkpoint_id=d1)
     times.update({"unickpt same": [], "dcp same": []})
-    cold_loads([("unickpt same", lambda: unickpt.load(u1, state, framework=fw)),
-                ("dcp same", lambda: _dcp_load(model, optim, d1))], [u1, d1], "load", False)
+    cold_loads(
+        [
+            ("unickpt same", lambda: unickpt.load(u1, state, framework=fw)),
+            ("dcp same", lambda: _dcp_load(model, optim, d1)),
+        ],
+        [u1, d1],
+        "load",
+        False,
+    )
     barrier()
     if rank == 0:
         rmtree(u1)
@@ -562,8 +604,12 @@ def ddp_main(rank: int, ws: int, cfg: dict) -> dict:
         got = io_read() - before
         compare_checksums(checksums(model, optim), want, f"rank {rank}: DDP {name} load")
         evs = log.take()
-        return {"seconds": t, "proc_io": got, "phases": phase_breakdown(evs),
-                "events": sum(e.nbytes for e in evs if e.phase == "load.read")}
+        return {
+            "seconds": t,
+            "proc_io": got,
+            "phases": phase_breakdown(evs),
+            "events": sum(e.nbytes for e in evs if e.phase == "load.read"),
+        }
 
     def dcp_load() -> None:
         CountingReader.nbytes = 0
@@ -571,22 +617,32 @@ def ddp_main(rank: int, ws: int, cfg: dict) -> dict:
 
     from unickpt import LoadOptions
 
-    ops = [("unickpt (dedup auto)", lambda: unickpt.load(upath, state, framework="ddp")),
-           ("unickpt dedup_reads=True", lambda: unickpt.load(
-               upath, state, framework="ddp", options=LoadOptions(dedup_reads=True))),
-           ("unickpt dedup_reads=False", lambda: unickpt.load(
-               upath, state, framework="ddp", options=LoadOptions(dedup_reads=False))),
-           ("DCP", dcp_load)]
+    ops = [
+        ("unickpt (dedup auto)", lambda: unickpt.load(upath, state, framework="ddp")),
+        (
+            "unickpt dedup_reads=True",
+            lambda: unickpt.load(upath, state, framework="ddp", options=LoadOptions(dedup_reads=True)),
+        ),
+        (
+            "unickpt dedup_reads=False",
+            lambda: unickpt.load(upath, state, framework="ddp", options=LoadOptions(dedup_reads=False)),
+        ),
+        ("DCP", dcp_load),
+    ]
     out: dict = {name: [] for name, _ in ops}
     for r in range(cfg["repeats"]):
-        for name, op in ops[r % len(ops):] + ops[:r % len(ops)]:
+        for name, op in ops[r % len(ops) :] + ops[: r % len(ops)]:
             res = run(name, op)
             if name == "DCP":
                 res["logical"] = CountingReader.nbytes
             out[name].append(res)
     size = unickpt_bytes_per_rank(upath) if rank == 0 else None
-    return {"runs": out, "ckpt_bytes": sum(size.values()) if size else None,
-            "ubytes": dir_bytes(upath), "dbytes": dir_bytes(dpath)}
+    return {
+        "runs": out,
+        "ckpt_bytes": sum(size.values()) if size else None,
+        "ubytes": dir_bytes(upath),
+        "dbytes": dir_bytes(dpath),
+    }
 
 
 def _gib(n: float) -> str:
@@ -599,15 +655,20 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--world-size", type=int, default=2)
     ap.add_argument("--dir", default=None, help="parent of the temporary folder (default /tmp)")
-    ap.add_argument("--window", type=int, default=1,
-                    help="training steps per timed window (a 2 GiB step takes seconds here)")
+    ap.add_argument(
+        "--window", type=int, default=1, help="training steps per timed window (a 2 GiB step takes seconds here)"
+    )
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--dcp-variants", default="default,thread-cached,thread-async",
-                    help=f"comma-separated subset of {','.join(DCP_VARIANTS)}")
+    ap.add_argument(
+        "--dcp-variants",
+        default="default,thread-cached,thread-async",
+        help=f"comma-separated subset of {','.join(DCP_VARIANTS)}",
+    )
     ap.add_argument("--ddp-gib", type=float, default=0.25)
     ap.add_argument("--ddp-world-size", type=int, default=4)
-    ap.add_argument("--files-per-rank", type=int, default=2,
-                    help="unickpt's default; also the raw O_DIRECT writer's file count")
+    ap.add_argument(
+        "--files-per-rank", type=int, default=2, help="unickpt's default; also the raw O_DIRECT writer's file count"
+    )
     args = ap.parse_args()
     layers, dim = model_shape(args.gib)
     ddp_layers, ddp_dim = model_shape(args.ddp_gib)
@@ -618,12 +679,23 @@ def main() -> None:
         raise SystemExit(f"unknown DCP variants {sorted(bad)}")
     ws = args.world_size
     tmp = make_tmp(args.dir, 4 * total)
-    cfg = {"tmp": tmp, "layers": layers, "dim": dim, "repeats": args.repeats, "window": args.window,
-           "warmup": args.warmup, "dcp_variants": variants, "files_per_rank": args.files_per_rank,
-           "ddp_layers": ddp_layers, "ddp_dim": ddp_dim}
-    print(f"unickpt async-stall benchmark: {layers} x Linear({dim}, {dim}) + Adam = "
-          f"{total / GiB:.3f} GiB, FSDP2 at world size {ws}, window {args.window} steps, "
-          f"{args.repeats} repeats, folder {tmp}")
+    cfg = {
+        "tmp": tmp,
+        "layers": layers,
+        "dim": dim,
+        "repeats": args.repeats,
+        "window": args.window,
+        "warmup": args.warmup,
+        "dcp_variants": variants,
+        "files_per_rank": args.files_per_rank,
+        "ddp_layers": ddp_layers,
+        "ddp_dim": ddp_dim,
+    }
+    print(
+        f"unickpt async-stall benchmark: {layers} x Linear({dim}, {dim}) + Adam = "
+        f"{total / GiB:.3f} GiB, FSDP2 at world size {ws}, window {args.window} steps, "
+        f"{args.repeats} repeats, folder {tmp}"
+    )
     print(machine_line())
     print("writes: fsync'ed; reads: cold (page cache evicted)")
     t0 = time.perf_counter()
@@ -638,8 +710,10 @@ def main() -> None:
         t3 = time.perf_counter()
     finally:
         rmtree(tmp)
-    print(f"(ran in {time.perf_counter() - t0:.0f} s: main {t1 - t0:.0f} s, reshard {t2 - t1:.0f} s, "
-          f"DDP {t3 - t2:.0f} s; temporary folder removed)\n")
+    print(
+        f"(ran in {time.perf_counter() - t0:.0f} s: main {t1 - t0:.0f} s, reshard {t2 - t1:.0f} s, "
+        f"DDP {t3 - t2:.0f} s; temporary folder removed)\n"
+    )
 
     # ---- 1. stall
     # one training step alone: the windows without a save (every method's), per step
@@ -653,33 +727,60 @@ def main() -> None:
         s = median(diffs)
         stalls[name] = s
         f = r0["first"].get(name, {})
-        rows.append([name, fmt_s(median(d["without"])), fmt_s(median(d["with"])), fmt_s(s),
-                     f"{s / step:.2f}", fmt_s(median(d["blocks"])), fmt_s(median(d["save_s"])),
-                     " ".join(f"{x:+.2f}" for x in diffs),
-                     f"{f.get('call', float('nan')):.3f} / {f.get('total', float('nan')):.3f}"])
-    print(table(f"1. Stall per checkpoint (training step alone: {step:.3f} s median; "
-                f"window = {args.window} steps; median of {args.repeats}; stall = window with save "
-                "- adjacent window without; blocks = save call (+ wait for the snapshot before "
-                "the next optimizer step); durable after = issue -> committed)",
-                ["method", "window s", "window+save s", "stall s", "stall/step", "blocks s",
-                 "durable after s", "per-repeat stall s", "first save (no training): call / total s"],
-                rows))
+        rows.append(
+            [
+                name,
+                fmt_s(median(d["without"])),
+                fmt_s(median(d["with"])),
+                fmt_s(s),
+                f"{s / step:.2f}",
+                fmt_s(median(d["blocks"])),
+                fmt_s(median(d["save_s"])),
+                " ".join(f"{x:+.2f}" for x in diffs),
+                f"{f.get('call', float('nan')):.3f} / {f.get('total', float('nan')):.3f}",
+            ]
+        )
+    print(
+        table(
+            f"1. Stall per checkpoint (training step alone: {step:.3f} s median; "
+            f"window = {args.window} steps; median of {args.repeats}; stall = window with save "
+            "- adjacent window without; blocks = save call (+ wait for the snapshot before "
+            "the next optimizer step); durable after = issue -> committed)",
+            [
+                "method",
+                "window s",
+                "window+save s",
+                "stall s",
+                "stall/step",
+                "blocks s",
+                "durable after s",
+                "per-repeat stall s",
+                "first save (no training): call / total s",
+            ],
+            rows,
+        )
+    )
     for name, e in r0["errors"].items():
         print(f"  {name} failed: {e}")
     st = r0["stage"][1:]  # the first one allocates the staging buffers
     if st:
         secs, nb = median([x[0] for x in st]), median([x[1] for x in st])
-        print(f"unickpt snapshot (save.stage, rank 0, saves after the first): median {secs:.3f} s for "
-              f"{nb / GiB:.3f} GiB = {nb / secs / 1e9:.1f} GB/s; first {r0['stage'][0][0]:.3f} s")
+        print(
+            f"unickpt snapshot (save.stage, rank 0, saves after the first): median {secs:.3f} s for "
+            f"{nb / GiB:.3f} GiB = {nb / secs / 1e9:.1f} GB/s; first {r0['stage'][0][0]:.3f} s"
+        )
     dcp_stalls = {k: v for k, v in stalls.items() if k.startswith("DCP")}
     u_name = "unickpt async_save"
     if dcp_stalls and u_name in stalls:
         best = min(dcp_stalls, key=dcp_stalls.get)
-        print(f"best DCP variant: {best}; unickpt stall / best DCP stall = "
-              f"{stalls[u_name] / dcp_stalls[best]:.2f} (target <= 0.10)")
+        print(
+            f"best DCP variant: {best}; unickpt stall / best DCP stall = "
+            f"{stalls[u_name] / dcp_stalls[best]:.2f} (target <= 0.10)"
+        )
         best_dcp_blocks = median(r0["stall"][best]["blocks"])
-        print(f"save call blocks: unickpt {median(r0['stall'][u_name]['blocks']):.3f} s, "
-              f"best DCP {best_dcp_blocks:.3f} s")
+        print(
+            f"save call blocks: unickpt {median(r0['stall'][u_name]['blocks']):.3f} s, best DCP {best_dcp_blocks:.3f} s"
+        )
 
     # ---- 2. durable saves
     du, per = r0["durable"], r0["per_rank"]
@@ -690,41 +791,59 @@ def main() -> None:
         return [op, fmt_s(m), fmt_s(min(xs)), fmt_s(max(xs)), _gib(nbytes), fmt_gbs(nbytes, m)]
 
     print()
-    print(table(f"2. Durable blocking save (fsync'ed; median of {args.repeats})",
-                ["op", "median s", "min s", "max s", "GiB", "GB/s"],
-                [row("unickpt save", du["unickpt"], ub), row("DCP save", du["dcp"], db),
-                 row("raw write buffered+fsync", du["raw_buffered"], rb),
-                 row(f"raw write O_DIRECT ({args.files_per_rank} files/rank)+fsync", du["raw_direct"], rb)]))
+    print(
+        table(
+            f"2. Durable blocking save (fsync'ed; median of {args.repeats})",
+            ["op", "median s", "min s", "max s", "GiB", "GB/s"],
+            [
+                row("unickpt save", du["unickpt"], ub),
+                row("DCP save", du["dcp"], db),
+                row("raw write buffered+fsync", du["raw_buffered"], rb),
+                row(f"raw write O_DIRECT ({args.files_per_rank} files/rank)+fsync", du["raw_direct"], rb),
+            ],
+        )
+    )
     sp = median(du["dcp"]) / median(du["unickpt"])
     u_bw = ub / median(du["unickpt"])
-    print(f"unickpt save speedup over DCP: {sp:.2f}x (target >= 1.5x); unickpt GB/s / raw buffered: "
-          f"{u_bw / (rb / median(du['raw_buffered'])):.2f}, / raw O_DIRECT: "
-          f"{u_bw / (rb / median(du['raw_direct'])):.2f} (target >= 0.8)")
+    print(
+        f"unickpt save speedup over DCP: {sp:.2f}x (target >= 1.5x); unickpt GB/s / raw buffered: "
+        f"{u_bw / (rb / median(du['raw_buffered'])):.2f}, / raw O_DIRECT: "
+        f"{u_bw / (rb / median(du['raw_direct'])):.2f} (target >= 0.8)"
+    )
 
     # ---- 3. loads
     ld, rt = r0["loads"], rs[0]["times"]
     print()
-    print(table(f"3. Cold loads (median of {args.repeats})",
-                ["op", "median s", "min s", "max s", "GiB", "GB/s"],
-                [row(f"unickpt load ws={ws} (same layout)", ld["unickpt"], ub),
-                 row(f"DCP load ws={ws} (same layout)", ld["dcp"], db),
-                 row("raw cold read", ld["raw_read"], rb),
-                 row(f"unickpt reshard load {ws} -> {max(ws2, 1)}", rt["unickpt"], ub),
-                 row(f"DCP reshard load {ws} -> {max(ws2, 1)}", rt["dcp"], db),
-                 row(f"unickpt load ws={max(ws2, 1)} (same layout, saved at {max(ws2, 1)})",
-                     rt["unickpt same"], ub),
-                 row(f"DCP load ws={max(ws2, 1)} (same layout, saved at {max(ws2, 1)})",
-                     rt["dcp same"], db)]))
-    print(f"load speedup over DCP: same layout {median(ld['dcp']) / median(ld['unickpt']):.2f}x, "
-          f"resharding {median(rt['dcp']) / median(rt['unickpt']):.2f}x")
+    print(
+        table(
+            f"3. Cold loads (median of {args.repeats})",
+            ["op", "median s", "min s", "max s", "GiB", "GB/s"],
+            [
+                row(f"unickpt load ws={ws} (same layout)", ld["unickpt"], ub),
+                row(f"DCP load ws={ws} (same layout)", ld["dcp"], db),
+                row("raw cold read", ld["raw_read"], rb),
+                row(f"unickpt reshard load {ws} -> {max(ws2, 1)}", rt["unickpt"], ub),
+                row(f"DCP reshard load {ws} -> {max(ws2, 1)}", rt["dcp"], db),
+                row(f"unickpt load ws={max(ws2, 1)} (same layout, saved at {max(ws2, 1)})", rt["unickpt same"], ub),
+                row(f"DCP load ws={max(ws2, 1)} (same layout, saved at {max(ws2, 1)})", rt["dcp same"], db),
+            ],
+        )
+    )
+    print(
+        f"load speedup over DCP: same layout {median(ld['dcp']) / median(ld['unickpt']):.2f}x, "
+        f"resharding {median(rt['dcp']) / median(rt['unickpt']):.2f}x"
+    )
     w2 = max(ws2, 1)
-    print(f"resharding load {ws} -> {w2} / same-layout load at ws={w2}: unickpt "
-          f"{median(rt['unickpt']) / median(rt['unickpt same']):.2f} (target <= 1.1), DCP "
-          f"{median(rt['dcp']) / median(rt['dcp same']):.2f}")
-    print(f"resharding load {ws} -> {w2} / same-layout load at ws={ws}: unickpt "
-          f"{median(rt['unickpt']) / median(ld['unickpt']):.2f}, DCP {median(rt['dcp']) / median(ld['dcp']):.2f}")
-    print(f"unickpt load GB/s / raw cold read GB/s: "
-          f"{(ub / median(ld['unickpt'])) / (rb / median(ld['raw_read'])):.2f}")
+    print(
+        f"resharding load {ws} -> {w2} / same-layout load at ws={w2}: unickpt "
+        f"{median(rt['unickpt']) / median(rt['unickpt same']):.2f} (target <= 1.1), DCP "
+        f"{median(rt['dcp']) / median(rt['dcp same']):.2f}"
+    )
+    print(
+        f"resharding load {ws} -> {w2} / same-layout load at ws={ws}: unickpt "
+        f"{median(rt['unickpt']) / median(ld['unickpt']):.2f}, DCP {median(rt['dcp']) / median(ld['dcp']):.2f}"
+    )
+    print(f"unickpt load GB/s / raw cold read GB/s: {(ub / median(ld['unickpt'])) / (rb / median(ld['raw_read'])):.2f}")
 
     # ---- 4. DDP read bytes
     ckpt = dd[0]["ckpt_bytes"]
@@ -736,67 +855,106 @@ def main() -> None:
         secs = median([x["seconds"] for x in runs[0]])
         drows.append([name, lib, f"{lib / ckpt:.2f}x", int(pio), f"{pio / ckpt:.2f}x", fmt_s(secs)])
     print()
-    print(table(f"4. Bytes read from storage, DDP load at ws={args.ddp_world_size} "
-                f"(checkpoint tensor bytes {ckpt} = {_gib(ckpt)} GiB; cold; load s = median of "
-                f"{args.repeats})",
-                ["method", "bytes read (library's count)", "/ ckpt", "/proc/self/io read_bytes",
-                 "/ ckpt", "load s"], drows))
-    print("  unickpt: sum over ranks of its load.read event nbytes; DCP: sum over ranks of the stored "
-          "length of every item FileSystemReader.read_data was asked for (a counting subclass); "
-          "read_bytes: kernel's per-process count of bytes fetched from the device, summed over "
-          "ranks (median over repeats; a cold page read by several ranks at once is fetched, and "
-          "counted, once)")
+    print(
+        table(
+            f"4. Bytes read from storage, DDP load at ws={args.ddp_world_size} "
+            f"(checkpoint tensor bytes {ckpt} = {_gib(ckpt)} GiB; cold; load s = median of "
+            f"{args.repeats})",
+            ["method", "bytes read (library's count)", "/ ckpt", "/proc/self/io read_bytes", "/ ckpt", "load s"],
+            drows,
+        )
+    )
+    print(
+        "  unickpt: sum over ranks of its load.read event nbytes; DCP: sum over ranks of the stored "
+        "length of every item FileSystemReader.read_data was asked for (a counting subclass); "
+        "read_bytes: kernel's per-process count of bytes fetched from the device, summed over "
+        "ranks (median over repeats; a cold page read by several ranks at once is fetched, and "
+        "counted, once)"
+    )
     ph = [r["runs"]["unickpt dedup_reads=True"][-1]["phases"] for r in dd]
-    print("  unickpt DDP load phases, dedup_reads=True (last repeat): " + "; ".join(
-        f"rank {i}: " + ", ".join(f"{k} {v:.3f}" for k, v in p.items()) for i, p in enumerate(ph)))
+    print(
+        "  unickpt DDP load phases, dedup_reads=True (last repeat): "
+        + "; ".join(f"rank {i}: " + ", ".join(f"{k} {v:.3f}" for k, v in p.items()) for i, p in enumerate(ph))
+    )
 
     # ---- 5. plan cache
     plans = r0["plan"]
     if plans:
         first, later = plans[0][1], [s for _, s in plans[1:]]
         print()
-        print(f"5. Plan cache (rank 0 save.plan phase): first save {first * 1e3:.1f} ms, later saves "
-              f"median {median(later) * 1e3:.1f} ms (min {min(later) * 1e3:.1f}, max "
-              f"{max(later) * 1e3:.1f}, n={len(later)})" if later else f"5. first save plan {first:.3f} s")
+        print(
+            f"5. Plan cache (rank 0 save.plan phase): first save {first * 1e3:.1f} ms, later saves "
+            f"median {median(later) * 1e3:.1f} ms (min {min(later) * 1e3:.1f}, max "
+            f"{max(later) * 1e3:.1f}, n={len(later)})"
+            if later
+            else f"5. first save plan {first:.3f} s"
+        )
 
     prow = []
     for rank, r in enumerate(res):
         for kind in ("save", "load"):
             runs = r["phases"][kind]
             if runs:
-                prow.append([rank, f"unickpt {kind}",
-                             ", ".join(f"{k} {median([x[k] for x in runs]):.3f}" for k in runs[0])])
+                prow.append(
+                    [rank, f"unickpt {kind}", ", ".join(f"{k} {median([x[k] for x in runs]):.3f}" for k in runs[0])]
+                )
     for rank, r in enumerate(rs):
         if r["phases"]:
-            prow.append([f"{rank} (ws {max(ws2, 1)})", "unickpt reshard load",
-                         ", ".join(f"{k} {median([x[k] for x in r['phases']]):.3f}" for k in r["phases"][0])])
+            prow.append(
+                [
+                    f"{rank} (ws {max(ws2, 1)})",
+                    "unickpt reshard load",
+                    ", ".join(f"{k} {median([x[k] for x in r['phases']]):.3f}" for k in r["phases"][0]),
+                ]
+            )
     print()
-    print(table("unickpt phases per rank, blocking save and cold loads (seconds, median; from its events)",
-                ["rank", "op", "phases"], prow, left=(0, 1, 2)))
+    print(
+        table(
+            "unickpt phases per rank, blocking save and cold loads (seconds, median; from its events)",
+            ["rank", "op", "phases"],
+            prow,
+            left=(0, 1, 2),
+        )
+    )
 
     # ---- 6. memory
     print()
     mrows = []
-    for who, group in ((lambda k: str(k), res), (lambda k: f"{k} (ws {max(ws2, 1)})", rs)):
+    for who, group in ((str, res), (lambda k: f"{k} (ws {max(ws2, 1)})", rs)):
         for rank, r in enumerate(group):
             sb = r["state_bytes"]
             for label, occ in r["mem"].items():
                 before = occ[0][0]
                 peak = max(o[1] - o[0] for o in occ)
                 kept = occ[0][2] - occ[0][0]
-                mrows.append([who(rank), label, _gib(sb), _gib(before), _gib(peak),
-                              f"{peak / sb:.2f}", _gib(kept), f"{kept / sb:.2f}"])
-    print(table("6. Host memory per rank (psutil RSS sampled every 5 ms inside each operation): "
-                "extra = max over occurrences of (peak - RSS before); kept = RSS after - before "
-                "(first occurrence); x = / the rank's state bytes",
-                ["rank", "operation", "state GiB", "RSS before GiB", "extra GiB", "x state",
-                 "kept GiB", "x state"], mrows))
+                mrows.append(
+                    [
+                        who(rank),
+                        label,
+                        _gib(sb),
+                        _gib(before),
+                        _gib(peak),
+                        f"{peak / sb:.2f}",
+                        _gib(kept),
+                        f"{kept / sb:.2f}",
+                    ]
+                )
+    print(
+        table(
+            "6. Host memory per rank (psutil RSS sampled every 5 ms inside each operation): "
+            "extra = max over occurrences of (peak - RSS before); kept = RSS after - before "
+            "(first occurrence); x = / the rank's state bytes",
+            ["rank", "operation", "state GiB", "RSS before GiB", "extra GiB", "x state", "kept GiB", "x state"],
+            mrows,
+        )
+    )
     for rank, r in enumerate(res):
-        print(f"rank {rank}: local state {_gib(r['state_bytes'])} GiB; RSS at start {_gib(r['rss0'])}, "
-              f"after warm-up training {_gib(r['rss_trained'])}, at end {_gib(r['rss_end'])} GiB; "
-              f"ru_maxrss {_gib(r['maxrss'])} GiB")
-    print("bytes written per rank by unickpt: " + ", ".join(
-        f"rank {k}: {_gib(v)} GiB" for k, v in sorted(per.items())))
+        print(
+            f"rank {rank}: local state {_gib(r['state_bytes'])} GiB; RSS at start {_gib(r['rss0'])}, "
+            f"after warm-up training {_gib(r['rss_trained'])}, at end {_gib(r['rss_end'])} GiB; "
+            f"ru_maxrss {_gib(r['maxrss'])} GiB"
+        )
+    print("bytes written per rank by unickpt: " + ", ".join(f"rank {k}: {_gib(v)} GiB" for k, v in sorted(per.items())))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,8 @@ import statistics
 import tempfile
 import time
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from unickpt.tools.launch import run_ranks
 
@@ -59,11 +60,16 @@ def _worker(rank: int, ws: int, args: argparse.Namespace, folder: str) -> dict |
     warnings.filterwarnings("ignore")  # torch's FSDP1 state-dict path deprecation chatter
     # run_ranks (unickpt.tools.launch) has set up the gloo process group
     torch.manual_seed(0)
-    layers = [nn.Linear(args.in_features if i == 0 else args.out_features, args.out_features)
-              for i in range(args.layers)]
+    layers = [
+        nn.Linear(args.in_features if i == 0 else args.out_features, args.out_features) for i in range(args.layers)
+    ]
     n_params = sum(p.numel() for layer in layers for p in layer.parameters())
-    model = FullyShardedDataParallel(nn.Sequential(*layers), auto_wrap_policy=ModuleWrapPolicy({nn.Linear}),
-                                     use_orig_params=args.orig, device_id=torch.device("cpu"))
+    model = FullyShardedDataParallel(
+        nn.Sequential(*layers),
+        auto_wrap_policy=ModuleWrapPolicy({nn.Linear}),
+        use_orig_params=args.orig,
+        device_id=torch.device("cpu"),
+    )
     optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model(torch.randn(4, args.in_features)).square().mean().backward()
     optim.step()
@@ -91,7 +97,7 @@ def _worker(rank: int, ws: int, args: argparse.Namespace, folder: str) -> dict |
         for who in order:
             sample[f"{who}_blocked"] = _timed(u_blocked if who == "u" else t_blocked)
             path = os.path.join(folder, f"{who}{rep}")
-            sample[f"{who}_save"] = _timed(lambda: (u_save if who == "u" else t_save)(path))
+            sample[f"{who}_save"] = _timed(lambda who=who, path=path: (u_save if who == "u" else t_save)(path))
             dist.barrier()
             if rank == 0:
                 shutil.rmtree(path, ignore_errors=True)
@@ -120,12 +126,16 @@ def main() -> None:
 
     med = {k: statistics.median(v) for k, v in res["times"].items()}
     gib = res["params"] * 4 * 3 / 2**30  # fp32 params + Adam exp_avg + exp_avg_sq
-    print(f"FSDP1 ws={ws} use_orig_params={args.orig}: {args.layers} x Linear({args.in_features}, "
-          f"{args.out_features}), {res['params'] / 1e6:.1f} M params, params+Adam {gib:.2f} GiB; "
-          f"median of {args.repeats} (slowest rank)")
+    print(
+        f"FSDP1 ws={ws} use_orig_params={args.orig}: {args.layers} x Linear({args.in_features}, "
+        f"{args.out_features}), {res['params'] / 1e6:.1f} M params, params+Adam {gib:.2f} GiB; "
+        f"median of {args.repeats} (slowest rank)"
+    )
     print(f"{'':28s}{'unickpt':>12s}{'torch':>12s}{'ratio':>10s}")
-    for label, u, t in (("blocked (shards ready) [s]", "u_blocked", "t_blocked"),
-                        ("end-to-end save [s]", "u_save", "t_save")):
+    for label, u, t in (
+        ("blocked (shards ready) [s]", "u_blocked", "t_blocked"),
+        ("end-to-end save [s]", "u_save", "t_save"),
+    ):
         print(f"{label:28s}{med[u]:12.4f}{med[t]:12.4f}{med[t] / med[u]:9.1f}x")
     for k, v in res["times"].items():
         print(f"  {k}: {', '.join(f'{x:.4f}' for x in v)}")

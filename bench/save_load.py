@@ -45,9 +45,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import (  # noqa: E402
-    GiB,
+from _common import (
     EventLog,
+    GiB,
     RawBuffer,
     barrier,
     build_model,
@@ -180,7 +180,7 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict:
         ("raw_direct", lambda: unlink(direct_files), raw_direct),
     ]
     for r in range(cfg["repeats"]):
-        order = ops[r % len(ops):] + ops[:r % len(ops)]  # rotate: nobody always goes first
+        order = ops[r % len(ops) :] + ops[: r % len(ops)]  # rotate: nobody always goes first
         for name, prepare, op in order:
             prepare()
             log.take()
@@ -208,7 +208,7 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict:
         ("raw_read_direct", lambda: raw_read_direct(direct_files, rbufs)),
     ]
     for r in range(cfg["repeats"]):
-        order = lops[r % len(lops):] + lops[:r % len(lops)]
+        order = lops[r % len(lops) :] + lops[: r % len(lops)]
         for name, op in order:
             if not name.startswith("raw"):
                 scramble(model, optim)
@@ -222,10 +222,18 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict:
     for b in bufs + rbufs:
         b.close()
     loss_check = float(model(_batch(dim, 1)).square().mean().detach())
-    out = {"saves": saves, "loads": loads, "phases": phases, "first": {"unickpt": first_u, "dcp": first_d},
-           "per_rank": per_rank, "state_bytes": gather(my_state),
-           "ubytes": dir_bytes(upath), "dbytes": dir_bytes(dpath),
-           "raw_bytes": sum(per_rank.values()), "loss": loss_check}
+    out = {
+        "saves": saves,
+        "loads": loads,
+        "phases": phases,
+        "first": {"unickpt": first_u, "dcp": first_d},
+        "per_rank": per_rank,
+        "state_bytes": gather(my_state),
+        "ubytes": dir_bytes(upath),
+        "dbytes": dir_bytes(dpath),
+        "raw_bytes": sum(per_rank.values()),
+        "loss": loss_check,
+    }
     if rank == 0:
         out["ref"] = ref
     torch.distributed.barrier()
@@ -253,12 +261,14 @@ def reshard_main(rank: int, ws: int, cfg: dict, ref: dict) -> dict:
         if not torch.equal(model[0].weight.detach(), ref["w0"]):
             raise AssertionError(f"{what}: 0.weight differs from the saved tensor")
 
-    ops = [("unickpt", lambda: unickpt.load(upath, state, framework="torch")),
-           ("dcp", lambda: _dcp_load(model, optim, dpath))]
+    ops = [
+        ("unickpt", lambda: unickpt.load(upath, state, framework="torch")),
+        ("dcp", lambda: _dcp_load(model, optim, dpath)),
+    ]
     log = EventLog()
     phases = []
     for r in range(cfg["repeats"]):
-        for name, op in (ops if r % 2 == 0 else ops[::-1]):
+        for name, op in ops if r % 2 == 0 else ops[::-1]:
             scramble(model, optim)
             evict([upath, dpath])
             log.take()
@@ -277,18 +287,23 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--world-size", type=int, default=2, help="saving world size (FSDP2)")
     ap.add_argument("--dir", default=None, help="parent of the temporary folder (default /tmp)")
-    ap.add_argument("--files-per-rank", type=int, default=2,
-                    help="unickpt SaveOptions default; also the raw O_DIRECT writer's file count")
+    ap.add_argument(
+        "--files-per-rank",
+        type=int,
+        default=2,
+        help="unickpt SaveOptions default; also the raw O_DIRECT writer's file count",
+    )
     args = ap.parse_args()
     layers, dim = model_shape(args.gib)
     total = layers * dim * dim * 12
     # unickpt + DCP checkpoints + raw files (buffered and direct) at the same time, at most
     tmp = make_tmp(args.dir, 4 * total)
-    cfg = {"tmp": tmp, "layers": layers, "dim": dim, "repeats": args.repeats,
-           "files_per_rank": args.files_per_rank}
+    cfg = {"tmp": tmp, "layers": layers, "dim": dim, "repeats": args.repeats, "files_per_rank": args.files_per_rank}
     ws = args.world_size
-    print(f"unickpt save/load benchmark: {layers} x Linear({dim}, {dim}) + Adam = "
-          f"{total / GiB:.3f} GiB, FSDP2 at world size {ws}, {args.repeats} repeats, folder {tmp}")
+    print(
+        f"unickpt save/load benchmark: {layers} x Linear({dim}, {dim}) + Adam = "
+        f"{total / GiB:.3f} GiB, FSDP2 at world size {ws}, {args.repeats} repeats, folder {tmp}"
+    )
     print(machine_line())
     print("writes: fsync'ed (unickpt: its own fsync; DCP: FileSystemWriter sync_files=True)")
     print("reads: cold (page cache evicted)")
@@ -319,10 +334,17 @@ def main() -> None:
         row(f"unickpt reshard load ({ws} -> 1)", rt["unickpt"], ub),
         row(f"DCP reshard load ({ws} -> 1)", rt["dcp"], db),
     ]
-    print(table(f"Times (median of {args.repeats}; GB/s = bytes / median seconds)",
-                ["op", "median s", "min s", "max s", "GiB", "GB/s"], rows))
-    print(f"first (warm-up) save, not in the medians: unickpt {r0['first']['unickpt']:.3f} s, "
-          f"DCP {r0['first']['dcp']:.3f} s")
+    print(
+        table(
+            f"Times (median of {args.repeats}; GB/s = bytes / median seconds)",
+            ["op", "median s", "min s", "max s", "GiB", "GB/s"],
+            rows,
+        )
+    )
+    print(
+        f"first (warm-up) save, not in the medians: unickpt {r0['first']['unickpt']:.3f} s, "
+        f"DCP {r0['first']['dcp']:.3f} s"
+    )
 
     def bw(nbytes: int, xs: list[float]) -> float:
         return nbytes / median(xs)
@@ -336,16 +358,31 @@ def main() -> None:
     w_raw = min(median(s["raw_buffered"]), median(s["raw_direct"]))
     r_raw = min(median(ld["raw_read"]), median(ld["raw_read_direct"]))
     ratios = [
-        ["save speedup (DCP s / unickpt s)", f"{median(s['dcp']) / median(s['unickpt']):.2f}x",
-         paired(s["dcp"], s["unickpt"])],
-        ["load speedup (DCP s / unickpt s)", f"{median(ld['dcp']) / median(ld['unickpt']):.2f}x",
-         paired(ld["dcp"], ld["unickpt"])],
-        ["reshard load speedup (DCP s / unickpt s)", f"{median(rt['dcp']) / median(rt['unickpt']):.2f}x",
-         paired(rt["dcp"], rt["unickpt"])],
-        ["unickpt save GB/s / raw buffered write GB/s", f"{bw(ub, s['unickpt']) / bw(rb, s['raw_buffered']):.2f}",
-         paired([x / rb for x in s["raw_buffered"]], [x / ub for x in s["unickpt"]])],
-        ["unickpt save GB/s / raw O_DIRECT write GB/s", f"{bw(ub, s['unickpt']) / bw(rb, s['raw_direct']):.2f}",
-         paired([x / rb for x in s["raw_direct"]], [x / ub for x in s["unickpt"]])],
+        [
+            "save speedup (DCP s / unickpt s)",
+            f"{median(s['dcp']) / median(s['unickpt']):.2f}x",
+            paired(s["dcp"], s["unickpt"]),
+        ],
+        [
+            "load speedup (DCP s / unickpt s)",
+            f"{median(ld['dcp']) / median(ld['unickpt']):.2f}x",
+            paired(ld["dcp"], ld["unickpt"]),
+        ],
+        [
+            "reshard load speedup (DCP s / unickpt s)",
+            f"{median(rt['dcp']) / median(rt['unickpt']):.2f}x",
+            paired(rt["dcp"], rt["unickpt"]),
+        ],
+        [
+            "unickpt save GB/s / raw buffered write GB/s",
+            f"{bw(ub, s['unickpt']) / bw(rb, s['raw_buffered']):.2f}",
+            paired([x / rb for x in s["raw_buffered"]], [x / ub for x in s["unickpt"]]),
+        ],
+        [
+            "unickpt save GB/s / raw O_DIRECT write GB/s",
+            f"{bw(ub, s['unickpt']) / bw(rb, s['raw_direct']):.2f}",
+            paired([x / rb for x in s["raw_direct"]], [x / ub for x in s["unickpt"]]),
+        ],
         ["unickpt save GB/s / best raw write GB/s", f"{ub / median(s['unickpt']) / (rb / w_raw):.2f}", ""],
         ["DCP save GB/s / best raw write GB/s", f"{db / median(s['dcp']) / (rb / w_raw):.2f}", ""],
         ["unickpt load GB/s / best raw cold read GB/s", f"{ub / median(ld['unickpt']) / (rb / r_raw):.2f}", ""],
@@ -354,31 +391,50 @@ def main() -> None:
         ["DCP reshard load s / same-layout load s", f"{median(rt['dcp']) / median(ld['dcp']):.2f}", ""],
     ]
     print()
-    print(table("Ratios (same run): of the medians, and the median of per-repeat pairs",
-                ["ratio", "of medians", "paired"], ratios))
+    print(
+        table(
+            "Ratios (same run): of the medians, and the median of per-repeat pairs",
+            ["ratio", "of medians", "paired"],
+            ratios,
+        )
+    )
     per = r0["per_rank"]
     avg = sum(per.values()) / len(per)
     print()
-    print(table("Bytes written per rank by unickpt (from its metadata) vs the rank's local state",
-                ["rank", "unickpt bytes", "GiB", "local state GiB", "/ mean"],
-                [[r, per[r], f"{per[r] / GiB:.4f}", f"{r0['state_bytes'][r] / GiB:.4f}",
-                  f"{per[r] / avg:.3f}"] for r in sorted(per)]))
+    print(
+        table(
+            "Bytes written per rank by unickpt (from its metadata) vs the rank's local state",
+            ["rank", "unickpt bytes", "GiB", "local state GiB", "/ mean"],
+            [
+                [r, per[r], f"{per[r] / GiB:.4f}", f"{r0['state_bytes'][r] / GiB:.4f}", f"{per[r] / avg:.3f}"]
+                for r in sorted(per)
+            ],
+        )
+    )
     print()
     prow = []
     for rank, r in enumerate(res):
         for kind in ("save", "load"):
             runs = r["phases"][kind]
             keys = list(runs[0]) if runs else []
-            prow.append([rank, f"unickpt {kind}",
-                         ", ".join(f"{k} {median([x[k] for x in runs]):.3f}" for k in keys)])
+            prow.append([rank, f"unickpt {kind}", ", ".join(f"{k} {median([x[k] for x in runs]):.3f}" for k in keys)])
     rph = rs["phases"]
-    prow.append(["0 (ws 1)", "unickpt reshard load",
-                 ", ".join(f"{k} {median([x[k] for x in rph]):.3f}" for k in rph[0])])
-    print(table("unickpt phases per rank (seconds, median over the timed runs; from its events)",
-                ["rank", "op", "phases"], prow, left=(0, 1, 2)))
+    prow.append(
+        ["0 (ws 1)", "unickpt reshard load", ", ".join(f"{k} {median([x[k] for x in rph]):.3f}" for k in rph[0])]
+    )
+    print(
+        table(
+            "unickpt phases per rank (seconds, median over the timed runs; from its events)",
+            ["rank", "op", "phases"],
+            prow,
+            left=(0, 1, 2),
+        )
+    )
     print(f"checkpoint sizes on disk: unickpt {ub / GiB:.4f} GiB, DCP {db / GiB:.4f} GiB")
-    print("correctness: every same-layout and resharding load restored all tensors "
-          "(float64 sums of every tensor; 0.weight bit for bit after resharding)")
+    print(
+        "correctness: every same-layout and resharding load restored all tensors "
+        "(float64 sums of every tensor; 0.weight bit for bit after resharding)"
+    )
 
 
 if __name__ == "__main__":

@@ -26,8 +26,9 @@ from unickpt.tools.toy import build, train_step
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    return subprocess.run([sys.executable, "-m", "unickpt", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "unickpt", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +36,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Metadata]:
     path = tmp_path_factory.mktemp("cli") / "ckpt"
     model, optim = build("torch")
     train_step(model, optim, 0)
-    unickpt.save(str(path), {"model": model, "optimizer": optim, "extra_state": {"step": 1}},
-                 framework="torch").wait()
+    unickpt.save(str(path), {"model": model, "optimizer": optim, "extra_state": {"step": 1}}, framework="torch").wait()
     return path, decode_metadata((path / METADATA_FILE).read_bytes())
 
 
@@ -115,8 +115,7 @@ def test_inspect_json(saved: tuple[Path, Metadata], capsys: pytest.CaptureFixtur
     assert totals["tensor_bytes"] == md.total_tensor_bytes
     assert totals["shards"] == sum(len(t.shards) for t in md.tensors.values())
     assert totals["blobs"] == 1 and totals["metadata_bytes"] == (path / METADATA_FILE).stat().st_size
-    assert {f["name"]: f["size_on_disk"] for f in doc["files"]} == {
-        n: (path / n).stat().st_size for n in md.files}
+    assert {f["name"]: f["size_on_disk"] for f in doc["files"]} == {n: (path / n).stat().st_size for n in md.files}
     assert doc["blobs"][0]["key"] == "extra_state/rank0" and doc["verify"] is None
 
 
@@ -130,8 +129,9 @@ def test_inspect_verify_ok(saved: tuple[Path, Metadata], capsys: pytest.CaptureF
     assert v["bytes_checked"] == md.total_tensor_bytes + sum(b.byte_length for b in md.blobs.values())
 
 
-def test_inspect_verify_finds_every_corrupt_shard(copy: tuple[Path, Metadata],
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_inspect_verify_finds_every_corrupt_shard(
+    copy: tuple[Path, Metadata], capsys: pytest.CaptureFixture[str]
+) -> None:
     path, md = copy
     bad = ["model.head.weight", "optimizer.state.blocks.1.fc1.weight.exp_avg"]
     for fqn in bad:
@@ -168,8 +168,12 @@ def test_inspect_verify_truncated_file(copy: tuple[Path, Metadata], capsys: pyte
     size = f.stat().st_size
     with open(f, "r+b") as fh:
         fh.truncate(size - 100)
-    cut = sorted(fqn for fqn, t in md.tensors.items() for s in t.shards
-                 if s.file_index == 0 and s.byte_offset + s.byte_length > size - 100)
+    cut = sorted(
+        fqn
+        for fqn, t in md.tensors.items()
+        for s in t.shards
+        if s.file_index == 0 and s.byte_offset + s.byte_length > size - 100
+    )
     cut += [k for k, b in md.blobs.items() if b.file_index == 0 and b.byte_offset + b.byte_length > size - 100]
     code, out, _ = main(capsys, "inspect", str(path), "--verify", "--max-failures", "1")
     assert code == cli.EXIT_FAILED
@@ -210,13 +214,17 @@ def test_inspect_error_exits(tmp_path: Path, saved: tuple[Path, Metadata], case:
     assert "Traceback" not in proc.stderr and len(proc.stderr.splitlines()) == 1
 
 
-@pytest.mark.parametrize("damage,expected", [
-    (lambda d: b"\x00garbage", "CorruptMetadataError"),
-    (lambda d: d[: len(d) // 3], "CorruptMetadataError"),
-    (lambda d: d.replace(b'"format_version":1', b'"format_version":99'), "UnsupportedFormatVersionError"),
-])
-def test_inspect_bad_metadata_exits_2(copy: tuple[Path, Metadata], capsys: pytest.CaptureFixture[str],
-                                      damage: Any, expected: str) -> None:
+@pytest.mark.parametrize(
+    "damage,expected",
+    [
+        (lambda d: b"\x00garbage", "CorruptMetadataError"),
+        (lambda d: d[: len(d) // 3], "CorruptMetadataError"),
+        (lambda d: d.replace(b'"format_version":1', b'"format_version":99'), "UnsupportedFormatVersionError"),
+    ],
+)
+def test_inspect_bad_metadata_exits_2(
+    copy: tuple[Path, Metadata], capsys: pytest.CaptureFixture[str], damage: Any, expected: str
+) -> None:
     path, _ = copy
     meta = path / METADATA_FILE
     meta.write_bytes(damage(meta.read_bytes()))
@@ -238,8 +246,9 @@ def test_console_script(saved: tuple[Path, Metadata]) -> None:
     script = Path(sys.executable).parent / "unickpt"
     if not script.exists():
         pytest.skip("console script not installed in this environment")
-    proc = subprocess.run([str(script), "inspect", str(saved[0]), "--summary"], capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [str(script), "inspect", str(saved[0]), "--summary"], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     assert "framework torch" in proc.stdout
 
@@ -266,8 +275,24 @@ def test_demo_report_flags_mismatches() -> None:
 
 def test_demo_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "demo"
-    proc = run_cli("demo", "--out", str(out), "--steps", "2", "--save-every", "2", "--extra-steps", "1",
-                   "--dim", "36", "--layers", "2", "--timeout", "150", timeout=200)
+    proc = run_cli(
+        "demo",
+        "--out",
+        str(out),
+        "--steps",
+        "2",
+        "--save-every",
+        "2",
+        "--extra-steps",
+        "1",
+        "--dim",
+        "36",
+        "--layers",
+        "2",
+        "--timeout",
+        "150",
+        timeout=200,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "resharding 4 -> 2: OK" in proc.stdout
     assert "bit-identical to the saved state" in proc.stdout and "DIFFERENT" not in proc.stdout

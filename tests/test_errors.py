@@ -58,8 +58,7 @@ def trained(model: nn.Module) -> tuple[nn.Module, torch.optim.Optimizer]:
     return model, optim
 
 
-def save(path: Path | str, model: nn.Module, optim: torch.optim.Optimizer | None = None,
-         step: int = 1) -> None:
+def save(path: Path | str, model: nn.Module, optim: torch.optim.Optimizer | None = None, step: int = 1) -> None:
     state: dict[str, Any] = {"model": model, "extra_state": {"step": step}}
     if optim is not None:
         state["optimizer"] = optim
@@ -178,8 +177,11 @@ def test_missing_data_file(ckpt: tuple[Path, dict[str, torch.Tensor]]) -> None:
         load(path, Tiny())
     msg = str(info.value)
     assert str(f) in msg
-    holders = {fqn for fqn, t in metadata(path).tensors.items()
-               if any(metadata(path).files[s.file_index] in str(f) for s in t.shards)}
+    holders = {
+        fqn
+        for fqn, t in metadata(path).tensors.items()
+        if any(metadata(path).files[s.file_index] in str(f) for s in t.shards)
+    }
     assert any(repr(h) in msg for h in holders), msg
 
 
@@ -194,8 +196,12 @@ def test_truncated_data_file(ckpt: tuple[Path, dict[str, torch.Tensor]]) -> None
     assert str(f) in msg and "truncated" in msg
     md = metadata(path)
     name = os.path.relpath(f, path)
-    cut = [fqn for fqn, t in md.tensors.items() for s in t.shards
-           if md.files[s.file_index] == name and s.byte_offset + s.byte_length > off + length // 2]
+    cut = [
+        fqn
+        for fqn, t in md.tensors.items()
+        for s in t.shards
+        if md.files[s.file_index] == name and s.byte_offset + s.byte_length > off + length // 2
+    ]
     assert "model.a.weight" in cut
     assert any(repr(fqn) in msg for fqn in cut), msg
 
@@ -302,10 +308,20 @@ def test_framework_error_unknown_state_key(tmp_path: Path) -> None:
 
 
 def test_all_errors_are_checkpoint_errors() -> None:
-    for cls in (MissingKeysError, UnexpectedKeysError, ShapeMismatchError, DtypeMismatchError,
-                MissingDataFileError, TruncatedDataFileError, ChecksumMismatchError,
-                IncompleteCheckpointError, NotACheckpointError, UnsupportedFormatVersionError,
-                CorruptMetadataError, FrameworkError):
+    for cls in (
+        MissingKeysError,
+        UnexpectedKeysError,
+        ShapeMismatchError,
+        DtypeMismatchError,
+        MissingDataFileError,
+        TruncatedDataFileError,
+        ChecksumMismatchError,
+        IncompleteCheckpointError,
+        NotACheckpointError,
+        UnsupportedFormatVersionError,
+        CorruptMetadataError,
+        FrameworkError,
+    ):
         assert issubclass(cls, CheckpointError)
 
 
@@ -369,8 +385,9 @@ def test_crash_before_commit_in_subprocess(tmp_path: Path) -> None:
     old, fresh = tmp_path / "old", tmp_path / "fresh"
     unickpt.save(str(old), {"model": model}, framework="torch").wait()
     for path in (old, fresh):
-        proc = subprocess.run([sys.executable, "-c", _CRASH, str(path), "2"], capture_output=True,
-                              text=True, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-c", _CRASH, str(path), "2"], capture_output=True, text=True, timeout=120
+        )
         assert proc.returncode == 17, proc.stderr
     target = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
     unickpt.load(str(old), {"model": target}, framework="torch")

@@ -1,8 +1,8 @@
 """unickpt: unified checkpointing for large-model training in PyTorch.
 
-    handle = unickpt.save("ckpts/step_100", {"model": m, "optimizer": opt,
-                          "extra_state": {"step": 100, "rng": unickpt.rng_state()}}, framework="fsdp2")
-    unickpt.load("ckpts/step_100", state, framework="auto")   # any world size / parallelism
+handle = unickpt.save("ckpts/step_100", {"model": m, "optimizer": opt,
+                      "extra_state": {"step": 100, "rng": unickpt.rng_state()}}, framework="fsdp2")
+unickpt.load("ckpts/step_100", state, framework="auto")   # any world size / parallelism
 """
 
 from .api import SaveHandle, load, save
@@ -34,10 +34,31 @@ from .tools.manager import CheckpointManager
 __version__ = "0.1.0"
 
 __all__ = [
-    "save", "load", "SaveHandle", "SaveOptions", "LoadOptions", "rng_state", "set_rng_state",
-    "CheckpointError", "ChecksumMismatchError", "ConcurrentSaveError", "CorruptMetadataError",
-    "DtypeMismatchError", "FrameworkError", "IncompleteCheckpointError", "MissingDataFileError",
-    "MissingKeysError", "NotACheckpointError", "PlanningError", "RankFailures", "ShapeMismatchError",
-    "SnapshotConflictError", "StorageError", "TruncatedDataFileError", "UnexpectedKeysError", "UnsupportedFormatVersionError",
-    "CheckpointManager", "TransientStorageError",
+    "save",
+    "load",
+    "SaveHandle",
+    "SaveOptions",
+    "LoadOptions",
+    "rng_state",
+    "set_rng_state",
+    "CheckpointError",
+    "ChecksumMismatchError",
+    "ConcurrentSaveError",
+    "CorruptMetadataError",
+    "DtypeMismatchError",
+    "FrameworkError",
+    "IncompleteCheckpointError",
+    "MissingDataFileError",
+    "MissingKeysError",
+    "NotACheckpointError",
+    "PlanningError",
+    "RankFailures",
+    "ShapeMismatchError",
+    "SnapshotConflictError",
+    "StorageError",
+    "TruncatedDataFileError",
+    "UnexpectedKeysError",
+    "UnsupportedFormatVersionError",
+    "CheckpointManager",
+    "TransientStorageError",
 ]

@@ -14,18 +14,18 @@ from __future__ import annotations
 
 import time
 import warnings
+from collections.abc import Callable, MutableMapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, Callable, MutableMapping
+from typing import Any
 
 import torch
 
-
 from .coordination import Coordinator, make_coordinator, run_stage
+from .engine import step_guard
 from .engine.load import read_blob, read_metadata, read_stage
 from .engine.lock import checkpoint_replaced, run_locked
 from .engine.save import CachedPlan, SaveRequest, commit_stage, plan_stage, write_stage
-from .engine import step_guard
 from .engine.staging import STAGING_POOL, live_parts
 from .engine.worker import SAVE_WORKER
 from .errors import (
@@ -39,9 +39,9 @@ from .errors import (
 from .format.records import Metadata
 from .format.values import dumps_value, loads_value
 from .frameworks import LoadView, get_framework
+from .monitoring.events import emit, phase
 from .options import LoadOptions, SaveOptions
 from .planning.load_plan import KeyReport, ShardRead, check_targets, plan_local_load
-from .monitoring.events import emit, phase
 from .planning.save_plan import LocalSavePlan, RankSavePlan
 from .planning.specs import BlobSpec, SaveItem
 from .state.extra import extra_blob_key, pick_extra_blob
@@ -57,7 +57,7 @@ class SaveHandle:
     """Result of ``save``: ``wait()`` blocks until committed (re-raising any error), ``done()`` polls,
     ``wait_snapshot()`` blocks until the state at the call is copied (async saves)."""
 
-    def __init__(self, future: "Future[Metadata | None]", snapshot: "Future[None] | None" = None) -> None:
+    def __init__(self, future: Future[Metadata | None], snapshot: Future[None] | None = None) -> None:
         self._future = future
         self._snapshot = snapshot
         self._reported = False
@@ -105,9 +105,8 @@ _PLAN_CACHE: dict[tuple[str | None, str], CachedPlan] = {}
 
 def _raise_unreported_failures() -> None:
     """Surface a failed background save in the next save/load, never silently."""
-    global _HANDLES
     done = [h for h in _HANDLES if h.done()]
-    _HANDLES = [h for h in _HANDLES if not h.done()]
+    _HANDLES[:] = [h for h in _HANDLES if not h.done()]
     for h in done:
         err = h.take_unreported_error()
         if err is not None:
@@ -130,9 +129,15 @@ def _check_state(state: MutableMapping[str, Any]) -> None:
         raise FrameworkError(f"unknown state keys {sorted(unknown)}; expected some of {sorted(_KNOWN_KEYS)}")
 
 
-def save(path: str, state: MutableMapping[str, Any], *, framework: str = "auto",
-         async_save: bool = False, role: str | None = None,
-         options: SaveOptions | None = None) -> SaveHandle:
+def save(
+    path: str,
+    state: MutableMapping[str, Any],
+    *,
+    framework: str = "auto",
+    async_save: bool = False,
+    role: str | None = None,
+    options: SaveOptions | None = None,
+) -> SaveHandle:
     """Save ``state`` (model, optimizer, extra_state, dataloader) to ``path`` from every rank.
 
     Blocking: returns once committed. ``async_save=True``: returns once the snapshot is taken;
@@ -147,8 +152,9 @@ def save(path: str, state: MutableMapping[str, Any], *, framework: str = "auto",
     adapter = get_framework(framework, state)
     view = run_stage(coord, "save (describe state)", lambda: adapter.save_view(state))
     blobs = _blobs_to_save(state, coord.rank)
-    local = LocalSavePlan(coord.rank, tuple(i.spec for i in view.items),
-                          tuple(BlobSpec(k, len(v)) for k, v in blobs.items()))
+    local = LocalSavePlan(
+        coord.rank, tuple(i.spec for i in view.items), tuple(BlobSpec(k, len(v)) for k, v in blobs.items())
+    )
     key = (role, adapter.name)
     with phase("save.plan", coord.rank, path=storage.url):
         cached = plan_stage(coord, local, options.files_per_rank, _PLAN_CACHE.get(key))
@@ -167,7 +173,9 @@ def save(path: str, state: MutableMapping[str, Any], *, framework: str = "auto",
         if staged.copied is not None:
             step_guard.guard(state["optimizer"], staged.copied)
         images = {f: memoryview(parts[0]) if parts else memoryview(b"") for f, parts in staged.parts.items()}
-        entry_bytes: list[Buffer] = [images[e.file][e.byte_offset: e.byte_offset + e.byte_length] for e in rank_plan.entries]
+        entry_bytes: list[Buffer] = [
+            images[e.file][e.byte_offset : e.byte_offset + e.byte_length] for e in rank_plan.entries
+        ]
         file_parts = staged.parts
     else:
         staged = None
@@ -192,9 +200,14 @@ def save(path: str, state: MutableMapping[str, Any], *, framework: str = "auto",
         return md
 
     # under the save lock: one save per path; a failed save's partial data is discarded
-    handle = SaveHandle(SAVE_WORKER.submit(lambda: run_locked(
-        background, storage, rank_plan, write_and_commit, on_refused=staged.release if staged else None)),
-        staged.copied if staged is not None else None)
+    handle = SaveHandle(
+        SAVE_WORKER.submit(
+            lambda: run_locked(
+                background, storage, rank_plan, write_and_commit, on_refused=staged.release if staged else None
+            )
+        ),
+        staged.copied if staged is not None else None,
+    )
     if not async_save:
         handle.wait()
     else:
@@ -238,8 +251,15 @@ def _blobs_to_save(state: MutableMapping[str, Any], rank: int) -> dict[str, byte
     return blobs
 
 
-def load(path: str, state: MutableMapping[str, Any], *, framework: str = "auto",
-         strict: bool = True, role: str | None = None, options: LoadOptions | None = None) -> None:
+def load(
+    path: str,
+    state: MutableMapping[str, Any],
+    *,
+    framework: str = "auto",
+    strict: bool = True,
+    role: str | None = None,
+    options: LoadOptions | None = None,
+) -> None:
     """Load the checkpoint at ``path`` into ``state`` in place, resharding as needed."""
     options = options or LoadOptions()
     _check_state(state)
@@ -269,12 +289,20 @@ def load(path: str, state: MutableMapping[str, Any], *, framework: str = "auto",
         warnings.warn(
             f"non-strict load of {storage.url}: skipped {len(missing)} live key(s) missing from the "
             f"checkpoint {missing[:10]} and {len(unexpected)} checkpoint key(s) the state lacks "
-            f"{unexpected[:10]}", stacklevel=2)
+            f"{unexpected[:10]}",
+            stacklevel=2,
+        )
 
 
-def _load_tensors(md: Metadata, storage: Storage, coord: Coordinator, view: LoadView,
-                  state: MutableMapping[str, Any], strict: bool, options: LoadOptions
-                  ) -> tuple[list[str], list[str]]:
+def _load_tensors(
+    md: Metadata,
+    storage: Storage,
+    coord: Coordinator,
+    view: LoadView,
+    state: MutableMapping[str, Any],
+    strict: bool,
+    options: LoadOptions,
+) -> tuple[list[str], list[str]]:
     """Validate, plan, read and place; then apply objects and blobs. Returns skipped keys."""
     specs = [i.spec for i in view.items]
     ckpt_keys = {k for k in md.tensors if k.startswith(view.prefixes)} if view.prefixes else set()
@@ -286,8 +314,9 @@ def _load_tensors(md: Metadata, storage: Storage, coord: Coordinator, view: Load
     with phase("load.plan", coord.rank, path=storage.url):
         report, reads = run_stage(coord, "load (validate)", check_and_plan)
     with phase("load.read", coord.rank, path=storage.url) as p:
-        p.nbytes = read_stage(md, storage, coord, view.items, reads, options.io_threads,
-                              options.verify_checksums, options.dedup_reads)
+        p.nbytes = read_stage(
+            md, storage, coord, view.items, reads, options.io_threads, options.verify_checksums, options.dedup_reads
+        )
 
     def finish() -> list[str]:
         skipped = view.finish(md.objects, strict)
@@ -298,8 +327,9 @@ def _load_tensors(md: Metadata, storage: Storage, coord: Coordinator, view: Load
     return list(report.missing) + skipped, list(report.unexpected)
 
 
-def _restore_blobs(md: Metadata, storage: Storage, state: MutableMapping[str, Any],
-                   coord: Coordinator, strict: bool) -> None:
+def _restore_blobs(
+    md: Metadata, storage: Storage, state: MutableMapping[str, Any], coord: Coordinator, strict: bool
+) -> None:
     keys = set(md.blobs)
     if "extra_state" in state:
         key = pick_extra_blob(keys, coord.rank, md.topology.world_size)
@@ -313,8 +343,9 @@ def _restore_blobs(md: Metadata, storage: Storage, state: MutableMapping[str, An
     loader = state.get("dataloader")
     if loader is not None:
         ws = md.topology.world_size
-        key = next((k for k in (f"dataloader/rank{coord.rank}", f"dataloader/rank{coord.rank % ws}")
-                    if k in keys), None)
+        key = next(
+            (k for k in (f"dataloader/rank{coord.rank}", f"dataloader/rank{coord.rank % ws}") if k in keys), None
+        )
         if key is None:
             if strict:
                 from .errors import MissingKeysError
@@ -322,5 +353,3 @@ def _restore_blobs(md: Metadata, storage: Storage, state: MutableMapping[str, An
                 raise MissingKeysError(f"checkpoint {storage.url} has no dataloader state")
         else:
             loader.load_state_dict(loads_value(read_blob(md, storage, md.blobs[key], coord.rank), key))
-
-

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from .errors import CheckpointError
 
@@ -33,8 +33,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     sizes = ins.file_sizes(storage, md)
     summary = ins.summarize(md, storage.url, sizes, md_bytes)
     if args.verify:
-        summary.verify = ins.verify(md, storage, sizes=sizes, threads=args.threads,
-                                    max_failures=args.max_failures)
+        summary.verify = ins.verify(md, storage, sizes=sizes, threads=args.threads, max_failures=args.max_failures)
     if args.json:
         print(ins.to_json(summary))
     else:
@@ -46,9 +45,15 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from .tools import demo
 
     cfg = demo.DemoConfig(
-        out=args.out, steps=args.steps, save_every=args.save_every, extra_steps=args.extra_steps,
-        world_size=args.world_size, resume_world_size=args.resume_world_size, dim=args.dim,
-        layers=args.layers, timeout_s=args.timeout,
+        out=args.out,
+        steps=args.steps,
+        save_every=args.save_every,
+        extra_steps=args.extra_steps,
+        world_size=args.world_size,
+        resume_world_size=args.resume_world_size,
+        dim=args.dim,
+        layers=args.layers,
+        timeout_s=args.timeout,
     )
     return EXIT_OK if demo.run_demo(cfg) else EXIT_FAILED
 
@@ -72,34 +77,47 @@ def _role(text: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
-    parser = argparse.ArgumentParser(
-        prog="unickpt", description="Unified checkpointing for PyTorch training: tools.")
+    parser = argparse.ArgumentParser(prog="unickpt", description="Unified checkpointing for PyTorch training: tools.")
     parser.add_argument("--version", action="version", version=f"unickpt {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = sub.add_parser("inspect", help="describe a checkpoint (tensors, topology, files, totals)",
-                       description="Describe a checkpoint from its metadata (no data reads unless "
-                                   "--verify).")
+    p = sub.add_parser(
+        "inspect",
+        help="describe a checkpoint (tensors, topology, files, totals)",
+        description="Describe a checkpoint from its metadata (no data reads unless --verify).",
+    )
     p.add_argument("path", help="checkpoint folder or URL (local path, memory://, s3://, ...)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of text")
-    p.add_argument("--verify", action="store_true",
-                   help="read every shard and blob and check its CRC32C (exit 1 on any failure)")
+    p.add_argument(
+        "--verify", action="store_true", help="read every shard and blob and check its CRC32C (exit 1 on any failure)"
+    )
     p.add_argument("--role", type=_role, default=None, help="inspect the sub-checkpoint of this role")
     p.add_argument("--summary", action="store_true", help="text output without per-tensor/file tables")
     p.add_argument("--threads", type=_positive, default=4, help="reader threads for --verify (4)")
-    p.add_argument("--max-failures", type=_positive, default=10,
-                   help="how many --verify failures to describe (10; all are counted)")
+    p.add_argument(
+        "--max-failures",
+        type=_positive,
+        default=10,
+        help="how many --verify failures to describe (10; all are counted)",
+    )
     p.set_defaults(func=_cmd_inspect)
 
-    d = sub.add_parser("demo", help="train with FSDP2, save, resume with resharding, prove bit-exactness",
-                       description="Train the toy transformer with FSDP2 on CPU/gloo, checkpoint it, "
-                                   "resume on a different world size and prove the resumed run is "
-                                   "bit-identical to the uninterrupted one.")
+    d = sub.add_parser(
+        "demo",
+        help="train with FSDP2, save, resume with resharding, prove bit-exactness",
+        description="Train the toy transformer with FSDP2 on CPU/gloo, checkpoint it, "
+        "resume on a different world size and prove the resumed run is "
+        "bit-identical to the uninterrupted one.",
+    )
     d.add_argument("--out", default="./demo_out", help="folder for the checkpoints (./demo_out)")
     d.add_argument("--steps", type=_positive, default=6, help="steps before the last checkpoint (6)")
     d.add_argument("--save-every", type=_positive, default=2, help="save every N steps (2)")
-    d.add_argument("--extra-steps", type=_positive, default=4,
-                   help="steps trained after the last checkpoint, and after resuming (4)")
+    d.add_argument(
+        "--extra-steps",
+        type=_positive,
+        default=4,
+        help="steps trained after the last checkpoint, and after resuming (4)",
+    )
     d.add_argument("--world-size", type=_positive, default=4, help="processes of the first run (4)")
     d.add_argument("--resume-world-size", type=_positive, default=2, help="processes after resuming (2)")
     d.add_argument("--dim", type=_positive, default=130, help="model width (130)")

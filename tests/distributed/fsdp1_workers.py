@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from reshard_workers import loaded_report, param_groups
 
 import unickpt
 import unickpt.errors
+from reshard_workers import loaded_report, param_groups
 from unickpt.tools.toy import ToyConfig, build, full_state, train_step
 
 STEPS_BEFORE_SAVE = 2
@@ -68,9 +68,22 @@ def load_many(rank: int, ws: int, jobs: list[tuple[str, str, dict]]) -> list[dic
     return [load_one(rank, spec, ckpt, ref) for spec, ckpt, ref in jobs]
 
 
-_COLLECTIVES = ("all_gather_into_tensor", "all_gather", "_all_gather_base", "broadcast", "all_reduce",
-                "reduce_scatter_tensor", "all_gather_object", "broadcast_object_list", "barrier",
-                "gather", "scatter", "send", "recv", "all_to_all")
+_COLLECTIVES = (
+    "all_gather_into_tensor",
+    "all_gather",
+    "_all_gather_base",
+    "broadcast",
+    "all_reduce",
+    "reduce_scatter_tensor",
+    "all_gather_object",
+    "broadcast_object_list",
+    "barrier",
+    "gather",
+    "scatter",
+    "send",
+    "recv",
+    "all_to_all",
+)
 
 
 def no_collective_save_view(rank: int, ws: int, specs: list[str]) -> list[dict]:
@@ -91,8 +104,8 @@ def no_collective_save_view(rank: int, ws: int, specs: list[str]) -> list[dict]:
         saved = {name: (getattr(dist, name, None), getattr(c10d, name, None)) for name in _COLLECTIVES}
         calls: list[str] = []
 
-        def boom(*a, _name: str = "", **k):
-            calls.append(_name)
+        def boom(*a, _name: str = "", _calls: list[str] = calls, **k):
+            _calls.append(_name)
             raise RuntimeError(f"collective {_name} called during save_view")
 
         try:
@@ -115,8 +128,9 @@ def no_collective_save_view(rank: int, ws: int, specs: list[str]) -> list[dict]:
             box = tuple(slice(o, o + n) for o, n in zip(it.spec.offsets, it.spec.lengths))
             if not torch.equal(full[box], it.tensor):
                 wrong.append(it.spec.fqn)
-        local = sum(info.numel_in_shard or 0 for lay in flat_layouts(model)
-                    for info in lay.flat_param._shard_param_infos)
+        local = sum(
+            info.numel_in_shard or 0 for lay in flat_layouts(model) for info in lay.flat_param._shard_param_infos
+        )
         refused = ""
         from torch.distributed.fsdp import FullyShardedDataParallel
 
@@ -125,19 +139,21 @@ def no_collective_save_view(rank: int, ws: int, specs: list[str]) -> list[dict]:
                 adapter.save_view(state)
             except unickpt.errors.FrameworkError as e:  # unsharded: must be refused
                 refused = str(e)
-        out.append({
-            "adapter": adapter.name,
-            "refused": refused,
-            "calls": calls,
-            "n_items": len(view.items),
-            "zero_copy": all(i.tensor.untyped_storage().data_ptr() in storages for i in model_items),
-            "model_numel": sum(i.tensor.numel() for i in model_items),
-            "local_numel": local,
-            "padded_numel": sum(lay.local.numel() for lay in flat_layouts(model)),
-            "wrong": wrong,
-            "optim_keys": sorted({i.spec.fqn for i in view.items if i.spec.fqn.startswith("optimizer.")}),
-            "has_groups": "optimizer" in view.objects,
-        })
+        out.append(
+            {
+                "adapter": adapter.name,
+                "refused": refused,
+                "calls": calls,
+                "n_items": len(view.items),
+                "zero_copy": all(i.tensor.untyped_storage().data_ptr() in storages for i in model_items),
+                "model_numel": sum(i.tensor.numel() for i in model_items),
+                "local_numel": local,
+                "padded_numel": sum(lay.local.numel() for lay in flat_layouts(model)),
+                "wrong": wrong,
+                "optim_keys": sorted({i.spec.fqn for i in view.items if i.spec.fqn.startswith("optimizer.")}),
+                "has_groups": "optimizer" in view.objects,
+            }
+        )
     return out
 
 
@@ -178,8 +194,13 @@ def tied_bn_save(rank: int, ws: int, ckpt: str, use_orig_params: bool) -> None:
     plain = tied_bn_model(0)
     policy = partial(lambda_auto_wrap_policy, lambda_fn=lambda m: m is plain.body)
     plain.eval()
-    model = FullyShardedDataParallel(plain, auto_wrap_policy=policy, ignored_modules=[plain.extra],
-                                     use_orig_params=use_orig_params, device_id=torch.device("cpu"))
+    model = FullyShardedDataParallel(
+        plain,
+        auto_wrap_policy=policy,
+        ignored_modules=[plain.extra],
+        use_orig_params=use_orig_params,
+        device_id=torch.device("cpu"),
+    )
     model(torch.arange(10) % 11)  # lazy init; eval mode: statistics unchanged
     unickpt.save(ckpt, {"model": model}, framework="auto").wait()
 
@@ -222,8 +243,9 @@ def async_save_while_training(rank: int, world_size: int, specs: list[str], root
         ref = {"state": full_state(model, optim), "groups": param_groups(optim)}
         extra = {"step": STEPS_BEFORE_SAVE, "rank": rank, "note": ("tuple", 1.5, None)}
         path = f"{root}/{spec}"
-        h = unickpt.save(path, {"model": model, "optimizer": optim, "extra_state": extra},
-                         framework=framework, async_save=True)
+        h = unickpt.save(
+            path, {"model": model, "optimizer": optim, "extra_state": extra}, framework=framework, async_save=True
+        )
         waited = []
         for s in range(2):
             train_step(model, optim, STEPS_BEFORE_SAVE + s, CFG)

@@ -6,7 +6,8 @@ child's traceback as an AssertionError.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from unickpt.tools.launch import RanksFailed, free_port
 from unickpt.tools.launch import run_ranks as _run_ranks

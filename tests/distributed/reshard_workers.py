@@ -16,10 +16,12 @@ def save_phase(rank: int, ws: int, framework: str, ckpt: str) -> dict:
     model, optim = build(framework, seed=0)
     for s in range(STEPS_BEFORE_SAVE):
         train_step(model, optim, s)
-    extra = {"step": STEPS_BEFORE_SAVE, "rank": rank, "rng": unickpt.rng_state(),
-             "note": ("tuple", 1.5, None)}
-    unickpt.save(ckpt, {"model": model, "optimizer": optim, "extra_state": extra},
-                 framework=framework.replace("fsdp2+tp", "fsdp2")).wait()
+    extra = {"step": STEPS_BEFORE_SAVE, "rank": rank, "rng": unickpt.rng_state(), "note": ("tuple", 1.5, None)}
+    unickpt.save(
+        ckpt,
+        {"model": model, "optimizer": optim, "extra_state": extra},
+        framework=framework.replace("fsdp2+tp", "fsdp2"),
+    ).wait()
     state = full_state(model, optim)
     groups = param_groups(optim)
     next_loss = train_step(model, optim, STEPS_BEFORE_SAVE)

@@ -5,6 +5,7 @@ page cache (so on this one host it reads locally, through that cache)."""
 from __future__ import annotations
 
 import torch
+
 from harness import run_ranks
 
 
@@ -23,7 +24,7 @@ def _save_then_load(rank: int, ws: int, ckpt: str) -> dict:
     cached = {"n": 0}
     plain = LocalStorage.read_into_cached
 
-    def counting(self, name, offset, out):  # noqa: ANN001
+    def counting(self, name, offset, out):
         cached["n"] += len(out)
         plain(self, name, offset, out)
 
@@ -37,8 +38,11 @@ def _save_then_load(rank: int, ws: int, ckpt: str) -> dict:
         dedup = {"True": True, "False": False, "None": None}[mode]
         unickpt.load(ckpt, {"model": model2, "optimizer": optim2}, options=LoadOptions(dedup_reads=dedup))
         got = full_state(model2, optim2)
-        out[mode] = {"read": sum(read[before:]), "exact": all(torch.equal(ref[k], got[k]) for k in ref),
-                     "cached": cached["n"] - cached_before}
+        out[mode] = {
+            "read": sum(read[before:]),
+            "exact": all(torch.equal(ref[k], got[k]) for k in ref),
+            "cached": cached["n"] - cached_before,
+        }
     return out
 
 

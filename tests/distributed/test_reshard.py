@@ -71,6 +71,5 @@ def test_replicas_written_once_and_balanced(saved):
         per_rank[rank] = per_rank.get(rank, 0) + t.shards[0].byte_length
     total = sum(per_rank.values())
     assert set(per_rank) == {0, 1}
-    assert max(per_rank.values()) - min(per_rank.values()) <= max(
-        t.shards[0].byte_length for t in md.tensors.values())
+    assert max(per_rank.values()) - min(per_rank.values()) <= max(t.shards[0].byte_length for t in md.tensors.values())
     assert total == md.total_tensor_bytes

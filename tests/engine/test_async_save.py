@@ -147,7 +147,7 @@ def test_back_to_back_async_saves_commit_in_order_with_bounded_pool(tmp_path):
         states.append(_snapshot(m))
         handles.append(unickpt.save(str(tmp_path / f"s{i}"), {"model": m, "optimizer": opt}, async_save=True))
     mds = [h.wait() for h in handles]
-    for i, md in enumerate(mds):
+    for i, _md in enumerate(mds):
         got = _load(str(tmp_path / f"s{i}"), width=256).state_dict()
         assert all(torch.equal(got[k], states[i][k]) for k in states[i])
     rank_bytes = sum(s.byte_length for t in mds[0].tensors.values() for s in t.shards)

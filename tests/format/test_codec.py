@@ -7,7 +7,8 @@ names the offending tensor, blob or file, so a user can tell what is broken.
 from __future__ import annotations
 
 import json
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -28,10 +29,15 @@ FILES = ("data/s1/r00000-00.bin", "data/s1/r00001-00.bin")
 
 def sample() -> Metadata:
     """Two ranks: a 2-D tensor split by rows over both files, a 0-d tensor, a bf16 vector, blobs."""
-    w = TensorRecord("model.w", "float32", (5, 3), (
-        ShardRecord((0, 0), (3, 3), 0, 0, 36, 123),
-        ShardRecord((3, 0), (2, 3), 1, 0, 24, 0xFFFFFFFF),
-    ))
+    w = TensorRecord(
+        "model.w",
+        "float32",
+        (5, 3),
+        (
+            ShardRecord((0, 0), (3, 3), 0, 0, 36, 123),
+            ShardRecord((3, 0), (2, 3), 1, 0, 24, 0xFFFFFFFF),
+        ),
+    )
     scalar = TensorRecord("optimizer.state.w.step", "float32", (), (ShardRecord((), (), 0, 36, 4, 7),))
     half = TensorRecord("model.b", "bfloat16", (4,), (ShardRecord((0,), (4,), 1, 24, 8, 9),))
     empty = TensorRecord("model.empty", "int64", (0, 4), (ShardRecord((0, 0), (0, 4), 1, 32, 0, 0),))
@@ -43,8 +49,10 @@ def sample() -> Metadata:
         files=FILES,
         tensors={t.fqn: t for t in (w, scalar, half, empty)},
         objects={"optimizer": {"param_groups": [{"lr": 0.01, "params": ["w"]}]}},
-        blobs={"extra_state/rank0": BlobRecord("extra_state/rank0", 0, 40, 17, 5),
-               "extra_state/rank1": BlobRecord("extra_state/rank1", 1, 32, 17, 6)},
+        blobs={
+            "extra_state/rank0": BlobRecord("extra_state/rank0", 0, 40, 17, 5),
+            "extra_state/rank1": BlobRecord("extra_state/rank1", 1, 32, 17, 6),
+        },
         role="actor",
     )
 
@@ -108,8 +116,10 @@ BAD: dict[str, tuple[Callable[[dict[str, Any]], None], list[str]]] = {
     "shards leave a gap": (lambda d: d["tensors"]["model.w"]["shards"].pop(1), ["model.w", "cover"]),
     "shards overlap in the tensor": (lambda d: _shard(d, i=1).__setitem__(0, 2), ["model.w", "(2, 0)+(2, 3)"]),
     "blob file index": (lambda d: d["blobs"]["extra_state/rank0"].__setitem__(0, 9), ["extra_state/rank0", "#9"]),
-    "blob overlaps tensor": (lambda d: d["blobs"]["extra_state/rank0"].__setitem__(1, 30),
-                             ["extra_state/rank0", "overlap"]),
+    "blob overlaps tensor": (
+        lambda d: d["blobs"]["extra_state/rank0"].__setitem__(1, 30),
+        ["extra_state/rank0", "overlap"],
+    ),
     "parent traversal": (lambda d: d["files"].__setitem__(0, "../x"), ["'../x'", "escapes"]),
     "nested traversal": (lambda d: d["files"].__setitem__(0, "data/../../x"), ["data/../../x", "escapes"]),
     "absolute file name": (lambda d: d["files"].__setitem__(0, "/abs"), ["'/abs'", "escapes"]),
@@ -177,10 +187,13 @@ def test_rejects_non_integer_version() -> None:
 
 def test_adjacent_byte_ranges_are_fine() -> None:
     md = decode(doc())  # the sample packs ranges back to back in both files
-    assert md.tensors["model.w"].shards[0].byte_offset + 36 == md.tensors["optimizer.state.w.step"].shards[0].byte_offset
+    assert (
+        md.tensors["model.w"].shards[0].byte_offset + 36 == md.tensors["optimizer.state.w.step"].shards[0].byte_offset
+    )
 
 
 # --- binary shard tables (tensors with many shards) --------------------------------------------
+
 
 def _many_shards_md(rows: int = 100) -> Metadata:
     from unickpt.format.codec import TABLE_FROM
@@ -188,8 +201,9 @@ def _many_shards_md(rows: int = 100) -> Metadata:
     assert rows >= TABLE_FROM
     shards = tuple(ShardRecord((r * 2, 0), (2, 3), r % 4, r * 64, 24, r) for r in range(rows))
     rec = TensorRecord("model.big", "float32", (2 * rows, 3), shards)
-    return Metadata(1, "sid", 1.0, Topology("fsdp2", 4), tuple(f"data/s/r{r:05d}-00.bin" for r in range(4)),
-                    {"model.big": rec})
+    return Metadata(
+        1, "sid", 1.0, Topology("fsdp2", 4), tuple(f"data/s/r{r:05d}-00.bin" for r in range(4)), {"model.big": rec}
+    )
 
 
 def test_binary_shard_table_round_trip():
@@ -201,14 +215,17 @@ def test_binary_shard_table_round_trip():
     assert decode_metadata(raw) == md
 
 
-@pytest.mark.parametrize("corrupt, words", [
-    (lambda a: a.__setitem__((5, 0), -1), ["model.big", "row 5", "negative"]),
-    (lambda a: a.__setitem__((7, 0), 10**6), ["model.big", "row 7", "outside"]),
-    (lambda a: a.__setitem__((3, 4), 99), ["model.big", "row 3", "file index"]),
-    (lambda a: a.__setitem__((9, 6), 25), ["model.big", "row 9", "byte length"]),
-    (lambda a: a.__setitem__((2, 7), 1 << 40), ["model.big", "row 2", "checksum"]),
-    (lambda a: a.__setitem__((4, 0), 6), ["model.big", "overlap"]),
-])
+@pytest.mark.parametrize(
+    "corrupt, words",
+    [
+        (lambda a: a.__setitem__((5, 0), -1), ["model.big", "row 5", "negative"]),
+        (lambda a: a.__setitem__((7, 0), 10**6), ["model.big", "row 7", "outside"]),
+        (lambda a: a.__setitem__((3, 4), 99), ["model.big", "row 3", "file index"]),
+        (lambda a: a.__setitem__((9, 6), 25), ["model.big", "row 9", "byte length"]),
+        (lambda a: a.__setitem__((2, 7), 1 << 40), ["model.big", "row 2", "checksum"]),
+        (lambda a: a.__setitem__((4, 0), 6), ["model.big", "overlap"]),
+    ],
+)
 def test_binary_shard_table_rejects_bad_rows(corrupt, words):
     import base64
     import json as _json

@@ -26,8 +26,11 @@ def same(a: Any, b: Any) -> bool:
     if type(a) is not type(b):
         return False
     if isinstance(a, torch.Tensor):
-        return (a.dtype == b.dtype and a.shape == b.shape
-                and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)))
+        return (
+            a.dtype == b.dtype
+            and a.shape == b.shape
+            and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+        )
     if isinstance(a, np.ndarray):
         return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
     if isinstance(a, float):
@@ -45,12 +48,36 @@ def roundtrip(v: Any) -> Any:
     return loads_value(data)
 
 
-@pytest.mark.parametrize("value", [
-    None, True, False, 0, -7, 2**63 - 1, 2**64 - 1, -(2**63), 2**80, -(2**90), 1.5, -0.0, "text é ✓", "",
-    [], {}, (), [1, [2, [3]]], (1, "a", None, (2.5,)), {"a": (1, 2), "b": [None, {"c": 3}]},
-    {0: "x", 5: (1,), -3: [2]}, {1: {2: {3: "deep"}}},
-    b"", b"\x00\xffbytes", bytearray(b"ba"),
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        True,
+        False,
+        0,
+        -7,
+        2**63 - 1,
+        2**64 - 1,
+        -(2**63),
+        2**80,
+        -(2**90),
+        1.5,
+        -0.0,
+        "text é ✓",
+        "",
+        [],
+        {},
+        (),
+        [1, [2, [3]]],
+        (1, "a", None, (2.5,)),
+        {"a": (1, 2), "b": [None, {"c": 3}]},
+        {0: "x", 5: (1,), -3: [2]},
+        {1: {2: {3: "deep"}}},
+        b"",
+        b"\x00\xffbytes",
+        bytearray(b"ba"),
+    ],
+)
 def test_plain_values_round_trip(value: Any) -> None:
     got = roundtrip(value)
     expected = bytes(value) if isinstance(value, bytearray) else value
@@ -64,8 +91,21 @@ def test_non_finite_floats_round_trip(value: float) -> None:
     assert b"Infinity" not in dumps_value(value) and b"NaN" not in dumps_value(value)  # strict JSON
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
-                                   torch.int32, torch.int8, torch.uint8, torch.bool, torch.complex64])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        torch.float32,
+        torch.float64,
+        torch.float16,
+        torch.bfloat16,
+        torch.int64,
+        torch.int32,
+        torch.int8,
+        torch.uint8,
+        torch.bool,
+        torch.complex64,
+    ],
+)
 def test_tensors_round_trip_bit_exact(dtype: torch.dtype) -> None:
     g = torch.Generator().manual_seed(0)
     base = torch.randn(3, 5, generator=g, dtype=torch.float64) * 100
@@ -134,14 +174,26 @@ def test_rng_state_restores_exact_streams() -> None:
     torch.manual_seed(3)
     random.random(), np.random.rand(), torch.rand(1)  # move the streams off their seeds
     state = unickpt.rng_state()
-    expected = (random.random(), np.random.rand(3).tolist(), torch.rand(3).tolist(),
-                random.getrandbits(64), np.random.randint(0, 1 << 30), torch.randint(0, 100, (4,)).tolist())
+    expected = (
+        random.random(),
+        np.random.rand(3).tolist(),
+        torch.rand(3).tolist(),
+        random.getrandbits(64),
+        np.random.randint(0, 1 << 30),
+        torch.randint(0, 100, (4,)).tolist(),
+    )
     restored = roundtrip({"rng": state})["rng"]
     for _ in range(5):  # scramble everything
         random.random(), np.random.rand(7), torch.rand(7)
     unickpt.set_rng_state(restored)
-    got = (random.random(), np.random.rand(3).tolist(), torch.rand(3).tolist(),
-           random.getrandbits(64), np.random.randint(0, 1 << 30), torch.randint(0, 100, (4,)).tolist())
+    got = (
+        random.random(),
+        np.random.rand(3).tolist(),
+        torch.rand(3).tolist(),
+        random.getrandbits(64),
+        np.random.randint(0, 1 << 30),
+        torch.randint(0, 100, (4,)).tolist(),
+    )
     assert got == expected
     # the encoded state keeps its structure: python's is a tuple, numpy's a tuple with an array
     assert isinstance(restored["python"], tuple) and isinstance(restored["numpy"], tuple)
@@ -157,14 +209,17 @@ def test_torch_generator_state_round_trip() -> None:
     assert torch.equal(a, torch.rand(4, generator=g2))
 
 
-@pytest.mark.parametrize("value,word", [
-    (object(), "object"),
-    ({"f": lambda: 1}, "function"),
-    ({1: "a", "b": 2}, "keys"),
-    ({"__unickpt__": 1}, "reserved"),
-    (np.array([object()], dtype=object), "objects"),
-    ({3.5: 1}, "keys"),
-])
+@pytest.mark.parametrize(
+    "value,word",
+    [
+        (object(), "object"),
+        ({"f": lambda: 1}, "function"),
+        ({1: "a", "b": 2}, "keys"),
+        ({"__unickpt__": 1}, "reserved"),
+        (np.array([object()], dtype=object), "objects"),
+        ({3.5: 1}, "keys"),
+    ],
+)
 def test_encoding_refuses_unsafe_values(value: Any, word: str) -> None:
     with pytest.raises(TypeError, match=word):
         dumps_value(value)
@@ -175,19 +230,22 @@ def test_encoding_error_names_the_path() -> None:
         dumps_value({"sched": [1, object()]})
 
 
-@pytest.mark.parametrize("doc", [
-    {"__unickpt__": "pickle", "v": "gASV"},
-    {"__unickpt__": "tensor", "dtype": "float32", "shape": [2], "v": "AAAA"},  # 3 bytes for 8
-    {"__unickpt__": "tensor", "dtype": "torch.FloatStorage", "shape": [0], "v": ""},
-    {"__unickpt__": "ndarray", "dtype": "|O", "shape": [1], "v": "AAAAAAAAAAA="},
-    {"__unickpt__": "ndarray", "dtype": "<f8", "shape": [2], "v": "AAAAAAAAAAA="},
-    {"__unickpt__": "bytes", "v": "not base64!"},
-    {"__unickpt__": "float", "v": "1e400"},
-    {"__unickpt__": "float", "v": "__import__('os')"},
-    {"__unickpt__": "tuple"},
-    {"__unickpt__": "intdict", "v": [["x", 1]]},
-    {"__unickpt__": "bigint", "v": "12ab"},
-])
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"__unickpt__": "pickle", "v": "gASV"},
+        {"__unickpt__": "tensor", "dtype": "float32", "shape": [2], "v": "AAAA"},  # 3 bytes for 8
+        {"__unickpt__": "tensor", "dtype": "torch.FloatStorage", "shape": [0], "v": ""},
+        {"__unickpt__": "ndarray", "dtype": "|O", "shape": [1], "v": "AAAAAAAAAAA="},
+        {"__unickpt__": "ndarray", "dtype": "<f8", "shape": [2], "v": "AAAAAAAAAAA="},
+        {"__unickpt__": "bytes", "v": "not base64!"},
+        {"__unickpt__": "float", "v": "1e400"},
+        {"__unickpt__": "float", "v": "__import__('os')"},
+        {"__unickpt__": "tuple"},
+        {"__unickpt__": "intdict", "v": [["x", 1]]},
+        {"__unickpt__": "bigint", "v": "12ab"},
+    ],
+)
 def test_decoding_refuses_bad_entries(doc: Any) -> None:
     with pytest.raises(CorruptMetadataError, match="rank0 extra"):
         loads_value(json.dumps({"outer": [doc]}).encode(), "rank0 extra")

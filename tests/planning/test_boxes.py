@@ -55,10 +55,7 @@ def grid(draw, shape):
         cuts = sorted(draw(st.sets(st.integers(1, d - 1), max_size=3)) if d > 1 else [])
         bounds = [0, *cuts, d]
         per_dim.append([(a, b - a) for a, b in zip(bounds, bounds[1:])])
-    return [
-        (tuple(o for o, _ in combo), tuple(n for _, n in combo))
-        for combo in itertools.product(*per_dim)
-    ]
+    return [(tuple(o for o, _ in combo), tuple(n for _, n in combo)) for combo in itertools.product(*per_dim)]
 
 
 # --------------------------------------------------------------------------- basics
@@ -289,9 +286,7 @@ def test_sub_box_span_and_contiguity_match_numpy(data, shape):
     # a reader fetches the run and views the sub-box with the box's strides
     run = stored.ravel()[first:end]
     strides = row_major_strides(shape)
-    view = np.lib.stride_tricks.as_strided(
-        run, shape=sub_len, strides=tuple(s * run.itemsize for s in strides)
-    )
+    view = np.lib.stride_tricks.as_strided(run, shape=sub_len, strides=tuple(s * run.itemsize for s in strides))
     assert np.array_equal(view, stored[sl(rel, sub_len)])
 
 
@@ -322,7 +317,7 @@ def test_find_overlaps_and_gaps_on_grids(data, shape):
     assert find_overlaps_and_gaps(shape, boxes) == ([], True)
     if len(boxes) > 1:
         k = data.draw(st.integers(0, len(boxes) - 1))
-        dropped = boxes[:k] + boxes[k + 1:]
+        dropped = boxes[:k] + boxes[k + 1 :]
         assert find_overlaps_and_gaps(shape, dropped) == ([], False)
     k = data.draw(st.integers(0, len(boxes) - 1))
     dup = boxes + [boxes[k]]
@@ -336,9 +331,7 @@ def test_find_overlaps_and_gaps_on_grids(data, shape):
 def test_find_overlaps_matches_brute_force(data, shape):
     boxes = data.draw(st.lists(box_in(shape), min_size=0, max_size=8))
     expected = sorted(
-        (i, j)
-        for i, j in itertools.combinations(range(len(boxes)), 2)
-        if intersect(*boxes[i], *boxes[j]) is not None
+        (i, j) for i, j in itertools.combinations(range(len(boxes)), 2) if intersect(*boxes[i], *boxes[j]) is not None
     )
     counter = np.zeros(shape, int)
     for b in boxes:

@@ -51,14 +51,14 @@ def test_views_reassemble_the_flat_slice(case):
     out = torch.zeros(shape, dtype=flat.dtype)
     for pc in pieces:
         assert pc.flat_start == pos and pc.numel == numel(pc.lengths) > 0  # in order, no gap
-        view = flat[pc.flat_start:pc.flat_start + pc.numel].view(pc.lengths)
-        assert view.data_ptr() == flat[pc.flat_start:].data_ptr()  # a view, not a copy
+        view = flat[pc.flat_start : pc.flat_start + pc.numel].view(pc.lengths)
+        assert view.data_ptr() == flat[pc.flat_start :].data_ptr()  # a view, not a copy
         assert torch.equal(out[_box(pc.offsets, pc.lengths)], torch.zeros(pc.lengths, dtype=flat.dtype))
         out[_box(pc.offsets, pc.lengths)] = view
         pos += pc.numel
     assert pos == start + count
     expect = torch.zeros(total, dtype=flat.dtype)
-    expect[start:start + count] = flat[start:start + count]
+    expect[start : start + count] = flat[start : start + count]
     assert torch.equal(out.reshape(-1), expect)
 
 
@@ -86,8 +86,13 @@ def _torch_shard_infos(numels_with_padding, is_padding, rank, world):
 @st.composite
 def flat_layouts(draw):
     """Original param shapes interleaved with alignment padding entries, and a world size."""
-    entries = draw(st.lists(st.one_of(shapes.map(lambda s: ("p", s)), st.integers(1, 3).map(lambda n: ("pad", n))),
-                            min_size=1, max_size=6))
+    entries = draw(
+        st.lists(
+            st.one_of(shapes.map(lambda s: ("p", s)), st.integers(1, 3).map(lambda n: ("pad", n))),
+            min_size=1,
+            max_size=6,
+        )
+    )
     if all(kind == "pad" for kind, _ in entries):
         entries.append(("p", (5, 3)))
     return entries, draw(st.integers(1, 6))
@@ -105,21 +110,21 @@ def test_fsdp1_runs_rebuild_every_param(layout):
     params, pos = [], 0
     for n, pad in zip(numels, padding):
         if not pad:
-            params.append(unsharded[pos:pos + n].view(shapes_[len(params)]))
+            params.append(unsharded[pos : pos + n].view(shapes_[len(params)]))
         pos += n
     rebuilt = [torch.zeros(s, dtype=torch.float64) for s in shapes_]
     for rank in range(world):
         infos, size = _torch_shard_infos(numels, padding, rank, world)
         local = torch.zeros(size, dtype=torch.float64)  # the rank's padded shard
-        chunk = unsharded[rank * size:(rank + 1) * size]
-        local[:chunk.numel()] = chunk
+        chunk = unsharded[rank * size : (rank + 1) * size]
+        local[: chunk.numel()] = chunk
         for i, (shape, info) in enumerate(zip(shapes_, infos)):
             op = orig_param(f"p{i}", shape, info, size)
             for pc in local_pieces(shape, op.param_start, op.numel):
                 a = op.shard_offset + pc.local_start
                 box = _box(pc.offsets, pc.lengths)
                 assert not rebuilt[i][box].any(), "element saved twice"
-                rebuilt[i][box] = local[a:a + pc.numel].view(pc.lengths)
+                rebuilt[i][box] = local[a : a + pc.numel].view(pc.lengths)
     for p, r in zip(params, rebuilt):
         assert torch.equal(p, r)
 

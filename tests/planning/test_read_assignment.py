@@ -64,8 +64,7 @@ def test_vectorized_intersection_matches_scalar_path():
             o, n = chunk_bounds(shape[0], parts, i)
             if n:
                 shards.append(ShardRecord((o, 0), (n, shape[1]), 0, 0, n * shape[1] * 4, 0))
-        md = Metadata(1, "x", 0.0, Topology("t", 1), ("f",),
-                      {"w": TensorRecord("w", "float32", shape, tuple(shards))})
+        md = Metadata(1, "x", 0.0, Topology("t", 1), ("f",), {"w": TensorRecord("w", "float32", shape, tuple(shards))})
         tparts = rng.randint(1, 7)
         specs = []
         for j in range(tparts):

@@ -11,7 +11,8 @@ from __future__ import annotations
 import errno
 import threading
 from collections import Counter
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from unickpt.storage import register_storage
 from unickpt.storage.base import Buffer
@@ -23,8 +24,9 @@ _LOCK = threading.Lock()
 class FaultyStorage(LocalStorage):
     """LocalStorage whose ``fail_op`` fails ``fail_times`` times on names containing ``match``."""
 
-    def __init__(self, root: str, fail_op: str, fail_times: int, errno_code: int, match: str,
-                 counters: Counter) -> None:
+    def __init__(
+        self, root: str, fail_op: str, fail_times: int, errno_code: int, match: str, counters: Counter
+    ) -> None:
         super().__init__(root)
         self.fail_op, self.errno_code, self.match = fail_op, errno_code, match
         self.counters = counters  # shared by every instance of one installation
@@ -58,8 +60,7 @@ class FaultyStorage(LocalStorage):
         super().commit(name, data)
 
 
-def install_faulty_scheme(fail_op: str, fail_times: int, errno_code: int = errno.EIO,
-                          match: str = "") -> Counter:
+def install_faulty_scheme(fail_op: str, fail_times: int, errno_code: int = errno.EIO, match: str = "") -> Counter:
     """Register ``faulty://`` (replacing an earlier one); returns the shared counters."""
     counters: Counter = Counter()
     counters["budget"] = fail_times

@@ -15,8 +15,9 @@ import pickle
 import signal
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.multiprocessing as mp
@@ -53,13 +54,20 @@ def snapshot(model: nn.Module, optim: torch.optim.Optimizer | None = None) -> di
 
 def mismatches(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> list[str]:
     """Keys whose tensors differ bit for bit (or are missing on either side)."""
+
     def raw(t: torch.Tensor) -> torch.Tensor:
         return t.detach().contiguous().reshape(-1).view(torch.uint8)
 
     keys = set(got) | set(ref)
-    return sorted(k for k in keys if k not in got or k not in ref
-                  or got[k].dtype != ref[k].dtype or got[k].shape != ref[k].shape
-                  or not torch.equal(raw(got[k]), raw(ref[k])))
+    return sorted(
+        k
+        for k in keys
+        if k not in got
+        or k not in ref
+        or got[k].dtype != ref[k].dtype
+        or got[k].shape != ref[k].shape
+        or not torch.equal(raw(got[k]), raw(ref[k]))
+    )
 
 
 # ----------------------------------------------------------------------------- fault injection
@@ -124,8 +132,9 @@ class RankOutcome:
 def _child(rank: int, ws: int, port: int, fn: Callable[..., Any], args: tuple, outdir: str) -> None:
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(ws), LOCAL_RANK=str(rank))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(ws), LOCAL_RANK=str(rank)
+    )
     torch.set_num_threads(1)
     try:
         if ws > 1:
@@ -140,14 +149,22 @@ def _child(rank: int, ws: int, port: int, fn: Callable[..., Any], args: tuple, o
     os._exit(0)  # never wait for peers or background threads stuck on a dead peer
 
 
-def launch(fn: Callable[..., Any], world_size: int, *args: Any, outdir: str, victim: int | None = None,
-           timeout: float = 180.0, grace: float = 3.0) -> dict[int, RankOutcome]:
+def launch(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    outdir: str,
+    victim: int | None = None,
+    timeout: float = 180.0,
+    grace: float = 3.0,
+) -> dict[int, RankOutcome]:
     """Run ``fn(rank, world_size, *args)`` on spawned gloo ranks; see the module docstring."""
     os.makedirs(outdir, exist_ok=True)
     ctx = mp.get_context("spawn")
     port = free_port()
-    procs = [ctx.Process(target=_child, args=(r, world_size, port, fn, args, outdir), daemon=True)
-             for r in range(world_size)]
+    procs = [
+        ctx.Process(target=_child, args=(r, world_size, port, fn, args, outdir), daemon=True) for r in range(world_size)
+    ]
     for p in procs:
         p.start()
     deadline = time.monotonic() + timeout
@@ -187,8 +204,7 @@ def data_files(folder: str) -> list[str]:
     return sorted(out)
 
 
-def run_jobs(jobs: list[tuple[Callable[..., Any], tuple]], outdir: str,
-             timeout: float = 180.0) -> list[RankOutcome]:
+def run_jobs(jobs: list[tuple[Callable[..., Any], tuple]], outdir: str, timeout: float = 180.0) -> list[RankOutcome]:
     """Run independent one-process jobs (``fn(0, 1, *args)``) at the same time; wait for all."""
     ctx = mp.get_context("spawn")
     procs = []

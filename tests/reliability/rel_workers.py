@@ -12,17 +12,17 @@ import torch
 import torch.distributed as dist
 
 import unickpt
-from unickpt.tools.toy import build, full_state, train_step
-
 from rel_helpers import kill_at_phase, kill_in_commit, tiny_model
+from unickpt.tools.toy import build, full_state, train_step
 
 
 def toy_state(model: Any, optim: Any, step_no: int) -> dict[str, Any]:
     return {"model": model, "optimizer": optim, "extra_state": {"step": step_no}}
 
 
-def crash_worker(rank: int, ws: int, root: str, same: str, fault: str, victim: int,
-                 same_path: bool, snap_file: str) -> str:
+def crash_worker(
+    rank: int, ws: int, root: str, same: str, fault: str, victim: int, same_path: bool, snap_file: str
+) -> str:
     """Commit step 1 (and ``same``), then crash ``victim`` at ``fault`` in the next save, which
     goes to step 2 of the manager or, with ``same_path``, over ``same``."""
     model, optim = build("fsdp2", seed=0)
@@ -47,8 +47,9 @@ def crash_worker(rank: int, ws: int, root: str, same: str, fault: str, victim: i
     return "survived"
 
 
-def faulty_save_worker(rank: int, ws: int, path: str, fail_rank: int, errno_code: int, times: int,
-                       ref_file: str) -> dict[str, Any]:
+def faulty_save_worker(
+    rank: int, ws: int, path: str, fail_rank: int, errno_code: int, times: int, ref_file: str
+) -> dict[str, Any]:
     """Save a tiny replicated state to ``faulty://path`` whose writes on ``fail_rank`` fail
     ``times`` times with ``errno_code``; report what every rank saw."""
     from rel_faults import install_faulty_scheme
@@ -56,11 +57,11 @@ def faulty_save_worker(rank: int, ws: int, path: str, fail_rank: int, errno_code
     model, optim = tiny_model(seed=3)
     if rank == 0:
         torch.save(full_state(model, optim), ref_file)
-    counters = install_faulty_scheme(fail_op="write", fail_times=times if rank == fail_rank else 0,
-                                     errno_code=errno_code, match="/data/")
+    counters = install_faulty_scheme(
+        fail_op="write", fail_times=times if rank == fail_rank else 0, errno_code=errno_code, match="/data/"
+    )
     try:
-        unickpt.save(f"faulty://{path}", {"model": model, "optimizer": optim},
-                     framework="ddp" if ws > 1 else "torch")
+        unickpt.save(f"faulty://{path}", {"model": model, "optimizer": optim}, framework="ddp" if ws > 1 else "torch")
         return {"ok": True, "calls": dict(counters)}
     except unickpt.CheckpointError as e:
         return {"ok": False, "type": type(e).__name__, "msg": str(e), "calls": dict(counters)}
@@ -76,7 +77,7 @@ def corrupt_load_worker(rank: int, ws: int, ckpts: list[str]) -> list[dict[str, 
             out.append({"ok": True})
         except unickpt.CheckpointError as e:
             out.append({"ok": False, "type": type(e).__name__, "msg": str(e)})
-        except BaseException as e:  # noqa: BLE001 - the test asserts this never happens
+        except BaseException as e:
             out.append({"ok": False, "type": f"NOT A CheckpointError: {type(e).__name__}", "msg": str(e)})
             break  # the ranks may no longer agree on where they are
     return out
@@ -98,8 +99,9 @@ def locked_save_worker(rank: int, ws: int, ckpt: str) -> dict[str, Any]:
         return {"type": type(e).__name__, "msg": str(e)}
 
 
-def racing_saver(rank: int, ws: int, ckpt: str, seed: int, barrier_dir: str, hold_s: float,
-                 ref_file: str) -> dict[str, Any]:
+def racing_saver(
+    rank: int, ws: int, ckpt: str, seed: int, barrier_dir: str, hold_s: float, ref_file: str
+) -> dict[str, Any]:
     """One of two independent jobs saving to ``ckpt`` at once (both start at a file barrier);
     the commit is held for ``hold_s`` so the two saves overlap."""
     from unickpt.monitoring import add_listener
@@ -114,11 +116,9 @@ def racing_saver(rank: int, ws: int, ckpt: str, seed: int, barrier_dir: str, hol
     t0 = time.monotonic()
     try:
         md = unickpt.save(ckpt, {"model": model, "optimizer": optim}, framework="torch").wait()
-        return {"seed": seed, "ok": True, "save_id": md.save_id if md else None,
-                "seconds": time.monotonic() - t0}
+        return {"seed": seed, "ok": True, "save_id": md.save_id if md else None, "seconds": time.monotonic() - t0}
     except unickpt.CheckpointError as e:
-        return {"seed": seed, "ok": False, "type": type(e).__name__, "msg": str(e),
-                "seconds": time.monotonic() - t0}
+        return {"seed": seed, "ok": False, "type": type(e).__name__, "msg": str(e), "seconds": time.monotonic() - t0}
 
 
 def version_state(version: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -128,7 +128,7 @@ def version_state(version: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]
         for i, p in enumerate(model.parameters()):
             p.copy_(torch.arange(p.numel(), dtype=p.dtype).reshape(p.shape) * 0.001 + version + i)
     for st in optim.state.values():
-        for k, v in st.items():
+        for v in st.values():
             if isinstance(v, torch.Tensor) and v.numel() > 1:
                 v.fill_(float(version))
     return model, optim
@@ -144,8 +144,12 @@ def repeated_saver(rank: int, ws: int, ckpt: str, versions: int, stop_file: str)
         new_model, new_optim = version_state(v)
         model.load_state_dict(new_model.state_dict())
         optim.load_state_dict(new_optim.state_dict())
-        unickpt.save(ckpt, {"model": model, "optimizer": optim, "extra_state": {"version": v}},
-                     framework="torch", async_save=(v % 2 == 0)).wait()
+        unickpt.save(
+            ckpt,
+            {"model": model, "optimizer": optim, "extra_state": {"version": v}},
+            framework="torch",
+            async_save=(v % 2 == 0),
+        ).wait()
     open(stop_file, "w").close()
     return versions
 

@@ -13,13 +13,12 @@ import pytest
 import torch
 
 import unickpt
-from unickpt.engine.lock import LOCK_FILE, LockOwner, read_lock_owner, stale_reason, try_acquire
-from unickpt.format.records import METADATA_FILE
-from unickpt.storage import open_storage
-
 from harness import run_ranks
 from rel_helpers import data_files, mismatches, run_jobs, snapshot, tiny_model
 from rel_workers import locked_save_worker, looping_loader, racing_saver, repeated_saver, version_state
+from unickpt.engine.lock import LOCK_FILE, LockOwner, read_lock_owner, stale_reason, try_acquire
+from unickpt.format.records import METADATA_FILE
+from unickpt.storage import open_storage
 
 
 def _dead_pid() -> int:
@@ -74,8 +73,9 @@ def test_every_rank_refuses_when_another_job_holds_the_lock(tmp_path):
     assert open(os.path.join(ckpt, LOCK_FILE), "rb").read() == data  # and the lock untouched
 
 
-@pytest.mark.parametrize("case", ["dead pid", "reused pid", "too old", "unreadable", "leaked here",
-                                  "absurd pid", "dated in the future"])
+@pytest.mark.parametrize(
+    "case", ["dead pid", "reused pid", "too old", "unreadable", "leaked here", "absurd pid", "dated in the future"]
+)
 def test_stale_locks_are_broken_with_a_warning(tmp_path, case):
     ckpt = str(tmp_path / "ck")
     if case == "dead pid":
@@ -142,12 +142,12 @@ def test_loads_during_repeated_saves_see_whole_versions(tmp_path):
     ckpt, stop = str(tmp_path / "ck"), str(tmp_path / "stop")
     m0, o0 = version_state(0)  # version 0 first, so the loader never sees an empty folder
     unickpt.save(ckpt, {"model": m0, "optimizer": o0, "extra_state": {"version": 0}}, framework="torch")
-    res = run_jobs([(repeated_saver, (ckpt, 30, stop)), (looping_loader, (ckpt, stop))],
-                   str(tmp_path / "out"))
+    res = run_jobs([(repeated_saver, (ckpt, 30, stop)), (looping_loader, (ckpt, stop))], str(tmp_path / "out"))
     assert [r.status for r in res] == ["ok", "ok"], res
     report = res[1].result
-    print(f"\nload-while-save: {report['loads']} loads saw versions {report['versions']}, "
-          f"{len(report['errors'])} refused")
+    print(
+        f"\nload-while-save: {report['loads']} loads saw versions {report['versions']}, {len(report['errors'])} refused"
+    )
     assert report["bad"] == [], report  # never a mix of two versions
     assert report["loads"] >= 5 and len(report["versions"]) >= 3, report
     assert report["errors"] == [], report

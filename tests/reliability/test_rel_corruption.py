@@ -11,13 +11,11 @@ import shutil
 import pytest
 
 import unickpt
-from unickpt.format.records import FORMAT_VERSION, METADATA_FILE
-from unickpt.tools.toy import build
-
 from harness import run_ranks
 from rel_helpers import tiny_model
 from rel_workers import corrupt_load_worker, fsdp2_save_worker
-
+from unickpt.format.records import FORMAT_VERSION, METADATA_FILE
+from unickpt.tools.toy import build
 
 KINDS = ["flip", "truncate", "delete", "metadata"]
 
@@ -77,8 +75,12 @@ def test_two_rank_load_of_a_corrupt_checkpoint(two_rank_loads, kind):
     assert not any(r["ok"] for r in res), res
     types = [r["type"] for r in res]
     assert all(not t.startswith("NOT A") for t in types), res
-    expected = {"flip": "ChecksumMismatchError", "truncate": "TruncatedDataFileError",
-                "delete": "MissingDataFileError", "metadata": "CorruptMetadataError"}[kind]
+    expected = {
+        "flip": "ChecksumMismatchError",
+        "truncate": "TruncatedDataFileError",
+        "delete": "MissingDataFileError",
+        "metadata": "CorruptMetadataError",
+    }[kind]
     if kind == "metadata":  # rank 0 reads it, every rank raises the same precise error
         assert types == [expected, expected], res
         assert all(f"{ckpt}/{METADATA_FILE}" in r["msg"] for r in res)
@@ -133,16 +135,19 @@ def _corrupt(ckpt: str, md: dict, kind: str) -> None:
         raise ValueError(kind)
 
 
-@pytest.mark.parametrize("kind,error,words", [
-    ("flipped data byte", unickpt.ChecksumMismatchError, ["model.0.weight", "checksum mismatch"]),
-    ("truncated data file", unickpt.TruncatedDataFileError, ["truncated", ".bin"]),
-    ("missing data file", unickpt.MissingDataFileError, ["missing", ".bin"]),
-    ("garbage metadata", unickpt.CorruptMetadataError, ["not valid JSON", METADATA_FILE]),
-    ("truncated metadata", unickpt.CorruptMetadataError, ["not valid JSON", METADATA_FILE]),
-    ("future format version", unickpt.UnsupportedFormatVersionError, ["version", "Upgrade"]),
-    ("another tool's folder", unickpt.NotACheckpointError, ["not a unickpt checkpoint"]),
-    ("interrupted save", unickpt.IncompleteCheckpointError, ["interrupted"]),
-])
+@pytest.mark.parametrize(
+    "kind,error,words",
+    [
+        ("flipped data byte", unickpt.ChecksumMismatchError, ["model.0.weight", "checksum mismatch"]),
+        ("truncated data file", unickpt.TruncatedDataFileError, ["truncated", ".bin"]),
+        ("missing data file", unickpt.MissingDataFileError, ["missing", ".bin"]),
+        ("garbage metadata", unickpt.CorruptMetadataError, ["not valid JSON", METADATA_FILE]),
+        ("truncated metadata", unickpt.CorruptMetadataError, ["not valid JSON", METADATA_FILE]),
+        ("future format version", unickpt.UnsupportedFormatVersionError, ["version", "Upgrade"]),
+        ("another tool's folder", unickpt.NotACheckpointError, ["not a unickpt checkpoint"]),
+        ("interrupted save", unickpt.IncompleteCheckpointError, ["interrupted"]),
+    ],
+)
 def test_each_corruption_has_its_own_error(tmp_path, kind, error, words):
     ckpt, md = _one_process_ckpt(tmp_path)
     _corrupt(ckpt, md, kind)

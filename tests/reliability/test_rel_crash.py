@@ -16,14 +16,13 @@ import pytest
 import torch
 
 import unickpt
-from unickpt.engine.save import committed_save_id
-from unickpt.storage import open_storage
-from unickpt.engine.lock import LOCK_FILE
-from unickpt.format.records import METADATA_FILE
-from unickpt.tools.toy import build, train_step
-
 from rel_helpers import data_files, launch, mismatches, snapshot
 from rel_workers import crash_worker
+from unickpt.engine.lock import LOCK_FILE
+from unickpt.engine.save import committed_save_id
+from unickpt.format.records import METADATA_FILE
+from unickpt.storage import open_storage
+from unickpt.tools.toy import build, train_step
 
 CASES = [
     # (fault, victim rank, same path?)
@@ -43,12 +42,24 @@ def _fresh_state() -> dict:
     return {"model": model, "optimizer": optim, "extra_state": None}
 
 
-@pytest.mark.parametrize("fault,victim,same_path", CASES,
-                         ids=[f"{f}-rank{v}-{'same' if s else 'new'}" for f, v, s in CASES])
+@pytest.mark.parametrize(
+    "fault,victim,same_path", CASES, ids=[f"{f}-rank{v}-{'same' if s else 'new'}" for f, v, s in CASES]
+)
 def test_killed_rank_leaves_previous_checkpoint(tmp_path, fault, victim, same_path):
     root, same, snap_file = str(tmp_path / "run"), str(tmp_path / "same"), str(tmp_path / "snap.pt")
-    outcomes = launch(crash_worker, 2, root, same, fault, victim, same_path, snap_file,
-                      outdir=str(tmp_path / "out"), victim=victim, grace=3.0)
+    outcomes = launch(
+        crash_worker,
+        2,
+        root,
+        same,
+        fault,
+        victim,
+        same_path,
+        snap_file,
+        outdir=str(tmp_path / "out"),
+        victim=victim,
+        grace=3.0,
+    )
     # the victim died at the injected point: no report and killed by SIGKILL
     assert outcomes[victim].status == "killed" and outcomes[victim].exitcode == -9, outcomes
     survivor = outcomes[1 - victim]

@@ -2,7 +2,8 @@
 CheckpointError, through decode, validation, planning and a whole load.
 
 ``UNICKPT_FUZZ_EXAMPLES`` (default 150) sets the examples per test; the runs are derandomized so
-CI is reproducible (``UNICKPT_FUZZ_RANDOM=1`` explores fresh random inputs). Crashes found are kept below as explicit regression examples.
+CI is reproducible (``UNICKPT_FUZZ_RANDOM=1`` explores fresh random inputs). Crashes found are kept
+below as explicit regression examples.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import unickpt
+from rel_helpers import tiny_model
 from unickpt.errors import CheckpointError
 from unickpt.format.codec import decode_metadata, tiling_problem
 from unickpt.format.records import METADATA_FILE
@@ -27,12 +29,15 @@ from unickpt.planning.boxes import decompose_flat_range, find_overlaps_and_gaps
 from unickpt.planning.load_plan import check_targets, plan_local_load
 from unickpt.storage.memory import MemoryStorage
 
-from rel_helpers import tiny_model
-
 N = int(os.environ.get("UNICKPT_FUZZ_EXAMPLES", "150"))
 RANDOM = os.environ.get("UNICKPT_FUZZ_RANDOM") == "1"  # explore new inputs instead of the fixed ones
-FUZZ = settings(max_examples=N, deadline=None, derandomize=not RANDOM, database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=N,
+    deadline=None,
+    derandomize=not RANDOM,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 _MEM_ROOT = "unickpt-fuzz"
 
@@ -47,8 +52,9 @@ def valid(tmp_path_factory):
     """A real checkpoint: its metadata bytes and doc; its data files copied to memory://."""
     model, optim = tiny_model()
     ckpt = str(tmp_path_factory.mktemp("fuzz") / "ck")
-    unickpt.save(ckpt, {"model": model, "optimizer": optim,
-                        "extra_state": {"step": 7, "t": (1, 2.5, None)}}, framework="torch")
+    unickpt.save(
+        ckpt, {"model": model, "optimizer": optim, "extra_state": {"step": 7, "t": (1, 2.5, None)}}, framework="torch"
+    )
     raw = open(os.path.join(ckpt, METADATA_FILE), "rb").read()
     doc = json.loads(raw)
     mem = MemoryStorage(_MEM_ROOT)
@@ -70,11 +76,18 @@ def _paths(node: Any, prefix: tuple = ()) -> list[tuple]:
     return out
 
 
-_INTS = st.sampled_from([-1, 0, 1, 3, 7, 255, 2**31, 2**32, 2**53 + 1, 2**60, 2**63, 2**64, 10**15, -2**63])
-_LEAF = (st.none() | st.booleans() | _INTS | st.integers(-(2**70), 2**70)
-         | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12))
-_JSON = st.recursive(_LEAF, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
-                     max_leaves=12)
+_INTS = st.sampled_from([-1, 0, 1, 3, 7, 255, 2**31, 2**32, 2**53 + 1, 2**60, 2**63, 2**64, 10**15, -(2**63)])
+_LEAF = (
+    st.none()
+    | st.booleans()
+    | _INTS
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=12)
+)
+_JSON = st.recursive(
+    _LEAF, lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4), max_leaves=12
+)
 _MUTATION = st.tuples(st.sampled_from(["replace", "delete", "grow", "shrink"]), st.integers(0, 10**6), _JSON)
 
 
@@ -175,8 +188,11 @@ def test_mutated_metadata_whole_load(valid, mutations):
         pass
 
 
-@pytest.mark.parametrize("bad", [{}, {"param_groups": None}, {"param_groups": [{"lr": 1.0}]}, []],
-                         ids=["no groups", "groups None", "group without params", "a list"])
+@pytest.mark.parametrize(
+    "bad",
+    [{}, {"param_groups": None}, {"param_groups": [{"lr": 1.0}]}, []],
+    ids=["no groups", "groups None", "group without params", "a list"],
+)
 def test_malformed_optimizer_object_is_a_checkpoint_error(valid, bad):
     _raw, doc, _specs = valid
     doc = copy.deepcopy(doc)
@@ -200,8 +216,8 @@ def _random_boxes(rng: random.Random) -> tuple[tuple[int, ...], list]:
             boxes.append((offs, lens))
             return
         c = rng.randint(1, lens[d] - 1)
-        split(offs, lens[:d] + (c,) + lens[d + 1:], depth + 1)
-        split(offs[:d] + (offs[d] + c,) + offs[d + 1:], lens[:d] + (lens[d] - c,) + lens[d + 1:], depth + 1)
+        split(offs, lens[:d] + (c,) + lens[d + 1 :], depth + 1)
+        split(offs[:d] + (offs[d] + c,) + offs[d + 1 :], lens[:d] + (lens[d] - c,) + lens[d + 1 :], depth + 1)
 
     split((0,) * len(shape), shape, 0)
     r = rng.random()
@@ -225,19 +241,34 @@ def test_codec_tiling_check_agrees_with_the_planner(seed):
     assert (tiling_problem(shape, nonempty) is None) == find_overlaps_and_gaps(shape, boxes)[1], (shape, boxes)
 
 
-@pytest.mark.parametrize("change,words", [
-    (lambda rows: rows.pop(), ["do not cover the shape (4, 6)", "[4, 6) of dimension 1 are not saved"]),
-    (lambda rows: rows.append(rows[0][:5] + [6 * 16] + rows[0][6:]),
-     ["shards (0, 0)+(2, 2) and (0, 0)+(2, 2) overlap", "[0, 2) of dimension 1 are saved twice"]),
-], ids=["shard missing", "shard duplicated"])
+@pytest.mark.parametrize(
+    "change,words",
+    [
+        (lambda rows: rows.pop(), ["do not cover the shape (4, 6)", "[4, 6) of dimension 1 are not saved"]),
+        (
+            lambda rows: rows.append(rows[0][:5] + [6 * 16] + rows[0][6:]),
+            ["shards (0, 0)+(2, 2) and (0, 0)+(2, 2) overlap", "[0, 2) of dimension 1 are saved twice"],
+        ),
+    ],
+    ids=["shard missing", "shard duplicated"],
+)
 def test_shards_that_do_not_tile_are_corrupt_metadata(change, words):
     """A 4x6 tensor saved as a 2x3 grid of 2x2 shards, then one shard dropped or duplicated (the
     copy with its own bytes): a load would keep stale values or copy elements twice."""
     rows = [[r, c, 2, 2, 0, (r * 3 + c) * 16, 16, 0] for r in (0, 2) for c in (0, 2, 4)]
     change(rows)
-    doc = {"magic": "unickpt", "format_version": 1, "save_id": "s", "created_unix": 0, "role": None,
-           "topology": {"framework": "torch", "world_size": 1, "mesh": []}, "files": ["data/s/r0.bin"],
-           "tensors": {"w": {"dtype": "float32", "shape": [4, 6], "shards": rows}}, "objects": {}, "blobs": {}}
+    doc = {
+        "magic": "unickpt",
+        "format_version": 1,
+        "save_id": "s",
+        "created_unix": 0,
+        "role": None,
+        "topology": {"framework": "torch", "world_size": 1, "mesh": []},
+        "files": ["data/s/r0.bin"],
+        "tensors": {"w": {"dtype": "float32", "shape": [4, 6], "shards": rows}},
+        "objects": {},
+        "blobs": {},
+    }
     with pytest.raises(unickpt.CorruptMetadataError, match="tensor 'w': ") as ei:
         decode_metadata(json.dumps(doc).encode(), "ck/unickpt.metadata.json")
     msg = str(ei.value)
@@ -253,8 +284,7 @@ def test_codec_accepts_flat_shard_decompositions(shape, ranks, seed):
     total = math.prod(shape_t)
     rng = random.Random(seed)
     cuts = sorted({0, total} | {rng.randint(0, total) for _ in range(ranks - 1)})
-    boxes = [(p.offsets, p.lengths) for a, b in zip(cuts, cuts[1:])
-             for p in decompose_flat_range(shape_t, a, b - a)]
+    boxes = [(p.offsets, p.lengths) for a, b in zip(cuts, cuts[1:]) for p in decompose_flat_range(shape_t, a, b - a)]
     assert tiling_problem(shape_t, boxes) is None, (shape_t, cuts, boxes)
     if len(boxes) > 1:  # and notices one piece missing
         assert tiling_problem(shape_t, boxes[:-1]) is not None

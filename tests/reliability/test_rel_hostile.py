@@ -15,9 +15,8 @@ import pytest
 import torch
 
 import unickpt
-from unickpt.format.records import METADATA_FILE
-
 from rel_helpers import tiny_model
+from unickpt.format.records import METADATA_FILE
 
 
 class _Evil:
@@ -37,8 +36,9 @@ def payload(tmp_path):
     data = pickle.dumps(_Evil(marker), protocol=2)
     probe = tmp_path / "probe.pkl"
     probe.write_bytes(data)
-    subprocess.run([sys.executable, "-c", f"import pickle; pickle.loads(open({str(probe)!r}, 'rb').read())"],
-                   check=True)
+    subprocess.run(
+        [sys.executable, "-c", f"import pickle; pickle.loads(open({str(probe)!r}, 'rb').read())"], check=True
+    )
     assert os.path.exists(marker)  # the payload works...
     os.unlink(marker)
     return data, marker
@@ -54,6 +54,7 @@ def no_unpickling(monkeypatch):
         def f(*a, **k):
             calls.append(name)
             return real(*a, **k)
+
         return f
 
     class SpyUnpickler(pickle.Unpickler):
@@ -71,8 +72,7 @@ def no_unpickling(monkeypatch):
 def _save(tmp_path, extra=None):
     model, optim = tiny_model()
     ckpt = str(tmp_path / "ck")
-    unickpt.save(ckpt, {"model": model, "optimizer": optim, "extra_state": extra or {"step": 1}},
-                 framework="torch")
+    unickpt.save(ckpt, {"model": model, "optimizer": optim, "extra_state": extra or {"step": 1}}, framework="torch")
     return ckpt, json.loads(open(os.path.join(ckpt, METADATA_FILE), "rb").read())
 
 
@@ -121,7 +121,7 @@ def test_pickle_as_tensor_bytes_is_just_numbers(tmp_path, payload, no_unpickling
     ckpt, md = _save(tmp_path)
     t = md["tensors"]["model.0.weight"]  # float32 [16, 8] = 512 bytes
     nd = len(t["shape"])
-    fidx, boff, blen = t["shards"][0][2 * nd: 2 * nd + 3]
+    fidx, boff, blen = t["shards"][0][2 * nd : 2 * nd + 3]
     raw = (data * (blen // len(data) + 1))[:blen]
     with open(os.path.join(ckpt, md["files"][fidx]), "r+b") as f:
         f.seek(boff)
@@ -173,6 +173,7 @@ _ABSURD = textwrap.dedent("""
 
 def _mutations(md: dict) -> dict[str, tuple[dict, str]]:
     """name -> (metadata, expected error type)."""
+
     def clone():
         return json.loads(json.dumps(md))
 
@@ -191,14 +192,14 @@ def _mutations(md: dict) -> dict[str, tuple[dict, str]]:
     d["tensors"][w]["shards"][0][2 * nd + 1] = 1 << 40
     out["offset beyond the file"] = (d, "TruncatedDataFileError")
     d = clone()
-    d["tensors"][w]["shape"] = [10 ** 15, 8]
-    d["tensors"][w]["shards"][0][2:4] = [10 ** 15, 8]
-    d["tensors"][w]["shards"][0][2 * nd + 2] = 10 ** 15 * 8 * 4
+    d["tensors"][w]["shape"] = [10**15, 8]
+    d["tensors"][w]["shards"][0][2:4] = [10**15, 8]
+    d["tensors"][w]["shards"][0][2 * nd + 2] = 10**15 * 8 * 4
     out["shape of 8e15 elements"] = (d, "CorruptMetadataError")
     d = clone()
-    d["tensors"][w]["shape"] = [10 ** 13, 8]
-    d["tensors"][w]["shards"][0][2:4] = [10 ** 13, 8]
-    d["tensors"][w]["shards"][0][2 * nd + 1: 2 * nd + 3] = [1 << 30, 10 ** 13 * 8 * 4]  # no overlap
+    d["tensors"][w]["shape"] = [10**13, 8]
+    d["tensors"][w]["shards"][0][2:4] = [10**13, 8]
+    d["tensors"][w]["shards"][0][2 * nd + 1 : 2 * nd + 3] = [1 << 30, 10**13 * 8 * 4]  # no overlap
     out["shape of 8e13 elements"] = (d, "ShapeMismatchError")  # well-formed, refused vs the model
     d = clone()
     d["blobs"]["extra_state/rank0"][2] = 1 << 60
@@ -207,7 +208,7 @@ def _mutations(md: dict) -> dict[str, tuple[dict, str]]:
     d["blobs"]["extra_state/rank0"][1:3] = [1 << 30, 1 << 40]  # past every other range
     out["blob of 2^40 bytes"] = (d, "TruncatedDataFileError")
     d = clone()
-    d["tensors"][w]["shards"][0][2 * nd] = 10 ** 9
+    d["tensors"][w]["shards"][0][2 * nd] = 10**9
     out["file index out of range"] = (d, "CorruptMetadataError")
     d = clone()
     d["tensors"][w]["shards"] = []
@@ -227,8 +228,9 @@ def test_absurd_sizes_are_refused_before_any_allocation(tmp_path):
     here = os.path.dirname(__file__)
     spec = tmp_path / "cases.json"
     spec.write_text(json.dumps({k: v[0] for k, v in cases.items()}))
-    r = subprocess.run([sys.executable, "-c", _ABSURD, ckpt, here, str(spec)],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-c", _ABSURD, ckpt, here, str(spec)], capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     for name, (_, expected) in cases.items():

@@ -14,12 +14,11 @@ import psutil
 import pytest
 
 import unickpt
+from rel_faults import install_faulty_scheme
+from rel_helpers import data_files, mismatches, snapshot, step, tiny_model
 from unickpt.engine.lock import LOCK_FILE, LockOwner
 from unickpt.format.records import METADATA_FILE
 from unickpt.monitoring import add_listener, remove_listener
-
-from rel_faults import install_faulty_scheme
-from rel_helpers import data_files, mismatches, snapshot, step, tiny_model
 
 
 def _state(seed: int = 0) -> dict:

@@ -12,9 +12,8 @@ import time
 import psutil
 
 import unickpt
-from unickpt.tools.toy import build, full_state, train_step
-
 from rel_helpers import mismatches
+from unickpt.tools.toy import build, full_state, train_step
 
 SAVES = 200
 WARMUP = 20
@@ -49,8 +48,9 @@ def test_soak_200_async_saves(tmp_path):
     base = None
     for s in range(1, SAVES + 1):
         train_step(model, optim, s)
-        manager.save(s, {"model": model, "optimizer": optim, "extra_state": {"step": s}},
-                     framework="torch", async_save=True)
+        manager.save(
+            s, {"model": model, "optimizer": optim, "extra_state": {"step": s}}, framework="torch", async_save=True
+        )
         snaps[s] = full_state(model, optim)  # the state this save snapshotted
         for old in [k for k in snaps if k <= s - KEEP - 2]:
             del snaps[old]
@@ -66,11 +66,15 @@ def test_soak_200_async_saves(tmp_path):
     gc.collect()
     end = (proc.memory_info().rss, _fds(), threading.active_count())
     assert base is not None
-    print(f"\nsoak: {SAVES} async saves in {seconds:.1f}s ({seconds / SAVES * 1000:.0f} ms/save incl. "
-          f"training), {verified} kept checkpoints verified bit-exact; RSS {base[0] / 2**20:.1f} -> "
-          f"{end[0] / 2**20:.1f} MiB, fds {base[1]} -> {end[1]}, threads {base[2]} -> {end[2]}")
+    print(
+        f"\nsoak: {SAVES} async saves in {seconds:.1f}s ({seconds / SAVES * 1000:.0f} ms/save incl. "
+        f"training), {verified} kept checkpoints verified bit-exact; RSS {base[0] / 2**20:.1f} -> "
+        f"{end[0] / 2**20:.1f} MiB, fds {base[1]} -> {end[1]}, threads {base[2]} -> {end[2]}"
+    )
     assert end[0] - base[0] < RSS_BOUND, (base, end)
     assert end[1] <= base[1], (base, end)  # no descriptor leak
     assert end[2] <= base[2], (base, end)  # no thread leak
-    assert sorted(os.listdir(tmp_path / "run")) == ["latest"] + [f"step_{s:08d}" for s in range(SAVES - KEEP + 1, SAVES + 1)]
+    assert sorted(os.listdir(tmp_path / "run")) == ["latest"] + [
+        f"step_{s:08d}" for s in range(SAVES - KEEP + 1, SAVES + 1)
+    ]
     assert manager.latest_step() == SAVES

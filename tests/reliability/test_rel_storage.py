@@ -12,15 +12,14 @@ import torch
 from torch import nn
 
 import unickpt
-from unickpt.errors import MissingDataFileError, StorageError, TransientStorageError
-from unickpt.format.records import METADATA_FILE
-from unickpt.storage import open_storage
-from unickpt.storage.retry import RetryingStorage, RetryPolicy, is_transient, with_retries
-
 from harness import run_ranks
 from rel_faults import install_faulty_scheme
 from rel_helpers import data_files, mismatches, snapshot, tiny_model
 from rel_workers import faulty_save_worker
+from unickpt.errors import MissingDataFileError, StorageError, TransientStorageError
+from unickpt.format.records import METADATA_FILE
+from unickpt.storage import open_storage
+from unickpt.storage.retry import RetryingStorage, RetryPolicy, is_transient, with_retries
 
 # ----------------------------------------------------------------------------- retry policy
 
@@ -35,16 +34,26 @@ def test_policy_delays_grow_exponentially_with_bounded_jitter():
         RetryPolicy(max_attempts=0)
 
 
-@pytest.mark.parametrize("exc,transient", [
-    (OSError(errno.EIO, "io"), True), (OSError(errno.EAGAIN, "again"), True),
-    (OSError(errno.EINTR, "intr"), True), (OSError(errno.ETIMEDOUT, "timeout"), True),
-    (OSError(errno.ECONNRESET, "reset"), True), (OSError(errno.EBUSY, "busy"), True),
-    (TimeoutError("client timeout"), True), (TransientStorageError("throttled"), True),
-    (StorageError(errno.EIO, "eio wrapped by a backend"), True),
-    (OSError(errno.ENOSPC, "full"), False), (OSError(errno.EACCES, "denied"), False),
-    (OSError(errno.ENOENT, "missing"), False), (OSError(errno.EROFS, "ro"), False),
-    (MissingDataFileError("gone"), False), (ValueError("bug"), False),
-])
+@pytest.mark.parametrize(
+    "exc,transient",
+    [
+        (OSError(errno.EIO, "io"), True),
+        (OSError(errno.EAGAIN, "again"), True),
+        (OSError(errno.EINTR, "intr"), True),
+        (OSError(errno.ETIMEDOUT, "timeout"), True),
+        (OSError(errno.ECONNRESET, "reset"), True),
+        (OSError(errno.EBUSY, "busy"), True),
+        (TimeoutError("client timeout"), True),
+        (TransientStorageError("throttled"), True),
+        (StorageError(errno.EIO, "eio wrapped by a backend"), True),
+        (OSError(errno.ENOSPC, "full"), False),
+        (OSError(errno.EACCES, "denied"), False),
+        (OSError(errno.ENOENT, "missing"), False),
+        (OSError(errno.EROFS, "ro"), False),
+        (MissingDataFileError("gone"), False),
+        (ValueError("bug"), False),
+    ],
+)
 def test_transient_classification(exc, transient):
     assert is_transient(exc) is transient
 
@@ -70,8 +79,7 @@ def test_with_retries_gives_up_with_a_precise_error():
         raise OSError(errno.ETIMEDOUT, "Connection timed out")
 
     with pytest.raises(StorageError) as ei:
-        with_retries("read", "/x/data/f.bin", always, RetryPolicy(max_attempts=4, jitter=0.0),
-                     sleep=sleeps.append)
+        with_retries("read", "/x/data/f.bin", always, RetryPolicy(max_attempts=4, jitter=0.0), sleep=sleeps.append)
     msg = str(ei.value)
     assert "read /x/data/f.bin failed after 4 attempt(s)" in msg and "timed out" in msg
     assert ei.value.errno == errno.ETIMEDOUT and len(sleeps) == 3
@@ -115,8 +123,7 @@ def test_transient_write_and_read_errors_are_retried(tmp_path):
     fresh = _tiny_state(seed=77)
     unickpt.load(f"faulty://{tmp_path}/ck", fresh, framework="torch")
     assert counters["read injected"] == 2
-    assert not mismatches(snapshot(fresh["model"], fresh["optimizer"]),
-                          snapshot(state["model"], state["optimizer"]))
+    assert not mismatches(snapshot(fresh["model"], fresh["optimizer"]), snapshot(state["model"], state["optimizer"]))
 
 
 def test_permanent_write_error_fails_fast_and_names_the_file(tmp_path):
@@ -135,8 +142,7 @@ def test_permanent_write_error_fails_fast_and_names_the_file(tmp_path):
     assert open(f"{tmp_path}/ck/{METADATA_FILE}", "rb").read() == before  # nothing committed
     fresh = _tiny_state(seed=77)
     unickpt.load(f"{tmp_path}/ck", fresh, framework="torch")
-    assert not mismatches(snapshot(fresh["model"], fresh["optimizer"]),
-                          snapshot(state["model"], state["optimizer"]))
+    assert not mismatches(snapshot(fresh["model"], fresh["optimizer"]), snapshot(state["model"], state["optimizer"]))
     dirs = {f.split("/")[1] for f in data_files(f"{tmp_path}/ck") if f.startswith("data/")}
     assert len(dirs) == 1  # the failed save's partial files were discarded
 
@@ -150,8 +156,9 @@ def test_two_ranks_with_faults_on_rank1(tmp_path, errno_code, times, ok):
         assert res[1]["calls"]["write injected"] == 2
         fresh = _tiny_state(seed=77)
         unickpt.load(path, fresh, framework="torch")
-        assert not mismatches(snapshot(fresh["model"], fresh["optimizer"]),
-                              torch.load(str(tmp_path / "ref.pt"), weights_only=True))
+        assert not mismatches(
+            snapshot(fresh["model"], fresh["optimizer"]), torch.load(str(tmp_path / "ref.pt"), weights_only=True)
+        )
         return
     assert not any(r["ok"] for r in res), res
     # rank 0 learns of rank 1's failure: the report names the stage, the rank and the file
@@ -173,8 +180,7 @@ def small_fs(tmp_path):
     """An 8 MiB tmpfs mounted for the test (root only), unmounted afterwards."""
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True, text=True)
     if r.returncode != 0:
         pytest.skip(f"cannot mount an 8 MiB tmpfs (needs root / CAP_SYS_ADMIN): {r.stderr.strip()}")
     try:

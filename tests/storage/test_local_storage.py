@@ -27,7 +27,7 @@ def test_write_mixed_aligned_and_unaligned_parts(tmp_path, monkeypatch, direct):
                 parts.append(b.view[:n])
             else:
                 a = rng.integers(0, 255, n + 3, dtype=np.uint8)
-                parts.append(memoryview(a[int(rng.integers(0, 3)):][:n]))
+                parts.append(memoryview(a[int(rng.integers(0, 3)) :][:n]))
         s.write(f"d/f{trial}.bin", parts)
         want = b"".join(bytes(p) for p in parts)
         assert s.size(f"d/f{trial}.bin") == len(want)
@@ -36,7 +36,7 @@ def test_write_mixed_aligned_and_unaligned_parts(tmp_path, monkeypatch, direct):
             off = int(rng.integers(0, len(want)))
             out = bytearray(min(1000, len(want) - off))
             s.read_into(f"d/f{trial}.bin", off, memoryview(out))
-            assert bytes(out) == want[off:off + len(out)]
+            assert bytes(out) == want[off : off + len(out)]
 
 
 def test_missing_is_a_value_and_errors_name_the_file(tmp_path):
@@ -72,26 +72,33 @@ def test_large_ranged_reads_match_the_file(tmp_path, monkeypatch, direct):
     s.write("f.bin", [memoryview(data)])
     want = data.tobytes()
     dst = AlignedBuffer(20 << 20)
-    cases = [(0, 20 << 20, 0), (4096, 17 << 20, 0), (4096 * 3 + 64, (1 << 20) + 7, 64),
-             (size - (3 << 20), 3 << 20, 0), (123457, (16 << 20) + 5, 11)]
-    cases += [(int(rng.integers(0, size - (2 << 20))), int(rng.integers(1 << 20, 2 << 20)),
-               int(rng.integers(0, 4096))) for _ in range(20)]
+    cases = [
+        (0, 20 << 20, 0),
+        (4096, 17 << 20, 0),
+        (4096 * 3 + 64, (1 << 20) + 7, 64),
+        (size - (3 << 20), 3 << 20, 0),
+        (123457, (16 << 20) + 5, 11),
+    ]
+    cases += [
+        (int(rng.integers(0, size - (2 << 20))), int(rng.integers(1 << 20, 2 << 20)), int(rng.integers(0, 4096)))
+        for _ in range(20)
+    ]
     for off, n, phase in cases:
         for read in (s.read_into, s.read_into_cached):
-            out = dst.view[phase: phase + n]
+            out = dst.view[phase : phase + n]
             out[:] = bytes(n)
             read("f.bin", off, out)
-            assert bytes(out) == want[off: off + n], (off, n, phase)
+            assert bytes(out) == want[off : off + n], (off, n, phase)
     unaligned = bytearray((2 << 20) + 3)
     s.read_into("f.bin", 5000, memoryview(unaligned)[3:])
-    assert bytes(unaligned[3:]) == want[5000: 5000 + (2 << 20)]
+    assert bytes(unaligned[3:]) == want[5000 : 5000 + (2 << 20)]
     for off in (size - (1 << 20), size - (1 << 20) + 4096, size - 5):
         with pytest.raises(TruncatedDataFileError, match=f"ends at {size}"):
             s.read_into("f.bin", off, dst.view[: 2 << 20])
 
 
 def test_large_reads_bypass_the_page_cache_unless_cached(tmp_path, monkeypatch):
-    import unickpt.storage.local as local
+    from unickpt.storage import local
 
     monkeypatch.setattr(LocalStorage, "direct_reads", True)
     s = LocalStorage(str(tmp_path))
@@ -112,7 +119,7 @@ def test_large_reads_bypass_the_page_cache_unless_cached(tmp_path, monkeypatch):
 def test_direct_write_in_parallel_segments(tmp_path, monkeypatch):
     """Segments cut at aligned offsets and written by several threads reproduce the stream,
     whatever mix of aligned and unaligned parts crosses the cuts."""
-    import unickpt.storage.local as local
+    from unickpt.storage import local
 
     monkeypatch.setattr(local, "_SEGMENT", 1 << 20)
     s = LocalStorage(str(tmp_path))
@@ -121,10 +128,18 @@ def test_direct_write_in_parallel_segments(tmp_path, monkeypatch):
     np.frombuffer(aligned.view, np.uint8)[:] = rng.integers(0, 255, 3 << 20, dtype=np.uint8)
     odd = rng.integers(0, 255, (5 << 20) + 17, dtype=np.uint8)
     for trial in range(6):
-        parts = [aligned.view[: (2 << 20) + 4096 * trial], memoryview(odd[trial:]),
-                 aligned.view[4096: 4096 + 12345 * trial], memoryview(odd[: 999 * trial])]
+        parts = [
+            aligned.view[: (2 << 20) + 4096 * trial],
+            memoryview(odd[trial:]),
+            aligned.view[4096 : 4096 + 12345 * trial],
+            memoryview(odd[: 999 * trial]),
+        ]
         s.write(f"f{trial}.bin", parts)
         want = b"".join(bytes(p) for p in parts)
         assert open(tmp_path / f"f{trial}.bin", "rb").read() == want
-    assert [len(v) for _, seg in local._segments([memoryview(bytes(5)), memoryview(bytes(7))], 4)
-            for v in seg] == [4, 1, 3, 4]
+    assert [len(v) for _, seg in local._segments([memoryview(bytes(5)), memoryview(bytes(7))], 4) for v in seg] == [
+        4,
+        1,
+        3,
+        4,
+    ]

@@ -8,8 +8,14 @@ from .base import Coordinator, run_stage
 from .single import SingleProcessCoordinator
 from .torch_dist import TorchDistCoordinator, checkpoint_group
 
-__all__ = ["Coordinator", "run_stage", "SingleProcessCoordinator", "TorchDistCoordinator",
-           "checkpoint_group", "make_coordinator"]
+__all__ = [
+    "Coordinator",
+    "run_stage",
+    "SingleProcessCoordinator",
+    "TorchDistCoordinator",
+    "checkpoint_group",
+    "make_coordinator",
+]
 
 
 def make_coordinator(group: dist.ProcessGroup | None = None, channel: str = "foreground") -> Coordinator:

@@ -9,7 +9,8 @@ the same ``RankFailures`` instead of leaving the others blocked in the next coll
 from __future__ import annotations
 
 import traceback
-from typing import Any, Callable, Protocol, TypeVar
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 from ..errors import CheckpointError, RankFailures
 

@@ -62,17 +62,16 @@ class TorchDistCoordinator:
 
     def scatter_object(self, objs: list[Any] | None, src: int = 0) -> Any:
         out: list[Any] = [None]
-        dist.scatter_object_list(out, objs if self.rank == src else None,
-                                 src=self._global_ranks[src], group=self.group)
+        dist.scatter_object_list(out, objs if self.rank == src else None, src=self._global_ranks[src], group=self.group)
         return out[0]
 
     def barrier(self) -> None:
         dist.barrier(group=self.group)
 
-    def isend(self, tensor: "torch.Tensor", dst: int, tag: int) -> "dist.Work":
+    def isend(self, tensor: torch.Tensor, dst: int, tag: int) -> dist.Work:
         # None only for a rank outside ``group``; this rank is always in its own group
         return cast("dist.Work", dist.isend(tensor, dst=self._global_ranks[dst], group=self.group, tag=tag))
 
-    def irecv(self, tensor: "torch.Tensor", src: int, tag: int) -> "dist.Work":
+    def irecv(self, tensor: torch.Tensor, src: int, tag: int) -> dist.Work:
         # None only for a rank outside ``group``; this rank is always in its own group
         return cast("dist.Work", dist.irecv(tensor, src=self._global_ranks[src], group=self.group, tag=tag))

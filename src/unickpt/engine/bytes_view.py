@@ -31,5 +31,3 @@ def sub_box(t: torch.Tensor, offsets: tuple[int, ...], lengths: tuple[int, ...])
         if o != 0 or n != t.shape[d]:
             out = out.narrow(d, o, n)
     return out
-
-

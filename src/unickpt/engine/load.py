@@ -17,16 +17,16 @@ from __future__ import annotations
 
 import socket
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
 
 import crc32c
 import torch
 
 from ..coordination.base import Coordinator, run_stage
 from ..errors import (
-    ChecksumMismatchError,
     CheckpointError,
+    ChecksumMismatchError,
     IncompleteCheckpointError,
     MissingDataFileError,
     NotACheckpointError,
@@ -90,19 +90,27 @@ def _check_files(md: Metadata, storage: Storage, reads: list[ShardRead], rank: i
         name = md.files[fidx]
         size = storage.size(name)
         if size is None:
-            raise MissingDataFileError(
-                f"rank {rank}: data file {storage.url}/{name} (holding {fqn!r}) is missing")
+            raise MissingDataFileError(f"rank {rank}: data file {storage.url}/{name} (holding {fqn!r}) is missing")
         if size < end:
             raise TruncatedDataFileError(
                 f"rank {rank}: data file {storage.url}/{name} is truncated: {size} bytes, "
-                f"but {fqn!r} needs bytes up to {end}")
+                f"but {fqn!r} needs bytes up to {end}"
+            )
 
 
 _CHUNK = 16 << 20  # shards are read as parallel ranged reads cut at multiples of this file offset
 
 
-def read_stage(md: Metadata, storage: Storage, coord: Coordinator, items: list[LoadItem],
-               reads: list[ShardRead], threads: int, verify: bool, dedup: bool | None) -> int:
+def read_stage(
+    md: Metadata,
+    storage: Storage,
+    coord: Coordinator,
+    items: list[LoadItem],
+    reads: list[ShardRead],
+    threads: int,
+    verify: bool,
+    dedup: bool | None,
+) -> int:
     """Collective: read and place every needed shard; return the bytes this rank read.
 
     With ``dedup`` (and several ranks) each needed saved shard is read by one rank only and
@@ -145,8 +153,18 @@ def read_stage(md: Metadata, storage: Storage, coord: Coordinator, items: list[L
                 if buf is not None:
                     outgoing.append((b, buf))
                 for key, off in zip(b.keys, b.offsets):
-                    job = _ShardJob(md, storage, items, mine, key, buf, off, verify, me,
-                                    cached if key in shared else storage.read_into)
+                    job = _ShardJob(
+                        md,
+                        storage,
+                        items,
+                        mine,
+                        key,
+                        buf,
+                        off,
+                        verify,
+                        me,
+                        cached if key in shared else storage.read_into,
+                    )
                     if not job.pieces:  # an empty shard: nothing to read, still checked and placed
                         job.finish()
                     futures += [pool.submit(job.read_chunk, lo, n) for lo, n in job.pieces]
@@ -169,7 +187,7 @@ def read_stage(md: Metadata, storage: Storage, coord: Coordinator, items: list[L
     for b, buf, work in recvs:
         work.wait()
         for key, off in zip(b.keys, b.offsets):
-            _apply(md, items, mine[key], buf[off: off + md.tensors[key[0]].shards[key[1]].byte_length])
+            _apply(md, items, mine[key], buf[off : off + md.tensors[key[0]].shards[key[1]].byte_length])
     for w in sends:
         w.wait()
     return total
@@ -184,10 +202,19 @@ class _ShardJob:
     it, else in the forwarding batch buffer ``buf`` (shards other ranks need too), else in a
     temporary allocated when the first chunk starts and dropped once the copies are done."""
 
-    def __init__(self, md: Metadata, storage: Storage, items: list[LoadItem],
-                 mine: dict[tuple[str, int], ShardRead], key: tuple[str, int],
-                 buf: torch.Tensor | None, buf_offset: int, verify: bool, rank: int,
-                 read_into: Callable[[str, int, memoryview], None]) -> None:
+    def __init__(
+        self,
+        md: Metadata,
+        storage: Storage,
+        items: list[LoadItem],
+        mine: dict[tuple[str, int], ShardRead],
+        key: tuple[str, int],
+        buf: torch.Tensor | None,
+        buf_offset: int,
+        verify: bool,
+        rank: int,
+        read_into: Callable[[str, int, memoryview], None],
+    ) -> None:
         self.md, self.storage, self.items, self.key = md, storage, items, key
         self.mine, self.verify, self.rank, self.read_into = mine.get(key), verify, rank, read_into
         self.shard = md.tensors[key[0]].shards[key[1]]
@@ -196,7 +223,7 @@ class _ShardJob:
         self.region: torch.Tensor | None = None  # where the bytes land when not the destination
         self.view: memoryview | None = None
         if buf is not None:
-            self.region = buf[buf_offset: buf_offset + n]
+            self.region = buf[buf_offset : buf_offset + n]
         else:
             self.view = _direct_target(md, items, self.mine)
         if self.region is not None:
@@ -223,7 +250,7 @@ class _ShardJob:
             return self.view
 
     def read_chunk(self, lo: int, n: int) -> None:
-        self.read_into(self.name, self.shard.byte_offset + lo, self._target()[lo: lo + n])
+        self.read_into(self.name, self.shard.byte_offset + lo, self._target()[lo : lo + n])
         with self._lock:
             self.left -= 1
             last = self.left == 0
@@ -261,7 +288,8 @@ def _verify(md: Metadata, storage: Storage, key: tuple[str, int], view: memoryvi
         raise ChecksumMismatchError(
             f"rank {rank}: checksum mismatch for {key[0]!r} shard offsets={shard.offsets} "
             f"lengths={shard.lengths} in {storage.url}/{md.files[shard.file_index]} at byte "
-            f"{shard.byte_offset}: stored {shard.crc32c:#010x}, read {got:#010x} (the file is corrupt)")
+            f"{shard.byte_offset}: stored {shard.crc32c:#010x}, read {got:#010x} (the file is corrupt)"
+        )
 
 
 def _apply(md: Metadata, items: list[LoadItem], r: ShardRead, region: torch.Tensor) -> None:
@@ -286,5 +314,3 @@ def read_blob(md: Metadata, storage: Storage, blob: BlobRecord, rank: int) -> by
     if crc32c.crc32c(out) != blob.crc32c:
         raise ChecksumMismatchError(f"rank {rank}: checksum mismatch for {blob.key!r} in {storage.url}/{name}")
     return bytes(out)
-
-

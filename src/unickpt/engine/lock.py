@@ -44,8 +44,9 @@ import socket
 import threading
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Callable, Sequence, TypeVar
+from typing import TypeVar
 
 import psutil
 
@@ -98,7 +99,7 @@ class LockOwner:
     created_unix: float
 
     @staticmethod
-    def for_this_process(save_id: str) -> "LockOwner":
+    def for_this_process(save_id: str) -> LockOwner:
         pid = os.getpid()
         return LockOwner(save_id, socket.gethostname(), pid, _process_start(pid), time.time())
 
@@ -106,16 +107,20 @@ class LockOwner:
         return json.dumps(asdict(self), sort_keys=True).encode("utf-8")
 
     @staticmethod
-    def decode(data: bytes) -> "LockOwner | None":
+    def decode(data: bytes) -> LockOwner | None:
         """The owner recorded in ``data``, or None when it is not a well-formed lock."""
         try:
             doc = json.loads(data.decode("utf-8"))
             owner = LockOwner(doc["save_id"], doc["host"], doc["pid"], doc["pid_start"], doc["created_unix"])
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             return None
-        if not (isinstance(owner.save_id, str) and isinstance(owner.host, str)
-                and type(owner.pid) is int and isinstance(owner.pid_start, (int, float))
-                and isinstance(owner.created_unix, (int, float))):
+        if not (
+            isinstance(owner.save_id, str)
+            and isinstance(owner.host, str)
+            and type(owner.pid) is int
+            and isinstance(owner.pid_start, (int, float))
+            and isinstance(owner.created_unix, (int, float))
+        ):
             return None
         return owner
 
@@ -124,8 +129,9 @@ class LockOwner:
         return f"save {self.save_id} of pid {self.pid} on host {self.host}, started {age:.0f}s ago"
 
 
-def stale_reason(owner: LockOwner, stale_after_s: float = DEFAULT_STALE_AFTER_S,
-                 now: float | None = None) -> str | None:
+def stale_reason(
+    owner: LockOwner, stale_after_s: float = DEFAULT_STALE_AFTER_S, now: float | None = None
+) -> str | None:
     """Why the lock of ``owner`` is stale, or None if its save may still be running."""
     now = time.time() if now is None else now
     if not math.isfinite(owner.created_unix) or abs(now - owner.created_unix) > stale_after_s:
@@ -169,8 +175,11 @@ class SaveLock:
             if current == self.owner.encode():
                 self.storage.delete([LOCK_FILE])
             elif current is not None:
-                warnings.warn(f"save lock {self.storage.url}/{LOCK_FILE} was taken over by "
-                              f"another job while {self.owner.save_id} ran; leaving it", stacklevel=2)
+                warnings.warn(
+                    f"save lock {self.storage.url}/{LOCK_FILE} was taken over by "
+                    f"another job while {self.owner.save_id} ran; leaving it",
+                    stacklevel=2,
+                )
         except CheckpointError as e:
             warnings.warn(f"could not release save lock {self.storage.url}/{LOCK_FILE}: {e}", stacklevel=2)
 
@@ -196,8 +205,11 @@ def _break(storage: Storage, expected: bytes) -> bool:
     return True
 
 
-def try_acquire(storage: Storage, save_id: str, stale_after_s: float = DEFAULT_STALE_AFTER_S,
-                ) -> SaveLock:
+def try_acquire(
+    storage: Storage,
+    save_id: str,
+    stale_after_s: float = DEFAULT_STALE_AFTER_S,
+) -> SaveLock:
     """One process: take the save lock of ``storage`` for ``save_id`` or raise
     ``ConcurrentSaveError`` naming the holder. Stale locks are broken with a warning."""
     owner = LockOwner.for_this_process(save_id)
@@ -222,17 +234,20 @@ def try_acquire(storage: Storage, save_id: str, stale_after_s: float = DEFAULT_S
             if reason is None:
                 raise ConcurrentSaveError(
                     f"another save is in progress at {storage.url}: {holder.describe()} holds "
-                    f"{LOCK_FILE}; wait for it or save to another path")
+                    f"{LOCK_FILE}; wait for it or save to another path"
+                )
         if _break(storage, raw):
             who = holder.describe() if holder is not None else "an unknown owner"
-            warnings.warn(f"broke the stale save lock {storage.url}/{LOCK_FILE} of {who}: {reason}",
-                          stacklevel=3)
-    raise ConcurrentSaveError(f"could not take the save lock {storage.url}/{LOCK_FILE}: it kept "
-                              "changing hands (several jobs are saving to this path)")
+            warnings.warn(f"broke the stale save lock {storage.url}/{LOCK_FILE} of {who}: {reason}", stacklevel=3)
+    raise ConcurrentSaveError(
+        f"could not take the save lock {storage.url}/{LOCK_FILE}: it kept "
+        "changing hands (several jobs are saving to this path)"
+    )
 
 
-def acquire_save_lock(coord: Coordinator, storage: Storage, save_id: str,
-                      stale_after_s: float = DEFAULT_STALE_AFTER_S) -> SaveLock:
+def acquire_save_lock(
+    coord: Coordinator, storage: Storage, save_id: str, stale_after_s: float = DEFAULT_STALE_AFTER_S
+) -> SaveLock:
     """Collective: rank 0 takes the lock, every rank learns the outcome and raises together."""
     lock = SaveLock(storage, None)
     outcome: tuple[str, str, int | None] | None = None  # (kind, message, errno)
@@ -241,7 +256,7 @@ def acquire_save_lock(coord: Coordinator, storage: Storage, save_id: str,
             lock = try_acquire(storage, save_id, stale_after_s)
         except ConcurrentSaveError as e:
             outcome = ("concurrent", str(e), None)
-        except Exception as e:  # noqa: BLE001 - reported on every rank as a StorageError
+        except Exception as e:
             code = e.errno if isinstance(e, OSError) else None
             outcome = ("storage", f"{type(e).__name__}: {e}", code)
     if coord.world_size > 1:
@@ -273,14 +288,22 @@ def discard_partial_save(storage: Storage, save_id: str, files: Sequence[str], r
         names = sorted({n for n in names if n.startswith(f"{DATA_DIR}/{save_id}/")})
         if names:
             storage.delete(names)
-    except Exception as e:  # noqa: BLE001 - cleanup must not hide the save's own error
-        warnings.warn(f"rank {rank}: could not delete the partial data of failed save {save_id} "
-                      f"at {storage.url}: {e}", stacklevel=2)
+    except Exception as e:
+        warnings.warn(
+            f"rank {rank}: could not delete the partial data of failed save {save_id} at {storage.url}: {e}",
+            stacklevel=2,
+        )
 
 
-def run_locked(coord: Coordinator, storage: Storage, plan: RankSavePlan, body: Callable[[], T], *,
-               on_refused: Callable[[], None] | None = None,
-               stale_after_s: float = DEFAULT_STALE_AFTER_S) -> T:
+def run_locked(
+    coord: Coordinator,
+    storage: Storage,
+    plan: RankSavePlan,
+    body: Callable[[], T],
+    *,
+    on_refused: Callable[[], None] | None = None,
+    stale_after_s: float = DEFAULT_STALE_AFTER_S,
+) -> T:
     """Run ``body`` (one save's write + commit, collective on ``coord``) under the save lock.
 
     Every rank calls it with its own ``plan``. The lock is taken first (collective: all ranks

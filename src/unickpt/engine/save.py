@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Sequence
 
 import crc32c
 
@@ -35,8 +35,8 @@ from ..format.records import (
     TensorRecord,
     Topology,
 )
-from ..planning.save_plan import GlobalSavePlan, LocalSavePlan, RankSavePlan, plan_save
 from ..monitoring.events import emit, phase
+from ..planning.save_plan import GlobalSavePlan, LocalSavePlan, RankSavePlan, plan_save
 from ..storage.base import Buffer, Storage
 
 __all__ = ["SaveRequest", "CachedPlan", "plan_stage", "write_stage", "commit_stage", "new_save_id"]
@@ -67,13 +67,14 @@ class CachedPlan:
     base: str
     seq: int = 0
 
-    def next(self) -> "CachedPlan":
+    def next(self) -> CachedPlan:
         seq = self.seq + 1
         return CachedPlan(self.local, _rename_plan(self.plan, f"{self.base}-{seq:06d}"), self.base, seq)
 
 
-def plan_stage(coord: Coordinator, local: LocalSavePlan, files_per_rank: int,
-               cached: CachedPlan | None = None) -> CachedPlan:
+def plan_stage(
+    coord: Coordinator, local: LocalSavePlan, files_per_rank: int, cached: CachedPlan | None = None
+) -> CachedPlan:
     """Collective (foreground group): this save's global plan, from the cache when every rank's
     local plan is unchanged (one tiny all_gather), else gathered and computed by rank 0."""
     unchanged = cached is not None and cached.local == local
@@ -102,16 +103,21 @@ def plan_stage(coord: Coordinator, local: LocalSavePlan, files_per_rank: int,
 def _rename_plan(gplan: GlobalSavePlan, save_id: str) -> GlobalSavePlan:
     old = gplan.save_id
     rank_plans = tuple(
-        RankSavePlan(rp.rank, save_id, tuple(
-            replace(e, file=e.file.replace(old, save_id, 1)) for e in rp.entries))
+        RankSavePlan(rp.rank, save_id, tuple(replace(e, file=e.file.replace(old, save_id, 1)) for e in rp.entries))
         for rp in gplan.rank_plans
     )
-    return replace(gplan, save_id=save_id, rank_plans=rank_plans,
-                   files=tuple(f.replace(old, save_id, 1) for f in gplan.files))
+    return replace(
+        gplan, save_id=save_id, rank_plans=rank_plans, files=tuple(f.replace(old, save_id, 1) for f in gplan.files)
+    )
 
 
-def write_stage(storage: Storage, plan: RankSavePlan, entry_bytes: Sequence[Buffer],
-                file_parts: dict[str, list[Buffer]], threads: int) -> list[int]:
+def write_stage(
+    storage: Storage,
+    plan: RankSavePlan,
+    entry_bytes: Sequence[Buffer],
+    file_parts: dict[str, list[Buffer]],
+    threads: int,
+) -> list[int]:
     """Write this rank's files in parallel, checksumming each entry (plan order) alongside."""
     by_file: dict[str, list[int]] = {}
     for i, e in enumerate(plan.entries):
@@ -136,8 +142,13 @@ def write_stage(storage: Storage, plan: RankSavePlan, entry_bytes: Sequence[Buff
     return crcs
 
 
-def build_metadata(gplan: GlobalSavePlan, crcs_by_rank: list[list[int]], request: SaveRequest,
-                   world_size: int, objects: dict[str, JSONValue]) -> Metadata:
+def build_metadata(
+    gplan: GlobalSavePlan,
+    crcs_by_rank: list[list[int]],
+    request: SaveRequest,
+    world_size: int,
+    objects: dict[str, JSONValue],
+) -> Metadata:
     file_index = {f: i for i, f in enumerate(gplan.files)}
     located: dict[tuple[int, int], tuple[int, int, int, int]] = {}
     blobs: dict[str, BlobRecord] = {}
@@ -168,9 +179,16 @@ def build_metadata(gplan: GlobalSavePlan, crcs_by_rank: list[list[int]], request
     )
 
 
-def commit_stage(coord: Coordinator, storage: Storage, gplan: GlobalSavePlan | None,
-                 crcs: list[int] | None, error: BaseException | None, request: SaveRequest,
-                 objects: dict[str, JSONValue], cleanup_previous: bool) -> Metadata | None:
+def commit_stage(
+    coord: Coordinator,
+    storage: Storage,
+    gplan: GlobalSavePlan | None,
+    crcs: list[int] | None,
+    error: BaseException | None,
+    request: SaveRequest,
+    objects: dict[str, JSONValue],
+    cleanup_previous: bool,
+) -> Metadata | None:
     """Collective: agree that every rank wrote, then rank 0 commits. Returns the metadata on rank 0."""
 
     def local() -> list[int]:

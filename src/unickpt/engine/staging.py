@@ -16,9 +16,9 @@ while the host returns at once. On CPU, the entries the caller marks ``later`` (
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -63,11 +63,11 @@ class StagedFiles:
     """File images of one staged save; ``release()`` returns the slot once written."""
 
     parts: dict[str, list[Buffer]]
-    ready: "torch.cuda.Event | None"
-    _pool: "StagingPool"
+    ready: torch.cuda.Event | None
+    _pool: StagingPool
     _slot: _Slot
     nbytes: int
-    copied: "Future[None] | None" = None  # the background part of the copy (CPU), if any
+    copied: Future[None] | None = None  # the background part of the copy (CPU), if any
 
     def wait_ready(self) -> None:
         """Block until every byte is in the images; re-raises a failed background copy."""
@@ -84,7 +84,7 @@ class StagingPool:
     def __init__(self, slots: int = 2) -> None:
         self._slots = [_Slot() for _ in range(slots)]
         self._cond = threading.Condition()
-        self._stream: "torch.cuda.Stream | None" = None
+        self._stream: torch.cuda.Stream | None = None
 
     def capacity_bytes(self) -> int:
         return sum(_cap(b) for s in self._slots for b in s.buffers)
@@ -103,8 +103,13 @@ class StagingPool:
             slot.busy = False
             self._cond.notify_all()
 
-    def stage(self, items: list[SaveItem], plan: RankSavePlan, blobs: dict[str, bytes],
-              later: Callable[[SaveItem], bool] | None = None) -> StagedFiles:
+    def stage(
+        self,
+        items: list[SaveItem],
+        plan: RankSavePlan,
+        blobs: dict[str, bytes],
+        later: Callable[[SaveItem], bool] | None = None,
+    ) -> StagedFiles:
         """Copy every entry of ``plan`` into a free slot's file images (blocks while both are
         busy); CPU tensor entries whose item satisfies ``later`` are copied on the snapshot
         thread after the return (``StagedFiles.copied``)."""
@@ -126,8 +131,12 @@ class StagingPool:
             now: list[WriteEntry] = []
             deferred: list[WriteEntry] = []
             for e in plan.entries:
-                defer = (later is not None and not e.blob_key
-                         and items[e.item_index].tensor.device.type == "cpu" and later(items[e.item_index]))
+                defer = (
+                    later is not None
+                    and not e.blob_key
+                    and items[e.item_index].tensor.device.type == "cpu"
+                    and later(items[e.item_index])
+                )
                 (deferred if defer else now).append(e)
             with torch.cuda.stream(stream) if stream is not None else _null():
                 _copy_entries(now, items, images, blobs, non_blocking=stream is not None)
@@ -138,7 +147,8 @@ class StagingPool:
                 torch.cuda.current_stream().wait_event(ready)  # training kernels run after the copy
             parts: dict[str, list[Buffer]] = {
                 f: [memoryview(images[f].numpy()).cast("B")] if sizes[f] else []  # type: ignore[arg-type]  # numpy stubs: __buffer__ only on 3.12+
-                for f in files}
+                for f in files
+            }
             copied = None
             if deferred:  # version counters read now, in the call: the state the save stands for
                 versions = [items[e.item_index].tensor._version for e in deferred]
@@ -154,11 +164,16 @@ class StagingPool:
 _SNAPSHOTTER = ThreadPoolExecutor(1, thread_name_prefix="unickpt-snapshot")
 
 
-def _copy_entries(entries: list[WriteEntry], items: list[SaveItem], images: dict[str, torch.Tensor],
-                  blobs: dict[str, bytes], non_blocking: bool = False) -> None:
+def _copy_entries(
+    entries: list[WriteEntry],
+    items: list[SaveItem],
+    images: dict[str, torch.Tensor],
+    blobs: dict[str, bytes],
+    non_blocking: bool = False,
+) -> None:
     with torch.no_grad():
         for e in entries:
-            dst = images[e.file][e.byte_offset: e.byte_offset + e.byte_length]
+            dst = images[e.file][e.byte_offset : e.byte_offset + e.byte_length]
             if e.blob_key:
                 if e.byte_length:
                     dst.copy_(torch.frombuffer(bytearray(blobs[e.blob_key]), dtype=torch.uint8))
@@ -169,8 +184,9 @@ def _copy_entries(entries: list[WriteEntry], items: list[SaveItem], images: dict
             dst.view(src.dtype).view(src.shape).copy_(src, non_blocking=non_blocking)
 
 
-def _copy_checked(entries: list[WriteEntry], versions: list[int], items: list[SaveItem],
-                  images: dict[str, torch.Tensor]) -> None:
+def _copy_checked(
+    entries: list[WriteEntry], versions: list[int], items: list[SaveItem], images: dict[str, torch.Tensor]
+) -> None:
     """The background copy; refuses (SnapshotConflictError) if a source changed in place since
     the save call, detected by torch's version counters (in-place ops bump them; ``.data``
     writes don't)."""
@@ -182,7 +198,8 @@ def _copy_checked(entries: list[WriteEntry], versions: list[int], items: list[Sa
                 f"{items[e.item_index].spec.fqn!r} was modified in place while the async save was "
                 "copying it in the background (outside optimizer.step(), which waits for the copy); "
                 "call handle.wait_snapshot() before such changes, or save with "
-                "SaveOptions(background_snapshot=False)")
+                "SaveOptions(background_snapshot=False)"
+            )
 
 
 class _null:
@@ -208,8 +225,9 @@ def _fit(slot: _Slot, sizes: list[int], pinned: bool) -> None:
     have = sorted(slot.buffers, key=_cap)
     out: list[AlignedBuffer | torch.Tensor] = []
     for size in sizes:
-        pick = next((b for b in have if size <= _cap(b) <= max(size, 1) + 4096
-                     and isinstance(b, torch.Tensor) == pinned), None)
+        pick = next(
+            (b for b in have if size <= _cap(b) <= max(size, 1) + 4096 and isinstance(b, torch.Tensor) == pinned), None
+        )
         if pick is not None:
             have.remove(pick)
         elif pinned:

@@ -23,7 +23,7 @@ __all__ = ["guard", "protected_storages", "wait_pending", "storage_key"]
 
 _LOCK = threading.Lock()
 _PENDING: list[Future] = []
-_GUARDED: "weakref.WeakSet[torch.optim.Optimizer]" = weakref.WeakSet()
+_GUARDED: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
 
 
 def storage_key(t: torch.Tensor) -> int:

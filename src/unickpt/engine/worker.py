@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 __all__ = ["SaveWorker", "SAVE_WORKER"]
 
@@ -39,11 +40,10 @@ class SaveWorker:
         self._pending: list[Future] = []
         self._lock = threading.Lock()
 
-    def submit(self, fn: Callable[[], T]) -> "Future[T]":
+    def submit(self, fn: Callable[[], T]) -> Future[T]:
         with self._lock:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="unickpt-save",
-                                                initializer=_lower_priority)
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="unickpt-save", initializer=_lower_priority)
             fut = self._pool.submit(fn)
             self._pending = [f for f in self._pending if not f.done()] + [fut]
             return fut

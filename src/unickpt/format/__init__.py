@@ -15,7 +15,18 @@ from .records import (
 from .values import dumps_value, loads_value
 
 __all__ = [
-    "DATA_DIR", "FORMAT_VERSION", "METADATA_FILE", "BlobRecord", "Metadata", "ShardRecord",
-    "TensorRecord", "Topology", "decode_metadata", "encode_metadata", "dtype_from_name",
-    "dtype_name", "dumps_value", "loads_value",
+    "DATA_DIR",
+    "FORMAT_VERSION",
+    "METADATA_FILE",
+    "BlobRecord",
+    "Metadata",
+    "ShardRecord",
+    "TensorRecord",
+    "Topology",
+    "decode_metadata",
+    "encode_metadata",
+    "dtype_from_name",
+    "dtype_name",
+    "dumps_value",
+    "loads_value",
 ]

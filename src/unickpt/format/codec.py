@@ -45,8 +45,7 @@ MAX_BYTES = 1 << 56  # 64 PiB: no tensor, shard, file offset or blob is larger (
 def encode_metadata(md: Metadata) -> bytes:
     tensors = {}
     for fqn, t in md.tensors.items():
-        rows = [[*s.offsets, *s.lengths, s.file_index, s.byte_offset, s.byte_length, s.crc32c]
-                for s in t.shards]
+        rows = [[*s.offsets, *s.lengths, s.file_index, s.byte_offset, s.byte_length, s.crc32c] for s in t.shards]
         entry: dict[str, Any] = {"dtype": t.dtype, "shape": list(t.shape)}
         if len(rows) >= TABLE_FROM:
             entry["shard_table"] = base64.b64encode(np.asarray(rows, dtype="<i8").tobytes()).decode("ascii")
@@ -67,9 +66,7 @@ def encode_metadata(md: Metadata) -> bytes:
         "files": list(md.files),
         "tensors": tensors,
         "objects": md.objects,
-        "blobs": {
-            k: [b.file_index, b.byte_offset, b.byte_length, b.crc32c] for k, b in md.blobs.items()
-        },
+        "blobs": {k: [b.file_index, b.byte_offset, b.byte_length, b.crc32c] for k, b in md.blobs.items()},
     }
     return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
@@ -216,8 +213,9 @@ def _decode_v1(doc: dict[str, Any], source: str) -> Metadata:
     )
 
 
-def _decode_table(fqn: str, table: Any, shape: tuple[int, ...], isz: int, nfiles: int,
-                  source: str) -> list[ShardRecord]:
+def _decode_table(
+    fqn: str, table: Any, shape: tuple[int, ...], isz: int, nfiles: int, source: str
+) -> list[ShardRecord]:
     """Decode and validate a binary shard table (rows of little-endian int64), vectorised."""
     if not isinstance(table, str):
         raise _fail(source, f"tensor {fqn!r}: shard_table must be a base64 string")
@@ -230,7 +228,7 @@ def _decode_table(fqn: str, table: Any, shape: tuple[int, ...], isz: int, nfiles
         raise _fail(source, f"tensor {fqn!r}: shard_table length {len(raw)} is not a multiple of its rows")
     arr = np.frombuffer(raw, dtype="<i8").reshape(-1, width)
     nd = len(shape)
-    offs, lens = arr[:, :nd], arr[:, nd:2 * nd]
+    offs, lens = arr[:, :nd], arr[:, nd : 2 * nd]
     fidx, boff, blen, crc = (arr[:, 2 * nd + i] for i in range(4))
     problems = [
         ((arr < 0).any(axis=1), "negative field"),
@@ -245,8 +243,10 @@ def _decode_table(fqn: str, table: Any, shape: tuple[int, ...], isz: int, nfiles
         bad = np.nonzero(mask)[0]
         if len(bad):
             raise _fail(source, f"tensor {fqn!r}: shard row {int(bad[0])}: {what}")
-    return [ShardRecord(tuple(r[:nd]), tuple(r[nd:2 * nd]), r[2 * nd], r[2 * nd + 1], r[2 * nd + 2], r[2 * nd + 3])
-            for r in arr.tolist()]
+    return [
+        ShardRecord(tuple(r[:nd]), tuple(r[nd : 2 * nd]), r[2 * nd], r[2 * nd + 1], r[2 * nd + 2], r[2 * nd + 3])
+        for r in arr.tolist()
+    ]
 
 
 def _check_tiling(fqn: str, shape: tuple[int, ...], shards: list[ShardRecord], source: str) -> None:
@@ -260,8 +260,7 @@ def _check_tiling(fqn: str, shape: tuple[int, ...], shards: list[ShardRecord], s
     if pair is None:
         raise _fail(source, f"tensor {fqn!r}: its shards do not cover the shape {shape}: {where}")
     a, b = shards[pair[0]], shards[pair[1]]
-    raise _fail(source, f"tensor {fqn!r}: shards {a.offsets}+{a.lengths} and {b.offsets}+{b.lengths} "
-                        f"overlap: {where}")
+    raise _fail(source, f"tensor {fqn!r}: shards {a.offsets}+{a.lengths} and {b.offsets}+{b.lengths} overlap: {where}")
 
 
 Box = tuple[tuple[int, ...], tuple[int, ...]]
@@ -286,7 +285,9 @@ def _tiling(shape: tuple[int, ...], boxes: list[_Indexed], dim: int) -> tuple[st
     if not shape:
         if len(boxes) == 1:
             return None
-        return ("no shard holds the element", None) if not boxes else ("both hold the element", (boxes[0][2], boxes[1][2]))
+        return (
+            ("no shard holds the element", None) if not boxes else ("both hold the element", (boxes[0][2], boxes[1][2]))
+        )
     if len(shape) == 1:
         pos, last = 0, -1
         for start, end, i in sorted((o[0], o[0] + n[0], i) for o, n, i in boxes):

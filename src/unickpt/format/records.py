@@ -26,7 +26,7 @@ FORMAT_VERSION = 1
 METADATA_FILE = "unickpt.metadata.json"
 DATA_DIR = "data"
 
-JSONValue = Union[None, bool, int, float, str, list["JSONValue"], dict[str, "JSONValue"]]
+JSONValue = Union[None, bool, int, float, str, list["JSONValue"], dict[str, "JSONValue"]]  # noqa: UP007 - recursive alias
 Shape = tuple[int, ...]
 
 

@@ -39,14 +39,22 @@ def encode_value(v: Any, path: str = "extra_state", depth: int = 0) -> Any:
     if isinstance(v, torch.Tensor):
         t = v.detach().to("cpu").contiguous()
         raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        return {_TAG: "tensor", "dtype": dtype_name(t.dtype), "shape": list(t.shape),
-                "v": base64.b64encode(raw).decode()}
+        return {
+            _TAG: "tensor",
+            "dtype": dtype_name(t.dtype),
+            "shape": list(t.shape),
+            "v": base64.b64encode(raw).decode(),
+        }
     if isinstance(v, np.ndarray):
         if v.dtype.hasobject:
             raise TypeError(f"{path}: numpy arrays of objects cannot be saved safely")
         a = np.require(v, requirements="C")  # keeps 0-d arrays 0-d (ascontiguousarray does not)
-        return {_TAG: "ndarray", "dtype": a.dtype.str, "shape": list(a.shape),
-                "v": base64.b64encode(a.tobytes()).decode()}
+        return {
+            _TAG: "ndarray",
+            "dtype": a.dtype.str,
+            "shape": list(a.shape),
+            "v": base64.b64encode(a.tobytes()).decode(),
+        }
     if isinstance(v, np.generic):
         return encode_value(v.item(), path, depth + 1)
     if isinstance(v, tuple):
@@ -55,8 +63,7 @@ def encode_value(v: Any, path: str = "extra_state", depth: int = 0) -> Any:
         return [encode_value(x, f"{path}[{i}]", depth + 1) for i, x in enumerate(v)]
     if isinstance(v, dict):
         if v and all(type(k) is int for k in v):
-            return {_TAG: "intdict",
-                    "v": [[k, encode_value(x, f"{path}[{k}]", depth + 1)] for k, x in v.items()]}
+            return {_TAG: "intdict", "v": [[k, encode_value(x, f"{path}[{k}]", depth + 1)] for k, x in v.items()]}
         out = {}
         for k, x in v.items():
             if not isinstance(k, str):

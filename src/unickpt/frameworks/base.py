@@ -10,16 +10,23 @@ Adapters are registered by stable name (the name goes into checkpoints as inform
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Protocol
 
 from ..errors import FrameworkError
 from ..format.records import JSONValue
 from ..planning.specs import LoadItem, SaveItem
 
 __all__ = [
-    "SaveView", "LoadView", "FrameworkAdapter", "register_framework", "get_framework",
-    "registered_frameworks", "MODEL_PREFIX", "OPTIM_PREFIX",
+    "SaveView",
+    "LoadView",
+    "FrameworkAdapter",
+    "register_framework",
+    "get_framework",
+    "registered_frameworks",
+    "MODEL_PREFIX",
+    "OPTIM_PREFIX",
 ]
 
 MODEL_PREFIX = "model."
@@ -57,8 +64,7 @@ _REGISTRY: dict[str, FrameworkAdapter] = {}
 _AUTO_ORDER: list[str] = []
 
 
-def register_framework(adapter: FrameworkAdapter, *, auto_priority: int | None = None,
-                       replace: bool = False) -> None:
+def register_framework(adapter: FrameworkAdapter, *, auto_priority: int | None = None, replace: bool = False) -> None:
     if adapter.name in _REGISTRY and not replace:
         raise ValueError(f"framework {adapter.name!r} is already registered")
     _REGISTRY[adapter.name] = adapter

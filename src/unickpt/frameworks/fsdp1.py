@@ -30,8 +30,9 @@ parameters: loading differing per-parameter values into it is refused.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -52,8 +53,7 @@ from .module_state import (
     optimizer_object,
 )
 
-__all__ = ["FSDP1Adapter", "LocalPiece", "OrigParam", "FlatLayout", "local_pieces", "orig_param",
-           "flat_layouts"]
+__all__ = ["FSDP1Adapter", "LocalPiece", "OrigParam", "FlatLayout", "local_pieces", "orig_param", "flat_layouts"]
 
 Item = SaveItem | LoadItem
 ItemT = TypeVar("ItemT", bound=Item)  # SaveItem on save, LoadItem on load
@@ -107,12 +107,13 @@ class FlatLayout:
 def local_pieces(shape: Shape, param_start: int, numel: int) -> list[LocalPiece]:
     """Boxes tiling elements ``[param_start, param_start + numel)`` (row-major) of a ``shape``
     tensor, with positions relative to ``param_start`` (pure; see ``decompose_flat_range``)."""
-    return [LocalPiece(p.offsets, p.lengths, p.flat_start - param_start, p.numel)
-            for p in decompose_flat_range(tuple(shape), param_start, numel)]
+    return [
+        LocalPiece(p.offsets, p.lengths, p.flat_start - param_start, p.numel)
+        for p in decompose_flat_range(tuple(shape), param_start, numel)
+    ]
 
 
-def orig_param(fqn: str, shape: Shape, info: Any, sharded_numel: int,
-               aliases: tuple[str, ...] = ()) -> OrigParam:
+def orig_param(fqn: str, shape: Shape, info: Any, sharded_numel: int, aliases: tuple[str, ...] = ()) -> OrigParam:
     """The local run of one original parameter from FSDP's ``_ShardParamInfo`` ``info`` (fields
     in_shard, offset_in_shard, numel_in_shard, intra_param_start_idx) for a local shard of
     ``sharded_numel`` elements (pure)."""
@@ -122,7 +123,8 @@ def orig_param(fqn: str, shape: Shape, info: Any, sharded_numel: int,
     if min(run) < 0 or run[0] + run[2] > sharded_numel or run[1] + run[2] > math.prod(shape):
         raise FrameworkError(
             f"parameter {fqn!r}: FSDP shard info {info} does not fit its shape {shape} "
-            f"and the local shard of {sharded_numel} elements")
+            f"and the local shard of {sharded_numel} elements"
+        )
     return OrigParam(fqn, shape, *run, aliases)
 
 
@@ -133,8 +135,9 @@ def _empty_box(shape: Shape) -> tuple[Shape, Shape] | None:
     return (0,) * len(shape), (0,) + tuple(shape[1:])
 
 
-def _describe(key: str, shape: Shape, flat: torch.Tensor, start: int, pieces: list[LocalPiece],
-              make: type[ItemT]) -> Iterator[ItemT]:
+def _describe(
+    key: str, shape: Shape, flat: torch.Tensor, start: int, pieces: list[LocalPiece], make: type[ItemT]
+) -> Iterator[ItemT]:
     """Items for tensor ``key`` whose local run starts at ``flat[start]``: one view per box."""
     dtype = dtype_name(flat.dtype)
     if not pieces:
@@ -146,7 +149,7 @@ def _describe(key: str, shape: Shape, flat: torch.Tensor, start: int, pieces: li
         return
     for pc in pieces:
         a = start + pc.local_start
-        yield make(ShardSpec(key, dtype, shape, pc.offsets, pc.lengths), flat[a:a + pc.numel].view(pc.lengths))
+        yield make(ShardSpec(key, dtype, shape, pc.offsets, pc.lengths), flat[a : a + pc.numel].view(pc.lengths))
 
 
 def flat_layouts(model: nn.Module) -> list[FlatLayout]:
@@ -173,7 +176,8 @@ def flat_layouts(model: nn.Module) -> list[FlatLayout]:
             raise FrameworkError(
                 f"{where}: flat parameter holds {fp.numel()} elements, not its sharded size "
                 f"{sharded} (unsharded: inside forward/backward or summon_full_params?); save "
-                "and load between training steps")
+                "and load between training steps"
+            )
         prefix = f"{name}." if name else ""
         fqns = [clean_fqn(prefix + f, True) for f in fp._fqns]
         aliases: dict[str, list[str]] = {}
@@ -181,8 +185,10 @@ def flat_layouts(model: nn.Module) -> list[FlatLayout]:
             prim = ".".join(x for x in (sp.prim_module_name, sp.prim_param_name) if x)
             alias = ".".join(x for x in (sp.module_name, sp.param_name) if x)
             aliases.setdefault(clean_fqn(prefix + prim, True), []).append(clean_fqn(prefix + alias, True))
-        params = [orig_param(fqn, tuple(int(d) for d in shape), info, sharded, tuple(aliases.get(fqn, ())))
-                  for fqn, shape, info in zip(fqns, fp._shapes, fp._shard_param_infos)]
+        params = [
+            orig_param(fqn, tuple(int(d) for d in shape), info, sharded, tuple(aliases.get(fqn, ())))
+            for fqn, shape, info in zip(fqns, fp._shapes, fp._shard_param_infos)
+        ]
         orig = tuple(fp._params) if getattr(fp, "_params", None) is not None else None
         out.append(FlatLayout(name, fp, fp.detach(), tuple(params), orig))
     return out
@@ -208,11 +214,17 @@ class _Index:
                 managed.update(id(p) for p in lay.flat_param._shared_params or ())  # type: ignore[attr-defined]
         managed.update(self.orig)
         # parameters FSDP does not manage (ignored modules): plain, replicated tensors
-        self.plain = [(clean_fqn(n, True), p) for n, p in model.named_parameters()
-                      if id(p) not in managed and not getattr(p, "_is_flat_param", False)]
-        self.buffers = [(clean_fqn(f"{m}.{b}" if m else b, True), t)
-                        for m, mod in model.named_modules() for b, t in mod._buffers.items()
-                        if t is not None and b not in mod._non_persistent_buffers_set]
+        self.plain = [
+            (clean_fqn(n, True), p)
+            for n, p in model.named_parameters()
+            if id(p) not in managed and not getattr(p, "_is_flat_param", False)
+        ]
+        self.buffers = [
+            (clean_fqn(f"{m}.{b}" if m else b, True), t)
+            for m, mod in model.named_modules()
+            for b, t in mod._buffers.items()
+            if t is not None and b not in mod._non_persistent_buffers_set
+        ]
         self.names: dict[int, str | tuple[str, ...]] = {id(p): n for n, p in self.plain}
         for lay in self.layouts:
             self.names[id(lay.flat_param)] = tuple(op.fqn for op in lay.params)
@@ -224,14 +236,21 @@ class _Index:
         for lay in self.layouts:
             for op in lay.params:
                 for fqn in (op.fqn, *op.aliases):
-                    items.extend(_describe(MODEL_PREFIX + fqn, op.shape, lay.local, op.shard_offset,
-                                           lay.boxes(op), make))
+                    items.extend(
+                        _describe(MODEL_PREFIX + fqn, op.shape, lay.local, op.shard_offset, lay.boxes(op), make)
+                    )
         for fqn, t in self.plain + self.buffers:
             items.append(items_for(MODEL_PREFIX + fqn, t, make))
         return items
 
-    def state_items(self, p: torch.Tensor, key: str, v: torch.Tensor, make: type[ItemT],
-                    scalar: Callable[[str, torch.Tensor], ItemT]) -> list[ItemT]:
+    def state_items(
+        self,
+        p: torch.Tensor,
+        key: str,
+        v: torch.Tensor,
+        make: type[ItemT],
+        scalar: Callable[[str, torch.Tensor], ItemT],
+    ) -> list[ItemT]:
         """Items of optimizer state ``key`` (tensor ``v``) of live parameter ``p``."""
         if id(p) in self.flat:  # use_orig_params=False: state laid out like the flat shard
             lay = self.flat[id(p)]
@@ -241,10 +260,16 @@ class _Index:
                 raise FrameworkError(
                     f"optimizer state {key!r} of the flat parameter of FSDP module "
                     f"{lay.owner or '<root>'!r} ({', '.join(op.fqn for op in lay.params[:4])}...) "
-                    f"has shape {tuple(v.shape)}; expected a scalar or the local shard {tuple(lay.local.shape)}")
+                    f"has shape {tuple(v.shape)}; expected a scalar or the local shard {tuple(lay.local.shape)}"
+                )
             flat = v.detach()
-            return [it for op in lay.params for it in _describe(
-                f"{OPTIM_PREFIX}state.{op.fqn}.{key}", op.shape, flat, op.shard_offset, lay.boxes(op), make)]
+            return [
+                it
+                for op in lay.params
+                for it in _describe(
+                    f"{OPTIM_PREFIX}state.{op.fqn}.{key}", op.shape, flat, op.shard_offset, lay.boxes(op), make
+                )
+            ]
         name = f"{OPTIM_PREFIX}state.{self.names[id(p)]}.{key}"
         if id(p) in self.orig:  # use_orig_params=True: state shaped like the local view
             lay, op = self.orig[id(p)]
@@ -256,7 +281,8 @@ class _Index:
                 return [make(ShardSpec(name, dtype_name(v.dtype), (), (), ()), v.detach())]
             raise FrameworkError(
                 f"{name}: optimizer state of shape {tuple(v.shape)} fits neither parameter "
-                f"{op.fqn!r}'s local run ({op.numel} elements) nor a scalar")
+                f"{op.fqn!r}'s local run ({op.numel} elements) nor a scalar"
+            )
         return [items_for(name, v, make)]
 
 
@@ -270,7 +296,8 @@ def _check_optimizer(optim: torch.optim.Optimizer, index: _Index) -> None:
         if id(p) not in index.names:
             raise FrameworkError(
                 "the optimizer holds a parameter that is neither an FSDP flat parameter, an original "
-                f"parameter of one, nor a model parameter (shape {tuple(p.shape)})")
+                f"parameter of one, nor a model parameter (shape {tuple(p.shape)})"
+            )
 
 
 class FSDP1Adapter:
@@ -282,8 +309,7 @@ class FSDP1Adapter:
         from torch.distributed.fsdp import FullyShardedDataParallel
 
         model = state.get("model")
-        return isinstance(model, nn.Module) and any(
-            isinstance(m, FullyShardedDataParallel) for m in model.modules())
+        return isinstance(model, nn.Module) and any(isinstance(m, FullyShardedDataParallel) for m in model.modules())
 
     def _index(self, state: Mapping[str, Any]) -> tuple[_Index, torch.optim.Optimizer | None] | None:
         model = module_of(state)
@@ -291,8 +317,10 @@ class FSDP1Adapter:
         if model is None:
             return None
         if not self.matches(state):
-            raise FrameworkError("framework='fsdp' needs a model wrapped in FullyShardedDataParallel "
-                                 "(FSDP1); for fully_shard use framework='fsdp2'")
+            raise FrameworkError(
+                "framework='fsdp' needs a model wrapped in FullyShardedDataParallel "
+                "(FSDP1); for fully_shard use framework='fsdp2'"
+            )
         index = _Index(model)
         if optim is not None:
             _check_optimizer(optim, index)
@@ -313,9 +341,15 @@ class FSDP1Adapter:
             for p in _groups_params(optim):
                 for key, v in optim.state.get(p, {}).items():
                     if isinstance(v, torch.Tensor):
-                        view.items.extend(index.state_items(
-                            p, key, v, SaveItem,
-                            lambda fqn, t: SaveItem(ShardSpec(fqn, dtype_name(t.dtype), (), (), ()), t.detach())))
+                        view.items.extend(
+                            index.state_items(
+                                p,
+                                key,
+                                v,
+                                SaveItem,
+                                lambda fqn, t: SaveItem(ShardSpec(fqn, dtype_name(t.dtype), (), (), ()), t.detach()),
+                            )
+                        )
                     else:
                         for n in names_of(index.names, p):
                             values.setdefault(n, {})[key] = v
@@ -334,8 +368,9 @@ class FSDP1Adapter:
             return view
         ensure_optimizer_state(optim)
         # a rank holding none of an original param still names its state (empty boxes)
-        ensure_optimizer_state(optim, [p for p in _groups_params(optim)
-                                       if id(p) in index.orig and index.orig[id(p)][1].numel == 0])
+        ensure_optimizer_state(
+            optim, [p for p in _groups_params(optim) if id(p) in index.orig and index.orig[id(p)][1].numel == 0]
+        )
         scalars: list[tuple[torch.Tensor, list[tuple[str, torch.Tensor]]]] = []
         for p in _groups_params(optim):
             for key, v in optim.state.get(p, {}).items():
@@ -343,8 +378,7 @@ class FSDP1Adapter:
                     continue
                 group: list[tuple[str, torch.Tensor]] = []
 
-                def scratch(fqn: str, t: torch.Tensor,
-                            group: list[tuple[str, torch.Tensor]] = group) -> LoadItem:
+                def scratch(fqn: str, t: torch.Tensor, group: list[tuple[str, torch.Tensor]] = group) -> LoadItem:
                     s = torch.full_like(t, float("nan")) if t.is_floating_point() else t.detach().clone()
                     group.append((fqn, s))
                     return LoadItem(ShardSpec(fqn, dtype_name(t.dtype), (), (), ()), s)
@@ -372,7 +406,8 @@ def _finisher(groups_finish: Finish, scalars: list[tuple[torch.Tensor, list[tupl
                         raise FrameworkError(
                             f"{fqn} = {s.item()} but {first_fqn} = {first.item()}: an FSDP1 flat "
                             "parameter keeps one value for all its original parameters; use "
-                            "use_orig_params=True to load per-parameter values")
+                            "use_orig_params=True to load per-parameter values"
+                        )
                 live.copy_(first)
         return groups_finish(objects, strict)
 

@@ -8,7 +8,8 @@ full box (replicas), and FQNs are cleaned of wrapper prefixes.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -88,7 +89,8 @@ class ModuleAdapter:
             view.items.append(items_for(MODEL_PREFIX + fqn, t, SaveItem))
         if optim is not None:
             items, objects = optimizer_save(
-                optim, param_fqns(module, self.strip_module),
+                optim,
+                param_fqns(module, self.strip_module),
                 lambda fqn, t, p: [items_for(fqn, t, SaveItem)],
             )
             view.items.extend(items)
@@ -107,7 +109,8 @@ class ModuleAdapter:
             view.items.append(items_for(MODEL_PREFIX + fqn, t, LoadItem))
         if optim is not None:
             items, finish = optimizer_load(
-                optim, param_fqns(module, self.strip_module),
+                optim,
+                param_fqns(module, self.strip_module),
                 lambda fqn, t, p: [items_for(fqn, t, LoadItem)],
             )
             view.items.extend(items)

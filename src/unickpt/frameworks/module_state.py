@@ -15,7 +15,8 @@ non-tensor state are then written per original fqn, so every framework reads the
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -29,9 +30,19 @@ from ..planning.specs import LoadItem, SaveItem, ShardSpec
 from .base import OPTIM_PREFIX
 
 __all__ = [
-    "clean_fqn", "tensor_box", "local_tensor", "model_tensors", "param_fqns",
-    "optimizer_save", "optimizer_load", "ensure_optimizer_state", "items_for",
-    "ParamNames", "names_of", "optimizer_object", "optimizer_finish",
+    "clean_fqn",
+    "tensor_box",
+    "local_tensor",
+    "model_tensors",
+    "param_fqns",
+    "optimizer_save",
+    "optimizer_load",
+    "ensure_optimizer_state",
+    "items_for",
+    "ParamNames",
+    "names_of",
+    "optimizer_object",
+    "optimizer_finish",
 ]
 
 # id(param) -> clean fqn, or the clean fqns of the original parameters a flat parameter holds
@@ -142,17 +153,16 @@ def optimizer_save(
     return items, optimizer_object(optim, names, values)
 
 
-def optimizer_object(optim: torch.optim.Optimizer, names: ParamNames,
-                     values: Mapping[str, Mapping[str, Any]]) -> dict[str, JSONValue]:
+def optimizer_object(
+    optim: torch.optim.Optimizer, names: ParamNames, values: Mapping[str, Mapping[str, Any]]
+) -> dict[str, JSONValue]:
     """The ``optimizer`` JSON object: param groups (params by clean fqn) and the non-tensor
     state ``values`` (clean param fqn -> state name -> value)."""
-    obj = {"param_groups": _group_entries(optim, names),
-           "state_values": {k: dict(v) for k, v in values.items()}}
+    obj = {"param_groups": _group_entries(optim, names), "state_values": {k: dict(v) for k, v in values.items()}}
     return {"optimizer": encode_value(obj, "optimizer")}
 
 
-def ensure_optimizer_state(optim: torch.optim.Optimizer,
-                           params: Iterable[torch.Tensor] | None = None) -> None:
+def ensure_optimizer_state(optim: torch.optim.Optimizer, params: Iterable[torch.Tensor] | None = None) -> None:
     """Materialise empty optimizer state (a fresh optimizer) so it can be loaded in place.
 
     Runs one step with zero gradients and learning rate 0, then drops the gradients; parameters
@@ -205,8 +215,9 @@ def optimizer_load(
     return items, optimizer_finish(optim, names)
 
 
-def optimizer_finish(optim: torch.optim.Optimizer,
-                     names: ParamNames) -> Callable[[Mapping[str, JSONValue], bool], list[str]]:
+def optimizer_finish(
+    optim: torch.optim.Optimizer, names: ParamNames
+) -> Callable[[Mapping[str, JSONValue], bool], list[str]]:
     """The load finisher: applies the checkpoint's param groups and non-tensor state values."""
 
     def finish(objects: Mapping[str, JSONValue], strict: bool) -> list[str]:
@@ -235,8 +246,11 @@ def _checked_optimizer_object(saved: Any) -> dict[str, Any]:
     if not isinstance(saved, dict) or not isinstance(saved.get("param_groups"), list):
         raise bad("expected a dict with a 'param_groups' list")
     for gi, g in enumerate(saved["param_groups"]):
-        if not isinstance(g, dict) or not isinstance(g.get("params"), list) or not all(
-                isinstance(p, str) for p in g["params"]):
+        if (
+            not isinstance(g, dict)
+            or not isinstance(g.get("params"), list)
+            or not all(isinstance(p, str) for p in g["params"])
+        ):
             raise bad(f"param group {gi} must be a dict with a 'params' list of names")
         for k, v in g.items():
             if k != "params" and not isinstance(v, (type(None), bool, int, float, str, tuple, list, torch.Tensor)):
@@ -247,26 +261,29 @@ def _checked_optimizer_object(saved: Any) -> dict[str, Any]:
     return saved
 
 
-def _apply_param_groups(optim: torch.optim.Optimizer, names: ParamNames,
-                        saved_groups: list[dict[str, Any]], strict: bool) -> None:
+def _apply_param_groups(
+    optim: torch.optim.Optimizer, names: ParamNames, saved_groups: list[dict[str, Any]], strict: bool
+) -> None:
     live = _group_entries(optim, names)
     if len(live) != len(saved_groups):
-        raise UnexpectedKeysError(
-            f"optimizer has {len(live)} param group(s), checkpoint has {len(saved_groups)}")
+        raise UnexpectedKeysError(f"optimizer has {len(live)} param group(s), checkpoint has {len(saved_groups)}")
     for gi, (g, lg, sg) in enumerate(zip(optim.param_groups, live, saved_groups)):
         if strict and set(lg["params"]) != set(sg["params"]):
             extra = sorted(set(lg["params"]) - set(sg["params"]))[:5]
             miss = sorted(set(sg["params"]) - set(lg["params"]))[:5]
             raise MissingKeysError(
-                f"optimizer param group {gi} differs: live-only params {extra}, checkpoint-only {miss}")
+                f"optimizer param group {gi} differs: live-only params {extra}, checkpoint-only {miss}"
+            )
         for k, v in sg.items():
             if k == "params":
                 continue
             cur = g.get(k)
             if cur is not None and isinstance(cur, (int, float, bool, torch.Tensor)) != isinstance(
-                    v, (int, float, bool, torch.Tensor)):
+                v, (int, float, bool, torch.Tensor)
+            ):
                 raise CorruptMetadataError(
-                    f"optimizer param group {gi} entry {k!r}: checkpoint value {v!r} does not fit {cur!r}")
+                    f"optimizer param group {gi} entry {k!r}: checkpoint value {v!r} does not fit {cur!r}"
+                )
             if isinstance(cur, torch.Tensor) and not isinstance(v, torch.Tensor):
                 cur.fill_(v)
             elif isinstance(cur, tuple) and isinstance(v, list):

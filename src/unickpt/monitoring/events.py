@@ -11,15 +11,25 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 __all__ = ["Event", "PHASES", "add_listener", "remove_listener", "clear_listeners", "emit", "phase"]
 
 PHASES = (
-    "save.begin", "save.plan", "save.stage", "save.write", "save.write.file", "save.commit.begin",
-    "save.commit", "save.end",
-    "load.begin", "load.metadata", "load.plan", "load.read", "load.end",
+    "save.begin",
+    "save.plan",
+    "save.stage",
+    "save.write",
+    "save.write.file",
+    "save.commit.begin",
+    "save.commit",
+    "save.end",
+    "load.begin",
+    "load.metadata",
+    "load.plan",
+    "load.read",
+    "load.end",
 )
 
 
@@ -66,7 +76,7 @@ def emit(phase: str, rank: int, t_start: float | None = None, **fields: object) 
         return
     now = time.perf_counter()
     ev = Event(phase, rank, now if t_start is None else t_start, now, **fields)  # type: ignore[arg-type]
-    for fn in list(_LISTENERS):
+    for fn in _LISTENERS:
         fn(ev)
 
 
@@ -77,7 +87,7 @@ class phase:
         self.name, self.rank, self.fields = name, rank, fields
         self.nbytes = 0
 
-    def __enter__(self) -> "phase":
+    def __enter__(self) -> phase:
         self.t0 = time.perf_counter()
         return self
 

@@ -62,8 +62,7 @@ def _check_box(offsets: Shape, lengths: Shape, what: str) -> tuple[Shape, Shape]
     lengths = _check_lengths(lengths, f"{what} lengths")
     if len(offsets) != len(lengths):
         raise ValueError(
-            f"{what}: offsets {offsets} and lengths {lengths} have different ranks "
-            f"({len(offsets)} != {len(lengths)})"
+            f"{what}: offsets {offsets} and lengths {lengths} have different ranks ({len(offsets)} != {len(lengths)})"
         )
     return offsets, lengths
 
@@ -110,9 +109,7 @@ def chunk_bounds(size: int, parts: int, index: int) -> tuple[int, int]:
     return start, max(0, min(chunk, size - start))
 
 
-def intersect(
-    a_offsets: Shape, a_lengths: Shape, b_offsets: Shape, b_lengths: Shape
-) -> tuple[Shape, Shape] | None:
+def intersect(a_offsets: Shape, a_lengths: Shape, b_offsets: Shape, b_lengths: Shape) -> tuple[Shape, Shape] | None:
     """The overlap ``(offsets, lengths)`` of boxes a and b, or None if it is empty.
 
     Load planning calls this for every (target box, saved box) candidate pair. Two 0-d boxes
@@ -154,8 +151,7 @@ def decompose_flat_range(shape: Shape, flat_start: int, count: int) -> list[Flat
         raise ValueError(f"flat range start {flat_start} and count {count} must be non-negative")
     if flat_start + count > total:
         raise ValueError(
-            f"flat range [{flat_start}, {flat_start + count}) out of bounds for shape {shape} "
-            f"with {total} elements"
+            f"flat range [{flat_start}, {flat_start + count}) out of bounds for shape {shape} with {total} elements"
         )
     if count == 0:
         return []
@@ -187,32 +183,30 @@ def _decompose(
         row = lo // s
         row_start = row * s
         row_hi = min(hi, row_start + s)
-        _decompose(shape, strides, dim + 1, prefix + (row,), lo - row_start,
-                   row_hi - row_start, base + row_start, out)
+        _decompose(shape, strides, dim + 1, prefix + (row,), lo - row_start, row_hi - row_start, base + row_start, out)
         if row_hi == hi:
             return
         lo = row_start + s
     first_row, end_row = lo // s, hi // s
     if end_row > first_row:
         rest = len(shape) - dim - 1
-        out.append(FlatPiece(
-            offsets=prefix + (first_row,) + (0,) * rest,
-            lengths=(1,) * dim + (end_row - first_row,) + shape[dim + 1:],
-            flat_start=base + lo,
-            numel=(end_row - first_row) * s,
-        ))
+        out.append(
+            FlatPiece(
+                offsets=prefix + (first_row,) + (0,) * rest,
+                lengths=(1,) * dim + (end_row - first_row,) + shape[dim + 1 :],
+                flat_start=base + lo,
+                numel=(end_row - first_row) * s,
+            )
+        )
     if hi % s:
         row_start = end_row * s
-        _decompose(shape, strides, dim + 1, prefix + (end_row,), 0, hi - row_start,
-                   base + row_start, out)
+        _decompose(shape, strides, dim + 1, prefix + (end_row,), 0, hi - row_start, base + row_start, out)
 
 
 # --------------------------------------------------------------------------- sub-box reads
 
 
-def sub_box_span(
-    box_offsets: Shape, box_lengths: Shape, sub_offsets: Shape, sub_lengths: Shape
-) -> tuple[int, int]:
+def sub_box_span(box_offsets: Shape, box_lengths: Shape, sub_offsets: Shape, sub_lengths: Shape) -> tuple[int, int]:
     """``(first, end)`` of the smallest contiguous run of a stored box that holds a sub-box.
 
     The box is stored row-major and contiguously; indices are element positions relative to
@@ -228,9 +222,7 @@ def sub_box_span(
     return _span(box_lengths, rel, sub_lengths)
 
 
-def sub_box_is_contiguous(
-    box_lengths: Shape, sub_offsets_rel: Shape, sub_lengths: Shape
-) -> bool:
+def sub_box_is_contiguous(box_lengths: Shape, sub_offsets_rel: Shape, sub_lengths: Shape) -> bool:
     """True if the sub-box (offsets relative to the box) is one contiguous run of the box.
 
     That holds when, for some dimension k, every dimension before k has sub-length 1 and every
@@ -257,8 +249,7 @@ def _check_inside(
         if r < 0 or r + sl > bl:
             if box_offsets is None:
                 raise ValueError(
-                    f"sub-box (rel offsets {rel}, lengths {sub_lengths}) is not inside a box "
-                    f"of lengths {box_lengths}"
+                    f"sub-box (rel offsets {rel}, lengths {sub_lengths}) is not inside a box of lengths {box_lengths}"
                 )
             raise ValueError(
                 f"sub-box (offsets {sub_offsets}, lengths {sub_lengths}) is not inside box "
@@ -297,15 +288,13 @@ def find_overlaps_and_gaps(
     shape = _check_lengths(shape, "shape")
     ndim = len(shape)
     checked: list[tuple[Shape, Shape]] = []
-    for i, (offs, lens) in enumerate(boxes):
-        offs, lens = _check_box(offs, lens, f"box {i}")
+    for i, (raw_offs, raw_lens) in enumerate(boxes):
+        offs, lens = _check_box(raw_offs, raw_lens, f"box {i}")
         if len(offs) != ndim:
             raise ValueError(f"box {i} has rank {len(offs)} but the tensor shape {shape} has rank {ndim}")
         checked.append((offs, lens))
 
-    in_bounds = all(
-        all(o >= 0 and o + n <= d for o, n, d in zip(offs, lens, shape)) for offs, lens in checked
-    )
+    in_bounds = all(all(o >= 0 and o + n <= d for o, n, d in zip(offs, lens, shape)) for offs, lens in checked)
     total = sum(numel(lens) for _, lens in checked)
 
     pairs: list[tuple[int, int]] = []
@@ -324,9 +313,7 @@ def find_overlaps_and_gaps(
     return sorted(pairs), covered
 
 
-def _sweep_overlaps(
-    boxes: list[tuple[Shape, Shape]], limit: int, pairs: list[tuple[int, int]]
-) -> bool:
+def _sweep_overlaps(boxes: list[tuple[Shape, Shape]], limit: int, pairs: list[tuple[int, int]]) -> bool:
     """Append up to ``limit`` overlapping pairs to ``pairs``; return whether any overlap exists."""
     nonempty = [i for i, (_, lens) in enumerate(boxes) if numel(lens) > 0]
     if len(nonempty) < 2:

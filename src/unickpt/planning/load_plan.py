@@ -84,13 +84,15 @@ def check_targets(
     if strict and missing:
         raise MissingKeysError(
             f"{len(missing)} tensor(s) of the live state are not in checkpoint {source}: "
-            + ", ".join(missing[:20]) + (" ..." if len(missing) > 20 else "")
+            + ", ".join(missing[:20])
+            + (" ..." if len(missing) > 20 else "")
             + " (pass strict=False to load the rest)"
         )
     if strict and unexpected:
         raise UnexpectedKeysError(
             f"checkpoint {source} has {len(unexpected)} tensor(s) the live state lacks: "
-            + ", ".join(unexpected[:20]) + (" ..." if len(unexpected) > 20 else "")
+            + ", ".join(unexpected[:20])
+            + (" ..." if len(unexpected) > 20 else "")
             + " (pass strict=False to ignore them)"
         )
     return KeyReport(tuple(missing), tuple(unexpected))

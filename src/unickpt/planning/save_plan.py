@@ -120,7 +120,7 @@ def plan_save(local_plans: list[LocalSavePlan], save_id: str, files_per_rank: in
     by_fqn: dict[str, list[tuple[Shape, Shape]]] = defaultdict(list)
     for fqn, offs, lens in chosen:
         by_fqn[fqn].append((offs, lens))
-    for fqn, (dtype, shape) in tensors.items():
+    for fqn, (_dtype, shape) in tensors.items():
         boxes = by_fqn.get(fqn, [])
         if numel(shape) == 0:
             continue

@@ -7,7 +7,8 @@ needed only when used; unknown schemes raise with the list of known ones.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..errors import StorageError
 from .base import Buffer, Storage
@@ -41,9 +42,7 @@ def open_storage(url: str, retry: RetryPolicy | None = None) -> Storage:
     try:
         factory = _REGISTRY[scheme]
     except KeyError:
-        raise StorageError(
-            f"no storage backend for {scheme}:// (known: {', '.join(registered_schemes())})"
-        ) from None
+        raise StorageError(f"no storage backend for {scheme}:// (known: {', '.join(registered_schemes())})") from None
     backend = factory(rest)
     return backend if isinstance(backend, RetryingStorage) else RetryingStorage(backend, retry)
 

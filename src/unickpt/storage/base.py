@@ -10,7 +10,8 @@ an exception; backends raise ``StorageError`` subclasses for real failures.
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence, runtime_checkable
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 Buffer = bytes | bytearray | memoryview
 

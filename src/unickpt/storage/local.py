@@ -30,8 +30,8 @@ import errno
 import os
 import stat
 import uuid
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Sequence
 
 from ..errors import (
     MissingDataFileError,
@@ -77,7 +77,7 @@ def _segments(views: list[memoryview], size: int) -> list[tuple[int, list[memory
         i = 0
         while i < len(v):
             n = min(size - (pos - start), len(v) - i)
-            cur.append(v[i:i + n])
+            cur.append(v[i : i + n])
             i += n
             pos += n
             if pos - start == size:
@@ -124,15 +124,15 @@ def _write_direct_at(fd: int, views: list[memoryview], pos: int) -> None:
         for v in views:
             i = 0
             while i < len(v):
-                if fill == 0 and len(v) - i >= ALIGN and is_aligned(v[i:i + ALIGN]):
+                if fill == 0 and len(v) - i >= ALIGN and is_aligned(v[i : i + ALIGN]):
                     n = (len(v) - i) // ALIGN * ALIGN
                     n = min(n, 64 << 20)
-                    _pwrite_all(fd, v[i:i + n], pos)
+                    _pwrite_all(fd, v[i : i + n], pos)
                     pos += n
                     i += n
                     continue
                 n = min(chunk - fill, len(v) - i)
-                bounce.view[fill:fill + n] = v[i:i + n]
+                bounce.view[fill : fill + n] = v[i : i + n]
                 fill += n
                 i += n
                 if fill == chunk:
@@ -181,7 +181,7 @@ def _read_direct(fd: int, view: memoryview, offset: int) -> int:
     for lo, hi, in_place in pieces:
         if hi <= lo:
             continue
-        part = view[lo - offset: hi - offset]
+        part = view[lo - offset : hi - offset]
         got = _pread_full(fd, part, lo, direct=True) if in_place else _bounced(fd, part, lo)
         if got < hi - lo:
             return lo - offset + got
@@ -202,7 +202,7 @@ def _bounced(fd: int, view: memoryview, lo: int) -> int:
             take = min(got - skip, hi - lo - done)
             if take <= 0:
                 break
-            view[done: done + take] = bounce.view[skip: skip + take]
+            view[done : done + take] = bounce.view[skip : skip + take]
             done += take
             pos += got
             if got < n:
@@ -343,12 +343,13 @@ class LocalStorage:
                 raise self._oserror("delete", n, e) from None
             parents.add(os.path.dirname(self._path(n)))
         for d in sorted(parents, key=len, reverse=True):  # drop folders left empty, inside root only
-            while d.startswith(self.root + os.sep):
+            folder = d
+            while folder.startswith(self.root + os.sep):
                 try:
-                    os.rmdir(d)
+                    os.rmdir(folder)
                 except OSError:
                     break
-                d = os.path.dirname(d)
+                folder = os.path.dirname(folder)
 
     def commit(self, name: str, data: bytes) -> None:
         path = self._path(name)

@@ -6,7 +6,7 @@ Only visible inside one process; multi-rank jobs must use a shared backend (loca
 from __future__ import annotations
 
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..errors import MissingDataFileError, TruncatedDataFileError
 from .base import Buffer
@@ -44,8 +44,7 @@ class MemoryStorage:
         end = offset + len(view)
         if end > len(data):
             raise TruncatedDataFileError(
-                f"data file {self.url}/{name} is truncated: wanted bytes [{offset}, {end}) "
-                f"but it has {len(data)}"
+                f"data file {self.url}/{name} is truncated: wanted bytes [{offset}, {end}) but it has {len(data)}"
             )
         view[:] = data[offset:end]
 

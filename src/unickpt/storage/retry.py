@@ -29,14 +29,14 @@ from __future__ import annotations
 import errno
 import random
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, TypeVar
 
 from ..errors import CheckpointError, StorageError, TransientStorageError
 from .base import Buffer, Storage
 
-__all__ = ["RetryPolicy", "RetryingStorage", "NO_RETRY", "TRANSIENT_ERRNOS", "is_transient", "with_retries",
-           "unwrap"]
+__all__ = ["RetryPolicy", "RetryingStorage", "NO_RETRY", "TRANSIENT_ERRNOS", "is_transient", "with_retries", "unwrap"]
 
 T = TypeVar("T")
 
@@ -103,8 +103,9 @@ def _error(code: int | None, message: str) -> StorageError:
     return StorageError(code, message) if code is not None else StorageError(message)
 
 
-def with_retries(op: str, target: str, fn: Callable[[], T], policy: RetryPolicy,
-                 sleep: Callable[[float], None] = time.sleep) -> T:
+def with_retries(
+    op: str, target: str, fn: Callable[[], T], policy: RetryPolicy, sleep: Callable[[float], None] = time.sleep
+) -> T:
     """Call ``fn`` under ``policy``; ``op`` and ``target`` (the file) name it in errors."""
     start = time.monotonic()
     attempt = 0
@@ -123,16 +124,20 @@ def with_retries(op: str, target: str, fn: Callable[[], T], policy: RetryPolicy,
             elapsed = time.monotonic() - start
             if attempt >= policy.max_attempts or elapsed + pause > policy.max_elapsed_s:
                 code = e.errno if isinstance(e, OSError) else None
-                raise _error(code, f"{op} {target} failed after {attempt} attempt(s) over {elapsed:.2f}s "
-                             f"(transient error, retries exhausted): {_describe(e)}") from e
+                raise _error(
+                    code,
+                    f"{op} {target} failed after {attempt} attempt(s) over {elapsed:.2f}s "
+                    f"(transient error, retries exhausted): {_describe(e)}",
+                ) from e
             sleep(pause)
 
 
 class RetryingStorage:
     """A ``Storage`` that retries transient failures of ``inner`` under ``policy``."""
 
-    def __init__(self, inner: Storage, policy: RetryPolicy | None = None,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(
+        self, inner: Storage, policy: RetryPolicy | None = None, sleep: Callable[[float], None] = time.sleep
+    ) -> None:
         self.inner = inner
         self.url = inner.url
         self.policy = policy or RetryPolicy()
@@ -170,8 +175,10 @@ class RetryingStorage:
             raise AttributeError(attr)
         value = getattr(self.inner, attr)
         if attr in _RETRIED_OPTIONAL and callable(value):
+
             def retried(name: str = "", *args: Any, **kwargs: Any) -> Any:
                 return self._run(attr, name or ".", lambda: value(name, *args, **kwargs))
+
             return retried
         return value
 

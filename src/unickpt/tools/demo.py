@@ -24,8 +24,9 @@ import os
 import random
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -64,8 +65,9 @@ class DemoConfig:
     @property
     def toy(self) -> ToyConfig:
         heads = next(h for h in (5, 4, 3, 2, 1) if self.dim % h == 0)
-        return ToyConfig(vocab=203, dim=self.dim, heads=heads, layers=self.layers,
-                         ffn=self.dim * 8 // 3 + 3, seq=32, batch=8)
+        return ToyConfig(
+            vocab=203, dim=self.dim, heads=heads, layers=self.layers, ffn=self.dim * 8 // 3 + 3, seq=32, batch=8
+        )
 
     @property
     def last_checkpoint(self) -> int:
@@ -97,15 +99,16 @@ class DemoResult:
 
 def _init_rank(rank: int, world_size: int, port: int) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
 
 
 def _rng_probe() -> dict[str, Any]:
     """The next values of the torch, python and numpy generators (consumes them)."""
-    return {"torch": torch.rand(4, dtype=torch.float64),
-            "python": [random.random() for _ in range(4)],
-            "numpy": torch.from_numpy(np.random.rand(4))}
+    return {
+        "torch": torch.rand(4, dtype=torch.float64),
+        "python": [random.random() for _ in range(4)],
+        "numpy": torch.from_numpy(np.random.rand(4)),
+    }
 
 
 def _param_groups(optim: torch.optim.Optimizer) -> list[dict[str, Any]]:
@@ -137,8 +140,7 @@ def _train_worker(rank: int, world_size: int, port: int, cfg: DemoConfig, exchan
         async_save = cfg.is_async(done)
         state = {"model": model, "optimizer": optim, "extra_state": {"step": done, "rng": rng}}
         wall0, t0 = time.time(), time.perf_counter()
-        handle = unickpt.save(cfg.checkpoint_path(done), state, framework=_FRAMEWORK,
-                              async_save=async_save)
+        handle = unickpt.save(cfg.checkpoint_path(done), state, framework=_FRAMEWORK, async_save=async_save)
         blocked = time.perf_counter() - t0
         handles.append((done, wall0, handle))
         saves.append({"step": done, "async": async_save, "blocked_s": blocked})
@@ -148,7 +150,7 @@ def _train_worker(rank: int, world_size: int, port: int, cfg: DemoConfig, exchan
             if rank == 0:
                 out["state"] = full
                 out["groups"] = _param_groups(optim)
-    for (done, wall0, handle), info in zip(handles, saves):
+    for (_done, wall0, handle), info in zip(handles, saves):
         md = handle.wait()  # re-raises a failed background save
         if md is not None:  # rank 0: the metadata was built just before the commit
             info["commit_s"] = max(md.created_unix - wall0, info["blocked_s"])
@@ -224,8 +226,9 @@ class DemoFailure(RuntimeError):
 def _spawn(fn: Callable[..., None], world_size: int, cfg: DemoConfig, exchange: str, phase: str) -> float:
     """Run ``fn(rank, world_size, port, cfg, exchange)`` on ``world_size`` spawned processes."""
     t0 = time.perf_counter()
-    ctx = mp.start_processes(fn, args=(world_size, free_port(), cfg, exchange), nprocs=world_size,
-                             join=False, start_method="spawn")
+    ctx = mp.start_processes(
+        fn, args=(world_size, free_port(), cfg, exchange), nprocs=world_size, join=False, start_method="spawn"
+    )
     deadline = t0 + cfg.timeout_s
     try:
         while not ctx.join(timeout=0.5):
@@ -257,8 +260,9 @@ def _fmt_loss(x: float) -> str:
     return f"{x:.10f}"
 
 
-def _report(cfg: DemoConfig, train: list[dict[str, Any]], resume: list[dict[str, Any]],
-            train_s: float, resume_s: float) -> DemoResult:
+def _report(
+    cfg: DemoConfig, train: list[dict[str, Any]], resume: list[dict[str, Any]], train_s: float, resume_s: float
+) -> DemoResult:
     problems: list[str] = []
     r0 = train[0]
     ref_state: dict[str, torch.Tensor] = r0["state"]
@@ -275,34 +279,47 @@ def _report(cfg: DemoConfig, train: list[dict[str, Any]], resume: list[dict[str,
     ]
     for s in r0["saves"]:
         nbytes, nfiles = _disk_usage(cfg.checkpoint_path(s["step"]))
-        kind = (f"async: blocked {s['blocked_s']:.3f} s, committed after {s.get('commit_s', 0.0):.3f} s"
-                if s["async"] else f"sync: saved in {s['blocked_s']:.3f} s")
+        kind = (
+            f"async: blocked {s['blocked_s']:.3f} s, committed after {s.get('commit_s', 0.0):.3f} s"
+            if s["async"]
+            else f"sync: saved in {s['blocked_s']:.3f} s"
+        )
         lines.append(f"  step_{s['step']:<4} {nbytes:>10,} bytes in {nfiles} files   {kind}")
     lines.append(f"first run: {cfg.world_size} processes, {train_s:.1f} s wall (incl. start-up)")
     last = cfg.last_checkpoint
     load_s = max(r["load_s"] for r in resume)
     reshard = f"{cfg.world_size} -> {cfg.resume_world_size}"
-    lines += ["", f"resumed from step_{last} on {cfg.resume_world_size} processes "
-                  f"({resume_s:.1f} s wall): load {load_s:.3f} s (resharding {reshard})"]
+    lines += [
+        "",
+        f"resumed from step_{last} on {cfg.resume_world_size} processes "
+        f"({resume_s:.1f} s wall): load {load_s:.3f} s (resharding {reshard})",
+    ]
     checks = {k: [p for r in resume for p in r["checks"][k]] for k in ("state", "groups", "step", "rng")}
-    for k in checks:
-        problems += checks[k]
+    for found in checks.values():
+        problems += found
     checked = resume[0]["checked"]
-    lines.append(f"  state after load: {checked} tensors ({checked - n_opt} model, {n_opt} optimizer) "
-                 + ("bit-identical to the saved state" if not checks["state"] else "NOT bit-identical"))
-    lines.append(f"  param_groups {'identical' if not checks['groups'] else 'DIFFER'}, step counter "
-                 f"{'restored (' + str(last) + ')' if not checks['step'] else 'WRONG'}, RNG (torch/python/"
-                 f"numpy) {'restored' if not checks['rng'] else 'NOT restored'} on {len(resume)} ranks")
+    lines.append(
+        f"  state after load: {checked} tensors ({checked - n_opt} model, {n_opt} optimizer) "
+        + ("bit-identical to the saved state" if not checks["state"] else "NOT bit-identical")
+    )
+    lines.append(
+        f"  param_groups {'identical' if not checks['groups'] else 'DIFFER'}, step counter "
+        f"{'restored (' + str(last) + ')' if not checks['step'] else 'WRONG'}, RNG (torch/python/"
+        f"numpy) {'restored' if not checks['rng'] else 'NOT restored'} on {len(resume)} ranks"
+    )
     ref_losses = r0["losses"][last:]
     lines += ["", f"  {'step':>4}  {'uninterrupted':>15}  {'resumed':>15}"]
     for i, want in enumerate(ref_losses):
         got_all = [r["losses"][i] for r in resume]
         same = all(g == want for g in got_all)
-        lines.append(f"  {last + i:>4}  {_fmt_loss(want):>15}  {_fmt_loss(got_all[0]):>15}  "
-                     + ("identical" if same else "DIFFERENT"))
+        lines.append(
+            f"  {last + i:>4}  {_fmt_loss(want):>15}  {_fmt_loss(got_all[0]):>15}  "
+            + ("identical" if same else "DIFFERENT")
+        )
         if not same:
-            problems.append(f"step {last + i}: loss {[g.hex() for g in got_all]} != {want.hex()} "
-                            "(resumed vs uninterrupted)")
+            problems.append(
+                f"step {last + i}: loss {[g.hex() for g in got_all]} != {want.hex()} (resumed vs uninterrupted)"
+            )
     ok = not problems
     lines.append("")
     lines.append(f"resharding {reshard}: " + ("OK" if ok else f"FAILED ({len(problems)} problem(s))"))
@@ -315,17 +332,23 @@ def run_demo(cfg: DemoConfig, *, echo: Callable[[str], None] = print) -> bool:
     """Run both phases and print the report with ``echo``; True when everything matched."""
     os.makedirs(cfg.out, exist_ok=True)
     c = cfg.toy
-    echo(f"unickpt demo: training {cfg.total_steps} steps with {_FRAMEWORK} on {cfg.world_size} "
-         f"processes (dim {c.dim}, {c.layers} layers), then resuming step_{cfg.last_checkpoint} on "
-         f"{cfg.resume_world_size} ...")
+    echo(
+        f"unickpt demo: training {cfg.total_steps} steps with {_FRAMEWORK} on {cfg.world_size} "
+        f"processes (dim {c.dim}, {c.layers} layers), then resuming step_{cfg.last_checkpoint} on "
+        f"{cfg.resume_world_size} ..."
+    )
     with tempfile.TemporaryDirectory(prefix="unickpt-demo-") as exchange:
         try:
             train_s = _spawn(_train_worker, cfg.world_size, cfg, exchange, "training run")
-            train = [torch.load(os.path.join(exchange, f"train_rank{r}.pt"), weights_only=True)
-                     for r in range(cfg.world_size)]
+            train = [
+                torch.load(os.path.join(exchange, f"train_rank{r}.pt"), weights_only=True)
+                for r in range(cfg.world_size)
+            ]
             resume_s = _spawn(_resume_worker, cfg.resume_world_size, cfg, exchange, "resumed run")
-            resume = [torch.load(os.path.join(exchange, f"resume_rank{r}.pt"), weights_only=True)
-                      for r in range(cfg.resume_world_size)]
+            resume = [
+                torch.load(os.path.join(exchange, f"resume_rank{r}.pt"), weights_only=True)
+                for r in range(cfg.resume_world_size)
+            ]
         except DemoFailure as e:
             echo(f"\nunickpt demo FAILED: {e}")
             return False

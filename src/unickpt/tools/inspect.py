@@ -35,8 +35,19 @@ from ..planning.specs import LoadItem, ShardSpec
 from ..storage import Storage, open_storage
 
 __all__ = [
-    "TensorInfo", "FileInfo", "BlobInfo", "Totals", "VerifyReport", "Summary",
-    "load_metadata", "file_sizes", "summarize", "verify", "format_text", "to_dict", "to_json",
+    "TensorInfo",
+    "FileInfo",
+    "BlobInfo",
+    "Totals",
+    "VerifyReport",
+    "Summary",
+    "load_metadata",
+    "file_sizes",
+    "summarize",
+    "verify",
+    "format_text",
+    "to_dict",
+    "to_json",
     "human_bytes",
 ]
 
@@ -132,21 +143,24 @@ def file_sizes(storage: Storage, md: Metadata, threads: int = 16) -> dict[str, i
         return dict(zip(md.files, pool.map(storage.size, md.files)))
 
 
-def summarize(md: Metadata, path: str = "", sizes: dict[str, int | None] | None = None,
-              metadata_bytes: int = 0) -> Summary:
+def summarize(
+    md: Metadata, path: str = "", sizes: dict[str, int | None] | None = None, metadata_bytes: int = 0
+) -> Summary:
     """Pure: the human/JSON view of ``md``. ``sizes`` (from ``file_sizes``) adds on-disk sizes."""
-    tensors = [TensorInfo(t.fqn, t.dtype, tuple(t.shape), len(t.shards),
-                          sum(s.byte_length for s in t.shards)) for t in md.tensors.values()]
+    tensors = [
+        TensorInfo(t.fqn, t.dtype, tuple(t.shape), len(t.shards), sum(s.byte_length for s in t.shards))
+        for t in md.tensors.values()
+    ]
     ends = [0] * len(md.files)
     for t in md.tensors.values():
         for s in t.shards:
             ends[s.file_index] = max(ends[s.file_index], s.byte_offset + s.byte_length)
     for b in md.blobs.values():
         ends[b.file_index] = max(ends[b.file_index], b.byte_offset + b.byte_length)
-    files = [FileInfo(name, ends[i], None if sizes is None else sizes.get(name))
-             for i, name in enumerate(md.files)]
-    blobs = [BlobInfo(b.key, md.files[b.file_index], b.byte_length)
-             for b in sorted(md.blobs.values(), key=lambda b: b.key)]
+    files = [FileInfo(name, ends[i], None if sizes is None else sizes.get(name)) for i, name in enumerate(md.files)]
+    blobs = [
+        BlobInfo(b.key, md.files[b.file_index], b.byte_length) for b in sorted(md.blobs.values(), key=lambda b: b.key)
+    ]
     totals = Totals(
         tensors=len(tensors),
         shards=sum(t.shards for t in tensors),
@@ -158,10 +172,19 @@ def summarize(md: Metadata, path: str = "", sizes: dict[str, int | None] | None 
         metadata_bytes=metadata_bytes,
     )
     return Summary(
-        path=path, format_version=md.format_version, save_id=md.save_id,
-        created_unix=md.created_unix, role=md.role, framework=md.topology.framework,
-        world_size=md.topology.world_size, mesh=tuple(md.topology.mesh), tensors=tensors,
-        files=files, blobs=blobs, objects=sorted(md.objects), totals=totals,
+        path=path,
+        format_version=md.format_version,
+        save_id=md.save_id,
+        created_unix=md.created_unix,
+        role=md.role,
+        framework=md.topology.framework,
+        world_size=md.topology.world_size,
+        mesh=tuple(md.topology.mesh),
+        tensors=tensors,
+        files=files,
+        blobs=blobs,
+        objects=sorted(md.objects),
+        totals=totals,
         sizes_checked=sizes is not None,
     )
 
@@ -182,11 +205,18 @@ def _shard_reads(md: Metadata) -> list[tuple[str, int]]:
 
 def _scratch(pool: torch.Tensor, offset: int, dtype: torch.dtype, lengths: tuple[int, ...]) -> torch.Tensor:
     n = math.prod(lengths) * dtype.itemsize
-    return pool[offset:offset + n].view(dtype).view(lengths)
+    return pool[offset : offset + n].view(dtype).view(lengths)
 
 
-def verify(md: Metadata, storage: Storage, *, sizes: dict[str, int | None] | None = None,
-           threads: int = 4, max_failures: int = 10, batch_bytes: int = _VERIFY_BATCH_BYTES) -> VerifyReport:
+def verify(
+    md: Metadata,
+    storage: Storage,
+    *,
+    sizes: dict[str, int | None] | None = None,
+    threads: int = 4,
+    max_failures: int = 10,
+    batch_bytes: int = _VERIFY_BATCH_BYTES,
+) -> VerifyReport:
     """Read every shard and blob, check each CRC32C; never raises for a bad file, reports it.
 
     A missing data file is one failure (its shards are not tried). The other shards are read in
@@ -223,8 +253,7 @@ def verify(md: Metadata, storage: Storage, *, sizes: dict[str, int | None] | Non
             zeros = (0,) * len(shard.lengths)
             reads.append(ShardRead(fqn, sidx, (CopyOp(len(items), zeros, zeros, shard.lengths),)))
             items.append(LoadItem(spec, dest))
-        read_stage(md, storage, coord=_ONE, items=items, reads=reads, threads=threads, verify=True,
-                   dedup=False)
+        read_stage(md, storage, coord=_ONE, items=items, reads=reads, threads=threads, verify=True, dedup=False)
 
     def check(batch: list[tuple[str, int]]) -> None:
         try:
@@ -243,8 +272,10 @@ def verify(md: Metadata, storage: Storage, *, sizes: dict[str, int | None] | Non
     for fidx in sorted(missing):
         held = [fqn for fqn, t in md.tensors.items() if any(x.file_index == fidx for x in t.shards)]
         held += [b.key for b in md.blobs.values() if b.file_index == fidx]
-        fail(f"MissingDataFileError: data file {storage.url}/{md.files[fidx]} is missing "
-             f"(it holds {len(held)} tensors/blobs, e.g. {held[:3]})")
+        fail(
+            f"MissingDataFileError: data file {storage.url}/{md.files[fidx]} is missing "
+            f"(it holds {len(held)} tensors/blobs, e.g. {held[:3]})"
+        )
     if todo:
         need = sum(-(-md.tensors[f].shards[i].byte_length // _ALIGN) * _ALIGN for f, i in todo)
         pool = torch.empty(min(need, batch_bytes) + _ALIGN, dtype=torch.uint8)
@@ -296,8 +327,12 @@ def _table(header: tuple[str, ...], rows: list[tuple[str, ...]], right: set[int]
     widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(header)]
 
     def line(cells: tuple[str, ...]) -> str:
-        return "  " + "  ".join(c.rjust(w) if i in right else c.ljust(w)
-                                for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+        return (
+            "  "
+            + "  ".join(
+                c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))
+            ).rstrip()
+        )
 
     return [line(header)] + [line(r) for r in rows]
 
@@ -321,20 +356,23 @@ def format_text(s: Summary, *, tensors: bool = True) -> str:
     ]
     if tensors:
         out += ["", f"tensors ({t.tensors}):"]
-        out += _table(("FQN", "DTYPE", "SHAPE", "SHARDS", "BYTES"),
-                      [(x.fqn, x.dtype, "[" + ", ".join(map(str, x.shape)) + "]", str(x.shards), str(x.bytes))
-                       for x in s.tensors], {3, 4})
+        out += _table(
+            ("FQN", "DTYPE", "SHAPE", "SHARDS", "BYTES"),
+            [
+                (x.fqn, x.dtype, "[" + ", ".join(map(str, x.shape)) + "]", str(x.shards), str(x.bytes))
+                for x in s.tensors
+            ],
+            {3, 4},
+        )
         out += ["", f"files ({t.files}):"]
         if s.sizes_checked:
-            out += _table(("NAME", "BYTES", "ON DISK"),
-                          [(f.name, str(f.bytes), _disk(f)) for f in s.files], {1, 2})
+            out += _table(("NAME", "BYTES", "ON DISK"), [(f.name, str(f.bytes), _disk(f)) for f in s.files], {1, 2})
         else:
             out += _table(("NAME", "BYTES"), [(f.name, str(f.bytes)) for f in s.files], {1})
         if s.blobs:
             out += ["", f"blobs ({t.blobs}):"]
             out += _table(("KEY", "FILE", "BYTES"), [(b.key, b.file, str(b.bytes)) for b in s.blobs], {2})
-    problems = ([f for f in s.files if f.size_on_disk is None or f.size_on_disk < f.bytes]
-                if s.sizes_checked else [])
+    problems = [f for f in s.files if f.size_on_disk is None or f.size_on_disk < f.bytes] if s.sizes_checked else []
     if problems:
         out += ["", f"WARNING: {len(problems)} data file(s) missing or shorter than the metadata says:"]
         out += [f"  {f.name}: {_disk(f)}, needs {f.bytes} bytes" for f in problems[:20]]
@@ -342,8 +380,10 @@ def format_text(s: Summary, *, tensors: bool = True) -> str:
         v = s.verify
         out.append("")
         status = "OK" if v.ok else f"FAILED ({_n(v.failures_total, 'problem')})"
-        out.append(f"verify: {status}: {_n(v.shards_checked, 'shard')} and {_n(v.blobs_checked, 'blob')} checked, "
-                   f"{human_bytes(v.bytes_checked)} in {v.seconds:.2f} s")
+        out.append(
+            f"verify: {status}: {_n(v.shards_checked, 'shard')} and {_n(v.blobs_checked, 'blob')} checked, "
+            f"{human_bytes(v.bytes_checked)} in {v.seconds:.2f} s"
+        )
         out += [f"  {m}" for m in v.failures]
         if v.failures_total > len(v.failures):
             out.append(f"  ... and {v.failures_total - len(v.failures)} more")
@@ -367,11 +407,12 @@ def to_dict(s: Summary) -> dict[str, Any]:
         "created_unix": s.created_unix,
         "created": _iso(s.created_unix),
         "role": s.role,
-        "topology": {"framework": s.framework, "world_size": s.world_size,
-                     "mesh": [[n, size] for n, size in s.mesh]},
+        "topology": {"framework": s.framework, "world_size": s.world_size, "mesh": [[n, size] for n, size in s.mesh]},
         "totals": asdict(s.totals),
-        "tensors": [{"fqn": t.fqn, "dtype": t.dtype, "shape": list(t.shape), "shards": t.shards,
-                     "bytes": t.bytes} for t in s.tensors],
+        "tensors": [
+            {"fqn": t.fqn, "dtype": t.dtype, "shape": list(t.shape), "shards": t.shards, "bytes": t.bytes}
+            for t in s.tensors
+        ],
         "files": [asdict(f) for f in s.files],
         "blobs": [asdict(b) for b in s.blobs],
         "objects": list(s.objects),

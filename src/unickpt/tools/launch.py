@@ -15,7 +15,8 @@ import os
 import socket
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..format.values import dumps_value, loads_value
 
@@ -32,17 +33,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _entry(rank: int, world_size: int, port: int, threads: int, fn: Callable[..., Any],
-           args: tuple[Any, ...], q: Any) -> None:
+def _entry(
+    rank: int, world_size: int, port: int, threads: int, fn: Callable[..., Any], args: tuple[Any, ...], q: Any
+) -> None:
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(threads)
     try:
         if world_size > 0:
-            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                              WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                              LOCAL_WORLD_SIZE=str(world_size))
+            os.environ.update(
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                RANK=str(rank),
+                WORLD_SIZE=str(world_size),
+                LOCAL_RANK=str(rank),
+                LOCAL_WORLD_SIZE=str(world_size),
+            )
             dist.init_process_group("gloo", rank=rank, world_size=world_size)
         result = fn(rank, max(world_size, 1), *args)
         # bytes, by value: torch's queue reducers would share memory with a child about to exit
@@ -53,12 +60,13 @@ def _entry(rank: int, world_size: int, port: int, threads: int, fn: Callable[...
     if world_size > 0:
         try:
             dist.destroy_process_group()
-        except Exception:  # noqa: BLE001 - teardown of a finished run
+        except Exception:
             pass
 
 
-def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 600,
-              threads: int | None = None) -> list[Any]:
+def run_ranks(
+    fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 600, threads: int | None = None
+) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes joined by gloo.
 
     ``world_size=0`` runs one process without a process group (``fn`` sees world size 1). Each
@@ -72,8 +80,7 @@ def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: floa
     ctx = mp.get_context("spawn")
     q = ctx.SimpleQueue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world_size, port, threads, fn, args, q))
-             for r in range(n)]
+    procs = [ctx.Process(target=_entry, args=(r, world_size, port, threads, fn, args, q)) for r in range(n)]
     for p in procs:
         p.start()
     deadline = time.monotonic() + timeout

@@ -34,8 +34,9 @@ import json
 import re
 import threading
 import warnings
+from collections.abc import MutableMapping
 from dataclasses import dataclass
-from typing import Any, MutableMapping
+from typing import Any
 
 from ..api import SaveHandle, load, save
 from ..coordination import make_coordinator
@@ -73,7 +74,7 @@ class LatestPointer:
         return json.dumps({"step": self.step, "path": self.path}).encode("utf-8")
 
     @staticmethod
-    def decode(data: bytes) -> "LatestPointer | None":
+    def decode(data: bytes) -> LatestPointer | None:
         try:
             doc = json.loads(data.decode("utf-8"))
             step, path = doc["step"], doc["path"]
@@ -119,14 +120,20 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------ save
 
-    def save(self, step: int, state: MutableMapping[str, Any], *, framework: str = "auto",
-             async_save: bool = False, options: SaveOptions | None = None) -> SaveHandle:
+    def save(
+        self,
+        step: int,
+        state: MutableMapping[str, Any],
+        *,
+        framework: str = "auto",
+        async_save: bool = False,
+        options: SaveOptions | None = None,
+    ) -> SaveHandle:
         """Save ``state`` as ``step`` (every rank). The handle completes once the checkpoint is
         committed and (rank 0) ``latest`` points at it and retention ran."""
         self._raise_unreported()
         path = self.path_for(step)
-        inner = save(path, state, framework=framework, async_save=async_save, role=self.role,
-                     options=options)
+        inner = save(path, state, framework=framework, async_save=async_save, role=self.role, options=options)
         rank = make_coordinator().rank
         outer = SaveHandle(SAVE_WORKER.submit(lambda: self._after_commit(step, inner, rank)))
         if not async_save:
@@ -146,8 +153,9 @@ class CheckpointManager:
         try:
             self.apply_retention()
         except CheckpointError as e:
-            warnings.warn(f"checkpoint retention under {self.root} failed (will retry after the "
-                          f"next save): {e}", stacklevel=2)
+            warnings.warn(
+                f"checkpoint retention under {self.root} failed (will retry after the next save): {e}", stacklevel=2
+            )
         return md
 
     def _publish_latest(self, step: int, save_id: str) -> None:
@@ -156,7 +164,8 @@ class CheckpointManager:
         if md is None or md.save_id != save_id:
             raise IncompleteCheckpointError(
                 f"refusing to point {self.root}/{self.pointer_name} at step {step}: its metadata "
-                f"does not name the save {save_id} that just committed")
+                f"does not name the save {save_id} that just committed"
+            )
         self._storage.commit(self.pointer_name, LatestPointer(step, _folder(step)).encode())
 
     def _raise_unreported(self) -> None:
@@ -226,14 +235,23 @@ class CheckpointManager:
         complete = self.list_checkpoints()
         newest = complete[-1].step if complete else None
         if raw is not None:
-            warnings.warn(f"{self.root}/{self.pointer_name} is malformed or names an incomplete "
-                          f"checkpoint; using the newest complete one (step {newest})", stacklevel=2)
+            warnings.warn(
+                f"{self.root}/{self.pointer_name} is malformed or names an incomplete "
+                f"checkpoint; using the newest complete one (step {newest})",
+                stacklevel=2,
+            )
         return newest
 
     # ------------------------------------------------------------------ load
 
-    def load_latest(self, state: MutableMapping[str, Any], *, framework: str = "auto",
-                    strict: bool = True, options: LoadOptions | None = None) -> int | None:
+    def load_latest(
+        self,
+        state: MutableMapping[str, Any],
+        *,
+        framework: str = "auto",
+        strict: bool = True,
+        options: LoadOptions | None = None,
+    ) -> int | None:
         """Load the latest complete checkpoint into ``state`` (every rank); return its step, or
         None (state untouched) when there is none. Rank 0 picks the step for all ranks."""
         self.wait()
@@ -251,8 +269,7 @@ class CheckpointManager:
             raise CheckpointError(f"cannot find the latest checkpoint under {self.root}: {error}")
         if step is None:
             return None
-        load(self.path_for(step), state, framework=framework, strict=strict, role=self.role,
-             options=options)
+        load(self.path_for(step), state, framework=framework, strict=strict, role=self.role, options=options)
         return step
 
     # ------------------------------------------------------------------ retention
@@ -264,7 +281,7 @@ class CheckpointManager:
         latest = pointer.step if pointer is not None else None
         folders = self._scan()
         complete = [s for s in sorted(folders) if self._metadata(s) is not None]
-        keep = set(complete if self.keep_last is None else complete[-self.keep_last:])
+        keep = set(complete if self.keep_last is None else complete[-self.keep_last :])
         if latest is not None:
             keep.add(latest)
         deleted = []

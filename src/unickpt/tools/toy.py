@@ -76,8 +76,7 @@ def batch(step: int, c: ToyConfig = ToyConfig()) -> torch.Tensor:
     return torch.randint(0, c.vocab, (c.batch, c.seq + 1), generator=g)
 
 
-def train_step(model: nn.Module, optim: torch.optim.Optimizer, step: int,
-               c: ToyConfig = ToyConfig()) -> float:
+def train_step(model: nn.Module, optim: torch.optim.Optimizer, step: int, c: ToyConfig = ToyConfig()) -> float:
     tokens = batch(step, c)
     logits = model(tokens[:, :-1])
     if hasattr(logits, "full_tensor"):
@@ -92,13 +91,26 @@ def train_step(model: nn.Module, optim: torch.optim.Optimizer, step: int,
 def _tp_plan() -> dict[str, ParallelStyle]:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    return {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(),
-            "o": RowwiseParallel(), "fc1": ColwiseParallel(), "fc2": RowwiseParallel()}
+    return {
+        "q": ColwiseParallel(),
+        "k": ColwiseParallel(),
+        "v": ColwiseParallel(),
+        "o": RowwiseParallel(),
+        "fc1": ColwiseParallel(),
+        "fc2": RowwiseParallel(),
+    }
 
 
-def build(framework: str, c: ToyConfig = ToyConfig(), seed: int = 0, lr: float = 1e-2,
-          tp: int = 2, *, use_orig_params: bool = False, sharding: str = "FULL_SHARD",
-          ) -> tuple[nn.Module, torch.optim.Optimizer]:
+def build(
+    framework: str,
+    c: ToyConfig = ToyConfig(),
+    seed: int = 0,
+    lr: float = 1e-2,
+    tp: int = 2,
+    *,
+    use_orig_params: bool = False,
+    sharding: str = "FULL_SHARD",
+) -> tuple[nn.Module, torch.optim.Optimizer]:
     """Build the toy model for ``framework`` on the current process group (or one process).
 
     ``use_orig_params`` and ``sharding`` (a ``ShardingStrategy`` name) apply to ``"fsdp"``
@@ -138,10 +150,13 @@ def build(framework: str, c: ToyConfig = ToyConfig(), seed: int = 0, lr: float =
         from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
         from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
-        model = FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({Block}),
-                                         sharding_strategy=ShardingStrategy[sharding],
-                                         use_orig_params=use_orig_params,
-                                         device_id=next(model.parameters()).device)
+        model = FullyShardedDataParallel(
+            model,
+            auto_wrap_policy=ModuleWrapPolicy({Block}),
+            sharding_strategy=ShardingStrategy[sharding],
+            use_orig_params=use_orig_params,
+            device_id=next(model.parameters()).device,
+        )
     elif framework != "torch":
         raise ValueError(f"unknown toy framework {framework!r}")
     optim = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1)
@@ -200,8 +215,9 @@ def _fsdp1_full_state(model: nn.Module, optim: torch.optim.Optimizer | None) -> 
         pos, i, rows = 0, 0, []
         for n, pad in zip(fp._numels_with_padding, fp._is_padding_mask):
             if not pad:
-                rows.append((clean_fqn(f"{prefix}.{fp._fqns[i]}" if prefix else fp._fqns[i], True),
-                             fp._shapes[i], pos, n))
+                rows.append(
+                    (clean_fqn(f"{prefix}.{fp._fqns[i]}" if prefix else fp._fqns[i], True), fp._shapes[i], pos, n)
+                )
                 if fp._params is not None:
                     owners[id(fp._params[i])] = (fp, i, m.process_group)
                 i += 1
@@ -209,7 +225,7 @@ def _fsdp1_full_state(model: nn.Module, optim: torch.optim.Optimizer | None) -> 
         spans[id(fp)], flats[id(fp)] = rows, m.process_group
         full = gather(fp, m.process_group)
         for fqn, shape, start, n in rows:
-            out["model." + fqn] = full[start:start + n].view(shape).clone()
+            out["model." + fqn] = full[start : start + n].view(shape).clone()
     if optim is None:
         return out
     # which state keys each parameter has on some rank (ranks without a local run have none)
@@ -229,7 +245,7 @@ def _fsdp1_full_state(model: nn.Module, optim: torch.optim.Optimizer | None) -> 
                     full = v.detach() if v.dim() == 0 else gather(v, flats[id(p)])
                     for fqn, shape, start, n in spans[id(p)]:
                         key = f"optimizer.state.{fqn}.{k}"
-                        out[key] = full.clone() if v.dim() == 0 else full[start:start + n].view(shape).clone()
+                        out[key] = full.clone() if v.dim() == 0 else full[start : start + n].view(shape).clone()
                 continue
             owner, i, group = owners[id(p)]
             fqn, shape, start, n = spans[id(owner)][i]
@@ -246,6 +262,6 @@ def _fsdp1_full_state(model: nn.Module, optim: torch.optim.Optimizer | None) -> 
                     continue
                 buf = torch.zeros(size, dtype=owner.dtype)
                 if b > a:
-                    buf[a - lo:b - lo] = optim.state[p][k].detach().reshape(-1)
-                out[f"optimizer.state.{fqn}.{k}"] = gather(buf, group)[start:start + n].view(shape).clone()
+                    buf[a - lo : b - lo] = optim.state[p][k].detach().reshape(-1)
+                out[f"optimizer.state.{fqn}.{k}"] = gather(buf, group)[start : start + n].view(shape).clone()
     return out
