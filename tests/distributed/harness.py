@@ -15,8 +15,10 @@ from unickpt.tools.launch import run_ranks as _run_ranks
 __all__ = ["free_port", "run_ranks"]
 
 
-def run_ranks(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 240) -> list[Any]:
+def run_ranks(
+    fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 240, init_timeout: float | None = None
+) -> list[Any]:
     try:
-        return _run_ranks(fn, world_size, *args, timeout=timeout, threads=1)
+        return _run_ranks(fn, world_size, *args, timeout=timeout, threads=1, init_timeout=init_timeout)
     except RanksFailed as e:
         raise AssertionError(str(e)) from None

@@ -34,8 +34,17 @@ def free_port() -> int:
 
 
 def _entry(
-    rank: int, world_size: int, port: int, threads: int, fn: Callable[..., Any], args: tuple[Any, ...], q: Any
+    rank: int,
+    world_size: int,
+    port: int,
+    threads: int,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    q: Any,
+    init_timeout: float | None = None,
 ) -> None:
+    import datetime
+
     import torch
     import torch.distributed as dist
 
@@ -50,7 +59,8 @@ def _entry(
                 LOCAL_RANK=str(rank),
                 LOCAL_WORLD_SIZE=str(world_size),
             )
-            dist.init_process_group("gloo", rank=rank, world_size=world_size)
+            timeout = None if init_timeout is None else datetime.timedelta(seconds=init_timeout)
+            dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout)
         result = fn(rank, max(world_size, 1), *args)
         # bytes, by value: torch's queue reducers would share memory with a child about to exit
         q.put((rank, "ok", dumps_value(result, f"rank {rank} result")))
@@ -65,13 +75,19 @@ def _entry(
 
 
 def run_ranks(
-    fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 600, threads: int | None = None
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout: float = 600,
+    threads: int | None = None,
+    init_timeout: float | None = None,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes joined by gloo.
 
     ``world_size=0`` runs one process without a process group (``fn`` sees world size 1). Each
-    process gets ``threads`` torch threads (default: the cores divided among the ranks). The
-    children are not daemons, so they may start processes of their own."""
+    process gets ``threads`` torch threads (default: the cores divided among the ranks).
+    ``init_timeout``: the ``timeout`` (seconds) given to ``init_process_group`` (torch's default
+    when None). The children are not daemons, so they may start processes of their own."""
     import torch.multiprocessing as mp
 
     n = max(world_size, 1)
@@ -80,7 +96,9 @@ def run_ranks(
     ctx = mp.get_context("spawn")
     q = ctx.SimpleQueue()
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(r, world_size, port, threads, fn, args, q)) for r in range(n)]
+    procs = [
+        ctx.Process(target=_entry, args=(r, world_size, port, threads, fn, args, q, init_timeout)) for r in range(n)
+    ]
     for p in procs:
         p.start()
     deadline = time.monotonic() + timeout
