@@ -2,7 +2,12 @@
 
 Each subclass also inherits the matching built-in (``KeyError``, ``FileNotFoundError`` ...) so
 callers that already catch built-ins keep working. Messages name the tensor, the file and the rank
-wherever those are known. ``RankFailures`` aggregates errors raised on several ranks.
+wherever those are known. ``RankFailures`` aggregates errors raised on several ranks,
+``AsyncSaveFailures`` the failures of background saves nobody has seen yet.
+
+Errors cross process boundaries (``coordination.run_stage`` sends each rank's exception to the
+others), so every class here can be rebuilt from ``pickle``'s ``(class, args, state)``: classes
+with their own constructor define ``__reduce__``.
 """
 
 from __future__ import annotations
@@ -26,7 +31,13 @@ __all__ = [
     "SnapshotConflictError",
     "FrameworkError",
     "PlanningError",
+    "UnsupportedValueError",
+    "RankDisagreementError",
+    "CollectiveError",
+    "CollectiveTimeoutError",
     "RankFailures",
+    "RemoteRankError",
+    "AsyncSaveFailures",
 ]
 
 
@@ -112,12 +123,103 @@ class PlanningError(CheckpointError, ValueError):
     """The shards described by the ranks cannot form a valid plan (overlap, gaps, disagreement)."""
 
 
-class RankFailures(CheckpointError):
-    """Errors raised on one or more ranks, gathered so every rank raises the same, complete report."""
+class UnsupportedValueError(CheckpointError, TypeError):
+    """A value in ``extra_state`` / dataloader state that unickpt cannot save safely (an arbitrary
+    object, a numpy object array ...): the message names where it is in the state."""
 
-    def __init__(self, stage: str, failures: dict[int, str]) -> None:
+
+class RankDisagreementError(CheckpointError, ValueError):
+    """The ranks of one save/load passed different destinations, frameworks or roles (e.g. a
+    per-rank timestamp in the path). Raised on every rank before anything is written; the
+    message lists each rank's value. ``values``: what differs -> {rank: value as text}."""
+
+    def __init__(self, message: str, values: dict[str, dict[int, str]] | None = None) -> None:
+        super().__init__(message)
+        self.values = dict(values or {})
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.values), self.__dict__)
+
+
+class CollectiveError(CheckpointError, RuntimeError):
+    """A collective on unickpt's process groups failed: a peer left or died, or the group was
+    destroyed (``torch.distributed.destroy_process_group()`` while a save was still running).
+    ``missing_ranks``: the ranks (of the checkpoint group) that had not arrived at it."""
+
+    def __init__(self, message: str, missing_ranks: tuple[int, ...] = (), timeout_s: float | None = None) -> None:
+        super().__init__(message)
+        self.missing_ranks = tuple(missing_ranks)
+        self.timeout_s = timeout_s
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (str(self), self.missing_ranks, self.timeout_s), self.__dict__)
+
+
+class CollectiveTimeoutError(CollectiveError, TimeoutError):
+    """A collective did not complete within the timeout (the job's ``init_process_group``
+    timeout, or ``SaveOptions.timeout`` / ``LoadOptions.timeout``): ``missing_ranks`` did not
+    call the same unickpt save/load (or are still busy before it)."""
+
+
+class RankFailures(CheckpointError):
+    """Errors raised on one or more ranks, gathered so every rank raises the same, complete report.
+
+    ``failures``: rank -> the exception that rank raised (this rank's own object; other ranks'
+    rebuilt with their attributes, e.g. an ``OSError``'s ``errno``, or a ``RemoteRankError``
+    when their type cannot be rebuilt here). ``messages``: rank -> ``"Type: message"``."""
+
+    def __init__(self, stage: str, failures: dict[int, BaseException]) -> None:
         self.stage = stage
         self.failures = dict(sorted(failures.items()))
         lines = [f"{stage} failed on {len(self.failures)} rank(s):"]
-        lines += [f"  rank {rank}: {msg}" for rank, msg in self.failures.items()]
+        lines += [f"  rank {rank}: {msg}" for rank, msg in self.messages.items()]
         super().__init__("\n".join(lines))
+
+    @property
+    def messages(self) -> dict[int, str]:
+        return {rank: describe_exception(e) for rank, e in self.failures.items()}
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.stage, self.failures), {k: v for k, v in self.__dict__.items() if k != "failures"})
+
+
+class RemoteRankError(CheckpointError):
+    """Stands for an exception raised on another rank whose type could not be rebuilt here:
+    ``type_name``, its message and ``traceback_text`` (formatted on the rank that raised it)."""
+
+    def __init__(self, type_name: str, message: str, traceback_text: str = "") -> None:
+        super().__init__(f"{type_name}: {message}")
+        self.type_name = type_name
+        self.message = message
+        self.traceback_text = traceback_text
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.type_name, self.message, self.traceback_text), self.__dict__)
+
+
+class AsyncSaveFailures(CheckpointError):
+    """Asynchronous saves that failed while nobody was waiting on them, reported together by the
+    next save/load, ``unickpt.wait_all()``, ``CheckpointManager.wait()`` or at exit.
+
+    ``failures``: ``(path, exception)`` per failed save, oldest first; the first exception is
+    also the ``__cause__``."""
+
+    def __init__(self, failures: list[tuple[str, BaseException]], what: str = "") -> None:
+        self.failures = list(failures)
+        self.what = what
+        n = len(self.failures)
+        head = f"{'a' if n == 1 else n} previous asynchronous save{'s' if n > 1 else ''}{what} failed"
+        lines = [f"  {path}: {describe_exception(e)}" for path, e in self.failures]
+        super().__init__(head + ":\n" + "\n".join(lines))
+        if self.failures:
+            self.__cause__ = self.failures[0][1]
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.failures, self.what), {k: v for k, v in self.__dict__.items() if k != "failures"})
+
+
+def describe_exception(e: BaseException) -> str:
+    """``"Type: message"`` for reports (CheckpointErrors and remote stand-ins: the message)."""
+    if isinstance(e, RemoteRankError):
+        return str(e)
+    return f"{type(e).__name__}: {e}"

@@ -3,16 +3,15 @@
 Every rank of a save/load calls the same methods in the same order (they are collectives).
 ``run_stage`` is the error-agreement wrapper the engine uses around local work: each rank runs
 its part, then all ranks exchange success/failure, so that one failing rank makes every rank raise
-the same ``RankFailures`` instead of leaving the others blocked in the next collective.
+the same error (see ``outcomes``) instead of leaving the others blocked in the next collective.
 """
 
 from __future__ import annotations
 
-import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
-from ..errors import CheckpointError, RankFailures
+from .outcomes import Outcome, disagreement, pack, stage_error
 
 __all__ = ["Coordinator", "run_stage"]
 
@@ -40,45 +39,36 @@ class Coordinator(Protocol):
     def irecv(self, tensor: Any, src: int, tag: int) -> Any: ...
 
 
-def run_stage(coord: Coordinator, stage: str, fn: Callable[[], T]) -> T:
-    """Run ``fn`` locally, then agree across ranks; re-raise a lone local error unchanged."""
+def run_stage(
+    coord: Coordinator,
+    stage: str,
+    fn: Callable[[], T],
+    *,
+    agree: Callable[[T], Mapping[str, object]] | None = None,
+) -> T:
+    """Run ``fn`` locally, then agree across ranks (one all_gather; none for one process).
+
+    A failure anywhere makes every rank raise the same error (``outcomes.stage_error``: the
+    failing ranks' common ``CheckpointError`` type, else ``RankFailures``), at every world size.
+    ``agree(result)``: values every rank must share, e.g. ``{"path": url}``; when they differ every
+    rank raises ``RankDisagreementError`` (carried by the same all_gather, no extra round trip)."""
     result: T | None = None
     error: BaseException | None = None
+    claims: tuple[tuple[str, str], ...] = ()
     try:
         result = fn()
+        claims = () if agree is None else tuple((k, repr(v)) for k, v in agree(result).items())
     except Exception as e:  # reported to every rank below
         error = e
-    msg = None if error is None else _describe(error)
-    if coord.world_size == 1:
-        if error is not None:
-            raise error
-        return result  # type: ignore[return-value]
-    outcomes = coord.all_gather_object(msg)
-    failures = {r: m for r, m in enumerate(outcomes) if m is not None}
-    if not failures:
-        return result  # type: ignore[return-value]
-    if error is not None and isinstance(error, CheckpointError) and len(failures) == 1:
-        raise _with_rank(error, coord.rank, stage)
-    raise RankFailures(stage, failures) from error
-
-
-def _with_rank(error: CheckpointError, rank: int, stage: str) -> CheckpointError:
-    """The same error type, its message prefixed with the rank and stage (if not already)."""
-    msg = str(error)
-    if msg.startswith(f"rank {rank}"):
-        return error
-    try:
-        new = type(error)(f"rank {rank}, {stage}: {msg}")
-    except TypeError:  # an error type with another constructor: keep it as it is
-        return error
-    new.__cause__ = error.__cause__
-    new.__traceback__ = error.__traceback__
-    return new
-
-
-def _describe(e: BaseException) -> str:
-    if isinstance(e, CheckpointError):
-        return f"{type(e).__name__}: {e}"
-    tb = traceback.extract_tb(e.__traceback__)
-    where = f" (at {tb[-1].filename}:{tb[-1].lineno})" if tb else ""
-    return f"{type(e).__name__}: {e}{where}"
+    if error is not None:
+        mine = pack(error, transport=coord.world_size > 1)
+    else:
+        mine = Outcome(claims=claims)
+    outcomes = [mine] if coord.world_size == 1 else coord.all_gather_object(mine)
+    failed = {r: o for r, o in enumerate(outcomes) if o.error_type is not None}
+    if failed:
+        raise stage_error(stage, failed, coord.rank, error) from error
+    refused = disagreement(stage, {r: o.claims for r, o in enumerate(outcomes)}) if agree is not None else None
+    if refused is not None:
+        raise refused
+    return result  # type: ignore[return-value]
