@@ -16,6 +16,13 @@ class SaveOptions:
     # returns; the optimizer's next step() waits for that copy. Turn off when the loop changes
     # them in place outside optimizer.step() right after saving (or call handle.wait_snapshot()).
     background_snapshot: bool = True
+    # seconds each collective of this save (planning, commit) may wait for the other ranks before
+    # failing with CollectiveTimeoutError naming the ranks that did not arrive; None: the job's
+    # timeout (init_process_group(timeout=...))
+    timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        _check_timeout(self.timeout)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -25,3 +32,13 @@ class LoadOptions:
     # read each saved byte once across all ranks and forward it over the process group:
     # True always, False never, None (auto) unless all ranks share one host's page cache
     dedup_reads: bool | None = None
+    # seconds each collective of this load may wait for the other ranks (see SaveOptions.timeout)
+    timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        _check_timeout(self.timeout)
+
+
+def _check_timeout(timeout: float | None) -> None:
+    if timeout is not None and not (isinstance(timeout, (int, float)) and 0 < timeout < float("inf")):
+        raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")

@@ -6,7 +6,7 @@ import torch.distributed as dist
 
 from .base import Coordinator, run_stage
 from .single import SingleProcessCoordinator
-from .torch_dist import TorchDistCoordinator, checkpoint_group
+from .torch_dist import GROUPS, CheckpointGroups, TorchDistCoordinator, checkpoint_group
 
 __all__ = [
     "Coordinator",
@@ -14,12 +14,23 @@ __all__ = [
     "SingleProcessCoordinator",
     "TorchDistCoordinator",
     "checkpoint_group",
+    "CheckpointGroups",
+    "GROUPS",
     "make_coordinator",
 ]
 
 
-def make_coordinator(group: dist.ProcessGroup | None = None, channel: str = "foreground") -> Coordinator:
-    """TorchDist when a process group is initialised, else single-process."""
+def make_coordinator(
+    group: dist.ProcessGroup | None = None,
+    channel: str = "foreground",
+    *,
+    timeout: float | None = None,
+    label: str = "unickpt",
+) -> Coordinator:
+    """TorchDist when a process group is initialised, else single-process.
+
+    ``timeout``: seconds each collective may wait (default: the job's timeout); ``label``: what
+    the collectives are for (``"save of <url>"``), named in their errors."""
     if dist.is_available() and dist.is_initialized():
-        return TorchDistCoordinator(group, channel)
+        return TorchDistCoordinator(group, channel, timeout=timeout, label=label)
     return SingleProcessCoordinator()
