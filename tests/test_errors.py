@@ -395,3 +395,36 @@ def test_crash_before_commit_in_subprocess(tmp_path: Path) -> None:
     assert any((fresh / "data").rglob("*.bin"))
     with pytest.raises(IncompleteCheckpointError, match=str(fresh)):
         unickpt.load(str(fresh), {"model": target}, framework="torch")
+
+
+def test_issue9_item7_cleanup_failure_after_commit_is_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Old data that cannot be deleted after the commit: the save succeeds (its checkpoint is
+    committed and loads) and a warning names the files and the reason."""
+    from unickpt.engine.save import committed_save_id
+    from unickpt.storage import open_storage
+    from unickpt.storage.local import LocalStorage
+
+    path = tmp_path / "c"
+    for seed in (1, 2):
+        save(path, trained(Tiny(seed=seed))[0], step=seed)
+    oldest = {p.parent.name for p in (path / "data").rglob("*.bin")} - {committed_save_id(open_storage(str(path)))}
+    assert len(oldest) == 1  # the first save's data: the third save's cleanup removes it
+    (old_id,) = oldest
+    real_delete = LocalStorage.delete
+
+    def undeletable(self: LocalStorage, names: Any) -> None:
+        if any(old_id in n for n in names):
+            raise unickpt.StorageError(13, f"injected: cannot delete {names[0]}")
+        real_delete(self, names)
+
+    monkeypatch.setattr(LocalStorage, "delete", undeletable)
+    third, _ = trained(Tiny(seed=3))
+    with pytest.warns(UserWarning) as record:
+        md = unickpt.save(str(path), {"model": third, "extra_state": {"step": 3}}, framework="torch").wait()
+    msg = "\n".join(str(w.message) for w in record)
+    assert md is not None and md.save_id in msg and "injected: cannot delete" in msg and old_id in msg, msg
+    monkeypatch.undo()
+    state = load(path, Tiny(seed=9))
+    assert_same(state["model"], snapshot(third))

@@ -5,10 +5,13 @@ handle = unickpt.save("ckpts/step_100", {"model": m, "optimizer": opt,
 unickpt.load("ckpts/step_100", state, framework="auto")   # any world size / parallelism
 """
 
-from .api import SaveHandle, load, save
+from .api import SaveHandle, load, save, wait_all
 from .errors import (
+    AsyncSaveFailures,
     CheckpointError,
     ChecksumMismatchError,
+    CollectiveError,
+    CollectiveTimeoutError,
     ConcurrentSaveError,
     CorruptMetadataError,
     DtypeMismatchError,
@@ -18,7 +21,9 @@ from .errors import (
     MissingKeysError,
     NotACheckpointError,
     PlanningError,
+    RankDisagreementError,
     RankFailures,
+    RemoteRankError,
     ShapeMismatchError,
     SnapshotConflictError,
     StorageError,
@@ -26,6 +31,7 @@ from .errors import (
     TruncatedDataFileError,
     UnexpectedKeysError,
     UnsupportedFormatVersionError,
+    UnsupportedValueError,
 )
 from .options import LoadOptions, SaveOptions
 from .state.extra import rng_state, set_rng_state
@@ -36,6 +42,7 @@ __version__ = "0.1.0"
 __all__ = [
     "save",
     "load",
+    "wait_all",
     "SaveHandle",
     "SaveOptions",
     "LoadOptions",
@@ -61,4 +68,10 @@ __all__ = [
     "UnsupportedFormatVersionError",
     "CheckpointManager",
     "TransientStorageError",
+    "UnsupportedValueError",
+    "RankDisagreementError",
+    "CollectiveError",
+    "CollectiveTimeoutError",
+    "RemoteRankError",
+    "AsyncSaveFailures",
 ]

@@ -1,13 +1,18 @@
 """``unickpt.save`` / ``unickpt.load``: build the pipeline (adapter -> planner -> engine -> storage).
 
 Who calls what, in order, on every rank:
-  save: wait for the previous save (one in flight) -> adapter.save_view -> plan (collective, cached
-        while the sharding is unchanged) -> stage (snapshot; async: buffers in the call, the
-        optimizer's parameters and state on the snapshot thread, which its next step() waits
-        for) -> [background if async] write -> commit (collective) -> handle done.
-  load: wait for any save in flight -> adapter.load_view -> read metadata (collective) ->
-        validate keys/shapes/dtypes -> plan -> read + copy in place -> agree (collective) ->
+  save: raise unreported async failures -> describe (adapter.save_view, extra state encoded;
+        collective: every rank learns all succeeded and that all pass the same path, framework
+        and role) -> plan (collective, cached while the sharding and layout options are
+        unchanged; carries rank 0's fresh save id) -> stage (snapshot; async: buffers in the
+        call, the optimizer's parameters and state on the snapshot thread, which its next
+        step() waits for) -> [background if async] write -> commit (collective) -> handle done.
+  load: wait for any save in flight, raise unreported async failures -> describe
+        (adapter.load_view; collective, with the same agreement) -> read metadata (collective)
+        -> validate keys/shapes/dtypes -> plan -> read + copy in place -> agree (collective) ->
         param groups and extra state applied.
+Async saves, their failure reports and the exit drain live in ``engine.worker.SAVE_WORKER``;
+unickpt's process groups and their deadlines in ``coordination.torch_dist.GROUPS``.
 """
 
 from __future__ import annotations
@@ -15,8 +20,6 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable, MutableMapping
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 import torch
@@ -25,9 +28,9 @@ from .coordination import Coordinator, make_coordinator, run_stage
 from .engine import step_guard
 from .engine.load import read_blob, read_metadata, read_stage
 from .engine.lock import checkpoint_replaced, run_locked
-from .engine.save import CachedPlan, SaveRequest, commit_stage, plan_stage, write_stage
+from .engine.save import PlanCache, PlanKey, SaveRequest, commit_stage, plan_stage, write_stage
 from .engine.staging import STAGING_POOL, live_parts
-from .engine.worker import SAVE_WORKER
+from .engine.worker import SAVE_WORKER, SaveHandle
 from .errors import (
     CheckpointError,
     ChecksumMismatchError,
@@ -35,10 +38,11 @@ from .errors import (
     MissingDataFileError,
     RankFailures,
     TruncatedDataFileError,
+    UnsupportedValueError,
 )
-from .format.records import Metadata
+from .format.records import DATA_DIR, Metadata
 from .format.values import dumps_value, loads_value
-from .frameworks import LoadView, get_framework
+from .frameworks import FrameworkAdapter, LoadView, SaveView, get_framework
 from .monitoring.events import emit, phase
 from .options import LoadOptions, SaveOptions
 from .planning.load_plan import KeyReport, ShardRead, check_targets, plan_local_load
@@ -47,76 +51,37 @@ from .planning.specs import BlobSpec, SaveItem
 from .state.extra import extra_blob_key, pick_extra_blob
 from .storage import Buffer, Storage, open_storage
 
-__all__ = ["save", "load", "SaveHandle"]
+__all__ = ["save", "load", "wait_all", "SaveHandle", "check_role"]
 
 _LOAD_ATTEMPTS = 3
 _KNOWN_KEYS = {"model", "optimizer", "extra_state", "dataloader"}
 
 
-class SaveHandle:
-    """Result of ``save``: ``wait()`` blocks until committed (re-raising any error), ``done()`` polls,
-    ``wait_snapshot()`` blocks until the state at the call is copied (async saves)."""
-
-    def __init__(self, future: Future[Metadata | None], snapshot: Future[None] | None = None) -> None:
-        self._future = future
-        self._snapshot = snapshot
-        self._reported = False
-
-    def wait_snapshot(self) -> None:
-        """Block until the snapshot is complete: from then on the saved tensors may be changed in
-        any way. (``optimizer.step()`` waits for it by itself.) A failed copy is reported by
-        ``wait()``, not here."""
-        if self._snapshot is not None:
-            self._snapshot.exception()
-
-    def done(self) -> bool:
-        return self._future.done()
-
-    def wait(self, timeout: float | None = None) -> Metadata | None:
-        """Block until the save is committed; returns the metadata on rank 0 (None elsewhere)."""
-        try:
-            return self._future.result(timeout)
-        except FutureTimeout:
-            raise TimeoutError("checkpoint save still running") from None
-        except BaseException:
-            self._reported = True
-            raise
-
-    def join(self, timeout: float | None = None) -> bool:
-        """Block until the save finished (committed or failed) without raising; True if it did."""
-        try:
-            self._future.exception(timeout)
-        except FutureTimeout:
-            return False
-        return True
-
-    def take_unreported_error(self) -> BaseException | None:
-        """For a finished save: its error if nobody has seen it yet (then it counts as seen)."""
-        if not self._future.done() or self._reported:
-            return None
-        err = self._future.exception()
-        self._reported = err is not None
-        return err
+_PLAN_CACHE = PlanCache()
 
 
-_HANDLES: list[SaveHandle] = []  # async saves whose failure nobody has seen yet
-_PLAN_CACHE: dict[tuple[str | None, str], CachedPlan] = {}
+def wait_all() -> None:
+    """Block until every asynchronous save of this process (``unickpt.save`` and every
+    ``CheckpointManager``) has committed or failed; raise ``AsyncSaveFailures`` naming each
+    failure nobody has seen yet. Call it (on every rank) before
+    ``torch.distributed.destroy_process_group()``, which also destroys unickpt's groups."""
+    SAVE_WORKER.wait_all()
 
 
-def _raise_unreported_failures() -> None:
-    """Surface a failed background save in the next save/load, never silently."""
-    done = [h for h in _HANDLES if h.done()]
-    _HANDLES[:] = [h for h in _HANDLES if not h.done()]
-    for h in done:
-        err = h.take_unreported_error()
-        if err is not None:
-            raise CheckpointError(f"a previous asynchronous save failed: {err}") from err
+def check_role(role: str | None) -> None:
+    """A role names a sub-folder of the checkpoint folder: one path component that cannot be
+    taken for the folder's own files (``data/``, ``unickpt.*``) or hidden."""
+    if role is None:
+        return
+    if not isinstance(role, str) or not role or "/" in role or "\\" in role or role.startswith("."):
+        raise ValueError(f"invalid role {role!r}: one folder name, not empty, no '/', not starting with '.'")
+    if role == DATA_DIR or role.startswith("unickpt"):
+        raise ValueError(f"invalid role {role!r}: {DATA_DIR!r} and names starting with 'unickpt' are reserved")
 
 
 def _open(path: str, role: str | None) -> Storage:
+    check_role(role)
     if role is not None:
-        if not role or "/" in role or role.startswith("."):
-            raise ValueError(f"invalid role {role!r}")
         path = f"{str(path).rstrip('/')}/{role}"
     return open_storage(str(path))
 
@@ -141,29 +106,54 @@ def save(
     """Save ``state`` (model, optimizer, extra_state, dataloader) to ``path`` from every rank.
 
     Blocking: returns once committed. ``async_save=True``: returns once the snapshot is taken;
-    writing and the commit run on the background worker, after any earlier save."""
+    writing and the commit run on the background worker, after any earlier save; a failure
+    nobody waited for is raised by the next save/load or ``wait_all()``, or reported at exit
+    (the process then exits non-zero). Every rank must pass the same path, framework and role."""
+    return save_tracked(path, state, framework=framework, async_save=async_save, role=role, options=options)
+
+
+def save_tracked(
+    path: str,
+    state: MutableMapping[str, Any],
+    *,
+    framework: str = "auto",
+    async_save: bool = False,
+    role: str | None = None,
+    options: SaveOptions | None = None,
+    track: bool = True,
+) -> SaveHandle:
+    """``save``; ``track=False`` when the caller reports the async save's failure itself (the
+    ``CheckpointManager`` does, through its own handle)."""
     options = options or SaveOptions()
-    _check_state(state)
-    _raise_unreported_failures()
+    SAVE_WORKER.raise_failures()
     t0 = time.perf_counter()
     storage = _open(path, role)
-    coord = make_coordinator(channel="foreground")
+    label = f"save of {storage.url}"
+    coord = make_coordinator(channel="foreground", timeout=options.timeout, label=label)
     emit("save.begin", coord.rank, path=storage.url)
-    adapter = get_framework(framework, state)
-    view = run_stage(coord, "save (describe state)", lambda: adapter.save_view(state))
-    blobs = _blobs_to_save(state, coord.rank)
+
+    def describe() -> tuple[FrameworkAdapter, SaveView, dict[str, bytes]]:
+        _check_state(state)
+        adapter = get_framework(framework, state)
+        return adapter, adapter.save_view(state), _blobs_to_save(state, coord.rank)
+
+    # the first collective: every rank learns whether all could describe their state and agree
+    # on what they save (before anything is written)
+    adapter, view, blobs = run_stage(
+        coord, "save (describe state)", describe, agree=lambda r: _claims("save", storage.url, r[0], role)
+    )
     local = LocalSavePlan(
         coord.rank, tuple(i.spec for i in view.items), tuple(BlobSpec(k, len(v)) for k, v in blobs.items())
     )
-    key = (role, adapter.name)
+    key = PlanKey(role, adapter.name, options.files_per_rank)
     with phase("save.plan", coord.rank, path=storage.url):
         cached = plan_stage(coord, local, options.files_per_rank, _PLAN_CACHE.get(key))
-    _PLAN_CACHE[key] = cached
+    _PLAN_CACHE.put(key, cached)
     gplan = cached.plan
     rank_plan = gplan.rank_plans[coord.rank]
     request = SaveRequest(adapter.name, role, view.mesh)
     objects = view.objects if coord.rank == 0 else {}
-    background = make_coordinator(channel="background")
+    background = make_coordinator(channel="background", timeout=options.timeout, label=label)
 
     if async_save:
         later = _copied_later(state, options)
@@ -207,12 +197,18 @@ def save(
             )
         ),
         staged.copied if staged is not None else None,
+        storage.url,
     )
     if not async_save:
         handle.wait()
-    else:
-        _HANDLES.append(handle)
+    elif track:
+        SAVE_WORKER.track(handle)
     return handle
+
+
+def _claims(operation: str, url: str, adapter: FrameworkAdapter, role: str | None) -> dict[str, object]:
+    """What every rank of one save/load must pass alike (checked in its first collective)."""
+    return {"operation": operation, "path": url, "framework": adapter.name, "role": role}
 
 
 def _copied_later(state: MutableMapping[str, Any], options: SaveOptions) -> Callable[[SaveItem], bool] | None:
@@ -242,13 +238,23 @@ def _plan_order(plan: RankSavePlan, file_parts: dict[str, list[Buffer]]) -> list
 def _blobs_to_save(state: MutableMapping[str, Any], rank: int) -> dict[str, bytes]:
     blobs = {}
     if state.get("extra_state") is not None:
-        blobs[extra_blob_key(rank)] = dumps_value(state["extra_state"], "extra_state")
+        blobs[extra_blob_key(rank)] = _encode(state["extra_state"], "extra_state")
     loader = state.get("dataloader")
     if loader is not None:
         if not hasattr(loader, "state_dict"):
             raise FrameworkError('state["dataloader"] must have state_dict()/load_state_dict()')
-        blobs[f"dataloader/rank{rank}"] = dumps_value(loader.state_dict(), "dataloader")
+        blobs[f"dataloader/rank{rank}"] = _encode(loader.state_dict(), "dataloader")
     return blobs
+
+
+def _encode(value: Any, where: str) -> bytes:
+    """``dumps_value``, its refusals as ``UnsupportedValueError`` (a ``CheckpointError``)."""
+    try:
+        return dumps_value(value, where)
+    except CheckpointError:
+        raise
+    except (TypeError, ValueError, OverflowError, RecursionError) as e:
+        raise UnsupportedValueError(f"cannot save {where}: {e}") from e
 
 
 def load(
@@ -262,17 +268,24 @@ def load(
 ) -> None:
     """Load the checkpoint at ``path`` into ``state`` in place, resharding as needed."""
     options = options or LoadOptions()
-    _check_state(state)
     SAVE_WORKER.drain()  # a save in flight commits first (it may target this path)
-    _raise_unreported_failures()
+    SAVE_WORKER.raise_failures()
     t_load = time.perf_counter()
     storage = _open(path, role)
-    coord = make_coordinator(channel="foreground")
+    coord = make_coordinator(channel="foreground", timeout=options.timeout, label=f"load of {storage.url}")
     emit("load.begin", coord.rank, path=storage.url)
-    adapter = get_framework(framework, state)
+
+    def describe() -> tuple[FrameworkAdapter, LoadView]:
+        _check_state(state)
+        adapter = get_framework(framework, state)
+        return adapter, adapter.load_view(state)
+
+    # the first collective: every rank agrees on what it loads before reading anything
+    _adapter, view = run_stage(
+        coord, "load (describe state)", describe, agree=lambda r: _claims("load", storage.url, r[0], role)
+    )
     with phase("load.metadata", coord.rank, path=storage.url):
         md = read_metadata(coord, storage)
-    view = run_stage(coord, "load (describe state)", lambda: adapter.load_view(state))
     for attempt in range(_LOAD_ATTEMPTS):
         if attempt:
             md = read_metadata(coord, storage)

@@ -198,3 +198,45 @@ def test_cuda_async_snapshot_round_trip(tmp_path):
     opt2 = torch.optim.AdamW(m2.parameters(), lr=1e-2)
     unickpt.load(str(tmp_path / "g"), {"model": m2, "optimizer": opt2})
     assert all(torch.equal(m2.state_dict()[k], before[k]) for k in before)
+
+
+def test_issue10_item3_plan_cache_keyed_on_files_per_rank(tmp_path):
+    """Same layout, another files_per_rank: the plan is made anew, never reused from the cache."""
+    m, opt = _model()
+    want = _snapshot(m)
+    for n in (2, 3):
+        md = unickpt.save(
+            str(tmp_path / f"f{n}"), {"model": m, "optimizer": opt}, options=unickpt.SaveOptions(files_per_rank=n)
+        ).wait()
+        assert len(md.files) == n, (n, md.files)
+        got = _load(str(tmp_path / f"f{n}")).state_dict()
+        assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_issue10_item4_every_failed_async_save_is_reported(tmp_path, monkeypatch):
+    """Two async saves fail and nobody waits on them: the next call raises one error naming both
+    (each with its path and cause, the first cause chained), then the slate is clean."""
+    m, opt = _model()
+    real_write = LocalStorage.write
+
+    def failing(self, name, parts):
+        raise StorageError(f"injected failure writing {self.root}/{name}")
+
+    monkeypatch.setattr(LocalStorage, "write", failing)
+    for name in ("a", "b"):
+        unickpt.save(str(tmp_path / name), {"model": m, "optimizer": opt}, async_save=True)
+    unickpt.api.SAVE_WORKER.drain()
+    monkeypatch.setattr(LocalStorage, "write", real_write)
+    with pytest.raises(unickpt.AsyncSaveFailures) as info:
+        unickpt.save(str(tmp_path / "c"), {"model": m, "optimizer": opt})
+    err = info.value
+    assert [p for p, _ in err.failures] == [str(tmp_path / "a"), str(tmp_path / "b")]
+    assert all(isinstance(c, StorageError) for _, c in err.failures)
+    assert err.__cause__ is err.failures[0][1]
+    msg = str(err)
+    assert "2 previous asynchronous saves failed" in msg
+    assert (
+        f"injected failure writing {tmp_path}/a/data/" in msg and f"injected failure writing {tmp_path}/b/data/" in msg
+    )
+    unickpt.save(str(tmp_path / "c"), {"model": m, "optimizer": opt})  # reported once, then clean
+    unickpt.wait_all()  # nothing left to report

@@ -161,3 +161,47 @@ def test_empty_root_and_memory_backend():
         unickpt.CheckpointManager("x", keep_last=0)
     with pytest.raises(ValueError):
         m.path_for(-1)
+
+
+def test_issue9_item3_roleless_manager_never_touches_role_checkpoints(tmp_path):
+    """A role-less manager and a ``role=`` manager share a root and save interleaved steps with a
+    small ``keep_last``: each one's retention deletes only its own checkpoints, never the other's
+    (in particular never the step the role's ``latest`` names)."""
+    plain = unickpt.CheckpointManager(str(tmp_path), keep_last=1)
+    actor = unickpt.CheckpointManager(str(tmp_path), keep_last=2, role="actor")
+    p, a = _state(1), _state(2)
+    for s in (1, 2, 3, 4):
+        step(a["model"], a["optimizer"], s)
+        actor.save(s, a, framework="torch")
+        if s == 4:
+            want = snapshot(a["model"], a["optimizer"])
+        plain.save(s + 1, p, framework="torch")  # steps 2..5: they share folders with the actor's
+    assert _steps(actor) == [3, 4] and actor.read_pointer().step == 4
+    assert _steps(plain) == [5] and plain.read_pointer().step == 5
+    assert sorted(os.listdir(tmp_path / "step_00000004")) == ["actor"]  # the role-less step 4 went
+    fresh = _state(9)
+    assert actor.load_latest(fresh, framework="torch") == 4
+    assert not mismatches(snapshot(fresh["model"], fresh["optimizer"]), want)
+    assert fresh["extra_state"] == {"seed": 2}
+
+
+def test_issue10_item4_manager_reports_every_failed_async_save(tmp_path):
+    install_faulty_scheme("write", fail_times=0)
+    m = unickpt.CheckpointManager(f"faulty://{tmp_path}", keep_last=3)
+    st = _state()
+    install_faulty_scheme("write", fail_times=10**6, errno_code=errno.EACCES, match="/data/")
+    handles = [m.save(s, st, framework="torch", async_save=True) for s in (1, 2)]  # both fail, unseen
+    deadline = time.monotonic() + 60
+    while not all(h.done() for h in handles) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    install_faulty_scheme("write", fail_times=0)
+    with pytest.raises(unickpt.AsyncSaveFailures) as info:
+        m.save(3, st, framework="torch")
+    err = info.value
+    assert [path for path, _ in err.failures] == [m.path_for(1), m.path_for(2)]
+    assert all(isinstance(cause, unickpt.StorageError) and cause.errno == errno.EACCES for _, cause in err.failures)
+    assert err.__cause__ is err.failures[0][1]
+    msg = str(err)
+    assert m.path_for(1) in msg and m.path_for(2) in msg and msg.count("injected EACCES") == 2, msg
+    m.save(3, st, framework="torch")  # reported once: the next save goes through
+    assert _steps(m) == [3]

@@ -1,13 +1,16 @@
 """The save engine: runs one save on one rank, as a sequence of stages.
 
 Call order (every rank; stages marked * are collectives on the checkpoint group):
-  ``plan``*   gather local plans -> rank 0 dedups, balances and lays out bytes -> scatter;
+  ``plan``*   one all_gather: is every rank's cached plan still valid (+ rank 0's random save
+              id); if not, gather local plans -> rank 0 dedups, balances and lays out bytes ->
+              broadcast;
   ``stage``   snapshot: bind the bytes to write (live tensors for a blocking save, staging copies
               for an async one, see ``engine.staging``);
   ``write``   parallel writes of this rank's data files with per-entry CRC32C, fsync;
   ``commit``* gather checksums -> rank 0 builds the metadata, publishes it atomically (the
-              commit), removes the previous checkpoint's data -> everyone learns the outcome.
-A failure on any rank surfaces on every rank as the same ``RankFailures`` (``run_stage``).
+              commit), removes the previous checkpoint's data (a failure there is only a
+              warning: the checkpoint is committed) -> everyone learns the outcome.
+A failure on any rank surfaces on every rank as the same error (``run_stage``).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -39,7 +43,16 @@ from ..monitoring.events import emit, phase
 from ..planning.save_plan import GlobalSavePlan, LocalSavePlan, RankSavePlan, plan_save
 from ..storage.base import Buffer, Storage
 
-__all__ = ["SaveRequest", "CachedPlan", "plan_stage", "write_stage", "commit_stage", "new_save_id"]
+__all__ = [
+    "SaveRequest",
+    "PlanKey",
+    "CachedPlan",
+    "PlanCache",
+    "plan_stage",
+    "write_stage",
+    "commit_stage",
+    "new_save_id",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,34 +69,66 @@ def new_save_id() -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class PlanKey:
+    """What a cached plan was made for, beside the local plans themselves: the role, the adapter
+    and every option that changes the layout of the files. Today that is only
+    ``SaveOptions.files_per_rank`` (``io_threads``, ``cleanup_previous``, ``background_snapshot``
+    and ``timeout`` do not change the plan); a new layout option must be added here."""
+
+    role: str | None
+    framework: str
+    files_per_rank: int
+
+
+@dataclass(frozen=True, slots=True)
 class CachedPlan:
     """A global plan kept for reuse while this rank's local plan stays the same.
 
-    Reuse renames the files under a fresh save id ``<base>-<seq>``: every rank derives the same
-    id from the same sequence of saves, so no collective is needed to agree on it."""
+    Reuse renames the files under the save id rank 0 drew for this save (``<base>-<seq>-<token>``:
+    the ``base`` shows which plan was reused, the random token makes every id unpredictable)."""
 
     local: LocalSavePlan
     plan: GlobalSavePlan
     base: str
     seq: int = 0
 
-    def next(self) -> CachedPlan:
+    def next(self, token: str) -> CachedPlan:
         seq = self.seq + 1
-        return CachedPlan(self.local, _rename_plan(self.plan, f"{self.base}-{seq:06d}"), self.base, seq)
+        return CachedPlan(self.local, _rename_plan(self.plan, f"{self.base}-{seq:06d}-{token}"), self.base, seq)
+
+
+class PlanCache:
+    """Global plans by ``PlanKey``, reused while every rank's local plan is unchanged. One per
+    process (``api``); a later ``Checkpointer`` object can own one instead."""
+
+    def __init__(self) -> None:
+        self._plans: dict[PlanKey, CachedPlan] = {}
+
+    def get(self, key: PlanKey) -> CachedPlan | None:
+        return self._plans.get(key)
+
+    def put(self, key: PlanKey, plan: CachedPlan) -> None:
+        self._plans[key] = plan
+
+    def clear(self) -> None:
+        self._plans.clear()
 
 
 def plan_stage(
     coord: Coordinator, local: LocalSavePlan, files_per_rank: int, cached: CachedPlan | None = None
 ) -> CachedPlan:
     """Collective (foreground group): this save's global plan, from the cache when every rank's
-    local plan is unchanged (one tiny all_gather), else gathered and computed by rank 0."""
+    local plan is unchanged (one tiny all_gather, which also carries rank 0's fresh random save
+    id), else gathered and computed by rank 0."""
     unchanged = cached is not None and cached.local == local
+    save_id = new_save_id()
     if coord.world_size > 1:
-        unchanged = all(coord.all_gather_object(unchanged))
+        votes = coord.all_gather_object((unchanged, save_id if coord.rank == 0 else None))
+        unchanged = all(v for v, _ in votes)
+        save_id = votes[0][1]
     if unchanged:
         assert cached is not None
-        return cached.next()
-    save_id = coord.broadcast_object(new_save_id() if coord.rank == 0 else None)
+        return cached.next(save_id.rsplit("-", 1)[-1])
     plans = coord.gather_object(local)
     payload: object = None
     if coord.rank == 0:
@@ -215,10 +260,31 @@ def commit_stage(
         storage.commit(METADATA_FILE, encode_metadata(md))
         emit("save.commit", coord.rank, save_id=md.save_id, path=storage.url)
         if cleanup_previous:
-            remove_stale_data(storage, keep=(md.save_id, previous))
+            try:
+                remove_stale_data(storage, keep=(md.save_id, previous))
+            except Exception as e:  # committed: the new checkpoint is fine, only old data remains
+                _warn_cleanup_failed(storage, (md.save_id, previous), e)
         return md
 
     return run_stage(coord, "save (commit)", finalize)
+
+
+def _warn_cleanup_failed(storage: Storage, keep: tuple[str | None, ...], error: Exception) -> None:
+    """After the commit, old data could not be removed: a warning naming what is left and why
+    (the save itself succeeded; the next save at this path retries the cleanup)."""
+    try:
+        kept = tuple(f"{DATA_DIR}/{sid}/" for sid in keep if sid)
+        left = [n for n in storage.list(DATA_DIR + "/") if not n.startswith(kept)]
+    except Exception:
+        left = []
+    shown = ", ".join(left[:10]) + (f" and {len(left) - 10} more" if len(left) > 10 else "")
+    warnings.warn(
+        f"checkpoint {storage.url} (save {keep[0]}) is committed and loads, but removing the data of "
+        f"earlier saves failed: {type(error).__name__}: {error}. "
+        + (f"Left behind: {shown}. " if left else "")
+        + "The next save at this path retries; or delete those files by hand.",
+        stacklevel=3,
+    )
 
 
 def committed_save_id(storage: Storage) -> str | None:

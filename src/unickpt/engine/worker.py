@@ -1,28 +1,47 @@
-"""The background save worker: one thread per process running save jobs in submission order.
+"""The background save worker: one thread per process running save jobs in submission order,
+and the bookkeeping of saves whose outcome nobody has seen yet.
 
 ``api.save(async_save=True)`` snapshots on the caller's thread, then submits the rest (write,
 checksums, commit collectives on the ``background`` group) here. Every rank submits the same
 saves in the same order, so the collectives of the background group always match across ranks.
-The thread is not a daemon: a process that exits waits for its queued saves to commit.
 It runs at a lower CPU priority (nice +10 on Linux, per thread; the write and checksum threads
 it starts inherit it), so that on a busy host the training threads get the cores first and the
 save uses what they leave idle (communication waits, data loading).
+
+Failures are never lost. Each async save's ``SaveHandle`` is tracked (``track``) until someone
+has seen its outcome: ``handle.wait()``, or the next ``save``/``load`` (``raise_failures``, which
+raises one ``AsyncSaveFailures`` naming *every* failed save not yet reported), or
+``unickpt.wait_all()``, or ``CheckpointManager.wait()`` for a manager's saves (``owner``).
+
+Exit. A process does not exit while a save is queued or writing: at the first submit the worker
+registers ``_drain_at_exit`` to run when the interpreter shuts down, before ``concurrent.futures``
+refuses new work (``exit_hook``). It waits for every queued save, then reports any failure nobody
+has seen on stderr (which checkpoints were not saved, and how to wait for saves) and makes the
+process exit with status 1 once the ``atexit`` handlers registered after unickpt have run.
 """
 
 from __future__ import annotations
 
+import atexit
+import logging
 import os
+import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TypeVar
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import TYPE_CHECKING
 
-__all__ = ["SaveWorker", "SAVE_WORKER"]
+from ..errors import AsyncSaveFailures, describe_exception
+from .exit_hook import run_before_thread_pools_shut_down
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from ..format.records import Metadata
 
+__all__ = ["SaveHandle", "SaveWorker", "SAVE_WORKER", "ANY_OWNER"]
 
 BACKGROUND_NICE = 10
+ANY_OWNER = object()  # ``take_failures(ANY_OWNER)``: the failures of every owner
 
 
 def _lower_priority() -> None:
@@ -34,16 +53,73 @@ def _lower_priority() -> None:
         pass
 
 
+class SaveHandle:
+    """Result of ``save``: ``wait()`` blocks until committed (re-raising any error), ``done()`` polls,
+    ``wait_snapshot()`` blocks until the state at the call is copied (async saves). ``path``: the
+    checkpoint it writes."""
+
+    def __init__(self, future: Future[Metadata | None], snapshot: Future[None] | None = None, path: str = "") -> None:
+        self._future = future
+        self._snapshot = snapshot
+        self._reported = False
+        self.path = path
+
+    def wait_snapshot(self) -> None:
+        """Block until the snapshot is complete: from then on the saved tensors may be changed in
+        any way. (``optimizer.step()`` waits for it by itself.) A failed copy is reported by
+        ``wait()``, not here."""
+        if self._snapshot is not None:
+            self._snapshot.exception()
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def wait(self, timeout: float | None = None) -> Metadata | None:
+        """Block until the save is committed; returns the metadata on rank 0 (None elsewhere)."""
+        try:
+            return self._future.result(timeout)
+        except FutureTimeout:
+            raise TimeoutError("checkpoint save still running") from None
+        except BaseException:
+            self._reported = True
+            raise
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Block until the save finished (committed or failed) without raising; True if it did."""
+        try:
+            self._future.exception(timeout)
+        except FutureTimeout:
+            return False
+        return True
+
+    def take_unreported_error(self) -> BaseException | None:
+        """For a finished save: its error if nobody has seen it yet (then it counts as seen)."""
+        if not self._future.done() or self._reported:
+            return None
+        err = self._future.exception()
+        self._reported = err is not None
+        return err
+
+
 class SaveWorker:
+    """The worker thread, the saves it still owes a report for, and the exit drain."""
+
     def __init__(self) -> None:
         self._pool: ThreadPoolExecutor | None = None
         self._pending: list[Future] = []
+        self._tracked: list[tuple[object, SaveHandle]] = []  # (owner, handle), oldest first
         self._lock = threading.Lock()
+        self._exit_hook = False
+        self._failed_at_exit = False
 
-    def submit(self, fn: Callable[[], T]) -> Future[T]:
+    def submit(self, fn: Callable[[], object]) -> Future:
         with self._lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="unickpt-save", initializer=_lower_priority)
+            if not self._exit_hook:
+                self._exit_hook = True
+                run_before_thread_pools_shut_down(self._drain_at_exit)
+                atexit.register(self._exit_status)  # runs after threading's shutdown
             fut = self._pool.submit(fn)
             self._pending = [f for f in self._pending if not f.done()] + [fut]
             return fut
@@ -57,6 +133,76 @@ class SaveWorker:
                 f.result()
             except BaseException:
                 pass
+
+    # ------------------------------------------------------------------ failure reports
+
+    def track(self, handle: SaveHandle, owner: object = None) -> None:
+        """Report ``handle``'s failure later if nobody waits on it (``owner``: who reports it)."""
+        with self._lock:
+            self._tracked.append((owner, handle))
+
+    def take_failures(self, owner: object = None) -> list[tuple[str, BaseException]]:
+        """The failures of ``owner``'s finished saves nobody has seen, oldest first (now seen);
+        its finished saves stop being tracked."""
+        with self._lock:
+            mine = [h for o, h in self._tracked if (owner is ANY_OWNER or o is owner) and h.done()]
+            taken = {id(h) for h in mine}
+            self._tracked = [(o, h) for o, h in self._tracked if id(h) not in taken]
+        out = []
+        for h in mine:
+            err = h.take_unreported_error()
+            if err is not None:
+                out.append((h.path, err))
+        return out
+
+    def raise_failures(self, owner: object = None, what: str = "") -> None:
+        """Raise one ``AsyncSaveFailures`` for every unseen failure of ``owner`` (if any)."""
+        failures = self.take_failures(owner)
+        if failures:
+            raise AsyncSaveFailures(failures, what)
+
+    def wait_all(self) -> None:
+        """Wait for every queued save, then raise the failures nobody has seen (all owners)."""
+        self.drain()
+        self.raise_failures(ANY_OWNER)
+
+    # ------------------------------------------------------------------ exit
+
+    def _drain_at_exit(self) -> None:
+        try:
+            self.drain()
+            failures = self.take_failures(ANY_OWNER)
+        except BaseException as e:  # never break the interpreter's shutdown
+            failures = [("(unknown)", e)]
+        if not failures:
+            return
+        self._failed_at_exit = True
+        n = len(failures)
+        lines = [
+            f"unickpt: {n} asynchronous save{'s' if n > 1 else ''} failed and nobody waited for "
+            f"{'them' if n > 1 else 'it'}; {'these checkpoints were' if n > 1 else 'this checkpoint was'} NOT saved:"
+        ]
+        lines += [f"  {path}: {describe_exception(e)}" for path, e in failures]
+        lines.append(
+            "Wait for asynchronous saves before the script ends (handle.wait(), unickpt.wait_all() or "
+            "CheckpointManager.wait()), and before torch.distributed.destroy_process_group(), which also "
+            "destroys unickpt's process groups. Exiting with status 1."
+        )
+        # the process is exiting: stderr is the only place left to say it (like an uncaught error)
+        sys.stderr.write("\n".join(lines) + "\n")
+        sys.stderr.flush()
+
+    def _exit_status(self) -> None:
+        """Make a process whose last saves failed exit non-zero (after flushing logs)."""
+        if not self._failed_at_exit:
+            return
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:
+                pass
+        os._exit(1)
 
 
 SAVE_WORKER = SaveWorker()

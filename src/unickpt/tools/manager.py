@@ -32,19 +32,18 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import warnings
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..api import SaveHandle, load, save
+from ..api import check_role, load, save_tracked
 from ..coordination import make_coordinator
 from ..engine.lock import LOCK_FILE, LockOwner, stale_reason
-from ..engine.worker import SAVE_WORKER
+from ..engine.worker import SAVE_WORKER, SaveHandle
 from ..errors import CheckpointError, IncompleteCheckpointError
 from ..format.codec import decode_metadata
-from ..format.records import METADATA_FILE, Metadata
+from ..format.records import DATA_DIR, METADATA_FILE, Metadata
 from ..options import LoadOptions, SaveOptions
 from ..storage import Storage, open_storage
 
@@ -96,15 +95,12 @@ class CheckpointManager:
     def __init__(self, root: str, keep_last: int | None = 3, role: str | None = None) -> None:
         if keep_last is not None and keep_last < 1:
             raise ValueError(f"keep_last must be >= 1 or None, got {keep_last}")
-        if role is not None and (not role or "/" in role or role.startswith(".")):
-            raise ValueError(f"invalid role {role!r}")
+        check_role(role)
         self.root = str(root).rstrip("/")
         self.keep_last = keep_last
         self.role = role
         self.pointer_name = "latest" if role is None else f"latest.{role}"
         self._storage: Storage = open_storage(self.root)
-        self._handles: list[SaveHandle] = []  # async saves whose failure nobody has seen yet
-        self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ paths
 
@@ -133,14 +129,15 @@ class CheckpointManager:
         committed and (rank 0) ``latest`` points at it and retention ran."""
         self._raise_unreported()
         path = self.path_for(step)
-        inner = save(path, state, framework=framework, async_save=async_save, role=self.role, options=options)
+        inner = save_tracked(
+            path, state, framework=framework, async_save=async_save, role=self.role, options=options, track=False
+        )
         rank = make_coordinator().rank
-        outer = SaveHandle(SAVE_WORKER.submit(lambda: self._after_commit(step, inner, rank)))
+        outer = SaveHandle(SAVE_WORKER.submit(lambda: self._after_commit(step, inner, rank)), path=path)
         if not async_save:
             outer.wait()
         else:
-            with self._lock:
-                self._handles.append(outer)
+            SAVE_WORKER.track(outer, owner=self)  # its failure is reported by this manager
         return outer
 
     def _after_commit(self, step: int, inner: SaveHandle, rank: int) -> Metadata | None:
@@ -169,35 +166,35 @@ class CheckpointManager:
         self._storage.commit(self.pointer_name, LatestPointer(step, _folder(step)).encode())
 
     def _raise_unreported(self) -> None:
-        with self._lock:
-            done = [h for h in self._handles if h.done()]
-            self._handles = [h for h in self._handles if not h.done()]
-        for h in done:
-            err = h.take_unreported_error()
-            if err is not None:
-                raise CheckpointError(f"a previous asynchronous save of {self.root} failed: {err}") from err
+        """Raise one ``AsyncSaveFailures`` for every failed async save of this manager nobody
+        has seen yet."""
+        SAVE_WORKER.raise_failures(self, f" of {self.root}")
 
     def wait(self) -> None:
         """Block until every save of this manager committed and its pointer/retention ran;
-        raises the first failure nobody has seen yet."""
-        with self._lock:
-            pending = list(self._handles)
-        for h in pending:
-            h.join()  # without marking an error as seen: reported below, once
+        raises ``AsyncSaveFailures`` for every failure nobody has seen yet."""
+        SAVE_WORKER.drain()
         self._raise_unreported()
 
     # ------------------------------------------------------------------ discovery
 
     def _scan(self) -> dict[int, list[str]]:
-        """Every step folder under root (for this role) -> the names it holds."""
+        """Every step folder under root -> the names of *this role's* checkpoint it holds.
+
+        With a role: ``step_N/<role>/...``. Role-less: the files directly in ``step_N/``
+        (metadata, lock, markers) and under ``step_N/data/``, never ``step_N/<role>/...``, which
+        belong to the managers of those roles."""
         out: dict[int, list[str]] = {}
         for name in self._storage.list(""):
-            first, sep, _rest = name.partition("/")
+            first, sep, rest = name.partition("/")
             m = _STEP_RE.fullmatch(first)
             if m is None or not sep:
                 continue
             step = int(m.group(1))
-            if self.role is not None and not name.startswith(self._prefix(step)):
+            if self.role is not None:
+                if not name.startswith(self._prefix(step)):
+                    continue
+            elif "/" in rest and not rest.startswith(f"{DATA_DIR}/"):
                 continue
             out.setdefault(step, []).append(name)
         return out

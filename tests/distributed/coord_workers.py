@@ -1,0 +1,163 @@
+"""Functions run on spawned gloo ranks by test_coordination.py (module level, so that ``spawn``
+can import them). Each returns a small summary of what its rank saw, in plain values."""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import os
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import unickpt
+
+
+def _model(seed: int = 0, width: int = 16) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(), torch.nn.Linear(width, 4))
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.randn(4, 8)).square().mean().backward()
+    optim.step()
+    optim.zero_grad()
+    return model, optim
+
+
+def _framework(ws: int) -> str:
+    return "ddp" if ws > 1 else "torch"
+
+
+def _outcome(fn: Any) -> dict[str, Any]:
+    """Run ``fn``; report the error type (and message, attributes) it raised, if any."""
+    try:
+        fn()
+        return {"type": None}
+    except unickpt.CheckpointError as e:
+        return {"type": type(e).__name__, "msg": str(e), "checkpoint_error": True}
+    except BaseException as e:
+        return {"type": type(e).__name__, "msg": str(e), "checkpoint_error": False}
+
+
+def _folder_files(path: str) -> list[str]:
+    return sorted(os.path.relpath(os.path.join(d, f), path) for d, _, fs in os.walk(path) for f in fs)
+
+
+# ----------------------------------------------------------------------------- item 5
+
+
+def disagreeing_ranks(rank: int, ws: int, base: str) -> dict[str, Any]:
+    """Save and load with per-rank paths, frameworks and roles: every rank must refuse, nothing
+    may be written; then a save and a load with agreeing arguments still work (same groups)."""
+    model, optim = _model(seed=1)
+    state = {"model": model, "optimizer": optim, "extra_state": {"rank": rank}}
+    out: dict[str, Any] = {}
+    stamp = f"{base}/ckpt-{1000 + rank}"  # a per-rank "timestamp" in the path
+    out["path"] = _outcome(lambda: unickpt.save(stamp, state, framework="ddp"))
+    out["written"] = {r: _folder_files(f"{base}/ckpt-{1000 + r}") for r in range(ws)}
+    fw = "ddp" if rank != ws - 1 else "torch"
+    out["framework"] = _outcome(lambda: unickpt.save(f"{base}/same", state, framework=fw))
+    role = None if rank == 0 else "actor"
+    out["role"] = _outcome(lambda: unickpt.save(f"{base}/same", state, framework="ddp", role=role))
+    out["written_same"] = _folder_files(f"{base}/same")
+    unickpt.save(f"{base}/good", state, framework="ddp")
+    out["load_path"] = _outcome(lambda: unickpt.load(f"{base}/good" if rank == 0 else stamp, state, framework="ddp"))
+    fresh, fresh_opt = _model(seed=7)
+    unickpt.load(f"{base}/good", {"model": fresh, "optimizer": fresh_opt}, framework="ddp")
+    out["exact"] = all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
+    return out
+
+
+# ----------------------------------------------------------------------------- item 6
+
+
+def skipping_rank(rank: int, ws: int, base: str, op: str, skipper: int, warm: bool) -> dict[str, Any]:
+    """Every rank but ``skipper`` calls ``op`` (save/load); ``warm``: after one save all ranks
+    made together (unickpt's groups exist), else as the job's first unickpt call. The skipper
+    waits (on the job's store) until the others are done, then leaves."""
+    from torch.distributed.distributed_c10d import _get_default_store  # test-only private use
+
+    model, optim = _model(seed=2)
+    state = {"model": model, "optimizer": optim}
+    if warm:
+        unickpt.save(f"{base}/warm", state, framework="ddp")
+    store = _get_default_store()
+    if rank == skipper:
+        store.wait([f"test-done-{r}" for r in range(ws) if r != skipper], datetime.timedelta(seconds=120))
+        return {"skipped": True}
+    t0 = time.monotonic()
+    if op == "save":
+        res = _outcome(lambda: unickpt.save(f"{base}/ckpt", state, framework="ddp"))
+    else:
+        res = _outcome(lambda: unickpt.load(f"{base}/ready", state, framework="ddp"))
+    res["seconds"] = time.monotonic() - t0
+    store.set(f"test-done-{rank}", "1")
+    return res
+
+
+# ----------------------------------------------------------------------------- item 12
+
+
+class TwoArgError(Exception):
+    """An exception that pickles but cannot be rebuilt from its args (not transportable)."""
+
+    def __init__(self, a: str, b: int) -> None:
+        super().__init__(f"{a}:{b}")
+
+
+class _Loader:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+    def state_dict(self) -> dict[str, Any]:
+        raise self.exc
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        pass
+
+
+def same_faults(rank: int, ws: int, base: str) -> dict[str, Any]:
+    """The same faults at any world size: the error type each rank sees."""
+    fw = _framework(ws)
+    model, optim = _model(seed=3)
+    out: dict[str, Any] = {}
+    bad_extra = {"model": model, "optimizer": optim, "extra_state": {"fn": print}}
+    out["unencodable"] = _outcome(lambda: unickpt.save(f"{base}/unencodable", bad_extra, framework=fw))
+    unickpt.save(f"{base}/ok", {"model": model, "optimizer": optim}, framework=fw)
+    if ws > 1:
+        dist.barrier()
+    if rank == 0:
+        from unickpt.format import decode_metadata
+
+        md = decode_metadata(open(f"{base}/ok/unickpt.metadata.json", "rb").read())
+        os.unlink(f"{base}/ok/{md.files[-1]}")
+    if ws > 1:
+        dist.barrier()
+    m2, o2 = _model(seed=4)
+    out["missing"] = _outcome(lambda: unickpt.load(f"{base}/ok", {"model": m2, "optimizer": o2}, framework=fw))
+    unickpt.save(f"{base}/ok2", {"model": model}, framework=fw)
+    wide, _ = _model(seed=5, width=24)
+    out["shape"] = _outcome(lambda: unickpt.load(f"{base}/ok2", {"model": wide}, framework=fw))
+    # different exception types on different ranks (or a non-CheckpointError): RankFailures
+    exc: BaseException = OSError(errno.EACCES, "injected: permission denied", f"{base}/loader")
+    if rank == 1:
+        exc = TwoArgError("odd", 7)
+    state = {"model": model, "dataloader": _Loader(exc)}
+    try:
+        unickpt.save(f"{base}/loader", state, framework=fw)
+        out["mixed"] = {"type": None}
+    except unickpt.RankFailures as e:
+        out["mixed"] = {
+            "type": "RankFailures",
+            "ranks": sorted(e.failures),
+            "types": {r: type(x).__name__ for r, x in e.failures.items()},
+            "errno0": getattr(e.failures[0], "errno", None),
+            "filename0": getattr(e.failures[0], "filename", None),
+            "messages": dict(e.messages),
+            "remote1": getattr(e.failures.get(1), "type_name", None),
+            "remote1_tb": getattr(e.failures.get(1), "traceback_text", ""),
+        }
+    except BaseException as e:
+        out["mixed"] = {"type": type(e).__name__, "msg": str(e)}
+    return out
