@@ -1,12 +1,13 @@
 """``unickpt.save`` / ``unickpt.load``: build the pipeline (adapter -> planner -> engine -> storage).
 
 Who calls what, in order, on every rank:
-  save: raise unreported async failures -> describe (adapter.save_view, extra state encoded;
-        collective: every rank learns all succeeded and that all pass the same path, framework
-        and role) -> plan (collective, cached while the sharding and layout options are
-        unchanged; carries rank 0's fresh save id) -> stage (snapshot; async: buffers in the
-        call, the optimizer's parameters and state on the snapshot thread, which its next
-        step() waits for) -> [background if async] write -> commit (collective) -> handle done.
+  save: describe (adapter.save_view, extra state encoded; collective: every rank learns all
+        succeeded, that all pass the same path, framework and role, and raises the unseen
+        failures of async saves finished on every rank) -> plan (collective, cached while the
+        sharding and layout options are unchanged; carries rank 0's fresh save id) -> stage
+        (snapshot; async: buffers in the call, the optimizer's parameters and state on the
+        snapshot thread, which its next step() waits for) -> [background if async] write ->
+        commit (collective) -> handle done.
   load: wait for any save in flight, raise unreported async failures -> describe
         (adapter.load_view; collective, with the same agreement) -> read metadata (collective)
         -> validate keys/shapes/dtypes -> plan -> read + copy in place -> agree (collective) ->
@@ -24,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .coordination import Coordinator, make_coordinator, run_stage
+from .coordination import Coordinator, Settle, make_coordinator, run_stage
 from .engine import step_guard
 from .engine.load import read_blob, read_metadata, read_stage
 from .engine.lock import checkpoint_replaced, run_locked
@@ -121,11 +122,13 @@ def save_tracked(
     role: str | None = None,
     options: SaveOptions | None = None,
     track: bool = True,
+    owner: object = None,
+    what: str = "",
 ) -> SaveHandle:
-    """``save``; ``track=False`` when the caller reports the async save's failure itself (the
-    ``CheckpointManager`` does, through its own handle)."""
+    """``save``. ``owner``/``what``: whose unseen async failures this save reports first (a
+    ``CheckpointManager`` passes itself and `` of <root>``); ``track=False`` when the caller
+    reports this async save's failure through its own handle (the manager does)."""
     options = options or SaveOptions()
-    SAVE_WORKER.raise_failures()
     t0 = time.perf_counter()
     storage = _open(path, role)
     label = f"save of {storage.url}"
@@ -138,9 +141,15 @@ def save_tracked(
         return adapter, adapter.save_view(state), _blobs_to_save(state, coord.rank)
 
     # the first collective: every rank learns whether all could describe their state and agree
-    # on what they save (before anything is written)
+    # on what they save, and reports the async failures of the saves finished on every rank
+    # (before anything is written)
+    unseen = Settle(lambda: SAVE_WORKER.finished(owner), lambda n: SAVE_WORKER.raise_failures(owner, what, n))
     adapter, view, blobs = run_stage(
-        coord, "save (describe state)", describe, agree=lambda r: _claims("save", storage.url, r[0], role)
+        coord,
+        "save (describe state)",
+        describe,
+        agree=lambda r: _claims("save", storage.url, r[0], role),
+        settle=unseen,
     )
     local = LocalSavePlan(
         coord.rank, tuple(i.spec for i in view.items), tuple(BlobSpec(k, len(v)) for k, v in blobs.items())
@@ -202,7 +211,7 @@ def save_tracked(
     if not async_save:
         handle.wait()
     elif track:
-        SAVE_WORKER.track(handle)
+        SAVE_WORKER.track(handle, owner)
     return handle
 
 

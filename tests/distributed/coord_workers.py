@@ -161,3 +161,54 @@ def same_faults(rank: int, ws: int, base: str) -> dict[str, Any]:
     except BaseException as e:
         out["mixed"] = {"type": type(e).__name__, "msg": str(e)}
     return out
+
+
+# ----------------------------------------------------------------------------- issue 10 item 4
+
+
+def staggered_async_failure(rank: int, ws: int, base: str) -> dict[str, Any]:
+    """An async save fails on every rank, but rank 1's worker finishes that failed save only
+    once rank 0 has already entered its next save (rank 1's cleanup waits for it). Every rank
+    must still report that failure exactly once, and nobody may hang."""
+    from torch.distributed.distributed_c10d import _get_default_store  # test-only private use
+
+    from unickpt.errors import StorageError
+    from unickpt.format.records import METADATA_FILE
+    from unickpt.monitoring import add_listener
+    from unickpt.storage import register_storage
+    from unickpt.storage.local import LocalStorage
+
+    store = _get_default_store()
+    gate = {"hit": False}
+
+    class FailingWrites(LocalStorage):
+        def write(self, name: str, parts: Any) -> None:
+            raise StorageError(errno.EACCES, f"injected: cannot write {name}")
+
+        def read(self, name: str) -> bytes | None:
+            if rank == 1 and name == METADATA_FILE and not gate["hit"]:
+                gate["hit"] = True  # the failed save's cleanup on rank 1: wait for rank 0
+                store.wait(["rank0-in-next-save"], datetime.timedelta(seconds=60))
+            return super().read(name)
+
+    register_storage("failwrites", FailingWrites, replace=True)
+    if rank == 0:
+        add_listener(lambda ev: store.set("rank0-in-next-save", "1") if ev.phase == "save.begin" else None)
+    model, optim = _model(seed=6)
+    state = {"model": model, "optimizer": optim}
+    first = unickpt.save(f"failwrites://{base}/first", state, framework="ddp", async_save=True)
+    if rank == 0:
+        deadline = time.monotonic() + 60
+        while not first.done() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    seen = []
+    for call in ("save", "wait_all"):
+        try:
+            if call == "save":
+                unickpt.save(f"{base}/second", state, framework="ddp")
+            else:
+                unickpt.wait_all()
+        except unickpt.CheckpointError as e:
+            paths = [p for p, _ in e.failures] if isinstance(e, unickpt.AsyncSaveFailures) else []
+            seen.append({"call": call, "type": type(e).__name__, "paths": paths})
+    return {"seen": seen, "gate_hit": gate["hit"]}

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import unickpt
-from coord_workers import disagreeing_ranks, same_faults, skipping_rank
+from coord_workers import disagreeing_ranks, same_faults, skipping_rank, staggered_async_failure
 from harness import run_ranks
 
 
@@ -88,3 +88,14 @@ def test_issue9_item12_same_fault_same_error_type_at_every_world_size(tmp_path):
         assert "odd:7" in mixed["messages"][1]
         if rank == 0:  # rank 1's exception could not be rebuilt here: its type, text and traceback
             assert mixed["remote1"] == "TwoArgError" and "coord_workers.py" in mixed["remote1_tb"], mixed
+
+
+def test_issue10_item4_async_failure_reported_once_on_every_rank_when_workers_finish_apart(tmp_path):
+    base = str(tmp_path)
+    res = run_ranks(staggered_async_failure, 2, base, init_timeout=30, timeout=180)
+    assert res[1]["gate_hit"]  # rank 1 really finished the failed save later than rank 0
+    for r in res:
+        assert len(r["seen"]) == 1, r  # reported once (by the next save, or by wait_all)
+        (seen,) = r["seen"]
+        assert seen["type"] == "AsyncSaveFailures" and seen["paths"] == [f"{base}/first"], r
+    assert res[0]["seen"][0]["call"] == res[1]["seen"][0]["call"]  # by the same call on every rank

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from .base import Coordinator, run_stage
+from .base import Coordinator, Settle, run_stage
 from .single import SingleProcessCoordinator
 from .torch_dist import GROUPS, CheckpointGroups, TorchDistCoordinator, checkpoint_group
 
 __all__ = [
     "Coordinator",
     "run_stage",
+    "Settle",
     "SingleProcessCoordinator",
     "TorchDistCoordinator",
     "checkpoint_group",

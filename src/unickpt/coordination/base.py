@@ -9,11 +9,12 @@ the same error (see ``outcomes``) instead of leaving the others blocked in the n
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from .outcomes import Outcome, disagreement, pack, stage_error
 
-__all__ = ["Coordinator", "run_stage"]
+__all__ = ["Coordinator", "Settle", "run_stage"]
 
 T = TypeVar("T")
 
@@ -39,19 +40,31 @@ class Coordinator(Protocol):
     def irecv(self, tensor: Any, src: int, tag: int) -> Any: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """A count that rides along a stage's all_gather: ``count()`` on every rank, then, once the
+    stage succeeded, ``apply(the smallest count of all ranks)`` on every rank (it may raise).
+    ``api.save`` uses it to report only the async saves finished on every rank."""
+
+    count: Callable[[], int]
+    apply: Callable[[int], None]
+
+
 def run_stage(
     coord: Coordinator,
     stage: str,
     fn: Callable[[], T],
     *,
     agree: Callable[[T], Mapping[str, object]] | None = None,
+    settle: Settle | None = None,
 ) -> T:
     """Run ``fn`` locally, then agree across ranks (one all_gather; none for one process).
 
     A failure anywhere makes every rank raise the same error (``outcomes.stage_error``: the
     failing ranks' common ``CheckpointError`` type, else ``RankFailures``), at every world size.
     ``agree(result)``: values every rank must share, e.g. ``{"path": url}``; when they differ every
-    rank raises ``RankDisagreementError`` (carried by the same all_gather, no extra round trip)."""
+    rank raises ``RankDisagreementError`` (carried by the same all_gather, no extra round trip).
+    ``settle``: see ``Settle`` (same all_gather)."""
     result: T | None = None
     error: BaseException | None = None
     claims: tuple[tuple[str, str], ...] = ()
@@ -60,10 +73,11 @@ def run_stage(
         claims = () if agree is None else tuple((k, repr(v)) for k, v in agree(result).items())
     except Exception as e:  # reported to every rank below
         error = e
+    count = settle.count() if settle is not None else 0
     if error is not None:
-        mine = pack(error, transport=coord.world_size > 1)
+        mine = pack(error, transport=coord.world_size > 1, count=count)
     else:
-        mine = Outcome(claims=claims)
+        mine = Outcome(claims=claims, count=count)
     outcomes = [mine] if coord.world_size == 1 else coord.all_gather_object(mine)
     failed = {r: o for r, o in enumerate(outcomes) if o.error_type is not None}
     if failed:
@@ -71,4 +85,6 @@ def run_stage(
     refused = disagreement(stage, {r: o.claims for r, o in enumerate(outcomes)}) if agree is not None else None
     if refused is not None:
         raise refused
+    if settle is not None:
+        settle.apply(min(o.count for o in outcomes))
     return result  # type: ignore[return-value]

@@ -20,6 +20,7 @@ and traceback text. These are reports between live ranks of one job, never check
 
 from __future__ import annotations
 
+import copy
 import io
 import pickle
 import sys
@@ -45,9 +46,10 @@ class Outcome:
     traceback_text: str = ""
     pickled: bytes | None = None
     claims: tuple[tuple[str, str], ...] = ()  # (what, value as text), on success
+    count: int = 0  # run_stage's ``settle`` count
 
 
-def pack(e: BaseException, transport: bool = True) -> Outcome:
+def pack(e: BaseException, transport: bool = True, count: int = 0) -> Outcome:
     """The failure record of ``e`` (``transport``: also pickle it for the other ranks)."""
     cls = type(e)
     data = None
@@ -64,6 +66,7 @@ def pack(e: BaseException, transport: bool = True) -> Outcome:
         str(e),
         "".join(traceback.format_exception(e)),
         data,
+        count=count,
     )
 
 
@@ -123,16 +126,16 @@ def _line(rank: int, stage: str, message: str) -> str:
 
 
 def _retitled(e: CheckpointError, message: str) -> CheckpointError:
-    """``e``'s type with ``message``, keeping its attributes (and an OSError's errno); ``e``
-    itself when its type cannot be built from a message."""
+    """A copy of ``e`` (same type and attributes, an OSError's errno included) whose message is
+    ``message``; ``e`` itself when its type cannot be copied."""
     try:
-        errno = getattr(e, "errno", None)
-        new = type(e)(errno, message) if isinstance(e, OSError) and errno is not None else type(e)(message)
+        new = copy.copy(e)
     except Exception:
         return e
-    for key, value in vars(e).items():
-        if key not in ("args", "errno", "strerror"):
-            setattr(new, key, value)
+    if isinstance(new, OSError) and new.errno is not None:
+        new.strerror = message  # str(): "[Errno n] <message>"
+    else:
+        new.args = (message,)
     new.__cause__ = e if e.__traceback__ is not None else e.__cause__
     return new
 

@@ -141,11 +141,22 @@ class SaveWorker:
         with self._lock:
             self._tracked.append((owner, handle))
 
-    def take_failures(self, owner: object = None) -> list[tuple[str, BaseException]]:
-        """The failures of ``owner``'s finished saves nobody has seen, oldest first (now seen);
-        its finished saves stop being tracked."""
+    def finished(self, owner: object = None) -> int:
+        """How many of ``owner``'s tracked saves, oldest first, have finished (a prefix: the
+        worker runs them in order)."""
         with self._lock:
-            mine = [h for o, h in self._tracked if (owner is ANY_OWNER or o is owner) and h.done()]
+            mine = [h for o, h in self._tracked if o is owner]
+        n = 0
+        while n < len(mine) and mine[n].done():
+            n += 1
+        return n
+
+    def take_failures(self, owner: object = None, first: int | None = None) -> list[tuple[str, BaseException]]:
+        """The failures nobody has seen of ``owner``'s finished saves (only its ``first`` oldest
+        tracked ones, if given), oldest first; they count as seen and stop being tracked."""
+        with self._lock:
+            mine = [h for o, h in self._tracked if (owner is ANY_OWNER or o is owner)]
+            mine = [h for h in (mine if first is None else mine[:first]) if h.done()]
             taken = {id(h) for h in mine}
             self._tracked = [(o, h) for o, h in self._tracked if id(h) not in taken]
         out = []
@@ -155,9 +166,14 @@ class SaveWorker:
                 out.append((h.path, err))
         return out
 
-    def raise_failures(self, owner: object = None, what: str = "") -> None:
-        """Raise one ``AsyncSaveFailures`` for every unseen failure of ``owner`` (if any)."""
-        failures = self.take_failures(owner)
+    def raise_failures(self, owner: object = None, what: str = "", first: int | None = None) -> None:
+        """Raise one ``AsyncSaveFailures`` for every unseen failure of ``owner`` (if any).
+
+        ``first``: only among its oldest ``first`` tracked saves. ``save`` passes the number of
+        saves finished on *every* rank (gathered in its first collective), so that all ranks
+        report the same saves even when one rank's worker finished a failed save a moment
+        before another's."""
+        failures = self.take_failures(owner, first)
         if failures:
             raise AsyncSaveFailures(failures, what)
 

@@ -127,10 +127,17 @@ class CheckpointManager:
     ) -> SaveHandle:
         """Save ``state`` as ``step`` (every rank). The handle completes once the checkpoint is
         committed and (rank 0) ``latest`` points at it and retention ran."""
-        self._raise_unreported()
         path = self.path_for(step)
-        inner = save_tracked(
-            path, state, framework=framework, async_save=async_save, role=self.role, options=options, track=False
+        inner = save_tracked(  # raises this manager's unseen async failures first
+            path,
+            state,
+            framework=framework,
+            async_save=async_save,
+            role=self.role,
+            options=options,
+            track=False,
+            owner=self,
+            what=f" of {self.root}",
         )
         rank = make_coordinator().rank
         outer = SaveHandle(SAVE_WORKER.submit(lambda: self._after_commit(step, inner, rank)), path=path)
