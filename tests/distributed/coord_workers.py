@@ -72,10 +72,13 @@ def disagreeing_ranks(rank: int, ws: int, base: str) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- item 6
 
 
-def skipping_rank(rank: int, ws: int, base: str, op: str, skipper: int, warm: bool) -> dict[str, Any]:
+def skipping_rank(
+    rank: int, ws: int, base: str, op: str, skipper: int, warm: bool, timeout: float | None = None
+) -> dict[str, Any]:
     """Every rank but ``skipper`` calls ``op`` (save/load); ``warm``: after one save all ranks
-    made together (unickpt's groups exist), else as the job's first unickpt call. The skipper
-    waits (on the job's store) until the others are done, then leaves."""
+    made together (unickpt's groups exist), else as the job's first unickpt call; ``timeout``:
+    the call's ``SaveOptions``/``LoadOptions.timeout``. The skipper waits (on the job's store)
+    until the others are done, then leaves."""
     from torch.distributed.distributed_c10d import _get_default_store  # test-only private use
 
     model, optim = _model(seed=2)
@@ -88,9 +91,11 @@ def skipping_rank(rank: int, ws: int, base: str, op: str, skipper: int, warm: bo
         return {"skipped": True}
     t0 = time.monotonic()
     if op == "save":
-        res = _outcome(lambda: unickpt.save(f"{base}/ckpt", state, framework="ddp"))
+        opts = unickpt.SaveOptions(timeout=timeout)
+        res = _outcome(lambda: unickpt.save(f"{base}/ckpt", state, framework="ddp", options=opts))
     else:
-        res = _outcome(lambda: unickpt.load(f"{base}/ready", state, framework="ddp"))
+        lopts = unickpt.LoadOptions(timeout=timeout)
+        res = _outcome(lambda: unickpt.load(f"{base}/ready", state, framework="ddp", options=lopts))
     res["seconds"] = time.monotonic() - t0
     store.set(f"test-done-{rank}", "1")
     return res

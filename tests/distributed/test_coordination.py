@@ -38,6 +38,17 @@ def test_issue9_item5_ranks_must_agree_on_path_framework_and_role(tmp_path, ws):
     [(2, "save", 1, False), (3, "save", 2, True), (2, "load", 0, True), (3, "load", 1, False)],
 )
 def test_issue9_item6_a_rank_that_skips_is_named_within_the_job_timeout(tmp_path, ws, op, skipper, warm):
+    _skip_one_rank(tmp_path, ws, op, skipper, warm, init_timeout=4, option=None)
+
+
+@pytest.mark.parametrize("op", ["save", "load"])
+def test_issue9_item6_options_timeout_is_the_deadline_of_each_collective(tmp_path, op):
+    """The job allows 10 minutes; the call's own timeout (3 s) decides."""
+    msg = _skip_one_rank(tmp_path, 2, op, 1, True, init_timeout=600, option=3.0)
+    assert "timed out after 3s" in msg, msg
+
+
+def _skip_one_rank(tmp_path, ws, op, skipper, warm, init_timeout, option) -> str:
     base = str(tmp_path)
     if op == "load":  # a checkpoint to load, saved by one process
         torch.manual_seed(0)
@@ -46,9 +57,8 @@ def test_issue9_item6_a_rank_that_skips_is_named_within_the_job_timeout(tmp_path
         m(torch.randn(4, 8)).square().mean().backward()
         opt.step()
         unickpt.save(f"{base}/ready", {"model": m, "optimizer": opt}, framework="torch")
-    # the job's timeout (init_process_group) is 4 s; the test itself allows 120 s, far below the
-    # 30 minutes unickpt's own groups waited before
-    res = run_ranks(skipping_rank, ws, base, op, skipper, warm, init_timeout=4, timeout=120)
+    # the test allows 120 s, far below the 30 minutes unickpt's own groups used to wait
+    res = run_ranks(skipping_rank, ws, base, op, skipper, warm, option, init_timeout=init_timeout, timeout=120)
     assert res[skipper] == {"skipped": True}
     arrived = [r for q, r in enumerate(res) if q != skipper]
     for r in arrived:
@@ -57,6 +67,7 @@ def test_issue9_item6_a_rank_that_skips_is_named_within_the_job_timeout(tmp_path
         assert base in r["msg"] and op in r["msg"], r["msg"]
     assert len({r["msg"] for r in arrived}) == 1  # the same error on every rank that arrived
     assert not os.path.exists(f"{base}/ckpt/unickpt.metadata.json")
+    return arrived[0]["msg"]
 
 
 def test_issue9_item12_same_fault_same_error_type_at_every_world_size(tmp_path):

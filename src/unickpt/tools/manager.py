@@ -259,7 +259,8 @@ class CheckpointManager:
         """Load the latest complete checkpoint into ``state`` (every rank); return its step, or
         None (state untouched) when there is none. Rank 0 picks the step for all ranks."""
         self.wait()
-        coord = make_coordinator()
+        timeout = options.timeout if options is not None else None
+        coord = make_coordinator(timeout=timeout, label=f"load_latest of {self.root}")
         outcome: tuple[int | None, str | None] = (None, None)
         if coord.rank == 0:
             try:
