@@ -9,6 +9,7 @@ below as explicit regression examples.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import math
 import os
@@ -22,10 +23,11 @@ from hypothesis import strategies as st
 import unickpt
 from rel_helpers import tiny_model
 from unickpt.errors import CheckpointError
-from unickpt.format.codec import decode_metadata, tiling_problem
+from unickpt.format.codec import decode_metadata
 from unickpt.format.records import METADATA_FILE
+from unickpt.format.tiling import check_box_tiling
 from unickpt.frameworks import get_framework
-from unickpt.planning.boxes import decompose_flat_range, find_overlaps_and_gaps
+from unickpt.planning.boxes import decompose_flat_range
 from unickpt.planning.load_plan import check_targets, plan_local_load
 from unickpt.storage.memory import MemoryStorage
 
@@ -233,12 +235,17 @@ def _random_boxes(rng: random.Random) -> tuple[tuple[int, ...], list]:
 
 @FUZZ
 @given(st.integers(0, 2**32))
-def test_codec_tiling_check_agrees_with_the_planner(seed):
-    """format.codec.tiling_problem (the fast check run on every decode) says "tiles" exactly when
-    planning.boxes.find_overlaps_and_gaps does."""
+def test_tiling_check_agrees_with_an_element_count(seed):
+    """format.tiling.check_box_tiling (the one check run on every decode and every save plan)
+    says "tiles" exactly when counting elements does."""
     shape, boxes = _random_boxes(random.Random(seed))
-    nonempty = [b for b in boxes if 0 not in b[1]]
-    assert (tiling_problem(shape, nonempty) is None) == find_overlaps_and_gaps(shape, boxes)[1], (shape, boxes)
+    counts = {}
+    for offs, lens in boxes:
+        for element in itertools.product(*(range(o, o + n) for o, n in zip(offs, lens))):
+            counts[element] = counts.get(element, 0) + 1
+    tiles = len(counts) == math.prod(shape) and set(counts.values()) <= {1}
+    tiles = tiles and all(all(e < s for e, s in zip(el, shape)) for el in counts)
+    assert (check_box_tiling(shape, boxes) is None) == tiles, (shape, boxes)
 
 
 @pytest.mark.parametrize(
@@ -285,6 +292,6 @@ def test_codec_accepts_flat_shard_decompositions(shape, ranks, seed):
     rng = random.Random(seed)
     cuts = sorted({0, total} | {rng.randint(0, total) for _ in range(ranks - 1)})
     boxes = [(p.offsets, p.lengths) for a, b in zip(cuts, cuts[1:]) for p in decompose_flat_range(shape_t, a, b - a)]
-    assert tiling_problem(shape_t, boxes) is None, (shape_t, cuts, boxes)
+    assert check_box_tiling(shape_t, boxes) is None, (shape_t, cuts, boxes)
     if len(boxes) > 1:  # and notices one piece missing
-        assert tiling_problem(shape_t, boxes[:-1]) is not None
+        assert check_box_tiling(shape_t, boxes[:-1]) is not None
