@@ -40,6 +40,8 @@ _MAX_NDIM = 64
 # tensors with at least this many shards store them as a binary table (compact, fast to check)
 TABLE_FROM = 64
 MAX_BYTES = 1 << 56  # 64 PiB: no tensor, shard, file offset or blob is larger (absurd beyond)
+_MAX_RANKS = 1 << 31
+_YEAR_10000 = 253402300800  # first second of the year 10000 (UTC)
 
 
 def encode_metadata(md: Metadata) -> bytes:
@@ -75,16 +77,32 @@ def _fail(source: str, what: str) -> CorruptMetadataError:
     return CorruptMetadataError(f"corrupt checkpoint metadata {source}: {what}")
 
 
-def _int(v: Any, source: str, what: str, lo: int = 0) -> int:
-    if type(v) is not int or v < lo:
-        raise _fail(source, f"{what} must be an integer >= {lo}, got {v!r}")
+def _int(v: Any, source: str, what: str, lo: int = 0, hi: int = MAX_BYTES) -> int:
+    if type(v) is not int or not lo <= v <= hi:
+        raise _fail(source, f"{what} must be an integer in [{lo}, {hi}], got {_short(v)}")
     return v
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")  # the encoder writes strict JSON (allow_nan=False)
+
+
+def _created(v: Any, source: str) -> float:
+    """``created_unix``: seconds since the epoch, finite and before the year 10000 (tools print it)."""
+    if type(v) not in (int, float) or not 0 <= v < _YEAR_10000:
+        raise _fail(source, f"created_unix must be a time in seconds since 1970, got {_short(v)}")
+    return float(v)
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def decode_metadata(data: bytes, source: str = "<metadata>") -> Metadata:
     """Parse and validate metadata bytes read from ``source`` (a path, for messages)."""
     try:
-        doc = json.loads(data.decode("utf-8"))
+        doc = json.loads(data.decode("utf-8"), parse_constant=_no_constants)
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError, JSONDecodeError, int too long
         raise _fail(source, f"not valid JSON ({e.__class__.__name__}: {e})") from None
     if not isinstance(doc, dict) or doc.get("magic") != MAGIC:
@@ -116,8 +134,8 @@ def _decode_v1(doc: dict[str, Any], source: str) -> Metadata:
     topo = doc["topology"]
     topology = Topology(
         framework=str(topo["framework"]),
-        world_size=_int(topo["world_size"], source, "topology.world_size", 1),
-        mesh=tuple((str(n), _int(s, source, "topology.mesh size", 1)) for n, s in topo["mesh"]),
+        world_size=_int(topo["world_size"], source, "topology.world_size", 1, _MAX_RANKS),
+        mesh=tuple((str(n), _int(s, source, "topology.mesh size", 1, _MAX_RANKS)) for n, s in topo["mesh"]),
     )
     ranges_by_file: dict[int, list[tuple[int, int, str]]] = {}
     tensors: dict[str, TensorRecord] = {}
@@ -191,9 +209,7 @@ def _decode_v1(doc: dict[str, Any], source: str) -> Metadata:
     objects = doc.get("objects", {})
     if not isinstance(objects, dict):
         raise _fail(source, "objects must be an object")
-    created = doc["created_unix"]
-    if not isinstance(created, (int, float)):
-        raise _fail(source, "created_unix must be a number")
+    created = _created(doc["created_unix"], source)
     role = doc.get("role")
     if role is not None and not isinstance(role, str):
         raise _fail(source, "role must be a string")
@@ -203,7 +219,7 @@ def _decode_v1(doc: dict[str, Any], source: str) -> Metadata:
     return Metadata(
         format_version=doc["format_version"],
         save_id=save_id,
-        created_unix=float(created),
+        created_unix=created,
         topology=topology,
         files=tuple(files),
         tensors=tensors,
