@@ -610,3 +610,24 @@ def test_item12_non_json_number_literals_are_refused(literal: bytes) -> None:
     """The encoder writes strict JSON (non-finite floats are tagged), so these never come from it."""
     with pytest.raises(CorruptMetadataError, match="not valid JSON"):
         loads_value(literal, "blob")
+
+
+def test_item9_extra_state_round_trips_through_save_and_load(tmp_path: Any) -> None:
+    """Through real files: ``unickpt.save`` then ``unickpt.load`` give back the same types."""
+    from collections import OrderedDict
+
+    model = torch.nn.Linear(2, 2)
+    extra = {
+        "records": np.array([(1, 2.5)], dtype=[("i", "<i4"), ("f", "<f8")]),
+        "f32": np.float32(1.5),
+        "ba": bytearray(b"\x01\x02"),
+        "size": torch.Size([4, 2]),
+        "od": OrderedDict([("b", 1), ("a", 2)]),
+        "rng": unickpt.rng_state(),
+    }
+    unickpt.save(str(tmp_path / "ck"), {"model": model, "extra_state": extra}, framework="torch")
+    state: dict[str, Any] = {"model": torch.nn.Linear(2, 2), "extra_state": None}
+    unickpt.load(str(tmp_path / "ck"), state, framework="torch")
+    assert same(state["extra_state"], extra)
+    with pytest.raises(TypeError, match=r"extra_state\.bad: max is a subclass of tuple"):
+        unickpt.save(str(tmp_path / "ck2"), {"model": model, "extra_state": {"bad": torch.max(torch.ones(2), 0)}})

@@ -3,13 +3,15 @@
 Writers call ``encode_metadata`` once (the coordinator, at commit). Readers call
 ``decode_metadata`` which checks the format version first, then the structure, then the geometry
 (every shard inside its tensor, byte lengths consistent with dtype and box, no two shards of one
-file overlapping, the shards of every tensor tiling it exactly, sizes and offsets below
-``MAX_BYTES``) so that nothing downstream allocates or reads from an absurd record. Only
-``CheckpointError`` subclasses leave ``decode_metadata`` whatever the input bytes (fuzz-tested in
-tests/reliability/test_fuzz.py).
+file overlapping, the shards of every tensor tiling it exactly (``format.tiling``), sizes and
+offsets below ``MAX_BYTES``, ``created_unix`` a real time, no NaN / Infinity literals) so that
+nothing downstream allocates or reads from an absurd record or fails to print one. Decoding is
+O(n log n) in the number of shards whatever their layout. Only ``CheckpointError`` subclasses
+leave ``decode_metadata`` whatever the input bytes (fuzz-tested in
+tests/reliability/test_rel_fuzz.py).
 Shard tables are stored column-compact: one flat integer list per shard
-``[*offsets, *lengths, file_index, byte_offset, byte_length, crc32c]``.
-"""
+``[*offsets, *lengths, file_index, byte_offset, byte_length, crc32c]`` (JSON lists below
+``TABLE_FROM`` shards, a base64 table of little-endian int64 rows from there on)."""
 
 from __future__ import annotations
 

@@ -161,7 +161,7 @@ def _first_bad_corner(lo: np.ndarray, hi: np.ndarray, ext: np.ndarray) -> np.nda
         key = cols[0] * radix[0]
         for j in range(1, k):
             key += cols[j] * radix[j]
-        order = np.argsort(key, kind="stable")
+        order = np.argsort(key)
     else:
         order = np.lexsort(cols[::-1])
     sorted_cols = [c[order] for c in cols]
