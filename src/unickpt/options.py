@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .storage.base import METADATA_LIMIT
+
 __all__ = ["SaveOptions", "LoadOptions"]
 
 
@@ -30,5 +32,5 @@ class LoadOptions:
     dedup_reads: bool | None = None
     # caps on what a checkpoint's content makes unickpt read or allocate (SizeLimitError beyond):
     # the metadata file, and each extra_state / dataloader blob
-    max_metadata_bytes: int = 1 << 30
+    max_metadata_bytes: int = METADATA_LIMIT  # 1 GiB
     max_blob_bytes: int = 1 << 30
