@@ -12,6 +12,7 @@ from .errors import (
     ConcurrentSaveError,
     CorruptMetadataError,
     DtypeMismatchError,
+    ForeignFolderError,
     FrameworkError,
     IncompleteCheckpointError,
     MissingDataFileError,
@@ -19,12 +20,15 @@ from .errors import (
     NotACheckpointError,
     PlanningError,
     RankFailures,
+    SaveLockLostError,
     ShapeMismatchError,
+    SizeLimitError,
     SnapshotConflictError,
     StorageError,
     TransientStorageError,
     TruncatedDataFileError,
     UnexpectedKeysError,
+    UnsafePathError,
     UnsupportedFormatVersionError,
 )
 from .options import LoadOptions, SaveOptions
@@ -61,4 +65,8 @@ __all__ = [
     "UnsupportedFormatVersionError",
     "CheckpointManager",
     "TransientStorageError",
+    "SaveLockLostError",
+    "ForeignFolderError",
+    "UnsafePathError",
+    "SizeLimitError",
 ]
