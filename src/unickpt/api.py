@@ -28,7 +28,7 @@ import torch
 from .coordination import Coordinator, Settle, make_coordinator, run_stage
 from .engine import step_guard
 from .engine.load import read_blob, read_metadata, read_stage
-from .engine.lock import checkpoint_replaced, run_locked
+from .engine.lock import SaveLock, checkpoint_replaced, run_locked
 from .engine.save import PlanCache, PlanKey, SaveRequest, commit_stage, plan_stage, write_stage
 from .engine.staging import STAGING_POOL, live_parts
 from .engine.worker import SAVE_WORKER, SaveHandle
@@ -181,7 +181,7 @@ def save_tracked(
         file_parts = live_parts(view.items, rank_plan, blobs)
         entry_bytes = _plan_order(rank_plan, file_parts)
 
-    def write_and_commit() -> Metadata | None:
+    def write_and_commit(lock: SaveLock) -> Metadata | None:
         crcs, error = None, None
         try:
             if staged is not None:
@@ -194,7 +194,17 @@ def save_tracked(
         finally:
             if staged is not None:
                 staged.release()
-        md = commit_stage(background, storage, gplan, crcs, error, request, objects, options.cleanup_previous)
+        md = commit_stage(
+            background,
+            storage,
+            gplan,
+            crcs,
+            error,
+            request,
+            objects,
+            options.cleanup_previous,
+            still_locked=lock.verify_holder,
+        )
         emit("save.end", coord.rank, t0, path=storage.url, save_id=gplan.save_id, nbytes=rank_plan.nbytes)
         return md
 
@@ -202,7 +212,12 @@ def save_tracked(
     handle = SaveHandle(
         SAVE_WORKER.submit(
             lambda: run_locked(
-                background, storage, rank_plan, write_and_commit, on_refused=staged.release if staged else None
+                background,
+                storage,
+                rank_plan,
+                write_and_commit,
+                on_refused=staged.release if staged else None,
+                lease_s=options.lock_lease_s,
             )
         ),
         staged.copied if staged is not None else None,
@@ -294,10 +309,10 @@ def load(
         coord, "load (describe state)", describe, agree=lambda r: _claims("load", storage.url, r[0], role)
     )
     with phase("load.metadata", coord.rank, path=storage.url):
-        md = read_metadata(coord, storage)
+        md = read_metadata(coord, storage, options.max_metadata_bytes)
     for attempt in range(_LOAD_ATTEMPTS):
         if attempt:
-            md = read_metadata(coord, storage)
+            md = read_metadata(coord, storage, options.max_metadata_bytes)
         try:
             missing, unexpected = _load_tensors(md, storage, coord, view, state, strict, options)
             break
@@ -342,7 +357,7 @@ def _load_tensors(
 
     def finish() -> list[str]:
         skipped = view.finish(md.objects, strict)
-        _restore_blobs(md, storage, state, coord, strict)
+        _restore_blobs(md, storage, state, coord, strict, options.max_blob_bytes)
         return skipped
 
     skipped = run_stage(coord, "load (finish)", finish)
@@ -350,7 +365,7 @@ def _load_tensors(
 
 
 def _restore_blobs(
-    md: Metadata, storage: Storage, state: MutableMapping[str, Any], coord: Coordinator, strict: bool
+    md: Metadata, storage: Storage, state: MutableMapping[str, Any], coord: Coordinator, strict: bool, cap: int
 ) -> None:
     keys = set(md.blobs)
     if "extra_state" in state:
@@ -361,7 +376,7 @@ def _restore_blobs(
 
                 raise MissingKeysError(f"checkpoint {storage.url} has no extra_state")
         else:
-            state["extra_state"] = loads_value(read_blob(md, storage, md.blobs[key], coord.rank), key)
+            state["extra_state"] = loads_value(read_blob(md, storage, md.blobs[key], coord.rank, cap), key)
     loader = state.get("dataloader")
     if loader is not None:
         ws = md.topology.world_size
@@ -374,4 +389,4 @@ def _restore_blobs(
 
                 raise MissingKeysError(f"checkpoint {storage.url} has no dataloader state")
         else:
-            loader.load_state_dict(loads_value(read_blob(md, storage, md.blobs[key], coord.rank), key))
+            loader.load_state_dict(loads_value(read_blob(md, storage, md.blobs[key], coord.rank, cap), key))

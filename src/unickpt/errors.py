@@ -28,6 +28,10 @@ __all__ = [
     "StorageError",
     "TransientStorageError",
     "ConcurrentSaveError",
+    "SaveLockLostError",
+    "ForeignFolderError",
+    "UnsafePathError",
+    "SizeLimitError",
     "SnapshotConflictError",
     "FrameworkError",
     "PlanningError",
@@ -108,6 +112,26 @@ class TransientStorageError(StorageError):
 
 class ConcurrentSaveError(CheckpointError):
     """Another job committed or is committing a checkpoint at the same path."""
+
+
+class SaveLockLostError(ConcurrentSaveError):
+    """This save's lock was taken over (its lease was judged expired) or its data files were
+    changed while it ran: the commit is refused and nothing is published."""
+
+
+class ForeignFolderError(CheckpointError, FileExistsError):
+    """``save`` into a non-empty folder that is not a unickpt checkpoint (no unickpt metadata,
+    lock or marker): refused before anything is written, so no file of another tool is touched."""
+
+
+class UnsafePathError(StorageError):
+    """A name inside a checkpoint is a symbolic link, FIFO, device or other non-regular file, or a
+    file exists where unickpt creates one: unickpt never reads, writes or deletes through it."""
+
+
+class SizeLimitError(CheckpointError, ValueError):
+    """A file or a record is larger than the cap unickpt reads or allocates for it (the message
+    names the cap and the option that raises it)."""
 
 
 class SnapshotConflictError(CheckpointError):

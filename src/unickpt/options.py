@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .storage.base import METADATA_LIMIT
+
 __all__ = ["SaveOptions", "LoadOptions"]
 
 
@@ -16,6 +18,9 @@ class SaveOptions:
     # returns; the optimizer's next step() waits for that copy. Turn off when the loop changes
     # them in place outside optimizer.step() right after saving (or call handle.wait_snapshot()).
     background_snapshot: bool = True
+    # the save lock's lease: rank 0 renews it every lease/6 s while the save runs; a lock not
+    # renewed for this long is stale on any host (its job is gone or frozen) and may be broken
+    lock_lease_s: float = 60.0
     # seconds each collective of this save (planning, commit) may wait for the other ranks before
     # failing with CollectiveTimeoutError naming the ranks that did not arrive; None: the job's
     # timeout (init_process_group(timeout=...))
@@ -32,6 +37,10 @@ class LoadOptions:
     # read each saved byte once across all ranks and forward it over the process group:
     # True always, False never, None (auto) unless all ranks share one host's page cache
     dedup_reads: bool | None = None
+    # caps on what a checkpoint's content makes unickpt read or allocate (SizeLimitError beyond):
+    # the metadata file, and each extra_state / dataloader blob
+    max_metadata_bytes: int = METADATA_LIMIT  # 1 GiB
+    max_blob_bytes: int = 1 << 30
     # seconds each collective of this load may wait for the other ranks (see SaveOptions.timeout)
     timeout: float | None = None
 

@@ -107,8 +107,9 @@ def kill_in_commit(where: str) -> None:
         real_replace = os.replace
 
         def replace(src: Any, dst: Any, *a: Any, **kw: Any) -> None:
-            if str(dst).endswith("/" + METADATA_FILE):
-                assert os.path.getsize(src) > 0  # the temporary metadata is complete on disk
+            if os.path.basename(str(dst)) == METADATA_FILE:  # relative to a folder fd, or a path
+                # the temporary metadata is complete on disk
+                assert os.stat(src, dir_fd=kw.get("src_dir_fd")).st_size > 0
                 os.kill(os.getpid(), signal.SIGKILL)
             real_replace(src, dst, *a, **kw)
 

@@ -9,10 +9,12 @@ below as explicit regression examples.
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import math
 import os
 import random
+import re
 from typing import Any
 
 import pytest
@@ -22,10 +24,11 @@ from hypothesis import strategies as st
 import unickpt
 from rel_helpers import tiny_model
 from unickpt.errors import CheckpointError
-from unickpt.format.codec import decode_metadata, tiling_problem
+from unickpt.format.codec import decode_metadata
 from unickpt.format.records import METADATA_FILE
+from unickpt.format.tiling import check_box_tiling
 from unickpt.frameworks import get_framework
-from unickpt.planning.boxes import decompose_flat_range, find_overlaps_and_gaps
+from unickpt.planning.boxes import decompose_flat_range
 from unickpt.planning.load_plan import check_targets, plan_local_load
 from unickpt.storage.memory import MemoryStorage
 
@@ -233,12 +236,17 @@ def _random_boxes(rng: random.Random) -> tuple[tuple[int, ...], list]:
 
 @FUZZ
 @given(st.integers(0, 2**32))
-def test_codec_tiling_check_agrees_with_the_planner(seed):
-    """format.codec.tiling_problem (the fast check run on every decode) says "tiles" exactly when
-    planning.boxes.find_overlaps_and_gaps does."""
+def test_tiling_check_agrees_with_an_element_count(seed):
+    """format.tiling.check_box_tiling (the one check run on every decode and every save plan)
+    says "tiles" exactly when counting elements does."""
     shape, boxes = _random_boxes(random.Random(seed))
-    nonempty = [b for b in boxes if 0 not in b[1]]
-    assert (tiling_problem(shape, nonempty) is None) == find_overlaps_and_gaps(shape, boxes)[1], (shape, boxes)
+    counts = {}
+    for offs, lens in boxes:
+        for element in itertools.product(*(range(o, o + n) for o, n in zip(offs, lens))):
+            counts[element] = counts.get(element, 0) + 1
+    tiles = len(counts) == math.prod(shape) and set(counts.values()) <= {1}
+    tiles = tiles and all(all(e < s for e, s in zip(el, shape)) for el in counts)
+    assert (check_box_tiling(shape, boxes) is None) == tiles, (shape, boxes)
 
 
 @pytest.mark.parametrize(
@@ -285,6 +293,175 @@ def test_codec_accepts_flat_shard_decompositions(shape, ranks, seed):
     rng = random.Random(seed)
     cuts = sorted({0, total} | {rng.randint(0, total) for _ in range(ranks - 1)})
     boxes = [(p.offsets, p.lengths) for a, b in zip(cuts, cuts[1:]) for p in decompose_flat_range(shape_t, a, b - a)]
-    assert tiling_problem(shape_t, boxes) is None, (shape_t, cuts, boxes)
+    assert check_box_tiling(shape_t, boxes) is None, (shape_t, cuts, boxes)
     if len(boxes) > 1:  # and notices one piece missing
-        assert tiling_problem(shape_t, boxes[:-1]) is not None
+        assert check_box_tiling(shape_t, boxes[:-1]) is not None
+
+
+# --------------------------------------------------------------------------- value blobs (extra state)
+
+
+def _rich_value() -> Any:
+    """One value using every tag of the value encoding (format.values)."""
+    import collections
+
+    import numpy as np
+    import torch
+
+    rec = np.zeros(2, dtype=np.dtype([("a", "<i4"), ("b", [("c", ">f2", (2,))]), ("t", "<M8[s]")], align=True))
+    return {
+        "tuple": (1, "a", None),
+        "ints": {3: [2**70, -(2**65)]},
+        "od": collections.OrderedDict([("x", 1.5), (2, float("nan"))]),
+        "sets": [{1, 2}, frozenset({"a"})],
+        "complex": complex(1, float("inf")),
+        "bytes": [b"\x00", bytearray(b"ab")],
+        "torch": [torch.Size([2, 3]), torch.float16, torch.device("cuda", 1)],
+        "tensor": torch.arange(6.0).reshape(2, 3).requires_grad_(),
+        "param": torch.nn.Parameter(torch.ones(2)),
+        "arrays": [np.arange(3, dtype=">i4"), rec, np.array(1.5)],
+        "scalars": [np.float32(2.5), np.datetime64("2024-01-01"), rec[0]],
+        "dtype": rec.dtype,
+    }
+
+
+_TAGS = st.sampled_from(
+    [
+        "tuple", "intdict", "odict", "set", "frozenset", "bigint", "float", "complex", "bytes", "bytearray",
+        "size", "torch_dtype", "device", "tensor", "ndarray", "npscalar", "np_dtype", "nope",
+    ]
+)  # fmt: skip
+_FIELD_VALUES = (
+    _JSON
+    | st.sampled_from(["AAAA", "", "AAAAAAAAAAA=", "!!", "<f4", "|O", "float32", "cuda:0", "9" * 5000, "nan"])
+    | st.lists(st.integers(-(2**70), 2**70), max_size=5)
+    | st.fixed_dictionaries({"fields": st.lists(st.lists(_JSON, max_size=3), max_size=2), "itemsize": _INTS})
+    | st.fixed_dictionaries({"sub": st.sampled_from(["<i4", "|O", {}]), "shape": st.lists(_INTS, max_size=3)})
+)
+_TAGGED = st.recursive(
+    _LEAF,
+    lambda c: (
+        st.lists(c, max_size=3)
+        | st.fixed_dictionaries(
+            {"__unickpt__": _TAGS},
+            optional={
+                "v": _FIELD_VALUES | st.lists(c, max_size=3) | st.lists(st.tuples(_LEAF, c).map(list), max_size=3),
+                "dtype": _FIELD_VALUES,
+                "shape": _FIELD_VALUES,
+                "requires_grad": _LEAF,
+                "parameter": _LEAF,
+            },
+        )
+    ),
+    max_leaves=8,
+)
+
+
+def _only_checkpoint_errors(data: bytes) -> None:
+    from unickpt.format.values import loads_value
+
+    try:
+        loads_value(data, "fuzz blob")
+    except CheckpointError:
+        pass
+
+
+@FUZZ
+@given(_TAGGED)
+@example({"__unickpt__": "tensor", "dtype": "float32", "shape": [-1, -1], "v": "AAAAAA=="})  # was RuntimeError
+@example({"__unickpt__": "tensor", "dtype": "float32", "shape": [0, -5], "v": ""})
+def test_item12_random_tagged_values_raise_only_checkpoint_errors(doc):
+    """Issue 9 item 12: value blobs (extra state, dataloader state, optimizer objects) made of
+    random tags with random fields decode or raise a CheckpointError, nothing else."""
+    _only_checkpoint_errors(_encode({"x": doc}))
+
+
+@FUZZ
+@given(st.lists(_MUTATION, min_size=1, max_size=3))
+@example([("replace", 1, -1)])
+@example([("replace", 40, [-1, -1])])
+def test_item12_mutated_value_blobs_raise_only_checkpoint_errors(mutations):
+    """A real encoding of every supported type, mutated (fields replaced, deleted, lists grown or
+    shrunk): decodes or raises a CheckpointError."""
+    from unickpt.format.values import dumps_value
+
+    doc = json.loads(dumps_value(_rich_value()))
+    _only_checkpoint_errors(_encode(_mutate(doc, mutations)))
+
+
+@FUZZ
+@given(st.binary(max_size=512))
+def test_item12_random_bytes_as_value_blob(data):
+    _only_checkpoint_errors(data)
+
+
+_ABSURD = st.sampled_from(
+    [
+        b"NaN", b"Infinity", b"-Infinity", b"1e400", b"-1e400", b"1e300", b"-5", b"-0.5", b"true", b"null",
+        b'"12"', b"[]", b"{}", b"1" * 400, b"2" * 30, b"253402300800", b"4294967296", b"9007199254740993",
+    ]
+)  # fmt: skip
+_NUMERIC_FIELDS = [
+    b'"created_unix":1700000000.5',
+    b'"world_size":1',
+    b'"format_version":1',
+    b'"shape":[4,6]',
+    b'"shape":[4,6],"shards":[[0,0,4,6',
+]
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.sampled_from(_NUMERIC_FIELDS), _ABSURD), min_size=1, max_size=3))
+@example([(b'"created_unix":1700000000.5', b"NaN")])
+def test_item12_absurd_numbers_in_metadata_are_refused(replacements):
+    """Issue 9 item 12: NaN, infinities, huge or negative numbers in the metadata's numeric fields
+    decode to a CorruptMetadataError (or a value every tool can print), never anything else."""
+    from unickpt.tools.inspect import format_text, summarize, to_json
+
+    doc = {
+        "magic": "unickpt",
+        "format_version": 1,
+        "save_id": "s",
+        "created_unix": 1700000000.5,
+        "role": None,
+        "topology": {"framework": "torch", "world_size": 1, "mesh": []},
+        "files": ["data/s/r0.bin"],
+        "tensors": {"w": {"dtype": "float32", "shape": [4, 6], "shards": [[0, 0, 4, 6, 0, 0, 96, 0]]}},
+        "objects": {},
+        "blobs": {},
+    }
+    data = json.dumps(doc, separators=(",", ":")).encode()
+    for field, value in replacements:
+        head, _, tail = field.rpartition(b":")
+        data = data.replace(field, head + b":" + value + (b"," + tail.split(b",", 1)[1] if b"," in tail else b""), 1)
+    try:
+        md = decode_metadata(data, "fuzz")
+    except CheckpointError:
+        return
+    assert math.isfinite(md.created_unix)
+    summary = summarize(md, "fuzz")
+    format_text(summary)
+    to_json(summary)
+
+
+def test_item12_inspect_of_non_finite_created_unix_is_a_clean_error(tmp_path, capsys):
+    """``unickpt inspect`` on metadata whose created_unix is NaN used to end in a traceback
+    (ValueError from time.gmtime); now it exits non-zero with a CorruptMetadataError."""
+    from unickpt import cli
+
+    model, optim = tiny_model()
+    ckpt = tmp_path / "ck"
+    unickpt.save(str(ckpt), {"model": model, "optimizer": optim}, framework="torch")
+    meta = ckpt / METADATA_FILE
+    good = meta.read_bytes()
+    created = re.search(rb'"created_unix":\s*[0-9.e+]+', good).group(0)
+    for bad, word in (
+        (b"NaN", b"NaN"),
+        (b"Infinity", b"Infinity"),
+        (b"1e400", b"created_unix"),
+        (b"-1e12", b"created_unix"),
+    ):
+        meta.write_bytes(good.replace(created, b'"created_unix":' + bad))
+        code = cli.main(["inspect", str(ckpt)])
+        err = capsys.readouterr().err
+        assert code != 0 and "CorruptMetadataError" in err and word.decode() in err, (bad, err)

@@ -30,6 +30,7 @@ from ..errors import (
     IncompleteCheckpointError,
     MissingDataFileError,
     NotACheckpointError,
+    SizeLimitError,
     TruncatedDataFileError,
 )
 from ..format.codec import decode_metadata
@@ -39,18 +40,26 @@ from ..planning.boxes import sub_box_is_contiguous
 from ..planning.load_plan import ShardRead
 from ..planning.read_assignment import ReadBatch, assign_reads
 from ..planning.specs import LoadItem
-from ..storage.base import Storage
+from ..storage.base import METADATA_LIMIT, Storage
 from .bytes_view import box_view, sub_box, tensor_bytes
 
-__all__ = ["read_metadata", "read_metadata_bytes", "read_stage", "read_blob"]
+__all__ = ["read_metadata", "read_metadata_bytes", "read_stage", "read_blob", "BLOB_LIMIT"]
+
+BLOB_LIMIT = 1 << 30  # default cap of one extra_state / dataloader blob (LoadOptions.max_blob_bytes)
 
 
-def read_metadata_bytes(storage: Storage) -> bytes:
+def read_metadata_bytes(storage: Storage, limit: int = METADATA_LIMIT) -> bytes:
     """The raw metadata bytes of the checkpoint in ``storage`` (one process, no collective).
 
     A missing metadata file is told apart: data files present -> IncompleteCheckpointError (an
-    interrupted save), nothing -> NotACheckpointError. Used by ``read_metadata`` and the tools."""
-    data = storage.read(METADATA_FILE)
+    interrupted save), nothing -> NotACheckpointError. Only a regular file of at most ``limit``
+    bytes is read (``SizeLimitError`` / ``UnsafePathError``). Used by ``read_metadata`` and the tools."""
+    try:
+        data = storage.read(METADATA_FILE, limit)
+    except SizeLimitError as e:
+        raise SizeLimitError(
+            f"{e} (the metadata cap: LoadOptions(max_metadata_bytes=...) raises it for a larger checkpoint)"
+        ) from None
     if data is not None:
         return data
     if storage.list(DATA_DIR + "/"):
@@ -61,14 +70,14 @@ def read_metadata_bytes(storage: Storage) -> bytes:
     raise NotACheckpointError(f"{storage.url} is not a unickpt checkpoint (no {METADATA_FILE})")
 
 
-def read_metadata(coord: Coordinator, storage: Storage) -> Metadata:
-    """Collective: rank 0 reads, everyone decodes the same bytes."""
+def read_metadata(coord: Coordinator, storage: Storage, limit: int = METADATA_LIMIT) -> Metadata:
+    """Collective: rank 0 reads (at most ``limit`` bytes), everyone decodes the same bytes."""
     if coord.world_size == 1:
-        return decode_metadata(read_metadata_bytes(storage), f"{storage.url}/{METADATA_FILE}")
+        return decode_metadata(read_metadata_bytes(storage, limit), f"{storage.url}/{METADATA_FILE}")
     payload: object = None
     if coord.rank == 0:
         try:
-            payload = read_metadata_bytes(storage)
+            payload = read_metadata_bytes(storage, limit)
         except CheckpointError as e:
             payload = e
     payload = coord.broadcast_object(payload)
@@ -200,7 +209,11 @@ class _ShardJob:
 
     The bytes land in the destination tensor itself when the shard is one contiguous region of
     it, else in the forwarding batch buffer ``buf`` (shards other ranks need too), else in a
-    temporary allocated when the first chunk starts and dropped once the copies are done."""
+    temporary allocated when the first chunk starts and dropped once the copies are done.
+    Every such size is bounded before any allocation: a shard lies inside its tensor's global
+    shape, which ``check_targets`` validated against the live state (and the codec checked its
+    byte length against its box and dtype), so metadata cannot make a temporary larger than a
+    tensor the job itself holds (globally)."""
 
     def __init__(
         self,
@@ -302,13 +315,26 @@ def _apply(md: Metadata, items: list[LoadItem], r: ShardRead, region: torch.Tens
             dest.copy_(sub_box(src, c.src_offsets, c.lengths))
 
 
-def read_blob(md: Metadata, storage: Storage, blob: BlobRecord, rank: int) -> bytes:
+def read_blob(md: Metadata, storage: Storage, blob: BlobRecord, rank: int, cap: int = BLOB_LIMIT) -> bytes:
+    """The bytes of ``blob``, checksum-verified; refused before allocating when over ``cap``.
+
+    The allocation is bounded by the file's size and by ``cap``, not by the blocks the file
+    occupies (st_blocks): filesystems that compress or deduplicate (btrfs, ZFS) and network
+    filesystems report fewer blocks than a legitimate file holds, so a block count would refuse
+    good checkpoints. A sparse file within the cap costs at most ``cap`` bytes of memory and
+    then fails its checksum."""
     name = md.files[blob.file_index]
     size = storage.size(name)
     if size is None:
         raise MissingDataFileError(f"rank {rank}: data file {storage.url}/{name} (holding {blob.key!r}) is missing")
     if size < blob.byte_offset + blob.byte_length:
         raise TruncatedDataFileError(f"rank {rank}: data file {storage.url}/{name} is truncated ({blob.key!r})")
+    if blob.byte_length > cap:
+        raise SizeLimitError(
+            f"rank {rank}: blob {blob.key!r} in {storage.url}/{name} claims {blob.byte_length} bytes, over the "
+            f"cap of {cap} bytes per blob; refused before allocating it (LoadOptions(max_blob_bytes=...) "
+            "raises the cap for a checkpoint you trust)"
+        )
     out = bytearray(blob.byte_length)
     storage.read_into(name, blob.byte_offset, memoryview(out))
     if crc32c.crc32c(out) != blob.crc32c:

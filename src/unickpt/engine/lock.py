@@ -3,68 +3,83 @@
 Who calls what, in order. ``api.save`` (every rank) snapshots, then hands the save's write +
 commit to the save worker wrapped in ``run_locked(background_coord, storage, rank_plan, body)``,
 which on every rank, in the worker thread, before any data byte is written:
-  1. ``acquire_save_lock`` — collective. Rank 0 creates ``unickpt.save.lock`` in the checkpoint
-     folder with an exclusive create (O_CREAT|O_EXCL on local/NFS paths) holding ``LockOwner``
-     (save id, host, pid, process start time, creation time) as JSON, then broadcasts the
-     outcome: if another live job holds the lock, *every* rank raises ``ConcurrentSaveError``
-     naming the holder, so no rank is left waiting in a collective. Saves queued in one process
-     run one after the other on the worker, so consecutive saves to one path never collide.
-  2. ``body``: the writes and the commit (``engine.save``); after the commit rank 0 removes
-     stale data (``remove_stale_data``) *while still holding the lock*, so it can never delete
-     the data of another save in progress at the same path (that save would hold the lock).
-  3. on failure, ``discard_partial_save`` (every rank, best effort) deletes this save's own
-     ``data/<save_id>/`` files, unless the metadata already names this save (a commit that
-     failed after publishing) — a full disk gets its space back.
-  4. ``SaveLock.release()`` — rank 0, after the commit or the failure. It deletes the lock only
-     if it still holds this save's owner.
-``CheckpointManager`` retention reads locks (``LockOwner.decode`` + ``stale_reason``) to never
-delete the folder of a save in progress. Loads take no lock: a load that loses its data to a
-newer commit at the same path fails with MissingDataFileError; ``checkpoint_replaced`` tells
-the loader (collectively) that it may start over on the new metadata.
+  1. ``acquire_save_lock`` — collective. Rank 0 (``prepare_save``) checks that the folder is
+     unickpt's (``ownership.check_save_folder``), takes the lock (``try_acquire``) and writes the
+     save's data marker (``ownership.mark_save``), then broadcasts the outcome: on any refusal
+     *every* rank raises the same error type (``ConcurrentSaveError`` naming the holder,
+     ``ForeignFolderError`` ...), so no rank is left waiting in a collective.
+  2. ``body(lock)``: the writes and the commit (``engine.save``). Right before publishing, rank 0
+     checks every data file and calls ``lock.verify_holder()``; after the commit it removes stale
+     data (``remove_stale_data``) *while still holding the lock*.
+  3. on failure, ``discard_partial_save`` (every rank, best effort) deletes this save's own data
+     files, unless the metadata already names this save — a full disk gets its space back.
+  4. ``SaveLock.release()`` — rank 0, after the commit or the failure.
+``CheckpointManager`` retention asks ``lock_is_live`` before deleting an incomplete folder.
 
-A lock is *stale* — broken with a warning — when its owner process is gone (same host: pid not
-alive, or alive but started at another time, i.e. a reused pid; or this very process, which has
-no save with that id in flight), when it is older than ``stale_after_s`` (any host), or when it
-stays unreadable. Breaking is atomic on local paths (``LocalStorage.break_lock``: rename, verify,
-restore on mismatch), so two jobs breaking the same stale lock cannot both win.
+The lock. Lock files are *generations* ``unickpt.save.lock.<n>``: the holder is the record in
+the highest generation (a file named ``unickpt.save.lock``, from older unickpt versions, counts
+as generation 0). Taking a free lock creates generation 1 with O_CREAT|O_EXCL; breaking a stale
+generation ``g`` is one exclusive create of ``g+1``: of several breakers exactly one succeeds,
+the others find ``g+1`` taken and look again. The winner then checks that ``g`` still holds the
+bytes it judged stale (else its view was old — ``g`` was renewed, or broken, used and released
+by others meanwhile — and it withdraws), and removes the generations below its own. Release
+deletes the holder's own generation. No step ever leaves the lock name empty while it is held.
 
-Limitation: backends without ``create_exclusive`` (``memory://``, object stores without
-conditional writes) get a best-effort lock: check, write, read back. Two jobs that start within
-the same instant on such a backend may both proceed; jobs that overlap by more than a round trip
-are still told apart. A lock of a live job on another host is only broken after
-``stale_after_s`` (default one hour): a save that runs longer than that must not share its path.
+The holder record (``lock_owner.LockOwner``) names the save, host, pid and process start time,
+a random token (this acquisition), the host's boot id, the holder's PID-namespace inode and a
+lease: rank 0 runs a heartbeat thread that renews the record every ``lease_s / 6`` seconds
+(``SaveLock.renew``, an in-place rewrite that never recreates a file that is gone). A lock is
+*stale* (``lock_owner.stale_reason``) when its heartbeat is older than its lease, on any host;
+or — only when it was taken in this very boot and PID namespace of this host, where its pid
+means what it says — when its process is gone, its pid was reused, or it is this process's own
+leaked lock. A live job in another container (same host name, pid 1 in both) is never judged
+by pid. Clocks of the hosts sharing a folder must agree to well within a lease (NTP does).
+
+Limitations: backends without ``create_exclusive`` get a best-effort lock (check, write, read
+back). A breaker that stalls longer than a whole save of another job may, when it wakes, make
+a third job's commit refuse itself (its ``verify_holder`` sees a generation above its own for
+the instant before the breaker withdraws): a failed save, never two commits. A commit that
+itself stalls longer than the lease could be overtaken; leases far longer than storage stalls
+(the default 60 s) make that negligible.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import os
-import socket
+import re
 import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import replace
 from typing import TypeVar
 
-import psutil
-
 from ..coordination.base import Coordinator
-from ..errors import CheckpointError, ConcurrentSaveError, StorageError
-from ..format.records import DATA_DIR
+from ..errors import (
+    CheckpointError,
+    ConcurrentSaveError,
+    ForeignFolderError,
+    SaveLockLostError,
+    SizeLimitError,
+    StorageError,
+    UnsafePathError,
+)
 from ..planning.save_plan import RankSavePlan
-from ..storage.base import Storage
+from ..storage.base import SMALL_FILE_LIMIT, Storage
+from .lock_owner import DEFAULT_LEASE_S, LockOwner, drop_token, hold_token, stale_reason
+from .ownership import LOCK_FILE, check_save_folder, delete_save_data, mark_save, marker_name
 from .save import committed_save_id
 
 __all__ = [
     "LOCK_FILE",
-    "DEFAULT_STALE_AFTER_S",
+    "DEFAULT_LEASE_S",
     "LockOwner",
     "SaveLock",
     "acquire_save_lock",
+    "prepare_save",
     "try_acquire",
+    "lock_generations",
     "read_lock_owner",
+    "lock_is_live",
     "stale_reason",
     "discard_partial_save",
     "run_locked",
@@ -73,192 +88,257 @@ __all__ = [
 
 T = TypeVar("T")
 
-LOCK_FILE = "unickpt.save.lock"
-DEFAULT_STALE_AFTER_S = 3600.0
+_BEATS_PER_LEASE = 6
+_LEASE_RANGE = (1.0, 86400.0)
+_ATTEMPTS = 8
 _UNREADABLE_GRACE_S = 0.5
-_PID_LIMIT = 1 << 22  # Linux pid_max can be at most 2^22
-_HELD: set[str] = set()  # save ids whose lock this process holds (to tell a leak from a live save)
-_HELD_LOCK = threading.Lock()
+_GEN = re.compile(re.escape(LOCK_FILE) + r"(?:\.(\d{1,18}))?")
 
 
-def _process_start(pid: int) -> float:
-    try:
-        return float(psutil.Process(pid).create_time())
-    except (psutil.Error, OSError, ValueError, OverflowError):
-        return 0.0
+def _gen_name(gen: int, prefix: str = "") -> str:
+    return prefix + (LOCK_FILE if gen == 0 else f"{LOCK_FILE}.{gen}")
 
 
-@dataclass(frozen=True, slots=True)
-class LockOwner:
-    """Who holds a save lock: written into the lock file as JSON."""
-
-    save_id: str
-    host: str
-    pid: int
-    pid_start: float  # the owner process's start time (psutil), 0.0 if unknown
-    created_unix: float
-
-    @staticmethod
-    def for_this_process(save_id: str) -> LockOwner:
-        pid = os.getpid()
-        return LockOwner(save_id, socket.gethostname(), pid, _process_start(pid), time.time())
-
-    def encode(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True).encode("utf-8")
-
-    @staticmethod
-    def decode(data: bytes) -> LockOwner | None:
-        """The owner recorded in ``data``, or None when it is not a well-formed lock."""
-        try:
-            doc = json.loads(data.decode("utf-8"))
-            owner = LockOwner(doc["save_id"], doc["host"], doc["pid"], doc["pid_start"], doc["created_unix"])
-        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
-            return None
-        if not (
-            isinstance(owner.save_id, str)
-            and isinstance(owner.host, str)
-            and type(owner.pid) is int
-            and isinstance(owner.pid_start, (int, float))
-            and isinstance(owner.created_unix, (int, float))
-        ):
-            return None
-        return owner
-
-    def describe(self) -> str:
-        age = time.time() - self.created_unix
-        return f"save {self.save_id} of pid {self.pid} on host {self.host}, started {age:.0f}s ago"
+def lock_generations(storage: Storage, prefix: str = "") -> list[int]:
+    """The generations of lock files at ``prefix`` (a folder inside ``storage``, '' or 'a/b/'),
+    sorted; 0 is an older unickpt's ``unickpt.save.lock``."""
+    out = []
+    for name in storage.list(prefix + LOCK_FILE):
+        m = _GEN.fullmatch(name[len(prefix) :])
+        if m is not None:
+            out.append(int(m.group(1) or 0))
+    return sorted(out)
 
 
-def stale_reason(
-    owner: LockOwner, stale_after_s: float = DEFAULT_STALE_AFTER_S, now: float | None = None
-) -> str | None:
-    """Why the lock of ``owner`` is stale, or None if its save may still be running."""
-    now = time.time() if now is None else now
-    if not math.isfinite(owner.created_unix) or abs(now - owner.created_unix) > stale_after_s:
-        return f"it is older than {stale_after_s:.0f}s (or dated in the future)"
-    if owner.host != socket.gethostname():
-        return None  # cannot see that host's processes: trust the lock until it ages out
-    if owner.pid == os.getpid():
-        with _HELD_LOCK:
-            live = owner.save_id in _HELD
-        return None if live else "this process holds no save with that id (a leaked lock)"
-    if not 0 < owner.pid < _PID_LIMIT or not psutil.pid_exists(owner.pid):
-        return f"its process {owner.pid} is gone"
-    start = _process_start(owner.pid)
-    if owner.pid_start and start and abs(start - owner.pid_start) > 1.0:
-        return f"pid {owner.pid} now belongs to another process"
-    return None
-
-
-def read_lock_owner(storage: Storage) -> tuple[bytes, LockOwner | None] | None:
-    """The raw lock bytes and their decoded owner, or None when no lock file exists."""
-    data = storage.read(LOCK_FILE)
+def read_lock_owner(storage: Storage, prefix: str = "") -> tuple[bytes, LockOwner | None] | None:
+    """The raw bytes and decoded owner of the current lock (highest generation), or None when
+    the lock is free. Raises ``UnsafePathError`` / ``SizeLimitError`` for a lock file that is
+    not a small regular file."""
+    gens = lock_generations(storage, prefix)
+    if not gens:
+        return None
+    data = storage.read(_gen_name(gens[-1], prefix), SMALL_FILE_LIMIT)
     return None if data is None else (data, LockOwner.decode(data))
 
 
-@dataclass(frozen=True, slots=True)
-class SaveLock:
-    """This rank's part of a save lock. Only rank 0's (``owner`` set) holds the lock file."""
+def lock_is_live(storage: Storage, prefix: str = "") -> bool:
+    """Whether a save may still be running under the lock at ``prefix`` (for retention)."""
+    found = read_lock_owner(storage, prefix)
+    return found is not None and found[1] is not None and stale_reason(found[1]) is None
 
-    storage: Storage
-    owner: LockOwner | None
+
+def _create(storage: Storage, name: str, data: bytes) -> bool:
+    create = getattr(storage, "create_exclusive", None)
+    if create is not None:
+        return bool(create(name, data))
+    # best effort (see the module docstring): check, write, read back
+    if storage.read(name, SMALL_FILE_LIMIT) is not None:
+        return False
+    try:
+        storage.write(name, [data])
+    except UnsafePathError:
+        return False
+    return storage.read(name, SMALL_FILE_LIMIT) == data
+
+
+def _update(storage: Storage, name: str, expected: bytes, data: bytes) -> bool:
+    update = getattr(storage, "update_exclusive", None)
+    if update is not None:
+        return bool(update(name, expected, data))
+    if storage.read(name, SMALL_FILE_LIMIT) != expected:  # best effort
+        return False
+    storage.commit(name, data)
+    return True
+
+
+class SaveLock:
+    """This rank's part of a save lock. Only rank 0's (``owner`` set) holds a lock file; it
+    renews it from a heartbeat thread until ``release``. Methods are no-ops on other ranks."""
+
+    def __init__(self, storage: Storage, owner: LockOwner | None, name: str = "", data: bytes = b"") -> None:
+        self.storage, self.owner, self.name = storage, owner, name
+        self._data = data  # the bytes the lock file holds now
+        self._mutex = threading.Lock()
+        self._lost: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __repr__(self) -> str:
+        return f"SaveLock({self.storage.url}/{self.name or '-'}, owner={self.owner!r})"
+
+    def _start_heartbeat(self) -> None:
+        assert self.owner is not None
+        self._thread = threading.Thread(
+            target=self._beat, args=(self.owner.lease / _BEATS_PER_LEASE,), name="unickpt-lock-heartbeat", daemon=True
+        )
+        self._thread.start()
+
+    def _beat(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                self.renew()
+            except SaveLockLostError:
+                return
+            except Exception:  # a storage hiccup: the next beat (or the commit's check) retries
+                continue
+
+    def _lost_error(self, why: str) -> SaveLockLostError:
+        assert self.owner is not None
+        self._lost = self._lost or why
+        return SaveLockLostError(
+            f"save {self.owner.save_id} lost its save lock at {self.storage.url}: {self._lost} (another "
+            "job judged its lease expired and took the lock); refusing to commit, nothing was published"
+        )
+
+    def renew(self) -> None:
+        """Rewrite the record with a fresh heartbeat; ``SaveLockLostError`` if it is no longer
+        this lock's (broken by another job, which judged it stale)."""
+        if self.owner is None:
+            return
+        with self._mutex:
+            if self._lost is not None:
+                raise self._lost_error(self._lost)
+            data = replace(self.owner, renewed_unix=time.time()).encode()
+            if not _update(self.storage, self.name, self._data, data):
+                raise self._lost_error(f"{self.name} was replaced or removed")
+            self._data = data
+
+    def verify_holder(self) -> None:
+        """Rank 0, right before the commit: renew the lease and check that no newer generation
+        exists, so this save still holds the lock for a whole lease; else ``SaveLockLostError``."""
+        if self.owner is None:
+            return
+        self.renew()
+        m = _GEN.fullmatch(self.name)
+        mine = int(m.group(1) or 0) if m is not None else 0
+        newer = [g for g in lock_generations(self.storage) if g > mine]
+        if newer:
+            with self._mutex:
+                raise self._lost_error(f"a newer lock generation {_gen_name(newer[-1])} exists")
 
     def release(self) -> None:
         """Delete the lock file if it is still ours (rank 0; no-op elsewhere). Never raises: a
         lock that cannot be removed is broken later as a leaked lock, with a warning."""
         if self.owner is None:
             return
-        with _HELD_LOCK:
-            _HELD.discard(self.owner.save_id)
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        drop_token(self.owner.token)
         try:
-            current = self.storage.read(LOCK_FILE)
-            if current == self.owner.encode():
-                self.storage.delete([LOCK_FILE])
-            elif current is not None:
+            current = self.storage.read(self.name, SMALL_FILE_LIMIT)
+            holder = read_lock_owner(self.storage)
+            if current == self._data:
+                self.storage.delete([self.name])
+            elif holder is not None and holder[1] != self.owner:
                 warnings.warn(
                     f"save lock {self.storage.url}/{LOCK_FILE} was taken over by "
                     f"another job while {self.owner.save_id} ran; leaving it",
                     stacklevel=2,
                 )
         except CheckpointError as e:
-            warnings.warn(f"could not release save lock {self.storage.url}/{LOCK_FILE}: {e}", stacklevel=2)
+            warnings.warn(f"could not release save lock {self.storage.url}/{self.name}: {e}", stacklevel=2)
 
 
-def _create(storage: Storage, data: bytes) -> bool:
-    create = getattr(storage, "create_exclusive", None)
-    if create is not None:
-        return bool(create(LOCK_FILE, data))
-    # best effort (see the module docstring): check, write, read back
-    if storage.read(LOCK_FILE) is not None:
-        return False
-    storage.write(LOCK_FILE, [data])
-    return storage.read(LOCK_FILE) == data
-
-
-def _break(storage: Storage, expected: bytes) -> bool:
-    breaker = getattr(storage, "break_lock", None)
-    if breaker is not None:
-        return bool(breaker(LOCK_FILE, expected))
-    if storage.read(LOCK_FILE) != expected:
-        return False
-    storage.delete([LOCK_FILE])
-    return True
-
-
-def try_acquire(
-    storage: Storage,
-    save_id: str,
-    stale_after_s: float = DEFAULT_STALE_AFTER_S,
-) -> SaveLock:
+def try_acquire(storage: Storage, save_id: str, lease_s: float = DEFAULT_LEASE_S) -> SaveLock:
     """One process: take the save lock of ``storage`` for ``save_id`` or raise
-    ``ConcurrentSaveError`` naming the holder. Stale locks are broken with a warning."""
-    owner = LockOwner.for_this_process(save_id)
+    ``ConcurrentSaveError`` naming the holder. Stale locks are broken with a warning. The lock
+    is renewed by a heartbeat thread until ``release()``."""
+    if not _LEASE_RANGE[0] <= lease_s <= _LEASE_RANGE[1]:
+        raise ValueError(f"lease_s must be in [{_LEASE_RANGE[0]}, {_LEASE_RANGE[1]}] seconds, got {lease_s}")
+    owner = LockOwner.for_this_process(save_id, lease_s)
     data = owner.encode()
-    for _attempt in range(4):
-        if _create(storage, data):
-            with _HELD_LOCK:
-                _HELD.add(save_id)
-            return SaveLock(storage, owner)
-        found = read_lock_owner(storage)
-        if found is None:
-            continue  # released meanwhile: try again
-        raw, holder = found
-        if holder is None:
-            time.sleep(_UNREADABLE_GRACE_S)  # its creator may be between create and write
-            again = read_lock_owner(storage)
-            if again is None or again[0] != raw:
-                continue
-            reason: str | None = "its content is unreadable"
-        else:
-            reason = stale_reason(holder, stale_after_s)
-            if reason is None:
-                raise ConcurrentSaveError(
-                    f"another save is in progress at {storage.url}: {holder.describe()} holds "
-                    f"{LOCK_FILE}; wait for it or save to another path"
-                )
-        if _break(storage, raw):
-            who = holder.describe() if holder is not None else "an unknown owner"
-            warnings.warn(f"broke the stale save lock {storage.url}/{LOCK_FILE} of {who}: {reason}", stacklevel=3)
+    hold_token(owner.token)  # before the file exists: a reader in this process must see it as live
+    try:
+        for _attempt in range(_ATTEMPTS):
+            lock = _attempt_once(storage, owner, data)
+            if lock is not None:
+                lock._start_heartbeat()
+                return lock
+    except BaseException:
+        drop_token(owner.token)
+        raise
+    drop_token(owner.token)
     raise ConcurrentSaveError(
         f"could not take the save lock {storage.url}/{LOCK_FILE}: it kept "
         "changing hands (several jobs are saving to this path)"
     )
 
 
-def acquire_save_lock(
-    coord: Coordinator, storage: Storage, save_id: str, stale_after_s: float = DEFAULT_STALE_AFTER_S
-) -> SaveLock:
-    """Collective: rank 0 takes the lock, every rank learns the outcome and raises together."""
+def _attempt_once(storage: Storage, owner: LockOwner, data: bytes) -> SaveLock | None:
+    """One look at the lock and one exclusive create; None when the lock moved meanwhile."""
+    gens = lock_generations(storage)
+    top = gens[-1] if gens else None
+    raw: bytes | None = None
+    reason: str | None = None
+    holder: LockOwner | None = None
+    if top is not None:
+        raw = storage.read(_gen_name(top), SMALL_FILE_LIMIT)
+        if raw is None:
+            return None  # released meanwhile: look again
+        holder = LockOwner.decode(raw)
+        if holder is None:
+            time.sleep(_UNREADABLE_GRACE_S)  # its creator may be between create and write
+            if storage.read(_gen_name(top), SMALL_FILE_LIMIT) != raw:
+                return None
+            reason = "its content is unreadable"
+        else:
+            reason = stale_reason(holder)
+            if reason is None:
+                raise ConcurrentSaveError(
+                    f"another save is in progress at {storage.url}: {holder.describe()} holds "
+                    f"{_gen_name(top)}; wait for it or save to another path"
+                )
+    mine = 1 if top is None else top + 1
+    if not _create(storage, _gen_name(mine), data):
+        return None  # another job created that generation first
+    if top is not None and storage.read(_gen_name(top), SMALL_FILE_LIMIT) != raw:
+        storage.delete([_gen_name(mine)])  # what we judged stale changed or went: our view is old
+        return None
+    older = [_gen_name(g) for g in lock_generations(storage) if g < mine]
+    if older:
+        storage.delete(older)
+    if reason is not None:
+        who = holder.describe() if holder is not None else "an unknown owner"
+        warnings.warn(f"broke the stale save lock {storage.url}/{_gen_name(top or 0)} of {who}: {reason}", stacklevel=4)
+    return SaveLock(storage, owner, _gen_name(mine), data)
+
+
+def prepare_save(storage: Storage, save_id: str, lease_s: float = DEFAULT_LEASE_S) -> SaveLock:
+    """Rank 0, before any write: the folder is unickpt's, the lock is taken, the data marker of
+    ``save_id`` is written. Raises ForeignFolderError / ConcurrentSaveError / StorageError."""
+    check_save_folder(storage)
+    lock = try_acquire(storage, save_id, lease_s)
+    try:
+        mark_save(storage, save_id)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+_SHARED_ERRORS: dict[str, type[CheckpointError]] = {
+    c.__name__: c for c in (ConcurrentSaveError, ForeignFolderError, UnsafePathError, SizeLimitError, StorageError)
+}
+
+
+def acquire_save_lock(coord: Coordinator, storage: Storage, save_id: str, lease_s: float = DEFAULT_LEASE_S) -> SaveLock:
+    """Collective: rank 0 prepares the save (``prepare_save``), every rank learns the outcome and
+    raises the same error type together."""
     lock = SaveLock(storage, None)
-    outcome: tuple[str, str, int | None] | None = None  # (kind, message, errno)
+    outcome: tuple[str, str, int | None] | None = None  # (error type, message, errno)
+    failure: BaseException | None = None
     if coord.rank == 0:
         try:
-            lock = try_acquire(storage, save_id, stale_after_s)
-        except ConcurrentSaveError as e:
-            outcome = ("concurrent", str(e), None)
+            lock = prepare_save(storage, save_id, lease_s)
         except Exception as e:
-            code = e.errno if isinstance(e, OSError) else None
-            outcome = ("storage", f"{type(e).__name__}: {e}", code)
+            failure = e
+            code = e.errno if isinstance(e, OSError) and isinstance(e.errno, int) else None
+            kind = type(e).__name__ if type(e).__name__ in _SHARED_ERRORS else "StorageError"
+            text = str(e) if isinstance(e, CheckpointError) else f"{type(e).__name__}: {e}"
+            if isinstance(e, OSError) and e.strerror and isinstance(e, CheckpointError):
+                text = e.strerror
+            outcome = (kind, text, code)
     if coord.world_size > 1:
         try:
             outcome = coord.broadcast_object(outcome)
@@ -267,27 +347,32 @@ def acquire_save_lock(
             raise
     if outcome is None:
         return lock
+    if isinstance(failure, CheckpointError):
+        raise failure
     kind, msg, code = outcome
-    if kind == "concurrent":
-        raise ConcurrentSaveError(msg if coord.rank == 0 else f"rank 0 reports: {msg}")
-    text = f"save (lock) failed on rank 0: taking {storage.url}/{LOCK_FILE}: {msg}"
-    raise StorageError(code, text) if code is not None else StorageError(text)
+    if coord.rank == 0:
+        msg = f"save (lock) failed on rank 0: taking {storage.url}/{LOCK_FILE}: {msg}"
+    else:
+        msg = f"rank 0 reports: {msg}"
+    cls = _SHARED_ERRORS[kind]
+    if issubclass(cls, StorageError):
+        raise cls(code, msg) if code is not None else cls(msg)
+    raise cls(msg)
 
 
 def discard_partial_save(storage: Storage, save_id: str, files: Sequence[str], rank: int) -> None:
     """Best effort, every rank, after a failed save: delete this save's data files (``files``
-    this rank wrote; rank 0 also whatever else lies under ``data/<save_id>/``), so that a full
-    disk gets its space back. Nothing is deleted when the metadata names ``save_id`` (the commit
-    happened before the failure). Never raises; problems become warnings."""
+    this rank wrote; rank 0 also every data file under ``data/<save_id>/``, then the save's
+    marker), so that a full disk gets its space back. Nothing is deleted when the metadata names
+    ``save_id`` (the commit happened before the failure). Never raises; problems become warnings."""
     try:
         if committed_save_id(storage) == save_id:
             return
-        names = list(files)
-        if rank == 0:
-            names += storage.list(f"{DATA_DIR}/{save_id}/")
-        names = sorted({n for n in names if n.startswith(f"{DATA_DIR}/{save_id}/")})
-        if names:
-            storage.delete(names)
+        own = sorted({n for n in files if n.startswith(f"data/{save_id}/")})
+        if own:
+            storage.delete(own)
+        if rank == 0 and delete_save_data(storage, save_id):
+            storage.delete([marker_name(save_id)])
     except Exception as e:
         warnings.warn(
             f"rank {rank}: could not delete the partial data of failed save {save_id} at {storage.url}: {e}",
@@ -299,25 +384,26 @@ def run_locked(
     coord: Coordinator,
     storage: Storage,
     plan: RankSavePlan,
-    body: Callable[[], T],
+    body: Callable[[SaveLock], T],
     *,
     on_refused: Callable[[], None] | None = None,
-    stale_after_s: float = DEFAULT_STALE_AFTER_S,
+    lease_s: float = DEFAULT_LEASE_S,
 ) -> T:
-    """Run ``body`` (one save's write + commit, collective on ``coord``) under the save lock.
+    """Run ``body(lock)`` (one save's write + commit, collective on ``coord``) under the save lock.
 
     Every rank calls it with its own ``plan``. The lock is taken first (collective: all ranks
-    raise ``ConcurrentSaveError`` together, after ``on_refused`` has released what the save
-    holds, e.g. its staging buffers); a failing ``body`` discards this save's partial data on
-    every rank; rank 0 releases the lock in all cases."""
+    raise together, after ``on_refused`` has released what the save holds, e.g. its staging
+    buffers); ``body`` gets the lock to verify before its commit (``SaveLock.verify_holder``); a
+    failing ``body`` discards this save's partial data on every rank; rank 0 releases the lock
+    in all cases."""
     try:
-        lock = acquire_save_lock(coord, storage, plan.save_id, stale_after_s)
+        lock = acquire_save_lock(coord, storage, plan.save_id, lease_s)
     except BaseException:
         if on_refused is not None:
             on_refused()
         raise
     try:
-        return body()
+        return body(lock)
     except BaseException:
         discard_partial_save(storage, plan.save_id, plan.files, coord.rank)
         raise

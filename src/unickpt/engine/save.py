@@ -7,9 +7,11 @@ Call order (every rank; stages marked * are collectives on the checkpoint group)
   ``stage``   snapshot: bind the bytes to write (live tensors for a blocking save, staging copies
               for an async one, see ``engine.staging``);
   ``write``   parallel writes of this rank's data files with per-entry CRC32C, fsync;
-  ``commit``* gather checksums -> rank 0 builds the metadata, publishes it atomically (the
-              commit), removes the previous checkpoint's data (a failure there is only a
-              warning: the checkpoint is committed) -> everyone learns the outcome.
+  ``commit``* gather checksums -> rank 0 builds the metadata, checks that every data file it
+              names is on storage in full and that the save still holds its lock, publishes
+              the metadata atomically (the commit), removes the data of unickpt's own older
+              saves (``remove_stale_data``; a failure there is only a warning: the checkpoint
+              is committed) -> everyone learns the outcome.
 A failure on any rank surfaces on every rank as the same error (``run_stage``).
 """
 
@@ -19,14 +21,14 @@ import json
 import time
 import uuid
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import crc32c
 
 from ..coordination.base import Coordinator, run_stage
-from ..errors import CheckpointError
+from ..errors import CheckpointError, MissingDataFileError, TruncatedDataFileError
 from ..format.codec import encode_metadata
 from ..format.records import (
     DATA_DIR,
@@ -42,6 +44,7 @@ from ..format.records import (
 from ..monitoring.events import emit, phase
 from ..planning.save_plan import GlobalSavePlan, LocalSavePlan, RankSavePlan, plan_save
 from ..storage.base import Buffer, Storage
+from .ownership import delete_save_data, is_save_id, mark_save, marked_save_ids, marker_name
 
 __all__ = [
     "SaveRequest",
@@ -233,8 +236,12 @@ def commit_stage(
     request: SaveRequest,
     objects: dict[str, JSONValue],
     cleanup_previous: bool,
+    still_locked: Callable[[], None] | None = None,
 ) -> Metadata | None:
-    """Collective: agree that every rank wrote, then rank 0 commits. Returns the metadata on rank 0."""
+    """Collective: agree that every rank wrote, then rank 0 commits. Returns the metadata on rank 0.
+
+    Before publishing, rank 0 checks every data file (``check_written_files``) and calls
+    ``still_locked`` (``SaveLock.verify_holder``), which raises if the save lost its lock."""
 
     def local() -> list[int]:
         if error is not None:
@@ -256,6 +263,9 @@ def commit_stage(
             for d in dict.fromkeys(f.rsplit("/", 1)[0] for f in gplan.files):
                 sync_dir(d)
             sync_dir(DATA_DIR)
+        check_written_files(storage, gplan)
+        if still_locked is not None:
+            still_locked()
         previous = committed_save_id(storage) if cleanup_previous else None
         storage.commit(METADATA_FILE, encode_metadata(md))
         emit("save.commit", coord.rank, save_id=md.save_id, path=storage.url)
@@ -298,13 +308,42 @@ def committed_save_id(storage: Storage) -> str | None:
     return sid if isinstance(sid, str) else None
 
 
-def remove_stale_data(storage: Storage, keep: tuple[str | None, ...]) -> None:
-    """Delete data of earlier or interrupted saves at this path (after a successful commit).
+def check_written_files(storage: Storage, gplan: GlobalSavePlan, threads: int = 16) -> None:
+    """Rank 0, right before the commit: every data file the metadata will name exists with the
+    size its writer gave it (missing or short: ``MissingDataFileError`` / ``TruncatedDataFileError``,
+    nothing is published)."""
+    want: dict[str, tuple[int, int]] = {}  # file -> (size, writing rank)
+    for rp in gplan.rank_plans:
+        for e in rp.entries:
+            want[e.file] = (max(want.get(e.file, (0, 0))[0], e.byte_offset + e.byte_length), rp.rank)
+    if not want:
+        return
+    names = list(want)
+    with ThreadPoolExecutor(max(1, min(threads, len(names))), thread_name_prefix="unickpt-stat") as pool:
+        sizes = list(pool.map(storage.size, names))
+    for name, size in zip(names, sizes):
+        expected, rank = want[name]
+        where = f"refusing to commit save {gplan.save_id}: data file {storage.url}/{name} (written by rank {rank})"
+        if size is None:
+            raise MissingDataFileError(f"{where} is missing; nothing was published")
+        if size != expected:
+            raise TruncatedDataFileError(f"{where} has {size} bytes, not the {expected} written; nothing was published")
 
-    ``keep``: the save just committed and the one it replaced. The replaced generation stays until
-    the next commit here, so a load that read the old metadata a moment ago can still finish."""
-    prefixes = tuple(f"{DATA_DIR}/{sid}/" for sid in keep if sid)
-    stale = [n for n in storage.list(DATA_DIR + "/") if not n.startswith(prefixes)]
-    stale += [n for n in storage.list(METADATA_FILE + ".tmp-")]
-    if stale:
-        storage.delete(stale)
+
+def remove_stale_data(storage: Storage, keep: tuple[str | None, ...]) -> None:
+    """Delete the data of unickpt's own earlier or interrupted saves at this path (rank 0, after a
+    successful commit, under the save lock): every save id a data marker names, except ``keep``
+    (the save just committed and the one it replaced, which stays until the next commit here, so
+    a load that read the old metadata a moment ago can still finish). A kept id that the
+    metadata named but no marker does (a checkpoint of an older unickpt) gets its marker now.
+    Only unickpt's data files and markers are deleted (``engine.ownership``), never other files."""
+    kept = {sid for sid in keep if sid and is_save_id(sid)}
+    marked = set(marked_save_ids(storage))
+    for sid in sorted(kept - marked):
+        mark_save(storage, sid)
+    for sid in sorted(marked - kept):
+        if delete_save_data(storage, sid):
+            storage.delete([marker_name(sid)])
+    tmp = [n for n in storage.list(METADATA_FILE + ".tmp-") if "/" not in n]
+    if tmp:
+        storage.delete(tmp)

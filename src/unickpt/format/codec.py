@@ -3,19 +3,20 @@
 Writers call ``encode_metadata`` once (the coordinator, at commit). Readers call
 ``decode_metadata`` which checks the format version first, then the structure, then the geometry
 (every shard inside its tensor, byte lengths consistent with dtype and box, no two shards of one
-file overlapping, the shards of every tensor tiling it exactly, sizes and offsets below
-``MAX_BYTES``) so that nothing downstream allocates or reads from an absurd record. Only
-``CheckpointError`` subclasses leave ``decode_metadata`` whatever the input bytes (fuzz-tested in
-tests/reliability/test_fuzz.py).
+file overlapping, the shards of every tensor tiling it exactly (``format.tiling``), sizes and
+offsets below ``MAX_BYTES``, ``created_unix`` a real time, no NaN / Infinity literals) so that
+nothing downstream allocates or reads from an absurd record or fails to print one. Decoding is
+O(n log n) in the number of shards whatever their layout. Only ``CheckpointError`` subclasses
+leave ``decode_metadata`` whatever the input bytes (fuzz-tested in
+tests/reliability/test_rel_fuzz.py).
 Shard tables are stored column-compact: one flat integer list per shard
-``[*offsets, *lengths, file_index, byte_offset, byte_length, crc32c]``.
-"""
+``[*offsets, *lengths, file_index, byte_offset, byte_length, crc32c]`` (JSON lists below
+``TABLE_FROM`` shards, a base64 table of little-endian int64 rows from there on)."""
 
 from __future__ import annotations
 
 import base64
 import binascii
-import heapq
 import json
 import math
 from typing import Any
@@ -32,14 +33,17 @@ from .records import (
     TensorRecord,
     Topology,
 )
+from .tiling import check_tiling
 
-__all__ = ["encode_metadata", "decode_metadata", "tiling_problem", "MAGIC", "MAX_BYTES"]
+__all__ = ["encode_metadata", "decode_metadata", "MAGIC", "MAX_BYTES"]
 
 MAGIC = "unickpt"
 _MAX_NDIM = 64
 # tensors with at least this many shards store them as a binary table (compact, fast to check)
 TABLE_FROM = 64
 MAX_BYTES = 1 << 56  # 64 PiB: no tensor, shard, file offset or blob is larger (absurd beyond)
+_MAX_RANKS = 1 << 31
+_YEAR_10000 = 253402300800  # first second of the year 10000 (UTC)
 
 
 def encode_metadata(md: Metadata) -> bytes:
@@ -75,16 +79,32 @@ def _fail(source: str, what: str) -> CorruptMetadataError:
     return CorruptMetadataError(f"corrupt checkpoint metadata {source}: {what}")
 
 
-def _int(v: Any, source: str, what: str, lo: int = 0) -> int:
-    if type(v) is not int or v < lo:
-        raise _fail(source, f"{what} must be an integer >= {lo}, got {v!r}")
+def _int(v: Any, source: str, what: str, lo: int = 0, hi: int = MAX_BYTES) -> int:
+    if type(v) is not int or not lo <= v <= hi:
+        raise _fail(source, f"{what} must be an integer in [{lo}, {hi}], got {_short(v)}")
     return v
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")  # the encoder writes strict JSON (allow_nan=False)
+
+
+def _created(v: Any, source: str) -> float:
+    """``created_unix``: seconds since the epoch, finite and before the year 10000 (tools print it)."""
+    if type(v) not in (int, float) or not 0 <= v < _YEAR_10000:
+        raise _fail(source, f"created_unix must be a time in seconds since 1970, got {_short(v)}")
+    return float(v)
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def decode_metadata(data: bytes, source: str = "<metadata>") -> Metadata:
     """Parse and validate metadata bytes read from ``source`` (a path, for messages)."""
     try:
-        doc = json.loads(data.decode("utf-8"))
+        doc = json.loads(data.decode("utf-8"), parse_constant=_no_constants)
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError, JSONDecodeError, int too long
         raise _fail(source, f"not valid JSON ({e.__class__.__name__}: {e})") from None
     if not isinstance(doc, dict) or doc.get("magic") != MAGIC:
@@ -116,8 +136,8 @@ def _decode_v1(doc: dict[str, Any], source: str) -> Metadata:
     topo = doc["topology"]
     topology = Topology(
         framework=str(topo["framework"]),
-        world_size=_int(topo["world_size"], source, "topology.world_size", 1),
-        mesh=tuple((str(n), _int(s, source, "topology.mesh size", 1)) for n, s in topo["mesh"]),
+        world_size=_int(topo["world_size"], source, "topology.world_size", 1, _MAX_RANKS),
+        mesh=tuple((str(n), _int(s, source, "topology.mesh size", 1, _MAX_RANKS)) for n, s in topo["mesh"]),
     )
     ranges_by_file: dict[int, list[tuple[int, int, str]]] = {}
     tensors: dict[str, TensorRecord] = {}
@@ -139,10 +159,10 @@ def _decode_v1(doc: dict[str, Any], source: str) -> Metadata:
         if math.prod(shape) * isz > MAX_BYTES:
             raise _fail(source, f"tensor {fqn!r}: shape {shape} is absurdly large")
         if "shard_table" in t:
-            shards = _decode_table(fqn, t["shard_table"], shape, isz, nfiles, source)
+            shards, offsets, lengths = _decode_table(fqn, t["shard_table"], shape, isz, nfiles, source)
             for sh in shards:
                 ranges_by_file.setdefault(sh.file_index, []).append((sh.byte_offset, sh.byte_length, fqn))
-            _check_tiling(fqn, shape, shards, source)
+            _check_tiling(fqn, shape, offsets, lengths, source)
             tensors[fqn] = TensorRecord(fqn, dtype, shape, tuple(shards))
             continue
         if not isinstance(t["shards"], list):
@@ -167,7 +187,7 @@ def _decode_v1(doc: dict[str, Any], source: str) -> Metadata:
                 raise _fail(source, f"tensor {fqn!r}: checksum out of range")
             ranges_by_file.setdefault(fidx, []).append((boff, blen, fqn))
             shards.append(ShardRecord(offs, lens, fidx, boff, blen, crc))
-        _check_tiling(fqn, shape, shards, source)
+        _check_tiling(fqn, shape, *_boxes(shards, ndim), source)
         tensors[fqn] = TensorRecord(fqn, dtype, shape, tuple(shards))
     blobs = {}
     raw_blobs = doc.get("blobs", {})
@@ -191,9 +211,7 @@ def _decode_v1(doc: dict[str, Any], source: str) -> Metadata:
     objects = doc.get("objects", {})
     if not isinstance(objects, dict):
         raise _fail(source, "objects must be an object")
-    created = doc["created_unix"]
-    if not isinstance(created, (int, float)):
-        raise _fail(source, "created_unix must be a number")
+    created = _created(doc["created_unix"], source)
     role = doc.get("role")
     if role is not None and not isinstance(role, str):
         raise _fail(source, "role must be a string")
@@ -203,7 +221,7 @@ def _decode_v1(doc: dict[str, Any], source: str) -> Metadata:
     return Metadata(
         format_version=doc["format_version"],
         save_id=save_id,
-        created_unix=float(created),
+        created_unix=created,
         topology=topology,
         files=tuple(files),
         tensors=tensors,
@@ -213,10 +231,18 @@ def _decode_v1(doc: dict[str, Any], source: str) -> Metadata:
     )
 
 
+def _boxes(shards: list[ShardRecord], ndim: int) -> tuple[np.ndarray, np.ndarray]:
+    """The shards' offsets and lengths as (n, ndim) int64 arrays (validated: below MAX_BYTES)."""
+    offsets = np.array([s.offsets for s in shards], dtype=np.int64).reshape(len(shards), ndim)
+    lengths = np.array([s.lengths for s in shards], dtype=np.int64).reshape(len(shards), ndim)
+    return offsets, lengths
+
+
 def _decode_table(
     fqn: str, table: Any, shape: tuple[int, ...], isz: int, nfiles: int, source: str
-) -> list[ShardRecord]:
-    """Decode and validate a binary shard table (rows of little-endian int64), vectorised."""
+) -> tuple[list[ShardRecord], np.ndarray, np.ndarray]:
+    """Decode and validate a binary shard table (rows of little-endian int64), vectorised.
+    Returns the shards and their offsets and lengths as (n, ndim) arrays."""
     if not isinstance(table, str):
         raise _fail(source, f"tensor {fqn!r}: shard_table must be a base64 string")
     try:
@@ -243,75 +269,17 @@ def _decode_table(
         bad = np.nonzero(mask)[0]
         if len(bad):
             raise _fail(source, f"tensor {fqn!r}: shard row {int(bad[0])}: {what}")
-    return [
+    shards = [
         ShardRecord(tuple(r[:nd]), tuple(r[nd : 2 * nd]), r[2 * nd], r[2 * nd + 1], r[2 * nd + 2], r[2 * nd + 3])
         for r in arr.tolist()
     ]
+    return shards, offs, lens
 
 
-def _check_tiling(fqn: str, shape: tuple[int, ...], shards: list[ShardRecord], source: str) -> None:
+def _check_tiling(fqn: str, shape: tuple[int, ...], offsets: np.ndarray, lengths: np.ndarray, source: str) -> None:
     """The shards of one tensor cover it exactly once (else a load would silently keep stale
-    values where a shard is missing, or copy some elements twice)."""
-    boxes = [(s.offsets, s.lengths, i) for i, s in enumerate(shards) if 0 not in s.lengths]
-    found = _tiling(shape, boxes, 0)
-    if found is None:
-        return
-    where, pair = found
-    if pair is None:
-        raise _fail(source, f"tensor {fqn!r}: its shards do not cover the shape {shape}: {where}")
-    a, b = shards[pair[0]], shards[pair[1]]
-    raise _fail(source, f"tensor {fqn!r}: shards {a.offsets}+{a.lengths} and {b.offsets}+{b.lengths} overlap: {where}")
-
-
-Box = tuple[tuple[int, ...], tuple[int, ...]]
-_Indexed = tuple[tuple[int, ...], tuple[int, ...], int]
-
-
-def tiling_problem(shape: tuple[int, ...], boxes: list[Box]) -> str | None:
-    """None if the non-empty, in-bounds ``boxes`` tile ``shape`` exactly; else the first problem."""
-    found = _tiling(shape, [(o, n, i) for i, (o, n) in enumerate(boxes)], 0)
-    return None if found is None else found[0]
-
-
-def _tiling(shape: tuple[int, ...], boxes: list[_Indexed], dim: int) -> tuple[str, tuple[int, int] | None] | None:
-    """``(where, overlapping pair or None for a gap)`` of the first problem, or None if tiled.
-
-    Sweeps dimension 0: between consecutive box boundaries every slab is covered by the same
-    boxes, whose projections must tile the remaining dimensions (recursively; 1-D is a sorted
-    interval scan). A grid of R x C shards costs O(R * C log C), a row sharding O(n log n), with
-    no pairwise comparison of shards."""
-    if math.prod(shape) == 0:
-        return None if not boxes else (f"a shard lies in the empty dimension {dim}", None)
-    if not shape:
-        if len(boxes) == 1:
-            return None
-        return (
-            ("no shard holds the element", None) if not boxes else ("both hold the element", (boxes[0][2], boxes[1][2]))
-        )
-    if len(shape) == 1:
-        pos, last = 0, -1
-        for start, end, i in sorted((o[0], o[0] + n[0], i) for o, n, i in boxes):
-            if start > pos:
-                return f"elements [{pos}, {start}) of dimension {dim} are not saved", None
-            if start < pos:
-                return f"elements [{start}, {min(pos, end)}) of dimension {dim} are saved twice", (last, i)
-            pos, last = end, i
-        return None if pos == shape[0] else (f"elements [{pos}, {shape[0]}) of dimension {dim} are not saved", None)
-    rest, zeros = shape[1:], (0,) * (len(shape) - 1)
-    if all(o[1:] == zeros and n[1:] == rest for o, n, _ in boxes):  # split along dimension 0 only
-        return _tiling(shape[:1], [(o[:1], n[:1], i) for o, n, i in boxes], dim)
-    order = sorted(boxes, key=lambda b: b[0][0])
-    cuts = sorted({0, shape[0]} | {o[0] for o, _, _ in boxes} | {o[0] + n[0] for o, n, _ in boxes})
-    active: list[tuple[int, int, _Indexed]] = []  # heap of (end along dim 0, index, box)
-    nxt = 0
-    for a, b in zip(cuts, cuts[1:]):
-        while nxt < len(order) and order[nxt][0][0] == a:
-            box = order[nxt]
-            heapq.heappush(active, (a + box[1][0], box[2], box))
-            nxt += 1
-        while active and active[0][0] <= a:
-            heapq.heappop(active)
-        found = _tiling(rest, [(o[1:], n[1:], i) for _, _, (o, n, i) in active], dim + 1)
-        if found is not None:
-            return f"in [{a}, {b}) of dimension {dim}, {found[0]}", found[1]
-    return None
+    values where a shard is missing, or copy some elements twice): ``format.tiling``, O(n log n)
+    for the layouts savers produce and bounded for any other."""
+    problem = check_tiling(shape, offsets, lengths)
+    if problem is not None:
+        raise _fail(source, f"tensor {fqn!r}: {problem}")

@@ -4,8 +4,8 @@ Save planning uses it to turn irregular shards into regular boxes: FSDP / ZeRO f
 parameter and give each rank a contiguous row-major range of it, which
 :func:`decompose_flat_range` splits into the few boxes that tile it exactly. Load planning uses
 :func:`intersect` to find which saved boxes overlap each target box, and :func:`sub_box_span`
-/ :func:`sub_box_is_contiguous` to read only the needed run of a stored box. The metadata
-validator uses :func:`find_overlaps_and_gaps` to check that the saved boxes tile each tensor.
+/ :func:`sub_box_is_contiguous` to read only the needed run of a stored box. Whether boxes tile
+a tensor is checked by ``format.tiling`` (one check for the metadata decoder and the planner).
 
 Conventions: everything is counted in elements (never bytes), and every layout is row-major
 (C order). A box is a pair ``(offsets, lengths)`` of equal-length tuples in global tensor
@@ -14,8 +14,6 @@ coordinates; a 0-d tensor is the box ``((), ())`` holding one element. Pure stdl
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import math
 from dataclasses import dataclass
 
@@ -29,7 +27,6 @@ __all__ = [
     "decompose_flat_range",
     "sub_box_span",
     "sub_box_is_contiguous",
-    "find_overlaps_and_gaps",
 ]
 
 Shape = tuple[int, ...]
@@ -264,86 +261,3 @@ def _span(box_lengths: Shape, rel: Shape, sub_lengths: Shape) -> tuple[int, int]
     first = sum(r * st for r, st in zip(rel, strides))
     last = sum((r + sl - 1) * st for r, sl, st in zip(rel, sub_lengths, strides))
     return first, last + 1
-
-
-# --------------------------------------------------------------------------- tiling validation
-
-
-def find_overlaps_and_gaps(
-    shape: Shape, boxes: list[tuple[Shape, Shape]], limit: int = 10
-) -> tuple[list[tuple[int, int]], bool]:
-    """Check whether ``boxes`` tile a tensor of ``shape``: ``(overlapping pairs, fully_covered)``.
-
-    Called by the metadata validator and by save planning's self-check. The pairs are sorted
-    ``(i, j)`` index pairs with ``i < j`` (at most ``limit`` of them; scanning stops once that
-    many are found). ``fully_covered`` is True iff there is no overlap, every box lies within
-    bounds and the box sizes add up to ``numel(shape)``; out-of-bounds boxes never cover.
-
-    Never enumerates elements: a sweep over the dimension with the most distinct offsets keeps
-    the boxes whose extent in that dimension is still open (a heap on their end) and only
-    compares a new box with those, so a grid sharding costs about O(n log n + n * row) where
-    row is the number of boxes sharing a slab. Empty boxes take part in neither overlaps nor
-    coverage. Raises ValueError on a rank mismatch or a negative length.
-    """
-    shape = _check_lengths(shape, "shape")
-    ndim = len(shape)
-    checked: list[tuple[Shape, Shape]] = []
-    for i, (raw_offs, raw_lens) in enumerate(boxes):
-        offs, lens = _check_box(raw_offs, raw_lens, f"box {i}")
-        if len(offs) != ndim:
-            raise ValueError(f"box {i} has rank {len(offs)} but the tensor shape {shape} has rank {ndim}")
-        checked.append((offs, lens))
-
-    in_bounds = all(all(o >= 0 and o + n <= d for o, n, d in zip(offs, lens, shape)) for offs, lens in checked)
-    total = sum(numel(lens) for _, lens in checked)
-
-    pairs: list[tuple[int, int]] = []
-    found_overlap = False
-    if ndim == 0:
-        # every 0-d box is the single element: any two of them overlap
-        for i, j in itertools.combinations(range(len(checked)), 2):
-            found_overlap = True
-            if len(pairs) >= limit:
-                break
-            pairs.append((i, j))
-    else:
-        found_overlap = _sweep_overlaps(checked, limit, pairs)
-
-    covered = not found_overlap and in_bounds and total == numel(shape)
-    return sorted(pairs), covered
-
-
-def _sweep_overlaps(boxes: list[tuple[Shape, Shape]], limit: int, pairs: list[tuple[int, int]]) -> bool:
-    """Append up to ``limit`` overlapping pairs to ``pairs``; return whether any overlap exists."""
-    nonempty = [i for i, (_, lens) in enumerate(boxes) if numel(lens) > 0]
-    if len(nonempty) < 2:
-        return False
-    ndim = len(boxes[nonempty[0]][0])
-    # sweep over the dimension along which the boxes are split the most
-    axis = max(range(ndim), key=lambda d: len({boxes[i][0][d] for i in nonempty}))
-    order = sorted(nonempty, key=lambda i: (boxes[i][0][axis], boxes[i][0]))
-    ends: list[tuple[int, int]] = []  # heap of (end along axis, index) of open boxes
-    active: set[int] = set()
-    found = False
-    for i in order:
-        offs, lens = boxes[i]
-        start = offs[axis]
-        while ends and ends[0][0] <= start:
-            active.discard(heapq.heappop(ends)[1])
-        for j in active:
-            if _boxes_overlap(offs, lens, *boxes[j]):
-                found = True
-                if len(pairs) >= limit:
-                    return True
-                pairs.append((min(i, j), max(i, j)))
-        active.add(i)
-        heapq.heappush(ends, (start + lens[axis], i))
-    return found
-
-
-def _boxes_overlap(ao: Shape, al: Shape, bo: Shape, bl: Shape) -> bool:
-    """Fast non-empty-intersection test for two validated, equal-rank boxes."""
-    for a, an, b, bn in zip(ao, al, bo, bl):
-        if max(a, b) >= min(a + an, b + bn):
-            return False
-    return True

@@ -6,7 +6,8 @@ while the local plans do not change. Steps:
 1. check every rank agrees on each tensor's dtype and global shape;
 2. deduplicate: identical boxes on several ranks are replicas; each is written once, by the
    replica with the fewest bytes assigned so far (worst-fit, largest boxes first);
-3. check the written boxes of each tensor neither overlap nor leave gaps;
+3. check the written boxes of each tensor neither overlap nor leave gaps (``format.tiling``, the
+   same check the metadata decoder runs, so a plan that passes here decodes);
 4. lay out bytes: each rank's items go into ``files_per_rank`` files, balanced by bytes, each
    entry starting at a multiple of ENTRY_ALIGN bytes.
 """
@@ -19,7 +20,8 @@ from dataclasses import dataclass
 
 from ..errors import PlanningError
 from ..format.dtypes import itemsize
-from .boxes import find_overlaps_and_gaps, numel
+from ..format.tiling import check_box_tiling
+from .boxes import numel
 from .specs import BlobSpec, Shape, ShardSpec
 
 __all__ = ["LocalSavePlan", "WriteEntry", "RankSavePlan", "GlobalSavePlan", "plan_save", "data_file_name"]
@@ -124,13 +126,9 @@ def plan_save(local_plans: list[LocalSavePlan], save_id: str, files_per_rank: in
         boxes = by_fqn.get(fqn, [])
         if numel(shape) == 0:
             continue
-        overlaps, covered = find_overlaps_and_gaps(shape, boxes)
-        if overlaps:
-            a, b = overlaps[0]
-            problems.append(f"{fqn}: saved shards overlap: {boxes[a]} and {boxes[b]}")
-        elif not covered:
-            got = sum(numel(b[1]) for b in boxes)
-            problems.append(f"{fqn}: saved shards cover {got} of {numel(shape)} elements of shape {shape}")
+        problem = check_box_tiling(shape, boxes)
+        if problem is not None:
+            problems.append(f"{fqn}: {problem}")
     if problems:
         raise PlanningError("the ranks' shards do not tile their tensors:\n  " + "\n  ".join(problems[:20]))
 

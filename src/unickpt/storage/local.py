@@ -1,6 +1,6 @@
 """Local / POSIX (and NFS-like shared folder) storage.
 
-Writes go to the final name (data file names are unique per save, so nothing readable is
+Writes create the final name (data file names are unique per save, so nothing readable is
 overwritten), are fsynced, and the folder is fsynced on commit. Large files are written with
 O_DIRECT in big sequential chunks: page-aligned parts go to the disk straight from their memory
 (the async snapshot's file images), others through a reused aligned bounce buffer; this skips the
@@ -16,34 +16,48 @@ ws=2: 0.65x), so it is opt-in. ``read_into_cached`` always reads through the pag
 engine uses it for byte ranges that several ranks of one host read, so the device delivers them
 once even with direct reads on.
 
+Safety (see ``storage.base``): files are created with O_CREAT|O_EXCL|O_NOFOLLOW (data files,
+the metadata's temporary file, locks, markers) and written, renamed and unlinked relative to
+folder descriptors opened without following links (``_nofollow``): a link inside the root is
+never written or deleted through, a folder that is a link is refused for writes and skipped by
+``list`` and ``delete``. Reads open with O_NOFOLLOW|O_NONBLOCK and accept regular files only
+(a FIFO cannot block a load); ``read`` stops at its ``limit``.
+
 Failure behaviour: every ``OSError`` becomes a ``StorageError`` carrying the errno and naming the
 operation and the path ("(disk full)" for ENOSPC/EDQUOT); a ``write`` that fails removes its
 partial file so a full disk gets its space back at once. Names that would escape the root
-(absolute, ``..``) are refused. Beyond the protocol, ``create_exclusive`` and ``break_lock`` give
-``engine.lock`` an atomic lock file (O_CREAT|O_EXCL, and rename-then-verify to break a stale one).
+(absolute, ``..``, empty parts) are refused. Beyond the protocol, ``create_exclusive`` and
+``update_exclusive`` give ``engine.lock`` its lock files (an atomic exclusive create, and the
+holder's in-place heartbeat that never recreates a file that is gone).
 """
 
 from __future__ import annotations
 
 import collections
 import errno
+import fcntl
 import os
 import stat
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from ..errors import (
+    CheckpointError,
     MissingDataFileError,
     StorageError,
     TruncatedDataFileError,
+    UnsafePathError,
 )
+from ._nofollow import kind_of, open_chain, open_dir, open_root, read_at_most, unsafe, walk_names
 from .aligned import ALIGN, BOUNCE_POOL, address_of, is_aligned
-from .base import Buffer
+from .base import METADATA_LIMIT, Buffer, size_limit_error
 
 __all__ = ["LocalStorage"]
 
 _IOV_MAX = 512
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC  # never through a link
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # never blocks on a FIFO
 _DIRECT_MIN = 1 << 20  # smaller files are written buffered, smaller reads read buffered
 
 
@@ -221,49 +235,54 @@ class LocalStorage:
         self.root = os.path.abspath(root)
         self.url = self.root
 
-    def _path(self, name: str) -> str:
-        if name.startswith("/") or ".." in name.replace("\\", "/").split("/"):
+    def _parts(self, name: str) -> list[str]:
+        parts = name.replace("\\", "/").split("/")
+        if name.startswith("/") or any(p in ("", ".", "..") for p in parts):
             raise StorageError(errno.EINVAL, f"name {name!r} escapes the checkpoint folder {self.root}")
-        return os.path.join(self.root, name)
+        return parts
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.root, *self._parts(name))
 
     def _oserror(self, op: str, name: str, e: OSError) -> StorageError:
         hint = " (disk full)" if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
         return StorageError(e.errno, f"{op} {self._path(name)} failed{hint}: {e.strerror or e}")
 
     def write(self, name: str, parts: Sequence[Buffer]) -> None:
-        path = self._path(name)
+        """Create ``name`` exclusively (O_CREAT|O_EXCL|O_NOFOLLOW, in folders opened without
+        following links): a file or link already there is refused, never written through."""
+        *folders, base = self._parts(name)
         views = [memoryview(p).cast("B") for p in parts if len(p)]
         total = sum(len(v) for v in views)
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            fd = -1
-            if self.direct_io and total >= _DIRECT_MIN:
+            with open_dir(self.root, folders, create=True) as dfd:
                 try:
-                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+                    fd = os.open(base, _CREATE, 0o644, dir_fd=dfd)
+                except FileExistsError:
+                    raise UnsafePathError(
+                        errno.EEXIST,
+                        f"refusing to write {self._path(name)}: something of that name exists already "
+                        "(unickpt creates each of its files exclusively and never writes through a link)",
+                    ) from None
+                try:
+                    direct = self.direct_io and total >= _DIRECT_MIN and _set_direct(fd)
+                    if direct:
+                        _write_direct(fd, views, total)
+                    else:
+                        _write_all(fd, views)
+                    os.fsync(fd)
                 except OSError as e:
-                    if e.errno != errno.EINVAL:
-                        raise
-            if fd < 0:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                direct = False
-            else:
-                direct = True
+                    try:  # never leave a partial file behind (and give a full disk its space back)
+                        os.unlink(base, dir_fd=dfd)
+                    except OSError:
+                        pass
+                    raise self._oserror("write", name, e) from None
+                finally:
+                    os.close(fd)
+        except CheckpointError:
+            raise
         except OSError as e:
             raise self._oserror("open for write", name, e) from None
-        try:
-            if direct:
-                _write_direct(fd, views, total)
-            else:
-                _write_all(fd, views)
-            os.fsync(fd)
-        except OSError as e:
-            try:  # never leave a partial file behind (and give a full disk its space back)
-                os.unlink(path)
-            except OSError:
-                pass
-            raise self._oserror("write", name, e) from None
-        finally:
-            os.close(fd)
 
     def read_into(self, name: str, offset: int, out: memoryview) -> None:
         view = memoryview(out).cast("B")
@@ -273,21 +292,41 @@ class LocalStorage:
         """``read_into`` through the page cache (bytes other local processes read as well)."""
         self._read(name, offset, memoryview(out).cast("B"), direct=False)
 
+    def _open_regular(self, name: str, flags: int) -> int:
+        """Open ``name`` for reading: never through a final link, never blocking (a FIFO), and
+        only when it is a regular file (``UnsafePathError`` otherwise). OSError passes through."""
+        path = self._path(name)
+        try:
+            fd = os.open(path, flags | _READ)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise unsafe(path, "a symbolic link") from None
+            raise
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            if stat.S_ISDIR(mode):
+                raise IsADirectoryError(errno.EISDIR, "is a folder", path)
+            raise unsafe(path, kind_of(mode), errno.EINVAL)
+        return fd
+
     def _read(self, name: str, offset: int, view: memoryview, direct: bool) -> None:
         path = self._path(name)
         fd = -1
         try:
             if direct:
                 try:
-                    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+                    fd = self._open_regular(name, os.O_DIRECT)
                 except OSError as e:
-                    if e.errno != errno.EINVAL:
+                    if e.errno != errno.EINVAL or isinstance(e, CheckpointError):
                         raise
                     direct = False  # the filesystem has no O_DIRECT: read buffered
             if fd < 0:
-                fd = os.open(path, os.O_RDONLY)
-        except (FileNotFoundError, NotADirectoryError):
+                fd = self._open_regular(name, 0)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             raise MissingDataFileError(f"data file {path} is missing") from None
+        except CheckpointError:
+            raise
         except OSError as e:
             raise self._oserror("open", name, e) from None
         try:
@@ -302,147 +341,206 @@ class LocalStorage:
                 f"but it ends at {offset + got}"
             )
 
-    def read(self, name: str) -> bytes | None:
+    def read(self, name: str, limit: int = METADATA_LIMIT) -> bytes | None:
+        """The whole file (a regular file of at most ``limit`` bytes), or None when missing."""
         try:
-            with open(self._path(name), "rb") as f:
-                return f.read()
+            fd = self._open_regular(name, 0)
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None  # missing, or the root is a regular file: not here
+        except CheckpointError:
+            raise
         except OSError as e:
             raise self._oserror("read", name, e) from None
+        try:
+            size = os.fstat(fd).st_size
+            data = b"" if size > limit else read_at_most(fd, limit)
+        except OSError as e:
+            raise self._oserror("read", name, e) from None
+        finally:
+            os.close(fd)
+        if size > limit or len(data) > limit:
+            raise size_limit_error(self._path(name), max(size, len(data)), limit)
+        return data
 
     def size(self, name: str) -> int | None:
+        path = self._path(name)
         try:
-            st = os.stat(self._path(name))
+            st = os.stat(path, follow_symlinks=False)
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as e:
             raise self._oserror("stat", name, e) from None
-        return None if stat.S_ISDIR(st.st_mode) else st.st_size
+        if stat.S_ISDIR(st.st_mode):
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            raise unsafe(path, kind_of(st.st_mode), errno.EINVAL)
+        return st.st_size
 
     def list(self, prefix: str = "") -> list[str]:
-        out: list[str] = []
-        if not os.path.isdir(self.root):
-            return out
-        for dirpath, _dirs, files in os.walk(self.root):
-            rel = os.path.relpath(dirpath, self.root)
-            for f in files:
-                name = f if rel == "." else f"{rel}/{f}".replace(os.sep, "/")
-                if name.startswith(prefix):
-                    out.append(name)
-        return sorted(out)
+        """Names under ``prefix``; folders reached through a link are not entered."""
+        try:
+            fd = open_root(self.root, create=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except OSError as e:
+            raise self._oserror("list", prefix or ".", e) from None
+        try:
+            return sorted(walk_names(fd, prefix))
+        except OSError as e:
+            raise self._oserror("list", prefix or ".", e) from None
+        finally:
+            os.close(fd)
 
     def delete(self, names: Sequence[str]) -> None:
-        parents = set()
+        """Unlink ``names`` relative to their folders (a link is removed, never followed; names
+        under a folder that is a link are left alone), then remove folders left empty, inside
+        the root only."""
+        by_folder: dict[tuple[str, ...], set[str]] = {}
         for n in names:
-            try:
-                os.unlink(self._path(n))
-            except FileNotFoundError:
-                pass
-            except OSError as e:
-                raise self._oserror("delete", n, e) from None
-            parents.add(os.path.dirname(self._path(n)))
-        for d in sorted(parents, key=len, reverse=True):  # drop folders left empty, inside root only
-            folder = d
-            while folder.startswith(self.root + os.sep):
+            parts = self._parts(n)
+            by_folder.setdefault(tuple(parts[:-1]), set()).add(parts[-1])
+        try:
+            rootfd = open_root(self.root, create=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        except OSError as e:
+            raise self._oserror("delete", names[0], e) from None
+        try:
+            for key, bases in by_folder.items():
+                self._delete_in(rootfd, key, bases)
+        finally:
+            os.close(rootfd)
+
+    def _delete_in(self, rootfd: int, folders: tuple[str, ...], bases: Iterable[str]) -> None:
+        chain = open_chain(rootfd, folders)
+        if chain is None:
+            return  # missing, or reached through a link: nothing unickpt may delete there
+        try:
+            dfd = chain[-1] if chain else rootfd
+            for base in bases:
                 try:
-                    os.rmdir(folder)
+                    os.unlink(base, dir_fd=dfd)
+                except (FileNotFoundError, IsADirectoryError):
+                    pass  # missing, or a folder (names are files): nothing to delete
+                except OSError as e:
+                    raise self._oserror("delete", "/".join((*folders, base)), e) from None
+            parents = [rootfd, *chain[:-1]]
+            for i in range(len(folders) - 1, -1, -1):  # folders left empty, deepest first
+                try:
+                    os.rmdir(folders[i], dir_fd=parents[i])
                 except OSError:
                     break
-                folder = os.path.dirname(folder)
+        finally:
+            for fd in chain:
+                os.close(fd)
 
     def commit(self, name: str, data: bytes) -> None:
-        path = self._path(name)
-        tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+        """Write a temporary file exclusively, fsync, rename it over ``name`` (a link there is
+        replaced, not followed), fsync the folder."""
+        *folders, base = self._parts(name)
+        tmp = f"{base}.tmp-{uuid.uuid4().hex}"
         try:
-            os.makedirs(self.root, exist_ok=True)
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-            dfd = os.open(self.root, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            with open_dir(self.root, folders, create=True) as dfd:
+                try:
+                    fd = os.open(tmp, _CREATE, 0o644, dir_fd=dfd)
+                    try:
+                        _write_all(fd, [memoryview(data)])
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                    os.replace(tmp, base, src_dir_fd=dfd, dst_dir_fd=dfd)
+                    os.fsync(dfd)
+                except OSError:
+                    try:
+                        os.unlink(tmp, dir_fd=dfd)
+                    except OSError:
+                        pass
+                    raise
+        except CheckpointError:
+            raise
         except OSError as e:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
             raise self._oserror("commit", name, e) from None
 
     def sync_dir(self, name: str = "") -> None:
         """fsync a folder so that new file names in it are durable."""
         try:
-            dfd = os.open(self._path(name) if name else self.root, os.O_RDONLY)
+            with open_dir(self.root, self._parts(name) if name else [], create=False) as dfd:
+                os.fsync(dfd)
         except FileNotFoundError:
             return
+        except CheckpointError:
+            raise
         except OSError as e:
-            raise self._oserror("open folder", name, e) from None
-        try:
-            os.fsync(dfd)
-        except OSError as e:
-            raise self._oserror("fsync folder", name, e) from None
-        finally:
-            os.close(dfd)
+            raise self._oserror("fsync folder", name or ".", e) from None
 
     def create_exclusive(self, name: str, data: bytes) -> bool:
-        """Create ``name`` holding ``data`` only if it does not exist (O_CREAT|O_EXCL, atomic on
-        POSIX and NFSv3+); durable when it returns. False if it already exists."""
-        path = self._path(name)
+        """Create ``name`` holding ``data`` only if nothing of that name exists (O_CREAT|O_EXCL|
+        O_NOFOLLOW, atomic on POSIX and NFSv3+); durable when it returns. False if it exists."""
+        *folders, base = self._parts(name)
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            return False
+            with open_dir(self.root, folders, create=True) as dfd:
+                try:
+                    fd = os.open(base, _CREATE, 0o644, dir_fd=dfd)
+                except FileExistsError:
+                    return False
+                try:
+                    try:
+                        _write_all(fd, [memoryview(data)])
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+                    os.fsync(dfd)
+                except OSError:
+                    try:
+                        os.unlink(base, dir_fd=dfd)
+                    except OSError:
+                        pass
+                    raise
+        except CheckpointError:
+            raise
         except OSError as e:
             raise self._oserror("create", name, e) from None
-        try:
-            try:
-                _write_all(fd, [memoryview(data)])
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            self.sync_dir(os.path.dirname(name))
-        except (OSError, StorageError) as e:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-            if isinstance(e, StorageError):
-                raise
-            raise self._oserror("write", name, e) from None
         return True
 
-    def break_lock(self, name: str, expected: bytes) -> bool:
-        """Remove ``name`` only if it still holds ``expected``; True if removed.
-
-        Safe against a concurrent breaker: the file is first renamed to a unique tombstone (of
-        two renames of one file only one succeeds); if the tombstone holds other bytes (the lock
-        was replaced meanwhile) it is linked back under ``name`` (never over an existing file)
-        and False is returned."""
-        path = self._path(name)
-        tomb = f"{path}.broken-{uuid.uuid4().hex}"
+    def update_exclusive(self, name: str, expected: bytes, data: bytes) -> bool:
+        """Rewrite ``name`` with ``data`` if it still holds exactly ``expected`` (read and written
+        through one descriptor, never through a link); False if it is gone or holds other bytes.
+        Only the process that created ``name`` updates it, so the check cannot go stale."""
+        *folders, base = self._parts(name)
         try:
-            os.rename(path, tomb)
+            with open_dir(self.root, folders, create=False) as dfd:
+                try:
+                    fd = os.open(base, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+                except FileNotFoundError:
+                    return False
+                try:
+                    mode = os.fstat(fd).st_mode
+                    if not stat.S_ISREG(mode):
+                        raise unsafe(self._path(name), kind_of(mode), errno.EINVAL)
+                    if read_at_most(fd, len(expected)) != expected:
+                        return False
+                    _pwrite_all(fd, memoryview(data), 0)
+                    os.ftruncate(fd, len(data))
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
         except FileNotFoundError:
             return False
+        except CheckpointError:
+            raise
         except OSError as e:
-            raise self._oserror("rename", name, e) from None
-        try:
-            with open(tomb, "rb") as f:
-                got = f.read()
-            if got == expected:
-                return True
-            try:
-                os.link(tomb, path)
-            except OSError:
-                pass
-            return False
-        finally:
-            try:
-                os.unlink(tomb)
-            except OSError:
-                pass
+            if e.errno == errno.ELOOP:
+                raise unsafe(self._path(name), "a symbolic link") from None
+            raise self._oserror("update", name, e) from None
+        return True
+
+
+def _set_direct(fd: int) -> bool:
+    """Turn on O_DIRECT for ``fd``; False where the filesystem has no direct I/O."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_DIRECT)
+    except OSError as e:
+        if e.errno != errno.EINVAL:
+            raise
+        return False
+    return True

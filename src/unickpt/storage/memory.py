@@ -1,15 +1,19 @@
 """In-memory storage (``memory://name``): a process-wide dict of objects, for tests and staging.
 
 Only visible inside one process; multi-rank jobs must use a shared backend (local/NFS, S3, HDFS).
+It keeps the same contract as the local backend (``storage.base``): ``write`` creates a name
+exclusively, ``read`` is capped by its ``limit``, and ``create_exclusive`` / ``update_exclusive``
+are atomic (under one lock), so ``engine.lock`` gets a real lock here too.
 """
 
 from __future__ import annotations
 
+import errno
 import threading
 from collections.abc import Sequence
 
-from ..errors import MissingDataFileError, TruncatedDataFileError
-from .base import Buffer
+from ..errors import MissingDataFileError, TruncatedDataFileError, UnsafePathError
+from .base import METADATA_LIMIT, Buffer, size_limit_error
 
 __all__ = ["MemoryStorage", "clear_memory_storage"]
 
@@ -32,8 +36,11 @@ class MemoryStorage:
 
     def write(self, name: str, parts: Sequence[Buffer]) -> None:
         data = b"".join(bytes(memoryview(p).cast("B")) for p in parts)
-        with _LOCK:
-            _OBJECTS[self._key(name)] = data
+        if not self.create_exclusive(name, data):
+            raise UnsafePathError(
+                errno.EEXIST,
+                f"refusing to write {self.url}/{name}: it exists already (unickpt creates its files exclusively)",
+            )
 
     def read_into(self, name: str, offset: int, out: memoryview) -> None:
         with _LOCK:
@@ -48,9 +55,12 @@ class MemoryStorage:
             )
         view[:] = data[offset:end]
 
-    def read(self, name: str) -> bytes | None:
+    def read(self, name: str, limit: int = METADATA_LIMIT) -> bytes | None:
         with _LOCK:
-            return _OBJECTS.get(self._key(name))
+            data = _OBJECTS.get(self._key(name))
+        if data is not None and len(data) > limit:
+            raise size_limit_error(f"{self.url}/{name}", len(data), limit)
+        return data
 
     def size(self, name: str) -> int | None:
         with _LOCK:
@@ -74,3 +84,19 @@ class MemoryStorage:
 
     def sync_dir(self, name: str = "") -> None:
         return None
+
+    def create_exclusive(self, name: str, data: bytes) -> bool:
+        """Store ``name`` only if it does not exist (atomic); False if it does."""
+        with _LOCK:
+            if self._key(name) in _OBJECTS:
+                return False
+            _OBJECTS[self._key(name)] = bytes(data)
+        return True
+
+    def update_exclusive(self, name: str, expected: bytes, data: bytes) -> bool:
+        """Replace ``name`` with ``data`` if it holds exactly ``expected`` (atomic)."""
+        with _LOCK:
+            if _OBJECTS.get(self._key(name)) != expected:
+                return False
+            _OBJECTS[self._key(name)] = bytes(data)
+        return True

@@ -19,9 +19,12 @@ Every error that leaves this wrapper is a ``StorageError`` (or the backend's own
 ``CheckpointError``) whose message names the operation and the file; the engine adds the rank and
 the stage (``coordination.run_stage`` -> ``RankFailures``).
 
-All protocol operations are idempotent (``write`` replaces, ``delete`` ignores missing names,
-``commit`` republishes the same bytes), so repeating one after a partial failure is safe.
-Optional backend methods (``sync_dir``) are retried too; other attributes are forwarded as is.
+All protocol operations can be repeated after a partial failure (``write`` removes its partial
+file before it raises, so its exclusive create succeeds again; ``delete`` ignores missing names;
+``commit`` republishes the same bytes).
+Optional backend methods (``sync_dir``) are retried too; other attributes are forwarded as is
+(``create_exclusive`` / ``update_exclusive`` of the save lock are not retried: a repeat after a
+failure that did take effect would misread the lock's state).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..errors import CheckpointError, StorageError, TransientStorageError
-from .base import Buffer, Storage
+from .base import METADATA_LIMIT, Buffer, Storage
 
 __all__ = ["RetryPolicy", "RetryingStorage", "NO_RETRY", "TRANSIENT_ERRNOS", "is_transient", "with_retries", "unwrap"]
 
@@ -152,8 +155,8 @@ class RetryingStorage:
     def read_into(self, name: str, offset: int, out: memoryview) -> None:
         self._run("read", name, lambda: self.inner.read_into(name, offset, out))
 
-    def read(self, name: str) -> bytes | None:
-        return self._run("read", name, lambda: self.inner.read(name))
+    def read(self, name: str, limit: int = METADATA_LIMIT) -> bytes | None:
+        return self._run("read", name, lambda: self.inner.read(name, limit))
 
     def size(self, name: str) -> int | None:
         return self._run("stat", name, lambda: self.inner.size(name))

@@ -8,9 +8,11 @@ Who calls what, in order (``cli.main`` -> ``run_inspect``):
      so missing or short files show up without reading them;
   3. ``summarize(md, ...)``  pure function: Metadata -> ``Summary`` (tensors, topology, files, blobs,
      totals). Unit tests call it directly on a decoded Metadata;
-  4. optional ``verify(md, storage)``  reads every shard and blob and checks CRC32C through the load
-     engine's own ``read_stage`` / ``read_blob`` (same file checks, same error messages), batch by
-     batch into one reusable buffer, and reports the first failures;
+  4. optional ``verify(md, storage)``  reads every shard and checks CRC32C through the load
+     engine's own ``read_stage`` (same file checks, same error messages), batch by batch into one
+     reusable buffer; a shard larger than the buffer, and every blob, is streamed through it with
+     an incremental CRC32C, so memory stays fixed whatever sizes the metadata claims; it reports
+     the first failures;
   5. ``format_text(summary)`` or ``to_json(summary)`` renders the result.
 Errors are unickpt ``CheckpointError``s; the CLI prints them and exits with code 2.
 """
@@ -24,15 +26,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import crc32c
 import torch
 
 from ..coordination.single import SingleProcessCoordinator
-from ..engine.load import read_blob, read_metadata_bytes, read_stage
-from ..errors import CheckpointError
+from ..engine.bytes_view import tensor_bytes
+from ..engine.load import read_metadata_bytes, read_stage
+from ..errors import CheckpointError, ChecksumMismatchError, TruncatedDataFileError
 from ..format import METADATA_FILE, Metadata, decode_metadata, dtype_from_name
 from ..planning.load_plan import CopyOp, ShardRead
 from ..planning.specs import LoadItem, ShardSpec
 from ..storage import Storage, open_storage
+from ..storage.base import METADATA_LIMIT
 
 __all__ = [
     "TensorInfo",
@@ -121,17 +126,20 @@ class Summary:
     verify: VerifyReport | None = None
 
 
-def load_metadata(path: str, role: str | None = None) -> tuple[Storage, Metadata, int]:
+def load_metadata(
+    path: str, role: str | None = None, max_metadata_bytes: int = METADATA_LIMIT
+) -> tuple[Storage, Metadata, int]:
     """Open ``path`` (``role``: a sub-checkpoint) and decode its metadata; no data reads.
 
     Returns (storage, metadata, metadata size in bytes). Raises NotACheckpointError,
-    IncompleteCheckpointError, CorruptMetadataError, UnsupportedFormatVersionError, StorageError."""
+    IncompleteCheckpointError, CorruptMetadataError, UnsupportedFormatVersionError, StorageError,
+    SizeLimitError (metadata over ``max_metadata_bytes``)."""
     if role is not None:
         if not role or "/" in role or role.startswith("."):
             raise ValueError(f"invalid role {role!r}")
         path = f"{str(path).rstrip('/')}/{role}"
     storage = open_storage(str(path))
-    raw = read_metadata_bytes(storage)
+    raw = read_metadata_bytes(storage, max_metadata_bytes)
     return storage, decode_metadata(raw, f"{storage.url}/{METADATA_FILE}"), len(raw)
 
 
@@ -203,6 +211,21 @@ def _shard_reads(md: Metadata) -> list[tuple[str, int]]:
     return sorted(out, key=order)
 
 
+def _stream_crc(storage: Storage, name: str, offset: int, length: int, size: int | None, buf: memoryview) -> int:
+    """CRC32C of bytes [offset, offset + length) of ``name``, read through ``buf`` piece by piece."""
+    if size is not None and size < offset + length:
+        raise TruncatedDataFileError(
+            f"data file {storage.url}/{name} is truncated: {size} bytes, but bytes up to {offset + length} are needed"
+        )
+    crc, pos = 0, 0
+    while pos < length:
+        n = min(len(buf), length - pos)
+        storage.read_into(name, offset + pos, buf[:n])
+        crc = crc32c.crc32c(buf[:n], crc)
+        pos += n
+    return crc
+
+
 def _scratch(pool: torch.Tensor, offset: int, dtype: torch.dtype, lengths: tuple[int, ...]) -> torch.Tensor:
     n = math.prod(lengths) * dtype.itemsize
     return pool[offset : offset + n].view(dtype).view(lengths)
@@ -222,19 +245,27 @@ def verify(
     A missing data file is one failure (its shards are not tried). The other shards are read in
     batches of about ``batch_bytes`` into one reusable buffer by the load engine (``read_stage``
     with verification on); a failing batch is re-read shard by shard so every bad shard is
-    reported (up to ``max_failures`` messages; all are counted). ``sizes``: ``file_sizes``' result
-    when the caller has it."""
+    reported (up to ``max_failures`` messages; all are counted). A shard larger than the buffer
+    and every blob are streamed through it (incremental CRC32C): nothing else is allocated,
+    whatever the metadata claims. ``sizes``: ``file_sizes``' result when the caller has it."""
     t0 = time.perf_counter()
     report = VerifyReport(ok=True, shards_checked=0, blobs_checked=0, bytes_checked=0, seconds=0.0)
     sizes = file_sizes(storage, md) if sizes is None else sizes
     missing = {i for i, name in enumerate(md.files) if sizes.get(name) is None}
-    pool = torch.empty(0, dtype=torch.uint8)
 
     def fail(msg: str) -> None:
         report.ok = False
         report.failures_total += 1
         if len(report.failures) < max_failures:
             report.failures.append(msg)
+
+    def stream(name: str, offset: int, length: int, crc: int, what: str) -> None:
+        got = _stream_crc(storage, name, offset, length, sizes.get(name), tensor_bytes(pool))
+        if got != crc:
+            raise ChecksumMismatchError(
+                f"checksum mismatch for {what} in {storage.url}/{name} at byte {offset}: stored "
+                f"{crc:#010x}, read {got:#010x} (the file is corrupt)"
+            )
 
     def run(batch: list[tuple[str, int]]) -> None:
         items: list[LoadItem] = []
@@ -244,11 +275,12 @@ def verify(
             rec = md.tensors[fqn]
             shard = rec.shards[sidx]
             dtype = dtype_from_name(rec.dtype)
-            if len(batch) == 1 and shard.byte_length > batch_bytes:
-                dest = torch.empty(shard.lengths, dtype=dtype)
-            else:
-                dest = _scratch(pool, offset, dtype, shard.lengths)
-                offset += -(-shard.byte_length // _ALIGN) * _ALIGN
+            if len(batch) == 1 and shard.byte_length > len(pool):
+                what = f"{fqn!r} shard offsets={shard.offsets} lengths={shard.lengths}"
+                stream(md.files[shard.file_index], shard.byte_offset, shard.byte_length, shard.crc32c, what)
+                return
+            dest = _scratch(pool, offset, dtype, shard.lengths)
+            offset += -(-shard.byte_length // _ALIGN) * _ALIGN
             spec = ShardSpec(fqn, rec.dtype, rec.shape, shard.offsets, shard.lengths)
             zeros = (0,) * len(shard.lengths)
             reads.append(ShardRead(fqn, sidx, (CopyOp(len(items), zeros, zeros, shard.lengths),)))
@@ -276,9 +308,9 @@ def verify(
             f"MissingDataFileError: data file {storage.url}/{md.files[fidx]} is missing "
             f"(it holds {len(held)} tensors/blobs, e.g. {held[:3]})"
         )
-    if todo:
-        need = sum(-(-md.tensors[f].shards[i].byte_length // _ALIGN) * _ALIGN for f, i in todo)
-        pool = torch.empty(min(need, batch_bytes) + _ALIGN, dtype=torch.uint8)
+    need = sum(-(-md.tensors[f].shards[i].byte_length // _ALIGN) * _ALIGN for f, i in todo)
+    need = max([need] + [b.byte_length for b in md.blobs.values()])
+    pool = torch.empty(min(need, batch_bytes) + _ALIGN, dtype=torch.uint8)  # the only buffer
     batch: list[tuple[str, int]] = []
     used = 0
     for fqn, sidx in todo:
@@ -294,7 +326,7 @@ def verify(
         if blob.file_index in missing:
             continue
         try:
-            read_blob(md, storage, blob, 0)
+            stream(md.files[blob.file_index], blob.byte_offset, blob.byte_length, blob.crc32c, f"blob {blob.key!r}")
         except CheckpointError as e:
             fail(f"{type(e).__name__}: {e}")
             continue

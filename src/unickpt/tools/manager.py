@@ -39,13 +39,14 @@ from typing import Any
 
 from ..api import check_role, load, save_tracked
 from ..coordination import make_coordinator
-from ..engine.lock import LOCK_FILE, LockOwner, stale_reason
+from ..engine.lock import lock_is_live
 from ..engine.worker import SAVE_WORKER, SaveHandle
 from ..errors import CheckpointError, IncompleteCheckpointError
 from ..format.codec import decode_metadata
 from ..format.records import DATA_DIR, METADATA_FILE, Metadata
 from ..options import LoadOptions, SaveOptions
 from ..storage import Storage, open_storage
+from ..storage.base import SMALL_FILE_LIMIT
 
 __all__ = ["CheckpointManager", "CheckpointInfo", "LatestPointer"]
 
@@ -226,13 +227,13 @@ class CheckpointManager:
 
     def read_pointer(self) -> LatestPointer | None:
         """The ``latest`` pointer as written, or None when missing or malformed."""
-        data = self._storage.read(self.pointer_name)
+        data = self._storage.read(self.pointer_name, SMALL_FILE_LIMIT)
         return None if data is None else LatestPointer.decode(data)
 
     def latest_step(self) -> int | None:
         """The step ``latest`` names if it is complete; else the newest complete step (with a
         warning when a pointer exists); None when there is no complete checkpoint."""
-        raw = self._storage.read(self.pointer_name)
+        raw = self._storage.read(self.pointer_name, SMALL_FILE_LIMIT)
         pointer = None if raw is None else LatestPointer.decode(raw)
         if pointer is not None and self._metadata(pointer.step) is not None:
             return pointer.step
@@ -305,11 +306,7 @@ class CheckpointManager:
         return sorted(deleted)
 
     def _lock_is_live(self, step: int) -> bool:
-        data = self._storage.read(self._prefix(step) + LOCK_FILE)
-        if data is None:
-            return False
-        owner = LockOwner.decode(data)
-        return owner is not None and stale_reason(owner) is None
+        return lock_is_live(self._storage, self._prefix(step))
 
     def _delete_checkpoint(self, step: int, names: list[str]) -> None:
         meta = self._prefix(step) + METADATA_FILE
