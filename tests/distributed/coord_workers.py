@@ -83,12 +83,15 @@ def skipping_rank(
 
     model, optim = _model(seed=2)
     state = {"model": model, "optimizer": optim}
-    if warm:
-        unickpt.save(f"{base}/warm", state, framework="ddp")
+    if warm:  # a generous deadline: ranks of a loaded test host start seconds apart
+        unickpt.save(f"{base}/warm", state, framework="ddp", options=unickpt.SaveOptions(timeout=120))
     store = _get_default_store()
+    others = [r for r in range(ws) if r != skipper]
     if rank == skipper:
-        store.wait([f"test-done-{r}" for r in range(ws) if r != skipper], datetime.timedelta(seconds=120))
+        store.wait([f"test-done-{r}" for r in others], datetime.timedelta(seconds=120))
         return {"skipped": True}
+    store.set(f"test-ready-{rank}", "1")  # the ranks that do call op enter it together
+    store.wait([f"test-ready-{r}" for r in others], datetime.timedelta(seconds=120))
     t0 = time.monotonic()
     if op == "save":
         opts = unickpt.SaveOptions(timeout=timeout)
@@ -190,11 +193,11 @@ def staggered_async_failure(rank: int, ws: int, base: str) -> dict[str, Any]:
         def write(self, name: str, parts: Any) -> None:
             raise StorageError(errno.EACCES, f"injected: cannot write {name}")
 
-        def read(self, name: str) -> bytes | None:
+        def read(self, name: str, *args: Any, **kwargs: Any) -> bytes | None:
             if rank == 1 and name == METADATA_FILE and not gate["hit"]:
                 gate["hit"] = True  # the failed save's cleanup on rank 1: wait for rank 0
                 store.wait(["rank0-in-next-save"], datetime.timedelta(seconds=60))
-            return super().read(name)
+            return super().read(name, *args, **kwargs)
 
     register_storage("failwrites", FailingWrites, replace=True)
     if rank == 0:

@@ -282,9 +282,9 @@ def commit_stage(
 def _warn_cleanup_failed(storage: Storage, keep: tuple[str | None, ...], error: Exception) -> None:
     """After the commit, old data could not be removed: a warning naming what is left and why
     (the save itself succeeded; the next save at this path retries the cleanup)."""
-    try:
-        kept = tuple(f"{DATA_DIR}/{sid}/" for sid in keep if sid)
-        left = [n for n in storage.list(DATA_DIR + "/") if not n.startswith(kept)]
+    try:  # unickpt's own leftovers only: the data of marked save ids other than the kept ones
+        stale = [sid for sid in marked_save_ids(storage) if sid not in keep]
+        left = [n for sid in stale for n in storage.list(f"{DATA_DIR}/{sid}/")]
     except Exception:
         left = []
     shown = ", ".join(left[:10]) + (f" and {len(left) - 10} more" if len(left) > 10 else "")
