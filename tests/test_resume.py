@@ -264,7 +264,7 @@ def test_item6_lbfgs_saves_and_loads(tmp_path: Path) -> None:
             loss.backward()
             return loss
 
-        return float(optim.step(closure))
+        return float(optim.step(closure).detach())
 
     model = Tiny()
     optim = torch.optim.LBFGS(model.parameters(), lr=0.5, history_size=3, max_iter=4)
@@ -298,3 +298,73 @@ def test_item7_meta_device_model_refused(tmp_path: Path, ckpt: Path) -> None:
     assert "model.a.weight" in msg and "meta" in msg and "to_empty" in msg
     model.to_empty(device="cpu")  # the advice works
     unickpt.load(str(ckpt), {"model": model}, framework="torch")
+
+
+# ----------------------------------------------------------------------------- old objects, devices
+
+
+def test_item5_reads_the_older_optimizer_object_layout(tmp_path: Path) -> None:
+    """Checkpoints written before groups were merged per parameter hold rank 0's groups as they
+    were (here: two groups with the same hyper-parameters); they load strictly, and a layout
+    that lacks a live parameter's group is named under strict and skipped otherwise."""
+    model = Tiny()
+    optim = torch.optim.AdamW([{"params": model.a.parameters()}, {"params": model.b.parameters()}], lr=0.05)
+    step(model, optim, 2)
+    unickpt.save(str(tmp_path / "c"), {"model": model, "optimizer": optim}, framework="torch").wait()
+    want = snapshot(model, optim)
+
+    def legacy(doc: dict) -> None:
+        (merged,) = doc["objects"]["optimizer"]["param_groups"]
+        hyper = {k: v for k, v in merged.items() if k != "params"}
+        doc["objects"]["optimizer"]["param_groups"] = [
+            {**hyper, "params": ["a.weight", "a.bias"]},
+            {**hyper, "params": ["b.weight", "b.bias"]},
+        ]
+
+    edit_metadata(tmp_path / "c", legacy)
+    fresh = Tiny(seed=2)
+    fopt = torch.optim.AdamW([{"params": fresh.a.parameters()}, {"params": fresh.b.parameters()}], lr=0.9)
+    unickpt.load(str(tmp_path / "c"), {"model": fresh, "optimizer": fopt}, framework="torch")
+    assert same(snapshot(fresh, fopt), want)
+
+    edit_metadata(tmp_path / "c", lambda d: d["objects"]["optimizer"]["param_groups"].pop())  # rank 0's only
+    fresh = Tiny(seed=2)
+    fopt = torch.optim.AdamW([{"params": fresh.a.parameters()}, {"params": fresh.b.parameters(), "lr": 0.9}])
+    with pytest.raises(MissingKeysError, match="optimizer.param_groups.b.weight"):
+        unickpt.load(str(tmp_path / "c"), {"model": fresh, "optimizer": fopt}, framework="torch")
+    assert len(fopt.state) == 0
+    with pytest.warns(UserWarning, match="optimizer.param_groups.b.weight"):
+        unickpt.load(str(tmp_path / "c"), {"model": fresh, "optimizer": fopt}, framework="torch", strict=False)
+    assert same(snapshot(fresh, fopt)["optim"]["state"], want["optim"]["state"])
+    assert fopt.param_groups[1]["lr"] == 0.9  # no saved group: the live one is kept
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("flag", ["fused", "capturable"])
+def test_item1_fresh_state_on_the_parameters_device(tmp_path: Path, flag: str) -> None:
+    """Fused / capturable Adam keeps ``step`` on the parameter's device: a fresh optimizer loaded
+    from a checkpoint gets it there too, and its next step equals the uninterrupted one."""
+    model = Tiny().cuda()
+    optim = torch.optim.Adam(model.parameters(), lr=0.1, **{flag: True})
+    step(model, optim, 2)
+    unickpt.save(str(tmp_path / "c"), {"model": model, "optimizer": optim}, framework="torch").wait()
+    step(model, optim)
+    want = snapshot(model, optim)
+    fresh = Tiny(seed=4).cuda()
+    fopt = torch.optim.Adam(fresh.parameters(), lr=0.1, **{flag: True})
+    unickpt.load(str(tmp_path / "c"), {"model": fresh, "optimizer": fopt}, framework="torch")
+    assert all(s["step"].device.type == "cuda" for s in fopt.state.values())
+    step(fresh, fopt)
+    assert same(snapshot(fresh, fopt), want)
+
+
+def test_item13_another_optimizer_class_refused_under_strict(ckpt: Path) -> None:
+    """An AdamW checkpoint into SGD: its hyper-parameters and state would break SGD.step();
+    refused under strict before anything changes (strict=False loads it, as torch would)."""
+    model = Tiny(seed=3)
+    optim = torch.optim.SGD(model.parameters(), lr=0.3, momentum=0.9)
+    before = snapshot(model, optim)
+    with pytest.raises(FrameworkError, match="another optimizer class") as info:
+        unickpt.load(str(ckpt), {"model": model, "optimizer": optim}, framework="torch")
+    assert "momentum" in str(info.value) and "betas" in str(info.value)
+    assert same(snapshot(model, optim), before)

@@ -405,3 +405,53 @@ def cast_load(rank: int, ws: int, ckpt: str) -> dict[str, Any]:
 
 def world(rank: int, ws: int) -> int:
     return dist.get_world_size()
+
+
+def pipelining_stages(rank: int, ws: int, root: str) -> dict[str, Any]:
+    """``torch.distributed.pipelining``: a 4-layer model split into 2 stages run by GPipe, each
+    stage with its own AdamW hyper-parameters. Train 2 steps, save, train one more (the
+    uninterrupted loss); resume strictly into fresh stages built with default hyper-parameters."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    g = torch.Generator().manual_seed(1)
+    data = [(torch.randn(4, 5, generator=g), torch.randn(4, 5, generator=g)) for _ in range(3)]
+    hyper = {0: {"lr": 1e-2, "betas": (0.9, 0.99)}, 1: {"lr": 4e-3, "betas": (0.7, 0.95), "weight_decay": 0.2}}
+
+    def build(seed: int, defaults: bool) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
+        torch.manual_seed(seed)
+        full = nn.Sequential(*[nn.Linear(5, 5) for _ in range(4)])
+        part = nn.Sequential()
+        for i in STAGE_LAYERS[rank]:
+            part.add_module(i, full[int(i)])
+        optim = torch.optim.AdamW(part.parameters(), **({} if defaults else hyper[rank]))
+        stage = PipelineStage(part, rank, ws, torch.device("cpu"))
+        return part, optim, ScheduleGPipe(stage, n_microbatches=2, loss_fn=F.mse_loss)
+
+    def step(part: nn.Module, optim: torch.optim.Optimizer, schedule: Any, s: int) -> float:
+        x, y = data[s]
+        losses: list[torch.Tensor] = []
+        if rank == 0:
+            schedule.step(x)
+        else:
+            schedule.step(target=y, losses=losses)
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+        return float(sum(loss.detach() for loss in losses)) if losses else 0.0
+
+    part, optim, schedule = build(0, defaults=False)
+    for s in range(2):
+        step(part, optim, schedule, s)
+    path = f"{root}/pipelining"
+    unickpt.save(path, {"model": part, "optimizer": optim}, framework="torch").wait()
+    ref = torch_optimizer_state(part, optim)
+    nxt = step(part, optim, schedule, 2)
+    fresh, fopt, fschedule = build(9, defaults=True)
+    unickpt.load(path, {"model": fresh, "optimizer": fopt}, framework="torch")
+    got = torch_optimizer_state(fresh, fopt)
+    return {
+        "groups_equal": got["groups"] == ref["groups"],
+        "lr": fopt.param_groups[0]["lr"],
+        "state_equal": set(got["state"]) == set(ref["state"])
+        and all(torch.equal(got["state"][f][k], v) for f, st in ref["state"].items() for k, v in st.items()),
+        "next_loss_equal": step(fresh, fopt, fschedule, 2) == nxt,
+    }

@@ -211,3 +211,14 @@ def test_item10_cast_dtypes_forwarded_reads_bit_exact(tmp_path):
         assert set(got) == set(want)
         for k, v in want.items():
             assert got[k].dtype == torch.bfloat16 and torch.equal(got[k], v), k
+
+
+def test_item5_torch_pipelining_two_stages(tmp_path):
+    """A real ``torch.distributed.pipelining`` job (GPipe, 2 stages on gloo): each stage resumes
+    strictly with its own hyper-parameters and state, and the next step's loss is unchanged."""
+    from resume_workers import pipelining_stages
+
+    res = run_ranks(pipelining_stages, 2, str(tmp_path))
+    assert [r["lr"] for r in res] == [1e-2, 4e-3]
+    for rank, r in enumerate(res):
+        assert r["groups_equal"] and r["state_equal"] and r["next_loss_equal"], (rank, r)

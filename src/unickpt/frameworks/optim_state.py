@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 import torch
 
-from ..errors import CheckpointError, CorruptMetadataError, FrameworkError
+from ..errors import CorruptMetadataError, FrameworkError, SizeLimitError
 from ..format.dtypes import dtype_from_name
 from ..format.records import Metadata, TensorRecord
 from ..format.values import decode_value
@@ -217,12 +217,17 @@ class OptimizerLoad:
                     f"{where}: saved shape {shapes[0]} is neither a scalar nor the parameter's shape; an "
                     "FSDP1 flat parameter cannot hold it (use use_orig_params=True)"
                 )
-            try:  # e.g. LBFGS's flat direction: a full tensor of the saved shape
-                if math.prod(shapes[0]) * dtype.itemsize > (1 << 50):
-                    raise MemoryError
-                return torch.empty(shapes[0], dtype=dtype, device=device)
-            except (RuntimeError, MemoryError):
-                raise CheckpointError(f"{where}: cannot allocate the saved shape {shapes[0]} ({dtype})") from None
+            # e.g. LBFGS's flat direction: a full tensor of the saved shape, which the metadata
+            # alone sizes: bounded by the optimizer's parameters (all of them, concatenated)
+            if math.prod(shapes[0]) > self._state_cap():
+                raise SizeLimitError(
+                    f"{where}: saved shape {shapes[0]} has more elements than all {self._state_cap()} of "
+                    "the optimizer's parameters together; refused before allocating (corrupt metadata?)"
+                )
+            return torch.empty(shapes[0], dtype=dtype, device=device)
+
+    def _state_cap(self) -> int:
+        return sum(p.numel() for g in self.optim.param_groups for p in g["params"])
 
     def validate(self) -> tuple[list[str], list[str]]:
         """Everything about the non-tensor state, before any byte is placed; see module docstring."""
@@ -253,7 +258,7 @@ class OptimizerLoad:
                 warnings.warn(f"{msg}; strict=False: group {gi} takes those of {first!r}", stacklevel=2)
             hyper = self.saved.groups[s]
             if self.strict:
-                clash = key_set_problem(g, hyper, gi, type(self.optim).__name__)
+                clash = key_set_problem(g, self.optim.defaults, hyper, gi, type(self.optim).__name__)
                 if clash:
                     raise FrameworkError(clash)
             problems += hyper_problems(g, hyper, gi, first)

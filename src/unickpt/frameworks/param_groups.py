@@ -66,11 +66,18 @@ def hyper_problems(live: dict[str, Any], saved: dict[str, Any], gi: int, first: 
     return out
 
 
-def key_set_problem(live: dict[str, Any], saved: dict[str, Any], gi: int, optimizer: str) -> str | None:
-    """A message when the checkpoint's group has keys the live one lacks *and* vice versa: the
-    signature of another optimizer class (one direction alone is a newer or older torch)."""
-    only_saved = sorted(set(saved) - set(live))
-    only_live = sorted(set(live) - set(saved) - {"params"})
+# keys that schedulers and users add to groups: no sign of the optimizer class
+_EXTRAS = frozenset({"params", "initial_lr"})
+
+
+def key_set_problem(
+    live: dict[str, Any], defaults: dict[str, Any], saved: dict[str, Any], gi: int, optimizer: str
+) -> str | None:
+    """A message when the checkpoint's group has keys the live one lacks *and* the live
+    optimizer class has hyper-parameters (``defaults``) the checkpoint lacks: the signature of
+    another optimizer class (one direction alone is a newer or older torch, or a scheduler)."""
+    only_saved = sorted(set(saved) - set(live) - _EXTRAS)
+    only_live = sorted(set(defaults) - set(saved) - _EXTRAS)
     if only_saved and only_live:
         return (
             f"optimizer param group {gi}: the checkpoint's hyper-parameters {only_saved} are unknown to the live "
