@@ -433,6 +433,7 @@ def test_item10_cast_dtypes_bit_exact(tmp_path: Path) -> None:
             assert v.dtype == dtype and torch.equal(v, want[k].to(dtype)), k
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 def test_item10_not_a_checkpoint_says_dcp(tmp_path: Path) -> None:
     import torch.distributed.checkpoint as dcp
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 
+from ..errors import CheckpointError
 from ..format.records import METADATA_FILE
 from ..storage.base import Storage
 
@@ -20,15 +21,20 @@ _STEP = re.compile(r"step_(\d{8,})")
 
 
 def folder_hint(storage: Storage) -> str:
-    """A sentence saying what ``storage`` holds and how to load it, or ""."""
-    top = [n for n in storage.list("") if "/" not in n]
+    """A sentence saying what ``storage`` holds and how to load it, or "" (also when the folder
+    cannot be listed: the hint never replaces the error it decorates)."""
+    try:
+        names = storage.list("")
+    except (CheckpointError, OSError):
+        return ""
+    top = [n for n in names if "/" not in n]
     if ".metadata" in top and any(_DISTCP.fullmatch(n) for n in top):
         return (
             "; it is a PyTorch DCP (torch.distributed.checkpoint) checkpoint: load it with "
             "torch.distributed.checkpoint.load, or convert it once with `unickpt convert` and load the result"
         )
     steps: dict[int, str] = {}
-    for name in storage.list("step_"):
+    for name in names:
         folder = name.split("/", 1)[0]
         m = _STEP.fullmatch(folder)
         if m and name.endswith("/" + METADATA_FILE):
