@@ -151,7 +151,7 @@ def test_inspect_reports_missing_file(copy: tuple[Path, Metadata], capsys: pytes
     path, md = copy
     (path / md.files[1]).unlink()
     code, out, _ = main(capsys, "inspect", str(path))
-    assert code == 0  # the metadata is fine; the table warns
+    assert code == cli.EXIT_FAILED  # the report is printed, and the exit code says it is broken
     assert "WARNING: 1 data file(s) missing" in out and f"{md.files[1]}: missing" in out
     code, out, _ = main(capsys, "inspect", str(path), "--verify", "--json")
     assert code == cli.EXIT_FAILED
@@ -160,6 +160,26 @@ def test_inspect_reports_missing_file(copy: tuple[Path, Metadata], capsys: pytes
     assert "MissingDataFileError" in v["failures"][0] and md.files[1] in v["failures"][0]
     in_other = sum(1 for t in md.tensors.values() for s in t.shards if s.file_index != 1)
     assert v["shards_checked"] == in_other > 0
+
+
+def test_item10_inspect_without_verify_fails_on_truncated_checkpoint(
+    copy: tuple[Path, Metadata], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Data files shorter than the metadata says: the report is still printed (text and JSON),
+    with a warning, and the exit code is 1, without --verify."""
+    path, md = copy
+    f = path / md.files[0]
+    with open(f, "r+b") as fh:
+        fh.truncate(f.stat().st_size - 100)
+    code, out, _ = main(capsys, "inspect", str(path))
+    assert code == cli.EXIT_FAILED
+    assert "unickpt checkpoint" in out and "WARNING: 1 data file(s) missing or shorter" in out
+    code, out, _ = main(capsys, "inspect", str(path), "--json")
+    assert code == cli.EXIT_FAILED
+    files = {x["name"]: x for x in json.loads(out)["files"]}
+    assert files[md.files[0]]["size_on_disk"] < files[md.files[0]]["bytes"]
+    code, _, _ = main(capsys, "inspect", str(path), "--summary")
+    assert code == cli.EXIT_FAILED
 
 
 def test_inspect_verify_truncated_file(copy: tuple[Path, Metadata], capsys: pytest.CaptureFixture[str]) -> None:

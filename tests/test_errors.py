@@ -429,3 +429,74 @@ def test_issue9_item7_cleanup_failure_after_commit_is_a_warning(
     monkeypatch.undo()
     state = load(path, Tiny(seed=9))
     assert_same(state["model"], snapshot(third))
+
+
+# ----------------------------------------------------------------------------- issue 10 item 10: hints
+
+
+class Wide(nn.Module):
+    """15 parameters, to see a capped list of dtype problems."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList(nn.Linear(3, 3) for _ in range(7))
+        self.scale = nn.Parameter(torch.ones(3))
+
+
+def test_item10_dtype_mismatch_capped_with_cast_hint(tmp_path: Path) -> None:
+    unickpt.save(str(tmp_path / "c"), {"model": Wide()}, framework="torch").wait()
+    with pytest.raises(DtypeMismatchError) as info:
+        unickpt.load(str(tmp_path / "c"), {"model": Wide().double()}, framework="torch")
+    msg = str(info.value)
+    listed = [line for line in msg.splitlines() if "checkpoint dtype float32, live dtype float64" in line]
+    assert len(listed) == 10 and "and 5 more" in msg
+    assert "cast_dtypes=True" in msg and ".to(" in msg
+
+
+def test_item10_cast_dtypes_bit_exact(tmp_path: Path) -> None:
+    """fp32 checkpoint -> bf16 / fp16 model with LoadOptions(cast_dtypes=True): each tensor equals
+    torch's own ``.to(dtype)`` of the saved tensor."""
+    model, _ = trained(Tiny())
+    save(tmp_path / "c", model)
+    want = snapshot(model)
+    for dtype in (torch.bfloat16, torch.float16):
+        target = Tiny(seed=4).to(dtype)
+        load(tmp_path / "c", target, options=unickpt.LoadOptions(cast_dtypes=True))
+        for k, v in target.state_dict().items():
+            assert v.dtype == dtype and torch.equal(v, want[k].to(dtype)), k
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_item10_not_a_checkpoint_says_dcp(tmp_path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    path = tmp_path / "dcp"
+    dcp.save({"model": Tiny().state_dict()}, checkpoint_id=str(path))
+    assert (path / ".metadata").exists() and any(p.suffix == ".distcp" for p in path.iterdir())
+    with pytest.raises(NotACheckpointError) as info:
+        load(path, Tiny())
+    msg = str(info.value)
+    assert "PyTorch DCP" in msg and "torch.distributed.checkpoint" in msg and "unickpt convert" in msg
+
+
+def test_item10_not_a_checkpoint_lists_manager_steps(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    manager = unickpt.CheckpointManager(str(root), keep_last=5)
+    model = Tiny()
+    for s in (2, 4):
+        manager.save(s, {"model": model}, framework="torch").wait()
+    with pytest.raises(NotACheckpointError) as info:
+        load(root, Tiny())
+    msg = str(info.value)
+    assert "CheckpointManager" in msg and "load_latest" in msg
+    assert "step_00000002" in msg and "step_00000004" in msg
+    assert str(root / "step_00000004") in msg  # the newest one, to pass as a path
+
+
+def test_item10_missing_keys_also_lists_unexpected(tmp_path: Path) -> None:
+    save(tmp_path / "c", Tiny(extra="old_gate"))
+    with pytest.raises(MissingKeysError) as info:
+        load(tmp_path / "c", Tiny(extra="new_gate"))
+    msg = str(info.value)
+    assert "model.new_gate" in msg and "model.old_gate" in msg

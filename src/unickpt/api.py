@@ -8,10 +8,11 @@ Who calls what, in order, on every rank:
         (snapshot; async: buffers in the call, the optimizer's parameters and state on the
         snapshot thread, which its next step() waits for) -> [background if async] write ->
         commit (collective) -> handle done.
-  load: wait for any save in flight, raise unreported async failures -> describe
-        (adapter.load_view; collective, with the same agreement) -> read metadata (collective)
-        -> validate keys/shapes/dtypes -> plan -> read + copy in place -> agree (collective) ->
-        param groups and extra state applied.
+  load: wait for any save in flight, raise unreported async failures -> describe (collective:
+        every rank has a valid state and the same path, framework and role) -> read metadata
+        (collective) -> ``_load.load_once``: adapter.load_view + validate everything (keys,
+        shapes, dtypes, param groups; agreed across ranks) -> read + copy in place (or into
+        staging) -> apply (optimizer state, param groups, extra state) on every rank.
 Async saves, their failure reports and the exit drain live in ``engine.worker.SAVE_WORKER``;
 unickpt's process groups and their deadlines in ``coordination.torch_dist.GROUPS``.
 """
@@ -25,9 +26,10 @@ from typing import Any
 
 import torch
 
-from .coordination import Coordinator, Settle, make_coordinator, run_stage
+from ._load import load_once
+from .coordination import Settle, make_coordinator, run_stage
 from .engine import step_guard
-from .engine.load import read_blob, read_metadata, read_stage
+from .engine.load import read_metadata
 from .engine.lock import SaveLock, checkpoint_replaced, run_locked
 from .engine.save import PlanCache, PlanKey, SaveRequest, commit_stage, plan_stage, write_stage
 from .engine.staging import STAGING_POOL, live_parts
@@ -42,14 +44,13 @@ from .errors import (
     UnsupportedValueError,
 )
 from .format.records import DATA_DIR, Metadata
-from .format.values import dumps_value, loads_value
-from .frameworks import FrameworkAdapter, LoadView, SaveView, get_framework
+from .format.values import dumps_value
+from .frameworks import FrameworkAdapter, SaveView, get_framework
 from .monitoring.events import emit, phase
 from .options import LoadOptions, SaveOptions
-from .planning.load_plan import KeyReport, ShardRead, check_targets, plan_local_load
 from .planning.save_plan import LocalSavePlan, RankSavePlan
 from .planning.specs import BlobSpec, SaveItem
-from .state.extra import extra_blob_key, pick_extra_blob
+from .state.extra import extra_blob_key
 from .storage import Buffer, Storage, open_storage
 
 __all__ = ["save", "load", "wait_all", "SaveHandle", "check_role"]
@@ -161,7 +162,7 @@ def save_tracked(
     gplan = cached.plan
     rank_plan = gplan.rank_plans[coord.rank]
     request = SaveRequest(adapter.name, role, view.mesh)
-    objects = view.objects if coord.rank == 0 else {}
+    objects = view.objects  # every rank's: merged per parameter at commit (pipeline stages differ)
     background = make_coordinator(channel="background", timeout=options.timeout, label=label)
 
     if async_save:
@@ -290,7 +291,11 @@ def load(
     role: str | None = None,
     options: LoadOptions | None = None,
 ) -> None:
-    """Load the checkpoint at ``path`` into ``state`` in place, resharding as needed."""
+    """Load the checkpoint at ``path`` into ``state`` in place, resharding as needed.
+
+    Everything is validated on every rank before anything in ``state`` changes (``_load``); the
+    optimizer's state becomes exactly the checkpoint's (a rollback: state the checkpoint does not
+    have is removed, gradients are untouched)."""
     options = options or LoadOptions()
     SAVE_WORKER.drain()  # a save in flight commits first (it may target this path)
     SAVE_WORKER.raise_failures()
@@ -299,22 +304,18 @@ def load(
     coord = make_coordinator(channel="foreground", timeout=options.timeout, label=f"load of {storage.url}")
     emit("load.begin", coord.rank, path=storage.url)
 
-    def describe() -> tuple[FrameworkAdapter, LoadView]:
+    def describe() -> FrameworkAdapter:
         _check_state(state)
-        adapter = get_framework(framework, state)
-        return adapter, adapter.load_view(state)
+        return get_framework(framework, state)
 
-    # the first collective: every rank agrees on what it loads before reading anything
-    _adapter, view = run_stage(
-        coord, "load (describe state)", describe, agree=lambda r: _claims("load", storage.url, r[0], role)
-    )
-    with phase("load.metadata", coord.rank, path=storage.url):
-        md = read_metadata(coord, storage, options.max_metadata_bytes)
+    # the first collective: every rank has a valid state and agrees on what it loads, before
+    # anything is read (load_once's first stage needs the metadata, read next)
+    adapter = run_stage(coord, "load (describe state)", describe, agree=lambda a: _claims("load", storage.url, a, role))
     for attempt in range(_LOAD_ATTEMPTS):
-        if attempt:
+        with phase("load.metadata", coord.rank, path=storage.url):
             md = read_metadata(coord, storage, options.max_metadata_bytes)
         try:
-            missing, unexpected = _load_tensors(md, storage, coord, view, state, strict, options)
+            missing, unexpected = load_once(md, storage, coord, adapter, state, strict, options)
             break
         except (MissingDataFileError, TruncatedDataFileError, ChecksumMismatchError, RankFailures):
             # another job may have committed a newer checkpoint here and deleted the data this load
@@ -329,64 +330,3 @@ def load(
             f"{unexpected[:10]}",
             stacklevel=2,
         )
-
-
-def _load_tensors(
-    md: Metadata,
-    storage: Storage,
-    coord: Coordinator,
-    view: LoadView,
-    state: MutableMapping[str, Any],
-    strict: bool,
-    options: LoadOptions,
-) -> tuple[list[str], list[str]]:
-    """Validate, plan, read and place; then apply objects and blobs. Returns skipped keys."""
-    specs = [i.spec for i in view.items]
-    ckpt_keys = {k for k in md.tensors if k.startswith(view.prefixes)} if view.prefixes else set()
-
-    def check_and_plan() -> tuple[KeyReport, list[ShardRead]]:
-        report = check_targets(md, specs, strict=strict, source=storage.url, checkpoint_keys=ckpt_keys)
-        return report, plan_local_load(md, specs)
-
-    with phase("load.plan", coord.rank, path=storage.url):
-        report, reads = run_stage(coord, "load (validate)", check_and_plan)
-    with phase("load.read", coord.rank, path=storage.url) as p:
-        p.nbytes = read_stage(
-            md, storage, coord, view.items, reads, options.io_threads, options.verify_checksums, options.dedup_reads
-        )
-
-    def finish() -> list[str]:
-        skipped = view.finish(md.objects, strict)
-        _restore_blobs(md, storage, state, coord, strict, options.max_blob_bytes)
-        return skipped
-
-    skipped = run_stage(coord, "load (finish)", finish)
-    return list(report.missing) + skipped, list(report.unexpected)
-
-
-def _restore_blobs(
-    md: Metadata, storage: Storage, state: MutableMapping[str, Any], coord: Coordinator, strict: bool, cap: int
-) -> None:
-    keys = set(md.blobs)
-    if "extra_state" in state:
-        key = pick_extra_blob(keys, coord.rank, md.topology.world_size)
-        if key is None:
-            if strict:
-                from .errors import MissingKeysError
-
-                raise MissingKeysError(f"checkpoint {storage.url} has no extra_state")
-        else:
-            state["extra_state"] = loads_value(read_blob(md, storage, md.blobs[key], coord.rank, cap), key)
-    loader = state.get("dataloader")
-    if loader is not None:
-        ws = md.topology.world_size
-        key = next(
-            (k for k in (f"dataloader/rank{coord.rank}", f"dataloader/rank{coord.rank % ws}") if k in keys), None
-        )
-        if key is None:
-            if strict:
-                from .errors import MissingKeysError
-
-                raise MissingKeysError(f"checkpoint {storage.url} has no dataloader state")
-        else:
-            loader.load_state_dict(loads_value(read_blob(md, storage, md.blobs[key], coord.rank, cap), key))

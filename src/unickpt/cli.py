@@ -5,8 +5,9 @@ to the subcommand's ``_cmd_*`` function, which calls the logic in ``unickpt.tool
 ``demo``) and renders the result. Every expected failure is a unickpt ``CheckpointError``: it is
 printed on stderr as ``unickpt <command>: error: <ErrorType>: <message>`` (no traceback).
 
-Exit codes: 0 success; 1 the check the command ran failed (``inspect --verify`` found corrupt or
-missing data, ``demo`` found a mismatch); 2 bad input (not a checkpoint, incomplete or corrupt
+Exit codes: 0 success; 1 the check the command ran failed (``inspect`` found data files missing
+or shorter than the metadata says, ``inspect --verify`` found corrupt or missing data, ``demo``
+found a mismatch; the report is printed either way); 2 bad input (not a checkpoint, incomplete or corrupt
 checkpoint, unsupported format version, usage errors); 130 interrupted.
 """
 
@@ -38,7 +39,9 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         print(ins.to_json(summary))
     else:
         print(ins.format_text(summary, tensors=not args.summary))
-    return EXIT_FAILED if summary.verify is not None and not summary.verify.ok else EXIT_OK
+    if summary.verify is not None:
+        return EXIT_OK if summary.verify.ok else EXIT_FAILED
+    return EXIT_FAILED if ins.short_files(summary) else EXIT_OK  # missing / truncated data files
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

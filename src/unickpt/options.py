@@ -41,6 +41,8 @@ class LoadOptions:
     # the metadata file, and each extra_state / dataloader blob
     max_metadata_bytes: int = METADATA_LIMIT  # 1 GiB
     max_blob_bytes: int = 1 << 30
+    stage_before_apply: bool = False
+    cast_dtypes: bool = False
     # seconds each collective of this load may wait for the other ranks (see SaveOptions.timeout)
     timeout: float | None = None
 

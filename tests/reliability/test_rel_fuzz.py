@@ -64,7 +64,8 @@ def valid(tmp_path_factory):
     for name in doc["files"]:
         mem.write(name, [open(os.path.join(ckpt, name), "rb").read()])
     state = _fresh_state()
-    specs = [i.spec for i in get_framework("torch", state).load_view(state).items]
+    view = get_framework("torch", state).load_view(state, decode_metadata(raw))
+    specs = [i.spec for i in view.items]
     return raw, doc, specs
 
 

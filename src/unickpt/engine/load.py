@@ -42,6 +42,7 @@ from ..planning.read_assignment import ReadBatch, assign_reads
 from ..planning.specs import LoadItem
 from ..storage.base import METADATA_LIMIT, Storage
 from .bytes_view import box_view, sub_box, tensor_bytes
+from .folder_hint import folder_hint
 
 __all__ = ["read_metadata", "read_metadata_bytes", "read_stage", "read_blob", "BLOB_LIMIT"]
 
@@ -67,7 +68,7 @@ def read_metadata_bytes(storage: Storage, limit: int = METADATA_LIMIT) -> bytes:
             f"{storage.url} is an incomplete checkpoint: data files exist but {METADATA_FILE} was "
             "never committed (the save was interrupted); it cannot be loaded"
         )
-    raise NotACheckpointError(f"{storage.url} is not a unickpt checkpoint (no {METADATA_FILE})")
+    raise NotACheckpointError(f"{storage.url} is not a unickpt checkpoint (no {METADATA_FILE}){folder_hint(storage)}")
 
 
 def read_metadata(coord: Coordinator, storage: Storage, limit: int = METADATA_LIMIT) -> Metadata:
@@ -289,6 +290,8 @@ def _direct_target(md: Metadata, items: list[LoadItem], r: ShardRead | None) -> 
     dest = items[c.item_index].tensor
     if c.lengths != shard.lengths or dest.device.type != "cpu" or not dest.is_contiguous():
         return None
+    if dest.dtype != dtype_from_name(md.tensors[r.fqn].dtype):  # cast while copying (cast_dtypes)
+        return None
     if not sub_box_is_contiguous(tuple(dest.shape), c.dst_offsets, c.lengths):
         return None
     return tensor_bytes(sub_box(dest, c.dst_offsets, c.lengths)) if shard.byte_length else None
@@ -306,6 +309,8 @@ def _verify(md: Metadata, storage: Storage, key: tuple[str, int], view: memoryvi
 
 
 def _apply(md: Metadata, items: list[LoadItem], r: ShardRead, region: torch.Tensor) -> None:
+    """Copy the pieces of one saved shard (raw bytes in ``region``) into their destinations,
+    converting the dtype where the destination's differs (``LoadOptions.cast_dtypes``)."""
     rec = md.tensors[r.fqn]
     shard = rec.shards[r.shard_index]
     src = box_view(region, dtype_from_name(rec.dtype), shard.lengths)

@@ -7,11 +7,12 @@ Call order (every rank; stages marked * are collectives on the checkpoint group)
   ``stage``   snapshot: bind the bytes to write (live tensors for a blocking save, staging copies
               for an async one, see ``engine.staging``);
   ``write``   parallel writes of this rank's data files with per-entry CRC32C, fsync;
-  ``commit``* gather checksums -> rank 0 builds the metadata, checks that every data file it
-              names is on storage in full and that the save still holds its lock, publishes
-              the metadata atomically (the commit), removes the data of unickpt's own older
-              saves (``remove_stale_data``; a failure there is only a warning: the checkpoint
-              is committed) -> everyone learns the outcome.
+  ``commit``* gather checksums and every rank's JSON objects -> rank 0 merges the objects
+              (``planning.objects``: optimizer param groups per parameter), builds the metadata,
+              checks that every data file it names is on storage in full and that the save
+              still holds its lock, publishes the metadata atomically (the commit), removes the
+              data of unickpt's own older saves (``remove_stale_data``; a failure there is only a
+              warning: the checkpoint is committed) -> everyone learns the outcome.
 A failure on any rank surfaces on every rank as the same error (``run_stage``).
 """
 
@@ -42,6 +43,7 @@ from ..format.records import (
     Topology,
 )
 from ..monitoring.events import emit, phase
+from ..planning.objects import merge_rank_objects
 from ..planning.save_plan import GlobalSavePlan, LocalSavePlan, RankSavePlan, plan_save
 from ..storage.base import Buffer, Storage
 from .ownership import delete_save_data, is_save_id, mark_save, marked_save_ids, marker_name
@@ -251,13 +253,14 @@ def commit_stage(
 
     run_stage(coord, "save (write)", local)
     emit("save.commit.begin", coord.rank, save_id=gplan.save_id if gplan else "", path=storage.url)
-    all_crcs = coord.gather_object(crcs)
+    gathered = coord.gather_object((crcs, objects))  # the objects ride along: no extra round trip
 
     def finalize() -> Metadata | None:
         if coord.rank != 0:
             return None
-        assert gplan is not None and all_crcs is not None
-        md = build_metadata(gplan, all_crcs, request, coord.world_size, objects)
+        assert gplan is not None and gathered is not None
+        merged = merge_rank_objects([o for _, o in gathered])
+        md = build_metadata(gplan, [c for c, _ in gathered], request, coord.world_size, merged)
         sync_dir = getattr(storage, "sync_dir", None)
         if sync_dir is not None:
             for d in dict.fromkeys(f.rsplit("/", 1)[0] for f in gplan.files):

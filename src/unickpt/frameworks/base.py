@@ -1,10 +1,14 @@
 """Framework adapter protocol and registry.
 
 An adapter translates live objects (``state["model"]``, ``state["optimizer"]``) to and from
-unickpt's neutral shard specs; it performs no I/O and no collectives. ``engine`` calls, per rank:
+unickpt's neutral shard specs; it performs no I/O and no collectives. ``api`` calls, per rank:
   save: ``adapter.save_view(state)`` -> SaveView (items + JSON objects), then writes them;
-  load: ``adapter.load_view(state)`` -> LoadView (destinations), fills them, then
-        ``view.finish(objects)`` to apply non-tensor state (param_groups, step counters).
+  load: ``adapter.load_view(state, md, strict)`` -> LoadView: destinations (live tensors, or
+        fresh ones for optimizer state the live optimizer lacks) and nothing changed yet ->
+        ``probes`` read -> ``view.validate()`` (non-tensor state: param groups, hyper-parameter
+        types, flat steps) -> every rank agrees -> the engine fills ``items`` ->
+        ``view.apply()`` installs fresh state, drops state the checkpoint does not have,
+        sets param groups. A refused load therefore leaves the job as it was.
 Adapters are registered by stable name (the name goes into checkpoints as information only).
 """
 
@@ -15,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..errors import FrameworkError
-from ..format.records import JSONValue
+from ..format.records import JSONValue, Metadata
 from ..planning.specs import LoadItem, SaveItem
 
 __all__ = [
@@ -40,12 +44,25 @@ class SaveView:
     mesh: tuple[tuple[str, int], ...] = ()
 
 
+def _no_keys() -> tuple[list[str], list[str]]:
+    return [], []
+
+
+def _nothing() -> None:
+    return None
+
+
 @dataclass
 class LoadView:
     items: list[LoadItem]
     # the checkpoint keys (tensor fqns / object keys) this view is responsible for
     prefixes: tuple[str, ...]
-    finish: Callable[[Mapping[str, JSONValue], bool], list[str]] = lambda objects, strict: []
+    # small scratch destinations read before ``validate`` (never live tensors)
+    probes: list[LoadItem] = field(default_factory=list)
+    # checks of the non-tensor state, no side effects: (missing keys, unexpected keys)
+    validate: Callable[[], tuple[list[str], list[str]]] = _no_keys
+    # after every rank validated and read: make the loaded state the live state
+    apply: Callable[[], None] = _nothing
 
 
 class FrameworkAdapter(Protocol):
@@ -56,7 +73,8 @@ class FrameworkAdapter(Protocol):
 
     def save_view(self, state: Mapping[str, Any]) -> SaveView: ...
 
-    def load_view(self, state: Mapping[str, Any]) -> LoadView: ...
+    def load_view(self, state: Mapping[str, Any], md: Metadata | None = None, strict: bool = True) -> LoadView:
+        """Destinations for checkpoint ``md`` (None: only the live tensors); no side effects."""
 
 
 _REGISTRY: dict[str, FrameworkAdapter] = {}

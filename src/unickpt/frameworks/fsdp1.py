@@ -14,10 +14,12 @@ Who calls what, in order (per rank; see ``frameworks.base``):
         param), persistent buffers and unmanaged params (full boxes), optimizer state (views of
         flat / per-param state, scalar ``step`` as a replicated full box per original param) and
         the ``optimizer`` JSON object (``module_state.optimizer_object``).
-  load: ``api.load`` -> ``FSDP1Adapter.load_view(state)`` -> the same decomposition of the
-        destination slices gives ``LoadItem`` views the engine fills in place -> ``finish``
-        copies per-original-param ``step`` values into the flat step (they must agree) and
-        applies param groups (``module_state.optimizer_finish``).
+  load: ``api.load`` -> ``FSDP1Adapter.load_view(state, md)`` -> the same decomposition of the
+        destination slices gives ``LoadItem`` views the engine fills in place; optimizer state
+        comes from ``optim_state.OptimizerLoad`` with ``_FlatStateLayout`` (missing state is
+        allocated like the flat shard or the original parameter's run, from the checkpoint's
+        records) -> per-original-param ``step`` values are read first as probes and must agree
+        (``validate``) -> ``apply`` copies them into the flat step and installs the state.
 Keys are the canonical ones of every adapter (``model.<fqn>``, ``optimizer.state.<fqn>.<name>``),
 so FSDP1 checkpoints load into torch / ddp / fsdp2 and back. Supports ``use_orig_params`` True
 and False, FULL_SHARD / SHARD_GRAD_OP / NO_SHARD (every rank then holds identical boxes: replicas,
@@ -35,29 +37,23 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ..errors import FrameworkError
 from ..format.dtypes import dtype_name
-from ..format.records import JSONValue
+from ..format.records import Metadata
 from ..planning.boxes import decompose_flat_range
 from ..planning.specs import LoadItem, SaveItem, Shape, ShardSpec
 from .base import MODEL_PREFIX, OPTIM_PREFIX, LoadView, SaveView, register_framework
 from .generic import module_of, optimizer_of
-from .module_state import (
-    clean_fqn,
-    ensure_optimizer_state,
-    items_for,
-    names_of,
-    optimizer_finish,
-    optimizer_object,
-)
+from .module_state import clean_fqn, items_for, names_of, optimizer_object, refuse_meta
+from .optim_state import OptimizerLoad, read_saved
 
 __all__ = ["FSDP1Adapter", "LocalPiece", "OrigParam", "FlatLayout", "local_pieces", "orig_param", "flat_layouts"]
 
 Item = SaveItem | LoadItem
 ItemT = TypeVar("ItemT", bound=Item)  # SaveItem on save, LoadItem on load
-Finish = Callable[[Mapping[str, JSONValue], bool], list[str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,8 +197,9 @@ class _Index:
         from torch.distributed.fsdp import FullyShardedDataParallel
 
         self.layouts = flat_layouts(model)
-        sizes = [m.world_size for m in model.modules() if isinstance(m, FullyShardedDataParallel)]
-        self.mesh: tuple[tuple[str, int], ...] = (("shard", int(sizes[0])),) if sizes else ()
+        fsdp = [m for m in model.modules() if isinstance(m, FullyShardedDataParallel)]
+        self.mesh: tuple[tuple[str, int], ...] = (("shard", int(fsdp[0].world_size)),) if fsdp else ()
+        self.buffer_source = int(dist.get_process_group_ranks(fsdp[0].process_group)[0]) if fsdp else None
         self.flat: dict[int, FlatLayout] = {id(lay.flat_param): lay for lay in self.layouts}
         self.orig: dict[int, tuple[FlatLayout, OrigParam]] = {}
         managed = set(self.flat)
@@ -239,8 +236,10 @@ class _Index:
                     items.extend(
                         _describe(MODEL_PREFIX + fqn, op.shape, lay.local, op.shard_offset, lay.boxes(op), make)
                     )
-        for fqn, t in self.plain + self.buffers:
+        for fqn, t in self.plain:
             items.append(items_for(MODEL_PREFIX + fqn, t, make))
+        for fqn, t in self.buffers:  # replicated: saved from rank 0 of the FSDP group
+            items.append(items_for(MODEL_PREFIX + fqn, t, make, self.buffer_source))
         return items
 
     def state_items(
@@ -335,6 +334,7 @@ class FSDP1Adapter:
         view.mesh = index.mesh
         with torch.no_grad():
             view.items.extend(index.model_items(SaveItem))
+            refuse_meta(view.items, saving=True)
             if optim is None:
                 return view
             values: dict[str, dict[str, Any]] = {}
@@ -356,7 +356,7 @@ class FSDP1Adapter:
             view.objects.update(optimizer_object(optim, index.names, values))
         return view
 
-    def load_view(self, state: Mapping[str, Any]) -> LoadView:
+    def load_view(self, state: Mapping[str, Any], md: Metadata | None = None, strict: bool = True) -> LoadView:
         view = LoadView(items=[], prefixes=())
         got = self._index(state)
         if got is None:
@@ -364,54 +364,54 @@ class FSDP1Adapter:
         index, optim = got
         view.prefixes = (MODEL_PREFIX,)
         view.items.extend(index.model_items(LoadItem))
+        refuse_meta(view.items, saving=False)
         if optim is None:
             return view
-        ensure_optimizer_state(optim)
-        # a rank holding none of an original param still names its state (empty boxes)
-        ensure_optimizer_state(
-            optim, [p for p in _groups_params(optim) if id(p) in index.orig and index.orig[id(p)][1].numel == 0]
-        )
-        scalars: list[tuple[torch.Tensor, list[tuple[str, torch.Tensor]]]] = []
-        for p in _groups_params(optim):
-            for key, v in optim.state.get(p, {}).items():
-                if not isinstance(v, torch.Tensor):
-                    continue
-                group: list[tuple[str, torch.Tensor]] = []
-
-                def scratch(fqn: str, t: torch.Tensor, group: list[tuple[str, torch.Tensor]] = group) -> LoadItem:
-                    s = torch.full_like(t, float("nan")) if t.is_floating_point() else t.detach().clone()
-                    group.append((fqn, s))
-                    return LoadItem(ShardSpec(fqn, dtype_name(t.dtype), (), (), ()), s)
-
-                view.items.extend(index.state_items(p, key, v, LoadItem, scratch))
-                if group:
-                    scalars.append((v, group))
+        load = OptimizerLoad(optim, _FlatStateLayout(index), read_saved(md), strict)
+        view.items.extend(load.items)
+        view.probes, view.validate, view.apply = load.probes, load.validate, load.apply
         view.prefixes = (MODEL_PREFIX, OPTIM_PREFIX)
-        view.finish = _finisher(optimizer_finish(optim, index.names), scalars)
         return view
 
 
-def _finisher(groups_finish: Finish, scalars: list[tuple[torch.Tensor, list[tuple[str, torch.Tensor]]]]) -> Finish:
-    """Copy each flat parameter's per-original-param scalars (``step``) into its one live scalar."""
+class _FlatStateLayout:
+    """``optim_state.StateLayout`` of FSDP1: state of a flat parameter (use_orig_params=False)
+    is laid out like its padded local shard, one tensor for all its original parameters (a 0-d
+    ``step`` is one value for all of them: read per original parameter into probes that must
+    agree); state of an original parameter (use_orig_params=True) like its local 1-D run."""
 
-    def finish(objects: Mapping[str, JSONValue], strict: bool) -> list[str]:
-        with torch.no_grad():
-            for live, group in scalars:
-                loaded = [(f, s) for f, s in group if not (s.is_floating_point() and bool(torch.isnan(s)))]
-                if not loaded:
-                    continue
-                first_fqn, first = loaded[0]
-                for fqn, s in loaded[1:]:
-                    if not torch.equal(s, first):
-                        raise FrameworkError(
-                            f"{fqn} = {s.item()} but {first_fqn} = {first.item()}: an FSDP1 flat "
-                            "parameter keeps one value for all its original parameters; use "
-                            "use_orig_params=True to load per-parameter values"
-                        )
-                live.copy_(first)
-        return groups_finish(objects, strict)
+    def __init__(self, index: _Index) -> None:
+        self.index = index
+        self.shapes = {id(lay.flat_param): {op.fqn: op.shape for op in lay.params} for lay in index.layouts}
 
-    return finish
+    def fqns(self, p: torch.Tensor) -> tuple[str, ...]:
+        return names_of(self.index.names, p)
+
+    def param_shape(self, p: torch.Tensor, fqn: str) -> Shape:
+        if id(p) in self.shapes:
+            return self.shapes[id(p)][fqn]
+        if id(p) in self.index.orig:
+            return self.index.orig[id(p)][1].shape
+        return tuple(p.shape)
+
+    def like(self, p: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        return p, id(p) in self.index.flat  # flat state has padding: zeroed
+
+    def holds(self, p: torch.Tensor) -> bool:
+        # use_orig_params=True: a rank without any element of an original parameter gets no
+        # gradient for it, so torch's optimizers never give it state there
+        return id(p) not in self.index.orig or self.index.orig[id(p)][1].numel > 0
+
+    def describe(self, p: torch.Tensor, name: str, t: torch.Tensor) -> tuple[list[LoadItem], list[LoadItem]]:
+        probes: list[LoadItem] = []
+
+        def probe(fqn: str, like: torch.Tensor) -> LoadItem:
+            item = LoadItem(ShardSpec(fqn, dtype_name(like.dtype), (), (), ()), torch.empty((), dtype=like.dtype), True)
+            probes.append(item)
+            return item
+
+        items = self.index.state_items(p, name, t, LoadItem, probe)
+        return [it for it in items if not any(it is q for q in probes)], probes
 
 
 register_framework(FSDP1Adapter(), auto_priority=0)

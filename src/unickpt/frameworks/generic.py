@@ -3,7 +3,10 @@
 ``torch`` (one process), ``ddp`` (replicated plain tensors), ``fsdp2`` (``fully_shard``: DTensor
 Shard(0), uneven shards unpadded), ``dtensor`` (``parallelize_module`` TP on 1-D/2-D meshes,
 FSDP2+TP). They share one implementation: DTensors contribute their local box, plain tensors the
-full box (replicas), and FQNs are cleaned of wrapper prefixes.
+full box (replicas), and FQNs are cleaned of wrapper prefixes. Replicated buffers are saved
+from the replica the framework treats as the source (``buffer_source``: DDP broadcasts rank 0's
+before every forward), parameters and optimizer state from whichever replica balances the bytes.
+Optimizer state is loaded by ``optim_state.OptimizerLoad`` with ``ParamLayout``.
 """
 
 from __future__ import annotations
@@ -12,22 +15,19 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import FrameworkError
+from ..format.records import Metadata
 from ..planning.specs import LoadItem, SaveItem
 from .base import MODEL_PREFIX, OPTIM_PREFIX, LoadView, SaveView, register_framework
-from .module_state import (
-    items_for,
-    model_tensors,
-    optimizer_load,
-    optimizer_save,
-    param_fqns,
-)
+from .module_state import items_for, model_tensors, optimizer_save, param_fqns, refuse_meta
+from .optim_state import OptimizerLoad, read_saved
 
-__all__ = ["ModuleAdapter", "module_of"]
+__all__ = ["ModuleAdapter", "ParamLayout", "module_of", "optimizer_of", "buffer_source"]
 
 
 def module_of(state: Mapping[str, Any]) -> nn.Module | None:
@@ -61,6 +61,37 @@ def _mesh_of(module: nn.Module) -> tuple[tuple[str, int], ...]:
     return ()
 
 
+def buffer_source(module: nn.Module) -> int | None:
+    """The rank whose buffers are authoritative among replicas: rank 0 of a DDP model's process
+    group (DDP broadcasts its buffers before every forward), else global rank 0 (None without a
+    process group)."""
+    if isinstance(module, DistributedDataParallel):
+        return int(dist.get_process_group_ranks(module.process_group)[0])
+    return 0 if dist.is_available() and dist.is_initialized() else None
+
+
+class ParamLayout:
+    """``optim_state.StateLayout`` for tensors that say which box they hold (plain, DTensor)."""
+
+    def __init__(self, names: dict[int, str]) -> None:
+        self.names = names
+
+    def fqns(self, p: torch.Tensor) -> tuple[str, ...]:
+        return (self.names[id(p)],)
+
+    def param_shape(self, p: torch.Tensor, fqn: str) -> tuple[int, ...]:
+        return tuple(p.shape)
+
+    def like(self, p: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        return p, False
+
+    def holds(self, p: torch.Tensor) -> bool:
+        return True  # even an empty local shard of a DTensor gets a gradient, hence state
+
+    def describe(self, p: torch.Tensor, name: str, t: torch.Tensor) -> tuple[list[LoadItem], list[LoadItem]]:
+        return [items_for(f"{OPTIM_PREFIX}state.{self.names[id(p)]}.{name}", t, LoadItem)], []
+
+
 class ModuleAdapter:
     """Shared implementation; subclasses set ``name`` and ``matches``."""
 
@@ -85,8 +116,11 @@ class ModuleAdapter:
             return view
         self.check(module)
         view.mesh = _mesh_of(module)
+        buffers = {id(b) for b in module.buffers()}
+        source = buffer_source(module) if buffers else None
         for fqn, t in model_tensors(module, self.strip_module):
-            view.items.append(items_for(MODEL_PREFIX + fqn, t, SaveItem))
+            view.items.append(items_for(MODEL_PREFIX + fqn, t, SaveItem, source if id(t) in buffers else None))
+        refuse_meta(view.items, saving=True)
         if optim is not None:
             items, objects = optimizer_save(
                 optim,
@@ -97,7 +131,7 @@ class ModuleAdapter:
             view.objects.update(objects)
         return view
 
-    def load_view(self, state: Mapping[str, Any]) -> LoadView:
+    def load_view(self, state: Mapping[str, Any], md: Metadata | None = None, strict: bool = True) -> LoadView:
         module = module_of(state)
         optim = optimizer_of(state)
         view = LoadView(items=[], prefixes=())
@@ -107,15 +141,12 @@ class ModuleAdapter:
         view.prefixes = (MODEL_PREFIX,)
         for fqn, t in model_tensors(module, self.strip_module):
             view.items.append(items_for(MODEL_PREFIX + fqn, t, LoadItem))
+        refuse_meta(view.items, saving=False)
         if optim is not None:
-            items, finish = optimizer_load(
-                optim,
-                param_fqns(module, self.strip_module),
-                lambda fqn, t, p: [items_for(fqn, t, LoadItem)],
-            )
-            view.items.extend(items)
+            load = OptimizerLoad(optim, ParamLayout(param_fqns(module, self.strip_module)), read_saved(md), strict)
+            view.items.extend(load.items)
+            view.probes, view.validate, view.apply = load.probes, load.validate, load.apply
             view.prefixes = (MODEL_PREFIX, OPTIM_PREFIX)
-            view.finish = finish
         return view
 
 

@@ -6,7 +6,8 @@ placements, including FSDP2+TP strided sharding); a plain tensor contributes the
 identical boxes on several ranks are replicas (the save planner writes each once).
 Checkpoint keys: ``model.<fqn>`` for parameters and persistent buffers,
 ``optimizer.state.<param fqn>.<state name>`` for optimizer state tensors, and one JSON object
-``optimizer`` with param groups (params named by fqn) and non-tensor state values.
+``optimizer`` with param groups (params named by fqn: the parameters the optimizer covers, with
+or without state) and non-tensor state values. Loading optimizer state is ``optim_state``'s.
 
 Parameter names (``ParamNames``) map ``id(param)`` to its clean fqn, or to a tuple of clean fqns
 when one live parameter stands for several original ones (an FSDP1 FlatParameter); groups and
@@ -22,10 +23,10 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from ..errors import CorruptMetadataError, FrameworkError, MissingKeysError, UnexpectedKeysError
+from ..errors import FrameworkError
 from ..format.dtypes import dtype_name
 from ..format.records import JSONValue
-from ..format.values import decode_value, encode_value
+from ..format.values import encode_value
 from ..planning.specs import LoadItem, SaveItem, ShardSpec
 from .base import OPTIM_PREFIX
 
@@ -36,13 +37,11 @@ __all__ = [
     "model_tensors",
     "param_fqns",
     "optimizer_save",
-    "optimizer_load",
-    "ensure_optimizer_state",
     "items_for",
     "ParamNames",
     "names_of",
     "optimizer_object",
-    "optimizer_finish",
+    "refuse_meta",
 ]
 
 # id(param) -> clean fqn, or the clean fqns of the original parameters a flat parameter holds
@@ -78,9 +77,12 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.detach()
 
 
-def items_for(fqn: str, t: torch.Tensor, make: Callable[[ShardSpec, torch.Tensor], Any]) -> Any:
+def items_for(
+    fqn: str, t: torch.Tensor, make: Callable[[ShardSpec, torch.Tensor], Any], replica_source: int | None = None
+) -> Any:
+    """The item of ``t``'s local box (``replica_source``: see ``ShardSpec``)."""
     shape, offsets, lengths = tensor_box(t)
-    spec = ShardSpec(fqn, dtype_name(t.dtype), shape, offsets, lengths)
+    spec = ShardSpec(fqn, dtype_name(t.dtype), shape, offsets, lengths, replica_source)
     loc = local_tensor(t)
     if tuple(loc.shape) != lengths:
         raise FrameworkError(f"{fqn}: local tensor shape {tuple(loc.shape)} != shard lengths {lengths}")
@@ -162,131 +164,18 @@ def optimizer_object(
     return {"optimizer": encode_value(obj, "optimizer")}
 
 
-def ensure_optimizer_state(optim: torch.optim.Optimizer, params: Iterable[torch.Tensor] | None = None) -> None:
-    """Materialise empty optimizer state (a fresh optimizer) so it can be loaded in place.
-
-    Runs one step with zero gradients and learning rate 0, then drops the gradients; parameters
-    are unchanged and the state's values are overwritten by the load. By default this happens
-    only when the optimizer has no state at all (for every parameter); with ``params`` it
-    happens for those of ``params`` that lack state (others get no gradient, so no update)."""
-    if params is None:
-        if optim.state:
-            return
-        params = [p for g in optim.param_groups for p in g["params"] if p.requires_grad]
-    else:
-        params = [p for p in params if p.requires_grad and not optim.state.get(p)]
-        if not params:
-            return
-    every = [p for g in optim.param_groups for p in g["params"] if p.requires_grad]
-    if any(p.grad is not None for p in every):
-        raise FrameworkError("cannot initialise optimizer state: parameters already have gradients")
-    saved_lrs = []
-    for g in optim.param_groups:
-        lr = g.get("lr")
-        saved_lrs.append(lr)
-        if isinstance(lr, torch.Tensor):
-            g["lr"] = torch.zeros_like(lr)
-        elif lr is not None:
-            g["lr"] = 0.0
-    for p in params:
-        p.grad = torch.zeros_like(p)
-    try:
-        optim.step()
-    finally:
-        for g, lr in zip(optim.param_groups, saved_lrs):
-            if lr is not None:
-                g["lr"] = lr
-        optim.zero_grad(set_to_none=True)
-
-
-def optimizer_load(
-    optim: torch.optim.Optimizer,
-    names: dict[int, str],
-    describe: Callable[[str, torch.Tensor, torch.Tensor], Iterable[LoadItem]],
-) -> tuple[list[LoadItem], Callable[[Mapping[str, JSONValue], bool], list[str]]]:
-    """Destinations for the optimizer's state tensors, and the finisher applying param groups."""
-    ensure_optimizer_state(optim)
-    items: list[LoadItem] = []
-    for g in optim.param_groups:
-        for p in g["params"]:
-            for key, v in optim.state.get(p, {}).items():
-                if isinstance(v, torch.Tensor):
-                    items.extend(describe(f"{OPTIM_PREFIX}state.{names[id(p)]}.{key}", v, p))
-    return items, optimizer_finish(optim, names)
-
-
-def optimizer_finish(
-    optim: torch.optim.Optimizer, names: ParamNames
-) -> Callable[[Mapping[str, JSONValue], bool], list[str]]:
-    """The load finisher: applies the checkpoint's param groups and non-tensor state values."""
-
-    def finish(objects: Mapping[str, JSONValue], strict: bool) -> list[str]:
-        raw = objects.get("optimizer")
-        if raw is None:
-            if strict:
-                raise MissingKeysError("checkpoint has no optimizer param groups ('optimizer' object)")
-            return ["optimizer"]
-        saved = _checked_optimizer_object(decode_value(raw, "optimizer object"))
-        _apply_param_groups(optim, names, saved["param_groups"], strict)
-        by_name = {n: p for g in optim.param_groups for p in g["params"] for n in names_of(names, p)}
-        for pname, vals in saved.get("state_values", {}).items():
-            if pname in by_name:
-                optim.state[by_name[pname]].update(vals)
-        return []
-
-    return finish
-
-
-def _checked_optimizer_object(saved: Any) -> dict[str, Any]:
-    """The decoded ``optimizer`` object, or CorruptMetadataError if its structure is wrong."""
-
-    def bad(what: str) -> CorruptMetadataError:
-        return CorruptMetadataError(f"checkpoint metadata object 'optimizer' is malformed: {what}")
-
-    if not isinstance(saved, dict) or not isinstance(saved.get("param_groups"), list):
-        raise bad("expected a dict with a 'param_groups' list")
-    for gi, g in enumerate(saved["param_groups"]):
-        if (
-            not isinstance(g, dict)
-            or not isinstance(g.get("params"), list)
-            or not all(isinstance(p, str) for p in g["params"])
-        ):
-            raise bad(f"param group {gi} must be a dict with a 'params' list of names")
-        for k, v in g.items():
-            if k != "params" and not isinstance(v, (type(None), bool, int, float, str, tuple, list, torch.Tensor)):
-                raise bad(f"param group {gi} entry {k!r} has type {type(v).__name__}")
-    values = saved.get("state_values", {})
-    if not isinstance(values, dict) or not all(isinstance(v, dict) for v in values.values()):
-        raise bad("'state_values' must map parameter names to dicts")
-    return saved
-
-
-def _apply_param_groups(
-    optim: torch.optim.Optimizer, names: ParamNames, saved_groups: list[dict[str, Any]], strict: bool
-) -> None:
-    live = _group_entries(optim, names)
-    if len(live) != len(saved_groups):
-        raise UnexpectedKeysError(f"optimizer has {len(live)} param group(s), checkpoint has {len(saved_groups)}")
-    for gi, (g, lg, sg) in enumerate(zip(optim.param_groups, live, saved_groups)):
-        if strict and set(lg["params"]) != set(sg["params"]):
-            extra = sorted(set(lg["params"]) - set(sg["params"]))[:5]
-            miss = sorted(set(sg["params"]) - set(lg["params"]))[:5]
-            raise MissingKeysError(
-                f"optimizer param group {gi} differs: live-only params {extra}, checkpoint-only {miss}"
-            )
-        for k, v in sg.items():
-            if k == "params":
-                continue
-            cur = g.get(k)
-            if cur is not None and isinstance(cur, (int, float, bool, torch.Tensor)) != isinstance(
-                v, (int, float, bool, torch.Tensor)
-            ):
-                raise CorruptMetadataError(
-                    f"optimizer param group {gi} entry {k!r}: checkpoint value {v!r} does not fit {cur!r}"
+def refuse_meta(items: Iterable[SaveItem | LoadItem], saving: bool) -> None:
+    """FrameworkError naming the first item on the meta device (no data: a save would fail deep
+    in a copy, a load would silently write nothing)."""
+    for it in items:
+        if it.tensor.is_meta:
+            if saving:
+                raise FrameworkError(
+                    f"cannot save {it.spec.fqn!r}: it is on the meta device (it has no values yet); "
+                    "materialise the model first: model.to_empty(device=...) and initialise its "
+                    "parameters (e.g. reset_parameters()) or load a checkpoint into it"
                 )
-            if isinstance(cur, torch.Tensor) and not isinstance(v, torch.Tensor):
-                cur.fill_(v)
-            elif isinstance(cur, tuple) and isinstance(v, list):
-                g[k] = tuple(v)
-            else:
-                g[k] = v
+            raise FrameworkError(
+                f"cannot load into {it.spec.fqn!r}: it is on the meta device, so the load would write "
+                "nothing; call model.to_empty(device=...) first (then build the optimizer), then load"
+            )

@@ -4,8 +4,10 @@ Called by the coordinator (rank 0) inside ``engine.save`` after ``all_gather``/`
 ranks' ``LocalSavePlan``s; the result is scattered back as ``RankSavePlan``s and reused (cached)
 while the local plans do not change. Steps:
 1. check every rank agrees on each tensor's dtype and global shape;
-2. deduplicate: identical boxes on several ranks are replicas; each is written once, by the
-   replica with the fewest bytes assigned so far (worst-fit, largest boxes first);
+2. deduplicate: identical boxes on several ranks are replicas; each is written once: by the
+   replica a holder's spec names as ``replica_source`` (the copy the framework treats as
+   authoritative, e.g. DDP buffers: rank 0 of the DDP group), else by the replica with the
+   fewest bytes assigned so far (worst-fit, largest boxes first);
 3. check the written boxes of each tensor neither overlap nor leave gaps (``format.tiling``, the
    same check the metadata decoder runs, so a plan that passes here decodes);
 4. lay out bytes: each rank's items go into ``files_per_rank`` files, balanced by bytes, each
@@ -108,9 +110,10 @@ def plan_save(local_plans: list[LocalSavePlan], save_id: str, files_per_rank: in
     replicated = []
     for key, hs in holders.items():
         nbytes = numel(key[2]) * itemsize(tensors[key[0]][0])
-        if len(hs) == 1:
-            chosen[key] = hs[0]
-            load[hs[0][0]] += nbytes
+        fixed = hs[0] if len(hs) == 1 else _preferred_source(local_plans, hs)
+        if fixed is not None:
+            chosen[key] = fixed
+            load[fixed[0]] += nbytes
         else:
             replicated.append((nbytes, key))
     replicated.sort(key=lambda t: (-t[0], t[1]))
@@ -148,6 +151,17 @@ def plan_save(local_plans: list[LocalSavePlan], save_id: str, files_per_rank: in
         rank_plans.append(RankSavePlan(rank, save_id, entries))
         all_files.extend(f for f in dict.fromkeys(e.file for e in entries))
     return GlobalSavePlan(save_id, tuple(rank_plans), tuple(all_files), tensors, tuple(writers))
+
+
+def _preferred_source(local_plans: list[LocalSavePlan], holders: list[tuple[int, int]]) -> tuple[int, int] | None:
+    """The holder a spec names as ``replica_source`` (the lowest such rank among the holders when
+    replica groups name different sources), or None to balance."""
+    ranks = {rank: idx for rank, idx in holders}
+    named = {local_plans[r].shards[i].replica_source for r, i in holders} - {None}
+    for src in sorted(s for s in named if s is not None):
+        if src in ranks:
+            return src, ranks[src]
+    return None
 
 
 def _layout(save_id: str, rank: int, work: list[tuple[int, int, str]], parts: int) -> tuple[WriteEntry, ...]:

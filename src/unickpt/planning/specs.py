@@ -20,13 +20,18 @@ Shape = tuple[int, ...]
 
 @dataclass(frozen=True, slots=True)
 class ShardSpec:
-    """Box ``(offsets, lengths)`` of global tensor ``fqn`` (dtype name, global shape)."""
+    """Box ``(offsets, lengths)`` of global tensor ``fqn`` (dtype name, global shape).
+
+    ``replica_source``: when several ranks hold this box (replicas), the rank whose copy is
+    saved: the replica the framework treats as authoritative (DDP broadcasts buffers from rank 0
+    of its group). None: any replica (the planner balances bytes, worst-fit)."""
 
     fqn: str
     dtype: str
     global_shape: Shape
     offsets: Shape
     lengths: Shape
+    replica_source: int | None = None
 
     def __post_init__(self) -> None:
         nd = len(self.global_shape)
@@ -65,7 +70,12 @@ class SaveItem:
 
 @dataclass(slots=True)
 class LoadItem:
-    """A writable destination for box ``spec`` (shape == spec.lengths), filled in place."""
+    """A writable destination for box ``spec`` (shape == spec.lengths), filled in place.
+
+    ``fresh``: the tensor was allocated by this load (optimizer state the live optimizer does not
+    have yet) and joins the live state only when the load is applied, so reading into it can
+    never leave the job half-changed; otherwise it is (a view of) a live tensor."""
 
     spec: ShardSpec
     tensor: torch.Tensor
+    fresh: bool = False

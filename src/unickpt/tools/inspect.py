@@ -54,6 +54,7 @@ __all__ = [
     "to_dict",
     "to_json",
     "human_bytes",
+    "short_files",
 ]
 
 _ALIGN = 64  # scratch views start on 64-byte boundaries so any dtype view is aligned
@@ -404,7 +405,7 @@ def format_text(s: Summary, *, tensors: bool = True) -> str:
         if s.blobs:
             out += ["", f"blobs ({t.blobs}):"]
             out += _table(("KEY", "FILE", "BYTES"), [(b.key, b.file, str(b.bytes)) for b in s.blobs], {2})
-    problems = [f for f in s.files if f.size_on_disk is None or f.size_on_disk < f.bytes] if s.sizes_checked else []
+    problems = short_files(s)
     if problems:
         out += ["", f"WARNING: {len(problems)} data file(s) missing or shorter than the metadata says:"]
         out += [f"  {f.name}: {_disk(f)}, needs {f.bytes} bytes" for f in problems[:20]]
@@ -420,6 +421,11 @@ def format_text(s: Summary, *, tensors: bool = True) -> str:
         if v.failures_total > len(v.failures):
             out.append(f"  ... and {v.failures_total - len(v.failures)} more")
     return "\n".join(out)
+
+
+def short_files(s: Summary) -> list[FileInfo]:
+    """Data files missing or shorter than the metadata says (when sizes were checked)."""
+    return [f for f in s.files if f.size_on_disk is None or f.size_on_disk < f.bytes] if s.sizes_checked else []
 
 
 def _n(count: int, noun: str) -> str:

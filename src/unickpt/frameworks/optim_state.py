@@ -1,0 +1,307 @@
+"""Optimizer state from a checkpoint into a live optimizer: the rollback-safe load, for every adapter.
+
+A load replaces the optimizer's state by the checkpoint's, as ``Optimizer.load_state_dict``
+does: for every live parameter the checkpoint covers (its param groups list it, or it has saved
+state), ``optimizer.state[p]`` becomes exactly the saved state: the saved tensors (read into the
+live tensor of that name when there is one, else into a fresh tensor laid out like the live
+parameter), the saved non-tensor values, and nothing else. A parameter saved without state (a
+checkpoint taken before the first ``step()``, a parameter that never had a gradient) ends with
+none. Gradients are never touched and ``step()`` is never called (closure optimizers like LBFGS
+load like any other). Each live param group takes the hyper-parameters saved for its parameters.
+
+Fresh tensors follow the checkpoint's records: a saved state of the parameter's global shape is
+laid out like the parameter's local shard (``StateLayout.like``: a DTensor with the parameter's
+mesh and placements, FSDP1's flat slice, a plain tensor), with the saved dtype, on the
+parameter's device; a 0-d state (Adam's ``step``) is a 0-d tensor on the CPU, or on the
+parameter's device when the group is ``capturable`` or ``fused`` (as torch's optimizers keep it);
+any other shape is a full tensor on the parameter's device.
+
+Who calls what, in order (``api.load`` through the adapter's ``load_view``; every rank):
+  1. ``OptimizerLoad(optim, layout, saved, strict)``: picks or allocates every destination from
+     the checkpoint's records (``read_saved``); nothing in the optimizer changes. ``items`` go to
+     the engine; ``probes`` (FSDP1 flat steps, one scratch scalar per original parameter) are
+     read before validation;
+  2. ``validate()``: param-group coverage and hyper-parameters (``param_groups``), probes that
+     must agree; returns the (missing, unexpected) keys; raises on what cannot be loaded;
+  3. the engine fills ``items`` (only after every rank validated);
+  4. ``apply()``: installs the state and the hyper-parameters.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from ..errors import CorruptMetadataError, FrameworkError, SizeLimitError
+from ..format.dtypes import dtype_from_name
+from ..format.records import Metadata, TensorRecord
+from ..format.values import decode_value
+from ..planning.specs import LoadItem, Shape
+from .base import OPTIM_PREFIX
+from .module_state import local_tensor
+from .param_groups import apply_hyper, hyper_problems, key_set_problem
+
+__all__ = ["StateLayout", "SavedOptimizer", "read_saved", "OptimizerLoad", "GROUPS_KEY"]
+
+STATE_PREFIX = f"{OPTIM_PREFIX}state."
+GROUPS_KEY = f"{OPTIM_PREFIX}param_groups."  # + fqn: a parameter's entry in the param groups
+
+
+class StateLayout(Protocol):
+    """How an adapter lays out optimizer state (generic tensors, FSDP1 flat parameters)."""
+
+    def fqns(self, p: torch.Tensor) -> tuple[str, ...]:
+        """The original parameters live parameter ``p`` stands for (several: a flat parameter)."""
+
+    def param_shape(self, p: torch.Tensor, fqn: str) -> Shape:
+        """Global shape of original parameter ``fqn`` of ``p``."""
+
+    def like(self, p: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """The tensor param-shaped state copies the layout of, and whether it must start zeroed
+        (FSDP1 flat state has padding that no checkpoint fills)."""
+
+    def holds(self, p: torch.Tensor) -> bool:
+        """False when this rank holds no element of ``p`` and its optimizer never has state for it
+        (FSDP1 use_orig_params=True sets no gradient there): it gets none from a load either."""
+
+    def describe(self, p: torch.Tensor, name: str, t: torch.Tensor) -> tuple[list[LoadItem], list[LoadItem]]:
+        """(items filling state ``name`` = ``t`` of ``p``, scratch probes that must agree and are
+        copied into ``t`` at apply: FSDP1 flat steps, one per original parameter)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SavedOptimizer:
+    """What a checkpoint records of the optimizer, by parameter fqn."""
+
+    groups: list[dict[str, Any]] = field(default_factory=list)  # distinct hyper-parameter sets
+    group_of: dict[str, int] = field(default_factory=dict)  # fqn -> index into ``groups``
+    values: dict[str, dict[str, Any]] = field(default_factory=dict)  # fqn -> non-tensor state
+    tensors: dict[str, dict[str, TensorRecord]] = field(default_factory=dict)  # fqn -> name -> record
+
+    def covers(self, fqn: str) -> bool:
+        return fqn in self.group_of or fqn in self.tensors or fqn in self.values
+
+
+def read_saved(md: Metadata | None) -> SavedOptimizer:
+    """The optimizer records of ``md`` (None: a checkpoint without any). Reads both layouts of
+    the ``optimizer`` object: rank 0's groups (older checkpoints) and groups merged per
+    parameter across ranks; state tensors are ``optimizer.state.<fqn>.<name>``."""
+    if md is None:
+        return SavedOptimizer()
+    out = SavedOptimizer()
+    raw = md.objects.get("optimizer")
+    if raw is not None:
+        saved = _checked_object(decode_value(raw, "checkpoint object 'optimizer'"))
+        for gi, g in enumerate(saved["param_groups"]):
+            out.groups.append({k: v for k, v in g.items() if k != "params"})
+            for fqn in g["params"]:
+                if out.group_of.setdefault(fqn, gi) != gi:
+                    raise _bad(f"parameter {fqn!r} is listed in param groups {out.group_of[fqn]} and {gi}")
+        out.values.update(saved.get("state_values", {}))
+    for key, rec in md.tensors.items():
+        if key.startswith(STATE_PREFIX):
+            fqn, _, name = key[len(STATE_PREFIX) :].rpartition(".")
+            if fqn:
+                out.tensors.setdefault(fqn, {})[name] = rec
+    return out
+
+
+def _bad(what: str) -> CorruptMetadataError:
+    return CorruptMetadataError(f"checkpoint metadata object 'optimizer' is malformed: {what}")
+
+
+def _checked_object(saved: Any) -> dict[str, Any]:
+    """The decoded ``optimizer`` object, or CorruptMetadataError if its structure is wrong."""
+    if not isinstance(saved, dict) or not isinstance(saved.get("param_groups"), list):
+        raise _bad("expected a dict with a 'param_groups' list")
+    for gi, g in enumerate(saved["param_groups"]):
+        if (
+            not isinstance(g, dict)
+            or not isinstance(g.get("params"), list)
+            or not all(isinstance(p, str) for p in g["params"])
+        ):
+            raise _bad(f"param group {gi} must be a dict with a 'params' list of names")
+        for k, v in g.items():
+            if k != "params" and not isinstance(v, (type(None), bool, int, float, str, tuple, list, torch.Tensor)):
+                raise _bad(f"param group {gi} entry {k!r} has type {type(v).__name__}")
+    values = saved.get("state_values", {})
+    if not isinstance(values, dict) or not all(isinstance(v, dict) for v in values.values()):
+        raise _bad("'state_values' must map parameter names to dicts")
+    return saved
+
+
+class OptimizerLoad:
+    """One load of the checkpoint's optimizer records into a live optimizer (see the module
+    docstring for the order of calls)."""
+
+    def __init__(self, optim: torch.optim.Optimizer, layout: StateLayout, saved: SavedOptimizer, strict: bool) -> None:
+        self.optim, self.layout, self.saved, self.strict = optim, layout, saved, strict
+        self.items: list[LoadItem] = []
+        self.probes: list[LoadItem] = []
+        self._install: list[tuple[torch.Tensor, dict[str, Any]]] = []
+        self._scalars: list[tuple[torch.Tensor, list[LoadItem]]] = []
+        self._updates: list[tuple[dict[str, Any], dict[str, Any]]] = []
+        for g in optim.param_groups:
+            for p in g["params"]:
+                fqns = layout.fqns(p)
+                covered = [f for f in fqns if saved.covers(f)]
+                if not covered:
+                    continue  # not in the checkpoint: left as it is (missing, see validate)
+                if not layout.holds(p):
+                    self._install.append((p, {}))  # as the uninterrupted run: no state here
+                    continue
+                if len(covered) != len(fqns):
+                    raise FrameworkError(
+                        f"the checkpoint's optimizer covers {covered[:3]} but not {_absent(fqns, covered)[:3]}, "
+                        "which share one flat parameter here; a flat parameter's state cannot be loaded in "
+                        "part (use use_orig_params=True)"
+                    )
+                self._install.append((p, self._state_for(p, fqns, g)))
+
+    def _state_for(self, p: torch.Tensor, fqns: tuple[str, ...], group: dict[str, Any]) -> dict[str, Any]:
+        """The state ``p`` will have: destinations of its saved tensors, then its saved values."""
+        saved = [self.saved.tensors.get(f, {}) for f in fqns]
+        names = list(dict.fromkeys(n for s in saved for n in s))
+        live = self.optim.state.get(p) or {}
+        state: dict[str, Any] = {}
+        for name in names:
+            recs = [s.get(name) for s in saved]
+            if any(r is None for r in recs):
+                have = [f for f, r in zip(fqns, recs) if r is not None]
+                raise FrameworkError(
+                    f"optimizer state {name!r} is saved for {have[:3]} but not for {_absent(fqns, have)[:3]}, "
+                    "which share one flat parameter here; a flat parameter cannot hold state for only some of "
+                    "its parameters (use use_orig_params=True)"
+                )
+            cur = live.get(name)
+            fresh = not isinstance(cur, torch.Tensor)
+            t = self._fresh(p, fqns, name, [r for r in recs if r is not None], group) if fresh else cur
+            assert isinstance(t, torch.Tensor)
+            items, probes = self.layout.describe(p, name, t)
+            for it in items:
+                it.fresh = fresh
+            self.items.extend(items)
+            if probes:
+                self.probes.extend(probes)
+                self._scalars.append((t, probes))
+            state[name] = t
+        for f in fqns:
+            if f in self.saved.values:
+                state.update({k: v for k, v in self.saved.values[f].items() if k not in state})
+                break
+        return state
+
+    def _fresh(
+        self, p: torch.Tensor, fqns: tuple[str, ...], name: str, recs: list[TensorRecord], group: dict[str, Any]
+    ) -> torch.Tensor:
+        """A new tensor for saved state ``name`` of ``p``, laid out by the checkpoint's records."""
+        where = f"{STATE_PREFIX}{fqns[0]}.{name}"
+        if len({r.dtype for r in recs}) > 1:
+            raise FrameworkError(f"{where}: saved with different dtypes for the parameters of one flat parameter")
+        dtype = dtype_from_name(recs[0].dtype)
+        like, zeroed = self.layout.like(p)
+        device = local_tensor(like).device
+        shapes = [tuple(r.shape) for r in recs]
+        with torch.no_grad():
+            if all(s == () for s in shapes):
+                on_device = bool(group.get("capturable")) or bool(group.get("fused"))
+                return torch.zeros((), dtype=dtype, device=device if on_device else "cpu")
+            if all(s == tuple(self.layout.param_shape(p, f)) for s, f in zip(shapes, fqns)):
+                return (torch.zeros_like if zeroed else torch.empty_like)(like, dtype=dtype)
+            if len(fqns) > 1:
+                raise FrameworkError(
+                    f"{where}: saved shape {shapes[0]} is neither a scalar nor the parameter's shape; an "
+                    "FSDP1 flat parameter cannot hold it (use use_orig_params=True)"
+                )
+            # e.g. LBFGS's flat direction: a full tensor of the saved shape, which the metadata
+            # alone sizes: bounded by the optimizer's parameters (all of them, concatenated)
+            if math.prod(shapes[0]) > self._state_cap():
+                raise SizeLimitError(
+                    f"{where}: saved shape {shapes[0]} has more elements than all {self._state_cap()} of "
+                    "the optimizer's parameters together; refused before allocating (corrupt metadata?)"
+                )
+            return torch.empty(shapes[0], dtype=dtype, device=device)
+
+    def _state_cap(self) -> int:
+        return sum(p.numel() for g in self.optim.param_groups for p in g["params"])
+
+    def validate(self) -> tuple[list[str], list[str]]:
+        """Everything about the non-tensor state, before any byte is placed; see module docstring."""
+        missing: list[str] = []
+        live: set[str] = set()
+        problems: list[str] = []
+        for gi, g in enumerate(self.optim.param_groups):
+            firsts: dict[int, str] = {}  # saved set -> the first of this group's fqns using it
+            for p in g["params"]:
+                for f in self.layout.fqns(p):
+                    live.add(f)
+                    s = self.saved.group_of.get(f)
+                    if s is None:
+                        missing.append(GROUPS_KEY + f)
+                    else:
+                        firsts.setdefault(s, f)
+            if not firsts:
+                continue
+            (s, first), *others = firsts.items()
+            if others:
+                sets = "; ".join(f"{f!r}: {_brief(self.saved.groups[i])}" for i, f in firsts.items())
+                msg = (
+                    f"optimizer param group {gi} holds parameters saved with different hyper-parameters ({sets}); "
+                    "split the group like the checkpoint's"
+                )
+                if self.strict:
+                    raise FrameworkError(msg + " (or pass strict=False to take those of its first parameter)")
+                warnings.warn(f"{msg}; strict=False: group {gi} takes those of {first!r}", stacklevel=2)
+            hyper = self.saved.groups[s]
+            if self.strict:
+                clash = key_set_problem(g, self.optim.defaults, hyper, gi, type(self.optim).__name__)
+                if clash:
+                    raise FrameworkError(clash)
+            problems += hyper_problems(g, hyper, gi, first)
+            self._updates.append((g, hyper))
+        if problems:
+            raise CorruptMetadataError(
+                "the checkpoint's optimizer hyper-parameters do not fit the live optimizer (nothing was loaded):\n  "
+                + "\n  ".join(problems[:20])
+                + (f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else "")
+            )
+        self._check_scalars()
+        unexpected = [GROUPS_KEY + f for f in self.saved.group_of if f not in live and f not in self.saved.tensors]
+        return missing, unexpected
+
+    def _check_scalars(self) -> None:
+        for _, probes in self._scalars:
+            first = probes[0]
+            for other in probes[1:]:
+                if not torch.equal(other.tensor, first.tensor):
+                    raise FrameworkError(
+                        f"{other.spec.fqn} = {other.tensor.item()} but {first.spec.fqn} = {first.tensor.item()}: "
+                        "an FSDP1 flat parameter keeps one value for all its original parameters; use "
+                        "use_orig_params=True to load per-parameter values"
+                    )
+
+    def apply(self) -> None:
+        """Install the state and hyper-parameters (after every rank validated and read)."""
+        with torch.no_grad():
+            for target, probes in self._scalars:
+                target.copy_(probes[0].tensor)
+            for p, state in self._install:
+                if state:
+                    self.optim.state[p] = state
+                else:
+                    self.optim.state.pop(p, None)
+            for g, hyper in self._updates:
+                apply_hyper(g, hyper)
+
+
+def _absent(fqns: tuple[str, ...], have: list[str]) -> list[str]:
+    return [f for f in fqns if f not in have]
+
+
+def _brief(hyper: dict[str, Any]) -> str:
+    keys = [k for k in ("lr", "betas", "momentum", "weight_decay", "eps") if k in hyper] or sorted(hyper)[:4]
+    return ", ".join(f"{k}={hyper[k]!r}" for k in keys)
