@@ -330,7 +330,7 @@ def test_all_errors_are_checkpoint_errors() -> None:
 
 def test_failed_commit_keeps_previous_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A save that dies after writing its data but before the commit leaves the old one loadable."""
-    from unickpt.storage.local import LocalStorage
+    from unickpt.storage.commit import RenamePublisher
 
     path = tmp_path / "c"
     first, _ = trained(Tiny(seed=1))
@@ -338,10 +338,10 @@ def test_failed_commit_keeps_previous_checkpoint(tmp_path: Path, monkeypatch: py
     want = snapshot(first)
     second, _ = trained(Tiny(seed=2))
 
-    def broken_commit(self: LocalStorage, name: str, data: bytes) -> None:
+    def broken_commit(self: RenamePublisher, name: str, data: bytes) -> None:
         raise OSError("simulated crash before the metadata is published")
 
-    monkeypatch.setattr(LocalStorage, "commit", broken_commit)
+    monkeypatch.setattr(RenamePublisher, "publish", broken_commit)
     with pytest.raises(Exception, match="simulated crash"):
         save(path, second, step=2)
     monkeypatch.undo()
@@ -364,12 +364,12 @@ def test_failed_commit_keeps_previous_checkpoint(tmp_path: Path, monkeypatch: py
 _CRASH = textwrap.dedent("""
     import os, sys, torch
     import unickpt
-    from unickpt.storage.local import LocalStorage
+    from unickpt.storage.commit import RenamePublisher
 
     def crash(self, name, data):
         os._exit(17)  # the process dies: no cleanup, no exception handling
 
-    LocalStorage.commit = crash
+    RenamePublisher.publish = crash
     torch.manual_seed(int(sys.argv[2]))
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
     unickpt.save(sys.argv[1], {"model": model, "extra_state": {"step": 2}}, framework="torch")

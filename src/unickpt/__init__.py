@@ -19,6 +19,7 @@ from .errors import (
     FrameworkError,
     IncompleteCheckpointError,
     MissingDataFileError,
+    MissingDependencyError,
     MissingKeysError,
     NotACheckpointError,
     PlanningError,
@@ -37,7 +38,7 @@ from .errors import (
     UnsupportedFormatVersionError,
     UnsupportedValueError,
 )
-from .options import LoadOptions, SaveOptions
+from .options import LoadOptions, SaveOptions, StorageOptions
 from .state.extra import rng_state, set_rng_state
 from .tools.manager import CheckpointManager
 
@@ -50,6 +51,7 @@ __all__ = [
     "SaveHandle",
     "SaveOptions",
     "LoadOptions",
+    "StorageOptions",
     "rng_state",
     "set_rng_state",
     "CheckpointError",
@@ -82,4 +84,5 @@ __all__ = [
     "ForeignFolderError",
     "UnsafePathError",
     "SizeLimitError",
+    "MissingDependencyError",
 ]

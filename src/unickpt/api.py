@@ -51,7 +51,7 @@ from .options import LoadOptions, SaveOptions
 from .planning.save_plan import LocalSavePlan, RankSavePlan
 from .planning.specs import BlobSpec, SaveItem
 from .state.extra import extra_blob_key
-from .storage import Buffer, Storage, open_storage
+from .storage import Buffer, Storage, StorageOptions, open_storage
 
 __all__ = ["save", "load", "wait_all", "SaveHandle", "check_role"]
 
@@ -81,11 +81,11 @@ def check_role(role: str | None) -> None:
         raise ValueError(f"invalid role {role!r}: {DATA_DIR!r} and names starting with 'unickpt' are reserved")
 
 
-def _open(path: str, role: str | None) -> Storage:
+def _open(path: str, role: str | None, options: StorageOptions) -> Storage:
     check_role(role)
     if role is not None:
         path = f"{str(path).rstrip('/')}/{role}"
-    return open_storage(str(path))
+    return open_storage(str(path), options)
 
 
 def _check_state(state: MutableMapping[str, Any]) -> None:
@@ -131,7 +131,7 @@ def save_tracked(
     reports this async save's failure through its own handle (the manager does)."""
     options = options or SaveOptions()
     t0 = time.perf_counter()
-    storage = _open(path, role)
+    storage = _open(path, role, options.storage)
     label = f"save of {storage.url}"
     coord = make_coordinator(channel="foreground", timeout=options.timeout, label=label)
     emit("save.begin", coord.rank, path=storage.url)
@@ -300,7 +300,7 @@ def load(
     SAVE_WORKER.drain()  # a save in flight commits first (it may target this path)
     SAVE_WORKER.raise_failures()
     t_load = time.perf_counter()
-    storage = _open(path, role)
+    storage = _open(path, role, options.storage)
     coord = make_coordinator(channel="foreground", timeout=options.timeout, label=f"load of {storage.url}")
     emit("load.begin", coord.rank, path=storage.url)
 

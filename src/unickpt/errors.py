@@ -27,6 +27,7 @@ __all__ = [
     "ChecksumMismatchError",
     "StorageError",
     "TransientStorageError",
+    "MissingDependencyError",
     "ConcurrentSaveError",
     "SaveLockLostError",
     "ForeignFolderError",
@@ -108,6 +109,11 @@ class TransientStorageError(StorageError):
 
     Backends raise it for errors they know to be transient; ``storage.retry.RetryingStorage``
     retries it with backoff and raises a plain ``StorageError`` once the retries are spent."""
+
+
+class MissingDependencyError(CheckpointError, ImportError):
+    """A storage backend (or another optional part) needs a library that is not installed; the
+    message names the pip extra that installs it (``pip install 'unickpt[s3]'``)."""
 
 
 class ConcurrentSaveError(CheckpointError):

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .storage.base import METADATA_LIMIT
+from .storage.options import StorageOptions
 
-__all__ = ["SaveOptions", "LoadOptions"]
+__all__ = ["SaveOptions", "LoadOptions", "StorageOptions"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -25,6 +26,8 @@ class SaveOptions:
     # failing with CollectiveTimeoutError naming the ranks that did not arrive; None: the job's
     # timeout (init_process_group(timeout=...))
     timeout: float | None = None
+    # how the storage is opened: retry policy, local direct writes/reads (storage.StorageOptions)
+    storage: StorageOptions = field(default_factory=StorageOptions)
 
     def __post_init__(self) -> None:
         _check_timeout(self.timeout)
@@ -45,6 +48,8 @@ class LoadOptions:
     cast_dtypes: bool = False
     # seconds each collective of this load may wait for the other ranks (see SaveOptions.timeout)
     timeout: float | None = None
+    # how the storage is opened (see SaveOptions.storage)
+    storage: StorageOptions = field(default_factory=StorageOptions)
 
     def __post_init__(self) -> None:
         _check_timeout(self.timeout)

@@ -55,9 +55,9 @@ class FaultyStorage(LocalStorage):
         self._maybe_fail("read", name)
         super().read_into_cached(name, offset, out)
 
-    def commit(self, name: str, data: bytes) -> None:
-        self._maybe_fail("commit", name)
-        super().commit(name, data)
+    def rename(self, src: str, dst: str) -> None:  # the metadata commit's publication step
+        self._maybe_fail("rename", dst)
+        super().rename(src, dst)
 
 
 def install_faulty_scheme(fail_op: str, fail_times: int, errno_code: int = errno.EIO, match: str = "") -> Counter:
@@ -65,7 +65,7 @@ def install_faulty_scheme(fail_op: str, fail_times: int, errno_code: int = errno
     counters: Counter = Counter()
     counters["budget"] = fail_times
 
-    def factory(path: str) -> Any:
+    def factory(path: str, options: Any) -> Any:
         return FaultyStorage(path, fail_op, fail_times, errno_code, match, counters)
 
     register_storage("faulty", factory, replace=True)

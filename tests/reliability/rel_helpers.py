@@ -92,17 +92,17 @@ def kill_in_commit(where: str) -> None:
     """SIGKILL this process in the metadata commit: ``"enter"`` right before the temporary
     metadata file is written, ``"rename"`` after it is written and fsynced, before the rename."""
     from unickpt.format.records import METADATA_FILE
-    from unickpt.storage.local import LocalStorage
+    from unickpt.storage.commit import RenamePublisher
 
     if where == "enter":
-        real_commit = LocalStorage.commit
+        real_publish = RenamePublisher.publish
 
-        def commit(self: LocalStorage, name: str, data: bytes) -> None:
+        def publish(self: RenamePublisher, name: str, data: bytes) -> None:
             if name == METADATA_FILE:
                 os.kill(os.getpid(), signal.SIGKILL)
-            real_commit(self, name, data)
+            real_publish(self, name, data)
 
-        LocalStorage.commit = commit  # type: ignore[method-assign]
+        RenamePublisher.publish = publish  # type: ignore[method-assign]
     elif where == "rename":
         real_replace = os.replace
 

@@ -30,6 +30,7 @@ from unickpt.format.tiling import check_box_tiling
 from unickpt.frameworks import get_framework
 from unickpt.planning.boxes import decompose_flat_range
 from unickpt.planning.load_plan import check_targets, plan_local_load
+from unickpt.storage.commit import publish
 from unickpt.storage.memory import MemoryStorage
 
 N = int(os.environ.get("UNICKPT_FUZZ_EXAMPLES", "150"))
@@ -185,7 +186,7 @@ def test_mutated_metadata_whole_load(valid, mutations):
     """The whole ``unickpt.load`` over the real data files (in memory://) and a mutated metadata."""
     _raw, doc, _specs = valid
     mem = MemoryStorage(_MEM_ROOT)
-    mem.commit(METADATA_FILE, _encode(_mutate(doc, mutations, skip=())))
+    publish(mem, METADATA_FILE, _encode(_mutate(doc, mutations, skip=())))
     try:
         unickpt.load(f"memory://{_MEM_ROOT}", _fresh_state(), framework="torch")
     except CheckpointError:
@@ -201,7 +202,7 @@ def test_malformed_optimizer_object_is_a_checkpoint_error(valid, bad):
     _raw, doc, _specs = valid
     doc = copy.deepcopy(doc)
     doc["objects"]["optimizer"] = bad
-    MemoryStorage(_MEM_ROOT).commit(METADATA_FILE, _encode(doc))
+    publish(MemoryStorage(_MEM_ROOT), METADATA_FILE, _encode(doc))
     with pytest.raises(CheckpointError):
         unickpt.load(f"memory://{_MEM_ROOT}", _fresh_state(), framework="torch")
 

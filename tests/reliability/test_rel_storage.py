@@ -18,7 +18,7 @@ from rel_helpers import data_files, mismatches, snapshot, tiny_model
 from rel_workers import faulty_save_worker
 from unickpt.errors import MissingDataFileError, StorageError, TransientStorageError
 from unickpt.format.records import METADATA_FILE
-from unickpt.storage import open_storage
+from unickpt.storage import StorageOptions, open_storage
 from unickpt.storage.retry import RetryingStorage, RetryPolicy, is_transient, with_retries
 
 # ----------------------------------------------------------------------------- retry policy
@@ -103,7 +103,7 @@ def test_open_storage_wraps_every_backend():
         s = open_storage(url)
         assert isinstance(s, RetryingStorage) and s.url == s.inner.url
         assert isinstance(s, unickpt.storage.Storage)
-    assert open_storage("memory://y", retry=RetryPolicy(max_attempts=2)).policy.max_attempts == 2
+    assert open_storage("memory://y", StorageOptions(retry=RetryPolicy(max_attempts=2))).policy.max_attempts == 2
 
 
 # ----------------------------------------------------------------------------- injected faults

@@ -8,14 +8,15 @@ import numpy as np
 import pytest
 
 from unickpt.errors import MissingDataFileError, TruncatedDataFileError
+from unickpt.storage import StorageOptions
 from unickpt.storage.aligned import AlignedBuffer
+from unickpt.storage.commit import publish
 from unickpt.storage.local import LocalStorage
 
 
 @pytest.mark.parametrize("direct", [True, False])
-def test_write_mixed_aligned_and_unaligned_parts(tmp_path, monkeypatch, direct):
-    monkeypatch.setattr(LocalStorage, "direct_io", direct)
-    s = LocalStorage(str(tmp_path))
+def test_write_mixed_aligned_and_unaligned_parts(tmp_path, direct):
+    s = LocalStorage(str(tmp_path), StorageOptions(direct_writes=direct))
     rng = np.random.default_rng(0)
     for trial in range(12):
         parts = []
@@ -51,8 +52,8 @@ def test_missing_is_a_value_and_errors_name_the_file(tmp_path):
 
 def test_commit_is_atomic_replace_and_delete_prunes_empty_dirs(tmp_path):
     s = LocalStorage(str(tmp_path))
-    s.commit("meta.json", b"one")
-    s.commit("meta.json", b"two")
+    publish(s, "meta.json", b"one")
+    publish(s, "meta.json", b"two")
     assert s.read("meta.json") == b"two"
     assert [n for n in os.listdir(tmp_path) if ".tmp-" in n] == []
     s.write("data/x/a.bin", [b"1"])
@@ -61,11 +62,10 @@ def test_commit_is_atomic_replace_and_delete_prunes_empty_dirs(tmp_path):
 
 
 @pytest.mark.parametrize("direct", [True, False])
-def test_large_ranged_reads_match_the_file(tmp_path, monkeypatch, direct):
+def test_large_ranged_reads_match_the_file(tmp_path, direct):
     """Direct reads: any offset and length, into page-aligned memory with and without the file
     offset's page phase and into unaligned memory; truncation is reported, not padded."""
-    monkeypatch.setattr(LocalStorage, "direct_reads", direct)
-    s = LocalStorage(str(tmp_path))
+    s = LocalStorage(str(tmp_path), StorageOptions(direct_reads=direct))
     rng = np.random.default_rng(1)
     size = (40 << 20) + 1234
     data = rng.integers(0, 255, size, dtype=np.uint8)
@@ -100,8 +100,7 @@ def test_large_ranged_reads_match_the_file(tmp_path, monkeypatch, direct):
 def test_large_reads_bypass_the_page_cache_unless_cached(tmp_path, monkeypatch):
     from unickpt.storage import local
 
-    monkeypatch.setattr(LocalStorage, "direct_reads", True)
-    s = LocalStorage(str(tmp_path))
+    s = LocalStorage(str(tmp_path), StorageOptions(direct_reads=True))
     s.write("f.bin", [bytes(3 << 20)])
     flags: list[int] = []
     real_open = os.open
@@ -110,7 +109,8 @@ def test_large_reads_bypass_the_page_cache_unless_cached(tmp_path, monkeypatch):
     s.read_into("f.bin", 0, memoryview(bytearray(1000)))  # small: buffered
     s.read_into_cached("f.bin", 0, memoryview(bytearray(2 << 20)))  # shared bytes: buffered
     assert [bool(f & os.O_DIRECT) for f in flags] == [True, False, False]
-    monkeypatch.setattr(LocalStorage, "direct_reads", False)  # the default: buffered
+    monkeypatch.delenv("UNICKPT_DIRECT_READS", raising=False)
+    s = LocalStorage(str(tmp_path))  # the default: buffered
     flags.clear()
     s.read_into("f.bin", 0, memoryview(bytearray(2 << 20)))
     assert [bool(f & os.O_DIRECT) for f in flags] == [False]

@@ -140,7 +140,7 @@ def read_stage(
         hosts = {h for h, _ in gathered}
         # auto: ranks of one host reading local files share its page cache, which already reads
         # each byte from the device once; forwarding pays off across hosts or for remote storage
-        if dedup is None and len(hosts) == 1 and getattr(storage, "shared_page_cache", False):
+        if dedup is None and len(hosts) == 1 and storage.capabilities.shared_page_cache:
             others = {k for r, (_, n) in enumerate(gathered) if r != me for k in n}
             shared = others & set(mine)
             gathered = [(h, n if r == me else []) for r, (h, n) in enumerate(gathered)]
@@ -154,7 +154,7 @@ def read_stage(
 
     def read_mine() -> int:
         _check_files(md, storage, [mine.get(k) or ShardRead(k[0], k[1], ()) for b in reading for k in b.keys], me)
-        cached = getattr(storage, "read_into_cached", storage.read_into)
+        cached = storage.read_into_cached
         pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="unickpt-read")
         try:
             futures, total = [], 0

@@ -35,9 +35,15 @@ means what it says — when its process is gone, its pid was reused, or it is th
 leaked lock. A live job in another container (same host name, pid 1 in both) is never judged
 by pid. Clocks of the hosts sharing a folder must agree to well within a lease (NTP does).
 
-Limitations: backends without ``create_exclusive`` get a best-effort lock (check, write, read
-back). A breaker that stalls longer than a whole save of another job may, when it wakes, make
-a third job's commit refuse itself (its ``verify_holder`` sees a generation above its own for
+Storage operations (all declared in ``storage.base``): generations are created through the
+publisher (``storage.commit``: ``create_exclusive``, or a temporary renamed into place where a
+rename cannot replace), renewed with ``update_exclusive`` (compare-and-swap), found with
+``list``, read with ``read``, removed with ``delete``.
+
+Limitations: on a backend whose exclusive create is exact only within one process
+(``StorageCapabilities.conditional_create`` False) the lock does not exclude other jobs. A
+breaker that stalls longer than a whole save of another job may, when it wakes, make a third
+job's commit refuse itself (its ``verify_holder`` sees a generation above its own for
 the instant before the breaker withdraws): a failed save, never two commits. A commit that
 itself stalls longer than the lease could be overtaken; leases far longer than storage stalls
 (the default 60 s) make that negligible.
@@ -65,6 +71,7 @@ from ..errors import (
 )
 from ..planning.save_plan import RankSavePlan
 from ..storage.base import SMALL_FILE_LIMIT, Storage
+from ..storage.commit import publisher_for
 from .lock_owner import DEFAULT_LEASE_S, LockOwner, drop_token, hold_token, stale_reason
 from .ownership import LOCK_FILE, check_save_folder, delete_save_data, mark_save, marker_name
 from .save import committed_save_id
@@ -127,30 +134,6 @@ def lock_is_live(storage: Storage, prefix: str = "") -> bool:
     return found is not None and found[1] is not None and stale_reason(found[1]) is None
 
 
-def _create(storage: Storage, name: str, data: bytes) -> bool:
-    create = getattr(storage, "create_exclusive", None)
-    if create is not None:
-        return bool(create(name, data))
-    # best effort (see the module docstring): check, write, read back
-    if storage.read(name, SMALL_FILE_LIMIT) is not None:
-        return False
-    try:
-        storage.write(name, [data])
-    except UnsafePathError:
-        return False
-    return storage.read(name, SMALL_FILE_LIMIT) == data
-
-
-def _update(storage: Storage, name: str, expected: bytes, data: bytes) -> bool:
-    update = getattr(storage, "update_exclusive", None)
-    if update is not None:
-        return bool(update(name, expected, data))
-    if storage.read(name, SMALL_FILE_LIMIT) != expected:  # best effort
-        return False
-    storage.commit(name, data)
-    return True
-
-
 class SaveLock:
     """This rank's part of a save lock. Only rank 0's (``owner`` set) holds a lock file; it
     renews it from a heartbeat thread until ``release``. Methods are no-ops on other ranks."""
@@ -199,7 +182,7 @@ class SaveLock:
             if self._lost is not None:
                 raise self._lost_error(self._lost)
             data = replace(self.owner, renewed_unix=time.time()).encode()
-            if not _update(self.storage, self.name, self._data, data):
+            if not self.storage.update_exclusive(self.name, self._data, data):
                 raise self._lost_error(f"{self.name} was replaced or removed")
             self._data = data
 
@@ -290,7 +273,7 @@ def _attempt_once(storage: Storage, owner: LockOwner, data: bytes) -> SaveLock |
                     f"{_gen_name(top)}; wait for it or save to another path"
                 )
     mine = 1 if top is None else top + 1
-    if not _create(storage, _gen_name(mine), data):
+    if not publisher_for(storage).create(_gen_name(mine), data):
         return None  # another job created that generation first
     if top is not None and storage.read(_gen_name(top), SMALL_FILE_LIMIT) != raw:
         storage.delete([_gen_name(mine)])  # what we judged stale changed or went: our view is old

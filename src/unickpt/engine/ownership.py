@@ -1,7 +1,8 @@
 """What in a checkpoint folder is unickpt's: the only things it ever deletes.
 
 A checkpoint folder holds, at its top level, unickpt's own names only: the metadata
-(``unickpt.metadata.json`` and its ``.tmp-*`` while it is committed), the save lock
+(``unickpt.metadata.json``, and the temporaries its publisher makes while it is committed, see
+``storage.commit``), the save lock
 (``unickpt.save.lock.<generation>``, see ``engine.lock``) and one *data marker* per save whose
 data may be on disk (``unickpt.data.<save_id>``); and the data files under ``data/<save_id>/``.
 
@@ -25,9 +26,10 @@ import json
 import re
 import time
 
-from ..errors import ForeignFolderError, UnsafePathError
+from ..errors import ForeignFolderError
 from ..format.records import DATA_DIR, METADATA_FILE
 from ..storage.base import Storage
+from ..storage.commit import Publisher, publisher_for
 
 __all__ = [
     "LOCK_FILE",
@@ -52,11 +54,12 @@ def is_save_id(text: str) -> bool:
     return _SAVE_ID.fullmatch(text) is not None
 
 
-def is_unickpt_name(name: str) -> bool:
-    """Whether a top-level ``name`` is one unickpt writes into a checkpoint folder."""
+def is_unickpt_name(name: str, publisher: Publisher) -> bool:
+    """Whether a top-level ``name`` is one unickpt writes into a checkpoint folder (whose
+    metadata ``publisher`` commits: its leftovers count)."""
     return (
         name == METADATA_FILE
-        or name.startswith(METADATA_FILE + ".tmp-")
+        or publisher.is_leftover(name, METADATA_FILE)
         or name.startswith(LOCK_FILE)
         or name.startswith(MARKER_PREFIX)
     )
@@ -66,7 +69,8 @@ def check_save_folder(storage: Storage) -> None:
     """Rank 0, before a save writes anything: raise ``ForeignFolderError`` unless the folder is
     empty (or missing), holds one of unickpt's top-level names, or holds only sub-folders that
     do (``path/<role>`` checkpoints, ``CheckpointManager`` steps) and empty folders."""
-    if any(is_unickpt_name(n) for n in storage.list("unickpt.") if "/" not in n):
+    publisher = publisher_for(storage)
+    if any(is_unickpt_name(n, publisher) for n in storage.list("unickpt.") if "/" not in n):
         return  # the common case, one cheap listing of the top level
     names = storage.list("")
     subs: dict[str, list[str]] = {}
@@ -78,7 +82,7 @@ def check_save_folder(storage: Storage) -> None:
         else:
             foreign.append(n)
     for sub, rests in subs.items():
-        if not any("/" not in r and is_unickpt_name(r) for r in rests):
+        if not any("/" not in r and is_unickpt_name(r, publisher) for r in rests):
             foreign.append(f"{sub}/{rests[0]}")
     if foreign:
         raise ForeignFolderError(
@@ -94,19 +98,12 @@ def marker_name(save_id: str) -> str:
 
 
 def mark_save(storage: Storage, save_id: str) -> None:
-    """Record that unickpt writes (or wrote) ``data/<save_id>/`` here (exclusive create; an
-    existing marker of that id is kept)."""
+    """Record that unickpt writes (or wrote) ``data/<save_id>/`` here (an exclusive create
+    through the publisher; an existing marker of that id is kept)."""
     if not is_save_id(save_id):
         raise ValueError(f"not a unickpt save id: {save_id!r}")
     data = json.dumps({"save_id": save_id, "created_unix": time.time()}).encode("utf-8")
-    create = getattr(storage, "create_exclusive", None)
-    if create is not None:
-        create(marker_name(save_id), data)
-        return
-    try:
-        storage.write(marker_name(save_id), [data])
-    except UnsafePathError:
-        pass  # exists already
+    publisher_for(storage).create(marker_name(save_id), data)
 
 
 def marked_save_ids(storage: Storage) -> list[str]:

@@ -9,8 +9,9 @@ Call order (every rank; stages marked * are collectives on the checkpoint group)
   ``write``   parallel writes of this rank's data files with per-entry CRC32C, fsync;
   ``commit``* gather checksums and every rank's JSON objects -> rank 0 merges the objects
               (``planning.objects``: optimizer param groups per parameter), builds the metadata,
-              checks that every data file it names is on storage in full and that the save
-              still holds its lock, publishes the metadata atomically (the commit), removes the
+              syncs the data folders (``needs_sync``), checks that every data file it names is on
+              storage in full and that the save still holds its lock, publishes the metadata
+              atomically (``storage.commit.publisher_for``: the commit), removes the
               data of unickpt's own older saves (``remove_stale_data``; a failure there is only a
               warning: the checkpoint is committed) -> everyone learns the outcome.
 A failure on any rank surfaces on every rank as the same error (``run_stage``).
@@ -46,6 +47,7 @@ from ..monitoring.events import emit, phase
 from ..planning.objects import merge_rank_objects
 from ..planning.save_plan import GlobalSavePlan, LocalSavePlan, RankSavePlan, plan_save
 from ..storage.base import Buffer, Storage
+from ..storage.commit import publisher_for
 from .ownership import delete_save_data, is_save_id, mark_save, marked_save_ids, marker_name
 
 __all__ = [
@@ -261,16 +263,15 @@ def commit_stage(
         assert gplan is not None and gathered is not None
         merged = merge_rank_objects([o for _, o in gathered])
         md = build_metadata(gplan, [c for c, _ in gathered], request, coord.world_size, merged)
-        sync_dir = getattr(storage, "sync_dir", None)
-        if sync_dir is not None:
+        if storage.capabilities.needs_sync:  # the data files' names, before the metadata names them
             for d in dict.fromkeys(f.rsplit("/", 1)[0] for f in gplan.files):
-                sync_dir(d)
-            sync_dir(DATA_DIR)
+                storage.sync(d)
+            storage.sync(DATA_DIR)
         check_written_files(storage, gplan)
         if still_locked is not None:
             still_locked()
         previous = committed_save_id(storage) if cleanup_previous else None
-        storage.commit(METADATA_FILE, encode_metadata(md))
+        publisher_for(storage).publish(METADATA_FILE, encode_metadata(md))
         emit("save.commit", coord.rank, save_id=md.save_id, path=storage.url)
         if cleanup_previous:
             try:
@@ -339,7 +340,8 @@ def remove_stale_data(storage: Storage, keep: tuple[str | None, ...]) -> None:
     (the save just committed and the one it replaced, which stays until the next commit here, so
     a load that read the old metadata a moment ago can still finish). A kept id that the
     metadata named but no marker does (a checkpoint of an older unickpt) gets its marker now.
-    Only unickpt's data files and markers are deleted (``engine.ownership``), never other files."""
+    Only unickpt's data files and markers are deleted (``engine.ownership``), and the leftovers of
+    interrupted metadata publications that the publisher names as its own, never other files."""
     kept = {sid for sid in keep if sid and is_save_id(sid)}
     marked = set(marked_save_ids(storage))
     for sid in sorted(kept - marked):
@@ -347,6 +349,6 @@ def remove_stale_data(storage: Storage, keep: tuple[str | None, ...]) -> None:
     for sid in sorted(marked - kept):
         if delete_save_data(storage, sid):
             storage.delete([marker_name(sid)])
-    tmp = [n for n in storage.list(METADATA_FILE + ".tmp-") if "/" not in n]
-    if tmp:
-        storage.delete(tmp)
+    leftovers = publisher_for(storage).leftovers(METADATA_FILE)
+    if leftovers:
+        storage.delete(leftovers)

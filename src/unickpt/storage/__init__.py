@@ -1,63 +1,49 @@
-"""Storage backends behind one small protocol, chosen by URL scheme from a registry.
+"""Storage backends behind one declared protocol, chosen by URL scheme from a registry.
 
-``open_storage("ckpts/step_100")`` -> LocalStorage; ``memory://x`` -> MemoryStorage. Backends are
-registered by scheme with a factory that imports lazily, so optional dependencies (s3fs, ...) are
-needed only when used; unknown schemes raise with the list of known ones.
+``open_storage("ckpts/step_100")`` -> LocalStorage; ``memory://x`` -> MemoryStorage; each wrapped
+in ``RetryingStorage``. The three places a new backend touches: a module implementing
+``base.Storage`` with its ``StorageCapabilities``, one ``DEFAULT_REGISTRY.register(scheme,
+"module:attr", extra=...)`` line, and one small test module running ``tests/storage/contract.py``
+against it. Atomic publication (metadata commit, pointers, locks) is ``commit.publisher_for``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from .base import Buffer, Storage, StorageCapabilities
+from .commit import Publisher, publisher_for
+from .options import StorageOptions
+from .registry import DEFAULT_REGISTRY, Factory, StorageRegistry
+from .retry import RetryPolicy
 
-from ..errors import StorageError
-from .base import Buffer, Storage
+__all__ = [
+    "Storage",
+    "StorageCapabilities",
+    "Buffer",
+    "StorageOptions",
+    "RetryPolicy",
+    "StorageRegistry",
+    "DEFAULT_REGISTRY",
+    "Factory",
+    "Publisher",
+    "publisher_for",
+    "open_storage",
+    "register_storage",
+    "registered_schemes",
+]
 
-if TYPE_CHECKING:
-    from .retry import RetryPolicy
 
-__all__ = ["Storage", "Buffer", "open_storage", "register_storage", "registered_schemes"]
+def open_storage(url: str, options: StorageOptions | None = None) -> Storage:
+    """The backend for ``url`` from ``DEFAULT_REGISTRY``, built with ``options`` and wrapped in
+    ``RetryingStorage`` (``options.retry``)."""
+    return DEFAULT_REGISTRY.open(url, options)
 
-_REGISTRY: dict[str, Callable[[str], Storage]] = {}
 
-
-def register_storage(scheme: str, factory: Callable[[str], Storage], *, replace: bool = False) -> None:
-    """Register ``factory(path_without_scheme) -> Storage`` for URLs ``scheme://...``."""
-    if scheme in _REGISTRY and not replace:
-        raise ValueError(f"storage scheme {scheme!r} is already registered")
-    _REGISTRY[scheme] = factory
+def register_storage(scheme: str, factory: str | Factory, *, extra: str | None = None, replace: bool = False) -> None:
+    """Register ``factory(path, options) -> Storage`` (or ``"module:attr"``, imported when first
+    used; ``extra``: the pip extra named when that import fails) for ``scheme://...`` URLs in
+    ``DEFAULT_REGISTRY``."""
+    DEFAULT_REGISTRY.register(scheme, factory, extra=extra, replace=replace)
 
 
 def registered_schemes() -> list[str]:
-    return sorted(_REGISTRY)
-
-
-def open_storage(url: str, retry: RetryPolicy | None = None) -> Storage:
-    """The backend for ``url``, wrapped in ``RetryingStorage`` (``retry``: its policy)."""
-    from .retry import RetryingStorage
-
-    scheme, sep, rest = str(url).partition("://")
-    if not sep:
-        scheme, rest = "file", str(url)
-    try:
-        factory = _REGISTRY[scheme]
-    except KeyError:
-        raise StorageError(f"no storage backend for {scheme}:// (known: {', '.join(registered_schemes())})") from None
-    backend = factory(rest)
-    return backend if isinstance(backend, RetryingStorage) else RetryingStorage(backend, retry)
-
-
-def _local(path: str) -> Storage:
-    from .local import LocalStorage
-
-    return LocalStorage(path)
-
-
-def _memory(path: str) -> Storage:
-    from .memory import MemoryStorage
-
-    return MemoryStorage(path)
-
-
-register_storage("file", _local)
-register_storage("memory", _memory)
+    return DEFAULT_REGISTRY.schemes()

@@ -1,23 +1,28 @@
 """Local / POSIX (and NFS-like shared folder) storage.
 
+Capabilities: atomic rename that replaces (``os.replace``, atomic on POSIX and NFS), exclusive
+create atomic across hosts (O_CREAT|O_EXCL, NFSv3+), names durable only after ``sync`` (fsync of
+the folder), the host's page cache shared by its processes; no atomic ``put`` (an in-place
+rewrite), so ``storage.commit`` publishes here by temporary file + rename.
+
 Writes create the final name (data file names are unique per save, so nothing readable is
-overwritten), are fsynced, and the folder is fsynced on commit. Large files are written with
-O_DIRECT in big sequential chunks: page-aligned parts go to the disk straight from their memory
-(the async snapshot's file images), others through a reused aligned bounce buffer; this skips the
-page cache copy, so a background save costs the training job little CPU. Filesystems without
-O_DIRECT fall back to buffered ``writev``. The metadata commit writes a
-temporary file, fsyncs it and ``os.replace``s it over the old one: atomic on POSIX and NFS.
-Reads use buffered ``preadv`` into the caller's memory by default. With ``direct_reads``
-(``UNICKPT_DIRECT_READS=1``) large reads (>= 1 MiB) bypass the page cache: O_DIRECT ``preadv`` of
-the page-aligned cover of the range, straight into the caller's memory where its address has the
-file offset's page phase, else into a reused aligned bounce buffer and copied out. Measured on
-this VM it is not a clear win (plain sequential files: 1.4x buffered; FSDP2 checkpoint loads at
-ws=2: 0.65x), so it is opt-in. ``read_into_cached`` always reads through the page cache: the
-engine uses it for byte ranges that several ranks of one host read, so the device delivers them
-once even with direct reads on.
+overwritten) and are fsynced; ``sync`` fsyncs a folder. Large files are written with O_DIRECT
+in big sequential chunks (``StorageOptions.direct_writes``, on by default): page-aligned parts go
+to the disk straight from their memory (the async snapshot's file images), others through a
+reused aligned bounce buffer; this skips the page cache copy, so a background save costs the
+training job little CPU. Filesystems without O_DIRECT fall back to buffered ``writev``.
+Reads use buffered ``preadv`` into the caller's memory by default. With
+``StorageOptions.direct_reads`` (default: ``UNICKPT_DIRECT_READS=1`` when the backend is
+created) large reads (>= 1 MiB) bypass the page cache: O_DIRECT ``preadv`` of the page-aligned
+cover of the range, straight into the caller's memory where its address has the file offset's
+page phase, else into a reused aligned bounce buffer and copied out. Measured on this VM it is
+not a clear win (plain sequential files: 1.4x buffered; FSDP2 checkpoint loads at ws=2: 0.65x),
+so it is opt-in. ``read_into_cached`` always reads through the page cache: the engine uses it
+for byte ranges that several ranks of one host read, so the device delivers them once even with
+direct reads on.
 
 Safety (see ``storage.base``): files are created with O_CREAT|O_EXCL|O_NOFOLLOW (data files,
-the metadata's temporary file, locks, markers) and written, renamed and unlinked relative to
+publication temporaries, locks, markers) and written, renamed and unlinked relative to
 folder descriptors opened without following links (``_nofollow``): a link inside the root is
 never written or deleted through, a folder that is a link is refused for writes and skipped by
 ``list`` and ``delete``. Reads open with O_NOFOLLOW|O_NONBLOCK and accept regular files only
@@ -26,9 +31,9 @@ never written or deleted through, a folder that is a link is refused for writes 
 Failure behaviour: every ``OSError`` becomes a ``StorageError`` carrying the errno and naming the
 operation and the path ("(disk full)" for ENOSPC/EDQUOT); a ``write`` that fails removes its
 partial file so a full disk gets its space back at once. Names that would escape the root
-(absolute, ``..``, empty parts) are refused. Beyond the protocol, ``create_exclusive`` and
-``update_exclusive`` give ``engine.lock`` its lock files (an atomic exclusive create, and the
-holder's in-place heartbeat that never recreates a file that is gone).
+(absolute, ``..``, empty parts) are refused. ``create_exclusive`` and ``update_exclusive`` give
+``engine.lock`` its lock files (an atomic exclusive create, and the holder's in-place heartbeat
+that never recreates a file that is gone).
 """
 
 from __future__ import annotations
@@ -38,7 +43,6 @@ import errno
 import fcntl
 import os
 import stat
-import uuid
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -47,11 +51,19 @@ from ..errors import (
     MissingDataFileError,
     StorageError,
     TruncatedDataFileError,
-    UnsafePathError,
 )
 from ._nofollow import kind_of, open_chain, open_dir, open_root, read_at_most, unsafe, walk_names
 from .aligned import ALIGN, BOUNCE_POOL, address_of, is_aligned
-from .base import METADATA_LIMIT, Buffer, size_limit_error
+from .base import (
+    METADATA_LIMIT,
+    Buffer,
+    StorageCapabilities,
+    check_name,
+    check_prefix,
+    exists_error,
+    size_limit_error,
+)
+from .options import StorageOptions
 
 __all__ = ["LocalStorage"]
 
@@ -63,7 +75,7 @@ _DIRECT_MIN = 1 << 20  # smaller files are written buffered, smaller reads read 
 
 def _write_all(fd: int, views: list[memoryview]) -> None:
     """writev in batches of at most IOV_MAX buffers, resuming after short writes."""
-    pending = collections.deque(views)
+    pending = collections.deque(v for v in views if len(v))  # an empty view would never drain
     while pending:
         batch = [pending[i] for i in range(min(_IOV_MAX, len(pending)))]
         n = os.writev(fd, batch)
@@ -226,20 +238,33 @@ def _bounced(fd: int, view: memoryview, lo: int) -> int:
         BOUNCE_POOL.put(bounce)
 
 
-class LocalStorage:
-    direct_io = os.environ.get("UNICKPT_DIRECT_IO", "1") != "0"  # O_DIRECT writes
-    direct_reads = os.environ.get("UNICKPT_DIRECT_READS", "0") == "1"  # O_DIRECT large reads
-    shared_page_cache = True  # ranks on one host reading these files share the kernel's cache
+CAPABILITIES = StorageCapabilities(
+    atomic_put=False,
+    atomic_rename=True,
+    rename_replaces=True,
+    conditional_create=True,
+    needs_sync=True,
+    shared_page_cache=True,
+)
 
-    def __init__(self, root: str) -> None:
+
+class LocalStorage:
+    """Files under the folder ``root`` (see the module docstring)."""
+
+    capabilities = CAPABILITIES
+
+    def __init__(self, root: str, options: StorageOptions | None = None) -> None:
+        options = options if options is not None else StorageOptions()
         self.root = os.path.abspath(root)
         self.url = self.root
+        self.direct_io = options.resolved_direct_writes()  # O_DIRECT writes of files >= 1 MiB
+        self.direct_reads = options.resolved_direct_reads()  # O_DIRECT reads of ranges >= 1 MiB
+
+    def __repr__(self) -> str:
+        return f"LocalStorage({self.root!r})"
 
     def _parts(self, name: str) -> list[str]:
-        parts = name.replace("\\", "/").split("/")
-        if name.startswith("/") or any(p in ("", ".", "..") for p in parts):
-            raise StorageError(errno.EINVAL, f"name {name!r} escapes the checkpoint folder {self.root}")
-        return parts
+        return check_name(name, self.root)
 
     def _path(self, name: str) -> str:
         return os.path.join(self.root, *self._parts(name))
@@ -259,11 +284,7 @@ class LocalStorage:
                 try:
                     fd = os.open(base, _CREATE, 0o644, dir_fd=dfd)
                 except FileExistsError:
-                    raise UnsafePathError(
-                        errno.EEXIST,
-                        f"refusing to write {self._path(name)}: something of that name exists already "
-                        "(unickpt creates each of its files exclusively and never writes through a link)",
-                    ) from None
+                    raise exists_error(self._path(name)) from None
                 try:
                     direct = self.direct_io and total >= _DIRECT_MIN and _set_direct(fd)
                     if direct:
@@ -289,7 +310,8 @@ class LocalStorage:
         self._read(name, offset, view, direct=self.direct_reads and len(view) >= _DIRECT_MIN)
 
     def read_into_cached(self, name: str, offset: int, out: memoryview) -> None:
-        """``read_into`` through the page cache (bytes other local processes read as well)."""
+        """``read_into`` through the page cache, even with direct reads on (bytes other
+        processes of this host read as well: the device delivers them once)."""
         self._read(name, offset, memoryview(out).cast("B"), direct=False)
 
     def _open_regular(self, name: str, flags: int) -> int:
@@ -378,6 +400,7 @@ class LocalStorage:
 
     def list(self, prefix: str = "") -> list[str]:
         """Names under ``prefix``; folders reached through a link are not entered."""
+        check_prefix(prefix, self.root)
         try:
             fd = open_root(self.root, create=False)
         except (FileNotFoundError, NotADirectoryError):
@@ -434,44 +457,64 @@ class LocalStorage:
             for fd in chain:
                 os.close(fd)
 
-    def commit(self, name: str, data: bytes) -> None:
-        """Write a temporary file exclusively, fsync, rename it over ``name`` (a link there is
-        replaced, not followed), fsync the folder."""
+    def put(self, name: str, data: bytes) -> None:
+        """Create or rewrite ``name`` in place (O_TRUNC, never through a link, regular files
+        only), fsync it and its folder. Not atomic for readers (``capabilities.atomic_put`` is
+        False): unickpt publishes through ``storage.commit`` (temporary + rename) instead."""
         *folders, base = self._parts(name)
-        tmp = f"{base}.tmp-{uuid.uuid4().hex}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
             with open_dir(self.root, folders, create=True) as dfd:
                 try:
-                    fd = os.open(tmp, _CREATE, 0o644, dir_fd=dfd)
-                    try:
-                        _write_all(fd, [memoryview(data)])
-                        os.fsync(fd)
-                    finally:
-                        os.close(fd)
-                    os.replace(tmp, base, src_dir_fd=dfd, dst_dir_fd=dfd)
-                    os.fsync(dfd)
-                except OSError:
-                    try:
-                        os.unlink(tmp, dir_fd=dfd)
-                    except OSError:
-                        pass
+                    fd = os.open(base, flags, 0o644, dir_fd=dfd)
+                except OSError as e:
+                    if e.errno == errno.ELOOP:
+                        raise unsafe(self._path(name), "a symbolic link") from None
+                    if e.errno == errno.ENXIO:  # a FIFO without a reader (O_NONBLOCK)
+                        raise unsafe(self._path(name), "a FIFO", errno.EINVAL) from None
                     raise
+                try:
+                    mode = os.fstat(fd).st_mode
+                    if not stat.S_ISREG(mode):
+                        raise unsafe(self._path(name), kind_of(mode), errno.EINVAL)
+                    os.ftruncate(fd, 0)
+                    _write_all(fd, [memoryview(data).cast("B")])
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.fsync(dfd)
         except CheckpointError:
             raise
         except OSError as e:
-            raise self._oserror("commit", name, e) from None
+            raise self._oserror("put", name, e) from None
 
-    def sync_dir(self, name: str = "") -> None:
-        """fsync a folder so that new file names in it are durable."""
+    def rename(self, src: str, dst: str) -> None:
+        """``os.replace`` relative to both folders' descriptors (opened without following
+        links; ``dst``'s folders are created): atomic, replaces ``dst`` (a link there is
+        replaced, not followed). Durable after ``sync`` of the folders."""
+        *sfolders, sbase = self._parts(src)
+        *dfolders, dbase = self._parts(dst)
         try:
-            with open_dir(self.root, self._parts(name) if name else [], create=False) as dfd:
+            with open_dir(self.root, sfolders, create=False) as sfd, open_dir(self.root, dfolders, create=True) as dfd:
+                os.replace(sbase, dbase, src_dir_fd=sfd, dst_dir_fd=dfd)
+        except CheckpointError:
+            raise
+        except FileNotFoundError:
+            raise StorageError(errno.ENOENT, f"rename {self._path(src)} -> {dst}: the source is missing") from None
+        except OSError as e:
+            raise self._oserror("rename", src, e) from None
+
+    def sync(self, folder: str = "") -> None:
+        """fsync a folder so that the names created, renamed or deleted in it are durable."""
+        try:
+            with open_dir(self.root, self._parts(folder) if folder else [], create=False) as dfd:
                 os.fsync(dfd)
         except FileNotFoundError:
             return
         except CheckpointError:
             raise
         except OSError as e:
-            raise self._oserror("fsync folder", name or ".", e) from None
+            raise self._oserror("fsync folder", folder or ".", e) from None
 
     def create_exclusive(self, name: str, data: bytes) -> bool:
         """Create ``name`` holding ``data`` only if nothing of that name exists (O_CREAT|O_EXCL|

@@ -1,8 +1,8 @@
 """Retries with exponential backoff and jitter around any storage backend.
 
-``open_storage`` wraps every backend it builds: ``RetryingStorage(backend, RetryPolicy())``. The
-engine then calls the storage protocol as usual (``write`` per data file on every rank, ``commit``
-of the metadata on rank 0, ``size`` / ``read_into`` on load ...); each call is attempted up to
+``open_storage`` wraps every backend it builds: ``RetryingStorage(backend, options.retry)``. The
+engine then calls the storage protocol as usual (``write`` per data file on every rank, the
+metadata's publication on rank 0, ``size`` / ``read_into`` on load ...); each call is attempted up to
 ``policy.max_attempts`` times, for at most ``policy.max_elapsed_s`` seconds, when it fails with a
 *transient* error:
 
@@ -19,12 +19,22 @@ Every error that leaves this wrapper is a ``StorageError`` (or the backend's own
 ``CheckpointError``) whose message names the operation and the file; the engine adds the rank and
 the stage (``coordination.run_stage`` -> ``RankFailures``).
 
-All protocol operations can be repeated after a partial failure (``write`` removes its partial
-file before it raises, so its exclusive create succeeds again; ``delete`` ignores missing names;
-``commit`` republishes the same bytes).
-Optional backend methods (``sync_dir``) are retried too; other attributes are forwarded as is
-(``create_exclusive`` / ``update_exclusive`` of the save lock are not retried: a repeat after a
-failure that did take effect would misread the lock's state).
+``RetryingStorage`` implements the storage protocol method by method (nothing else is forwarded)
+with one idempotency decision each, for a failure whose effect is unknown (a timeout after the
+request left, a lost reply):
+
+- repeated as they are: ``read``, ``read_into``, ``read_into_cached``, ``size``, ``list``
+  (reads), ``delete`` (missing names are ignored), ``put`` (the same bytes again), ``sync``;
+- ``write`` (exclusive): repeated; when the repeat finds the name taken after an earlier failed
+  attempt, the object is read back and compared with the parts: ours (the earlier attempt landed,
+  its reply was lost) is success, anything else stays the ``exists`` error;
+- ``create_exclusive``: repeated; False after an earlier failed attempt is turned into True only
+  when the object holds exactly our bytes (callers put a unique token in them: lock owners,
+  markers), so "my earlier attempt succeeded" is told apart from "someone else holds it";
+- ``update_exclusive`` (compare-and-swap): before a repeat the object is read: our new bytes ->
+  True (it landed), the expected bytes -> try again, anything else (gone, another writer) -> False;
+- ``rename``: before a repeat the source is looked up: gone while the target exists -> the earlier
+  attempt moved it (success, never renamed twice); still there -> try again.
 """
 
 from __future__ import annotations
@@ -36,10 +46,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ..errors import CheckpointError, StorageError, TransientStorageError
-from .base import METADATA_LIMIT, Buffer, Storage
+from ..errors import CheckpointError, SizeLimitError, StorageError, TransientStorageError
+from .base import METADATA_LIMIT, Buffer, Storage, StorageCapabilities, is_exists_error
 
-__all__ = ["RetryPolicy", "RetryingStorage", "NO_RETRY", "TRANSIENT_ERRNOS", "is_transient", "with_retries", "unwrap"]
+__all__ = [
+    "RetryPolicy",
+    "RetryingStorage",
+    "NO_RETRY",
+    "TRANSIENT_ERRNOS",
+    "is_transient",
+    "with_retries",
+    "with_attempts",
+    "unwrap",
+]
 
 T = TypeVar("T")
 
@@ -47,7 +66,7 @@ TRANSIENT_ERRNOS: frozenset[int] = frozenset(
     {errno.EIO, errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT, errno.ECONNRESET, errno.EBUSY}
 )
 _TRANSIENT_TYPES = (TimeoutError, ConnectionResetError, InterruptedError, BlockingIOError)
-_RETRIED_OPTIONAL = frozenset({"sync_dir", "read_into_cached"})
+_COMPARE_CHUNK = 8 << 20  # read-back of a written object after a lost reply, in chunks of this size
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -110,12 +129,20 @@ def with_retries(
     op: str, target: str, fn: Callable[[], T], policy: RetryPolicy, sleep: Callable[[float], None] = time.sleep
 ) -> T:
     """Call ``fn`` under ``policy``; ``op`` and ``target`` (the file) name it in errors."""
+    return with_attempts(op, target, lambda _attempt: fn(), policy, sleep)
+
+
+def with_attempts(
+    op: str, target: str, fn: Callable[[int], T], policy: RetryPolicy, sleep: Callable[[float], None] = time.sleep
+) -> T:
+    """``with_retries`` for steps that are not blindly repeatable: ``fn(attempt)`` gets the
+    attempt number (1-based), so a repeat can first check what the failed attempt left."""
     start = time.monotonic()
     attempt = 0
     while True:
         attempt += 1
         try:
-            return fn()
+            return fn(attempt)
         except Exception as e:
             if not is_transient(e):
                 if isinstance(e, CheckpointError):
@@ -136,57 +163,124 @@ def with_retries(
 
 
 class RetryingStorage:
-    """A ``Storage`` that retries transient failures of ``inner`` under ``policy``."""
+    """A ``Storage`` that retries transient failures of ``inner`` under ``policy`` (see the
+    module docstring for the decision made for each method)."""
 
     def __init__(
         self, inner: Storage, policy: RetryPolicy | None = None, sleep: Callable[[float], None] = time.sleep
     ) -> None:
         self.inner = inner
-        self.url = inner.url
+        self.url: str = inner.url
+        self.capabilities: StorageCapabilities = inner.capabilities
         self.policy = policy or RetryPolicy()
         self._sleep = sleep
 
-    def _run(self, op: str, name: str, fn: Callable[[], T]) -> T:
-        return with_retries(op, f"{self.inner.url}/{name}", fn, self.policy, self._sleep)
+    def __repr__(self) -> str:
+        return f"RetryingStorage({self.inner!r}, {self.policy!r})"
 
-    def write(self, name: str, parts: Sequence[Buffer]) -> None:
-        self._run("write", name, lambda: self.inner.write(name, parts))
+    def _run(self, op: str, name: str, fn: Callable[[int], T]) -> T:
+        return with_attempts(op, f"{self.inner.url}/{name}", fn, self.policy, self._sleep)
+
+    # ------------------------------------------------------------------ repeatable as they are
 
     def read_into(self, name: str, offset: int, out: memoryview) -> None:
-        self._run("read", name, lambda: self.inner.read_into(name, offset, out))
+        self._run("read", name, lambda _: self.inner.read_into(name, offset, out))
+
+    def read_into_cached(self, name: str, offset: int, out: memoryview) -> None:
+        self._run("read", name, lambda _: self.inner.read_into_cached(name, offset, out))
 
     def read(self, name: str, limit: int = METADATA_LIMIT) -> bytes | None:
-        return self._run("read", name, lambda: self.inner.read(name, limit))
+        return self._run("read", name, lambda _: self.inner.read(name, limit))
 
     def size(self, name: str) -> int | None:
-        return self._run("stat", name, lambda: self.inner.size(name))
+        return self._run("stat", name, lambda _: self.inner.size(name))
 
     def list(self, prefix: str = "") -> list[str]:
-        return self._run("list", prefix + "*", lambda: self.inner.list(prefix))
+        return self._run("list", prefix + "*", lambda _: self.inner.list(prefix))
 
     def delete(self, names: Sequence[str]) -> None:
         names = list(names)
+        if not names:
+            return
         target = names[0] if len(names) == 1 else f"{{{len(names)} files}}"
-        self._run("delete", target, lambda: self.inner.delete(names))
+        self._run("delete", target, lambda _: self.inner.delete(names))
 
-    def commit(self, name: str, data: bytes) -> None:
-        self._run("commit", name, lambda: self.inner.commit(name, data))
+    def put(self, name: str, data: bytes) -> None:
+        self._run("put", name, lambda _: self.inner.put(name, data))
 
-    def __getattr__(self, attr: str) -> Any:
-        # only called for attributes not defined above: optional backend methods and fields
-        if attr == "inner":  # not yet set (e.g. during unpickling): avoid infinite recursion
-            raise AttributeError(attr)
-        value = getattr(self.inner, attr)
-        if attr in _RETRIED_OPTIONAL and callable(value):
+    def sync(self, folder: str = "") -> None:
+        self._run("sync", folder or ".", lambda _: self.inner.sync(folder))
 
-            def retried(name: str = "", *args: Any, **kwargs: Any) -> Any:
-                return self._run(attr, name or ".", lambda: value(name, *args, **kwargs))
+    # ------------------------------------------------------------------ checked before a repeat
 
-            return retried
-        return value
+    def write(self, name: str, parts: Sequence[Buffer]) -> None:
+        parts = list(parts)
 
-    def __repr__(self) -> str:
-        return f"RetryingStorage({self.inner!r}, {self.policy!r})"
+        def attempt(n: int) -> None:
+            try:
+                self.inner.write(name, parts)
+            except Exception as e:
+                if n > 1 and is_exists_error(e) and self._holds(name, parts):
+                    return  # an earlier attempt landed; only its reply was lost
+                raise
+
+        self._run("write", name, attempt)
+
+    def create_exclusive(self, name: str, data: bytes) -> bool:
+        def attempt(n: int) -> bool:
+            if self.inner.create_exclusive(name, data):
+                return True
+            return n > 1 and self._read_small(name, len(data)) == bytes(data)
+
+        return self._run("create", name, attempt)
+
+    def update_exclusive(self, name: str, expected: bytes, data: bytes) -> bool:
+        def attempt(n: int) -> bool:
+            if n > 1:
+                current = self._read_small(name, max(len(data), len(expected)))
+                if current == bytes(data):
+                    return True  # the failed attempt did swap
+                if current != bytes(expected):
+                    return False  # gone, or another writer's bytes
+            return self.inner.update_exclusive(name, expected, data)
+
+        return self._run("update", name, attempt)
+
+    def rename(self, src: str, dst: str) -> None:
+        def attempt(n: int) -> None:
+            if n > 1 and self.inner.size(src) is None:
+                if self.inner.size(dst) is not None:
+                    return  # the failed attempt moved it: never rename twice
+                raise StorageError(
+                    errno.ENOENT, f"rename {self.inner.url}/{src} -> {dst}: the source vanished after a failed attempt"
+                )
+            self.inner.rename(src, dst)
+
+        self._run("rename", f"{src} -> {dst}", attempt)
+
+    def _read_small(self, name: str, limit: int) -> bytes | None:
+        """``name``'s bytes if it holds at most ``limit`` (else, or missing, None)."""
+        try:
+            return self.inner.read(name, limit)
+        except SizeLimitError:
+            return None
+
+    def _holds(self, name: str, parts: Sequence[Buffer]) -> bool:
+        """Whether ``name`` holds exactly the concatenation of ``parts`` (read back in chunks)."""
+        views = [memoryview(p).cast("B") for p in parts]
+        if self.inner.size(name) != sum(len(v) for v in views):
+            return False
+        buf = bytearray(min(_COMPARE_CHUNK, max(1, max((len(v) for v in views), default=1))))
+        pos = 0
+        for v in views:
+            for lo in range(0, len(v), len(buf)):
+                piece = v[lo : lo + len(buf)]
+                out = memoryview(buf)[: len(piece)]
+                self.inner.read_into(name, pos, out)
+                if out != piece:
+                    return False
+                pos += len(piece)
+        return True
 
 
 def unwrap(storage: Any) -> Any:

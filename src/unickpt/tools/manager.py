@@ -16,7 +16,8 @@ Who calls what, in order (every rank calls ``save`` / ``load_latest`` with the s
   ``save``     -> ``unickpt.save`` (snapshot now; write + commit on the save worker) -> a
                post-commit job queued on the same worker, so it runs after exactly that save:
                rank 0 checks the committed metadata names this save, publishes the pointer
-               (``storage.commit``: temporary file, fsync, atomic rename), then applies retention.
+               (``storage.commit.publisher_for``: temporary file + atomic rename, or one atomic
+               put), then applies retention (which also deletes the publisher's own leftovers).
                The returned handle completes after the post-commit job. A failed save never
                reaches the pointer: ``latest`` only ever names a committed checkpoint.
   retention    (rank 0) deletes complete checkpoints beyond the ``keep_last`` newest steps,
@@ -47,6 +48,7 @@ from ..format.records import DATA_DIR, METADATA_FILE, Metadata
 from ..options import LoadOptions, SaveOptions
 from ..storage import Storage, open_storage
 from ..storage.base import SMALL_FILE_LIMIT
+from ..storage.commit import publisher_for
 
 __all__ = ["CheckpointManager", "CheckpointInfo", "LatestPointer"]
 
@@ -171,7 +173,7 @@ class CheckpointManager:
                 f"refusing to point {self.root}/{self.pointer_name} at step {step}: its metadata "
                 f"does not name the save {save_id} that just committed"
             )
-        self._storage.commit(self.pointer_name, LatestPointer(step, _folder(step)).encode())
+        publisher_for(self._storage).publish(self.pointer_name, LatestPointer(step, _folder(step)).encode())
 
     def _raise_unreported(self) -> None:
         """Raise one ``AsyncSaveFailures`` for every failed async save of this manager nobody
@@ -300,9 +302,9 @@ class CheckpointManager:
                 if step < latest and not self._lock_is_live(step):
                     self._delete_checkpoint(step, folders[step])
                     deleted.append(step)
-        tmp = self._storage.list(self.pointer_name + ".tmp-")
-        if tmp:
-            self._storage.delete(tmp)
+        leftovers = publisher_for(self._storage).leftovers(self.pointer_name)
+        if leftovers:
+            self._storage.delete(leftovers)
         return sorted(deleted)
 
     def _lock_is_live(self, step: int) -> bool:
