@@ -368,3 +368,36 @@ def test_item4_commit_refused_when_a_data_file_is_missing_or_short(tmp_path, dam
     unickpt.load(ckpt, check, framework="torch")
     assert not mismatches(snapshot(check["model"], check["optimizer"]), snapshot(*tiny_model(seed=1)))
     assert json.loads(before)["save_id"] in {f.split("/")[1] for f in data_files(ckpt) if f.startswith("data/")}
+
+
+def test_a_lock_heartbeat_rewrite_never_shows_a_reader_a_stale_tail(tmp_path, monkeypatch):
+    """The heartbeat rewrites the lock file in place (``update_exclusive``: write, then cut to
+    length). A renewed record shorter than the one it replaces (a float with fewer digits) would
+    leave the old record's last bytes readable until the cut: a reader right there must still
+    decode a whole record (found as a flake of the heartbeat test under load)."""
+    from unickpt.engine import lock as lock_mod
+    from unickpt.storage import local
+
+    ckpt = str(tmp_path / "ck")
+    storage = open_storage(ckpt)
+    lock = try_acquire(storage, "renewer", lease_s=3600.0)  # the heartbeat thread stays asleep
+    stamps = [1795471636.7570846, 1795471637.5]  # the second renewal's record is 5 bytes shorter
+    monkeypatch.setattr(lock_mod, "time", type("Clock", (), {"time": staticmethod(lambda: stamps.pop(0))}))
+    seen: list[bytes] = []
+    real_ftruncate = local.os.ftruncate
+
+    def ftruncate(fd: int, length: int) -> None:  # the instant between the write and the cut
+        seen.append(os.pread(fd, 1 << 16, 0))
+        real_ftruncate(fd, length)
+
+    monkeypatch.setattr(local.os, "ftruncate", ftruncate)
+    try:
+        for _ in range(2):
+            lock.renew()
+    finally:
+        monkeypatch.setattr(local.os, "ftruncate", real_ftruncate)
+        lock.release()
+    assert len(seen) == 2, seen
+    for raw in seen:
+        owner = LockOwner.decode(raw)
+        assert owner is not None and owner.save_id == "renewer", raw

@@ -42,11 +42,13 @@ from unickpt.errors import (
     UnsafePathError,
 )
 from unickpt.storage import open_storage
-from unickpt.storage.base import SMALL_FILE_LIMIT, Storage, StorageCapabilities
+from unickpt.storage.base import SMALL_FILE_LIMIT, Storage, StorageCapabilities, exists_error
 from unickpt.storage.commit import Publisher, PutPublisher, RenamePublisher, publisher_for
+from unickpt.storage.memory import CAPABILITIES as MEMORY_CAPABILITIES
+from unickpt.storage.memory import MemoryStorage
 from unickpt.storage.retry import RetryingStorage, RetryPolicy
 
-__all__ = ["StorageContract", "Backend", "Flaky", "publishers", "pattern"]
+__all__ = ["StorageContract", "Backend", "Flaky", "NoReplaceRename", "publishers", "pattern"]
 
 Backend = Callable[[str], Storage]
 _DEADLINE_S = 60.0
@@ -116,9 +118,10 @@ def _create_race(creators: Sequence[Storage | Publisher], name: str) -> list[int
     return sorted(won)
 
 
-def _publish_while_reading(publisher: Publisher, reader: Storage, target: str, versions: list[bytes]) -> list[str]:
-    """Publish ``versions`` in order while ``reader`` reads ``target`` in a loop; what the
-    reader saw that was not a whole version in order (empty when publication is atomic)."""
+def _publish_while_reading(publisher: Publisher, reader: Publisher, target: str, versions: list[bytes]) -> list[str]:
+    """Publish ``versions`` in order while ``reader`` (the same strategy on another storage
+    object) reads ``target`` in a loop; what it saw that was not a whole version in order
+    (nothing when publication is atomic)."""
     index = {v: i for i, v in enumerate(versions)}
     done = threading.Event()
     seen: list[int] = []
@@ -153,7 +156,8 @@ def _publish_while_reading(publisher: Publisher, reader: Storage, target: str, v
 class Flaky:
     """Wraps a backend: the next calls of an op fail as planned (``fail(op, *modes)``):
     ``"before"`` a transient error with no effect, ``"after"`` the call lands and then its reply
-    is lost (transient), ``"permanent"`` EACCES with no effect. Implements the protocol only."""
+    is lost (transient), ``"permanent"`` EACCES with no effect, ``"ok"`` passes (to fail a later
+    call). Implements the protocol only."""
 
     def __init__(self, inner: Storage) -> None:
         self.inner, self.url, self.capabilities = inner, inner.url, inner.capabilities
@@ -166,7 +170,7 @@ class Flaky:
 
     def _call(self, op: str, fn: Callable[[], Any]) -> Any:
         self.calls[op] = self.calls.get(op, 0) + 1
-        mode = self.plan[op].pop(0) if self.plan.get(op) else None
+        mode = self.plan[op].pop(0) if self.plan.get(op) else "ok"
         if mode == "before":
             raise TimeoutError(f"injected timeout before {op}")
         if mode == "permanent":
@@ -211,6 +215,18 @@ class Flaky:
 
     def sync(self, folder: str = "") -> None:
         self._call("sync", lambda: self.inner.sync(folder))
+
+
+class NoReplaceRename(MemoryStorage):
+    """A memory-backed stand-in for a file system whose rename cannot replace (HDFS's plain
+    rename): no atomic put, ``rename`` refuses an existing target."""
+
+    capabilities = dataclasses.replace(MEMORY_CAPABILITIES, atomic_put=False, rename_replaces=False)
+
+    def rename(self, src: str, dst: str) -> None:
+        if self.size(dst) is not None:
+            raise exists_error(f"{self.url}/{dst}")
+        super().rename(src, dst)
 
 
 class StorageContract:
@@ -430,13 +446,15 @@ class StorageContract:
     # ------------------------------------------------------------------ publication (storage.commit)
 
     def test_publish_is_atomic_for_readers(self, backend: Backend) -> None:
-        """A reader in a loop (another storage object) never sees a torn, empty or vanished
-        object while a writer publishes versions of different sizes: only whole versions, in
-        order (old or new). Every strategy the backend's capabilities allow."""
+        """A reader in a loop (another storage object, reading through the publisher as the
+        engine does) never sees a torn, empty or vanished object while a writer publishes
+        versions of different sizes: only whole versions, in order (old or new). Every strategy
+        the backend's capabilities allow."""
         for publisher in publishers(backend("publish")):
             target = f"{type(publisher).__name__}/unickpt.metadata.json"
             versions = [(b"%04d|" % i) + pattern(1 + (i * 7919) % 200_000, i) for i in range(40)]
-            bad = _publish_while_reading(publisher, backend("publish"), target, versions)
+            reader = type(publisher)(backend("publish"))
+            bad = _publish_while_reading(publisher, reader, target, versions)
             assert bad == [], f"{publisher}: {bad}"
             assert backend("publish").read(target) == versions[-1]
 

@@ -233,3 +233,50 @@ def test_a5_save_makes_durability_calls_in_the_documented_order(recording):
     assert deletes and min(deletes) > rename + 1, ops  # the first save's data, after the commit
     assert METADATA_FILE in tmp and tmp != METADATA_FILE
     assert not [n for op, n in ops if op == "put"], ops  # never a non-atomic overwrite
+
+
+def test_a2_publication_without_a_replacing_rename_survives_a_crash_mid_swap(tmp_path):
+    """Where rename refuses an existing target (HDFS's plain rename) the publisher moves the old
+    version aside first. Killed right after that (the new version not yet in place, the old one
+    not put back), readers through the publisher still get the old version; the next
+    publication takes the free name and the cleanup removes what the crash left. Whole saves,
+    loads and a manager run over such a backend."""
+    from contract import Flaky, NoReplaceRename
+
+    from unickpt.storage import register_storage
+    from unickpt.storage.commit import RenamePublisher, publisher_for
+    from unickpt.storage.memory import MemoryStore
+
+    store = MemoryStore()
+    s = NoReplaceRename("swap", store=store)
+    pub = publisher_for(s)
+    assert isinstance(pub, RenamePublisher)
+    pub.publish("m", b"v1")
+    pub.publish("m", b"v2")
+    assert pub.read("m") == b"v2" and s.list() == ["m"]
+    # rename 1 (tmp -> m) is refused (m exists), rename 2 (m -> old) lands, then the process
+    # "dies": rename 3 (tmp -> m) and the restoring rename 4 fail, and so does every delete
+    crashing = Flaky(s).fail("rename", "ok", "ok", "permanent", "permanent").fail("delete", "permanent")
+    with pytest.raises(OSError):
+        RenamePublisher(crashing).publish("m", b"v3")
+    assert s.read("m") is None and len(s.list("m.")) == 2  # the old version aside + the new temporary
+    assert pub.read("m") == b"v2"  # still the committed version, never nothing
+    left = pub.leftovers("m")
+    assert sorted(left) == s.list("m.") and all(pub.is_leftover(n, "m") for n in left)
+    pub.publish("m", b"v4")
+    assert pub.read("m") == b"v4"
+    s.delete(pub.leftovers("m"))
+    assert s.list() == ["m"]
+
+    register_storage("norename", lambda path, options: NoReplaceRename(f"{tmp_path.name}/{path}", store=store))
+    for seed in (1, 2, 3):
+        unickpt.save("norename://ck", _state(seed), framework="torch")
+    fresh = _state(9)
+    unickpt.load("norename://ck", fresh, framework="torch")
+    assert _same(fresh, _state(3))
+    manager = unickpt.CheckpointManager("norename://run", keep_last=1)
+    for step in (1, 2):
+        manager.save(step, _state(step), framework="torch")
+    assert manager.load_latest(_state(7), framework="torch") == 2
+    names = store.objects
+    assert not [k for k in names if ".tmp-" in k or ".old-" in k], sorted(names)

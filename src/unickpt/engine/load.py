@@ -41,6 +41,7 @@ from ..planning.load_plan import ShardRead
 from ..planning.read_assignment import ReadBatch, assign_reads
 from ..planning.specs import LoadItem
 from ..storage.base import METADATA_LIMIT, Storage
+from ..storage.commit import publisher_for
 from .bytes_view import box_view, sub_box, tensor_bytes
 from .folder_hint import folder_hint
 
@@ -56,7 +57,7 @@ def read_metadata_bytes(storage: Storage, limit: int = METADATA_LIMIT) -> bytes:
     interrupted save), nothing -> NotACheckpointError. Only a regular file of at most ``limit``
     bytes is read (``SizeLimitError`` / ``UnsafePathError``). Used by ``read_metadata`` and the tools."""
     try:
-        data = storage.read(METADATA_FILE, limit)
+        data = publisher_for(storage).read(METADATA_FILE, limit)
     except SizeLimitError as e:
         raise SizeLimitError(
             f"{e} (the metadata cap: LoadOptions(max_metadata_bytes=...) raises it for a larger checkpoint)"

@@ -182,6 +182,9 @@ class SaveLock:
             if self._lost is not None:
                 raise self._lost_error(self._lost)
             data = replace(self.owner, renewed_unix=time.time()).encode()
+            # never shorter than the record it replaces (JSON allows trailing blanks): the in-place
+            # rewrite then never leaves a reader the old record's tail before it is cut off
+            data = data.ljust(len(self._data))
             if not self.storage.update_exclusive(self.name, self._data, data):
                 raise self._lost_error(f"{self.name} was replaced or removed")
             self._data = data

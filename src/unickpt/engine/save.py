@@ -304,7 +304,7 @@ def _warn_cleanup_failed(storage: Storage, keep: tuple[str | None, ...], error: 
 def committed_save_id(storage: Storage) -> str | None:
     """The save id of the checkpoint committed at ``storage`` now, or None (none / unreadable)."""
     try:
-        data = storage.read(METADATA_FILE)
+        data = publisher_for(storage).read(METADATA_FILE)
         doc = json.loads(data.decode("utf-8")) if data is not None else None
     except (CheckpointError, ValueError, UnicodeDecodeError):
         return None

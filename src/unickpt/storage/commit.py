@@ -10,9 +10,10 @@ readers see the previous version or the new one, never a torn, empty or half-wri
 - ``RenamePublisher`` (``atomic_rename``: POSIX, NFS, HDFS): ``publish`` writes a temporary name
   exclusively (``write``: its bytes are durable when it returns), renames it over the target and
   syncs the folder (``needs_sync``). Where ``rename`` cannot replace (``rename_replaces`` False)
-  an existing target is first renamed aside (``<name>.old-<hex>``), then the temporary takes its
-  place and the old version is deleted: a reader may find the name missing for that instant,
-  and a crash right there leaves the old version under its ``.old-`` name (``leftovers``).
+  an existing target is first renamed aside (``<name>.old-<time><hex>``), then the temporary
+  takes its place and the old version is deleted. The name is missing for that instant (and
+  after a crash right there), so readers of published objects read through the publisher:
+  ``read`` then finds the version moved aside, and still sees old or new, never nothing.
   ``create`` is the backend's ``create_exclusive`` where rename replaces (O_CREAT|O_EXCL; a
   reader may briefly see it empty, which the save lock tolerates), else a temporary renamed
   into place (the rename refuses an existing name: content-atomic).
@@ -24,23 +25,26 @@ leftovers (``leftovers`` / ``is_leftover``) and deletes nothing else, so a user'
 other publication of the same name can be running (the metadata's under the save lock).
 
 Who calls what: rank 0's commit (``engine.save``) ``publish``es the metadata, then deletes its
-``leftovers``; ``engine.lock`` / ``engine.ownership`` ``create`` lock generations and data markers;
-``CheckpointManager`` ``publish``es ``latest`` and deletes its leftovers during retention.
+``leftovers``; loads, ``committed_save_id`` and the tools ``read`` it; ``engine.lock`` /
+``engine.ownership`` ``create`` lock generations and data markers; ``CheckpointManager``
+``publish``es and ``read``s ``latest`` and deletes its leftovers during retention.
 """
 
 from __future__ import annotations
 
 import errno
 import re
+import time
 import uuid
 from typing import Protocol
 
 from ..errors import StorageError
-from .base import Buffer, Storage, is_exists_error
+from .base import METADATA_LIMIT, Buffer, Storage, is_exists_error
 
 __all__ = ["Publisher", "PutPublisher", "RenamePublisher", "publisher_for", "publish"]
 
 _LEFTOVER = re.compile(r"\.(?:tmp|old)-[0-9a-f]{32}")
+_ASIDE_LOOKS = 3  # a reader that finds a name missing looks for the version moved aside this often
 
 
 class Publisher(Protocol):
@@ -53,6 +57,9 @@ class Publisher(Protocol):
 
     def create(self, name: str, data: Buffer) -> bool:
         """Create ``name`` holding ``data`` unless it exists (True: created by this call)."""
+
+    def read(self, name: str, limit: int = METADATA_LIMIT) -> bytes | None:
+        """The published object (None: never published), at most ``limit`` bytes."""
 
     def leftovers(self, name: str) -> list[str]:
         """Names this strategy left behind while publishing ``name`` (interrupted
@@ -79,6 +86,9 @@ class PutPublisher:
     def create(self, name: str, data: Buffer) -> bool:
         return self.storage.create_exclusive(name, bytes(data))
 
+    def read(self, name: str, limit: int = METADATA_LIMIT) -> bytes | None:
+        return self.storage.read(name, limit)
+
     def leftovers(self, name: str) -> list[str]:
         return []
 
@@ -103,8 +113,10 @@ class RenamePublisher:
 
     @staticmethod
     def temporary_name(name: str, kind: str = "tmp") -> str:
-        """A fresh temporary next to ``name`` (``kind``: "tmp" for a new version, "old" for the
-        previous one moved aside)."""
+        """A fresh temporary next to ``name``: ``kind`` "tmp" for a new version (random), "old"
+        for the previous one moved aside (the time first, so later ones sort after)."""
+        if kind == "old":
+            return f"{name}.old-{time.time_ns():016x}{uuid.uuid4().hex[:16]}"
         return f"{name}.{kind}-{uuid.uuid4().hex}"
 
     def publish(self, name: str, data: Buffer) -> None:
@@ -157,6 +169,21 @@ class RenamePublisher:
             raise
         self._sync_folder(name)
         return True
+
+    def read(self, name: str, limit: int = METADATA_LIMIT) -> bytes | None:
+        data = self.storage.read(name, limit)
+        if data is not None or self._replaces:
+            return data
+        for _ in range(_ASIDE_LOOKS):  # missing: a swap (``_swap``) may be under way, or crashed
+            aside = [n for n in self.storage.list(name + ".old-") if self.is_leftover(n, name)]
+            for old in reversed(aside):  # the newest version moved aside first
+                data = self.storage.read(old, limit)
+                if data is not None:
+                    return data
+            data = self.storage.read(name, limit)  # the swap finished meanwhile
+            if data is not None or not aside:
+                return data
+        return None
 
     def leftovers(self, name: str) -> list[str]:
         return [n for n in self.storage.list(name + ".") if self.is_leftover(n, name)]

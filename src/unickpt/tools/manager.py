@@ -104,6 +104,7 @@ class CheckpointManager:
         self.role = role
         self.pointer_name = "latest" if role is None else f"latest.{role}"
         self._storage: Storage = open_storage(self.root)
+        self._publisher = publisher_for(self._storage)  # ``latest`` and the steps' metadata
 
     # ------------------------------------------------------------------ paths
 
@@ -173,7 +174,7 @@ class CheckpointManager:
                 f"refusing to point {self.root}/{self.pointer_name} at step {step}: its metadata "
                 f"does not name the save {save_id} that just committed"
             )
-        publisher_for(self._storage).publish(self.pointer_name, LatestPointer(step, _folder(step)).encode())
+        self._publisher.publish(self.pointer_name, LatestPointer(step, _folder(step)).encode())
 
     def _raise_unreported(self) -> None:
         """Raise one ``AsyncSaveFailures`` for every failed async save of this manager nobody
@@ -213,7 +214,7 @@ class CheckpointManager:
         """The decoded metadata of ``step``, or None if missing or undecodable."""
         name = self._prefix(step) + METADATA_FILE
         try:
-            data = self._storage.read(name)
+            data = self._publisher.read(name)
             return None if data is None else decode_metadata(data, f"{self.root}/{name}")
         except CheckpointError:
             return None
@@ -229,13 +230,13 @@ class CheckpointManager:
 
     def read_pointer(self) -> LatestPointer | None:
         """The ``latest`` pointer as written, or None when missing or malformed."""
-        data = self._storage.read(self.pointer_name, SMALL_FILE_LIMIT)
+        data = self._publisher.read(self.pointer_name, SMALL_FILE_LIMIT)
         return None if data is None else LatestPointer.decode(data)
 
     def latest_step(self) -> int | None:
         """The step ``latest`` names if it is complete; else the newest complete step (with a
         warning when a pointer exists); None when there is no complete checkpoint."""
-        raw = self._storage.read(self.pointer_name, SMALL_FILE_LIMIT)
+        raw = self._publisher.read(self.pointer_name, SMALL_FILE_LIMIT)
         pointer = None if raw is None else LatestPointer.decode(raw)
         if pointer is not None and self._metadata(pointer.step) is not None:
             return pointer.step
@@ -302,7 +303,7 @@ class CheckpointManager:
                 if step < latest and not self._lock_is_live(step):
                     self._delete_checkpoint(step, folders[step])
                     deleted.append(step)
-        leftovers = publisher_for(self._storage).leftovers(self.pointer_name)
+        leftovers = self._publisher.leftovers(self.pointer_name)
         if leftovers:
             self._storage.delete(leftovers)
         return sorted(deleted)
