@@ -1,7 +1,7 @@
 """Load planning: target boxes of one rank + checkpoint metadata -> which saved shards to read
 and which sub-boxes to copy where (pure functions).
 
-Called by ``engine.load`` on every rank after the metadata is read and validated. Validation
+Called by ``engine.read`` on every rank after the metadata is read and validated. Validation
 (``check_targets``) runs first and collects every problem (missing / unexpected keys under the
 strictness, shape and dtype mismatches) before any byte is read. Then ``plan_local_load``
 intersects each target box with the saved boxes of its tensor: every element of every target is
