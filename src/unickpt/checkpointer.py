@@ -143,8 +143,7 @@ class Checkpointer:
         is reported as ``owner``'s (``wait(owner)``), as are the unseen failures this save
         raises first. ``CheckpointManager`` uses it to move its ``latest`` pointer."""
         inner = self._start_save(path, state, framework, async_save, role, options, owner, what)
-        url = inner.path
-        outer = SaveHandle(self.resources.worker.submit(lambda: then(inner)), path=url)
+        outer = SaveHandle(self.resources.worker.submit(lambda: then(inner)), path=path)
         if not async_save:
             outer.wait()
         else:
