@@ -25,8 +25,8 @@ from ..errors import CheckpointError, MissingDataFileError, TruncatedDataFileErr
 from ..format.codec import encode_metadata
 from ..format.records import (
     DATA_DIR,
-    FORMAT_VERSION,
     METADATA_FILE,
+    OLDEST_FORMAT_VERSION,
     BlobRecord,
     JSONValue,
     Metadata,
@@ -84,7 +84,7 @@ def build_metadata(
         for fqn, (dtype, shape) in gplan.tensors.items()
     }
     return Metadata(
-        format_version=FORMAT_VERSION,
+        format_version=OLDEST_FORMAT_VERSION,
         save_id=gplan.save_id,
         created_unix=time.time(),
         topology=Topology(source.framework, world_size, source.mesh),
