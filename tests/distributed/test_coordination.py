@@ -13,7 +13,9 @@ from coord_workers import disagreeing_ranks, same_faults, skipping_rank, stagger
 from harness import run_ranks
 
 
-@pytest.mark.parametrize("ws", [2, 3])
+# The agreement rule itself is checked at world sizes 1, 2, 3 and 5 with thread-ranks
+# (tests/coordination/test_run_stage.py); this gloo run proves its wiring into save and load.
+@pytest.mark.parametrize("ws", [3])
 def test_issue9_item5_ranks_must_agree_on_path_framework_and_role(tmp_path, ws):
     base = str(tmp_path)
     res = run_ranks(disagreeing_ranks, ws, base)

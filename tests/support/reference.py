@@ -82,6 +82,7 @@ def _fsdp1_state(model: nn.Module, optim: torch.optim.Optimizer | None) -> dict[
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # FSDP1's state_dict_type is deprecated
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.distributed\.fsdp")
         with FullyShardedDataParallel.state_dict_type(
             model,
             StateDictType.FULL_STATE_DICT,

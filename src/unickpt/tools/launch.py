@@ -114,8 +114,10 @@ def _entry(spec: _Spec, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         result = fn(rank, max(ws, 1), *args)
         _write_report(spec.report, "ok", dumps_value(result, f"rank {rank} result"))
     except BaseException:
-        _write_report(spec.report, "err", traceback.format_exc().encode())
-        os._exit(1)  # do not wait on peers stuck in a collective
+        try:
+            _write_report(spec.report, "err", traceback.format_exc().encode())
+        finally:
+            os._exit(1)  # do not wait on peers stuck in a collective
     if spec.hard_exit:
         os._exit(0)
     if ws > 0:
@@ -126,20 +128,11 @@ def _entry(spec: _Spec, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
 
 
 class _Spawned:
-    """The processes one call started, and their report files (in a private temp folder)."""
+    """The processes one call started (``fn`` on ``max(world_size, 1)`` ranks), and their
+    report files in ``folder``."""
 
-    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], specs: list[_Spec]) -> None:
-        import torch.multiprocessing as mp
-
-        ctx = mp.get_context("spawn")
-        self.procs = [ctx.Process(target=_entry, args=(s, fn, args)) for s in specs]
-        self.specs = specs
-        for p in self.procs:
-            p.start()
-
-    @classmethod
-    def start(
-        cls,
+    def __init__(
+        self,
         fn: Callable[..., Any],
         args: tuple[Any, ...],
         world_size: int,
@@ -147,16 +140,24 @@ class _Spawned:
         threads: int | None,
         init_timeout: float | None,
         hard_exit: bool,
-        port: int | None = None,
-    ) -> _Spawned:
+    ) -> None:
+        import torch.multiprocessing as mp
+
         n = max(world_size, 1)
         threads = threads if threads is not None else max(1, (os.cpu_count() or 1) // n)
-        port = port if port is not None else (free_port() if world_size > 0 else 0)
-        specs = [
+        port = free_port() if world_size > 0 else 0
+        self.specs = [
             _Spec(r, world_size, port, threads, init_timeout, hard_exit, os.path.join(folder, f"p{r}"))
             for r in range(n)
         ]
-        return cls(fn, args, specs)
+        ctx = mp.get_context("spawn")
+        self.procs = [ctx.Process(target=_entry, args=(s, fn, args)) for s in self.specs]
+        try:
+            for p in self.procs:
+                p.start()
+        except BaseException:
+            self.stop(0)
+            raise
 
     def state(self, i: int) -> str | None:
         """``"ok"`` / ``"error"`` (reported), ``"dead"`` (exited without a report) or None (running)."""
@@ -174,9 +175,11 @@ class _Spawned:
         return any(p.exitcode is None for p in self.procs)
 
     def stop(self, join_s: float) -> None:
-        """Give every process ``join_s`` seconds (together) to exit, then SIGKILL it."""
+        """Give every started process ``join_s`` seconds (together) to exit, then SIGKILL it."""
         deadline = time.monotonic() + join_s
         for p in self.procs:
+            if p.pid is None:  # never started
+                continue
             p.join(max(0.0, deadline - time.monotonic()))
             if p.exitcode is None:
                 p.kill()
@@ -218,7 +221,7 @@ def run_ranks(
     n = max(world_size, 1)
     folder = tempfile.mkdtemp(prefix="unickpt-ranks-")
     try:
-        ranks = _Spawned.start(fn, args, world_size, folder, threads, init_timeout, hard_exit=False)
+        ranks = _Spawned(fn, args, world_size, folder, threads, init_timeout, hard_exit=False)
         deadline = time.monotonic() + timeout
         states: list[str | None] = [None] * n
         try:
@@ -264,7 +267,7 @@ def launch_ranks(
         raise ValueError(f"victim rank {victim} is not a rank of world size {n}")
     folder = tempfile.mkdtemp(prefix="unickpt-ranks-")
     try:
-        ranks = _Spawned.start(fn, args, world_size, folder, threads, init_timeout, hard_exit=True)
+        ranks = _Spawned(fn, args, world_size, folder, threads, init_timeout, hard_exit=True)
         try:
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline and ranks.alive():
@@ -295,7 +298,7 @@ def run_jobs(
             for i, (fn, args) in enumerate(jobs):
                 sub = os.path.join(folder, f"job{i}")
                 os.mkdir(sub)
-                started.append(_Spawned.start(fn, args, 0, sub, threads, None, hard_exit=True))
+                started.append(_Spawned(fn, args, 0, sub, threads, None, hard_exit=True))
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline and any(s.alive() for s in started):
                 time.sleep(_POLL_S)
