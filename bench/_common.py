@@ -446,12 +446,12 @@ class EventLog:
     """Collects unickpt monitoring events of this process (``unickpt.monitoring``)."""
 
     def __init__(self) -> None:
-        from unickpt.monitoring.events import add_listener
+        import unickpt
 
         self.events: list[Any] = []  # since the last take()
         self.all: list[Any] = []  # every event
         self._lock = threading.Lock()
-        add_listener(self._on)
+        unickpt.default_checkpointer().events.add_listener(self._on)
 
     def _on(self, ev: Any) -> None:
         with self._lock:

@@ -172,10 +172,12 @@ class _UnickptSaver(_Saver):
     name = "unickpt async_save"
 
     def __init__(self, state: dict) -> None:
-        from unickpt.monitoring.events import add_listener
+        import unickpt
 
         self.state = state
-        add_listener(self._on_event)  # "save.end": emitted by the background worker at commit
+        unickpt.default_checkpointer().events.add_listener(
+            self._on_event
+        )  # "save.end": emitted by the background worker at commit
 
     def _on_event(self, ev) -> None:
         if ev.phase == "save.end":

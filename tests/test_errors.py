@@ -352,7 +352,7 @@ def test_failed_commit_keeps_previous_checkpoint(tmp_path: Path, monkeypatch: py
     assert state["extra_state"] == {"step": 1}
     # the next successful save removes the interrupted save's data; it keeps only its own and the
     # generation it replaced (for loads still reading that one)
-    from unickpt.engine.save import committed_save_id
+    from unickpt.engine.commit import committed_save_id
     from unickpt.storage import open_storage
 
     first_id = committed_save_id(open_storage(str(path)))
@@ -402,7 +402,7 @@ def test_issue9_item7_cleanup_failure_after_commit_is_a_warning(
 ) -> None:
     """Old data that cannot be deleted after the commit: the save succeeds (its checkpoint is
     committed and loads) and a warning names the files and the reason."""
-    from unickpt.engine.save import committed_save_id
+    from unickpt.engine.commit import committed_save_id
     from unickpt.storage import open_storage
     from unickpt.storage.local import LocalStorage
 

@@ -6,6 +6,7 @@ unickpt.load("ckpts/step_100", state, framework="auto")   # any world size / par
 """
 
 from .api import SaveHandle, load, save, wait_all
+from .checkpointer import Checkpointer, default_checkpointer
 from .errors import (
     AsyncSaveFailures,
     CheckpointError,
@@ -37,9 +38,9 @@ from .errors import (
     UnsupportedFormatVersionError,
     UnsupportedValueError,
 )
+from .manager import CheckpointManager
 from .options import LoadOptions, SaveOptions
 from .state.extra import rng_state, set_rng_state
-from .tools.manager import CheckpointManager
 
 __version__ = "0.1.0"
 
@@ -47,6 +48,8 @@ __all__ = [
     "save",
     "load",
     "wait_all",
+    "Checkpointer",
+    "default_checkpointer",
     "SaveHandle",
     "SaveOptions",
     "LoadOptions",

@@ -182,7 +182,6 @@ def staggered_async_failure(rank: int, ws: int, base: str) -> dict[str, Any]:
 
     from unickpt.errors import StorageError
     from unickpt.format.records import METADATA_FILE
-    from unickpt.monitoring import add_listener
     from unickpt.storage import register_storage
     from unickpt.storage.local import LocalStorage
 
@@ -201,7 +200,9 @@ def staggered_async_failure(rank: int, ws: int, base: str) -> dict[str, Any]:
 
     register_storage("failwrites", FailingWrites, replace=True)
     if rank == 0:
-        add_listener(lambda ev: store.set("rank0-in-next-save", "1") if ev.phase == "save.begin" else None)
+        unickpt.default_checkpointer().events.add_listener(
+            lambda ev: store.set("rank0-in-next-save", "1") if ev.phase == "save.begin" else None
+        )
     model, optim = _model(seed=6)
     state = {"model": model, "optimizer": optim}
     first = unickpt.save(f"failwrites://{base}/first", state, framework="ddp", async_save=True)

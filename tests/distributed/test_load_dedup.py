@@ -12,7 +12,6 @@ from harness import run_ranks
 def _save_then_load(rank: int, ws: int, ckpt: str) -> dict:
     import unickpt
     from support.reference import full_state
-    from unickpt.monitoring import add_listener
     from unickpt.options import LoadOptions
     from unickpt.tools.toy import build, train_step
 
@@ -31,7 +30,9 @@ def _save_then_load(rank: int, ws: int, ckpt: str) -> dict:
 
     LocalStorage.read_into_cached = counting  # type: ignore[method-assign]
     read: list[int] = []
-    add_listener(lambda ev: read.append(ev.nbytes) if ev.phase == "load.read" else None)
+    unickpt.default_checkpointer().events.add_listener(
+        lambda ev: read.append(ev.nbytes) if ev.phase == "load.read" else None
+    )
     out = {}
     for mode in ("True", "False", "None"):
         model2, optim2 = build("ddp", seed=7)

@@ -8,9 +8,7 @@ import torch
 from torch import nn
 
 import unickpt
-from unickpt.engine.staging import STAGING_POOL
 from unickpt.errors import CheckpointError, StorageError
-from unickpt.monitoring import add_listener, remove_listener
 from unickpt.storage.local import LocalStorage
 
 
@@ -124,7 +122,7 @@ def test_background_error_surfaces_in_wait_and_in_next_save(tmp_path, monkeypatc
     with pytest.raises(CheckpointError, match="injected failure writing data/"):
         h.wait()
     unickpt.save(str(tmp_path / "b"), {"model": m, "optimizer": opt}, async_save=True)  # fails, unseen
-    unickpt.api.SAVE_WORKER.drain()
+    unickpt.default_checkpointer().resources.worker.drain()
     monkeypatch.setattr(LocalStorage, "write", real_write)
     with pytest.raises(CheckpointError, match="previous asynchronous save failed"):
         unickpt.save(str(tmp_path / "c"), {"model": m, "optimizer": opt})
@@ -151,7 +149,9 @@ def test_back_to_back_async_saves_commit_in_order_with_bounded_pool(tmp_path):
         got = _load(str(tmp_path / f"s{i}"), width=256).state_dict()
         assert all(torch.equal(got[k], states[i][k]) for k in states[i])
     rank_bytes = sum(s.byte_length for t in mds[0].tensors.values() for s in t.shards)
-    assert STAGING_POOL.capacity_bytes() <= 2 * rank_bytes + 2 * 3 * 4096 * 4  # 2 slots, page rounding
+    assert (
+        unickpt.default_checkpointer().resources.staging.capacity_bytes() <= 2 * rank_bytes + 2 * 3 * 4096 * 4
+    )  # 2 slots, page rounding
 
 
 def test_plan_cache_reused_and_invalidated(tmp_path):
@@ -161,7 +161,7 @@ def test_plan_cache_reused_and_invalidated(tmp_path):
         if ev.phase == "save.plan":
             events.append(ev)
 
-    add_listener(listen)
+    unickpt.default_checkpointer().events.add_listener(listen)
     try:
         m, opt = _model()
         md1 = unickpt.save(str(tmp_path / "x"), {"model": m, "optimizer": opt}).wait()
@@ -174,7 +174,7 @@ def test_plan_cache_reused_and_invalidated(tmp_path):
         got = _load(str(tmp_path / "z"), width=48).state_dict()
         assert torch.equal(got["0.weight"], m3.state_dict()["0.weight"])
     finally:
-        remove_listener(listen)
+        unickpt.default_checkpointer().events.remove_listener(listen)
     assert len(events) == 3
 
 
@@ -225,7 +225,7 @@ def test_issue10_item4_every_failed_async_save_is_reported(tmp_path, monkeypatch
     monkeypatch.setattr(LocalStorage, "write", failing)
     for name in ("a", "b"):
         unickpt.save(str(tmp_path / name), {"model": m, "optimizer": opt}, async_save=True)
-    unickpt.api.SAVE_WORKER.drain()
+    unickpt.default_checkpointer().resources.worker.drain()
     monkeypatch.setattr(LocalStorage, "write", real_write)
     with pytest.raises(unickpt.AsyncSaveFailures) as info:
         unickpt.save(str(tmp_path / "c"), {"model": m, "optimizer": opt})

@@ -1,8 +1,8 @@
-"""Plan reuse across N ranks in one process (``coordination.threads``): ``engine.save.plan_stage``
-with each rank's ``PlanCache``, keyed by ``PlanKey`` as ``unickpt.save`` does. Unchanged local
-plans reuse the global plan in one tiny all_gather that carries rank 0's fresh save id; one
-rank's change (or a rank without a cached plan) replans on every rank; a changed
-``files_per_rank`` is another key. Issue 11: "tests of plan reuse ... that do not exist today"."""
+"""Plan reuse across N ranks in one process (``coordination.threads``):
+``engine.plan_cache.plan_stage`` with each rank's ``PlanCache``, keyed by ``PlanKey`` as the save
+pipeline does. Unchanged local plans reuse the global plan in one tiny all_gather that carries
+rank 0's fresh save id; one rank's change (or a rank without a cached plan) replans on every
+rank; a changed ``files_per_rank`` is another key. Issue 11: "tests of plan reuse ... that do not exist today"."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import threading
 import pytest
 
 from unickpt.coordination.threads import ThreadCoordinator, run_threads
-from unickpt.engine import save as engine_save
-from unickpt.engine.save import CachedPlan, PlanCache, PlanKey, plan_stage
+from unickpt.engine import plan_cache as engine_plan_cache
+from unickpt.engine.plan_cache import CachedPlan, PlanCache, PlanKey, plan_stage
 from unickpt.errors import PlanningError
 from unickpt.planning.save_plan import GlobalSavePlan, LocalSavePlan
 from unickpt.planning.specs import BlobSpec, ShardSpec
@@ -36,7 +36,7 @@ def traceable_save_ids(monkeypatch):
             k = next(counters.setdefault(name, itertools.count()))
         return f"20250101T000000-r{name.rsplit('rank', 1)[-1]}n{k}"
 
-    monkeypatch.setattr(engine_save, "new_save_id", new_save_id)
+    monkeypatch.setattr(engine_plan_cache, "new_save_id", new_save_id)
 
 
 def local_plan(rank: int, ws: int, rows: int = 11, blob: int = 10) -> LocalSavePlan:
@@ -50,7 +50,7 @@ def local_plan(rank: int, ws: int, rows: int = 11, blob: int = 10) -> LocalSaveP
 
 
 def save(c: ThreadCoordinator, cache: PlanCache, local: LocalSavePlan, files_per_rank: int = 1) -> dict:
-    """One save's planning, as ``unickpt.save`` does it; what it cost and gave."""
+    """One save's planning, as the save pipeline does it; what it cost and gave."""
     key = PlanKey(None, "fsdp2", files_per_rank)
     before = len(c.calls)
     cached = plan_stage(c, local, files_per_rank, cache.get(key))

@@ -66,7 +66,7 @@ def mismatches(got: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> li
 
 def kill_at_phase(phase: str, rank: int, nth: int = 1) -> None:
     """SIGKILL this process at the ``nth`` event ``phase`` emitted by ``rank``."""
-    from unickpt.monitoring import add_listener
+    import unickpt
 
     seen = [0]
 
@@ -76,7 +76,7 @@ def kill_at_phase(phase: str, rank: int, nth: int = 1) -> None:
             if seen[0] == nth:
                 os.kill(os.getpid(), signal.SIGKILL)
 
-    add_listener(listener)
+    unickpt.default_checkpointer().events.add_listener(listener)
 
 
 def kill_in_commit(where: str) -> None:

@@ -106,11 +106,13 @@ def racing_saver(
 ) -> dict[str, Any]:
     """One of two independent jobs saving to ``ckpt`` at once (both start at a file barrier);
     the commit is held for ``hold_s`` so the two saves overlap."""
-    from unickpt.monitoring import add_listener
+    import unickpt
 
     model, optim = tiny_model(seed=seed)
     torch.save(full_state(model, optim), ref_file)
-    add_listener(lambda ev: time.sleep(hold_s) if ev.phase == "save.commit.begin" else None)
+    unickpt.default_checkpointer().events.add_listener(
+        lambda ev: time.sleep(hold_s) if ev.phase == "save.commit.begin" else None
+    )
     open(os.path.join(barrier_dir, f"ready-{seed}"), "w").close()
     deadline = time.monotonic() + 60
     while len(os.listdir(barrier_dir)) < 2 and time.monotonic() < deadline:

@@ -15,16 +15,20 @@ import math
 import os
 import random
 import re
+import warnings
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
+import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import unickpt
 from rel_helpers import tiny_model
-from unickpt.errors import CheckpointError
-from unickpt.format.codec import decode_metadata
+from unickpt.errors import CheckpointError, CorruptMetadataError
+from unickpt.format import MetadataCodec, SectionCodec, SectionRegistry, SectionWarning
+from unickpt.format.codec import DEFAULT_CODEC, decode_metadata
 from unickpt.format.records import METADATA_FILE
 from unickpt.format.tiling import check_box_tiling
 from unickpt.frameworks import get_framework
@@ -190,6 +194,125 @@ def test_mutated_metadata_whole_load(valid, mutations):
         unickpt.load(f"memory://{_MEM_ROOT}", _fresh_state(), framework="torch")
     except CheckpointError:
         pass
+
+
+# --------------------------------------------------------------------------- version 2: sections
+
+
+@dataclass(frozen=True, slots=True)
+class _Note:
+    """A test-only metadata section: a label and a few counts."""
+
+    label: str
+    counts: tuple[int, ...]
+
+
+def _note_decode(data: Any, version: int) -> _Note:
+    if not isinstance(data, dict) or not isinstance(data.get("label"), str) or len(data["label"]) > 64:
+        raise CorruptMetadataError("note: bad label")
+    counts = data.get("counts")
+    if not isinstance(counts, list) or len(counts) > 16 or not all(type(c) is int and 0 <= c < 1 << 32 for c in counts):
+        raise CorruptMetadataError("note: bad counts")
+    return _Note(data["label"], tuple(counts))
+
+
+_NOTE_CODEC = MetadataCodec(
+    sections=SectionRegistry(
+        [
+            SectionCodec(
+                name="fuzz.note",
+                record_type=_Note,
+                encode=lambda n: {"label": n.label, "counts": list(n.counts)},
+                decode=_note_decode,
+                max_bytes=1024,
+            )
+        ]
+    )
+)
+
+
+@pytest.fixture(scope="module")
+def valid_v2(valid):
+    """The real checkpoint's metadata with a section: a version-2 document."""
+    raw, _doc, specs = valid
+    md = replace(decode_metadata(raw), sections={"fuzz.note": _Note("resume", (3, 1, 4))})
+    raw2 = _NOTE_CODEC.encode(md)
+    assert json.loads(raw2)["format_version"] == 2
+    return raw2, json.loads(raw2), specs
+
+
+def _decode_v2_check_plan(data: bytes, specs: list) -> None:
+    """Both the codec that knows the section and today's default one (which does not)."""
+    for codec in (_NOTE_CODEC, DEFAULT_CODEC):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", SectionWarning)
+                md = codec.decode(data, "fuzz/unickpt.metadata.json")
+        except CheckpointError:
+            continue
+        assert all(isinstance(v, _Note) for v in md.sections.values())
+        for strict in (True, False):
+            try:
+                check_targets(md, specs, strict=strict, source="fuzz")
+            except CheckpointError:
+                continue
+            plan_local_load(md, specs)
+
+
+@FUZZ
+@given(st.lists(_MUTATION, min_size=1, max_size=3))
+@example([("replace", 1, 2)])
+def test_issue11_mutated_v2_documents_with_sections(valid_v2, mutations):
+    """Version-2 documents with a section, mutated (sections included): decode, validation and
+    planning raise nothing but CheckpointErrors, with and without the section registered."""
+    _raw, doc, specs = valid_v2
+    _decode_v2_check_plan(_encode(_mutate(doc, mutations)), specs)
+
+
+@FUZZ
+@given(st.lists(_MUTATION, min_size=1, max_size=3))
+@example([("replace", 6, 2**40)])  # a count beyond the section's own bound
+@example([("replace", 2, False)])  # required -> false
+@example([("delete", 1, None)])
+def test_issue11_mutated_section_envelopes(valid_v2, mutations):
+    """Mutations aimed at the sections object only (envelopes, names, section data)."""
+    _raw, doc, specs = valid_v2
+    d = copy.deepcopy(doc)
+    mutated = _mutate({"sections": d.pop("sections")}, mutations)
+    if "sections" in mutated:  # else: a version-2 document without sections
+        d["sections"] = mutated["sections"]
+    _decode_v2_check_plan(_encode(d), specs)
+
+
+@FUZZ
+@given(cut=st.integers(0, 10**9), flips=st.lists(st.tuples(st.integers(0, 10**9), st.integers(1, 255)), max_size=4))
+def test_issue11_truncated_and_bit_flipped_v2_metadata(valid_v2, cut, flips):
+    raw, _doc, specs = valid_v2
+    data = bytearray(raw[: cut % (len(raw) + 1)])
+    for at, mask in flips:
+        if data:
+            data[at % len(data)] ^= mask
+    _decode_v2_check_plan(bytes(data), specs)
+
+
+def test_issue11_whole_load_of_a_v2_checkpoint_with_an_optional_unknown_section(valid_v2):
+    """unickpt.load of version-2 metadata whose only section is optional and unknown here: it
+    loads bit-exact, with a SectionWarning; the same section marked required is refused."""
+    _raw, doc, _specs = valid_v2
+    mem = MemoryStorage(_MEM_ROOT)
+    d = copy.deepcopy(doc)
+    d["sections"]["fuzz.note"]["required"] = False
+    mem.commit(METADATA_FILE, _encode(d))
+    state = _fresh_state()
+    with pytest.warns(SectionWarning, match="fuzz.note"):
+        unickpt.load(f"memory://{_MEM_ROOT}", state, framework="torch")
+    want, _ = tiny_model()
+    for k, v in want.state_dict().items():
+        assert torch.equal(state["model"].state_dict()[k], v), k
+    d["sections"]["fuzz.note"]["required"] = True
+    mem.commit(METADATA_FILE, _encode(d))
+    with pytest.raises(unickpt.UnsupportedFormatVersionError, match="fuzz.note"):
+        unickpt.load(f"memory://{_MEM_ROOT}", _fresh_state(), framework="torch")
 
 
 @pytest.mark.parametrize(

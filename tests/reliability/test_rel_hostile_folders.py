@@ -123,7 +123,7 @@ def test_item2_role_and_manager_sub_folders_still_save(tmp_path):
 
 
 def _next_save_id(save_id: str) -> str:
-    """The id the next save of the same (cached) plan gets: ``<base>-<seq:06d>`` (engine.save)."""
+    """The id the next save of the same (cached) plan gets: ``<base>-<seq:06d>`` (engine.plan_cache)."""
     m = re.fullmatch(r"(.*?)(?:-(\d{6}))?", save_id)
     assert m is not None
     return f"{m.group(1)}-{int(m.group(2) or 0) + 1:06d}"

@@ -22,7 +22,6 @@ import unickpt
 from rel_helpers import data_files, mismatches, snapshot, tiny_model
 from unickpt.engine.lock import LOCK_FILE, LockOwner, read_lock_owner, stale_reason, try_acquire
 from unickpt.format.records import METADATA_FILE
-from unickpt.monitoring import add_listener, remove_listener
 from unickpt.storage import open_storage
 
 SRC = os.path.join(os.path.dirname(__file__), "..", "..", "src")
@@ -326,12 +325,12 @@ def test_item4_commit_refused_when_the_lock_was_taken_over(tmp_path):
             others.append(try_acquire(open_storage(ckpt), "other-job"))  # ... and is taken
 
     listener = _on_commit(take_over)
-    add_listener(listener)
+    unickpt.default_checkpointer().events.add_listener(listener)
     try:
         with pytest.raises(unickpt.ConcurrentSaveError, match="lock") as ei:
             unickpt.save(ckpt, _state(2), framework="torch")
     finally:
-        remove_listener(listener)
+        unickpt.default_checkpointer().events.remove_listener(listener)
     assert type(ei.value).__name__ == "SaveLockLostError", ei.value
     assert open(os.path.join(ckpt, METADATA_FILE), "rb").read() == before
     assert read_lock_owner(open_storage(ckpt))[1] == others[0].owner
@@ -355,12 +354,12 @@ def test_item4_commit_refused_when_a_data_file_is_missing_or_short(tmp_path, dam
             os.truncate(name, os.path.getsize(name) - 1)
 
     listener = _on_commit(hurt)
-    add_listener(listener)
+    unickpt.default_checkpointer().events.add_listener(listener)
     try:
         with pytest.raises(unickpt.CheckpointError, match="r00000-00.bin") as ei:
             unickpt.save(ckpt, _state(2), framework="torch")
     finally:
-        remove_listener(listener)
+        unickpt.default_checkpointer().events.remove_listener(listener)
     want = unickpt.MissingDataFileError if damage == "missing" else unickpt.TruncatedDataFileError
     assert isinstance(ei.value, want) and "refus" in str(ei.value), ei.value
     assert open(os.path.join(ckpt, METADATA_FILE), "rb").read() == before

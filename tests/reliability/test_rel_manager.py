@@ -18,7 +18,6 @@ from rel_faults import install_faulty_scheme
 from rel_helpers import data_files, mismatches, snapshot, step, tiny_model
 from unickpt.engine.lock import LOCK_FILE, LockOwner
 from unickpt.format.records import METADATA_FILE
-from unickpt.monitoring import add_listener, remove_listener
 
 
 def _state(seed: int = 0) -> dict:
@@ -58,12 +57,12 @@ def test_latest_moves_only_after_the_commit(tmp_path):
         if ev.phase in ("save.write.file", "save.commit.begin", "save.commit"):
             seen.append((ev.phase, m.read_pointer().step))
 
-    add_listener(spy)
+    unickpt.default_checkpointer().events.add_listener(spy)
     try:
         h = m.save(2, st, framework="torch", async_save=True)
         h.wait()
     finally:
-        remove_listener(spy)
+        unickpt.default_checkpointer().events.remove_listener(spy)
     assert seen and {p for p, _ in seen} == {"save.write.file", "save.commit.begin", "save.commit"}
     assert all(pointer == 1 for _, pointer in seen), seen  # even right after the commit
     assert m.read_pointer().step == 2 and h.done()

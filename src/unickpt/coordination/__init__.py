@@ -6,7 +6,7 @@ import torch.distributed as dist
 
 from .base import Coordinator, Settle, run_stage
 from .single import SingleProcessCoordinator
-from .torch_dist import GROUPS, CheckpointGroups, TorchDistCoordinator, checkpoint_group
+from .torch_dist import CheckpointGroups, TorchDistCoordinator
 
 __all__ = [
     "Coordinator",
@@ -14,24 +14,24 @@ __all__ = [
     "Settle",
     "SingleProcessCoordinator",
     "TorchDistCoordinator",
-    "checkpoint_group",
     "CheckpointGroups",
-    "GROUPS",
     "make_coordinator",
 ]
 
 
 def make_coordinator(
+    groups: CheckpointGroups,
     group: dist.ProcessGroup | None = None,
     channel: str = "foreground",
     *,
     timeout: float | None = None,
     label: str = "unickpt",
 ) -> Coordinator:
-    """TorchDist when a process group is initialised, else single-process.
+    """TorchDist (on ``groups``' gloo groups beside ``group``) when a process group is
+    initialised, else single-process.
 
     ``timeout``: seconds each collective may wait (default: the job's timeout); ``label``: what
     the collectives are for (``"save of <url>"``), named in their errors."""
     if dist.is_available() and dist.is_initialized():
-        return TorchDistCoordinator(group, channel, timeout=timeout, label=label)
+        return TorchDistCoordinator(groups, group, channel, timeout=timeout, label=label)
     return SingleProcessCoordinator()

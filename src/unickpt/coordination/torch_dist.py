@@ -32,7 +32,7 @@ import torch.distributed as dist
 from ..errors import CheckpointError, CollectiveError, CollectiveTimeoutError
 from . import _torch_private as private
 
-__all__ = ["TorchDistCoordinator", "CheckpointGroups", "GROUPS", "checkpoint_group"]
+__all__ = ["TorchDistCoordinator", "CheckpointGroups"]
 
 T = TypeVar("T")
 CHANNELS = ("foreground", "background")
@@ -89,8 +89,9 @@ def _missing(store: Any, key: str, world_size: int, arrived: Callable[[str], boo
 
 
 class CheckpointGroups:
-    """unickpt's process groups per parent group, created on first use. One per process
-    (``GROUPS``); a later ``Checkpointer`` object can own one instead."""
+    """unickpt's process groups per parent group, created on first use. Each ``Checkpointer``
+    owns one (so two checkpointers never share a communicator: their background commits run
+    independently)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -136,14 +137,6 @@ class CheckpointGroups:
         return out
 
 
-GROUPS = CheckpointGroups()
-
-
-def checkpoint_group(parent: dist.ProcessGroup | None = None, channel: str = "foreground") -> dist.ProcessGroup:
-    """unickpt's gloo group for ``channel`` beside ``parent`` (default: the world)."""
-    return GROUPS.channel(parent, channel).group
-
-
 class TorchDistCoordinator:
     """Collectives of one save/load (``label`` names it in errors) on one channel.
 
@@ -151,6 +144,7 @@ class TorchDistCoordinator:
 
     def __init__(
         self,
+        groups: CheckpointGroups,
         group: dist.ProcessGroup | None = None,
         channel: str = "foreground",
         *,
@@ -158,7 +152,7 @@ class TorchDistCoordinator:
         label: str = "unickpt",
     ) -> None:
         deadline = timedelta(seconds=timeout) if timeout is not None else None
-        self._channel = GROUPS.channel(group, channel, deadline, label)
+        self._channel = groups.channel(group, channel, deadline, label)
         self.group = self._channel.group
         self.rank = dist.get_rank(self.group)
         self.world_size = dist.get_world_size(self.group)

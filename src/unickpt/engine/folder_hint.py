@@ -1,6 +1,6 @@
 """What a folder that is not a unickpt checkpoint is instead, for ``NotACheckpointError``'s hint.
 
-Called by ``engine.load.read_metadata_bytes`` only on the error path (no metadata, no data), so
+Called by ``engine.read.read_metadata_bytes`` only on the error path (no metadata, no data), so
 its storage listings cost nothing on a real load. Recognises a PyTorch DCP checkpoint (a
 ``.metadata`` file beside ``__<rank>_<n>.distcp`` files) and a ``CheckpointManager`` root
 (``step_<n>`` folders, a ``latest`` pointer); returns "" for anything else.

@@ -8,7 +8,7 @@ which on every rank, in the worker thread, before any data byte is written:
      save's data marker (``ownership.mark_save``), then broadcasts the outcome: on any refusal
      *every* rank raises the same error type (``ConcurrentSaveError`` naming the holder,
      ``ForeignFolderError`` ...), so no rank is left waiting in a collective.
-  2. ``body(lock)``: the writes and the commit (``engine.save``). Right before publishing, rank 0
+  2. ``body(lock)``: the writes and the commit (``engine.write``, ``engine.commit``). Right before publishing, rank 0
      checks every data file and calls ``lock.verify_holder()``; after the commit it removes stale
      data (``remove_stale_data``) *while still holding the lock*.
   3. on failure, ``discard_partial_save`` (every rank, best effort) deletes this save's own data
@@ -65,9 +65,9 @@ from ..errors import (
 )
 from ..planning.save_plan import RankSavePlan
 from ..storage.base import SMALL_FILE_LIMIT, Storage
-from .lock_owner import DEFAULT_LEASE_S, LockOwner, drop_token, hold_token, stale_reason
+from .commit import committed_save_id
+from .lock_owner import DEFAULT_LEASE_S, LockContext, LockOwner, stale_reason
 from .ownership import LOCK_FILE, check_save_folder, delete_save_data, mark_save, marker_name
-from .save import committed_save_id
 
 __all__ = [
     "LOCK_FILE",
@@ -121,10 +121,11 @@ def read_lock_owner(storage: Storage, prefix: str = "") -> tuple[bytes, LockOwne
     return None if data is None else (data, LockOwner.decode(data))
 
 
-def lock_is_live(storage: Storage, prefix: str = "") -> bool:
+def lock_is_live(storage: Storage, prefix: str = "", ctx: LockContext | None = None) -> bool:
     """Whether a save may still be running under the lock at ``prefix`` (for retention)."""
     found = read_lock_owner(storage, prefix)
-    return found is not None and found[1] is not None and stale_reason(found[1]) is None
+    held = ctx.held_here if ctx is not None else None
+    return found is not None and found[1] is not None and stale_reason(found[1], held_here=held) is None
 
 
 def _create(storage: Storage, name: str, data: bytes) -> bool:
@@ -155,8 +156,16 @@ class SaveLock:
     """This rank's part of a save lock. Only rank 0's (``owner`` set) holds a lock file; it
     renews it from a heartbeat thread until ``release``. Methods are no-ops on other ranks."""
 
-    def __init__(self, storage: Storage, owner: LockOwner | None, name: str = "", data: bytes = b"") -> None:
+    def __init__(
+        self,
+        storage: Storage,
+        owner: LockOwner | None,
+        name: str = "",
+        data: bytes = b"",
+        ctx: LockContext | None = None,
+    ) -> None:
         self.storage, self.owner, self.name = storage, owner, name
+        self._ctx = ctx or LockContext()
         self._data = data  # the bytes the lock file holds now
         self._mutex = threading.Lock()
         self._lost: str | None = None
@@ -224,7 +233,7 @@ class SaveLock:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
-        drop_token(self.owner.token)
+        self._ctx.tokens.drop(self.owner.token)
         try:
             current = self.storage.read(self.name, SMALL_FILE_LIMIT)
             holder = read_lock_owner(self.storage)
@@ -240,32 +249,36 @@ class SaveLock:
             warnings.warn(f"could not release save lock {self.storage.url}/{self.name}: {e}", stacklevel=2)
 
 
-def try_acquire(storage: Storage, save_id: str, lease_s: float = DEFAULT_LEASE_S) -> SaveLock:
+def try_acquire(
+    storage: Storage, save_id: str, lease_s: float = DEFAULT_LEASE_S, ctx: LockContext | None = None
+) -> SaveLock:
     """One process: take the save lock of ``storage`` for ``save_id`` or raise
     ``ConcurrentSaveError`` naming the holder. Stale locks are broken with a warning. The lock
-    is renewed by a heartbeat thread until ``release()``."""
+    is renewed by a heartbeat thread until ``release()``. ``ctx``: the calling checkpointer's
+    lock tokens (default: a context of its own)."""
+    ctx = ctx or LockContext()
     if not _LEASE_RANGE[0] <= lease_s <= _LEASE_RANGE[1]:
         raise ValueError(f"lease_s must be in [{_LEASE_RANGE[0]}, {_LEASE_RANGE[1]}] seconds, got {lease_s}")
     owner = LockOwner.for_this_process(save_id, lease_s)
     data = owner.encode()
-    hold_token(owner.token)  # before the file exists: a reader in this process must see it as live
+    ctx.tokens.hold(owner.token)  # before the file exists: a reader in this process must see it as live
     try:
         for _attempt in range(_ATTEMPTS):
-            lock = _attempt_once(storage, owner, data)
+            lock = _attempt_once(storage, owner, data, ctx)
             if lock is not None:
                 lock._start_heartbeat()
                 return lock
     except BaseException:
-        drop_token(owner.token)
+        ctx.tokens.drop(owner.token)
         raise
-    drop_token(owner.token)
+    ctx.tokens.drop(owner.token)
     raise ConcurrentSaveError(
         f"could not take the save lock {storage.url}/{LOCK_FILE}: it kept "
         "changing hands (several jobs are saving to this path)"
     )
 
 
-def _attempt_once(storage: Storage, owner: LockOwner, data: bytes) -> SaveLock | None:
+def _attempt_once(storage: Storage, owner: LockOwner, data: bytes, ctx: LockContext) -> SaveLock | None:
     """One look at the lock and one exclusive create; None when the lock moved meanwhile."""
     gens = lock_generations(storage)
     top = gens[-1] if gens else None
@@ -283,7 +296,7 @@ def _attempt_once(storage: Storage, owner: LockOwner, data: bytes) -> SaveLock |
                 return None
             reason = "its content is unreadable"
         else:
-            reason = stale_reason(holder)
+            reason = stale_reason(holder, held_here=ctx.held_here)
             if reason is None:
                 raise ConcurrentSaveError(
                     f"another save is in progress at {storage.url}: {holder.describe()} holds "
@@ -301,14 +314,16 @@ def _attempt_once(storage: Storage, owner: LockOwner, data: bytes) -> SaveLock |
     if reason is not None:
         who = holder.describe() if holder is not None else "an unknown owner"
         warnings.warn(f"broke the stale save lock {storage.url}/{_gen_name(top or 0)} of {who}: {reason}", stacklevel=4)
-    return SaveLock(storage, owner, _gen_name(mine), data)
+    return SaveLock(storage, owner, _gen_name(mine), data, ctx)
 
 
-def prepare_save(storage: Storage, save_id: str, lease_s: float = DEFAULT_LEASE_S) -> SaveLock:
+def prepare_save(
+    storage: Storage, save_id: str, lease_s: float = DEFAULT_LEASE_S, ctx: LockContext | None = None
+) -> SaveLock:
     """Rank 0, before any write: the folder is unickpt's, the lock is taken, the data marker of
     ``save_id`` is written. Raises ForeignFolderError / ConcurrentSaveError / StorageError."""
     check_save_folder(storage)
-    lock = try_acquire(storage, save_id, lease_s)
+    lock = try_acquire(storage, save_id, lease_s, ctx)
     try:
         mark_save(storage, save_id)
     except BaseException:
@@ -322,7 +337,13 @@ _SHARED_ERRORS: dict[str, type[CheckpointError]] = {
 }
 
 
-def acquire_save_lock(coord: Coordinator, storage: Storage, save_id: str, lease_s: float = DEFAULT_LEASE_S) -> SaveLock:
+def acquire_save_lock(
+    coord: Coordinator,
+    storage: Storage,
+    save_id: str,
+    lease_s: float = DEFAULT_LEASE_S,
+    ctx: LockContext | None = None,
+) -> SaveLock:
     """Collective: rank 0 prepares the save (``prepare_save``), every rank learns the outcome and
     raises the same error type together."""
     lock = SaveLock(storage, None)
@@ -330,7 +351,7 @@ def acquire_save_lock(coord: Coordinator, storage: Storage, save_id: str, lease_
     failure: BaseException | None = None
     if coord.rank == 0:
         try:
-            lock = prepare_save(storage, save_id, lease_s)
+            lock = prepare_save(storage, save_id, lease_s, ctx)
         except Exception as e:
             failure = e
             code = e.errno if isinstance(e, OSError) and isinstance(e.errno, int) else None
@@ -388,6 +409,7 @@ def run_locked(
     *,
     on_refused: Callable[[], None] | None = None,
     lease_s: float = DEFAULT_LEASE_S,
+    ctx: LockContext | None = None,
 ) -> T:
     """Run ``body(lock)`` (one save's write + commit, collective on ``coord``) under the save lock.
 
@@ -397,7 +419,7 @@ def run_locked(
     failing ``body`` discards this save's partial data on every rank; rank 0 releases the lock
     in all cases."""
     try:
-        lock = acquire_save_lock(coord, storage, plan.save_id, lease_s)
+        lock = acquire_save_lock(coord, storage, plan.save_id, lease_s, ctx)
     except BaseException:
         if on_refused is not None:
             on_refused()

@@ -6,8 +6,9 @@ A holder is identified by a random token (one per acquisition) besides host, pid
 start time, and by the boot id of its host and the inode of its PID namespace: its pid is only
 looked up where it means the same process (same host, boot and namespace). Its lease is renewed
 by a heartbeat (``renewed_unix``); a record whose heartbeat is older than its lease is stale on
-any host. The tokens this process holds live in a small registry (``hold_token``), so that a
-lock of this very process is told apart from a leaked one.
+any host. The tokens a checkpointer's saves hold live in its ``LockTokens``; ``LockContext``
+pairs them with a predicate over every live checkpointer of the process (``held_here``), so
+that a lock of this very process is told apart from a leaked one.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import psutil
@@ -28,32 +30,45 @@ __all__ = [
     "LEGACY_LEASE_S",
     "LockOwner",
     "stale_reason",
-    "hold_token",
-    "drop_token",
-    "holds_token",
+    "LockTokens",
+    "LockContext",
 ]
 
 DEFAULT_LEASE_S = 60.0
 LEGACY_LEASE_S = 3600.0  # records of unickpt versions without a heartbeat: judged by their age
 _PID_LIMIT = 1 << 22  # Linux pid_max can be at most 2^22
-_HELD: set[str] = set()  # tokens of the locks this process holds (to tell a leak from a live save)
-_HELD_LOCK = threading.Lock()
 
 
-def hold_token(token: str) -> None:
-    """Register a lock token of this process (before its lock file exists)."""
-    with _HELD_LOCK:
-        _HELD.add(token)
+class LockTokens:
+    """The tokens of the save locks one checkpointer's saves hold now (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._held: set[str] = set()
+        self._lock = threading.Lock()
+
+    def hold(self, token: str) -> None:
+        """Register a lock token (before its lock file exists)."""
+        with self._lock:
+            self._held.add(token)
+
+    def drop(self, token: str) -> None:
+        with self._lock:
+            self._held.discard(token)
+
+    def holds(self, token: str) -> bool:
+        with self._lock:
+            return token in self._held
 
 
-def drop_token(token: str) -> None:
-    with _HELD_LOCK:
-        _HELD.discard(token)
+@dataclass(frozen=True, slots=True)
+class LockContext:
+    """What the lock code of one checkpointer needs: its own ``tokens``, and ``held_here``:
+    whether *any* live checkpointer of this process holds a token (a lock of this process's pid
+    that none holds is a leaked one). Without ``held_here`` (the default context of low-level
+    callers) a lock of this process is judged by its lease alone, never as leaked."""
 
-
-def holds_token(token: str) -> bool:
-    with _HELD_LOCK:
-        return token in _HELD
+    tokens: LockTokens = field(default_factory=LockTokens)
+    held_here: Callable[[str], bool] | None = None
 
 
 def _process_start(pid: int) -> float:
@@ -161,8 +176,13 @@ def _same_process_space(owner: LockOwner) -> bool:
     )
 
 
-def stale_reason(owner: LockOwner, now: float | None = None) -> str | None:
-    """Why the lock of ``owner`` is stale, or None if its save may still be running."""
+def stale_reason(
+    owner: LockOwner, now: float | None = None, held_here: Callable[[str], bool] | None = None
+) -> str | None:
+    """Why the lock of ``owner`` is stale, or None if its save may still be running.
+
+    ``held_here(token)``: whether a live checkpointer of this process holds ``token``; without it
+    a lock of this process's own pid is judged by its lease alone."""
     now = time.time() if now is None else now
     lease, beat = owner.lease, owner.last_beat
     if not all(math.isfinite(v) for v in (lease, beat, owner.created_unix)):
@@ -174,7 +194,9 @@ def stale_reason(owner: LockOwner, now: float | None = None) -> str | None:
     if not _same_process_space(owner):
         return None  # another host, boot or PID namespace: only its lease can tell
     if owner.pid == os.getpid():
-        return None if holds_token(owner.token) else "this process holds no save with that token (a leaked lock)"
+        if held_here is None or held_here(owner.token):
+            return None
+        return "this process holds no save with that token (a leaked lock)"
     if not 0 < owner.pid < _PID_LIMIT or not psutil.pid_exists(owner.pid):
         return f"its process {owner.pid} is gone"
     start = _process_start(owner.pid)

@@ -11,7 +11,7 @@ Who calls what, in order:
      ``role`` sub-checkpoints, manager steps) belongs to someone else: ``ForeignFolderError``.
   2. ``mark_save``  rank 0, under the save lock, before any data byte is written: the marker
      names the save, so that an interrupted save is recognisable and cleaned later.
-  3. after the commit ``engine.save.remove_stale_data`` deletes, for every *marked* save id
+  3. after the commit ``engine.commit.remove_stale_data`` deletes, for every *marked* save id
      other than the committed one and the one it replaced, the data files of that save
      (``delete_save_data``: names of the form unickpt gives its data files, under
      ``data/<save_id>/``) and then its marker. A failed save discards its own (``engine.lock``).

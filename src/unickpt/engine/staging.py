@@ -29,7 +29,7 @@ from ..storage.aligned import AlignedBuffer
 from ..storage.base import Buffer
 from .bytes_view import tensor_bytes
 
-__all__ = ["live_parts", "StagedFiles", "StagingPool", "STAGING_POOL"]
+__all__ = ["live_parts", "StagedFiles", "StagingPool"]
 
 
 def live_parts(items: list[SaveItem], plan: RankSavePlan, blobs: dict[str, bytes]) -> dict[str, list[Buffer]]:
@@ -81,10 +81,27 @@ class StagedFiles:
 
 
 class StagingPool:
+    """Two (``slots``) reusable sets of file images and the snapshot thread that fills deferred
+    entries. Owned by a ``Checkpointer``; ``close()`` frees the memory once no save uses it."""
+
     def __init__(self, slots: int = 2) -> None:
         self._slots = [_Slot() for _ in range(slots)]
         self._cond = threading.Condition()
         self._stream: torch.cuda.Stream | None = None
+        # copies the deferred part of snapshots (normal priority: an optimizer step may wait on
+        # it); its one thread starts at the first submit
+        self._snapshotter = ThreadPoolExecutor(1, thread_name_prefix="unickpt-snapshot")
+
+    def close(self) -> None:
+        """Wait for snapshot copies in flight, stop the snapshot thread and free every buffer
+        (the caller has drained its saves: no slot is busy)."""
+        self._snapshotter.shutdown(wait=True)
+        with self._cond:
+            for slot in self._slots:
+                for b in slot.buffers:
+                    if isinstance(b, AlignedBuffer):
+                        b.close()
+                slot.buffers = []
 
     def capacity_bytes(self) -> int:
         return sum(_cap(b) for s in self._slots for b in s.buffers)
@@ -152,16 +169,11 @@ class StagingPool:
             copied = None
             if deferred:  # version counters read now, in the call: the state the save stands for
                 versions = [items[e.item_index].tensor._version for e in deferred]
-                copied = _SNAPSHOTTER.submit(_copy_checked, deferred, versions, items, images)
+                copied = self._snapshotter.submit(_copy_checked, deferred, versions, items, images)
             return StagedFiles(parts, ready, self, slot, sum(sizes.values()), copied)
         except BaseException:
             self._release(slot)
             raise
-
-
-# copies the deferred part of snapshots (normal priority: an optimizer step may wait on it);
-# its one thread starts at the first submit
-_SNAPSHOTTER = ThreadPoolExecutor(1, thread_name_prefix="unickpt-snapshot")
 
 
 def _copy_entries(
@@ -239,6 +251,3 @@ def _fit(slot: _Slot, sizes: list[int], pinned: bool) -> None:
         if isinstance(b, AlignedBuffer):
             b.close()
     slot.buffers = out
-
-
-STAGING_POOL = StagingPool()

@@ -1,8 +1,9 @@
 """The background save worker: one thread per process running save jobs in submission order,
 and the bookkeeping of saves whose outcome nobody has seen yet.
 
-``api.save(async_save=True)`` snapshots on the caller's thread, then submits the rest (write,
-checksums, commit collectives on the ``background`` group) here. Every rank submits the same
+Each ``Checkpointer`` owns one ``SaveWorker``. Its save pipeline (``SavePipeline.start``)
+snapshots on the caller's thread, then submits the rest (write, checksums, commit collectives on
+the checkpointer's ``background`` group) here. Every rank submits the same
 saves in the same order, so the collectives of the background group always match across ranks.
 It runs at a lower CPU priority (nice +10 on Linux, per thread; the write and checksum threads
 it starts inherit it), so that on a busy host the training threads get the cores first and the
@@ -27,18 +28,19 @@ import logging
 import os
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING
 
-from ..errors import AsyncSaveFailures, describe_exception
+from ..errors import AsyncSaveFailures, CheckpointError, describe_exception
 from .exit_hook import run_before_thread_pools_shut_down
 
 if TYPE_CHECKING:
     from ..format.records import Metadata
 
-__all__ = ["SaveHandle", "SaveWorker", "SAVE_WORKER", "ANY_OWNER"]
+__all__ = ["SaveHandle", "SaveWorker", "ANY_OWNER"]
 
 BACKGROUND_NICE = 10
 ANY_OWNER = object()  # ``take_failures(ANY_OWNER)``: the failures of every owner
@@ -111,18 +113,31 @@ class SaveWorker:
         self._lock = threading.Lock()
         self._exit_hook = False
         self._failed_at_exit = False
+        self._closed = False
 
     def submit(self, fn: Callable[[], object]) -> Future:
         with self._lock:
+            if self._closed:
+                raise CheckpointError("this Checkpointer is closed: create a new one to save")
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="unickpt-save", initializer=_lower_priority)
             if not self._exit_hook:
                 self._exit_hook = True
-                run_before_thread_pools_shut_down(self._drain_at_exit)
-                atexit.register(self._exit_status)  # runs after threading's shutdown
+                me = weakref.ref(self)
+                run_before_thread_pools_shut_down(lambda: _at_exit(me, "_drain_at_exit"))
+                atexit.register(_at_exit, me, "_exit_status")  # runs after threading's shutdown
             fut = self._pool.submit(fn)
             self._pending = [f for f in self._pending if not f.done()] + [fut]
             return fut
+
+    def close(self) -> None:
+        """Wait for every queued save, then stop the worker thread (later submits are refused).
+        Failures nobody has seen stay reportable (``raise_failures``)."""
+        with self._lock:
+            self._closed = True
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     def drain(self) -> None:
         """Wait until every submitted job has finished (errors are reported by their handles)."""
@@ -221,4 +236,8 @@ class SaveWorker:
         os._exit(1)
 
 
-SAVE_WORKER = SaveWorker()
+def _at_exit(worker: weakref.ref[SaveWorker], method: str) -> None:
+    """Call ``method`` of the worker if it still exists (a collected worker has nothing queued)."""
+    w = worker()
+    if w is not None:
+        getattr(w, method)()

@@ -1,30 +1,52 @@
-"""On-disk representation: metadata records, codec with version dispatch, safe value encoding."""
+"""On-disk representation: metadata records, the codec with its table of format versions,
+metadata sections, validation, safe value encoding.
 
-from .codec import decode_metadata, encode_metadata
+Modules: ``records`` (what a checkpoint says), ``codec`` (bytes <-> records, dispatching on the
+format version to ``v1`` / ``v2``), ``sections`` (feature sections, format version 2 on),
+``validation`` (every check, shared with ``planning``), ``tiling`` (the coverage algorithm),
+``values`` / ``dtypes`` / ``npdtype`` (plain values, tensors and dtypes by stable names).
+"""
+
+from .codec import DEFAULT_CODEC, READERS, WRITERS, MetadataCodec, decode_metadata, encode_metadata
 from .dtypes import dtype_from_name, dtype_name
 from .records import (
     DATA_DIR,
     FORMAT_VERSION,
     METADATA_FILE,
+    OLDEST_FORMAT_VERSION,
     BlobRecord,
     Metadata,
     ShardRecord,
     TensorRecord,
     Topology,
 )
+from .sections import DEFAULT_SECTIONS, SectionCodec, SectionRegistry, SectionWarning
+from .validation import KeyReport, Strictness, validate_metadata
 from .values import dumps_value, loads_value
 
 __all__ = [
     "DATA_DIR",
     "FORMAT_VERSION",
+    "OLDEST_FORMAT_VERSION",
     "METADATA_FILE",
     "BlobRecord",
     "Metadata",
     "ShardRecord",
     "TensorRecord",
     "Topology",
+    "DEFAULT_CODEC",
+    "READERS",
+    "WRITERS",
+    "MetadataCodec",
     "decode_metadata",
     "encode_metadata",
+    "DEFAULT_SECTIONS",
+    "SectionCodec",
+    "SectionRegistry",
+    "SectionWarning",
+    "KeyReport",
+    "Strictness",
+    "validate_metadata",
     "dtype_from_name",
     "dtype_name",
     "dumps_value",

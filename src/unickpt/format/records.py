@@ -8,11 +8,13 @@ TensorShardToBasicByteMap. Everything is plain data: the codec turns it into JSO
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Union
 
 __all__ = [
     "FORMAT_VERSION",
+    "OLDEST_FORMAT_VERSION",
     "METADATA_FILE",
     "JSONValue",
     "ShardRecord",
@@ -22,7 +24,8 @@ __all__ = [
     "Metadata",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # the newest format version this unickpt reads and writes (format.codec)
+OLDEST_FORMAT_VERSION = 1  # the oldest it reads; what a save asks for (sections raise it to 2)
 METADATA_FILE = "unickpt.metadata.json"
 DATA_DIR = "data"
 
@@ -74,7 +77,12 @@ class Topology:
 
 @dataclass(frozen=True, slots=True)
 class Metadata:
-    """The global metadata of one committed checkpoint."""
+    """The global metadata of one committed checkpoint.
+
+    ``format_version``: on a decoded record, the version of its document; on a record to write,
+    the lowest version to write it in (the codec raises it to what the content needs: 2 when
+    there are ``sections``). ``sections``: feature sections by name (``format.sections``), each a
+    frozen record of the type its registered ``SectionCodec`` names."""
 
     format_version: int
     save_id: str
@@ -85,6 +93,7 @@ class Metadata:
     objects: dict[str, JSONValue] = field(default_factory=dict)
     blobs: dict[str, BlobRecord] = field(default_factory=dict)
     role: str | None = None
+    sections: Mapping[str, object] = field(default_factory=dict)
 
     @property
     def total_tensor_bytes(self) -> int:

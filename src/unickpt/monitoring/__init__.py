@@ -1,5 +1,5 @@
-"""Monitoring: per-rank, per-phase events of saves and loads, sinks and views."""
+"""Monitoring: per-rank, per-phase events of saves and loads, delivered to a checkpointer's bus."""
 
-from .events import PHASES, Event, add_listener, clear_listeners, emit, phase, remove_listener
+from .events import NO_EVENTS, PHASES, Event, EventBus, Listener, Phase
 
-__all__ = ["PHASES", "Event", "add_listener", "clear_listeners", "emit", "phase", "remove_listener"]
+__all__ = ["PHASES", "Event", "EventBus", "Listener", "Phase", "NO_EVENTS"]

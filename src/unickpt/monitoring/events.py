@@ -1,20 +1,22 @@
-"""Per-rank, per-phase events of saves and loads, delivered to registered listeners.
+"""Per-rank, per-phase events of saves and loads, delivered to the listeners of an ``EventBus``.
 
-The engine calls ``emit(phase, ...)`` at every phase boundary (see ``PHASES``); listeners receive
-one ``Event`` record (new fields never break them). Sinks in ``monitoring`` turn events into
-metrics and views; tests register listeners to inject faults at an exact phase (kill the process
-between the last write and the commit, etc.). Listeners run synchronously on the emitting thread
-and must be quick; an exception in a listener propagates (that is how faults are injected).
+Every ``Checkpointer`` owns one bus (``Checkpointer.events``); its save and load pipelines call
+``bus.emit(phase, ...)`` at every phase boundary (see ``PHASES``) or wrap a phase in
+``with bus.phase(name, rank) as p: ...; p.nbytes = n``. Listeners receive one ``Event`` record
+(new fields never break them). Sinks in ``monitoring`` turn events into metrics and views; tests
+register listeners to inject faults at an exact phase (kill the process between the last write
+and the commit, etc.). Listeners run synchronously on the emitting thread and must be quick; an
+exception in a listener propagates (that is how faults are injected).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-__all__ = ["Event", "PHASES", "add_listener", "remove_listener", "clear_listeners", "emit", "phase"]
+__all__ = ["Event", "PHASES", "EventBus", "Listener", "Phase", "NO_EVENTS"]
 
 PHASES = (
     "save.begin",
@@ -51,46 +53,66 @@ class Event:
 
 
 Listener = Callable[[Event], None]
-_LISTENERS: list[Listener] = []
-_LOCK = threading.Lock()
 
 
-def add_listener(fn: Listener) -> None:
-    with _LOCK:
-        _LISTENERS.append(fn)
+class EventBus:
+    """The listeners of one checkpointer's events (thread-safe; emitting with no listener costs
+    one attribute read)."""
+
+    def __init__(self, listeners: Iterable[Listener] = ()) -> None:
+        self._listeners: tuple[Listener, ...] = tuple(listeners)
+        self._lock = threading.Lock()
+
+    def add_listener(self, fn: Listener) -> None:
+        with self._lock:
+            self._listeners = (*self._listeners, fn)
+
+    def remove_listener(self, fn: Listener) -> None:
+        with self._lock:
+            self._listeners = tuple(f for f in self._listeners if f is not fn)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._listeners = ()
+
+    def emit(self, phase: str, rank: int, t_start: float | None = None, **fields: object) -> None:
+        listeners = self._listeners  # one read: a concurrent add/remove replaces the tuple
+        if not listeners:
+            return
+        now = time.perf_counter()
+        ev = Event(phase, rank, now if t_start is None else t_start, now, **fields)  # type: ignore[arg-type]
+        for fn in listeners:
+            fn(ev)
+
+    def phase(self, name: str, rank: int, **fields: object) -> Phase:
+        """``with bus.phase("save.write", rank, path=...) as p: ...; p.nbytes = n`` emits at exit
+        (only if the block succeeded)."""
+        return Phase(self, name, rank, fields)
 
 
-def remove_listener(fn: Listener) -> None:
-    with _LOCK:
-        if fn in _LISTENERS:
-            _LISTENERS.remove(fn)
+class Phase:
+    """A timed phase of one ``EventBus`` (see ``EventBus.phase``)."""
 
-
-def clear_listeners() -> None:
-    with _LOCK:
-        _LISTENERS.clear()
-
-
-def emit(phase: str, rank: int, t_start: float | None = None, **fields: object) -> None:
-    if not _LISTENERS:
-        return
-    now = time.perf_counter()
-    ev = Event(phase, rank, now if t_start is None else t_start, now, **fields)  # type: ignore[arg-type]
-    for fn in _LISTENERS:
-        fn(ev)
-
-
-class phase:
-    """``with phase("save.write", rank, path=...) as p: ...; p.nbytes = n`` emits at exit (if ok)."""
-
-    def __init__(self, name: str, rank: int, **fields: object) -> None:
-        self.name, self.rank, self.fields = name, rank, fields
+    def __init__(self, bus: EventBus, name: str, rank: int, fields: dict[str, object]) -> None:
+        self.bus, self.name, self.rank, self.fields = bus, name, rank, fields
         self.nbytes = 0
+        self.t0 = 0.0
 
-    def __enter__(self) -> phase:
+    def __enter__(self) -> Phase:
         self.t0 = time.perf_counter()
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if exc_type is None:
-            emit(self.name, self.rank, self.t0, nbytes=self.nbytes, **self.fields)
+            self.bus.emit(self.name, self.rank, self.t0, nbytes=self.nbytes, **self.fields)
+
+
+class _NoEvents(EventBus):
+    """The bus of code that runs outside any checkpointer (tools reading one file): listeners
+    cannot be added."""
+
+    def add_listener(self, fn: Listener) -> None:
+        raise TypeError("NO_EVENTS takes no listeners; add them to a Checkpointer's events")
+
+
+NO_EVENTS: EventBus = _NoEvents()

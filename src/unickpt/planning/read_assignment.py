@@ -5,7 +5,7 @@ once), the same assignment: each needed shard is read from storage by exactly on
 that need it, balanced by bytes (shards needed by one rank go to it; shared ones, largest
 first, to the least-loaded of their consumers), and shards with the same reader and consumer set
 are grouped into batches of at most ``max_batch_bytes`` that the reader sends to the other
-consumers as one message. Called by ``engine.load`` after ``plan_local_load``.
+consumers as one message. Called by ``engine.read`` after ``plan_local_load``.
 """
 
 from __future__ import annotations

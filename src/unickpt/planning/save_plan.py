@@ -1,6 +1,6 @@
 """Save planning: local plans from every rank -> one global plan (pure functions).
 
-Called by the coordinator (rank 0) inside ``engine.save`` after ``all_gather``/``gather`` of the
+Called by the coordinator (rank 0) inside ``engine.plan_cache.plan_stage`` after ``all_gather``/``gather`` of the
 ranks' ``LocalSavePlan``s; the result is scattered back as ``RankSavePlan``s and reused (cached)
 while the local plans do not change. Steps:
 1. check every rank agrees on each tensor's dtype and global shape;
@@ -8,10 +8,12 @@ while the local plans do not change. Steps:
    replica a holder's spec names as ``replica_source`` (the copy the framework treats as
    authoritative, e.g. DDP buffers: rank 0 of the DDP group), else by the replica with the
    fewest bytes assigned so far (worst-fit, largest boxes first);
-3. check the written boxes of each tensor neither overlap nor leave gaps (``format.tiling``, the
-   same check the metadata decoder runs, so a plan that passes here decodes);
+3. check the written boxes of each tensor neither overlap nor leave gaps
+   (``format.validation.box_coverage_problem``, the same check the metadata decoder runs);
 4. lay out bytes: each rank's items go into ``files_per_rank`` files, balanced by bytes, each
-   entry starting at a multiple of ENTRY_ALIGN bytes.
+   entry starting at a multiple of ENTRY_ALIGN bytes; self-check that no two entries of a file
+   overlap (``format.validation.overlap_problems``, again the decoder's check), so a plan that
+   passes here decodes.
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ import heapq
 from collections import defaultdict
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import PlanningError
 from ..format.dtypes import itemsize
-from ..format.tiling import check_box_tiling
+from ..format.validation import box_coverage_problem, overlap_problems
 from .boxes import numel
 from .specs import BlobSpec, Shape, ShardSpec
 
@@ -129,7 +133,7 @@ def plan_save(local_plans: list[LocalSavePlan], save_id: str, files_per_rank: in
         boxes = by_fqn.get(fqn, [])
         if numel(shape) == 0:
             continue
-        problem = check_box_tiling(shape, boxes)
+        problem = box_coverage_problem(shape, boxes)
         if problem is not None:
             problems.append(f"{fqn}: {problem}")
     if problems:
@@ -150,7 +154,29 @@ def plan_save(local_plans: list[LocalSavePlan], save_id: str, files_per_rank: in
         entries = _layout(save_id, rank, work, files_per_rank)
         rank_plans.append(RankSavePlan(rank, save_id, entries))
         all_files.extend(f for f in dict.fromkeys(e.file for e in entries))
+    _check_layout(local_plans, rank_plans, all_files)
     return GlobalSavePlan(save_id, tuple(rank_plans), tuple(all_files), tensors, tuple(writers))
+
+
+def _check_layout(local_plans: list[LocalSavePlan], rank_plans: list[RankSavePlan], files: list[str]) -> None:
+    """Self-check of the byte layout: every file named once, no two entries of a file overlap."""
+    index = {f: i for i, f in enumerate(files)}
+    owners: list[str] = []
+    who, fidx, boff, blen = [], [], [], []
+    for rp in rank_plans:
+        shards = local_plans[rp.rank].shards
+        for e in rp.entries:
+            who.append(len(owners))
+            owners.append(e.blob_key or shards[e.item_index].fqn)
+            fidx.append(index[e.file])
+            boff.append(e.byte_offset)
+            blen.append(e.byte_length)
+    arrays = [np.array(a, dtype=np.int64) for a in (who, fidx, boff, blen)]
+    problems = overlap_problems(files, owners, *arrays)
+    if len(index) != len(files):
+        problems.insert(0, "two ranks were given the same data file")
+    if problems:
+        raise PlanningError("the save plan's byte layout is inconsistent:\n  " + "\n  ".join(problems[:20]))
 
 
 def _preferred_source(local_plans: list[LocalSavePlan], holders: list[tuple[int, int]]) -> tuple[int, int] | None:

@@ -2,7 +2,7 @@
 
 Who calls what, in order (``cli.main`` -> ``run_inspect``):
   1. ``load_metadata(path)``  opens the storage (``open_storage``), reads the metadata bytes with
-     ``engine.load.read_metadata_bytes`` (which tells an interrupted save from a folder that is no
+     ``engine.read.read_metadata_bytes`` (which tells an interrupted save from a folder that is no
      checkpoint) and decodes / validates them with ``format.decode_metadata``; no data file is read;
   2. ``file_sizes(storage, md)``  stats every data file (one cheap ``size`` call each, in parallel),
      so missing or short files show up without reading them;
@@ -31,7 +31,7 @@ import torch
 
 from ..coordination.single import SingleProcessCoordinator
 from ..engine.bytes_view import tensor_bytes
-from ..engine.load import read_metadata_bytes, read_stage
+from ..engine.read import read_metadata_bytes, read_stage
 from ..errors import CheckpointError, ChecksumMismatchError, TruncatedDataFileError
 from ..format import METADATA_FILE, Metadata, decode_metadata, dtype_from_name
 from ..planning.load_plan import CopyOp, ShardRead

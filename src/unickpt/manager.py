@@ -13,7 +13,8 @@ Layout under ``root`` (any storage URL): ``step_<step:08d>/`` holds one checkpoi
 ``root`` so the tree can be moved.
 
 Who calls what, in order (every rank calls ``save`` / ``load_latest`` with the same arguments):
-  ``save``     -> ``unickpt.save`` (snapshot now; write + commit on the save worker) -> a
+  ``save``     -> ``Checkpointer.save_then`` of its checkpointer (snapshot now; write + commit on
+               its worker) -> a
                post-commit job queued on the same worker, so it runs after exactly that save:
                rank 0 checks the committed metadata names this save, publishes the pointer
                (``storage.commit``: temporary file, fsync, atomic rename), then applies retention.
@@ -37,16 +38,16 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..api import check_role, load, save_tracked
-from ..coordination import make_coordinator
-from ..engine.lock import lock_is_live
-from ..engine.worker import SAVE_WORKER, SaveHandle
-from ..errors import CheckpointError, IncompleteCheckpointError
-from ..format.codec import decode_metadata
-from ..format.records import DATA_DIR, METADATA_FILE, Metadata
-from ..options import LoadOptions, SaveOptions
-from ..storage import Storage, open_storage
-from ..storage.base import SMALL_FILE_LIMIT
+from .checkpointer import Checkpointer, default_checkpointer
+from .engine.lock import lock_is_live
+from .engine.target import check_role
+from .engine.worker import SaveHandle
+from .errors import CheckpointError, IncompleteCheckpointError
+from .format.codec import decode_metadata
+from .format.records import DATA_DIR, METADATA_FILE, Metadata
+from .options import LoadOptions, SaveOptions
+from .storage import Storage, open_storage
+from .storage.base import SMALL_FILE_LIMIT
 
 __all__ = ["CheckpointManager", "CheckpointInfo", "LatestPointer"]
 
@@ -93,7 +94,16 @@ class CheckpointManager:
     """Numbered checkpoints under ``root`` with a ``latest`` pointer and ``keep_last`` retention
     (``None`` keeps everything). See the module docstring for the protocol."""
 
-    def __init__(self, root: str, keep_last: int | None = 3, role: str | None = None) -> None:
+    def __init__(
+        self,
+        root: str,
+        keep_last: int | None = 3,
+        role: str | None = None,
+        *,
+        checkpointer: Checkpointer | None = None,
+    ) -> None:
+        """``checkpointer``: the one whose worker, groups and options this manager's saves and
+        loads use (default: ``unickpt.default_checkpointer()``)."""
         if keep_last is not None and keep_last < 1:
             raise ValueError(f"keep_last must be >= 1 or None, got {keep_last}")
         check_role(role)
@@ -102,6 +112,7 @@ class CheckpointManager:
         self.role = role
         self.pointer_name = "latest" if role is None else f"latest.{role}"
         self._storage: Storage = open_storage(self.root)
+        self._ckpt = checkpointer or default_checkpointer()
 
     # ------------------------------------------------------------------ paths
 
@@ -129,24 +140,20 @@ class CheckpointManager:
         """Save ``state`` as ``step`` (every rank). The handle completes once the checkpoint is
         committed and (rank 0) ``latest`` points at it and retention ran."""
         path = self.path_for(step)
-        inner = save_tracked(  # raises this manager's unseen async failures first
+        rank = self._ckpt.rank()
+        # the save raises this manager's unseen async failures first; right after it, on the same
+        # worker, rank 0 moves ``latest`` and applies retention (the handle is that job's)
+        return self._ckpt.save_then(
             path,
             state,
+            lambda inner: self._after_commit(step, inner, rank),
             framework=framework,
             async_save=async_save,
             role=self.role,
             options=options,
-            track=False,
             owner=self,
             what=f" of {self.root}",
         )
-        rank = make_coordinator().rank
-        outer = SaveHandle(SAVE_WORKER.submit(lambda: self._after_commit(step, inner, rank)), path=path)
-        if not async_save:
-            outer.wait()
-        else:
-            SAVE_WORKER.track(outer, owner=self)  # its failure is reported by this manager
-        return outer
 
     def _after_commit(self, step: int, inner: SaveHandle, rank: int) -> Metadata | None:
         md = inner.wait()  # runs after that save on the same worker; re-raises its failure
@@ -176,12 +183,12 @@ class CheckpointManager:
     def _raise_unreported(self) -> None:
         """Raise one ``AsyncSaveFailures`` for every failed async save of this manager nobody
         has seen yet."""
-        SAVE_WORKER.raise_failures(self, f" of {self.root}")
+        self._ckpt.resources.worker.raise_failures(self, f" of {self.root}")
 
     def wait(self) -> None:
         """Block until every save of this manager committed and its pointer/retention ran;
         raises ``AsyncSaveFailures`` for every failure nobody has seen yet."""
-        SAVE_WORKER.drain()
+        self._ckpt.resources.worker.drain()
         self._raise_unreported()
 
     # ------------------------------------------------------------------ discovery
@@ -261,7 +268,7 @@ class CheckpointManager:
         None (state untouched) when there is none. Rank 0 picks the step for all ranks."""
         self.wait()
         timeout = options.timeout if options is not None else None
-        coord = make_coordinator(timeout=timeout, label=f"load_latest of {self.root}")
+        coord = self._ckpt.resources.coordinator("foreground", timeout, f"load_latest of {self.root}")
         outcome: tuple[int | None, str | None] = (None, None)
         if coord.rank == 0:
             try:
@@ -275,7 +282,7 @@ class CheckpointManager:
             raise CheckpointError(f"cannot find the latest checkpoint under {self.root}: {error}")
         if step is None:
             return None
-        load(self.path_for(step), state, framework=framework, strict=strict, role=self.role, options=options)
+        self._ckpt.load(self.path_for(step), state, framework=framework, strict=strict, role=self.role, options=options)
         return step
 
     # ------------------------------------------------------------------ retention
@@ -306,7 +313,7 @@ class CheckpointManager:
         return sorted(deleted)
 
     def _lock_is_live(self, step: int) -> bool:
-        return lock_is_live(self._storage, self._prefix(step))
+        return lock_is_live(self._storage, self._prefix(step), self._ckpt.resources.locks)
 
     def _delete_checkpoint(self, step: int, names: list[str]) -> None:
         meta = self._prefix(step) + METADATA_FILE

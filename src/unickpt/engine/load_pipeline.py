@@ -1,8 +1,11 @@
-"""One attempt of ``unickpt.load`` on one committed metadata: validate, read, apply.
+"""The load pipeline: one load on one rank, validated before anything in the job changes.
 
-``api.load`` calls ``load_once`` (again, on the new metadata, if another job replaced the
-checkpoint while it read). Stages, every rank, * = collective on the checkpoint group:
+``Checkpointer.load`` creates a ``LoadPipeline`` and calls ``run``. Stages, every rank
+(* = collective on the checkpointer's foreground group):
 
+  describe*  the state dict is valid and every rank loads the same path, framework and role
+             (before anything is read);
+  metadata*  rank 0 reads the metadata (bounded), every rank decodes the same bytes;
   validate*  ``adapter.load_view(state, md, strict)`` (destinations; fresh tensors for optimizer
              state the live optimizer lacks, nothing installed), ``check_targets`` (shapes,
              dtypes), probes read (FSDP1 flat steps, into scratch), ``view.validate()``
@@ -10,7 +13,7 @@ checkpoint while it read). Stages, every rank, * = collective on the checkpoint 
              rank's missing and unexpected keys are combined (a key is unexpected only if no
              rank responsible for it wants it: pipeline stages hold different parameters), so
              every rank raises the same error under ``strict``. Nothing in the job changed yet.
-  read*      ``engine.load.read_stage`` fills the destinations: live tensors in place (a failure
+  read*      ``engine.read.read_stage`` fills the destinations: live tensors in place (a failure
              then says plainly that live tensors were partly overwritten), or with
              ``LoadOptions(stage_before_apply=True)`` staging buffers, every checksum verified
              on every rank before anything live is touched; extra state / dataloader blobs read
@@ -18,35 +21,112 @@ checkpoint while it read). Stages, every rank, * = collective on the checkpoint 
   apply*     staging copied into the live tensors, ``view.apply()`` (optimizer state installed,
              state the checkpoint does not have removed, param groups set), extra state and
              dataloader state set.
+If another job re-commits the checkpoint while this load reads (its data goes away), the load
+starts over from ``metadata`` on the new metadata (never a mix: every byte is re-read).
+A load changes the live state, so it is blocking by nature: ``run`` returns when it is applied.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import MutableMapping
 from typing import Any
 
 import torch
 
-from .coordination import Coordinator, SingleProcessCoordinator, run_stage
-from .engine.load import read_blob, read_stage
-from .errors import CheckpointError
-from .format.records import Metadata
-from .format.values import loads_value
-from .frameworks import FrameworkAdapter, LoadView
-from .monitoring.events import phase
-from .options import LoadOptions
-from .planning.load_plan import ShardRead, check_targets, keys_error, plan_local_load
-from .planning.specs import LoadItem
-from .state.extra import pick_extra_blob
-from .storage import Storage
+from ..coordination import Coordinator, SingleProcessCoordinator, run_stage
+from ..errors import (
+    CheckpointError,
+    ChecksumMismatchError,
+    MissingDataFileError,
+    RankFailures,
+    TruncatedDataFileError,
+)
+from ..format.records import Metadata
+from ..format.values import loads_value
+from ..frameworks import FrameworkAdapter, LoadView, get_framework
+from ..monitoring.events import EventBus
+from ..options import LoadOptions
+from ..planning.load_plan import ShardRead, check_targets, keys_error, plan_local_load
+from ..planning.specs import LoadItem
+from ..state.extra import pick_extra_blob
+from ..storage import Storage
+from .lock import checkpoint_replaced
+from .read import read_blob, read_metadata, read_stage
+from .resources import Resources
+from .target import check_state, claims
 
-__all__ = ["load_once"]
+__all__ = ["LoadPipeline"]
+
+_LOAD_ATTEMPTS = 3
 
 _EXTRA, _LOADER = "extra_state", "dataloader"
 _ONE = SingleProcessCoordinator()  # probes: each rank reads its own, no collective
 
 
-def load_once(
+class LoadPipeline:
+    """One load of the checkpoint in ``storage`` into ``state`` on this rank (see the module
+    docstring)."""
+
+    def __init__(
+        self,
+        res: Resources,
+        storage: Storage,
+        state: MutableMapping[str, Any],
+        *,
+        framework: str,
+        strict: bool,
+        role: str | None,
+        options: LoadOptions,
+    ) -> None:
+        self.res, self.storage, self.state = res, storage, state
+        self.framework, self.strict, self.role, self.options = framework, strict, role, options
+        self.coord: Coordinator = res.coordinator("foreground", options.timeout, f"load of {storage.url}")
+
+    def describe(self) -> FrameworkAdapter:
+        """Collective: every rank has a valid state and agrees on what it loads."""
+
+        def local() -> FrameworkAdapter:
+            check_state(self.state)
+            return get_framework(self.framework, self.state)
+
+        return run_stage(
+            self.coord,
+            "load (describe state)",
+            local,
+            agree=lambda a: claims("load", self.storage.url, a.name, self.role),
+        )
+
+    def metadata(self) -> Metadata:
+        """Collective: the committed metadata (rank 0 reads, every rank decodes)."""
+        with self.res.events.phase("load.metadata", self.coord.rank, path=self.storage.url):
+            return read_metadata(self.coord, self.storage, self.options.max_metadata_bytes)
+
+    def run(self) -> tuple[list[str], list[str]]:
+        """The whole load; returns the keys a non-strict load skipped (missing from the
+        checkpoint, unexpected in it)."""
+        coord, storage = self.coord, self.storage
+        t0 = time.perf_counter()
+        self.res.events.emit("load.begin", coord.rank, path=storage.url)
+        adapter = self.describe()
+        for attempt in range(_LOAD_ATTEMPTS):
+            md = self.metadata()
+            try:
+                skipped = _load_once(
+                    self.res.events, md, storage, coord, adapter, self.state, self.strict, self.options
+                )
+                break
+            except (MissingDataFileError, TruncatedDataFileError, ChecksumMismatchError, RankFailures):
+                # another job may have committed a newer checkpoint here and deleted the data this
+                # load was reading: start over on the new metadata (never a mix: every byte is re-read)
+                if attempt + 1 == _LOAD_ATTEMPTS or not checkpoint_replaced(coord, storage, md.save_id):
+                    raise
+        self.res.events.emit("load.end", coord.rank, t0, path=storage.url)
+        return skipped
+
+
+def _load_once(
+    events: EventBus,
     md: Metadata,
     storage: Storage,
     coord: Coordinator,
@@ -55,8 +135,7 @@ def load_once(
     strict: bool,
     options: LoadOptions,
 ) -> tuple[list[str], list[str]]:
-    """Validate, read and apply ``md`` into ``state``; returns the keys a non-strict load skipped
-    (missing from the checkpoint, unexpected in it)."""
+    """Validate, read and apply ``md`` into ``state`` (one attempt)."""
     source = storage.url
 
     def validate() -> tuple[LoadView, list[ShardRead], dict[str, str], list[str], list[str]]:
@@ -79,7 +158,7 @@ def load_once(
             list(report.unexpected) + unexpected,
         )
 
-    with phase("load.plan", coord.rank, path=source):
+    with events.phase("load.plan", coord.rank, path=source):
         view, reads, blobs, missing, unexpected = run_stage(coord, "load (validate)", validate)
         missing, unexpected = _agree_keys(coord, missing, unexpected, view.prefixes)
     if strict and (missing or unexpected):
@@ -88,7 +167,7 @@ def load_once(
     staged = options.stage_before_apply
     targets = [i if i.fresh else LoadItem(i.spec, _staging(i.tensor), True) for i in view.items] if staged else None
     try:
-        with phase("load.read", coord.rank, path=source) as p:
+        with events.phase("load.read", coord.rank, path=source) as p:
             p.nbytes = read_stage(
                 md,
                 storage,

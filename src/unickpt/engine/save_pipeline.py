@@ -1,0 +1,252 @@
+"""The save pipeline: one save on one rank, as stages that return futures.
+
+``Checkpointer.save`` creates a ``SavePipeline`` and calls ``start``; a blocking save is the
+same pipeline and then ``handle.wait()``. Stages, in order, on every rank (* = collective):
+
+  describe*  (caller's thread, foreground group) the adapter's save view and the encoded extra
+             and dataloader state; the one all_gather also checks that every rank passes the same
+             path, framework and role, and reports the unseen failures of async saves that
+             finished on every rank;
+  plan*      (foreground) ``plan_cache.plan_stage``: the cached global plan, or a new one;
+  stage      (caller) the snapshot: a blocking save binds the live tensors (zero copy); an async
+             save copies buffers and blobs into the staging pool now, and the optimizer's
+             parameters and state on the snapshot thread, which that optimizer's next step()
+             waits for (``SnapshotGuard``): the snapshot's future (``Snapshot.copied``);
+  lock*      (worker thread, background group) ``lock.run_locked`` takes the save lock;
+  write      (worker) ``write.write_stage``: data files with their checksums;
+  commit*    (worker, background) ``commit.commit_stage``: metadata published by rank 0.
+``start`` returns a ``SaveHandle`` whose future is the commit's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, MutableMapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from ..coordination import Coordinator, Settle, run_stage
+from ..errors import CheckpointError, FrameworkError, UnsupportedValueError
+from ..format.records import Metadata
+from ..format.values import dumps_value
+from ..frameworks import FrameworkAdapter, SaveView, get_framework
+from ..options import SaveOptions
+from ..planning.save_plan import LocalSavePlan, RankSavePlan
+from ..planning.specs import BlobSpec, SaveItem
+from ..state.extra import extra_blob_key
+from ..storage import Buffer, Storage
+from .commit import SaveSource, commit_stage
+from .lock import SaveLock, run_locked
+from .plan_cache import CachedPlan, PlanKey, plan_stage
+from .resources import Resources
+from .staging import StagedFiles, live_parts
+from .step_guard import is_optimizer_like, protected_storages, storage_key
+from .target import check_state, claims
+from .worker import SaveHandle
+from .write import write_stage
+
+__all__ = ["SavePipeline", "Described", "Snapshot"]
+
+
+@dataclass(frozen=True, slots=True)
+class Described:
+    """The describe stage's result: the adapter, its view of the state, the encoded blobs."""
+
+    adapter: FrameworkAdapter
+    view: SaveView
+    blobs: dict[str, bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The stage stage's result: each data file's parts and each plan entry's bytes (views of
+    live tensors for a blocking save; of the staging images for an async one)."""
+
+    file_parts: dict[str, list[Buffer]]
+    entry_bytes: list[Buffer]
+    staged: StagedFiles | None
+    copied: Future[None] | None  # the background part of the copy (None: the copy is complete)
+
+
+class SavePipeline:
+    """One save of ``state`` to ``storage`` on this rank (see the module docstring).
+
+    ``owner``/``what``: whose unseen async failures the describe stage reports first (a
+    ``CheckpointManager`` passes itself and `` of <root>``)."""
+
+    def __init__(
+        self,
+        res: Resources,
+        storage: Storage,
+        state: MutableMapping[str, Any],
+        *,
+        framework: str,
+        role: str | None,
+        options: SaveOptions,
+        owner: object = None,
+        what: str = "",
+    ) -> None:
+        self.res, self.storage, self.state = res, storage, state
+        self.framework, self.role, self.options = framework, role, options
+        self.owner, self.what = owner, what
+        label = f"save of {storage.url}"
+        self.coord: Coordinator = res.coordinator("foreground", options.timeout, label)
+        self.background: Coordinator = res.coordinator("background", options.timeout, label)
+        self.t0 = time.perf_counter()
+
+    # ------------------------------------------------------------------ stages (caller's thread)
+
+    def describe(self) -> Described:
+        """Collective: every rank describes its state; all agree on what they save."""
+        coord, worker = self.coord, self.res.worker
+
+        def local() -> Described:
+            check_state(self.state)
+            adapter = get_framework(self.framework, self.state)
+            return Described(adapter, adapter.save_view(self.state), _blobs_to_save(self.state, coord.rank))
+
+        unseen = Settle(lambda: worker.finished(self.owner), lambda n: worker.raise_failures(self.owner, self.what, n))
+        return run_stage(
+            coord,
+            "save (describe state)",
+            local,
+            agree=lambda d: claims("save", self.storage.url, d.adapter.name, self.role),
+            settle=unseen,
+        )
+
+    def plan(self, d: Described) -> CachedPlan:
+        """Collective: this save's global plan (cached while the layout is unchanged)."""
+        local = LocalSavePlan(
+            self.coord.rank,
+            tuple(i.spec for i in d.view.items),
+            tuple(BlobSpec(k, len(v)) for k, v in d.blobs.items()),
+        )
+        key = PlanKey(self.role, d.adapter.name, self.options.files_per_rank)
+        with self.res.events.phase("save.plan", self.coord.rank, path=self.storage.url):
+            cached = plan_stage(self.coord, local, self.options.files_per_rank, self.res.plans.get(key))
+        self.res.plans.put(key, cached)
+        return cached
+
+    def stage(self, d: Described, plan: RankSavePlan, async_save: bool) -> Snapshot:
+        """The snapshot (collective for async saves: every rank learns all staged)."""
+        if not async_save:
+            parts = live_parts(d.view.items, plan, d.blobs)
+            return Snapshot(parts, _plan_order(plan, parts), None, None)
+        later = self._copied_later()
+        with self.res.events.phase("save.stage", self.coord.rank, path=self.storage.url, save_id=plan.save_id) as p:
+            staged = run_stage(
+                self.coord, "save (stage)", lambda: self.res.staging.stage(d.view.items, plan, d.blobs, later)
+            )
+            p.nbytes = staged.nbytes
+        copied = staged.copied
+        if copied is not None:
+            self.res.guard.guard(self.state["optimizer"], copied)
+        images = {f: memoryview(parts[0]) if parts else memoryview(b"") for f, parts in staged.parts.items()}
+        entries: list[Buffer] = [images[e.file][e.byte_offset : e.byte_offset + e.byte_length] for e in plan.entries]
+        return Snapshot(staged.parts, entries, staged, copied)
+
+    def _copied_later(self) -> Callable[[SaveItem], bool] | None:
+        """Which save items an async save may copy after returning: those only optimizer.step()
+        changes (it waits for the copy; see engine.step_guard). None: copy everything now."""
+        optimizer = self.state.get("optimizer")
+        if not self.options.background_snapshot or not is_optimizer_like(optimizer):
+            return None
+        protected = protected_storages(optimizer)
+        return lambda item: storage_key(item.tensor) in protected
+
+    # ------------------------------------------------------------------ stages (worker thread)
+
+    def write_and_commit(self, lock: SaveLock, d: Described, cached: CachedPlan, snap: Snapshot) -> Metadata | None:
+        """Write this rank's files, then the collective commit (rank 0 returns the metadata)."""
+        gplan = cached.plan
+        plan = gplan.rank_plans[self.coord.rank]
+        rank, url, events = self.coord.rank, self.storage.url, self.res.events
+        crcs, error = None, None
+        try:
+            if snap.staged is not None:
+                snap.staged.wait_ready()
+            with events.phase("save.write", rank, path=url, save_id=gplan.save_id) as p:
+                crcs = write_stage(
+                    self.storage, plan, snap.entry_bytes, snap.file_parts, self.options.io_threads, events
+                )
+                p.nbytes = plan.nbytes
+        except Exception as e:  # reported to all ranks by commit_stage
+            error = e
+        finally:
+            if snap.staged is not None:
+                snap.staged.release()
+        md = commit_stage(
+            self.background,
+            self.storage,
+            gplan,
+            crcs,
+            error,
+            SaveSource(d.adapter.name, self.role, d.view.mesh),
+            d.view.objects,  # every rank's: merged per parameter at commit (pipeline stages differ)
+            self.options.cleanup_previous,
+            events,
+            still_locked=lock.verify_holder,
+        )
+        events.emit("save.end", rank, self.t0, path=url, save_id=gplan.save_id, nbytes=plan.nbytes)
+        return md
+
+    # ------------------------------------------------------------------ the whole save
+
+    def start(self, async_save: bool) -> SaveHandle:
+        """Run describe, plan and stage here; submit lock + write + commit to the worker (after
+        any earlier save of this checkpointer). Returns the save's handle (not yet tracked)."""
+        self.res.events.emit("save.begin", self.coord.rank, path=self.storage.url)
+        d = self.describe()
+        cached = self.plan(d)
+        plan = cached.plan.rank_plans[self.coord.rank]
+        snap = self.stage(d, plan, async_save)
+        release = snap.staged.release if snap.staged is not None else None
+        future = self.res.worker.submit(
+            lambda: run_locked(
+                self.background,
+                self.storage,
+                plan,
+                lambda lock: self.write_and_commit(lock, d, cached, snap),
+                on_refused=release,
+                lease_s=self.options.lock_lease_s,
+                ctx=self.res.locks,
+            )
+        )
+        return SaveHandle(future, snap.copied, self.storage.url)
+
+
+def _plan_order(plan: RankSavePlan, file_parts: dict[str, list[Buffer]]) -> list[Buffer]:
+    """Each entry's bytes, in plan order, picked out of ``live_parts``' per-file lists."""
+    cursor = {f: 0 for f in file_parts}
+    ends: dict[str, int] = {}
+    out = []
+    for e in plan.entries:
+        if e.byte_offset != ends.get(e.file, 0):
+            cursor[e.file] += 1  # skip the padding part
+        ends[e.file] = e.byte_offset + e.byte_length
+        out.append(file_parts[e.file][cursor[e.file]])
+        cursor[e.file] += 1
+    return out
+
+
+def _blobs_to_save(state: MutableMapping[str, Any], rank: int) -> dict[str, bytes]:
+    blobs = {}
+    if state.get("extra_state") is not None:
+        blobs[extra_blob_key(rank)] = _encode(state["extra_state"], "extra_state")
+    loader = state.get("dataloader")
+    if loader is not None:
+        if not hasattr(loader, "state_dict"):
+            raise FrameworkError('state["dataloader"] must have state_dict()/load_state_dict()')
+        blobs[f"dataloader/rank{rank}"] = _encode(loader.state_dict(), "dataloader")
+    return blobs
+
+
+def _encode(value: Any, where: str) -> bytes:
+    """``dumps_value``, its refusals as ``UnsupportedValueError`` (a ``CheckpointError``)."""
+    try:
+        return dumps_value(value, where)
+    except CheckpointError:
+        raise
+    except (TypeError, ValueError, OverflowError, RecursionError) as e:
+        raise UnsupportedValueError(f"cannot save {where}: {e}") from e

@@ -1,0 +1,51 @@
+"""What a save or load is about: the checkpoint's storage (path + role) and the ``state`` dict.
+
+Used first by both pipelines (``SavePipeline``, ``LoadPipeline``), and by ``CheckpointManager``
+for roles. ``claims`` is what every rank must pass alike; the pipelines check it in their first
+collective (``run_stage(agree=...)``) before anything is written or read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+from typing import Any
+
+from ..errors import FrameworkError
+from ..format.records import DATA_DIR
+from ..storage import Storage, open_storage
+
+__all__ = ["KNOWN_KEYS", "check_role", "open_target", "check_state", "claims"]
+
+KNOWN_KEYS = frozenset({"model", "optimizer", "extra_state", "dataloader"})
+
+
+def check_role(role: str | None) -> None:
+    """A role names a sub-folder of the checkpoint folder: one path component that cannot be
+    taken for the folder's own files (``data/``, ``unickpt.*``) or hidden."""
+    if role is None:
+        return
+    if not isinstance(role, str) or not role or "/" in role or "\\" in role or role.startswith("."):
+        raise ValueError(f"invalid role {role!r}: one folder name, not empty, no '/', not starting with '.'")
+    if role == DATA_DIR or role.startswith("unickpt"):
+        raise ValueError(f"invalid role {role!r}: {DATA_DIR!r} and names starting with 'unickpt' are reserved")
+
+
+def open_target(path: str, role: str | None) -> Storage:
+    """The storage of the checkpoint at ``path`` (``path/role`` with a role)."""
+    check_role(role)
+    if role is not None:
+        path = f"{str(path).rstrip('/')}/{role}"
+    return open_storage(str(path))
+
+
+def check_state(state: MutableMapping[str, Any]) -> None:
+    if not isinstance(state, MutableMapping):
+        raise FrameworkError(f"state must be a dict, got {type(state).__name__}")
+    unknown = set(state) - KNOWN_KEYS
+    if unknown:
+        raise FrameworkError(f"unknown state keys {sorted(unknown)}; expected some of {sorted(KNOWN_KEYS)}")
+
+
+def claims(operation: str, url: str, framework: str, role: str | None) -> dict[str, object]:
+    """What every rank of one save/load must pass alike (checked in its first collective)."""
+    return {"operation": operation, "path": url, "framework": framework, "role": role}

@@ -1,0 +1,513 @@
+"""Checkpoint validation: the one home of every consistency check on metadata and on what a load
+asks of it. Pure functions; each collects every problem it finds and the caller raises once.
+
+Who calls what, in which order:
+
+- **Decoding** (``format.v1.read_body``, for every format version): per tensor
+  :func:`tensor_problems` (size, then the bounds of every shard row: non-negative, below
+  ``MAX_BYTES``, inside the shape, a known file, byte length = box size, a 32-bit checksum; then
+  coverage, i.e. the shards tile the tensor, via ``format.tiling``), :func:`blob_problems` per
+  blob, :func:`file_name_problems`, and :func:`byte_range_problems` over every range of every
+  file. The reader turns the collected sentences into one ``CorruptMetadataError``.
+- **Save planning** (``planning.save_plan.plan_save``, the plan's self-check):
+  :func:`box_coverage_problem` on the boxes the ranks will write and :func:`byte_range_problems`
+  on the byte layout, so a plan that passes decodes; one ``PlanningError``.
+- **Load targets** (``planning.load_plan`` re-exports, called by ``_load.load_once``):
+  :func:`check_targets` (shapes, dtypes, then missing / unexpected keys under a
+  :class:`Strictness`) and :func:`keys_error`; one error whose class names the worst problem.
+- :func:`validate_metadata` runs the decoder's checks on a ``Metadata`` built in memory (tools,
+  tests, writers that assemble records by hand).
+
+``format`` never imports ``planning``: load targets are anything with ``fqn``, ``dtype`` and
+``global_shape`` (:class:`TargetSpec`; ``planning.specs.ShardSpec`` is one).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..errors import (
+    CheckpointError,
+    CorruptMetadataError,
+    DtypeMismatchError,
+    MissingKeysError,
+    ShapeMismatchError,
+    UnexpectedKeysError,
+)
+from .dtypes import itemsize
+from .records import BlobRecord, Metadata, TensorRecord
+from .tiling import check_box_tiling, check_tiling
+
+__all__ = [
+    "MAX_BYTES",
+    "MAX_NDIM",
+    "Problems",
+    "corrupt",
+    "Strictness",
+    "KeyReport",
+    "TargetSpec",
+    "shard_table",
+    "tensor_problems",
+    "coverage_problem",
+    "box_coverage_problem",
+    "blob_problems",
+    "file_name_problems",
+    "byte_range_problems",
+    "overlap_problems",
+    "validate_metadata",
+    "check_targets",
+    "keys_error",
+    "key_error_for",
+]
+
+MAX_BYTES = 1 << 56  # 64 PiB: no tensor, shard, file offset or blob is larger (absurd beyond)
+MAX_NDIM = 64
+_CRC_LIMIT = 1 << 32
+
+
+class Problems:
+    """Problem sentences collected by the checks: the first ``keep`` are kept, all are counted.
+
+    ``raise_if_any(make)`` raises ``make(text)`` once, ``text`` being the one sentence or
+    ``"N problems:"`` followed by the kept ones, one per line."""
+
+    def __init__(self, keep: int = 20) -> None:
+        self.keep = keep
+        self.count = 0
+        self.items: list[str] = []
+
+    def add(self, sentence: str) -> None:
+        self.count += 1
+        if len(self.items) < self.keep:
+            self.items.append(sentence)
+
+    def extend(self, sentences: Iterable[str]) -> None:
+        for s in sentences:
+            self.add(s)
+
+    def __bool__(self) -> bool:
+        return self.count > 0
+
+    def text(self) -> str:
+        if self.count == 1:
+            return self.items[0]
+        more = f"\n  ... and {self.count - len(self.items)} more" if self.count > len(self.items) else ""
+        return f"{self.count} problems:" + "".join(f"\n  {s}" for s in self.items) + more
+
+    def raise_if_any(self, make: Callable[[str], Exception]) -> None:
+        if self.count:
+            raise make(self.text())
+
+
+def corrupt(source: str, what: str) -> CorruptMetadataError:
+    """The decoder's error: ``corrupt checkpoint metadata {source}: {what}``."""
+    return CorruptMetadataError(f"corrupt checkpoint metadata {source}: {what}")
+
+
+# --------------------------------------------------------------------------- tensors and bytes
+
+
+def shard_table(rec: TensorRecord) -> np.ndarray:
+    """The shards of ``rec`` as the (n, 2 * ndim + 4) int64 table the checks read: one row
+    ``[*offsets, *lengths, file_index, byte_offset, byte_length, crc32c]`` per shard (the layout
+    of format version 1's shard rows). TypeError for a field that is not an int, OverflowError
+    for one beyond int64, ValueError for a box whose rank is not the tensor's."""
+    width = 2 * len(rec.shape) + 4
+    rows = [[*s.offsets, *s.lengths, s.file_index, s.byte_offset, s.byte_length, s.crc32c] for s in rec.shards]
+    if any(type(v) is not int for row in rows for v in row):
+        raise TypeError(f"tensor {rec.fqn!r}: shard fields must be ints")
+    return np.array(rows, dtype=np.int64).reshape(len(rows), width)
+
+
+def tensor_problems(fqn: str, shape: tuple[int, ...], dtype: str, table: np.ndarray, nfiles: int | None) -> list[str]:
+    """Everything wrong with one tensor's shards (``table`` as :func:`shard_table`); ``nfiles``
+    None skips the file-index check (the file list itself was unreadable). Coverage is checked
+    only when every row is in bounds. Sentences start with ``tensor 'fqn':``."""
+    head = f"tensor {fqn!r}:"
+    try:
+        isz = itemsize(dtype)
+    except CorruptMetadataError:
+        return [f"{head} unknown dtype {dtype!r}"]
+    if len(shape) > MAX_NDIM or any(d < 0 or d > MAX_BYTES for d in shape):
+        return [f"{head} shape {shape} is not a list of at most {MAX_NDIM} sizes in [0, {MAX_BYTES}]"]
+    if math.prod(shape) * isz > MAX_BYTES:
+        return [f"{head} shape {shape} is absurdly large"]
+    nd = len(shape)
+    if table.ndim != 2 or table.shape[1] != 2 * nd + 4:
+        return [f"{head} shard rows do not have the {2 * nd + 4} fields of a rank-{nd} tensor"]
+    out = _row_problems(head, shape, isz, table, nfiles)
+    if out:
+        return out
+    problem = coverage_problem(shape, table[:, :nd], table[:, nd : 2 * nd])
+    return [f"{head} {problem}"] if problem is not None else []
+
+
+def _row_problems(head: str, shape: tuple[int, ...], isz: int, table: np.ndarray, nfiles: int | None) -> list[str]:
+    """Bounds of every row; one sentence per kind of problem (its first row). Small tables that
+    pass (nearly all) are accepted by a plain loop; the vectorised checks below are the
+    authority for anything else and say what is wrong."""
+    if table.size <= _SMALL and _rows_ok(shape, isz, table.tolist(), nfiles):
+        return []
+    nd = len(shape)
+    offs, lens = table[:, :nd], table[:, nd : 2 * nd]
+    fidx, boff, blen, crc = (table[:, 2 * nd + i] for i in range(4))
+    kinds: list[tuple[Any, Callable[[int], str]]] = [
+        ((table < 0).any(axis=1), lambda i: f"negative field {int(table[i].min())}"),
+        ((table > MAX_BYTES).any(axis=1), lambda i: f"absurd value {int(table[i].max())} (above {MAX_BYTES})"),
+        (
+            (offs + lens > np.asarray(shape, dtype=np.int64)).any(axis=1),
+            lambda i: f"box {_box(offs[i], lens[i])} outside shape {shape}",
+        ),
+        (boff + blen > MAX_BYTES, lambda i: f"byte range [{int(boff[i])}, {int(boff[i] + blen[i])}) is absurd"),
+        (
+            blen != np.prod(lens, axis=1, dtype=np.int64) * isz,
+            lambda i: f"byte length {int(blen[i])} != box size {math.prod(int(v) for v in lens[i]) * isz}",
+        ),
+        (crc >= _CRC_LIMIT, lambda i: f"checksum {int(crc[i])} out of range"),
+    ]
+    if nfiles is not None:
+        kinds.insert(3, (fidx >= nfiles, lambda i: f"names file #{int(fidx[i])} of {nfiles} (file index out of range)"))
+    out = []
+    for mask, say in kinds:
+        bad = np.flatnonzero(mask)
+        if len(bad):
+            more = f" (and {len(bad) - 1} more rows)" if len(bad) > 1 else ""
+            out.append(f"{head} shard row {int(bad[0])}: {say(int(bad[0]))}{more}")
+    return out
+
+
+_SMALL = 256  # shard tables of at most this many fields are first checked with a plain loop
+
+
+def _rows_ok(shape: tuple[int, ...], isz: int, rows: list[list[int]], nfiles: int | None) -> bool:
+    """True iff every row passes every check of :func:`_row_problems` (property-tested to agree)."""
+    nd = len(shape)
+    limit = MAX_BYTES if nfiles is None else nfiles - 1
+    for row in rows:
+        for v in row:
+            if v < 0 or v > MAX_BYTES:
+                return False
+        size = isz
+        for d in range(nd):
+            if row[d] + row[nd + d] > shape[d]:
+                return False
+            size *= row[nd + d]
+        fidx, boff, blen, crc = row[2 * nd :]
+        if fidx > limit or boff + blen > MAX_BYTES or blen != size or crc >= _CRC_LIMIT:
+            return False
+    return True
+
+
+def _box(offs: np.ndarray, lens: np.ndarray) -> str:
+    return f"{tuple(int(v) for v in offs)}+{tuple(int(v) for v in lens)}"
+
+
+def coverage_problem(shape: Sequence[int], offsets: np.ndarray, lengths: np.ndarray) -> str | None:
+    """None if the boxes tile ``shape`` exactly once, else the sentence of
+    ``format.tiling.check_tiling`` (which element is covered how often, by which boxes).
+
+    Few boxes that split the shape along at most one dimension (an unsharded tensor, a row or
+    column sharding: nearly every tensor) are accepted by :func:`_splits_one_dim` without the
+    corner sort; anything else, and every failure, goes to ``check_tiling``."""
+    if len(offsets) <= _FEW and _splits_one_dim(tuple(int(s) for s in shape), offsets.tolist(), lengths.tolist()):
+        return None
+    problem = check_tiling(shape, offsets, lengths)
+    return None if problem is None else str(problem)
+
+
+_FEW = 64
+
+
+def _splits_one_dim(shape: tuple[int, ...], offsets: list[list[int]], lengths: list[list[int]]) -> bool:
+    """True only if the boxes tile ``shape``: every box is in bounds; the non-empty ones span the
+    whole shape in every dimension but one, d, and their intervals along d, sorted, follow each
+    other from 0 to ``shape[d]`` without gap or overlap (then every element is covered once).
+    False means "not this simple layout", not "no tiling"."""
+    nonempty = []
+    for o, n in zip(offsets, lengths):
+        if len(o) != len(shape) or any(a < 0 or b < 0 or a + b > s for a, b, s in zip(o, n, shape)):
+            return False
+        if all(n):
+            nonempty.append((o, n))
+    if not nonempty or 0 in shape:
+        return False
+    split = {d for o, n in nonempty for d, s in enumerate(shape) if o[d] != 0 or n[d] != s}
+    if not split:
+        return len(nonempty) == 1
+    if len(split) > 1:
+        return False
+    d = split.pop()
+    end = 0
+    for start, length in sorted((o[d], n[d]) for o, n in nonempty):
+        if start != end:
+            return False
+        end = start + length
+    return end == shape[d]
+
+
+def box_coverage_problem(shape: Sequence[int], boxes: Sequence[tuple[Sequence[int], Sequence[int]]]) -> str | None:
+    """:func:`coverage_problem` for ``(offsets, lengths)`` pairs of Python ints (the planner's
+    boxes; out-of-bounds boxes are reported too). ValueError if a box's rank differs."""
+    shape = tuple(shape)
+    if len(boxes) <= _FEW and _splits_one_dim(shape, [list(o) for o, _ in boxes], [list(n) for _, n in boxes]):
+        return None
+    problem = check_box_tiling(shape, boxes)
+    return None if problem is None else str(problem)
+
+
+def blob_problems(blob: BlobRecord, nfiles: int | None) -> list[str]:
+    """Bounds of one blob's byte range (``blob 'key': ...``)."""
+    head = f"blob {blob.key!r}"
+    vals = (blob.file_index, blob.byte_offset, blob.byte_length, blob.crc32c)
+    if any(type(v) is not int or not 0 <= v <= MAX_BYTES for v in vals):
+        return [f"{head}: fields must be integers in [0, {MAX_BYTES}], got {list(vals)}"]
+    out = []
+    if nfiles is not None and blob.file_index >= nfiles:
+        out.append(f"{head} names file #{blob.file_index} of {nfiles}")
+    if blob.byte_offset + blob.byte_length > MAX_BYTES or blob.crc32c >= _CRC_LIMIT:
+        end = blob.byte_offset + blob.byte_length
+        out.append(f"{head}: byte range [{blob.byte_offset}, {end}) or checksum is absurd")
+    return out
+
+
+def file_name_problems(files: Sequence[str]) -> list[str]:
+    """Data file names stay inside the checkpoint folder (relative, no ``..``, no backslash, not
+    empty) and are listed once (two indices naming one file would hide overlapping ranges)."""
+    out = []
+    seen: set[str] = set()
+    for f in files:
+        if f.startswith("/") or ".." in f.split("/") or "\\" in f or not f:
+            out.append(f"file name {f!r} escapes the checkpoint folder")
+        elif f in seen:
+            out.append(f"file name {f!r} is listed twice")
+        seen.add(f)
+    return out
+
+
+def byte_range_problems(
+    files: Sequence[str], ranges: Iterable[tuple[str, np.ndarray, np.ndarray, np.ndarray]]
+) -> list[str]:
+    """No two byte ranges of one file overlap. ``ranges``: per owner (a tensor fqn or blob key),
+    its ``(owner, file_index, byte_offset, byte_length)`` arrays, in bounds (file indices below
+    ``len(files)``). See :func:`overlap_problems`."""
+    owners: list[str] = []
+    parts: list[tuple[np.ndarray, ...]] = []
+    for owner, fidx, boff, blen in ranges:
+        if len(fidx):
+            parts.append((np.full(len(fidx), len(owners), dtype=np.int64), fidx, boff, blen))
+            owners.append(owner)
+    if not parts:
+        return []
+    who, fidx, boff, blen = (np.concatenate([p[k] for p in parts]) for k in range(4))
+    return overlap_problems(files, owners, who, fidx, boff, blen)
+
+
+def overlap_problems(
+    files: Sequence[str],
+    owners: Sequence[str],
+    who: np.ndarray,
+    file_index: np.ndarray,
+    byte_offset: np.ndarray,
+    byte_length: np.ndarray,
+) -> list[str]:
+    """No two byte ranges of one file overlap; range i is ``[byte_offset[i], + byte_length[i])``
+    of ``files[file_index[i]]``, owned by ``owners[who[i]]`` (all in bounds). Sorted by (file,
+    offset, length), some pair of ranges overlaps iff some adjacent pair does (the later one
+    starts before the earlier one ends), so one sort finds them: O(n log n), vectorised. One
+    sentence per overlapping adjacent pair."""
+    if not len(who):
+        return []
+    arrays = (np.asarray(a, dtype=np.int64) for a in (who, file_index, byte_offset, byte_length))
+    who, fidx, boff, blen = arrays
+    order = np.lexsort((who, blen, boff, fidx))
+    who, fidx, boff, blen = who[order], fidx[order], boff[order], blen[order]
+    bad = np.flatnonzero((fidx[1:] == fidx[:-1]) & (boff[:-1] + blen[:-1] > boff[1:]))
+    return [
+        f"byte ranges of {owners[who[i]]!r} and {owners[who[i + 1]]!r} overlap in {files[int(fidx[i])]}"
+        for i in bad.tolist()
+    ]
+
+
+def validate_metadata(md: Metadata, source: str = "<metadata>") -> None:
+    """The decoder's checks of files, tensors, blobs and byte ranges, on records built in memory
+    (field types and sections are the codec's business); one ``CorruptMetadataError``
+    (``corrupt checkpoint metadata {source}: ...``) listing every problem."""
+    problems = Problems()
+    problems.extend(file_name_problems(md.files))
+    nfiles = len(md.files)
+    ranges = []
+    for fqn, rec in md.tensors.items():
+        try:
+            table = shard_table(rec)
+        except (OverflowError, ValueError, TypeError):
+            problems.add(f"tensor {fqn!r}: a shard field is not a 64-bit integer or a box has the wrong rank")
+            continue
+        found = tensor_problems(fqn, tuple(rec.shape), rec.dtype, table, nfiles)
+        problems.extend(found)
+        if not found:
+            nd = len(rec.shape)
+            ranges.append((fqn, table[:, 2 * nd], table[:, 2 * nd + 1], table[:, 2 * nd + 2]))
+    for key, blob in md.blobs.items():
+        found = blob_problems(blob, nfiles)
+        problems.extend(found)
+        if not found:
+            one = np.array([blob.file_index, blob.byte_offset, blob.byte_length], dtype=np.int64)
+            ranges.append((key, one[0:1], one[1:2], one[2:3]))
+    problems.extend(byte_range_problems(md.files, ranges))
+    problems.raise_if_any(lambda text: corrupt(source, text))
+
+
+# --------------------------------------------------------------------------- load targets
+
+
+class Strictness(Enum):
+    """What a load does with keys only one side has ("missing": wanted by the live state, absent
+    from the checkpoint; "unexpected": in the checkpoint, not wanted). The model is
+    Megatron dist_checkpointing's ``StrictHandling``, reduced to the choices that change what
+    happens: raise, or return the keys to the caller (which warns and skips them).
+
+    ``strict=True`` is ``RAISE_ALL``, ``strict=False`` is ``RETURN_ALL``; ``RAISE_MISSING`` loads
+    part of a checkpoint (a backbone without its head) but refuses a live tensor the checkpoint
+    cannot fill; ``RAISE_UNEXPECTED`` lets new live tensors keep their initial values but
+    refuses to drop anything the checkpoint holds."""
+
+    RAISE_ALL = "raise_all"
+    RAISE_MISSING = "raise_missing"
+    RAISE_UNEXPECTED = "raise_unexpected"
+    RETURN_ALL = "return_all"
+
+    @classmethod
+    def of(cls, strict: bool | Strictness) -> Strictness:
+        if isinstance(strict, Strictness):
+            return strict
+        return cls.RAISE_ALL if strict else cls.RETURN_ALL
+
+    @property
+    def raises_missing(self) -> bool:
+        return self in (Strictness.RAISE_ALL, Strictness.RAISE_MISSING)
+
+    @property
+    def raises_unexpected(self) -> bool:
+        return self in (Strictness.RAISE_ALL, Strictness.RAISE_UNEXPECTED)
+
+
+@dataclass(frozen=True, slots=True)
+class KeyReport:
+    """Keys a load skipped instead of raising (its strictness let them through)."""
+
+    missing: tuple[str, ...]  # wanted by the live state, absent from the checkpoint
+    unexpected: tuple[str, ...]  # in the checkpoint, not wanted by the live state
+
+
+class TargetSpec(Protocol):
+    """What a load target must say about itself (``planning.specs.ShardSpec`` does)."""
+
+    @property
+    def fqn(self) -> str: ...
+
+    @property
+    def dtype(self) -> str: ...
+
+    @property
+    def global_shape(self) -> tuple[int, ...]: ...
+
+
+def check_targets(
+    md: Metadata,
+    specs: Sequence[TargetSpec],
+    *,
+    strict: bool | Strictness,
+    source: str,
+    checkpoint_keys: set[str] | None = None,
+    cast_dtypes: bool = False,
+) -> KeyReport:
+    """Validate load targets against the metadata; raise one error listing every problem.
+
+    ``checkpoint_keys``: the saved fqns this load is responsible for (default: all tensors), so a
+    load of only the model does not call the optimizer's tensors unexpected. ``cast_dtypes``:
+    differing dtypes are converted while loading instead of refused. Shape mismatches raise
+    ``ShapeMismatchError``, else dtype mismatches ``DtypeMismatchError``, else keys the
+    strictness refuses ``keys_error``'s class; the message lists every problem of every kind.
+    Returns the keys the strictness let through."""
+    strictness = Strictness.of(strict)
+    wanted = {s.fqn: s for s in specs}
+    saved = set(md.tensors) if checkpoint_keys is None else checkpoint_keys
+    missing = sorted(set(wanted) - set(md.tensors))
+    unexpected = sorted(saved - set(wanted))
+    shape_problems, dtype_problems = [], []
+    for fqn, spec in wanted.items():
+        rec = md.tensors.get(fqn)
+        if rec is None:
+            continue
+        if tuple(rec.shape) != tuple(spec.global_shape):
+            shape_problems.append(f"{fqn}: checkpoint shape {rec.shape}, live shape {spec.global_shape}")
+        elif rec.dtype != spec.dtype and not cast_dtypes:
+            dtype_problems.append(f"{fqn}: checkpoint dtype {rec.dtype}, live dtype {spec.dtype}")
+    keys = key_error_for(missing, unexpected, source, strictness)
+    texts = []
+    if shape_problems:
+        texts.append(f"shape mismatch loading {source}:" + _listing(shape_problems, 10))
+    if dtype_problems:
+        texts.append(
+            f"dtype mismatch loading {source}:"
+            + _listing(dtype_problems, 10)
+            + "\nCast the live model to the checkpoint's dtypes before loading (model.to(dtype)), or pass "
+            "options=unickpt.LoadOptions(cast_dtypes=True) to convert each tensor while loading (as Tensor.to)"
+        )
+    if texts and keys is not None:
+        texts.append(str(keys))
+    if shape_problems:
+        raise ShapeMismatchError("\n".join(texts))
+    if dtype_problems:
+        raise DtypeMismatchError("\n".join(texts))
+    if keys is not None:
+        raise keys
+    return KeyReport(
+        tuple(missing) if not strictness.raises_missing else (),
+        tuple(unexpected) if not strictness.raises_unexpected else (),
+    )
+
+
+def _listing(lines: list[str], cap: int) -> str:
+    out = "".join(f"\n  {x}" for x in lines[:cap])
+    return out + (f"\n  ... and {len(lines) - cap} more" if len(lines) > cap else "")
+
+
+def key_error_for(
+    missing: Sequence[str], unexpected: Sequence[str], source: str, strictness: bool | Strictness
+) -> CheckpointError | None:
+    """The error a load under ``strictness`` raises for these keys (``keys_error`` of the keys it
+    refuses), or None when it lets all of them through."""
+    s = Strictness.of(strictness)
+    refused_missing = list(missing) if s.raises_missing else []
+    refused_unexpected = list(unexpected) if s.raises_unexpected else []
+    if not refused_missing and not refused_unexpected:
+        return None
+    return keys_error(refused_missing, refused_unexpected, source)
+
+
+def keys_error(missing: list[str], unexpected: list[str], source: str) -> MissingKeysError | UnexpectedKeysError:
+    """The strict-load error for these keys: MissingKeysError when some are missing (listing the
+    unexpected ones too), else UnexpectedKeysError."""
+    parts = []
+    if missing:
+        parts.append(
+            f"{len(missing)} key(s) of the live state are not in checkpoint {source}: "
+            + ", ".join(missing[:20])
+            + (" ..." if len(missing) > 20 else "")
+        )
+    if unexpected:
+        parts.append(
+            f"{'the ' if missing else ''}checkpoint {source} has {len(unexpected)} key(s) the live state lacks: "
+            + ", ".join(unexpected[:20])
+            + (" ..." if len(unexpected) > 20 else "")
+        )
+    hint = "pass strict=False to load the keys both have" if missing else "pass strict=False to ignore them"
+    msg = "; ".join(parts) + f" ({hint})"
+    return MissingKeysError(msg) if missing else UnexpectedKeysError(msg)
