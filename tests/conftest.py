@@ -1,4 +1,11 @@
+"""Import paths shared by every test folder and the ranks it spawns (``spawn`` copies
+``sys.path`` into the child): ``tests/`` for the test-only oracles (``support``), and
+``tests/distributed`` for the launcher harness and the distributed workers."""
+
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "distributed"))
+_HERE = os.path.dirname(os.path.abspath(__file__))
+for _path in (os.path.join(_HERE, "distributed"), _HERE):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)

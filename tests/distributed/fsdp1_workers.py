@@ -16,7 +16,8 @@ import torch.distributed as dist
 import unickpt
 import unickpt.errors
 from reshard_workers import loaded_report, param_groups
-from unickpt.tools.toy import ToyConfig, build, full_state, train_step
+from support.reference import full_state
+from unickpt.tools.toy import ToyConfig, build, train_step
 
 STEPS_BEFORE_SAVE = 2
 CFG = ToyConfig(ffn=101)

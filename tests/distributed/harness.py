@@ -1,18 +1,26 @@
-"""Run a function on N gloo ranks inside one pytest test (see ``unickpt.tools.launch``).
+"""The test suite's entry points to ``unickpt.tools.launch`` (the one launcher of tests and
+benchmarks): N gloo ranks in fresh processes, results in the safe value encoding, never pickle.
 
-Tests use one torch thread per rank (2 cores shared by several ranks) and report a failing
-child's traceback as an AssertionError.
+* ``run_ranks(fn, ws, *args)``: every rank's result; a failing rank's traceback is raised as an
+  AssertionError.
+* ``launch_ranks(fn, ws, *args, victim=r)``: a rank that is expected to die (fault injection);
+  survivors get ``grace`` seconds, then SIGKILL; one ``RankOutcome`` per rank.
+* ``run_jobs([(fn, args), ...])``: independent one-process jobs at the same time.
+
+Tests use one torch thread per process (2 cores shared by several ranks).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from unickpt.tools.launch import RanksFailed, free_port
+from unickpt.tools.launch import RankOutcome, RanksFailed, free_port
+from unickpt.tools.launch import launch_ranks as _launch_ranks
+from unickpt.tools.launch import run_jobs as _run_jobs
 from unickpt.tools.launch import run_ranks as _run_ranks
 
-__all__ = ["free_port", "run_ranks"]
+__all__ = ["free_port", "run_ranks", "launch_ranks", "run_jobs", "RankOutcome"]
 
 
 def run_ranks(
@@ -22,3 +30,18 @@ def run_ranks(
         return _run_ranks(fn, world_size, *args, timeout=timeout, threads=1, init_timeout=init_timeout)
     except RanksFailed as e:
         raise AssertionError(str(e)) from None
+
+
+def launch_ranks(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    victim: int | None = None,
+    timeout: float = 180.0,
+    grace: float = 3.0,
+) -> list[RankOutcome]:
+    return _launch_ranks(fn, world_size, *args, victim=victim, timeout=timeout, grace=grace, threads=1)
+
+
+def run_jobs(jobs: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]], timeout: float = 180.0) -> list[RankOutcome]:
+    return _run_jobs(jobs, timeout=timeout, threads=1)

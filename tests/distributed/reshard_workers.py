@@ -6,7 +6,8 @@ import torch
 import torch.distributed as dist
 
 import unickpt
-from unickpt.tools.toy import build, full_state, train_step
+from support.reference import full_state
+from unickpt.tools.toy import build, train_step
 
 STEPS_BEFORE_SAVE = 2
 

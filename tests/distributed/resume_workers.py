@@ -2,8 +2,8 @@
 objects, step-0 checkpoints and parameters without optimizer state, pipeline-style jobs whose
 ranks hold different parameters, DDP buffers, refused loads.
 
-References are always taken with torch's own APIs (``full_tensor()``, ``state_dict()``, the
-toy's all-gather of FSDP1 flat shards), never with unickpt; every case returns plain values
+References are always taken with torch's own APIs (``support.reference.full_state``:
+``full_tensor()``, ``state_dict()``, FSDP1's full state dicts), never with unickpt; every case returns plain values
 that the test process asserts on.
 """
 
@@ -20,7 +20,8 @@ import unickpt
 import unickpt.errors
 from fsdp1_workers import CFG, make
 from reshard_workers import param_groups
-from unickpt.tools.toy import ToyConfig, batch, build, full_state, train_step
+from support.reference import full_state
+from unickpt.tools.toy import ToyConfig, batch, build, train_step
 
 
 def _make(spec: str, seed: int) -> tuple[nn.Module, torch.optim.Optimizer, str, ToyConfig]:

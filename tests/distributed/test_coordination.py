@@ -13,7 +13,9 @@ from coord_workers import disagreeing_ranks, same_faults, skipping_rank, stagger
 from harness import run_ranks
 
 
-@pytest.mark.parametrize("ws", [2, 3])
+# The agreement rule itself is checked at world sizes 1, 2, 3 and 5 with thread-ranks
+# (tests/coordination/test_run_stage.py); this gloo run proves its wiring into save and load.
+@pytest.mark.parametrize("ws", [3])
 def test_issue9_item5_ranks_must_agree_on_path_framework_and_role(tmp_path, ws):
     base = str(tmp_path)
     res = run_ranks(disagreeing_ranks, ws, base)
@@ -71,7 +73,10 @@ def _skip_one_rank(tmp_path, ws, op, skipper, warm, init_timeout, option) -> str
 
 
 def test_issue9_item12_same_fault_same_error_type_at_every_world_size(tmp_path):
-    one = run_ranks(same_faults, 0, str(tmp_path / "ws1"))
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()  # one process without a group: run here, no spawn needed
+    one = [same_faults(0, 1, str(tmp_path / "ws1"))]
     two = run_ranks(same_faults, 2, str(tmp_path / "ws2"))
     expected = {
         "unencodable": "UnsupportedValueError",

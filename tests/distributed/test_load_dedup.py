@@ -11,8 +11,9 @@ from harness import run_ranks
 
 def _save_then_load(rank: int, ws: int, ckpt: str) -> dict:
     import unickpt
+    from support.reference import full_state
     from unickpt.options import LoadOptions
-    from unickpt.tools.toy import build, full_state, train_step
+    from unickpt.tools.toy import build, train_step
 
     model, optim = build("ddp", seed=0)
     train_step(model, optim, 0)

@@ -1,6 +1,7 @@
 """Functions run inside spawned child processes by the reliability tests (module level, so that
-``spawn`` can import them). Each returns a small picklable summary; crash workers never return
-on the victim rank (it SIGKILLs itself at the injected point)."""
+``spawn`` can import them). Each returns a small summary in plain values (the launcher sends it
+in unickpt's safe value encoding); crash workers never return on the victim rank (it SIGKILLs
+itself at the injected point)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import torch.distributed as dist
 
 import unickpt
 from rel_helpers import kill_at_phase, kill_in_commit, tiny_model
-from unickpt.tools.toy import build, full_state, train_step
+from support.reference import full_state
+from unickpt.tools.toy import build, train_step
 
 
 def toy_state(model: Any, optim: Any, step_no: int) -> dict[str, Any]:

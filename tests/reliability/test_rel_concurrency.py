@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import unickpt
-from harness import run_ranks
-from rel_helpers import data_files, mismatches, run_jobs, snapshot, tiny_model
+from harness import run_jobs, run_ranks
+from rel_helpers import data_files, mismatches, snapshot, tiny_model
 from rel_workers import locked_save_worker, looping_loader, racing_saver, repeated_saver, version_state
 from unickpt.engine.lock import LOCK_FILE, LockOwner, read_lock_owner, stale_reason, try_acquire
 from unickpt.format.records import METADATA_FILE
@@ -44,7 +44,7 @@ def test_two_jobs_saving_at_once_exactly_one_commits(tmp_path):
     ckpt, barrier = str(tmp_path / "ck"), str(tmp_path / "barrier")
     os.makedirs(barrier)
     jobs = [(racing_saver, (ckpt, seed, barrier, 3.0, str(tmp_path / f"ref{seed}.pt"))) for seed in (1, 2)]
-    res = run_jobs(jobs, str(tmp_path / "out"))
+    res = run_jobs(jobs)
     assert all(r.status == "ok" for r in res), res
     results = [r.result for r in res]
     winners = [r for r in results if r["ok"]]
@@ -142,7 +142,7 @@ def test_loads_during_repeated_saves_see_whole_versions(tmp_path):
     ckpt, stop = str(tmp_path / "ck"), str(tmp_path / "stop")
     m0, o0 = version_state(0)  # version 0 first, so the loader never sees an empty folder
     unickpt.save(ckpt, {"model": m0, "optimizer": o0, "extra_state": {"version": 0}}, framework="torch")
-    res = run_jobs([(repeated_saver, (ckpt, 30, stop)), (looping_loader, (ckpt, stop))], str(tmp_path / "out"))
+    res = run_jobs([(repeated_saver, (ckpt, 30, stop)), (looping_loader, (ckpt, stop))])
     assert [r.status for r in res] == ["ok", "ok"], res
     report = res[1].result
     print(

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import unickpt
-from rel_helpers import data_files, launch, mismatches, snapshot
+from harness import launch_ranks
+from rel_helpers import data_files, mismatches, snapshot
 from rel_workers import crash_worker
 from unickpt.engine.commit import committed_save_id
 from unickpt.engine.lock import LOCK_FILE
@@ -47,7 +48,7 @@ def _fresh_state() -> dict:
 )
 def test_killed_rank_leaves_previous_checkpoint(tmp_path, fault, victim, same_path):
     root, same, snap_file = str(tmp_path / "run"), str(tmp_path / "same"), str(tmp_path / "snap.pt")
-    outcomes = launch(
+    outcomes = launch_ranks(
         crash_worker,
         2,
         root,
@@ -56,7 +57,6 @@ def test_killed_rank_leaves_previous_checkpoint(tmp_path, fault, victim, same_pa
         victim,
         same_path,
         snap_file,
-        outdir=str(tmp_path / "out"),
         victim=victim,
         grace=3.0,
     )

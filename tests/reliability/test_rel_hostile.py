@@ -140,7 +140,8 @@ _ABSURD = textwrap.dedent("""
     import json, os, resource, sys, tracemalloc
     import torch
     torch.set_num_threads(1)
-    sys.path[:0] = [sys.argv[2], os.path.join(os.path.dirname(sys.argv[2]), "distributed")]
+    tests = os.path.dirname(sys.argv[2])
+    sys.path[:0] = [sys.argv[2], os.path.join(tests, "distributed"), tests]
     import unickpt
     from unickpt.format.records import METADATA_FILE
     from rel_helpers import tiny_model

@@ -194,7 +194,8 @@ def test_item8_symlinks_where_cleanup_deletes_are_not_followed(tmp_path):
 
 _CHILD = textwrap.dedent("""
     import json, os, resource, sys, threading, tracemalloc
-    sys.path[:0] = [sys.argv[1], os.path.join(os.path.dirname(sys.argv[1]), "distributed")]
+    tests = os.path.dirname(sys.argv[1])
+    sys.path[:0] = [sys.argv[1], os.path.join(tests, "distributed"), tests]
     import torch
     torch.set_num_threads(1)
     import unickpt

@@ -13,7 +13,8 @@ import psutil
 
 import unickpt
 from rel_helpers import mismatches
-from unickpt.tools.toy import build, full_state, train_step
+from support.reference import full_state
+from unickpt.tools.toy import build, train_step
 
 SAVES = 200
 WARMUP = 20

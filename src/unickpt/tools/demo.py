@@ -34,7 +34,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from .launch import free_port
-from .toy import ToyConfig, build, full_state, train_step
+from .toy import ToyConfig, build, train_step
 
 __all__ = ["DemoConfig", "DemoResult", "run_demo"]
 
@@ -146,7 +146,7 @@ def _train_worker(rank: int, world_size: int, port: int, cfg: DemoConfig, exchan
         saves.append({"step": done, "async": async_save, "blocked_s": blocked})
         if done == cfg.last_checkpoint:
             out["probe"] = probe
-            full = full_state(model, optim)  # collective
+            full = _full_state(model, optim)  # collective
             if rank == 0:
                 out["state"] = full
                 out["groups"] = _param_groups(optim)
@@ -158,6 +158,29 @@ def _train_worker(rank: int, world_size: int, port: int, cfg: DemoConfig, exchan
     torch.save(out, os.path.join(exchange, f"train_rank{rank}.pt"))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _full_state(model: torch.nn.Module, optim: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """Every parameter and optimizer state tensor of the FSDP2 model as a full CPU tensor, keyed
+    ``model.<name>`` / ``optimizer.state.<name>.<state>`` (FSDP2 adds nothing to parameter names).
+    Gathered with torch's own ``DTensor.full_tensor()``, independently of unickpt's adapters, so
+    the demo's proof does not rely on the code it checks. Collective: call on every rank."""
+    from torch.distributed.tensor import DTensor
+
+    def full(t: torch.Tensor) -> torch.Tensor:
+        return (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu().clone()
+
+    out = {}
+    names = {}
+    for n, p in model.named_parameters():
+        out[f"model.{n}"] = full(p)
+        names[id(p)] = n
+    for g in optim.param_groups:
+        for p in g["params"]:
+            for k, v in optim.state.get(p, {}).items():
+                if isinstance(v, torch.Tensor):
+                    out[f"optimizer.state.{names[id(p)]}.{k}"] = full(v)
+    return out
 
 
 def _compare_state(want: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> list[str]:
@@ -191,7 +214,7 @@ def _resume_worker(rank: int, world_size: int, port: int, cfg: DemoConfig, excha
     unickpt.load(cfg.checkpoint_path(cfg.last_checkpoint), state, framework=_FRAMEWORK)
     load_s = time.perf_counter() - t0
     checks: dict[str, list[str]] = {"state": [], "groups": [], "step": [], "rng": []}
-    got = full_state(model, optim)  # collective
+    got = _full_state(model, optim)  # collective
     if rank == 0:
         checks["state"] = _compare_state(ref["state"], got)
     if _param_groups(optim) != ref["groups"]:

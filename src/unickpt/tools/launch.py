@@ -1,30 +1,67 @@
-"""Run a function on N local gloo ranks: for tests, benchmarks and quick multi-rank experiments.
+"""Run a function on N local ranks (spawned processes): for tests, benchmarks and quick
+multi-rank experiments. The one launcher of the project: the test harnesses and ``bench/`` use it.
 
-``run_ranks(fn, world_size, *args)`` starts ``world_size`` fresh (spawned) processes, joins them
-with a gloo process group on a free local port, calls ``fn(rank, world_size, *args)`` in each and
-returns every rank's result. Results travel in unickpt's safe value encoding (plain values,
-tensors, numpy arrays, nested dicts/lists/tuples: ``format.values``), never pickle, so the
-parent runs no code from a child's output. The first failing
-rank's traceback is re-raised in the caller; a rank that dies or a run past ``timeout`` fails the
-call instead of hanging it. ``fn`` must be importable (a module-level function).
+Three entry points over one mechanism (``_Spawned``):
+
+* ``run_ranks(fn, world_size, *args)``: the ranks join a gloo process group on a free local
+  port, each calls ``fn(rank, world_size, *args)``; returns every rank's result, or raises
+  ``RanksFailed`` with the first failing rank's traceback (a rank that raises, dies or does not
+  finish within ``timeout`` fails the call instead of hanging it).
+* ``launch_ranks(fn, world_size, *args, victim=r)``: for fault injection. Waits until the
+  ``victim`` rank has exited (it is expected to die, e.g. SIGKILL itself at a chosen point), gives
+  the survivors ``grace`` seconds to finish or fail on their own (gloo notices a dead peer), then
+  SIGKILLs the rest; returns one ``RankOutcome`` per rank (exit code, ``ok`` / ``error`` /
+  ``killed``, result or traceback), so the caller can inspect what the job left behind.
+* ``run_jobs([(fn, args), ...])``: independent one-process jobs at the same time (no process
+  group, ``fn(0, 1, *args)``), one ``RankOutcome`` per job.
+
+How results travel: each process writes its report to its own file in a private temporary
+folder, under a temporary name renamed into place once complete, so a process killed at any
+point leaves a whole report or none. A result is written in unickpt's safe value encoding
+(``format.values``: plain values, tensors, numpy arrays, nested dicts/lists/tuples), never
+pickle, so the parent runs no code from a child's output; a result that encoding refuses makes
+the rank fail. An error travels as its traceback text. ``fn`` must be importable (a module-level
+function); the children are spawned (not forked) and are not daemons, so they may start
+processes of their own.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..format.values import dumps_value, loads_value
 
-__all__ = ["free_port", "run_ranks", "RanksFailed"]
+__all__ = ["free_port", "run_ranks", "launch_ranks", "run_jobs", "RankOutcome", "RanksFailed"]
+
+_POLL_S = 0.02
 
 
 class RanksFailed(RuntimeError):
     """A rank raised, died or did not finish in time (the message holds its traceback)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RankOutcome:
+    """What one process of ``launch_ranks`` / ``run_jobs`` did.
+
+    ``exitcode``: the process's exit code (``-9``: SIGKILLed, by itself or by the launcher);
+    ``status``: ``"ok"`` (it returned; ``result`` holds the value), ``"error"`` (it raised;
+    ``error`` holds the traceback) or ``"killed"`` (no report: it died, or the launcher killed it
+    while it still ran)."""
+
+    rank: int
+    exitcode: int | None
+    status: str
+    result: Any = None
+    error: str = ""
 
 
 def free_port() -> int:
@@ -33,45 +70,137 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _entry(
-    rank: int,
-    world_size: int,
-    port: int,
-    threads: int,
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    q: Any,
-    init_timeout: float | None = None,
-) -> None:
+@dataclass(frozen=True, slots=True)
+class _Spec:
+    """What one child needs besides ``fn`` and its arguments."""
+
+    rank: int
+    world_size: int  # 0: no process group, ``fn`` sees world size 1
+    port: int
+    threads: int
+    init_timeout: float | None
+    hard_exit: bool  # os._exit(0) right after the report (never wait for peers or threads)
+    report: str  # path prefix of the report files: <report>.ok / <report>.err
+
+
+def _write_report(prefix: str, kind: str, data: bytes) -> None:
+    tmp = f"{prefix}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, f"{prefix}.{kind}")
+
+
+def _entry(spec: _Spec, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    """The child's main function: join the group, run ``fn``, write the report."""
     import datetime
 
     import torch
     import torch.distributed as dist
 
-    torch.set_num_threads(threads)
+    torch.set_num_threads(spec.threads)
+    rank, ws = spec.rank, spec.world_size
     try:
-        if world_size > 0:
+        if ws > 0:
             os.environ.update(
                 MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
+                MASTER_PORT=str(spec.port),
                 RANK=str(rank),
-                WORLD_SIZE=str(world_size),
+                WORLD_SIZE=str(ws),
                 LOCAL_RANK=str(rank),
-                LOCAL_WORLD_SIZE=str(world_size),
+                LOCAL_WORLD_SIZE=str(ws),
             )
-            timeout = None if init_timeout is None else datetime.timedelta(seconds=init_timeout)
-            dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timeout)
-        result = fn(rank, max(world_size, 1), *args)
-        # bytes, by value: torch's queue reducers would share memory with a child about to exit
-        q.put((rank, "ok", dumps_value(result, f"rank {rank} result")))
+            timeout = None if spec.init_timeout is None else datetime.timedelta(seconds=spec.init_timeout)
+            dist.init_process_group("gloo", rank=rank, world_size=ws, timeout=timeout)
+        result = fn(rank, max(ws, 1), *args)
+        _write_report(spec.report, "ok", dumps_value(result, f"rank {rank} result"))
     except BaseException:
-        q.put((rank, "error", traceback.format_exc()))
-        os._exit(1)  # do not wait on peers stuck in a collective
-    if world_size > 0:
+        try:
+            _write_report(spec.report, "err", traceback.format_exc().encode())
+        finally:
+            os._exit(1)  # do not wait on peers stuck in a collective
+    if spec.hard_exit:
+        os._exit(0)
+    if ws > 0:
         try:
             dist.destroy_process_group()
         except Exception:
             pass
+
+
+class _Spawned:
+    """The processes one call started (``fn`` on ``max(world_size, 1)`` ranks), and their
+    report files in ``folder``."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        world_size: int,
+        folder: str,
+        threads: int | None,
+        init_timeout: float | None,
+        hard_exit: bool,
+    ) -> None:
+        import torch.multiprocessing as mp
+
+        n = max(world_size, 1)
+        threads = threads if threads is not None else max(1, (os.cpu_count() or 1) // n)
+        port = free_port() if world_size > 0 else 0
+        self.specs = [
+            _Spec(r, world_size, port, threads, init_timeout, hard_exit, os.path.join(folder, f"p{r}"))
+            for r in range(n)
+        ]
+        ctx = mp.get_context("spawn")
+        self.procs = [ctx.Process(target=_entry, args=(s, fn, args)) for s in self.specs]
+        try:
+            for p in self.procs:
+                p.start()
+        except BaseException:
+            self.stop(0)
+            raise
+
+    def state(self, i: int) -> str | None:
+        """``"ok"`` / ``"error"`` (reported), ``"dead"`` (exited without a report) or None (running)."""
+        prefix = self.specs[i].report
+        for _ in range(2):  # once more after seeing the exit: the report is renamed in before it
+            if os.path.exists(prefix + ".err"):
+                return "error"
+            if os.path.exists(prefix + ".ok"):
+                return "ok"
+            if self.procs[i].exitcode is None:
+                return None
+        return "dead"
+
+    def alive(self) -> bool:
+        return any(p.exitcode is None for p in self.procs)
+
+    def stop(self, join_s: float) -> None:
+        """Give every started process ``join_s`` seconds (together) to exit, then SIGKILL it."""
+        deadline = time.monotonic() + join_s
+        for p in self.procs:
+            if p.pid is None:  # never started
+                continue
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.exitcode is None:
+                p.kill()
+                p.join()
+
+    def result(self, i: int) -> Any:
+        with open(self.specs[i].report + ".ok", "rb") as f:
+            return loads_value(f.read(), f"rank {self.specs[i].rank} result")
+
+    def error(self, i: int) -> str:
+        with open(self.specs[i].report + ".err", "rb") as f:
+            return f.read().decode(errors="replace")
+
+    def outcome(self, i: int, label: int) -> RankOutcome:
+        code = self.procs[i].exitcode
+        state = self.state(i)
+        if state == "ok":
+            return RankOutcome(label, code, "ok", self.result(i))
+        if state == "error":
+            return RankOutcome(label, code, "error", error=self.error(i))
+        return RankOutcome(label, code, "killed")
 
 
 def run_ranks(
@@ -82,57 +211,100 @@ def run_ranks(
     threads: int | None = None,
     init_timeout: float | None = None,
 ) -> list[Any]:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes joined by gloo.
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes joined by gloo; their results.
 
     ``world_size=0`` runs one process without a process group (``fn`` sees world size 1). Each
     process gets ``threads`` torch threads (default: the cores divided among the ranks).
     ``init_timeout``: the ``timeout`` (seconds) given to ``init_process_group`` (torch's default
-    when None). The children are not daemons, so they may start processes of their own."""
-    import torch.multiprocessing as mp
-
+    when None). Raises ``RanksFailed`` (the lowest failing rank's traceback) as soon as a rank
+    fails, when a rank dies without a report, or after ``timeout`` seconds."""
     n = max(world_size, 1)
-    if threads is None:
-        threads = max(1, (os.cpu_count() or 1) // n)
-    ctx = mp.get_context("spawn")
-    q = ctx.SimpleQueue()
-    port = free_port()
-    procs = [
-        ctx.Process(target=_entry, args=(r, world_size, port, threads, fn, args, q, init_timeout)) for r in range(n)
-    ]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + timeout
-    results: dict[int, Any] = {}
-    errors: dict[int, str] = {}
+    folder = tempfile.mkdtemp(prefix="unickpt-ranks-")
     try:
-        while len(results) + len(errors) < n:
-            if not q.empty():
-                rank, status, payload = q.get()
-                (results if status == "ok" else errors)[rank] = payload
-                if errors:
+        ranks = _Spawned(fn, args, world_size, folder, threads, init_timeout, hard_exit=False)
+        deadline = time.monotonic() + timeout
+        states: list[str | None] = [None] * n
+        try:
+            while True:
+                states = [ranks.state(i) for i in range(n)]
+                if "error" in states or "dead" in states or all(s == "ok" for s in states):
                     break
-                continue
-            if time.monotonic() > deadline:
-                break
-            if any(p.exitcode not in (None, 0) for p in procs):
-                time.sleep(0.5)
-                if q.empty():
+                if time.monotonic() > deadline:
                     break
-            time.sleep(0.02)
-        time.sleep(0.1)
-        while not q.empty():
-            rank, status, payload = q.get()
-            (results if status == "ok" else errors)[rank] = payload
+                time.sleep(_POLL_S)
+        finally:
+            ranks.stop(30 if all(s == "ok" for s in states) else 0.5)
+        errors = [i for i in range(n) if ranks.state(i) == "error"]
+        if errors:
+            raise RanksFailed(f"rank {errors[0]} of {n} failed:\n{ranks.error(errors[0])}")
+        if not all(s == "ok" for s in states):
+            codes = {r: p.exitcode for r, p in enumerate(ranks.procs)}
+            raise RanksFailed(f"ranks did not finish within {timeout}s or died (exit codes {codes})")
+        return [ranks.result(i) for i in range(n)]
     finally:
-        for p in procs:
-            p.join(timeout=30 if not errors else 0.5)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    if errors:
-        rank = min(errors)
-        raise RanksFailed(f"rank {rank} of {n} failed:\n{errors[rank]}")
-    if len(results) < n:
-        codes = {r: p.exitcode for r, p in enumerate(procs)}
-        raise RanksFailed(f"ranks did not finish within {timeout}s or died (exit codes {codes})")
-    return [loads_value(results[r], f"rank {r} result") for r in range(n)]
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def launch_ranks(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    victim: int | None = None,
+    timeout: float = 180.0,
+    grace: float = 3.0,
+    threads: int | None = None,
+    init_timeout: float | None = None,
+) -> list[RankOutcome]:
+    """Run ``fn(rank, world_size, *args)`` on gloo ranks where one may die on purpose; one
+    ``RankOutcome`` per rank (see the module docstring).
+
+    Waits until ``victim`` has exited (without a victim: until every rank has), at most
+    ``timeout`` seconds, then at most ``grace`` seconds more for the others, then SIGKILLs every
+    process still running. A rank exits right after writing its report (it does not wait for
+    peers or background threads that may be stuck on a dead peer)."""
+    n = max(world_size, 1)
+    if victim is not None and not 0 <= victim < n:
+        raise ValueError(f"victim rank {victim} is not a rank of world size {n}")
+    folder = tempfile.mkdtemp(prefix="unickpt-ranks-")
+    try:
+        ranks = _Spawned(fn, args, world_size, folder, threads, init_timeout, hard_exit=True)
+        try:
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline and ranks.alive():
+                if victim is not None and ranks.procs[victim].exitcode is not None:
+                    break
+                time.sleep(_POLL_S)
+            grace_end = min(deadline, time.monotonic() + grace)
+            while time.monotonic() < grace_end and ranks.alive():
+                time.sleep(_POLL_S)
+        finally:
+            ranks.stop(0)
+        return [ranks.outcome(i, i) for i in range(n)]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def run_jobs(
+    jobs: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]], timeout: float = 180.0, threads: int | None = None
+) -> list[RankOutcome]:
+    """Run independent one-process jobs (``fn(0, 1, *args)``, no process group) at the same
+    time and wait for all (at most ``timeout`` seconds, then SIGKILL); one ``RankOutcome`` per
+    job, its ``rank`` being the job's index."""
+    threads = threads if threads is not None else max(1, (os.cpu_count() or 1) // max(len(jobs), 1))
+    folder = tempfile.mkdtemp(prefix="unickpt-jobs-")
+    try:
+        started: list[_Spawned] = []
+        try:
+            for i, (fn, args) in enumerate(jobs):
+                sub = os.path.join(folder, f"job{i}")
+                os.mkdir(sub)
+                started.append(_Spawned(fn, args, 0, sub, threads, None, hard_exit=True))
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline and any(s.alive() for s in started):
+                time.sleep(_POLL_S)
+        finally:
+            for s in started:
+                s.stop(0)
+        return [s.outcome(0, i) for i, s in enumerate(started)]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -1,6 +1,8 @@
 """A small causal transformer and builders that parallelise it for each framework.
 
-Used by ``unickpt demo``, the benchmarks and the multi-rank tests. Sizes are deliberately uneven
+Used by ``unickpt demo``, the benchmarks and the multi-rank tests to build and train models; never
+as a test's oracle (reference states come from ``tests/support/reference.py``, written with
+torch's own APIs). Sizes are deliberately uneven
 (odd vocabulary, hidden sizes not divisible by 3) so that every resharding exercises uneven
 shards. ``build(framework, ...)`` returns ``(model, optimizer)``; every rank trains on the same
 global batch (``batch(step)``), so the loss is a function of the parameters alone and
@@ -20,7 +22,7 @@ from torch import nn
 if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
 
-__all__ = ["ToyConfig", "ToyTransformer", "build", "batch", "train_step", "full_state"]
+__all__ = ["ToyConfig", "ToyTransformer", "build", "batch", "train_step"]
 
 
 @dataclass(frozen=True)
@@ -161,107 +163,3 @@ def build(
         raise ValueError(f"unknown toy framework {framework!r}")
     optim = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1)
     return model, optim
-
-
-def full_state(model: nn.Module, optim: torch.optim.Optimizer | None = None) -> dict[str, torch.Tensor]:
-    """Every parameter / optimizer state tensor as a full CPU tensor, keyed by the clean fqn
-    (collective for sharded models: call on every rank). For tests and the demo's proof."""
-    from ..frameworks.module_state import clean_fqn
-
-    def full(t: torch.Tensor) -> torch.Tensor:
-        return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach().cpu().clone()
-
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
-    if any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
-        return _fsdp1_full_state(model, optim)
-    out = {}
-    names = {}
-    for n, p in model.named_parameters():
-        out["model." + clean_fqn(n, True)] = full(p)
-        names[id(p)] = clean_fqn(n, True)
-    if optim is not None:
-        for g in optim.param_groups:
-            for p in g["params"]:
-                for k, v in optim.state.get(p, {}).items():
-                    if isinstance(v, torch.Tensor):
-                        out[f"optimizer.state.{names[id(p)]}.{k}"] = full(v)
-    return out
-
-
-def _fsdp1_full_state(model: nn.Module, optim: torch.optim.Optimizer | None) -> dict[str, torch.Tensor]:
-    """``full_state`` for FSDP1 (flat parameters), by all-gathering every local shard.
-
-    Independent of unickpt's adapter: each original parameter's place in the unsharded flat
-    parameter comes from ``_numels_with_padding`` (as FSDP's own unflatten does) and each rank's
-    part of it from the equal split of the padded flat parameter. Collective: call on all ranks."""
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
-    from ..frameworks.module_state import clean_fqn
-
-    def gather(local: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
-        parts = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(parts, local.detach().contiguous(), group=group)
-        return torch.cat(parts)
-
-    spans: dict[int, list[tuple[str, torch.Size, int, int]]] = {}  # id(flat) -> (fqn, shape, start, n)
-    owners: dict[int, tuple[torch.Tensor, int, dist.ProcessGroup | None]] = {}  # id(orig param) -> (flat, index, group)
-    flats: dict[int, dist.ProcessGroup | None] = {}
-    out: dict[str, torch.Tensor] = {}
-    for prefix, m in model.named_modules():
-        if not isinstance(m, FullyShardedDataParallel) or m._handle is None:
-            continue
-        fp = m._handle.flat_param
-        pos, i, rows = 0, 0, []
-        for n, pad in zip(fp._numels_with_padding, fp._is_padding_mask):
-            if not pad:
-                rows.append(
-                    (clean_fqn(f"{prefix}.{fp._fqns[i]}" if prefix else fp._fqns[i], True), fp._shapes[i], pos, n)
-                )
-                if fp._params is not None:
-                    owners[id(fp._params[i])] = (fp, i, m.process_group)
-                i += 1
-            pos += n
-        spans[id(fp)], flats[id(fp)] = rows, m.process_group
-        full = gather(fp, m.process_group)
-        for fqn, shape, start, n in rows:
-            out["model." + fqn] = full[start : start + n].view(shape).clone()
-    if optim is None:
-        return out
-    # which state keys each parameter has on some rank (ranks without a local run have none)
-    local_keys: dict[int, dict[str, torch.Tensor | None]] = {}
-    for g in optim.param_groups:
-        for p in g["params"]:
-            for k, v in optim.state.get(p, {}).items():
-                if isinstance(v, torch.Tensor):
-                    local_keys.setdefault(id(p), {})[k] = v if v.dim() == 0 else None
-    for g in optim.param_groups:
-        for p in g["params"]:
-            mine = local_keys.get(id(p), {})
-            if id(p) in spans:  # flat optimizer state, laid out like the flat parameter
-                for k, v in optim.state[p].items():
-                    if not isinstance(v, torch.Tensor):
-                        continue
-                    full = v.detach() if v.dim() == 0 else gather(v, flats[id(p)])
-                    for fqn, shape, start, n in spans[id(p)]:
-                        key = f"optimizer.state.{fqn}.{k}"
-                        out[key] = full.clone() if v.dim() == 0 else full[start : start + n].view(shape).clone()
-                continue
-            owner, i, group = owners[id(p)]
-            fqn, shape, start, n = spans[id(owner)][i]
-            every: list = [None] * dist.get_world_size(group)
-            dist.all_gather_object(every, mine, group=group)
-            keys = sorted({k for d in every for k in d})
-            size = owner.numel()  # local shard with padding
-            lo = dist.get_rank(group) * size
-            a, b = max(start, lo), min(start + n, lo + size)  # this rank's run of the param
-            for k in keys:
-                scal = next((d[k] for d in every if d.get(k) is not None), None)
-                if scal is not None:
-                    out[f"optimizer.state.{fqn}.{k}"] = scal.clone()
-                    continue
-                buf = torch.zeros(size, dtype=owner.dtype)
-                if b > a:
-                    buf[a - lo : b - lo] = optim.state[p][k].detach().reshape(-1)
-                out[f"optimizer.state.{fqn}.{k}"] = gather(buf, group)[start : start + n].view(shape).clone()
-    return out
