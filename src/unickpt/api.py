@@ -24,8 +24,6 @@ import warnings
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
-import torch
-
 from ._load import load_once
 from .coordination import Settle, make_coordinator, run_stage
 from .engine import step_guard
@@ -45,7 +43,7 @@ from .errors import (
 )
 from .format.records import DATA_DIR, Metadata
 from .format.values import dumps_value
-from .frameworks import FrameworkAdapter, SaveView, get_framework
+from .frameworks import FrameworkAdapter, SaveView, get_framework, supports_step_hooks
 from .monitoring.events import emit, phase
 from .options import LoadOptions, SaveOptions
 from .planning.save_plan import LocalSavePlan, RankSavePlan
@@ -238,9 +236,10 @@ def _claims(operation: str, url: str, adapter: FrameworkAdapter, role: str | Non
 
 def _copied_later(state: MutableMapping[str, Any], options: SaveOptions) -> Callable[[SaveItem], bool] | None:
     """Which save items an async save may copy after returning: those only optimizer.step()
-    changes (it waits for the copy; see engine.step_guard). None: copy everything in the call."""
+    changes (it waits for the copy; see engine.step_guard). None: copy everything in the call
+    (also for an optimizer-like object without ``register_step_pre_hook``: nothing could wait)."""
     optimizer = state.get("optimizer")
-    if not options.background_snapshot or not isinstance(optimizer, torch.optim.Optimizer):
+    if optimizer is None or not options.background_snapshot or not supports_step_hooks(optimizer):
         return None
     protected = step_guard.protected_storages(optimizer)
     return lambda item: step_guard.storage_key(item.tensor) in protected
