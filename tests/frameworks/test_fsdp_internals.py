@@ -18,6 +18,7 @@ from torch import nn
 from harness import run_ranks
 from unickpt.errors import FrameworkError
 from unickpt.frameworks import _fsdp_internals as internals
+from unickpt.frameworks.module_state import clean_fqn
 
 _CPU = torch.device("cpu")
 
@@ -108,6 +109,10 @@ def _fsdp1_report(rank: int, ws: int, use_orig_params: bool) -> dict:
         if origs is not None and any(internals.is_flat_param(p) for p in origs):
             bad(f"{name}: an original parameter reads as a flat parameter")
     out["buffers"] = sorted(n for n, _ in internals.persistent_buffers(model))
+    # the wrapper segments FSDP1 inserts are the ones clean_fqn drops (use_orig_params=True
+    # keeps the original parameters visible under their wrapped names)
+    out["clean_params"] = sorted(clean_fqn(n, True) for n, _ in model.named_parameters())
+    out["ref_params"] = sorted(n for n, _ in ref.named_parameters())
     out["world"] = dist.get_world_size()
     return out
 
@@ -142,6 +147,8 @@ def test_fsdp1_private_accessors_match_the_unwrapped_model(reports, use_orig_par
             assert len(numels) == len(mask) and sum(not m for m in mask) == 2
             assert 0 <= unit["sharded"] * 2 - sum(numels) < 2  # right padding: less than one per rank
         assert r["buffers"] == ["_fsdp_wrapped_module.inner._fsdp_wrapped_module.count"]
+        if use_orig_params:
+            assert r["clean_params"] == r["ref_params"], r["clean_params"]
     # the ranks' runs tile every original parameter exactly once
     sizes = {"embed.weight": 21, "scale": 1, "inner.fc.weight": 15, "inner.fc.bias": 3}
     for unit in ("<root>", "inner"):
@@ -195,3 +202,19 @@ def test_changed_private_attribute_fails_loudly_naming_it():
         internals.shard_runs(flat)  # type: ignore[arg-type]
     with pytest.raises(FrameworkError, match=r"FlatParameter\._sharded_size is list, not a sequence of ints"):
         internals.sharded_numel(SimpleNamespace(_sharded_size=["3"]))  # type: ignore[arg-type]
+
+
+def test_wrapper_segments_are_the_names_torch_inserts():
+    """torch.compile and activation checkpointing wrap modules under private attribute names
+    that ``clean_fqn`` drops (``_fsdp_internals.WRAPPER_SEGMENTS``; FSDP1's is checked above)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    torch.manual_seed(0)
+    ref = Net()
+    names = sorted(n for n, _ in ref.named_parameters())
+    wrapped = Net()
+    wrapped.inner = checkpoint_wrapper(wrapped.inner)  # type: ignore[assignment]
+    compiled = torch.compile(wrapped)
+    raw = [n for n, _ in compiled.named_parameters()]
+    assert any("_orig_mod" in n for n in raw) and any("_checkpoint_wrapped_module" in n for n in raw), raw
+    assert sorted(clean_fqn(n, True) for n in raw) == names

@@ -27,6 +27,9 @@ What is read, and why (FSDP1 = ``FullyShardedDataParallel``; "flat" = its ``Flat
                                         running FSDP's state-dict hooks (which all-gather)
   ``DTensor.__create_chunk_list__()``   the box of a DTensor's local shard (FSDP2, TP, FSDP2+TP;
                                         the protocol torch's own distributed checkpoint uses)
+  ``WRAPPER_SEGMENTS``                  the private attribute names torch's wrappers insert into
+                                        parameter names (FSDP1, torch.compile, activation
+                                        checkpointing); ``module_state.clean_fqn`` drops them
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from torch import nn
 from ..errors import FrameworkError
 
 __all__ = [
+    "WRAPPER_SEGMENTS",
     "ShardRun",
     "handle_of",
     "flat_param_of",
@@ -58,6 +62,10 @@ __all__ = [
 ]
 
 Shape = tuple[int, ...]
+
+# name segments torch's wrappers add to parameter fqns: FSDP1 (``_fsdp_wrapped_module``),
+# torch.compile's OptimizedModule (``_orig_mod``), checkpoint_wrapper (``_checkpoint_wrapped_module``)
+WRAPPER_SEGMENTS = ("_fsdp_wrapped_module", "_orig_mod", "_checkpoint_wrapped_module")
 
 
 @dataclass(frozen=True, slots=True)

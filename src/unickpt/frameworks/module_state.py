@@ -29,7 +29,7 @@ from ..format.dtypes import dtype_name
 from ..format.records import JSONValue
 from ..format.values import encode_value
 from ..planning.specs import LoadItem, SaveItem, Shape, ShardSpec
-from ._fsdp_internals import dtensor_local_box
+from ._fsdp_internals import WRAPPER_SEGMENTS, dtensor_local_box
 from .base import STATE_PREFIX, OptimizerDescription, OptimizerLike, Piece, Role, is_optimizer_like
 
 __all__ = [
@@ -52,14 +52,12 @@ __all__ = [
 # id(param) -> the clean fqns of the original parameters it stands for
 ParamNames = Mapping[int, tuple[str, ...]]
 
-_WRAPPER_PARTS = ("module", "_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
-
 
 def clean_fqn(fqn: str, strip_module: bool) -> str:
     """Drop wrapper segments (DDP's ``module.``, torch.compile's ``_orig_mod.``, FSDP1/activation
     checkpoint wrappers) so every framework names a parameter the same way."""
     parts = fqn.split(".")
-    drop = set(_WRAPPER_PARTS) if strip_module else set(_WRAPPER_PARTS) - {"module"}
+    drop = set(WRAPPER_SEGMENTS) | {"module"} if strip_module else set(WRAPPER_SEGMENTS)
     out = [p for p in parts if p not in drop or p.startswith("_flat_param")]
     return ".".join(out)
 
