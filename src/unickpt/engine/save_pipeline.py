@@ -30,7 +30,7 @@ from ..coordination import Coordinator, Settle, run_stage
 from ..errors import CheckpointError, FrameworkError, UnsupportedValueError
 from ..format.records import Metadata
 from ..format.values import dumps_value
-from ..frameworks import FrameworkAdapter, SaveView, get_framework
+from ..frameworks import FrameworkAdapter, SaveView, get_framework, supports_step_hooks
 from ..options import SaveOptions
 from ..planning.save_plan import LocalSavePlan, RankSavePlan
 from ..planning.specs import BlobSpec, SaveItem
@@ -41,7 +41,7 @@ from .lock import SaveLock, run_locked
 from .plan_cache import CachedPlan, PlanKey, plan_stage
 from .resources import Resources
 from .staging import StagedFiles, live_parts
-from .step_guard import is_optimizer_like, protected_storages, storage_key
+from .step_guard import protected_storages, storage_key
 from .target import check_state, claims
 from .worker import SaveHandle
 from .write import write_stage
@@ -150,7 +150,7 @@ class SavePipeline:
         """Which save items an async save may copy after returning: those only optimizer.step()
         changes (it waits for the copy; see engine.step_guard). None: copy everything now."""
         optimizer = self.state.get("optimizer")
-        if not self.options.background_snapshot or not is_optimizer_like(optimizer):
+        if not self.options.background_snapshot or not supports_step_hooks(optimizer):
             return None
         protected = protected_storages(optimizer)
         return lambda item: storage_key(item.tensor) in protected

@@ -22,25 +22,15 @@ from concurrent.futures import Future
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
-__all__ = ["SnapshotGuard", "protected_storages", "storage_key", "is_optimizer_like"]
+__all__ = ["SnapshotGuard", "protected_storages", "storage_key"]
 
 
 def storage_key(t: torch.Tensor) -> int:
     """The address of the memory block behind ``t`` (0 for none); DTensors by their local shard."""
-    local = getattr(t, "_local_tensor", t)  # DTensor -> its shard (no collective)
+    local = t.to_local() if isinstance(t, DTensor) else t  # its shard (a view: no copy, no collective)
     return int(local.untyped_storage().data_ptr())
-
-
-def is_optimizer_like(obj: object) -> bool:
-    """Whether ``obj`` has the optimizer surface the guard needs: ``param_groups`` (dicts with
-    "params"), ``state`` (param -> dict) and ``register_step_pre_hook`` (torch optimizers and
-    wrappers that delegate to one)."""
-    return (
-        isinstance(getattr(obj, "param_groups", None), list)
-        and hasattr(obj, "state")
-        and callable(getattr(obj, "register_step_pre_hook", None))
-    )
 
 
 def protected_storages(optimizer: Any) -> set[int]:

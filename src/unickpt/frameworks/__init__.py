@@ -1,14 +1,44 @@
-"""Framework adapters: live objects <-> shard specs (translation only, no I/O, no collectives)."""
+"""Framework adapters: live objects <-> shard specs (translation only, no I/O, no collectives).
 
-from . import fsdp1 as _fsdp1  # noqa: F401  (registers fsdp)
-from . import generic as _generic  # noqa: F401  (registers torch, ddp, fsdp2, dtensor)
+``base``: the adapter protocol, the description records and the optimizer contract;
+``registry``: ``FrameworkRegistry`` (the place to add a framework) and the default ``FRAMEWORKS``;
+``views``: save and load views derived from one description; ``generic`` (torch, ddp, fsdp2,
+dtensor) and ``fsdp1`` (fsdp): the built-in adapters; ``_fsdp_internals``: every private FSDP
+attribute unickpt reads.
+"""
+
 from .base import (
     FrameworkAdapter,
     LoadView,
+    OptimizerDescription,
+    OptimizerLike,
+    ParamState,
+    Piece,
+    Role,
     SaveView,
-    get_framework,
-    register_framework,
-    registered_frameworks,
+    StateDescription,
+    is_optimizer_like,
+    supports_step_hooks,
 )
+from .registry import BUILTIN_PRIORITIES, FRAMEWORKS, FrameworkRegistry, get_framework, registered_frameworks
+from .views import DescribedAdapter
 
-__all__ = ["FrameworkAdapter", "LoadView", "SaveView", "get_framework", "register_framework", "registered_frameworks"]
+__all__ = [
+    "FrameworkAdapter",
+    "DescribedAdapter",
+    "FrameworkRegistry",
+    "FRAMEWORKS",
+    "BUILTIN_PRIORITIES",
+    "get_framework",
+    "registered_frameworks",
+    "StateDescription",
+    "OptimizerDescription",
+    "ParamState",
+    "Piece",
+    "Role",
+    "OptimizerLike",
+    "is_optimizer_like",
+    "supports_step_hooks",
+    "SaveView",
+    "LoadView",
+]

@@ -1,22 +1,23 @@
-"""Generic translation of ``nn.Module`` and ``torch.optim.Optimizer`` state to shard items.
+"""Generic pieces of ``nn.Module`` and optimizer state, and the ``optimizer`` JSON object.
 
-Used by the torch / ddp / fsdp2 / dtensor adapters (and, for the optimizer's param groups, by
-FSDP1). A tensor that is a DTensor contributes the box of its local shard (any mesh, any
-placements, including FSDP2+TP strided sharding); a plain tensor contributes the full box, and
-identical boxes on several ranks are replicas (the save planner writes each once).
-Checkpoint keys: ``model.<fqn>`` for parameters and persistent buffers,
+Used by every adapter's ``describe`` (``generic``; ``fsdp1`` for parameters FSDP does not
+manage) and by ``views.save_view``. A tensor that is a DTensor contributes the box of its local
+shard (any mesh, any placements, including FSDP2+TP strided sharding); a plain tensor
+contributes the full box, and identical boxes on several ranks are replicas (the save planner
+writes each once). Checkpoint keys: ``model.<fqn>`` for parameters and persistent buffers,
 ``optimizer.state.<param fqn>.<state name>`` for optimizer state tensors, and one JSON object
 ``optimizer`` with param groups (params named by fqn: the parameters the optimizer covers, with
 or without state) and non-tensor state values. Loading optimizer state is ``optim_state``'s.
 
-Parameter names (``ParamNames``) map ``id(param)`` to its clean fqn, or to a tuple of clean fqns
-when one live parameter stands for several original ones (an FSDP1 FlatParameter); groups and
-non-tensor state are then written per original fqn, so every framework reads the same object.
+Parameter names (``ParamNames``) map ``id(param)`` to the clean fqns of the original parameters
+it stands for (several: an FSDP1 FlatParameter); groups and non-tensor state are written per
+original fqn, so every framework reads the same object.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,45 +28,44 @@ from ..errors import FrameworkError
 from ..format.dtypes import dtype_name
 from ..format.records import JSONValue
 from ..format.values import encode_value
-from ..planning.specs import LoadItem, SaveItem, ShardSpec
-from .base import OPTIM_PREFIX
+from ..planning.specs import LoadItem, SaveItem, Shape, ShardSpec
+from ._fsdp_internals import WRAPPER_SEGMENTS, dtensor_local_box
+from .base import STATE_PREFIX, OptimizerDescription, OptimizerLike, Piece, Role, is_optimizer_like
 
 __all__ = [
     "clean_fqn",
     "tensor_box",
     "local_tensor",
+    "tensor_piece",
     "model_tensors",
     "param_fqns",
-    "optimizer_save",
-    "items_for",
     "ParamNames",
     "names_of",
+    "TensorState",
+    "optimizer_save",
     "optimizer_object",
     "refuse_meta",
+    "module_of",
+    "optimizer_of",
 ]
 
-# id(param) -> clean fqn, or the clean fqns of the original parameters a flat parameter holds
-ParamNames = Mapping[int, str | tuple[str, ...]]
-
-_WRAPPER_PARTS = ("module", "_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
+# id(param) -> the clean fqns of the original parameters it stands for
+ParamNames = Mapping[int, tuple[str, ...]]
 
 
 def clean_fqn(fqn: str, strip_module: bool) -> str:
     """Drop wrapper segments (DDP's ``module.``, torch.compile's ``_orig_mod.``, FSDP1/activation
     checkpoint wrappers) so every framework names a parameter the same way."""
     parts = fqn.split(".")
-    drop = set(_WRAPPER_PARTS) if strip_module else set(_WRAPPER_PARTS) - {"module"}
+    drop = set(WRAPPER_SEGMENTS) | {"module"} if strip_module else set(WRAPPER_SEGMENTS)
     out = [p for p in parts if p not in drop or p.startswith("_flat_param")]
     return ".".join(out)
 
 
-def tensor_box(t: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+def tensor_box(t: torch.Tensor) -> tuple[Shape, Shape, Shape]:
     """(global shape, offsets, lengths) of the part of ``t`` held by this rank."""
     if isinstance(t, DTensor):
-        chunks = t.__create_chunk_list__()
-        if len(chunks) != 1:
-            raise FrameworkError(f"DTensor with {len(chunks)} local chunks is not supported")
-        return tuple(t.shape), tuple(chunks[0].offsets), tuple(chunks[0].sizes)
+        return (tuple(t.shape), *dtensor_local_box(t))
     shape = tuple(t.shape)
     return shape, (0,) * len(shape), shape
 
@@ -77,16 +77,15 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.detach()
 
 
-def items_for(
-    fqn: str, t: torch.Tensor, make: Callable[[ShardSpec, torch.Tensor], Any], replica_source: int | None = None
-) -> Any:
-    """The item of ``t``'s local box (``replica_source``: see ``ShardSpec``)."""
+def tensor_piece(key: str, t: torch.Tensor, replica_source: int | None = None) -> Piece:
+    """The piece of ``t``'s local box under checkpoint key ``key`` (``replica_source``: see
+    ``ShardSpec``)."""
     shape, offsets, lengths = tensor_box(t)
-    spec = ShardSpec(fqn, dtype_name(t.dtype), shape, offsets, lengths, replica_source)
+    spec = ShardSpec(key, dtype_name(t.dtype), shape, offsets, lengths, replica_source)
     loc = local_tensor(t)
     if tuple(loc.shape) != lengths:
-        raise FrameworkError(f"{fqn}: local tensor shape {tuple(loc.shape)} != shard lengths {lengths}")
-    return make(spec, loc)
+        raise FrameworkError(f"{key}: local tensor shape {tuple(loc.shape)} != shard lengths {lengths}")
+    return Piece(spec, loc)
 
 
 def model_tensors(module: nn.Module, strip_module: bool) -> list[tuple[str, torch.Tensor]]:
@@ -112,33 +111,48 @@ def param_fqns(module: nn.Module, strip_module: bool) -> dict[int, str]:
 
 def names_of(names: ParamNames, p: torch.Tensor) -> tuple[str, ...]:
     """The clean fqn(s) ``names`` gives parameter ``p`` (several for a flat parameter)."""
-    n = names[id(p)]
-    return (n,) if isinstance(n, str) else tuple(n)
+    return names[id(p)]
 
 
-def _group_entries(optim: torch.optim.Optimizer, names: ParamNames) -> list[dict[str, Any]]:
+@dataclass(frozen=True, eq=False)
+class TensorState:
+    """``ParamState`` of a parameter that says which box it holds (plain tensor, DTensor):
+    its state is laid out like the parameter itself."""
+
+    fqn: str
+    param: torch.Tensor
+
+    @property
+    def fqns(self) -> tuple[str, ...]:
+        return (self.fqn,)
+
+    @property
+    def shapes(self) -> tuple[Shape, ...]:
+        return (tuple(self.param.shape),)
+
+    @property
+    def holds(self) -> bool:
+        return True  # even an empty local shard of a DTensor gets a gradient, hence state
+
+    def like(self) -> tuple[torch.Tensor, bool]:
+        return self.param, False
+
+    def pieces(self, name: str, value: torch.Tensor) -> list[Piece]:
+        return [tensor_piece(f"{STATE_PREFIX}{self.fqn}.{name}", value)]
+
+
+def _group_entries(optim: OptimizerLike, names: ParamNames) -> list[dict[str, Any]]:
     groups = []
-    for gi, g in enumerate(optim.param_groups):
-        params: list[str] = []
-        for p in g["params"]:
-            if id(p) not in names:
-                raise FrameworkError(f"optimizer param group {gi} holds a parameter that is not in the model")
-            params.extend(names_of(names, p))
+    for g in optim.param_groups:
         entry = {k: v for k, v in g.items() if k != "params"}
-        entry["params"] = params
+        entry["params"] = [f for p in g["params"] for f in names_of(names, p)]
         groups.append(entry)
     return groups
 
 
-def optimizer_save(
-    optim: torch.optim.Optimizer,
-    names: dict[int, str],
-    describe: Callable[[str, torch.Tensor, torch.Tensor], Iterable[SaveItem]],
-) -> tuple[list[SaveItem], dict[str, JSONValue]]:
-    """Items for every optimizer state tensor and the ``optimizer`` JSON object.
-
-    ``describe(fqn, state_tensor, param)`` yields the SaveItems of one state tensor (adapters with
-    their own layout, like FSDP1 flat parameters, pass their own)."""
+def optimizer_save(desc: OptimizerDescription) -> tuple[list[SaveItem], dict[str, JSONValue]]:
+    """Items for every optimizer state tensor and the ``optimizer`` JSON object."""
+    optim = desc.optimizer
     items: list[SaveItem] = []
     values: dict[str, dict[str, Any]] = {}
     for g in optim.param_groups:
@@ -146,17 +160,19 @@ def optimizer_save(
             st = optim.state.get(p)
             if not st:
                 continue
-            pname = names[id(p)]
+            ps = desc.params[id(p)]
             for key, v in st.items():
                 if isinstance(v, torch.Tensor):
-                    items.extend(describe(f"{OPTIM_PREFIX}state.{pname}.{key}", v, p))
+                    pieces = ps.pieces(key, v)
+                    items.extend(SaveItem(pc.spec, pc.tensor) for pc in pieces if pc.role is not Role.ELSEWHERE)
                 else:
-                    values.setdefault(pname, {})[key] = v
-    return items, optimizer_object(optim, names, values)
+                    for fqn in ps.fqns:
+                        values.setdefault(fqn, {})[key] = v
+    return items, optimizer_object(optim, desc.names(), values)
 
 
 def optimizer_object(
-    optim: torch.optim.Optimizer, names: ParamNames, values: Mapping[str, Mapping[str, Any]]
+    optim: OptimizerLike, names: ParamNames, values: Mapping[str, Mapping[str, Any]]
 ) -> dict[str, JSONValue]:
     """The ``optimizer`` JSON object: param groups (params by clean fqn) and the non-tensor
     state ``values`` (clean param fqn -> state name -> value)."""
@@ -179,3 +195,27 @@ def refuse_meta(items: Iterable[SaveItem | LoadItem], saving: bool) -> None:
                 f"cannot load into {it.spec.fqn!r}: it is on the meta device, so the load would write "
                 "nothing; call model.to_empty(device=...) first (then build the optimizer), then load"
             )
+
+
+def module_of(state: Mapping[str, Any]) -> nn.Module | None:
+    """``state["model"]`` (None if absent); FrameworkError if it is not an ``nn.Module``."""
+    model = state.get("model")
+    if model is not None and not isinstance(model, nn.Module):
+        raise FrameworkError(f'state["model"] must be an nn.Module, got {type(model).__name__}')
+    return model
+
+
+def optimizer_of(state: Mapping[str, Any]) -> OptimizerLike | None:
+    """``state["optimizer"]`` (None if absent): any optimizer-like object (``base``'s contract)."""
+    optim = state.get("optimizer")
+    if optim is None:
+        return None
+    if not is_optimizer_like(optim):
+        raise FrameworkError(
+            f'state["optimizer"] must be an optimizer: an object with param_groups (a list of dicts, each '
+            f'with a "params" list) and state (a mutable mapping from parameter to its state dict), like '
+            f"torch.optim.Optimizer; got {type(optim).__name__}"
+        )
+    if state.get("model") is None:
+        raise FrameworkError('state["optimizer"] needs state["model"] to name its parameters')
+    return optim  # type: ignore[no-any-return]

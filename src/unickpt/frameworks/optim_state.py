@@ -10,21 +10,27 @@ none. Gradients are never touched and ``step()`` is never called (closure optimi
 load like any other). Each live param group takes the hyper-parameters saved for its parameters.
 
 Fresh tensors follow the checkpoint's records: a saved state of the parameter's global shape is
-laid out like the parameter's local shard (``StateLayout.like``: a DTensor with the parameter's
+laid out like the parameter's local shard (``ParamState.like``: a DTensor with the parameter's
 mesh and placements, FSDP1's flat slice, a plain tensor), with the saved dtype, on the
 parameter's device; a 0-d state (Adam's ``step``) is a 0-d tensor on the CPU, or on the
 parameter's device when the group is ``capturable`` or ``fused`` (as torch's optimizers keep it);
 any other shape is a full tensor on the parameter's device.
 
-Who calls what, in order (``api.load`` through the adapter's ``load_view``; every rank):
-  1. ``OptimizerLoad(optim, layout, saved, strict)``: picks or allocates every destination from
-     the checkpoint's records (``read_saved``); nothing in the optimizer changes. ``items`` go to
-     the engine; ``probes`` (FSDP1 flat steps, one scratch scalar per original parameter) are
-     read before validation;
-  2. ``validate()``: param-group coverage and hyper-parameters (``param_groups``), probes that
-     must agree; returns the (missing, unexpected) keys; raises on what cannot be loaded;
-  3. the engine fills ``items`` (only after every rank validated);
+The optimizer is duck-typed (``base.OptimizerLike``): only ``param_groups``, ``state`` and, if
+present, ``defaults`` are used. Parameter layouts come from the adapter's description
+(``base.OptimizerDescription``: one ``ParamState`` per parameter), never from the model again.
+
+Who calls what, in order (``views.load_view``, from the adapter's ``load_view``; every rank):
+  1. ``OptimizerLoad(desc, saved, strict, targets)``: picks or allocates every destination from
+     the checkpoint's records (``read_saved``) and adds their pieces to ``targets``
+     (``targets.LoadTargets``); nothing in the optimizer changes. ``targets.items`` go to the
+     engine; ``targets.probes`` (FSDP1 flat steps, one scratch scalar per original parameter)
+     are read before validation;
+  2. ``validate()``: param-group coverage and hyper-parameters (``param_groups``); returns
+     the (missing, unexpected) keys; raises on what cannot be loaded;
+  3. the engine fills ``targets.items`` (only after every rank validated);
   4. ``apply()``: installs the state and the hyper-parameters.
+``views.load_view`` checks the probes after step 2 and copies them before step 4.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -40,37 +46,14 @@ from ..errors import CorruptMetadataError, FrameworkError, SizeLimitError
 from ..format.dtypes import dtype_from_name
 from ..format.records import Metadata, TensorRecord
 from ..format.values import decode_value
-from ..planning.specs import LoadItem, Shape
-from .base import OPTIM_PREFIX
+from .base import OPTIM_PREFIX, STATE_PREFIX, OptimizerDescription, ParamState
 from .module_state import local_tensor
 from .param_groups import apply_hyper, hyper_problems, key_set_problem
+from .targets import LoadTargets
 
-__all__ = ["StateLayout", "SavedOptimizer", "read_saved", "OptimizerLoad", "GROUPS_KEY"]
+__all__ = ["SavedOptimizer", "read_saved", "OptimizerLoad", "GROUPS_KEY"]
 
-STATE_PREFIX = f"{OPTIM_PREFIX}state."
 GROUPS_KEY = f"{OPTIM_PREFIX}param_groups."  # + fqn: a parameter's entry in the param groups
-
-
-class StateLayout(Protocol):
-    """How an adapter lays out optimizer state (generic tensors, FSDP1 flat parameters)."""
-
-    def fqns(self, p: torch.Tensor) -> tuple[str, ...]:
-        """The original parameters live parameter ``p`` stands for (several: a flat parameter)."""
-
-    def param_shape(self, p: torch.Tensor, fqn: str) -> Shape:
-        """Global shape of original parameter ``fqn`` of ``p``."""
-
-    def like(self, p: torch.Tensor) -> tuple[torch.Tensor, bool]:
-        """The tensor param-shaped state copies the layout of, and whether it must start zeroed
-        (FSDP1 flat state has padding that no checkpoint fills)."""
-
-    def holds(self, p: torch.Tensor) -> bool:
-        """False when this rank holds no element of ``p`` and its optimizer never has state for it
-        (FSDP1 use_orig_params=True sets no gradient there): it gets none from a load either."""
-
-    def describe(self, p: torch.Tensor, name: str, t: torch.Tensor) -> tuple[list[LoadItem], list[LoadItem]]:
-        """(items filling state ``name`` = ``t`` of ``p``, scratch probes that must agree and are
-        copied into ``t`` at apply: FSDP1 flat steps, one per original parameter)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,34 +119,33 @@ def _checked_object(saved: Any) -> dict[str, Any]:
 
 class OptimizerLoad:
     """One load of the checkpoint's optimizer records into a live optimizer (see the module
-    docstring for the order of calls)."""
+    docstring for the order of calls). Destinations go to ``targets`` (shared with the model's)."""
 
-    def __init__(self, optim: torch.optim.Optimizer, layout: StateLayout, saved: SavedOptimizer, strict: bool) -> None:
-        self.optim, self.layout, self.saved, self.strict = optim, layout, saved, strict
-        self.items: list[LoadItem] = []
-        self.probes: list[LoadItem] = []
+    def __init__(self, desc: OptimizerDescription, saved: SavedOptimizer, strict: bool, targets: LoadTargets) -> None:
+        self.desc, self.optim, self.saved, self.strict = desc, desc.optimizer, saved, strict
+        self.targets = targets
         self._install: list[tuple[torch.Tensor, dict[str, Any]]] = []
-        self._scalars: list[tuple[torch.Tensor, list[LoadItem]]] = []
         self._updates: list[tuple[dict[str, Any], dict[str, Any]]] = []
-        for g in optim.param_groups:
+        for g in self.optim.param_groups:
             for p in g["params"]:
-                fqns = layout.fqns(p)
-                covered = [f for f in fqns if saved.covers(f)]
+                ps = desc.params[id(p)]
+                covered = [f for f in ps.fqns if saved.covers(f)]
                 if not covered:
                     continue  # not in the checkpoint: left as it is (missing, see validate)
-                if not layout.holds(p):
+                if not ps.holds:
                     self._install.append((p, {}))  # as the uninterrupted run: no state here
                     continue
-                if len(covered) != len(fqns):
+                if len(covered) != len(ps.fqns):
                     raise FrameworkError(
-                        f"the checkpoint's optimizer covers {covered[:3]} but not {_absent(fqns, covered)[:3]}, "
+                        f"the checkpoint's optimizer covers {covered[:3]} but not {_absent(ps.fqns, covered)[:3]}, "
                         "which share one flat parameter here; a flat parameter's state cannot be loaded in "
                         "part (use use_orig_params=True)"
                     )
-                self._install.append((p, self._state_for(p, fqns, g)))
+                self._install.append((p, self._state_for(p, ps, g)))
 
-    def _state_for(self, p: torch.Tensor, fqns: tuple[str, ...], group: dict[str, Any]) -> dict[str, Any]:
+    def _state_for(self, p: torch.Tensor, ps: ParamState, group: dict[str, Any]) -> dict[str, Any]:
         """The state ``p`` will have: destinations of its saved tensors, then its saved values."""
+        fqns = ps.fqns
         saved = [self.saved.tensors.get(f, {}) for f in fqns]
         names = list(dict.fromkeys(n for s in saved for n in s))
         live = self.optim.state.get(p) or {}
@@ -179,15 +161,9 @@ class OptimizerLoad:
                 )
             cur = live.get(name)
             fresh = not isinstance(cur, torch.Tensor)
-            t = self._fresh(p, fqns, name, [r for r in recs if r is not None], group) if fresh else cur
+            t = self._fresh(ps, name, [r for r in recs if r is not None], group) if fresh else cur
             assert isinstance(t, torch.Tensor)
-            items, probes = self.layout.describe(p, name, t)
-            for it in items:
-                it.fresh = fresh
-            self.items.extend(items)
-            if probes:
-                self.probes.extend(probes)
-                self._scalars.append((t, probes))
+            self.targets.add(ps.pieces(name, t), fresh)
             state[name] = t
         for f in fqns:
             if f in self.saved.values:
@@ -195,22 +171,21 @@ class OptimizerLoad:
                 break
         return state
 
-    def _fresh(
-        self, p: torch.Tensor, fqns: tuple[str, ...], name: str, recs: list[TensorRecord], group: dict[str, Any]
-    ) -> torch.Tensor:
-        """A new tensor for saved state ``name`` of ``p``, laid out by the checkpoint's records."""
+    def _fresh(self, ps: ParamState, name: str, recs: list[TensorRecord], group: dict[str, Any]) -> torch.Tensor:
+        """A new tensor for saved state ``name`` of ``ps``, laid out by the checkpoint's records."""
+        fqns = ps.fqns
         where = f"{STATE_PREFIX}{fqns[0]}.{name}"
         if len({r.dtype for r in recs}) > 1:
             raise FrameworkError(f"{where}: saved with different dtypes for the parameters of one flat parameter")
         dtype = dtype_from_name(recs[0].dtype)
-        like, zeroed = self.layout.like(p)
+        like, zeroed = ps.like()
         device = local_tensor(like).device
         shapes = [tuple(r.shape) for r in recs]
         with torch.no_grad():
             if all(s == () for s in shapes):
                 on_device = bool(group.get("capturable")) or bool(group.get("fused"))
                 return torch.zeros((), dtype=dtype, device=device if on_device else "cpu")
-            if all(s == tuple(self.layout.param_shape(p, f)) for s, f in zip(shapes, fqns)):
+            if all(s == tuple(shape) for s, shape in zip(shapes, ps.shapes)):
                 return (torch.zeros_like if zeroed else torch.empty_like)(like, dtype=dtype)
             if len(fqns) > 1:
                 raise FrameworkError(
@@ -234,10 +209,11 @@ class OptimizerLoad:
         missing: list[str] = []
         live: set[str] = set()
         problems: list[str] = []
+        defaults = getattr(self.optim, "defaults", None)  # optional (see base: the optimizer contract)
         for gi, g in enumerate(self.optim.param_groups):
             firsts: dict[int, str] = {}  # saved set -> the first of this group's fqns using it
             for p in g["params"]:
-                for f in self.layout.fqns(p):
+                for f in self.desc.params[id(p)].fqns:
                     live.add(f)
                     s = self.saved.group_of.get(f)
                     if s is None:
@@ -257,8 +233,8 @@ class OptimizerLoad:
                     raise FrameworkError(msg + " (or pass strict=False to take those of its first parameter)")
                 warnings.warn(f"{msg}; strict=False: group {gi} takes those of {first!r}", stacklevel=2)
             hyper = self.saved.groups[s]
-            if self.strict:
-                clash = key_set_problem(g, self.optim.defaults, hyper, gi, type(self.optim).__name__)
+            if self.strict and isinstance(defaults, dict):
+                clash = key_set_problem(g, defaults, hyper, gi, type(self.optim).__name__)
                 if clash:
                     raise FrameworkError(clash)
             problems += hyper_problems(g, hyper, gi, first)
@@ -269,26 +245,12 @@ class OptimizerLoad:
                 + "\n  ".join(problems[:20])
                 + (f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else "")
             )
-        self._check_scalars()
         unexpected = [GROUPS_KEY + f for f in self.saved.group_of if f not in live and f not in self.saved.tensors]
         return missing, unexpected
-
-    def _check_scalars(self) -> None:
-        for _, probes in self._scalars:
-            first = probes[0]
-            for other in probes[1:]:
-                if not torch.equal(other.tensor, first.tensor):
-                    raise FrameworkError(
-                        f"{other.spec.fqn} = {other.tensor.item()} but {first.spec.fqn} = {first.tensor.item()}: "
-                        "an FSDP1 flat parameter keeps one value for all its original parameters; use "
-                        "use_orig_params=True to load per-parameter values"
-                    )
 
     def apply(self) -> None:
         """Install the state and hyper-parameters (after every rank validated and read)."""
         with torch.no_grad():
-            for target, probes in self._scalars:
-                target.copy_(probes[0].tensor)
             for p, state in self._install:
                 if state:
                     self.optim.state[p] = state
