@@ -101,7 +101,7 @@ def _fsdp1_report(rank: int, ws: int, use_orig_params: bool) -> dict:
             "orig_params": None if internals.orig_params(fp) is None else len(internals.orig_params(fp) or ()),
             "shared_params": len(internals.shared_params(fp)),
             "sharded": sharded,
-            # attributes the test oracle (tools/toy.py, _fsdp1_full_state) reads
+            # FSDP1 flat-parameter attributes an independent oracle may read
             "numels_with_padding": [int(n) for n in fp._numels_with_padding],  # type: ignore[attr-defined]
             "is_padding_mask": [bool(m) for m in fp._is_padding_mask],  # type: ignore[attr-defined]
         }

@@ -1,8 +1,8 @@
 """Optimizers by duck type: wrappers that are not ``torch.optim.Optimizer`` (like Megatron's
 optimizer wrappers or an LR-scheduled wrapper) save and load bit-exact, also resharded from
 FSDP2 on 2 ranks to torch on 1; objects that do not fulfil the contract are refused clearly.
-References come from the toy model's own full state (``tools.toy.full_state``, gathered with
-torch collectives) and from the uninterrupted run's next loss."""
+References come from the test oracle (``support.reference.full_state``, gathered with torch's
+own APIs) and from the uninterrupted run's next loss."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ import torch
 
 import unickpt
 from harness import run_ranks
+from support.reference import full_state
 from unickpt.errors import FrameworkError
 from unickpt.frameworks import is_optimizer_like, supports_step_hooks
-from unickpt.tools.toy import build, full_state, train_step
+from unickpt.tools.toy import build, train_step
 
 STEPS = 2
 
