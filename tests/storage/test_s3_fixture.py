@@ -3,7 +3,10 @@ when the owner dies), start failures that show weed's log, and the skip/require 
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -97,32 +100,45 @@ def test_kill_leaves_no_socket_behind():
 
 def test_server_dies_with_the_process_that_started_it(tmp_path):
     """A test process killed by SIGKILL (no teardown runs) does not leave weed running."""
-    pidfile = tmp_path / "weed.pid"
+    infofile = tmp_path / "server.json"
     script = textwrap.dedent(
         f"""
-        import sys, time
+        import json, os, sys, time
         sys.path.insert(0, {str(Path(__file__).parent)!r})
         from s3server import SeaweedServer, require_weed
         s = SeaweedServer(require_weed())
         s.start()
-        open({str(pidfile)!r} + ".tmp", "w").write(str(s.pid))
-        import os; os.replace({str(pidfile)!r} + ".tmp", {str(pidfile)!r})
+        info = {{"pid": s.pid, "root": str(s.root), "ports": dict(s.ports)}}
+        open({str(infofile)!r} + ".tmp", "w").write(json.dumps(info))
+        os.replace({str(infofile)!r} + ".tmp", {str(infofile)!r})
         time.sleep(600)
         """
     )
     owner = subprocess.Popen([sys.executable, "-c", script])
+    info = None
     try:
         deadline = time.monotonic() + 90
-        while not pidfile.exists():
+        while not infofile.exists():
             assert owner.poll() is None, "owner process died before starting weed"
             assert time.monotonic() < deadline, "weed did not start in 90 s"
             time.sleep(0.05)
-        weed_pid = int(pidfile.read_text())
-        assert psutil.pid_exists(weed_pid)
-    finally:
+        info = json.loads(infofile.read_text())
+        assert psutil.pid_exists(info["pid"])
         owner.send_signal(signal.SIGKILL)
         owner.wait()
-    assert _wait_gone(weed_pid), "weed outlived its killed owner"
+        assert _wait_gone(info["pid"]), "weed outlived its killed owner"
+    finally:
+        # the killed owner could not clean up: remove what its server left (the temp folder;
+        # the gRPC sockets a SIGKILLed weed leaves in /tmp); never leave weed running
+        if owner.poll() is None:
+            owner.send_signal(signal.SIGKILL)
+            owner.wait()
+        if info is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(info["pid"], signal.SIGKILL)
+            shutil.rmtree(info["root"], ignore_errors=True)
+            for sock in _grpc_sockets(info["ports"]):
+                sock.unlink(missing_ok=True)
 
 
 def test_start_failure_raises_with_weeds_own_message():
