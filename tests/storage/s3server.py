@@ -369,7 +369,6 @@ class SeaweedServer:
     def _command(self, config: Path) -> list[str]:
         assert self.root is not None
         data = self.root / "data"
-        data.mkdir(exist_ok=True)
         args = [
             self.weed,
             "mini",
@@ -393,6 +392,9 @@ class SeaweedServer:
         assert self.root is not None
         env = {k: v for k, v in os.environ.items() if not k.startswith(("WEED_", "S3_", "AWS_"))}
         env["HOME"] = str(self.root / "home")  # no ~/.seaweedfs/*.toml from the user's home
+        data = self.root / "data"  # fresh for every attempt (weed keeps mini.options there)
+        shutil.rmtree(data, ignore_errors=True)
+        data.mkdir()
         log = open(self.log_path, "ab")  # the child keeps its own copy of the descriptor
         try:
             log.write(f"--- attempt {attempt}: {' '.join(self._command(config))}\n".encode())

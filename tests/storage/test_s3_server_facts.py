@@ -487,3 +487,29 @@ def test_signing_region_is_a_client_side_setting_here(s3_bucket):
         client = S3Endpoint(ep.url, ep.access_key, ep.secret_key, region).client()
         client.put_object(Bucket=s3_bucket.name, Key=region, Body=os.urandom(8))
         assert client.head_object(Bucket=s3_bucket.name, Key=region)["ContentLength"] == 8
+
+
+def test_bucket_and_key_name_rules(s3_server, s3_bucket):
+    """Bucket names follow AWS's rules (3-63 chars, lowercase, no '_', no leading/trailing '-',
+    no IP form, no 'xn--'). Keys: at most 1024 bytes AND at most 255 bytes per '/'-separated
+    segment (the filer's file-name limit; AWS has no such per-segment limit) -> KeyTooLongError;
+    '.' / '..' segments -> InvalidRequest; an empty segment ('a//b') is stored as 'a/b'."""
+    c, b = s3_bucket.endpoint.client(), s3_bucket.name
+    for bad in ("ab", "a" * 64, "Abc", "a_b", "-ab", "ab-", "192.168.1.1", "xn--ab"):
+        with pytest.raises(botocore.exceptions.ClientError) as ei:
+            c.create_bucket(Bucket=bad)
+        assert _code(ei.value) == ("InvalidBucketName", 400), bad
+    for good in ("abc", "a.b-" + "c" * 59):
+        c.create_bucket(Bucket=good)
+        s3_server.delete_bucket(good)
+
+    long_ok = "/".join(["s" * 200] * 6)[:1024]
+    for key in ("a" * 255, long_ok):
+        c.put_object(Bucket=b, Key=key, Body=b"1")
+    for key, code in (("a" * 256, "KeyTooLongError"), (long_ok + "x", "KeyTooLongError"), ("p/../q", "InvalidRequest")):
+        with pytest.raises(botocore.exceptions.ClientError) as ei:
+            c.put_object(Bucket=b, Key=key, Body=b"1")
+        assert _code(ei.value)[0] == code, key
+    c.put_object(Bucket=b, Key="p/a//b", Body=b"2")
+    assert [o["Key"] for o in c.list_objects_v2(Bucket=b, Prefix="p/")["Contents"]] == ["p/a/b"]
+    assert c.get_object(Bucket=b, Key="p/a/b")["Body"].read() == b"2"
