@@ -57,6 +57,7 @@ __all__ = [
     "SeaweedServer",
     "SeaweedStartError",
     "find_weed",
+    "require_s3_clients",
     "require_weed",
     "s3_bucket",
     "s3_server",
@@ -521,19 +522,26 @@ def _probe_round_trip(client: Any) -> None:
 def _unavailable(reason: str) -> None:
     if os.environ.get(REQUIRE_ENV) == "1":
         pytest.fail(f"{reason} (and {REQUIRE_ENV}=1 requires the S3 tests to run)", pytrace=False)
-    pytest.skip(reason)
+    pytest.skip(reason, allow_module_level=True)
+
+
+def require_s3_clients() -> None:
+    """Skip the calling test module (at import time) unless s3fs and botocore are importable;
+    under UNICKPT_TEST_REQUIRE_S3=1 fail instead. Call it before importing them."""
+    import importlib.util
+
+    missing = [m for m in ("botocore", "s3fs") if importlib.util.find_spec(m) is None]
+    if missing:
+        _unavailable(f"{' and '.join(missing)} not installed (the S3 tests need them): pip install s3fs")
 
 
 def require_weed() -> str:
     """The weed binary, or skip (fail under UNICKPT_TEST_REQUIRE_S3=1) with the exact reason."""
+    require_s3_clients()
     weed = find_weed()
     if weed is None:
         where = f"${WEED_ENV}, {sysconfig.get_path('scripts')}, $PATH"
         _unavailable(f"SeaweedFS `weed` binary not found ({where}); {INSTALL_HINT}")
-    try:
-        import botocore  # noqa: F401
-    except ImportError:
-        _unavailable("botocore is not installed (the S3 tests talk to the server through it): pip install s3fs")
     assert weed is not None
     return weed
 

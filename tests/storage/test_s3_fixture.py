@@ -14,11 +14,14 @@ import textwrap
 import time
 from pathlib import Path
 
-import botocore.exceptions
 import psutil
 import pytest
 import s3server
-from s3server import PORT_FLAGS, SeaweedServer, SeaweedStartError, find_weed, require_weed
+from s3server import PORT_FLAGS, SeaweedServer, SeaweedStartError, find_weed, require_s3_clients, require_weed
+
+require_s3_clients()  # skips this module without s3fs/botocore (fails under UNICKPT_TEST_REQUIRE_S3=1)
+
+import botocore.exceptions  # noqa: E402
 
 
 def _listening_ports(pid: int) -> set[tuple[str, int]]:
