@@ -143,7 +143,8 @@ class Checkpointer:
         is reported as ``owner``'s (``wait(owner)``), as are the unseen failures this save
         raises first. ``CheckpointManager`` uses it to move its ``latest`` pointer."""
         inner = self._start_save(path, state, framework, async_save, role, options, owner, what)
-        outer = SaveHandle(self.resources.worker.submit(lambda: then(inner)), path=path)
+        # the outer handle's wait_snapshot() is the inner save's: callers change tensors after it
+        outer = SaveHandle(self.resources.worker.submit(lambda: then(inner)), snapshot=inner._snapshot, path=path)
         if not async_save:
             outer.wait()
         else:

@@ -172,3 +172,22 @@ def _actor_critic(rank: int, ws: int, root: str) -> dict:
 def test_two_checkpointers_at_world_size_2(tmp_path):
     for r in run_ranks(_actor_critic, 2, str(tmp_path)):
         assert r == {"actor": True, "critic": True}
+
+
+def test_manager_handle_waits_for_its_snapshot(tmp_path):
+    """``CheckpointManager.save(...).wait_snapshot()`` waits for the save's own snapshot (it was a
+    no-op: the manager's handle wraps the save, so an in-place change after it failed the save
+    with SnapshotConflictError). The checkpoint holds the values at the call."""
+    model, optim = _model(3)
+    want = _state(model, optim)
+    manager = unickpt.CheckpointManager(str(tmp_path / "run"), keep_last=2)
+    handle = manager.save(1, {"model": model, "optimizer": optim}, async_save=True)
+    handle.wait_snapshot()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    manager.wait()
+    fresh, fresh_optim = _model(4)
+    assert manager.load_latest({"model": fresh, "optimizer": fresh_optim}) == 1
+    got = _state(fresh, fresh_optim)
+    assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)
