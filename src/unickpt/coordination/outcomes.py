@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from ..errors import CheckpointError, RankDisagreementError, RankFailures, RemoteRankError
 
-__all__ = ["Outcome", "pack", "unpack", "stage_error", "disagreement", "MAX_PICKLED"]
+__all__ = ["Outcome", "pack", "unpack", "stage_error", "disagreement", "retitled", "MAX_PICKLED"]
 
 MAX_PICKLED = 64 << 10
 _SHOWN_VALUES = 8
@@ -109,7 +109,7 @@ def stage_error(stage: str, outcomes: Mapping[int, Outcome], rank: int, local: B
         first = rank if rank in failed else min(failed)
         base = exception_of(first)
         if isinstance(base, CheckpointError) and f"{type(base).__module__}.{type(base).__qualname__}" == kind:
-            return _retitled(base, "\n".join(lines))
+            return retitled(base, "\n".join(lines))
         return RankFailures(stage, {r: exception_of(r) for r in failed})
     return RankFailures(stage, {r: exception_of(r) for r in failed})
 
@@ -125,7 +125,7 @@ def _line(rank: int, stage: str, message: str) -> str:
     return f"rank {rank}, {stage}: {message}"
 
 
-def _retitled(e: CheckpointError, message: str) -> CheckpointError:
+def retitled(e: CheckpointError, message: str) -> CheckpointError:
     """A copy of ``e`` (same type and attributes, an OSError's errno included) whose message is
     ``message``; ``e`` itself when its type cannot be copied."""
     try:

@@ -60,6 +60,7 @@ from dataclasses import replace
 from typing import TypeVar
 
 from ..coordination.base import Coordinator
+from ..coordination.outcomes import retitled
 from ..errors import (
     CheckpointError,
     ConcurrentSaveError,
@@ -354,8 +355,8 @@ def acquire_save_lock(
             raise
     if outcome is None:
         return lock
-    if isinstance(failure, CheckpointError):
-        raise failure
+    if isinstance(failure, CheckpointError):  # same type and attributes, named by rank and stage
+        raise retitled(failure, f"rank 0, lock: {outcome[1]}") from failure
     kind, msg, code = outcome
     if coord.rank == 0:
         msg = f"save (lock) failed on rank 0: taking {storage.url}/{LOCK_FILE}: {msg}"

@@ -4,13 +4,19 @@ Given to ``open_storage(url, options)`` (``SaveOptions.storage`` / ``LoadOptions
 ``unickpt.save`` / ``load``); every registered factory receives it with the path. Fields a
 backend does not use are ignored by it. Environment variables are only *defaults*, read when a
 backend is created (never at import): ``UNICKPT_DIRECT_IO=0`` turns direct writes off,
-``UNICKPT_DIRECT_READS=1`` turns direct reads on, where the field is left at None.
+``UNICKPT_DIRECT_READS=1`` turns direct reads on, where the field is left at None. Object
+stores take their endpoint and credentials from ``client_options`` (``s3fs.S3FileSystem``
+keyword arguments: ``endpoint_url``, ``key``, ``secret``, ``client_kwargs={"region_name": ...}``),
+else from the standard variables ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
+``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION`` that their client reads.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from .retry import RetryPolicy
 
@@ -30,6 +36,20 @@ class StorageOptions:
     # local files: O_DIRECT reads of ranges >= 1 MiB (bytes several ranks of a host read still go
     # through the page cache). None: off unless $UNICKPT_DIRECT_READS is "1" at creation
     direct_reads: bool | None = None
+    # object stores / remote file systems: keyword arguments of their client (s3fs, hdfs-native),
+    # e.g. {"endpoint_url": ..., "key": ..., "secret": ...}; empty: the client's own defaults
+    client_options: Mapping[str, Any] = field(default_factory=dict)
+    # object stores: data files larger than this are uploaded as parts of this size in parallel
+    # (S3: >= 5 MiB); ranged reads are cut into requests of this size
+    part_size: int = 32 << 20
+    # object stores: requests in flight at once per process (uploads of parts, ranged reads)
+    max_concurrency: int = 16
+
+    def __post_init__(self) -> None:
+        if self.part_size < (5 << 20):
+            raise ValueError(f"StorageOptions.part_size must be >= 5 MiB (S3's smallest part), got {self.part_size}")
+        if self.max_concurrency < 1:
+            raise ValueError(f"StorageOptions.max_concurrency must be >= 1, got {self.max_concurrency}")
 
     def resolved_direct_writes(self) -> bool:
         """``direct_writes``, or its environment default now."""

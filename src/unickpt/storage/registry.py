@@ -1,7 +1,7 @@
 """Storage backends by URL scheme: a registry object, with lazily imported factories.
 
-``DEFAULT_REGISTRY`` knows ``file`` (also any path without ``scheme://``) and ``memory``; the
-storage issue adds ``s3`` and ``hdfs`` the same way, one line each::
+``DEFAULT_REGISTRY`` knows ``file`` (also any path without ``scheme://``), ``memory`` and ``s3``;
+a backend is added the same way, one line each::
 
     DEFAULT_REGISTRY.register("s3", "unickpt.storage.s3:S3Storage", extra="s3")
 
@@ -128,6 +128,7 @@ def builtin_registry() -> StorageRegistry:
     reg = StorageRegistry()
     reg.register("file", "unickpt.storage.local:LocalStorage")
     reg.register("memory", "unickpt.storage.memory:MemoryStorage")
+    reg.register("s3", "unickpt.storage.s3:S3Storage", extra="s3")
     return reg
 
 
