@@ -188,6 +188,12 @@ class S3Storage:
         client_options = dict(options.client_options)
         config = dict(client_options.pop("config_kwargs", {}) or {})
         config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})  # one retry owner
+        # every shard carries unickpt's own CRC32C, checked on load: no SHA-256 of each payload
+        # for the signature, no extra CRC per request (both cost CPU per byte; pass config_kwargs
+        # in client_options to turn them back on)
+        config.setdefault("s3", {"payload_signing_enabled": False})
+        config.setdefault("request_checksum_calculation", "when_required")
+        config.setdefault("response_checksum_validation", "when_required")
         config.setdefault("max_pool_connections", max(10, 2 * self._concurrency))
         self._fs = s3fs.S3FileSystem(
             skip_instance_cache=True,
