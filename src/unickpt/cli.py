@@ -2,11 +2,12 @@
 
 Who calls what: ``main(argv)`` parses the arguments (argparse, one subcommand each) and dispatches
 to the subcommand's ``_cmd_*`` function, which calls the logic in ``unickpt.tools`` (``inspect``,
-``demo``) and renders the result. Every expected failure is a unickpt ``CheckpointError``: it is
-printed on stderr as ``unickpt <command>: error: <ErrorType>: <message>`` (no traceback).
+``verify`` via inspect, ``merge``, ``demo``) and renders the result. Every expected failure is a
+unickpt ``CheckpointError``: it is printed on stderr as
+``unickpt <command>: error: <ErrorType>: <message>`` (no traceback).
 
 Exit codes: 0 success; 1 the check the command ran failed (``inspect`` found data files missing
-or shorter than the metadata says, ``inspect --verify`` found corrupt or missing data, ``demo``
+or shorter than the metadata says, ``inspect --verify`` / ``verify`` found corrupt or missing data, ``demo``
 found a mismatch; the report is printed either way); 2 bad input (not a checkpoint, incomplete or corrupt
 checkpoint, unsupported format version, usage errors); 130 interrupted.
 """
@@ -42,6 +43,53 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     if summary.verify is not None:
         return EXIT_OK if summary.verify.ok else EXIT_FAILED
     return EXIT_FAILED if ins.short_files(summary) else EXIT_OK  # missing / truncated data files
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from .tools import inspect as ins
+
+    storage, md, _ = ins.load_metadata(args.path, args.role)
+    sizes = ins.file_sizes(storage, md)
+    report = ins.verify(md, storage, sizes=sizes, threads=args.threads, max_failures=args.max_failures)
+    if report.ok:
+        print(
+            f"{storage.url}: OK: {len(md.tensors)} tensors fully covered, {len(md.files)} data files present, "
+            f"{report.shards_checked} shards and {report.blobs_checked} blobs checksummed "
+            f"({report.bytes_checked} bytes in {report.seconds:.2f} s)"
+        )
+        return EXIT_OK
+    print(f"{storage.url}: FAILED: {report.failures_total} problem(s)")
+    for line in report.failures:
+        print(f"  {line}")
+    if report.failures_total > len(report.failures):
+        print(f"  ... and {report.failures_total - len(report.failures)} more")
+    return EXIT_FAILED
+
+
+def _cmd_merge(args: argparse.Namespace) -> int:
+    from .tools import merge as mg
+
+    try:
+        max_shard = mg.parse_size(args.max_shard_size)
+    except ValueError as e:
+        print(f"unickpt merge: error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    result = mg.merge(
+        args.path,
+        args.out,
+        fmt=args.format,
+        model_only=args.model_only,
+        dtype=args.dtype,
+        max_shard_bytes=max_shard,
+        hf_config=args.hf_config,
+        role=args.role,
+        threads=args.threads,
+        progress=sys.stderr.isatty(),
+    )
+    print(
+        f"merged {result.tensors} tensors into {result.out}: {', '.join(result.files)} ({result.bytes_written} bytes)"
+    )
+    return EXIT_OK
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -104,6 +152,35 @@ def build_parser() -> argparse.ArgumentParser:
         help="how many --verify failures to describe (10; all are counted)",
     )
     p.set_defaults(func=_cmd_inspect)
+
+    v = sub.add_parser(
+        "verify",
+        help="check a checkpoint: every tensor covered, every file present and complete, every checksum",
+        description="Exit 0 when the checkpoint is complete and every shard's and blob's CRC32C matches, "
+        "1 (naming each problem) otherwise, 2 when it is no (complete) checkpoint.",
+    )
+    v.add_argument("path", help="checkpoint folder or URL (local path, memory://, s3://, ...)")
+    v.add_argument("--role", type=_role, default=None, help="verify the sub-checkpoint of this role")
+    v.add_argument("--threads", type=_positive, default=4, help="reader threads (4)")
+    v.add_argument("--max-failures", type=_positive, default=20, help="problems to describe (20; all are counted)")
+    v.set_defaults(func=_cmd_verify)
+
+    m = sub.add_parser(
+        "merge",
+        help="consolidate into one full state dict (safetensors / Hugging Face folder, or torch)",
+        description="Read every tensor whole (any saved parallelism) and write it to a new folder: sharded "
+        "safetensors with model.safetensors.index.json, or one torch.save file. Streams tensor by tensor.",
+    )
+    m.add_argument("path", help="checkpoint folder or URL")
+    m.add_argument("out", help="new (or empty) output folder")
+    m.add_argument("--format", choices=("safetensors", "torch"), default="safetensors")
+    m.add_argument("--model-only", action="store_true", help="only model tensors, named as state_dict() names them")
+    m.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default=None, help="cast floating-point tensors")
+    m.add_argument("--max-shard-size", default="5GB", help="largest safetensors file (5GB; e.g. 500MiB)")
+    m.add_argument("--hf-config", default=None, help="a Hugging Face config.json to place next to the weights")
+    m.add_argument("--role", type=_role, default=None, help="merge the sub-checkpoint of this role")
+    m.add_argument("--threads", type=_positive, default=4, help="reader threads (4)")
+    m.set_defaults(func=_cmd_merge)
 
     d = sub.add_parser(
         "demo",

@@ -1,0 +1,316 @@
+"""``unickpt merge``: consolidate a checkpoint (any world size, any parallelism) into one full
+state dict on disk: sharded safetensors with ``model.safetensors.index.json`` (optionally a
+Hugging Face folder with its ``config.json``), or one ``torch.save`` file.
+
+Who calls what, in order (``cli._cmd_merge`` or a user -> ``merge``):
+  1. ``inspect.load_metadata(path)`` decodes the metadata (no data reads);
+  2. ``select(md, model_only, key_map)`` picks the tensors and their output names (pure);
+  3. ``plan_files(...)`` assigns them to output files of at most ``max_shard_bytes`` (pure; a
+     tensor larger than that gets a file of its own);
+  4. safetensors: each output file's header is built from the metadata alone, then every tensor
+     is read with ``read_full_tensor`` (the load engine's ``read_stage``: parallel ranged reads,
+     CRC32C verified, each saved shard copied into its box of one full tensor), cast, appended,
+     and dropped: peak memory is about the largest tensor (twice with a dtype cast), never the
+     checkpoint. Files are written under a temporary name and renamed when complete; the index
+     is written last. torch: the whole dict is built in memory, then saved (``torch.save``).
+Output goes to a new or empty folder only (files of an earlier merge are never overwritten).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from ..coordination.single import SingleProcessCoordinator
+from ..engine.read import read_stage
+from ..errors import CheckpointError
+from ..format import Metadata, dtype_from_name
+from ..planning.load_plan import CopyOp, ShardRead
+from ..planning.specs import LoadItem, ShardSpec
+from ..storage import Storage
+from .inspect import load_metadata
+
+__all__ = [
+    "MergeResult",
+    "read_full_tensor",
+    "iter_full_tensors",
+    "select",
+    "merge",
+    "parse_size",
+    "SAFETENSORS_DTYPES",
+]
+
+_ONE = SingleProcessCoordinator()
+SAFETENSORS_DTYPES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.float8_e5m2: "F8_E5M2",
+}
+CAST_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_UNITS.update({"KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40})
+
+
+@dataclass(frozen=True, slots=True)
+class MergeResult:
+    out: str
+    files: tuple[str, ...]
+    tensors: int
+    bytes_written: int
+
+
+def parse_size(text: str) -> int:
+    """``"5GB"`` -> 5e9, ``"512MiB"`` -> 512 * 2**20, ``"1000"`` -> 1000."""
+    m = _SIZE.match(str(text))
+    if m is None or _UNITS.get((m.group(2) or "").upper()) is None:
+        raise ValueError(f"not a size: {text!r} (e.g. 5GB, 500MiB, 1000000)")
+    value = int(float(m.group(1)) * _UNITS[(m.group(2) or "").upper()])
+    if value < 1:
+        raise ValueError(f"size must be positive: {text!r}")
+    return value
+
+
+def read_full_tensor(md: Metadata, storage: Storage, fqn: str, threads: int = 4) -> torch.Tensor:
+    """The whole tensor ``fqn`` of the checkpoint, assembled from every saved shard (checksums
+    verified). Allocates exactly the tensor."""
+    rec = md.tensors.get(fqn)
+    if rec is None:
+        raise CheckpointError(f"{storage.url} has no tensor {fqn!r}")
+    dtype = dtype_from_name(rec.dtype)
+    out = torch.empty(tuple(rec.shape), dtype=dtype)
+    zeros = (0,) * len(rec.shape)
+    spec = ShardSpec(fqn, rec.dtype, rec.shape, zeros, tuple(rec.shape))
+    reads = [
+        ShardRead(fqn, i, (CopyOp(0, (0,) * len(s.lengths), tuple(s.offsets), tuple(s.lengths)),))
+        for i, s in enumerate(rec.shards)
+        if math.prod(s.lengths) > 0
+    ]
+    if reads:
+        read_stage(
+            md, storage, coord=_ONE, items=[LoadItem(spec, out)], reads=reads, threads=threads, verify=True, dedup=False
+        )
+    return out
+
+
+def select(
+    md: Metadata, model_only: bool = False, key_map: Callable[[str], str | None] | None = None
+) -> dict[str, str]:
+    """Checkpoint key -> output name, in checkpoint order. ``model_only``: only ``model.*``
+    tensors, named without the ``model.`` prefix (the names ``nn.Module.state_dict`` and Hugging
+    Face use). ``key_map(name)``: renames (None drops the tensor). Two tensors mapped to one
+    name are refused."""
+    chosen: dict[str, str] = {}
+    seen: dict[str, str] = {}
+    for key in md.tensors:
+        if model_only:
+            if not key.startswith("model."):
+                continue
+            name: str | None = key[len("model.") :]
+        else:
+            name = key
+        if key_map is not None and name is not None:
+            name = key_map(name)
+        if name is None:
+            continue
+        if name in seen:
+            raise CheckpointError(f"merge: {seen[name]!r} and {key!r} both map to the output name {name!r}")
+        seen[name] = key
+        chosen[key] = name
+    return chosen
+
+
+def iter_full_tensors(
+    path: str, keys: list[str] | None = None, *, role: str | None = None, threads: int = 4
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(key, full tensor)`` one at a time (each read only when asked for)."""
+    storage, md, _ = load_metadata(path, role)
+    for key in keys if keys is not None else list(md.tensors):
+        yield key, read_full_tensor(md, storage, key, threads)
+
+
+def _out_dtype(src: torch.dtype, cast: torch.dtype | None) -> torch.dtype:
+    return cast if cast is not None and src.is_floating_point else src
+
+
+def _check_out(out: str) -> None:
+    if os.path.islink(out):
+        raise CheckpointError(f"merge: refusing to write into {out}: it is a symbolic link")
+    if os.path.exists(out):
+        if not os.path.isdir(out):
+            raise CheckpointError(f"merge: {out} exists and is not a folder")
+        if os.listdir(out):
+            raise CheckpointError(f"merge: {out} is not empty; merge writes into a new or empty folder only")
+    os.makedirs(out, exist_ok=True)
+
+
+def _plan_files(sizes: dict[str, int], max_shard_bytes: int) -> list[list[str]]:
+    groups: list[list[str]] = [[]]
+    used = 0
+    for key, n in sizes.items():
+        if groups[-1] and used + n > max_shard_bytes:
+            groups.append([])
+            used = 0
+        groups[-1].append(key)
+        used += n
+    return [g for g in groups if g] or [[]]
+
+
+def _write_safetensors_file(
+    final: str,
+    keys: list[str],
+    names: dict[str, str],
+    md: Metadata,
+    storage: Storage,
+    cast: torch.dtype | None,
+    threads: int,
+    progress: Callable[[int], None],
+) -> int:
+    header: dict[str, object] = {"__metadata__": {"format": "pt", "producer": "unickpt merge"}}
+    at = 0
+    for key in keys:
+        rec = md.tensors[key]
+        dtype = _out_dtype(dtype_from_name(rec.dtype), cast)
+        if dtype not in SAFETENSORS_DTYPES:
+            raise CheckpointError(f"merge: {key!r} has dtype {rec.dtype}, which safetensors cannot hold")
+        n = math.prod(rec.shape) * dtype.itemsize
+        header[names[key]] = {
+            "dtype": SAFETENSORS_DTYPES[dtype],
+            "shape": list(rec.shape),
+            "data_offsets": [at, at + n],
+        }
+        at += n
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
+    tmp = final + ".unickpt-partial"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(len(raw).to_bytes(8, "little"))
+            f.write(raw)
+            for key in keys:
+                t = read_full_tensor(md, storage, key, threads)
+                t = t.to(_out_dtype(t.dtype, cast)).contiguous()
+                if t.numel():
+                    f.write(t.reshape(-1).view(torch.uint8).numpy().data)
+                progress(t.numel() * t.element_size())
+                del t
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, final)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise
+    return 8 + len(raw) + at
+
+
+def merge(
+    path: str,
+    out: str,
+    *,
+    fmt: str = "safetensors",
+    model_only: bool = False,
+    dtype: str | None = None,
+    max_shard_bytes: int = 5 * 10**9,
+    hf_config: str | None = None,
+    key_map: Callable[[str], str | None] | None = None,
+    role: str | None = None,
+    threads: int = 4,
+    progress: bool = False,
+) -> MergeResult:
+    """Consolidate the checkpoint at ``path`` into the new folder ``out`` (module docstring).
+
+    ``fmt``: ``"safetensors"`` or ``"torch"``; ``dtype``: ``"fp32"``/``"fp16"``/``"bf16"`` casts
+    floating-point tensors; ``hf_config``: a ``config.json`` copied next to the weights (implies
+    ``model_only``), so ``transformers``' ``from_pretrained(out)`` loads the folder."""
+    if fmt not in ("safetensors", "torch"):
+        raise ValueError(f"merge: unknown format {fmt!r} (safetensors or torch)")
+    if dtype is not None and dtype not in CAST_DTYPES:
+        raise ValueError(f"merge: unknown dtype {dtype!r} (one of {', '.join(CAST_DTYPES)})")
+    if hf_config is not None:
+        model_only = True
+        if not os.path.isfile(hf_config):
+            raise CheckpointError(f"merge: --hf-config {hf_config} is not a file")
+    cast = CAST_DTYPES[dtype] if dtype is not None else None
+    storage, md, _ = load_metadata(path, role)
+    names = select(md, model_only, key_map)
+    if not names:
+        raise CheckpointError(f"merge: {storage.url} has no tensors to merge (model_only={model_only})")
+    _check_out(out)
+    sizes = {
+        k: math.prod(md.tensors[k].shape) * _out_dtype(dtype_from_name(md.tensors[k].dtype), cast).itemsize
+        for k in names
+    }
+    bar = _progress_bar(sum(sizes.values()), progress)
+    files: list[str] = []
+    written = 0
+    try:
+        if fmt == "torch":
+            full = {}
+            for key, name in names.items():
+                t = read_full_tensor(md, storage, key, threads)
+                full[name] = t.to(_out_dtype(t.dtype, cast))
+                bar(sizes[key])
+            target = os.path.join(out, "model.pt" if model_only else "checkpoint.pt")
+            torch.save(full, target)
+            files.append(os.path.basename(target))
+            written = os.path.getsize(target)
+        else:
+            groups = _plan_files(sizes, max_shard_bytes)
+            single = len(groups) == 1
+            weight_map: dict[str, str] = {}
+            for i, group in enumerate(groups):
+                fname = "model.safetensors" if single else f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
+                written += _write_safetensors_file(
+                    os.path.join(out, fname), group, names, md, storage, cast, threads, bar
+                )
+                files.append(fname)
+                weight_map.update({names[k]: fname for k in group})
+            if not single:
+                index = {"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map}
+                with open(os.path.join(out, "model.safetensors.index.json"), "x") as f:
+                    json.dump(index, f, indent=2, sort_keys=True)
+                files.append("model.safetensors.index.json")
+        if hf_config is not None:
+            shutil.copyfile(hf_config, os.path.join(out, "config.json"))
+            files.append("config.json")
+    finally:
+        bar(None)
+    return MergeResult(out, tuple(files), len(names), written)
+
+
+def _progress_bar(total: int, enabled: bool) -> Callable[[int | None], None]:
+    """``step(n)`` advances a tqdm bar by ``n`` bytes (``None`` closes it); a no-op when off or
+    when tqdm is missing."""
+    if not enabled:
+        return lambda n: None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return lambda n: None
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc="merge")
+
+    def step(n: int | None) -> None:
+        if n is None:
+            bar.close()
+        else:
+            bar.update(n)
+
+    return step
