@@ -5,6 +5,7 @@ handle = unickpt.save("ckpts/step_100", {"model": m, "optimizer": opt,
 unickpt.load("ckpts/step_100", state, framework="auto")   # any world size / parallelism
 """
 
+from . import data  # the unickpt.data protocol; registers the "dataloader" metadata section
 from .api import SaveHandle, load, save, wait_all
 from .checkpointer import Checkpointer, default_checkpointer
 from .errors import (
@@ -19,6 +20,7 @@ from .errors import (
     ForeignFolderError,
     FrameworkError,
     IncompleteCheckpointError,
+    LoaderStateError,
     MissingDataFileError,
     MissingDependencyError,
     MissingKeysError,
@@ -68,6 +70,7 @@ __all__ = [
     "MissingKeysError",
     "NotACheckpointError",
     "PlanningError",
+    "LoaderStateError",
     "RankFailures",
     "ShapeMismatchError",
     "SnapshotConflictError",
@@ -76,6 +79,7 @@ __all__ = [
     "UnexpectedKeysError",
     "UnsupportedFormatVersionError",
     "CheckpointManager",
+    "data",
     "TransientStorageError",
     "UnsupportedValueError",
     "RankDisagreementError",

@@ -36,6 +36,7 @@ __all__ = [
     "SnapshotConflictError",
     "FrameworkError",
     "PlanningError",
+    "LoaderStateError",
     "UnsupportedValueError",
     "RankDisagreementError",
     "CollectiveError",
@@ -151,6 +152,12 @@ class FrameworkError(CheckpointError, TypeError):
 
 class PlanningError(CheckpointError, ValueError):
     """The shards described by the ranks cannot form a valid plan (overlap, gaps, disagreement)."""
+
+
+class LoaderStateError(CheckpointError, ValueError):
+    """Dataloader state that cannot be restored without losing or repeating data: per-rank state of
+    a loader without the ``unickpt.data`` protocol after a change of world size, or parts that
+    the loader cannot take (another part count, more DP ranks than parts)."""
 
 
 class UnsupportedValueError(CheckpointError, TypeError):

@@ -50,9 +50,15 @@ class LoadOptions:
     timeout: float | None = None
     # how the storage is opened (see SaveOptions.storage)
     storage: StorageOptions = field(default_factory=StorageOptions)
+    # a loader without the unickpt.data protocol (per-rank state_dict) after a change of world
+    # size: "error" (LoaderStateError: its state cannot be split or merged) or "skip" (leave
+    # the loader as it is, with a warning)
+    loader_on_resize: str = "error"
 
     def __post_init__(self) -> None:
         _check_timeout(self.timeout)
+        if self.loader_on_resize not in ("error", "skip"):
+            raise ValueError(f"loader_on_resize must be 'error' or 'skip', got {self.loader_on_resize!r}")
 
 
 def _check_timeout(timeout: float | None) -> None:

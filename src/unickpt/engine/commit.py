@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from ..coordination.base import Coordinator, run_stage
-from ..errors import CheckpointError, MissingDataFileError, TruncatedDataFileError
+from ..errors import CheckpointError, MissingDataFileError, PlanningError, TruncatedDataFileError
 from ..format.codec import encode_metadata
 from ..format.records import (
     DATA_DIR,
@@ -38,6 +38,7 @@ from ..format.records import (
 from ..monitoring.events import EventBus
 from ..planning.objects import merge_rank_objects
 from ..planning.save_plan import GlobalSavePlan
+from ..state.loader import LOADER_SECTION, loader_index
 from ..storage.base import Storage
 from ..storage.commit import publisher_for
 from .ownership import delete_save_data, is_save_id, mark_save, marked_save_ids, marker_name
@@ -74,6 +75,8 @@ def build_metadata(
     for rp, crcs in zip(gplan.rank_plans, crcs_by_rank):
         for e, crc in zip(rp.entries, crcs):
             if e.blob_key:
+                if e.blob_key in blobs:  # two ranks saved one key (e.g. one loader part twice)
+                    raise PlanningError(f"blob {e.blob_key!r} was saved by two ranks (rank {rp.rank} is the second)")
                 blobs[e.blob_key] = BlobRecord(e.blob_key, file_index[e.file], e.byte_offset, e.byte_length, crc)
             else:
                 located[(rp.rank, e.item_index)] = (file_index[e.file], e.byte_offset, e.byte_length, crc)
@@ -85,6 +88,7 @@ def build_metadata(
         fqn: TensorRecord(fqn, dtype, shape, tuple(sorted(shards[fqn], key=lambda s: s.offsets)))
         for fqn, (dtype, shape) in gplan.tensors.items()
     }
+    index = loader_index(blobs)
     return Metadata(
         format_version=OLDEST_FORMAT_VERSION,
         save_id=gplan.save_id,
@@ -95,6 +99,7 @@ def build_metadata(
         objects=objects,
         blobs=blobs,
         role=source.role,
+        sections={} if index is None else {LOADER_SECTION: index},
     )
 
 

@@ -29,6 +29,7 @@ A load changes the live state, so it is blocking by nature: ``run`` returns when
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import MutableMapping
 from typing import Any
 
@@ -38,6 +39,7 @@ from ..coordination import Coordinator, SingleProcessCoordinator, run_stage
 from ..errors import (
     CheckpointError,
     ChecksumMismatchError,
+    LoaderStateError,
     MissingDataFileError,
     RankFailures,
     TruncatedDataFileError,
@@ -50,6 +52,7 @@ from ..options import LoadOptions
 from ..planning.load_plan import ShardRead, check_targets, keys_error, plan_local_load
 from ..planning.specs import LoadItem
 from ..state.extra import pick_extra_blob
+from ..state.loader import LEGACY_PREFIX, LOADER_SECTION, LoaderIndex, is_reshardable
 from ..storage import Storage
 from .lock import checkpoint_replaced
 from .read import read_blob, read_metadata, read_stage
@@ -61,6 +64,7 @@ __all__ = ["LoadPipeline"]
 _LOAD_ATTEMPTS = 3
 
 _EXTRA, _LOADER = "extra_state", "dataloader"
+_LOADER_REPLICATED, _LOADER_PART = "dataloader.replicated", "dataloader.part"
 _ONE = SingleProcessCoordinator()  # probes: each rank reads its own, no collective
 
 
@@ -149,7 +153,7 @@ def _load_once(
             reads = plan_local_load(md, [i.spec for i in view.probes])
             read_stage(md, storage, _ONE, view.probes, reads, 1, options.verify_checksums, False)
         missing, unexpected = view.validate()
-        blobs, absent = _blob_keys(md, state, coord)
+        blobs, absent = _blob_keys(md, state, coord, options.loader_on_resize)
         return (
             view,
             plan_local_load(md, [i.spec for i in view.items]),
@@ -195,6 +199,11 @@ def _load_once(
                     if live is not stage:
                         live.tensor.copy_(stage.tensor)
         view.apply()
+        if _LOADER_REPLICATED in values:  # first: the step that can still refuse (LoaderStateError)
+            replicated = values[_LOADER_REPLICATED]
+            prefix = f"{_LOADER_PART}."
+            parts = {int(k[len(prefix) :]): v for k, v in values.items() if k.startswith(prefix)}
+            state[_LOADER].load_unickpt_state(replicated["state"], parts, int(replicated["dp_size"]))
         if _EXTRA in values:
             state[_EXTRA] = values[_EXTRA]
         if _LOADER in values:
@@ -236,8 +245,11 @@ def _agree_keys(
     return all_missing, sorted(k for k in candidates if all(k in u for u, p in sets if p and k.startswith(p)))
 
 
-def _blob_keys(md: Metadata, state: MutableMapping[str, Any], coord: Coordinator) -> tuple[dict[str, str], list[str]]:
-    """Which blob to read for extra state / dataloader state, and which the checkpoint lacks."""
+def _blob_keys(
+    md: Metadata, state: MutableMapping[str, Any], coord: Coordinator, on_resize: str = "error"
+) -> tuple[dict[str, str], list[str]]:
+    """Which blobs to read for extra state / dataloader state (what -> blob key), and which the
+    checkpoint lacks. Raises ``LoaderStateError`` where loader state cannot be restored exactly."""
     keys = set(md.blobs)
     chosen: dict[str, str] = {}
     absent = []
@@ -247,16 +259,59 @@ def _blob_keys(md: Metadata, state: MutableMapping[str, Any], coord: Coordinator
             absent.append(_EXTRA)
         else:
             chosen[_EXTRA] = key
-    if state.get(_LOADER) is not None:
-        ws = md.topology.world_size
-        key = next(
-            (k for k in (f"dataloader/rank{coord.rank}", f"dataloader/rank{coord.rank % ws}") if k in keys), None
-        )
-        if key is None:
-            absent.append(_LOADER)
+    loader = state.get(_LOADER)
+    if loader is not None:
+        if is_reshardable(loader):
+            chosen.update(_protocol_loader_keys(md, loader))
         else:
-            chosen[_LOADER] = key
+            key = _legacy_loader_key(md, keys, coord, on_resize)
+            if key is None and on_resize == "error":
+                absent.append(_LOADER)
+            elif key is not None:
+                chosen[_LOADER] = key
     return chosen, absent
+
+
+def _protocol_loader_keys(md: Metadata, loader: Any) -> dict[str, str]:
+    """Every blob of the saved loader state (replicated + all parts) for a protocol loader."""
+    index = md.sections.get(LOADER_SECTION)
+    if not isinstance(index, LoaderIndex):
+        raise LoaderStateError(
+            f"the checkpoint has no unickpt.data loader state for {type(loader).__name__} "
+            "(it was saved without a loader, or by a loader without the protocol); "
+            'load without state["dataloader"] and start the loader fresh'
+        )
+    own = getattr(loader, "num_parts", index.num_parts)
+    if own != index.num_parts:
+        raise LoaderStateError(
+            f"the checkpoint's loader state has {index.num_parts} parts, this {type(loader).__name__} has {own}: "
+            "build the loader with the same num_parts to resume without losing or repeating data"
+        )
+    out = {_LOADER_REPLICATED: index.replicated}
+    out.update({f"{_LOADER_PART}.{p}": k for p, k in enumerate(index.parts)})
+    return out
+
+
+def _legacy_loader_key(md: Metadata, keys: set[str], coord: Coordinator, on_resize: str) -> str | None:
+    """This rank's own per-rank blob of a loader without the protocol (same world size only)."""
+    saved = md.topology.world_size
+    if saved != coord.world_size:
+        if on_resize == "skip":
+            if coord.rank == 0:
+                warnings.warn(
+                    f"dataloader state not restored: saved by {saved} ranks, loading on {coord.world_size} "
+                    "(LoadOptions(loader_on_resize='skip')); the loaders start where they are",
+                    stacklevel=4,
+                )
+            return None
+        raise LoaderStateError(
+            f"the checkpoint holds per-rank dataloader state of {saved} ranks and this job has "
+            f"{coord.world_size}: a loader without the unickpt.data protocol cannot be split or merged "
+            "without repeating or dropping data. Implement the protocol (unickpt.data, e.g. "
+            "TokenPackingLoader), or pass LoadOptions(loader_on_resize='skip') to start the loaders fresh"
+        )
+    key = f"{LEGACY_PREFIX}{coord.rank}"
+    return key if key in keys else None
 
 
 def _read_blobs(md: Metadata, storage: Storage, chosen: dict[str, str], rank: int, cap: int) -> dict[str, Any]:

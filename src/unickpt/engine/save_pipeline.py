@@ -35,6 +35,7 @@ from ..options import SaveOptions
 from ..planning.save_plan import LocalSavePlan, RankSavePlan
 from ..planning.specs import BlobSpec, SaveItem
 from ..state.extra import extra_blob_key
+from ..state.loader import LEGACY_PREFIX, is_reshardable, loader_blobs
 from ..storage import Buffer, Storage
 from .commit import SaveSource, commit_stage
 from .lock import SaveLock, run_locked
@@ -236,9 +237,15 @@ def _blobs_to_save(state: MutableMapping[str, Any], rank: int) -> dict[str, byte
         blobs[extra_blob_key(rank)] = _encode(state["extra_state"], "extra_state")
     loader = state.get("dataloader")
     if loader is not None:
-        if not hasattr(loader, "state_dict"):
-            raise FrameworkError('state["dataloader"] must have state_dict()/load_state_dict()')
-        blobs[f"dataloader/rank{rank}"] = _encode(loader.state_dict(), "dataloader")
+        if is_reshardable(loader):  # the unickpt.data protocol: replicated state + numbered parts
+            for key, value in loader_blobs(loader).items():
+                blobs[key] = _encode(value, key)
+        elif not hasattr(loader, "state_dict"):
+            raise FrameworkError(
+                'state["dataloader"] must implement the unickpt.data protocol or have state_dict()/load_state_dict()'
+            )
+        else:
+            blobs[f"{LEGACY_PREFIX}{rank}"] = _encode(loader.state_dict(), "dataloader")
     return blobs
 
 

@@ -1,0 +1,61 @@
+"""Rank functions of the dataloader tests (spawned by ``harness.run_ranks``)."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from loader_data import drain, make_loader
+from torch import nn
+
+import unickpt
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Linear(4, 2)
+
+
+def save_after_some_batches(rank: int, ws: int, sources, path: str) -> list[int]:
+    """Each DP rank consumes 1 + rank batches, then the job saves model + loader."""
+    loader = make_loader(sources, rank, ws, num_workers=1)
+    seen = drain(loader, limit=1 + rank)
+    unickpt.save(path, {"model": _model(), "dataloader": loader})
+    loader.close()
+    return seen
+
+
+def load_and_drain(rank: int, ws: int, sources, path: str) -> list[int]:
+    loader = make_loader(sources, rank, ws)
+    unickpt.load(path, {"model": _model(), "dataloader": loader})
+    return drain(loader)
+
+
+class PlainLoader:
+    """A loader with only state_dict/load_state_dict (no unickpt.data protocol)."""
+
+    def __init__(self, pos: int) -> None:
+        self.pos = pos
+
+    def state_dict(self) -> dict:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.pos = sd["pos"]
+
+
+def save_plain(rank: int, ws: int, path: str) -> None:
+    unickpt.save(path, {"model": _model(), "dataloader": PlainLoader(10 + rank)})
+
+
+def load_plain(rank: int, ws: int, path: str, on_resize: str) -> dict:
+    loader = PlainLoader(-1)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            unickpt.load(
+                path, {"model": _model(), "dataloader": loader}, options=unickpt.LoadOptions(loader_on_resize=on_resize)
+            )
+    except unickpt.LoaderStateError as e:
+        return {"error": str(e), "pos": loader.pos}
+    return {"pos": loader.pos, "warned": any("not restored" in str(w.message) for w in caught)}

@@ -1,0 +1,38 @@
+"""Dataloader state through unickpt.save / load on real gloo ranks (issue 13): a protocol loader
+saved by 2 DP ranks resumes on 3 (and on 1) with every token of the dataset consumed exactly
+once; a loader without the protocol is refused after a change of world size instead of being
+silently replayed (``r % old_size``), or left alone on request."""
+
+from __future__ import annotations
+
+from loader_data import all_tokens, write_dataset
+from loader_workers import load_and_drain, load_plain, save_after_some_batches, save_plain
+
+from harness import run_ranks
+from unickpt.format.codec import decode_metadata
+
+
+def test_issue13_loader_saved_by_2_ranks_resumes_on_3_and_1_exactly_once(tmp_path):
+    sources = write_dataset(str(tmp_path / "data"))
+    ck = str(tmp_path / "ck")
+    before = run_ranks(save_after_some_batches, 2, sources, ck)
+    with open(f"{ck}/unickpt.metadata.json", "rb") as f:
+        md = decode_metadata(f.read(), "ck")
+    section = md.sections["dataloader"]
+    assert section.num_parts == 12 and md.format_version == 2
+    assert sum(k.startswith("dataloader/part-") for k in md.blobs) == 12
+    want = all_tokens(sources)
+    for ws in (3, 1):
+        after = run_ranks(load_and_drain, ws, sources, ck)
+        consumed = [t for r in before for t in r] + [t for r in after for t in r]
+        assert sorted(consumed) == want, ws
+
+
+def test_issue13_plain_loader_is_refused_after_a_resize_not_replayed(tmp_path):
+    ck = str(tmp_path / "ck")
+    run_ranks(save_plain, 2, ck)
+    assert run_ranks(load_plain, 2, ck, "error") == [{"pos": 10, "warned": False}, {"pos": 11, "warned": False}]
+    refused = run_ranks(load_plain, 1, ck, "error")[0]
+    assert "error" in refused and "per-rank dataloader state of 2 ranks" in refused["error"] and refused["pos"] == -1
+    skipped = run_ranks(load_plain, 1, ck, "skip")[0]
+    assert skipped == {"pos": -1, "warned": True}
