@@ -37,6 +37,7 @@ __all__ = [
     "FrameworkError",
     "PlanningError",
     "LoaderStateError",
+    "ExtraStateResizeError",
     "UnsupportedValueError",
     "RankDisagreementError",
     "CollectiveError",
@@ -158,6 +159,11 @@ class LoaderStateError(CheckpointError, ValueError):
     """Dataloader state that cannot be restored without losing or repeating data: per-rank state of
     a loader without the ``unickpt.data`` protocol after a change of world size, or parts that
     the loader cannot take (another part count, more DP ranks than parts)."""
+
+
+class ExtraStateResizeError(CheckpointError, ValueError):
+    """Per-rank ``extra_state`` saved at another world size, with
+    ``LoadOptions(extra_state_on_resize="error")``."""
 
 
 class UnsupportedValueError(CheckpointError, TypeError):

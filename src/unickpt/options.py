@@ -54,9 +54,19 @@ class LoadOptions:
     # size: "error" (LoaderStateError: its state cannot be split or merged) or "skip" (leave
     # the loader as it is, with a warning)
     loader_on_resize: str = "error"
+    # per-rank extra_state (RNG states, per-rank counters) after a change of world size:
+    # "modulo" (rank r gets saved rank r % saved_world_size's values: after growing, several ranks
+    # get one saved rank's RNG state; a warning says so), "rank0" (every rank gets saved rank 0's),
+    # "error" (ExtraStateResizeError), "skip" (extra_state is left
+    # as the job built it, with a warning)
+    extra_state_on_resize: str = "modulo"
 
     def __post_init__(self) -> None:
         _check_timeout(self.timeout)
+        if self.extra_state_on_resize not in ("modulo", "rank0", "error", "skip"):
+            raise ValueError(
+                f"extra_state_on_resize must be modulo, rank0, error or skip, got {self.extra_state_on_resize!r}"
+            )
         if self.loader_on_resize not in ("error", "skip"):
             raise ValueError(f"loader_on_resize must be 'error' or 'skip', got {self.loader_on_resize!r}")
 

@@ -59,3 +59,56 @@ def load_plain(rank: int, ws: int, path: str, on_resize: str) -> dict:
     except unickpt.LoaderStateError as e:
         return {"error": str(e), "pos": loader.pos}
     return {"pos": loader.pos, "warned": any("not restored" in str(w.message) for w in caught)}
+
+
+def save_extra(rank: int, ws: int, path: str) -> None:
+    unickpt.save(path, {"model": _model(), "extra_state": {"rank": rank}})
+
+
+def load_extra(rank: int, ws: int, path: str, choice: str) -> dict:
+    state = {"model": _model(), "extra_state": {"rank": "untouched"}}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            unickpt.load(path, state, options=unickpt.LoadOptions(extra_state_on_resize=choice))
+        except unickpt.ExtraStateResizeError as e:
+            return {"error": str(e)}
+    return {"rank": state["extra_state"]["rank"], "warned": bool(caught) and rank == 0}
+
+
+def save_without_loader(rank: int, ws: int, path: str) -> None:
+    unickpt.save(path, {"model": _model()})
+
+
+def load_into_protocol_loader(rank: int, ws: int, sources, path: str, strict: bool) -> str:
+    loader = make_loader(sources, rank, ws)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            unickpt.load(path, {"model": _model(), "dataloader": loader}, strict=strict)
+        except unickpt.MissingKeysError as e:
+            return f"MissingKeysError: {e}"
+    return "warned: " + " | ".join(str(w.message) for w in caught)
+
+
+def stateful_dataloader_round_trip(rank: int, ws: int, path: str) -> list[list[int]]:
+    """torchdata's StatefulDataLoader at the same DP size: the resumed loader yields exactly the
+    batches the uninterrupted one would have (expected values from torchdata itself)."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    data = list(range(rank * 100, rank * 100 + 40))
+
+    def make() -> StatefulDataLoader:
+        return StatefulDataLoader(data, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(rank))
+
+    ref = [b.tolist() for b in make()]
+    run = make()
+    it = iter(run)
+    for _ in range(3):
+        next(it)
+    unickpt.save(path, {"model": _model(), "dataloader": run})
+    resumed = make()
+    unickpt.load(path, {"model": _model(), "dataloader": resumed})
+    rest = [b.tolist() for b in resumed]
+    assert rest == ref[3:], (rest, ref[3:])
+    return rest

@@ -5,8 +5,19 @@ silently replayed (``r % old_size``), or left alone on request."""
 
 from __future__ import annotations
 
+import pytest
 from loader_data import all_tokens, write_dataset
-from loader_workers import load_and_drain, load_plain, save_after_some_batches, save_plain
+from loader_workers import (
+    load_and_drain,
+    load_extra,
+    load_into_protocol_loader,
+    load_plain,
+    save_after_some_batches,
+    save_extra,
+    save_plain,
+    save_without_loader,
+    stateful_dataloader_round_trip,
+)
 
 from harness import run_ranks
 from unickpt.format.codec import decode_metadata
@@ -36,3 +47,31 @@ def test_issue13_plain_loader_is_refused_after_a_resize_not_replayed(tmp_path):
     assert "error" in refused and "per-rank dataloader state of 2 ranks" in refused["error"] and refused["pos"] == -1
     skipped = run_ranks(load_plain, 1, ck, "skip")[0]
     assert skipped == {"pos": -1, "warned": True}
+
+
+def test_issue13_extra_state_on_resize_is_a_choice(tmp_path):
+    ck = str(tmp_path / "ck")
+    run_ranks(save_extra, 2, ck)
+    modulo = run_ranks(load_extra, 3, ck, "modulo")
+    assert [r["rank"] for r in modulo] == [0, 1, 0] and modulo[0]["warned"]
+    assert [r["rank"] for r in run_ranks(load_extra, 3, ck, "rank0")] == [0, 0, 0]
+    assert [r["rank"] for r in run_ranks(load_extra, 3, ck, "skip")] == ["untouched"] * 3
+    refused = run_ranks(load_extra, 1, ck, "error")[0]
+    assert "saved per rank by 2 ranks" in refused["error"]
+    assert [r["rank"] for r in run_ranks(load_extra, 2, ck, "error")] == [0, 1]  # same size: no choice needed
+
+
+def test_issue13_checkpoint_without_loader_into_a_job_with_one(tmp_path):
+    sources = write_dataset(str(tmp_path / "data"))
+    ck = str(tmp_path / "ck")
+    run_ranks(save_without_loader, 2, ck)
+    strict = run_ranks(load_into_protocol_loader, 2, sources, ck, True)
+    assert all(r.startswith("MissingKeysError") and "dataloader" in r for r in strict), strict
+    loose = run_ranks(load_into_protocol_loader, 2, sources, ck, False)
+    assert "dataloader" in loose[0], loose
+
+
+def test_issue13_stateful_dataloader_same_size(tmp_path):
+    pytest.importorskip("torchdata")
+    rest = run_ranks(stateful_dataloader_round_trip, 2, str(tmp_path / "ck"))
+    assert len(rest) == 2 and all(len(r) == 7 for r in rest)

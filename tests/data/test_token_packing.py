@@ -23,7 +23,7 @@ def _transfer(loaders):
     return rep, parts
 
 
-@pytest.mark.parametrize("old,new", [(2, 4), (2, 1), (3, 2), (1, 3), (4, 4)])
+@pytest.mark.parametrize("old,new", [(4, 2), (2, 4), (4, 3), (2, 1), (3, 2), (1, 3), (4, 4)])
 def test_issue13_reshard_loses_and_repeats_nothing(tmp_path, old, new):
     sources = write_dataset(str(tmp_path / "d"))
     want = all_tokens(sources)

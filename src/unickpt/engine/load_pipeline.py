@@ -39,6 +39,7 @@ from ..coordination import Coordinator, SingleProcessCoordinator, run_stage
 from ..errors import (
     CheckpointError,
     ChecksumMismatchError,
+    ExtraStateResizeError,
     LoaderStateError,
     MissingDataFileError,
     RankFailures,
@@ -153,7 +154,7 @@ def _load_once(
             reads = plan_local_load(md, [i.spec for i in view.probes])
             read_stage(md, storage, _ONE, view.probes, reads, 1, options.verify_checksums, False)
         missing, unexpected = view.validate()
-        blobs, absent = _blob_keys(md, state, coord, options.loader_on_resize)
+        blobs, absent = _blob_keys(md, state, coord, options.loader_on_resize, options.extra_state_on_resize)
         return (
             view,
             plan_local_load(md, [i.spec for i in view.items]),
@@ -246,7 +247,11 @@ def _agree_keys(
 
 
 def _blob_keys(
-    md: Metadata, state: MutableMapping[str, Any], coord: Coordinator, on_resize: str = "error"
+    md: Metadata,
+    state: MutableMapping[str, Any],
+    coord: Coordinator,
+    on_resize: str = "error",
+    extra_on_resize: str = "modulo",
 ) -> tuple[dict[str, str], list[str]]:
     """Which blobs to read for extra state / dataloader state (what -> blob key), and which the
     checkpoint lacks. Raises ``LoaderStateError`` where loader state cannot be restored exactly."""
@@ -254,15 +259,23 @@ def _blob_keys(
     chosen: dict[str, str] = {}
     absent = []
     if _EXTRA in state:
-        key = pick_extra_blob(keys, coord.rank, md.topology.world_size)
-        if key is None:
+        key = _extra_key(md, keys, coord, extra_on_resize)
+        if key is None and not (extra_on_resize == "skip" and md.topology.world_size != coord.world_size):
             absent.append(_EXTRA)
-        else:
+        elif key is not None:
             chosen[_EXTRA] = key
     loader = state.get(_LOADER)
     if loader is not None:
         if is_reshardable(loader):
-            chosen.update(_protocol_loader_keys(md, loader))
+            if LOADER_SECTION in md.sections:
+                chosen.update(_protocol_loader_keys(md, loader))
+            elif any(k.startswith(LEGACY_PREFIX) for k in keys):
+                raise LoaderStateError(
+                    f"the checkpoint holds per-rank state of a loader without the unickpt.data protocol; this "
+                    f"{type(loader).__name__} cannot take it: load without state['dataloader'] and start it fresh"
+                )
+            else:
+                absent.append(_LOADER)
         else:
             key = _legacy_loader_key(md, keys, coord, on_resize)
             if key is None and on_resize == "error":
@@ -272,15 +285,38 @@ def _blob_keys(
     return chosen, absent
 
 
+def _extra_key(md: Metadata, keys: set[str], coord: Coordinator, on_resize: str) -> str | None:
+    """The extra_state blob this rank restores (``LoadOptions.extra_state_on_resize``)."""
+    saved = md.topology.world_size
+    if saved == coord.world_size:
+        return pick_extra_blob(keys, coord.rank, saved)
+    if on_resize == "error":
+        raise ExtraStateResizeError(
+            f"the checkpoint's extra_state was saved per rank by {saved} ranks and this job has {coord.world_size}; "
+            "choose LoadOptions(extra_state_on_resize='modulo' | 'rank0' | 'skip')"
+        )
+    if on_resize == "skip":
+        if coord.rank == 0:
+            warnings.warn(
+                f"extra_state not restored: saved by {saved} ranks, loading on {coord.world_size} "
+                "(LoadOptions(extra_state_on_resize='skip'))",
+                stacklevel=4,
+            )
+        return None
+    key = pick_extra_blob(keys, 0 if on_resize == "rank0" else coord.rank, saved)
+    if coord.rank == 0 and on_resize == "modulo" and coord.world_size > saved:
+        warnings.warn(
+            f"extra_state saved by {saved} ranks restored on {coord.world_size}: rank r gets saved rank "
+            f"r % {saved}'s values, so ranks share RNG states (LoadOptions(extra_state_on_resize=...) to choose)",
+            stacklevel=4,
+        )
+    return key
+
+
 def _protocol_loader_keys(md: Metadata, loader: Any) -> dict[str, str]:
     """Every blob of the saved loader state (replicated + all parts) for a protocol loader."""
-    index = md.sections.get(LOADER_SECTION)
-    if not isinstance(index, LoaderIndex):
-        raise LoaderStateError(
-            f"the checkpoint has no unickpt.data loader state for {type(loader).__name__} "
-            "(it was saved without a loader, or by a loader without the protocol); "
-            'load without state["dataloader"] and start the loader fresh'
-        )
+    index = md.sections[LOADER_SECTION]
+    assert isinstance(index, LoaderIndex)
     own = getattr(loader, "num_parts", index.num_parts)
     if own != index.num_parts:
         raise LoaderStateError(
