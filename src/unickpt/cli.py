@@ -92,6 +92,64 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_diff(args: argparse.Namespace) -> int:
+    from .tools.diff import diff
+
+    report = diff(args.a, args.b, keys=args.key, threads=args.threads)
+    for k in report.only_a:
+        print(f"only in A: {k}")
+    for k in report.only_b:
+        print(f"only in B: {k}")
+    for d in report.differ:
+        print(f"differs ({d.what}): {d.key}: {d.detail}")
+    for name in report.objects_differ:
+        print(f"differs (object): {name}")
+    verdict = "identical" if report.identical else "different"
+    print(
+        f"{verdict}: {report.same} tensors equal bit for bit, {len(report.differ)} differ, "
+        f"{len(report.only_a)} only in A, {len(report.only_b)} only in B"
+    )
+    return EXIT_OK if report.identical else EXIT_FAILED
+
+
+def _manager(args: argparse.Namespace, keep_last: int | None = None):  # -> CheckpointManager
+    from .manager import CheckpointManager
+
+    return CheckpointManager(args.root, keep_last=keep_last, role=args.role)
+
+
+def _cmd_ls(args: argparse.Namespace) -> int:
+    import time
+
+    manager = _manager(args)
+    pointer = manager.read_pointer()
+    rows = manager.list_checkpoints()
+    for info in rows:
+        mark = " <- latest" if pointer is not None and pointer.step == info.step else ""
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.created_unix))
+        print(f"step {info.step:>10}  {when}  {info.path}{mark}")
+    if not rows:
+        print(f"no complete checkpoint under {args.root}")
+    return EXIT_OK
+
+
+def _cmd_latest(args: argparse.Namespace) -> int:
+    manager = _manager(args)
+    step = manager.latest_step()
+    if step is None:
+        print(f"unickpt latest: no complete checkpoint under {args.root}", file=sys.stderr)
+        return EXIT_FAILED
+    print(manager.path_for(step))
+    return EXIT_OK
+
+
+def _cmd_prune(args: argparse.Namespace) -> int:
+    manager = _manager(args, keep_last=args.keep_last)
+    deleted = manager.apply_retention()
+    print(f"deleted {len(deleted)} checkpoint(s): steps {deleted}" if deleted else "nothing to delete")
+    return EXIT_OK
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .tools import demo
 
@@ -181,6 +239,30 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--role", type=_role, default=None, help="merge the sub-checkpoint of this role")
     m.add_argument("--threads", type=_positive, default=4, help="reader threads (4)")
     m.set_defaults(func=_cmd_merge)
+
+    df = sub.add_parser(
+        "diff",
+        help="compare two checkpoints tensor by tensor (exit 0 identical, 1 different)",
+        description="Keys only in one, dtype/shape differences, and values compared bit for bit "
+        "(with the largest absolute difference of floating-point tensors); any saved parallelism.",
+    )
+    df.add_argument("a", help="first checkpoint")
+    df.add_argument("b", help="second checkpoint")
+    df.add_argument("--key", default=None, help="only keys containing this text")
+    df.add_argument("--threads", type=_positive, default=4, help="reader threads (4)")
+    df.set_defaults(func=_cmd_diff)
+
+    for name, func, text in (
+        ("ls", _cmd_ls, "list the complete checkpoints of a CheckpointManager root"),
+        ("latest", _cmd_latest, "print the path of the latest complete checkpoint of a root"),
+        ("prune", _cmd_prune, "apply retention to a root: keep the newest --keep-last and the latest"),
+    ):
+        sp = sub.add_parser(name, help=text, description=text + " (only files unickpt wrote are deleted).")
+        sp.add_argument("root", help="the CheckpointManager root (local path or URL)")
+        sp.add_argument("--role", type=_role, default=None, help="the manager's role")
+        if name == "prune":
+            sp.add_argument("--keep-last", type=_positive, required=True, help="complete checkpoints to keep")
+        sp.set_defaults(func=func)
 
     d = sub.add_parser(
         "demo",
