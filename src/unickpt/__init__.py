@@ -42,6 +42,7 @@ from .errors import (
     UnsupportedFormatVersionError,
     UnsupportedValueError,
 )
+from .frameworks.flat import FlatTensors
 from .manager import CheckpointManager
 from .options import LoadOptions, SaveOptions, StorageOptions
 from .state.extra import rng_state, set_rng_state
@@ -81,6 +82,7 @@ __all__ = [
     "UnexpectedKeysError",
     "UnsupportedFormatVersionError",
     "CheckpointManager",
+    "FlatTensors",
     "data",
     "TransientStorageError",
     "UnsupportedValueError",

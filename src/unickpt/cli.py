@@ -92,6 +92,24 @@ def _cmd_merge(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from .tools import convert as cv
+
+    if (args.from_format is None) == (args.to_format is None):
+        print("unickpt convert: error: give exactly one of --from {hf,dcp} or --to dcp", file=sys.stderr)
+        return EXIT_ERROR
+    if args.to_format == "dcp":
+        result = cv.to_dcp(args.src, args.out)
+    elif args.from_format == "hf":
+        result = cv.from_hf(args.src, args.out)
+    else:
+        result = cv.from_dcp(args.src, args.out)
+    print(f"converted {result.tensors} tensors into {result.out}")
+    if result.skipped:
+        print(f"skipped {len(result.skipped)} non-tensor entries (e.g. {list(result.skipped[:5])})")
+    return EXIT_OK
+
+
 def _cmd_diff(args: argparse.Namespace) -> int:
     from .tools.diff import diff
 
@@ -239,6 +257,18 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--role", type=_role, default=None, help="merge the sub-checkpoint of this role")
     m.add_argument("--threads", type=_positive, default=4, help="reader threads (4)")
     m.set_defaults(func=_cmd_merge)
+
+    cv = sub.add_parser(
+        "convert",
+        help="import a Hugging Face / PyTorch DCP / ByteCheckpoint checkpoint, or export to DCP",
+        description="--from hf|dcp SRC OUT writes a unickpt checkpoint (DCP metadata is read with an "
+        "allow-list unpickler); --to dcp SRC OUT writes a unickpt checkpoint's tensors as DCP.",
+    )
+    cv.add_argument("src", help="source folder")
+    cv.add_argument("out", help="new output folder")
+    cv.add_argument("--from", dest="from_format", choices=("hf", "dcp"), default=None)
+    cv.add_argument("--to", dest="to_format", choices=("dcp",), default=None)
+    cv.set_defaults(func=_cmd_convert)
 
     df = sub.add_parser(
         "diff",

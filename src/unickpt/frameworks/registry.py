@@ -39,7 +39,14 @@ from .base import FrameworkAdapter
 
 __all__ = ["FrameworkRegistry", "BUILTIN_PRIORITIES", "FRAMEWORKS", "get_framework", "registered_frameworks"]
 
-BUILTIN_PRIORITIES: dict[str, int | None] = {"fsdp": 400, "fsdp2": 300, "ddp": 200, "dtensor": 100, "torch": None}
+BUILTIN_PRIORITIES: dict[str, int | None] = {
+    "tensors": 500,  # only ever matches a FlatTensors
+    "fsdp": 400,
+    "fsdp2": 300,
+    "ddp": 200,
+    "dtensor": 100,
+    "torch": None,
+}
 
 
 class FrameworkRegistry:
@@ -57,11 +64,20 @@ class FrameworkRegistry:
     @classmethod
     def with_builtins(cls) -> FrameworkRegistry:
         """A registry holding unickpt's adapters at ``BUILTIN_PRIORITIES``."""
+        from .flat import FlatTensorsAdapter
         from .fsdp1 import FSDP1Adapter
         from .generic import DDPAdapter, DTensorAdapter, FSDP2Adapter, TorchAdapter
 
         reg = cls()
-        for adapter in (FSDP1Adapter(), FSDP2Adapter(), DDPAdapter(), DTensorAdapter(), TorchAdapter()):
+        adapters = (
+            FlatTensorsAdapter(),
+            FSDP1Adapter(),
+            FSDP2Adapter(),
+            DDPAdapter(),
+            DTensorAdapter(),
+            TorchAdapter(),
+        )
+        for adapter in adapters:
             reg.register(adapter, priority=BUILTIN_PRIORITIES[adapter.name])
         return reg
 

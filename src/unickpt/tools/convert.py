@@ -1,0 +1,208 @@
+"""``unickpt convert``: checkpoints from elsewhere into unickpt's format, and unickpt into DCP.
+
+Imports (written with ``framework="tensors"``, ``FlatTensors``; loadable by ``unickpt.load``
+into any framework at any world size):
+- ``from_hf(folder, out)``: a Hugging Face safetensors folder (``model.safetensors`` or shards
+  with ``model.safetensors.index.json``) -> ``model.<name>`` tensors, so a pre-trained model can
+  start an FSDP / DTensor run with ``unickpt.load``.
+- ``from_dcp(folder, out)``: a PyTorch DCP checkpoint (``.metadata`` + ``*.distcp``), also the
+  layout of ByteCheckpoint (a folder with ``model/``, ``optimizer/``, ``extra_state/``, each a
+  DCP checkpoint: ``model`` and ``optimizer`` are imported). DCP's metadata is a pickle: it is
+  read with ``SafeDCPUnpickler``, which builds only DCP's metadata classes, ``torch.Size``,
+  dtypes and layouts, and refuses everything else before anything runs. Tensor keys are kept;
+  torch's ``get_state_dict`` optimizer keys ``optim.state.<fqn>.<name>`` become unickpt's
+  ``optimizer.state.<fqn>.<name>``. Non-tensor entries (param groups, bytes) are listed as
+  skipped: load the imported checkpoint with ``strict=False`` into an optimizer, or model only.
+Export:
+- ``to_dcp(path, out)``: every tensor of a unickpt checkpoint, whole, written by DCP itself
+  (``torch.distributed.checkpoint.save`` in one process), under unickpt's keys.
+Imports and exports hold the checkpoint's tensors in memory once (the formats are written in one
+call); ``merge`` is the streaming path to safetensors.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..errors import CheckpointError, CorruptMetadataError
+from ..frameworks.flat import FlatTensors
+
+__all__ = ["ConvertResult", "SafeDCPUnpickler", "read_dcp_metadata", "from_hf", "from_dcp", "to_dcp"]
+
+_DCP_MD = "torch.distributed.checkpoint.metadata"
+_ALLOWED = {
+    (_DCP_MD, "Metadata"),
+    (_DCP_MD, "TensorStorageMetadata"),
+    (_DCP_MD, "BytesStorageMetadata"),
+    (_DCP_MD, "ChunkStorageMetadata"),
+    (_DCP_MD, "TensorProperties"),
+    (_DCP_MD, "MetadataIndex"),
+    (_DCP_MD, "StorageMeta"),
+    (_DCP_MD, "_MEM_FORMAT_ENCODING"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch.serialization", "_get_layout"),
+    ("torch", "Size"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("collections", "OrderedDict"),
+}
+_MAX_METADATA = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class ConvertResult:
+    out: str
+    tensors: int
+    skipped: tuple[str, ...] = field(default_factory=tuple)
+
+
+class SafeDCPUnpickler(pickle.Unpickler):
+    """Builds DCP metadata objects only; any other global is refused (``CorruptMetadataError``)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _ALLOWED or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)):
+            return super().find_class(module, name)
+        raise CorruptMetadataError(
+            f"DCP metadata asks to build {module}.{name}, which is not one of DCP's metadata classes: "
+            "refusing to unpickle it (the file is not a DCP checkpoint, or was tampered with)"
+        )
+
+
+def read_dcp_metadata(folder: str) -> Any:
+    """DCP's ``Metadata`` of ``folder`` through ``SafeDCPUnpickler`` (bounded read)."""
+    path = os.path.join(folder, ".metadata")
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{folder} is no PyTorch DCP checkpoint (no .metadata file)")
+    with open(path, "rb") as f:
+        raw = f.read(_MAX_METADATA + 1)
+    if len(raw) > _MAX_METADATA:
+        raise CorruptMetadataError(f"{path} is larger than {_MAX_METADATA} bytes")
+    try:
+        md = SafeDCPUnpickler(io.BytesIO(raw)).load()
+    except CheckpointError:
+        raise
+    except Exception as e:
+        raise CorruptMetadataError(f"{path} is not readable DCP metadata: {type(e).__name__}: {e}") from e
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    if not isinstance(md, Metadata):
+        raise CorruptMetadataError(f"{path} holds a {type(md).__name__}, not DCP Metadata")
+    return md
+
+
+def _save_flat(tensors: dict[str, torch.Tensor], out: str) -> None:
+    import unickpt
+
+    if os.path.exists(out) and os.listdir(out):
+        raise CheckpointError(f"convert: {out} is not empty; convert writes a new checkpoint only")
+    unickpt.save(out, {"model": FlatTensors(tensors)}, framework="tensors")
+
+
+def from_hf(folder: str, out: str) -> ConvertResult:
+    """Import a Hugging Face safetensors folder (module docstring)."""
+    from safetensors.torch import load_file
+
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    elif os.path.isfile(os.path.join(folder, "model.safetensors")):
+        files = ["model.safetensors"]
+    else:
+        raise CheckpointError(f"{folder} has neither model.safetensors nor model.safetensors.index.json")
+    tensors: dict[str, torch.Tensor] = {}
+    for name in files:
+        if "/" in name or name.startswith("."):
+            raise CheckpointError(f"{index} names a file outside the folder: {name!r}")
+        for k, v in load_file(os.path.join(folder, name)).items():
+            tensors[f"model.{k}"] = v
+    _save_flat(tensors, out)
+    return ConvertResult(out, len(tensors))
+
+
+class _SafeReader:  # built lazily: FileSystemReader is imported only when DCP is used
+    @staticmethod
+    def make(folder: str) -> Any:
+        from torch.distributed.checkpoint import FileSystemReader
+
+        class Reader(FileSystemReader):
+            def read_metadata(self) -> Any:
+                md = read_dcp_metadata(folder)
+                md.storage_meta = getattr(md, "storage_meta", None)
+                return md
+
+        return Reader(folder)
+
+
+def _dcp_tensors(folder: str) -> tuple[dict[str, torch.Tensor], list[str]]:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    md = read_dcp_metadata(folder)
+    state: dict[str, torch.Tensor] = {}
+    skipped = []
+    for key, meta in md.state_dict_metadata.items():
+        if isinstance(meta, TensorStorageMetadata):
+            state[key] = torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
+        else:
+            skipped.append(key)
+    if state:
+        dcp.load(state, storage_reader=_SafeReader.make(folder), no_dist=True)
+    return state, skipped
+
+
+def _unickpt_key(key: str, part: str | None) -> str:
+    if key.startswith("optim.state."):
+        return "optimizer.state." + key[len("optim.state.") :]
+    if part == "model" and not key.startswith("model."):
+        return f"model.{key}"
+    if part == "optimizer" and key.startswith("state."):
+        return f"optimizer.{key}"
+    return key
+
+
+def from_dcp(folder: str, out: str) -> ConvertResult:
+    """Import a DCP (or ByteCheckpoint) checkpoint (module docstring)."""
+    parts: list[tuple[str, str | None]]
+    if os.path.isfile(os.path.join(folder, ".metadata")):
+        parts = [(folder, None)]
+    else:
+        parts = [(os.path.join(folder, p), p) for p in ("model", "optimizer") if os.path.isdir(os.path.join(folder, p))]
+        if not parts:
+            raise CheckpointError(
+                f"{folder} is neither a DCP checkpoint (.metadata) nor a ByteCheckpoint folder (model/, optimizer/)"
+            )
+    tensors: dict[str, torch.Tensor] = {}
+    skipped: list[str] = []
+    for sub, part in parts:
+        state, skip = _dcp_tensors(sub)
+        skipped += [f"{part}/{k}" if part else k for k in skip]
+        for k, v in state.items():
+            name = _unickpt_key(k, part)
+            if name in tensors:
+                raise CheckpointError(f"convert: two DCP entries map to {name!r}")
+            tensors[name] = v
+    if not tensors:
+        raise CheckpointError(f"{folder}: no tensors to import")
+    _save_flat(tensors, out)
+    return ConvertResult(out, len(tensors), tuple(skipped))
+
+
+def to_dcp(path: str, out: str, *, role: str | None = None) -> ConvertResult:
+    """Export every tensor of the unickpt checkpoint at ``path`` as a DCP checkpoint in ``out``."""
+    import torch.distributed.checkpoint as dcp
+
+    from .merge import iter_full_tensors
+
+    if os.path.exists(out) and os.listdir(out):
+        raise CheckpointError(f"convert: {out} is not empty")
+    state = dict(iter_full_tensors(path, role=role))
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(out), no_dist=True)
+    return ConvertResult(out, len(state))
