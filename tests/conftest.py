@@ -6,6 +6,11 @@ import os
 import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-for _path in (os.path.join(_HERE, "distributed"), os.path.join(_HERE, "data"), _HERE):
+for _path in (
+    os.path.join(_HERE, "distributed"),
+    os.path.join(_HERE, "data"),
+    os.path.join(_HERE, "monitoring"),
+    _HERE,
+):
     if _path not in sys.path:
         sys.path.insert(0, _path)

@@ -110,6 +110,26 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    import json
+
+    from .monitoring import report as rp
+
+    records = rp.load_records(args.folder)
+    rep = rp.Report.build(records, k=args.k)
+    print(rp.format_text(rep, k=args.k))
+    if args.png:
+        rp.heatmap_png(rep, args.png)
+        print(f"heat map: {args.png}")
+    if args.trace:
+        with open(args.trace, "w") as f:
+            json.dump(rp.chrome_trace(records), f)
+        print(f"trace (open in https://ui.perfetto.dev): {args.trace}")
+    if args.sqlite:
+        print(f"{rp.to_sqlite(records, args.sqlite)} records in {args.sqlite}")
+    return EXIT_OK
+
+
 def _cmd_diff(args: argparse.Namespace) -> int:
     from .tools.diff import diff
 
@@ -269,6 +289,18 @@ def build_parser() -> argparse.ArgumentParser:
     cv.add_argument("--from", dest="from_format", choices=("hf", "dcp"), default=None)
     cv.add_argument("--to", dest="to_format", choices=("dcp",), default=None)
     cv.set_defaults(func=_cmd_convert)
+
+    rp = sub.add_parser(
+        "report",
+        help="per-rank, per-phase view of recorded checkpoint metrics (heat map, trace, stragglers)",
+        description="Read the rank<r>.jsonl files a unickpt.monitoring.JsonlSink wrote into FOLDER.",
+    )
+    rp.add_argument("folder", help="folder of rank<r>.jsonl metric files")
+    rp.add_argument("--png", default=None, help="write a rank x phase heat map PNG here")
+    rp.add_argument("--trace", default=None, help="write a Chrome/Perfetto trace JSON here")
+    rp.add_argument("--sqlite", default=None, help="also write every record into this SQLite file")
+    rp.add_argument("--k", type=float, default=1.5, help="straggler: slower than k x the median of a phase (1.5)")
+    rp.set_defaults(func=_cmd_report)
 
     df = sub.add_parser(
         "diff",

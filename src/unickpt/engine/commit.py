@@ -127,8 +127,12 @@ def commit_stage(
         return crcs
 
     run_stage(coord, "save (write)", local)
-    events.emit("save.commit.begin", coord.rank, save_id=gplan.save_id if gplan else "", path=storage.url)
+    save_id = gplan.save_id if gplan else ""
+    events.emit("save.commit.begin", coord.rank, save_id=save_id, path=storage.url)
+    t_barrier = time.perf_counter()
     gathered = coord.gather_object((crcs, objects))  # the objects ride along: no extra round trip
+    events.emit("save.barrier", coord.rank, t_barrier, save_id=save_id, path=storage.url)
+    t_finalize = time.perf_counter()
 
     def finalize() -> Metadata | None:
         if coord.rank != 0:
@@ -153,7 +157,9 @@ def commit_stage(
                 _warn_cleanup_failed(storage, (md.save_id, previous), e)
         return md
 
-    return run_stage(coord, "save (commit)", finalize)
+    committed = run_stage(coord, "save (commit)", finalize)
+    events.emit("save.finalize", coord.rank, t_finalize, save_id=save_id, path=storage.url)
+    return committed
 
 
 def _warn_cleanup_failed(storage: Storage, keep: tuple[str | None, ...], error: Exception) -> None:

@@ -210,7 +210,8 @@ def _load_once(
         if _LOADER in values:
             state[_LOADER].load_state_dict(values[_LOADER])
 
-    run_stage(coord, "load (apply)", apply)
+    with events.phase("load.apply", coord.rank, path=source):
+        run_stage(coord, "load (apply)", apply)
     return missing, unexpected
 
 

@@ -131,8 +131,9 @@ class SavePipeline:
 
     def stage(self, d: Described, plan: RankSavePlan, async_save: bool) -> Snapshot:
         """The snapshot (collective for async saves: every rank learns all staged)."""
-        if not async_save:
-            parts = live_parts(d.view.items, plan, d.blobs)
+        if not async_save:  # views of the live tensors: the write reads them in place
+            with self.res.events.phase("save.stage", self.coord.rank, path=self.storage.url, save_id=plan.save_id):
+                parts = live_parts(d.view.items, plan, d.blobs)
             return Snapshot(parts, _plan_order(plan, parts), None, None)
         later = self._copied_later()
         with self.res.events.phase("save.stage", self.coord.rank, path=self.storage.url, save_id=plan.save_id) as p:

@@ -5,18 +5,23 @@ Every ``Checkpointer`` owns one bus (``Checkpointer.events``); its save and load
 ``with bus.phase(name, rank) as p: ...; p.nbytes = n``. Listeners receive one ``Event`` record
 (new fields never break them). Sinks in ``monitoring`` turn events into metrics and views; tests
 register listeners to inject faults at an exact phase (kill the process between the last write
-and the commit, etc.). Listeners run synchronously on the emitting thread and must be quick; an
-exception in a listener propagates (that is how faults are injected).
+and the commit, etc.). Listeners run synchronously on the emitting thread and must be quick. A
+listener that raises never fails a save or load: the exception is logged (``unickpt`` logger,
+once per listener) and counted in ``EventBus.listener_errors``; only ``BaseException``s that are
+not ``Exception``s (``KeyboardInterrupt``, ``SystemExit``) go through.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 __all__ = ["Event", "PHASES", "EventBus", "Listener", "Phase", "NO_EVENTS"]
+
+_LOG = logging.getLogger("unickpt")
 
 PHASES = (
     "save.begin",
@@ -25,12 +30,15 @@ PHASES = (
     "save.write",
     "save.write.file",
     "save.commit.begin",
+    "save.barrier",
     "save.commit",
+    "save.finalize",
     "save.end",
     "load.begin",
     "load.metadata",
     "load.plan",
     "load.read",
+    "load.apply",
     "load.end",
 )
 
@@ -62,6 +70,8 @@ class EventBus:
     def __init__(self, listeners: Iterable[Listener] = ()) -> None:
         self._listeners: tuple[Listener, ...] = tuple(listeners)
         self._lock = threading.Lock()
+        self.listener_errors = 0
+        self._reported: set[int] = set()
 
     def add_listener(self, fn: Listener) -> None:
         with self._lock:
@@ -82,7 +92,18 @@ class EventBus:
         now = time.perf_counter()
         ev = Event(phase, rank, now if t_start is None else t_start, now, **fields)  # type: ignore[arg-type]
         for fn in listeners:
-            fn(ev)
+            try:
+                fn(ev)
+            except Exception as e:  # monitoring never fails a checkpoint
+                self._listener_failed(fn, e)
+
+    def _listener_failed(self, fn: Listener, e: Exception) -> None:
+        with self._lock:
+            self.listener_errors += 1
+            first = id(fn) not in self._reported
+            self._reported.add(id(fn))
+        if first:
+            _LOG.warning("unickpt event listener %r raised %s: %s (ignored; reported once)", fn, type(e).__name__, e)
 
     def phase(self, name: str, rank: int, **fields: object) -> Phase:
         """``with bus.phase("save.write", rank, path=...) as p: ...; p.nbytes = n`` emits at exit

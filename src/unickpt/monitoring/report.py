@@ -1,0 +1,184 @@
+"""``unickpt report``: which rank, which phase. Reads the ``JsonlSink`` files of a folder and
+builds a rank x phase table, stragglers, per-rank throughput, a heat map PNG, a Perfetto /
+Chrome trace and, on request, a SQLite database of every record.
+
+Who calls what: ``load_records(folder)`` -> ``Report.build(records, k)`` (pure) ->
+``format_text`` / ``heatmap_png`` (matplotlib, headless Agg backend) / ``chrome_trace`` /
+``to_sqlite``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import CheckpointError
+
+__all__ = ["PHASE_COLUMNS", "Report", "load_records", "to_sqlite", "chrome_trace", "heatmap_png", "format_text"]
+
+# the duration phases of a save and a load, in pipeline order (nested file writes excluded)
+PHASE_COLUMNS = (
+    "save.plan",
+    "save.stage",
+    "save.write",
+    "save.barrier",
+    "save.finalize",
+    "load.metadata",
+    "load.plan",
+    "load.read",
+    "load.apply",
+)
+_MAX_LINE = 1 << 16
+_FIELDS = ("phase", "rank", "start_unix", "seconds", "bytes")
+
+
+def load_records(folder: str) -> list[dict[str, Any]]:
+    """Every record of every ``rank*.jsonl`` file in ``folder`` (malformed lines are skipped)."""
+    if not os.path.isdir(folder):
+        raise CheckpointError(f"{folder} is not a folder of unickpt metrics (rank<r>.jsonl files)")
+    out: list[dict[str, Any]] = []
+    for name in sorted(os.listdir(folder)):
+        if not (name.startswith("rank") and name.endswith(".jsonl")):
+            continue
+        with open(os.path.join(folder, name), encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if len(line) > _MAX_LINE:
+                    continue
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict) and all(k in rec for k in _FIELDS):
+                    out.append(rec)
+    if not out:
+        raise CheckpointError(f"{folder} holds no unickpt metrics records")
+    return out
+
+
+@dataclass
+class Report:
+    ranks: list[int]
+    table: dict[int, dict[str, float]]  # rank -> phase -> seconds (summed over operations)
+    nbytes: dict[int, int]  # rank -> bytes written + read
+    stragglers: list[tuple[str, int, float, float]] = field(default_factory=list)  # phase, rank, s, median
+
+    @classmethod
+    def build(cls, records: list[dict[str, Any]], k: float = 1.5, min_seconds: float = 0.005) -> Report:
+        table: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        nbytes: dict[int, int] = defaultdict(int)
+        for r in records:
+            if r["phase"] in PHASE_COLUMNS:
+                table[int(r["rank"])][r["phase"]] += float(r["seconds"])
+                if r["phase"] in ("save.write", "load.read"):
+                    nbytes[int(r["rank"])] += int(r["bytes"])
+        ranks = sorted(table)
+        rep = cls(ranks, {r: dict(table[r]) for r in ranks}, dict(nbytes))
+        for phase in PHASE_COLUMNS:
+            values = [rep.table[r].get(phase, 0.0) for r in ranks]
+            if len(values) < 2:
+                continue
+            med = statistics.median(values)
+            for rank, v in zip(ranks, values):
+                if v > k * med and v - med > min_seconds:
+                    rep.stragglers.append((phase, rank, v, med))
+        return rep
+
+    def slowest_rank(self) -> int:
+        return max(self.ranks, key=lambda r: sum(self.table[r].values()))
+
+
+def format_text(rep: Report, k: float = 1.5) -> str:
+    cols = [c for c in PHASE_COLUMNS if any(c in rep.table[r] for r in rep.ranks)]
+    lines = ["rank  " + "  ".join(f"{c:>13s}" for c in cols) + "   total s   GB/s"]
+    for r in rep.ranks:
+        total = sum(rep.table[r].values())
+        io = sum(rep.table[r].get(c, 0.0) for c in ("save.write", "load.read"))
+        gbps = rep.nbytes.get(r, 0) / io / 1e9 if io > 0 else 0.0
+        cells = "  ".join(f"{rep.table[r].get(c, 0.0):13.4f}" for c in cols)
+        lines.append(f"{r:4d}  {cells}  {total:8.4f}  {gbps:5.2f}")
+    slow = rep.slowest_rank()
+    parts = ", ".join(f"{c} {s:.4f} s" for c, s in sorted(rep.table[slow].items(), key=lambda kv: -kv[1]))
+    lines.append(f"slowest rank: {slow} ({parts})")
+    if rep.stragglers:
+        for phase, r, v, med in rep.stragglers:
+            lines.append(
+                f"straggler: rank {r} in {phase}: {v:.4f} s, {v / med if med else float('inf'):.1f}x the median"
+            )
+    else:
+        lines.append(f"no stragglers (no rank slower than {k}x the median in any phase)")
+    return "\n".join(lines)
+
+
+def chrome_trace(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Chrome / Perfetto trace JSON: one process row per rank, one slice per phase."""
+    t0 = min(float(r["start_unix"]) for r in records)
+    events: list[dict[str, Any]] = []
+    for rank in sorted({int(r["rank"]) for r in records}):
+        events.append({"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}})
+    for r in records:
+        events.append(
+            {
+                "name": r["phase"],
+                "ph": "X",
+                "pid": int(r["rank"]),
+                "tid": str(r.get("thread", "")),
+                "ts": (float(r["start_unix"]) - t0) * 1e6,
+                "dur": max(float(r["seconds"]), 0.0) * 1e6,
+                "args": {k: r.get(k) for k in ("bytes", "path", "save_id", "step", "role")},
+            }
+        )
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def heatmap_png(rep: Report, out: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = [c for c in PHASE_COLUMNS if any(c in rep.table[r] for r in rep.ranks)]
+    data = [[rep.table[r].get(c, 0.0) for c in cols] for r in rep.ranks]
+    fig, ax = plt.subplots(figsize=(1.2 * len(cols) + 2, 0.35 * len(rep.ranks) + 2))
+    im = ax.imshow(data, aspect="auto", cmap="viridis")
+    ax.set_xticks(range(len(cols)), cols, rotation=45, ha="right")
+    ax.set_yticks(range(len(rep.ranks)), [str(r) for r in rep.ranks])
+    ax.set_xlabel("phase")
+    ax.set_ylabel("rank")
+    fig.colorbar(im, ax=ax, label="seconds")
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def to_sqlite(records: list[dict[str, Any]], db: str) -> int:
+    """Write every record into table ``records`` of the SQLite file ``db`` (created)."""
+    cols = (
+        "phase",
+        "rank",
+        "start_unix",
+        "seconds",
+        "bytes",
+        "path",
+        "save_id",
+        "thread",
+        "host",
+        "pid",
+        "step",
+        "role",
+    )
+    con = sqlite3.connect(db)
+    try:
+        con.execute(f"CREATE TABLE IF NOT EXISTS records ({', '.join(cols)})")
+        con.executemany(
+            f"INSERT INTO records VALUES ({', '.join('?' for _ in cols)})",
+            [tuple(r.get(c) for c in cols) for r in records],
+        )
+        con.commit()
+    finally:
+        con.close()
+    return len(records)
