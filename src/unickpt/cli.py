@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 
@@ -127,6 +128,20 @@ def _cmd_report(args: argparse.Namespace) -> int:
         print(f"trace (open in https://ui.perfetto.dev): {args.trace}")
     if args.sqlite:
         print(f"{rp.to_sqlite(records, args.sqlite)} records in {args.sqlite}")
+    return EXIT_OK
+
+
+def _cmd_modify(args: argparse.Namespace) -> int:
+    from .tools import modify as md
+
+    try:
+        renames = [md.parse_rename(r) for r in args.rename]
+        drops = [re.compile(d) for d in args.drop]
+    except (ValueError, re.error) as e:
+        print(f"unickpt modify: error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    r = md.modify(args.src, args.out, renames=renames, drops=drops, dtype=args.dtype)
+    print(f"wrote {r.out}: {r.kept} tensors ({r.renamed} renamed), {r.dropped} dropped")
     return EXIT_OK
 
 
@@ -301,6 +316,18 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--sqlite", default=None, help="also write every record into this SQLite file")
     rp.add_argument("--k", type=float, default=1.5, help="straggler: slower than k x the median of a phase (1.5)")
     rp.set_defaults(func=_cmd_report)
+
+    mo = sub.add_parser(
+        "modify",
+        help="write a new checkpoint with keys renamed (regex), dropped, or floating-point tensors cast",
+        description="Never edits SRC. --drop and --rename may repeat; drops apply first, renames in order.",
+    )
+    mo.add_argument("src", help="source checkpoint")
+    mo.add_argument("out", help="new (or empty) output folder")
+    mo.add_argument("--rename", action="append", default=[], metavar="PATTERN=REPL", help="re.sub on every key")
+    mo.add_argument("--drop", action="append", default=[], metavar="PATTERN", help="drop keys matching (re.search)")
+    mo.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default=None, help="cast floating-point tensors")
+    mo.set_defaults(func=_cmd_modify)
 
     df = sub.add_parser(
         "diff",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .storage.base import METADATA_LIMIT
@@ -60,6 +61,10 @@ class LoadOptions:
     # "error" (ExtraStateResizeError), "skip" (extra_state is left
     # as the job built it, with a warning)
     extra_state_on_resize: str = "modulo"
+    # rename checkpoint keys as they are read: key_map("model.transformer.h.0.attn.weight") ->
+    # "model.layers.0.attn.weight" (None drops the tensor); optimizer keys and param groups follow
+    # (format.keymap). For loading into a model whose names differ (HF <-> Megatron names ...)
+    key_map: Callable[[str], str | None] | None = None
 
     def __post_init__(self) -> None:
         _check_timeout(self.timeout)

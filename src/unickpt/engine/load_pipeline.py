@@ -45,6 +45,7 @@ from ..errors import (
     RankFailures,
     TruncatedDataFileError,
 )
+from ..format.keymap import remap
 from ..format.records import Metadata
 from ..format.values import loads_value
 from ..frameworks import FrameworkAdapter, LoadView, get_framework
@@ -105,7 +106,7 @@ class LoadPipeline:
     def metadata(self) -> Metadata:
         """Collective: the committed metadata (rank 0 reads, every rank decodes)."""
         with self.res.events.phase("load.metadata", self.coord.rank, path=self.storage.url):
-            return read_metadata(self.coord, self.storage, self.options.max_metadata_bytes)
+            return remap(read_metadata(self.coord, self.storage, self.options.max_metadata_bytes), self.options.key_map)
 
     def run(self) -> tuple[list[str], list[str]]:
         """The whole load; returns the keys a non-strict load skipped (missing from the

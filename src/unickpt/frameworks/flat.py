@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..errors import FrameworkError
-from .base import StateDescription
+from .base import SaveView, StateDescription
 from .module_state import tensor_piece
 from .views import DescribedAdapter
 
@@ -24,7 +24,12 @@ class FlatTensors(MutableMapping[str, torch.Tensor]):
     """Checkpoint key -> full tensor; pass it as ``state["model"]`` with ``framework="tensors"``
     (or "auto")."""
 
-    def __init__(self, tensors: Mapping[str, torch.Tensor] | None = None) -> None:
+    def __init__(
+        self, tensors: Mapping[str, torch.Tensor] | None = None, objects: Mapping[str, Any] | None = None
+    ) -> None:
+        """``objects``: JSON objects saved with the tensors (e.g. a checkpoint's ``optimizer``
+        param groups, carried over by ``unickpt modify``)."""
+        self.objects: dict[str, Any] = dict(objects or {})
         self._d: dict[str, torch.Tensor] = {}
         for k, v in (tensors or {}).items():
             self[k] = v
@@ -66,6 +71,13 @@ class FlatTensorsAdapter(DescribedAdapter):
         if state.get("optimizer") is not None:
             raise FrameworkError('framework="tensors" holds optimizer tensors under their keys; pass no "optimizer"')
         return StateDescription(tuple(tensor_piece(k, t, 0 if _distributed() else None) for k, t in flat.items()))
+
+    def save_view(self, state: Mapping[str, Any]) -> SaveView:
+        view = super().save_view(state)
+        flat = state.get("model")
+        if isinstance(flat, FlatTensors):
+            view.objects.update(flat.objects)
+        return view
 
 
 def _distributed() -> bool:
