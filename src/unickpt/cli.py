@@ -31,16 +31,28 @@ EXIT_ERROR = 2
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from .tools import inspect as ins
+    from .tools import inspect_more as more
 
     storage, md, md_bytes = ins.load_metadata(args.path, args.role)
     sizes = ins.file_sizes(storage, md)
     summary = ins.summarize(md, storage.url, sizes, md_bytes)
+    wanted = more.key_filter(args.key)
+    summary.tensors = [t for t in summary.tensors if wanted(t.fqn)]
     if args.verify:
         summary.verify = ins.verify(md, storage, sizes=sizes, threads=args.threads, max_failures=args.max_failures)
     if args.json:
         print(ins.to_json(summary))
     else:
         print(ins.format_text(summary, tensors=not args.summary))
+        lines = more.state_lines(md)
+        if not args.summary:
+            lines += more.rank_bytes_lines(md)
+        for key in args.shards:
+            lines += more.shard_lines(md, key)
+        for key in args.values:
+            lines += more.value_lines(md, storage, key)
+        if lines:
+            print("\n".join(lines))
     if summary.verify is not None:
         return EXIT_OK if summary.verify.ok else EXIT_FAILED
     return EXIT_FAILED if ins.short_files(summary) else EXIT_OK  # missing / truncated data files
@@ -255,6 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--role", type=_role, default=None, help="inspect the sub-checkpoint of this role")
     p.add_argument("--summary", action="store_true", help="text output without per-tensor/file tables")
+    p.add_argument("--key", default=None, metavar="PATTERN", help="only tensors whose key matches (regex)")
+    p.add_argument("--shards", action="append", default=[], metavar="KEY", help="the shard layout of KEY")
+    p.add_argument("--values", action="append", default=[], metavar="KEY", help="statistics and first elements of KEY")
     p.add_argument("--threads", type=_positive, default=4, help="reader threads for --verify (4)")
     p.add_argument(
         "--max-failures",

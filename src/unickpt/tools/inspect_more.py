@@ -1,0 +1,105 @@
+"""The parts of ``unickpt inspect`` that look deeper than the summary: bytes per saving rank,
+the shard layout of one tensor, a tensor's values (what ByteCheckpoint's ``load_ckpt.py`` is
+used for), and the non-tensor state (dataloader, extra state).
+
+Called by ``cli._cmd_inspect`` after ``inspect.summarize``; each function takes the decoded
+``Metadata`` (and the storage where data must be read) and returns lines of text.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+import torch
+
+from ..format import Metadata
+from ..storage import Storage
+from .merge import read_full_tensor
+
+__all__ = ["rank_bytes_lines", "shard_lines", "value_lines", "state_lines", "key_filter"]
+
+_RANK = re.compile(r"(?:^|/)r(\d{5,})-\d+\.bin$")
+
+
+def key_filter(pattern: str | None):  # -> Callable[[str], bool]
+    """``--key``: a regular expression searched in each key (plain text works too)."""
+    if pattern is None:
+        return lambda key: True
+    rx = re.compile(pattern)
+    return lambda key: rx.search(key) is not None
+
+
+def rank_bytes_lines(md: Metadata) -> list[str]:
+    """Bytes written by each saving rank (from the data file names ``r<rank>-<n>.bin``)."""
+    per_file: dict[int, int] = defaultdict(int)
+    for t in md.tensors.values():
+        for s in t.shards:
+            per_file[s.file_index] += s.byte_length
+    for b in md.blobs.values():
+        per_file[b.file_index] += b.byte_length
+    per_rank: dict[int, int] = defaultdict(int)
+    for fidx, n in per_file.items():
+        m = _RANK.search(md.files[fidx])
+        per_rank[int(m.group(1)) if m else -1] += n
+    if not per_rank:
+        return []
+    mean = sum(per_rank.values()) / len(per_rank)
+    lines = ["", "bytes per saving rank:", "  RANK           BYTES  / MEAN"]
+    for r in sorted(per_rank):
+        name = str(r) if r >= 0 else "?"
+        lines.append(f"  {name:>4}  {per_rank[r]:>14}  {per_rank[r] / mean if mean else 0:6.3f}")
+    return lines
+
+
+def shard_lines(md: Metadata, key: str) -> list[str]:
+    rec = md.tensors.get(key)
+    if rec is None:
+        return [f"no tensor {key!r} (see the tensor table)"]
+    lines = ["", f"shards of {key} ({rec.dtype}, shape {list(rec.shape)}, {len(rec.shards)} shards):"]
+    lines.append(
+        "  OFFSETS                LENGTHS                FILE                              BYTE OFFSET   BYTES  CRC32C"
+    )
+    for s in rec.shards:
+        lines.append(
+            f"  {list(s.offsets)!s:22s} {list(s.lengths)!s:22s} {md.files[s.file_index]:33s} "
+            f"{s.byte_offset:>11} {s.byte_length:>7}  {s.crc32c:#010x}"
+        )
+    return lines
+
+
+def value_lines(md: Metadata, storage: Storage, key: str, first: int = 10) -> list[str]:
+    """Statistics and the first elements of tensor ``key`` (read whole, checksums verified)."""
+    if key not in md.tensors:
+        return [f"no tensor {key!r} (see the tensor table)"]
+    t = read_full_tensor(md, storage, key)
+    flat = t.reshape(-1)
+    lines = ["", f"values of {key} ({t.dtype}, shape {list(t.shape)}, {t.numel()} elements):"]
+    if t.numel() and (
+        t.is_floating_point() or t.dtype in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+    ):
+        d = flat.double()
+        finite = torch.isfinite(d)
+        lines.append(
+            f"  min {float(d.min()):.6g}  max {float(d.max()):.6g}  mean {float(d.mean()):.6g}  "
+            f"std {float(d.std()) if d.numel() > 1 else 0.0:.6g}  non-finite {int((~finite).sum())}"
+        )
+    lines.append(f"  first {min(first, t.numel())}: {flat[:first].tolist()}")
+    return lines
+
+
+def state_lines(md: Metadata) -> list[str]:
+    """The dataloader section and the extra-state / loader blobs."""
+    lines: list[str] = []
+    loader = md.sections.get("dataloader")
+    if loader is not None:
+        lines.append(f"  dataloader      unickpt.data state: {loader.num_parts} parts + replicated part")  # type: ignore[attr-defined]
+    legacy = sorted(k for k in md.blobs if k.startswith("dataloader/rank"))
+    if legacy:
+        lines.append(f"  dataloader      per-rank state_dict of {len(legacy)} rank(s) (same world size only)")
+    extra = sorted(k for k in md.blobs if k.startswith("extra_state/"))
+    if extra:
+        lines.append(
+            f"  extra state     {len(extra)} per-rank blob(s), {sum(md.blobs[k].byte_length for k in extra)} bytes"
+        )
+    return ["", "non-tensor state:", *lines] if lines else []
