@@ -130,3 +130,15 @@ def test_issue15_merge_hf_folder_loads_with_transformers(tmp_path):
     assert set(got) == set(want)
     for k, v in want.items():
         assert torch.equal(got[k], v), k
+
+
+def test_issue15_verify_catches_truncation_and_a_missing_metadata_file(tmp_path):
+    src = _golden(tmp_path)
+    files = sorted(os.path.join(dp, f) for dp, _, fs in os.walk(os.path.join(src, "data")) for f in fs)
+    os.truncate(files[2], os.path.getsize(files[2]) - 3)
+    bad = _cli("verify", src)
+    assert bad.returncode == 1 and "TruncatedDataFileError" in bad.stdout, bad.stdout
+    assert os.path.basename(files[2]) in bad.stdout
+    os.unlink(os.path.join(src, "unickpt.metadata.json"))
+    gone = _cli("verify", src)
+    assert gone.returncode == 2 and "IncompleteCheckpointError" in gone.stderr, gone.stderr

@@ -161,7 +161,7 @@ def _dcp_tensors(folder: str) -> tuple[dict[str, torch.Tensor], list[str]]:
 def _unickpt_key(key: str, part: str | None) -> str:
     if key.startswith("optim.state."):
         return "optimizer.state." + key[len("optim.state.") :]
-    if part == "model" and not key.startswith("model."):
+    if part == "model":  # ByteCheckpoint's model/ holds the model's own fqns
         return f"model.{key}"
     if part == "optimizer" and key.startswith("state."):
         return f"optimizer.{key}"
