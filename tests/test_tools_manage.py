@@ -58,3 +58,41 @@ def test_issue15_ls_latest_prune(tmp_path):
     assert open(os.path.join(root, "notes", "mine.txt")).read() == "keep"
     empty = _cli("latest", str(tmp_path / "nothing"))
     assert empty.returncode in (1, 2)
+
+
+SUBCOMMANDS = ("inspect", "verify", "merge", "convert", "modify", "diff", "ls", "latest", "prune", "report", "demo")
+
+
+def test_issue15_every_subcommand_has_help_and_a_clear_error_on_a_wrong_path(tmp_path):
+    for cmd in SUBCOMMANDS:
+        r = _cli(cmd, "--help")
+        assert r.returncode == 0 and "usage: unickpt" in r.stdout, cmd
+    nowhere = str(tmp_path / "nowhere")
+    out = str(tmp_path / "out")
+    for args in (
+        ("inspect", nowhere),
+        ("verify", nowhere),
+        ("merge", nowhere, out),
+        ("convert", "--from", "dcp", nowhere, out),
+        ("convert", "--from", "hf", nowhere, out),
+        ("convert", "--to", "dcp", nowhere, out),
+        ("modify", nowhere, out),
+        ("diff", nowhere, nowhere),
+        ("report", nowhere),
+    ):
+        r = _cli(*args)
+        assert r.returncode == 2 and "error:" in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+
+
+def test_issue15_ls_shows_sizes_and_incomplete_steps(tmp_path):
+    root = str(tmp_path / "run")
+    manager = unickpt.CheckpointManager(root, keep_last=None)
+    manager.save(5, {"model": _model(2)})
+    os.makedirs(os.path.join(root, "step_00000009", "data"))
+    with open(os.path.join(root, "step_00000009", "unickpt.data.20991231T000000-aaaaaaaaaaaa"), "w"):
+        pass
+    r = _cli("ls", root)
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and len(lines) == 2, r.stdout
+    assert "step          5" in lines[0] and "B" in lines[0] and "<- latest" in lines[0]
+    assert "step          9" in lines[1] and "incomplete" in lines[1]

@@ -186,15 +186,19 @@ def _manager(args: argparse.Namespace, keep_last: int | None = None):  # -> Chec
 def _cmd_ls(args: argparse.Namespace) -> int:
     import time
 
+    from .tools.inspect import human_bytes
+
     manager = _manager(args)
     pointer = manager.read_pointer()
-    rows = manager.list_checkpoints()
-    for info in rows:
-        mark = " <- latest" if pointer is not None and pointer.step == info.step else ""
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.created_unix))
-        print(f"step {info.step:>10}  {when}  {info.path}{mark}")
+    created = {c.step: c.created_unix for c in manager.list_checkpoints()}
+    rows = manager.list_steps()
+    for step, complete, nbytes in rows:
+        mark = " <- latest" if pointer is not None and pointer.step == step else ""
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(created[step])) if step in created else "-" * 19
+        state = f"{human_bytes(nbytes):>10}" if complete else "incomplete"
+        print(f"step {step:>10}  {when}  {state}  {manager.path_for(step)}{mark}")
     if not rows:
-        print(f"no complete checkpoint under {args.root}")
+        print(f"no checkpoint under {args.root}")
     return EXIT_OK
 
 

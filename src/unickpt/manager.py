@@ -235,6 +235,15 @@ class CheckpointManager:
                 out.append(CheckpointInfo(step, self.path_for(step), md.save_id, md.created_unix))
         return out
 
+    def list_steps(self) -> list[tuple[int, bool, int]]:
+        """Every step folder of this manager's role: ``(step, complete, tensor bytes)`` by
+        increasing step (incomplete: no decodable metadata, e.g. an interrupted save; bytes 0)."""
+        out = []
+        for step in sorted(self._scan()):
+            md = self._metadata(step)
+            out.append((step, md is not None, md.total_tensor_bytes if md is not None else 0))
+        return out
+
     def read_pointer(self) -> LatestPointer | None:
         """The ``latest`` pointer as written, or None when missing or malformed."""
         data = self._publisher.read(self.pointer_name, SMALL_FILE_LIMIT)
