@@ -1,6 +1,6 @@
 """Storage backends by URL scheme: a registry object, with lazily imported factories.
 
-``DEFAULT_REGISTRY`` knows ``file`` (also any path without ``scheme://``), ``memory`` and ``s3``;
+``DEFAULT_REGISTRY`` knows ``file`` (also any path without ``scheme://``), ``memory``, ``shm`` and ``s3``;
 a backend is added the same way, one line each::
 
     DEFAULT_REGISTRY.register("s3", "unickpt.storage.s3:S3Storage", extra="s3")
@@ -129,6 +129,7 @@ def builtin_registry() -> StorageRegistry:
     reg.register("file", "unickpt.storage.local:LocalStorage")
     reg.register("memory", "unickpt.storage.memory:MemoryStorage")
     reg.register("s3", "unickpt.storage.s3:S3Storage", extra="s3")
+    reg.register("shm", "unickpt.storage.shm:ShmStorage")
     return reg
 
 
