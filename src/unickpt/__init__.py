@@ -46,6 +46,7 @@ from .frameworks.flat import FlatTensors
 from .manager import CheckpointManager
 from .options import LoadOptions, SaveOptions, StorageOptions
 from .state.extra import rng_state, set_rng_state
+from .tiering import TieredCheckpointManager
 
 __version__ = "0.1.0"
 
@@ -82,6 +83,7 @@ __all__ = [
     "UnexpectedKeysError",
     "UnsupportedFormatVersionError",
     "CheckpointManager",
+    "TieredCheckpointManager",
     "FlatTensors",
     "data",
     "TransientStorageError",

@@ -1,0 +1,185 @@
+"""Hot/cold tiering: save to a fast tier, return, copy to a durable tier in the background.
+
+    tiers = unickpt.TieredCheckpointManager("shm://job1", "s3://bucket/job1", keep_fast=2)
+    tiers.save(step, state, async_save=True)   # fast tier: the training loop waits for this only
+    ...
+    tiers.load_latest(state)                   # the newest step of either tier (fast first)
+    tiers.wait()                               # copies done (or their failures raised)
+
+Who calls what, in order (every rank calls ``save`` / ``load_latest`` / ``wait``):
+  ``save``  -> the fast tier's ``CheckpointManager.save`` (snapshot, write, commit, ``latest``);
+            rank 0 then queues ``_promote(step)`` on this object's copier thread, which waits
+            for that save, copies the committed checkpoint to the durable tier through the
+            storage protocol (``copy_checkpoint``: the data marker, every data file, then
+            ``verify`` of every shard's CRC32C *on the durable copy*, and only then the metadata,
+            written last), moves the durable ``latest``, applies the durable retention
+            (``keep_durable``), and finally the fast retention: a fast copy beyond the newest
+            ``keep_fast`` is deleted only when the durable tier holds that same save (same save
+            id, verified).
+  ``load_latest`` -> rank 0 picks the newer of the two tiers' latest steps (the fast tier on a
+            tie), all ranks load it.
+The fast tier must be visible to every rank that saves (``shm://`` for one node, a shared fast
+file system for several); copies run on rank 0 only.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import MutableMapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from .checkpointer import Checkpointer, default_checkpointer
+from .engine.ownership import mark_save
+from .engine.worker import SaveHandle
+from .errors import AsyncSaveFailures, CheckpointError, ChecksumMismatchError
+from .format.codec import decode_metadata
+from .format.records import METADATA_FILE, Metadata
+from .manager import CheckpointManager
+from .options import LoadOptions
+from .storage import Storage, open_storage
+from .storage.base import METADATA_LIMIT
+from .storage.commit import publisher_for
+
+__all__ = ["TieredCheckpointManager", "copy_checkpoint"]
+
+_CHUNK = 64 << 20
+
+
+def copy_checkpoint(src: Storage, dst: Storage) -> Metadata:
+    """Copy the committed checkpoint at ``src`` to the empty location ``dst``: marker, data files,
+    a CRC32C check of every shard and blob read back from ``dst``, then the metadata (last)."""
+    from .tools.inspect import verify
+
+    raw = src.read(METADATA_FILE, METADATA_LIMIT)
+    if raw is None:
+        raise CheckpointError(f"{src.url} has no committed checkpoint to copy")
+    md = decode_metadata(raw, f"{src.url}/{METADATA_FILE}")
+    if dst.read(METADATA_FILE, METADATA_LIMIT) is not None:
+        raise CheckpointError(f"{dst.url} holds a checkpoint already; tiering never overwrites one")
+    mark_save(dst, md.save_id)
+    for name in md.files:
+        size = src.size(name)
+        if size is None:
+            raise CheckpointError(f"{src.url}/{name} is missing: the fast copy is incomplete")
+        buf = bytearray(size)
+        view = memoryview(buf)
+        for at in range(0, size, _CHUNK):
+            src.read_into(name, at, view[at : min(size, at + _CHUNK)])
+        dst.write(name, [view])
+        del view, buf
+    report = verify(md, dst)
+    if not report.ok:
+        raise ChecksumMismatchError(f"the durable copy at {dst.url} failed verification: {report.failures[:3]}")
+    publisher_for(dst).publish(METADATA_FILE, raw)
+    return md
+
+
+class TieredCheckpointManager:
+    """Two ``CheckpointManager``s (fast, durable) and a background copier (module docstring)."""
+
+    def __init__(
+        self,
+        fast_root: str,
+        durable_root: str,
+        *,
+        keep_fast: int = 2,
+        keep_durable: int | None = None,
+        role: str | None = None,
+        checkpointer: Checkpointer | None = None,
+    ) -> None:
+        if keep_fast < 1:
+            raise ValueError(f"keep_fast must be >= 1, got {keep_fast}")
+        self._ckpt = checkpointer or default_checkpointer()
+        self.fast = CheckpointManager(fast_root, keep_last=None, role=role, checkpointer=self._ckpt)
+        self.durable = CheckpointManager(durable_root, keep_last=keep_durable, role=role, checkpointer=self._ckpt)
+        self.keep_fast = keep_fast
+        self.role = role
+        self._copier = ThreadPoolExecutor(1, thread_name_prefix="unickpt-tiering")
+        self._pending: list[tuple[int, Future[Metadata]]] = []
+        self._lock = threading.Lock()
+
+    def _storage(self, manager: CheckpointManager, step: int) -> Storage:
+        url = manager.path_for(step) + (f"/{self.role}" if self.role else "")
+        return open_storage(url)
+
+    def save(self, step: int, state: MutableMapping[str, Any], **kwargs: Any) -> SaveHandle:
+        """Save ``step`` to the fast tier (``CheckpointManager.save`` arguments); rank 0 then
+        copies it to the durable tier in the background."""
+        handle = self.fast.save(step, state, **kwargs)
+        if self._ckpt.rank() == 0:
+            future = self._copier.submit(self._promote, step, handle)
+            with self._lock:
+                self._pending.append((step, future))
+        return handle
+
+    def _promote(self, step: int, handle: SaveHandle) -> Metadata:
+        handle.wait()
+        md = copy_checkpoint(self._storage(self.fast, step), self._storage(self.durable, step))
+        self.durable._publish_latest(step, md.save_id)
+        self.durable.apply_retention()
+        self._fast_retention()
+        return md
+
+    def _fast_retention(self) -> list[int]:
+        """Delete fast copies beyond the newest ``keep_fast`` whose durable copy is this save."""
+        complete = [c.step for c in self.fast.list_checkpoints()]
+        pointer = self.fast.read_pointer()
+        keep = set(complete[-self.keep_fast :]) | ({pointer.step} if pointer is not None else set())
+        dropped = []
+        for step in complete:
+            if step in keep:
+                continue
+            fast_md, durable_md = self.fast._metadata(step), self.durable._metadata(step)
+            if fast_md is None or durable_md is None or durable_md.save_id != fast_md.save_id:
+                continue  # not (yet) safe on the durable tier
+            self.fast._delete_checkpoint(step, self.fast._scan().get(step, []))
+            dropped.append(step)
+        return dropped
+
+    def wait(self) -> None:
+        """Every save committed on the fast tier and copied to the durable one; raises
+        ``AsyncSaveFailures`` naming every failed copy (and the fast tier's own failures)."""
+        self.fast.wait()
+        with self._lock:
+            pending, self._pending = self._pending, []
+        failures = []
+        for step, future in pending:
+            error = future.exception()
+            if error is not None:
+                failures.append((self.durable.path_for(step), error))
+        if failures:
+            raise AsyncSaveFailures(failures, f" to the durable tier {self.durable.root}")
+
+    def latest_step(self) -> tuple[int | None, str]:
+        """The newest complete step of either tier and the tier holding it (fast on a tie)."""
+        fast, durable = self.fast.latest_step(), self.durable.latest_step()
+        if fast is None and durable is None:
+            return None, ""
+        if durable is None or (fast is not None and fast >= durable):
+            return fast, "fast"
+        return durable, "durable"
+
+    def load_latest(
+        self, state: MutableMapping[str, Any], *, framework: str = "auto", strict: bool = True,
+        options: LoadOptions | None = None,
+    ) -> int | None:  # fmt: skip
+        """Load the newest step found in either tier (every rank); None when there is none."""
+        coord = self._ckpt.resources.coordinator("foreground", None, "tiered load_latest")
+        choice: tuple[int | None, str] = self.latest_step() if coord.rank == 0 else (None, "")
+        if coord.world_size > 1:
+            choice = coord.broadcast_object(choice)
+        step, tier = choice
+        if step is None:
+            return None
+        manager = self.fast if tier == "fast" else self.durable
+        self._ckpt.load(
+            manager.path_for(step), state, framework=framework, strict=strict, role=self.role, options=options
+        )
+        return step
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self._copier.shutdown(wait=True)
