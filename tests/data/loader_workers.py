@@ -112,3 +112,45 @@ def stateful_dataloader_round_trip(rank: int, ws: int, path: str) -> list[list[i
     rest = [b.tolist() for b in resumed]
     assert rest == ref[3:], (rest, ref[3:])
     return rest
+
+
+def tp_job(rank: int, ws: int, sources, path: str, mode: str) -> list[int]:
+    """4 ranks = DP 2 x TP 2 (Megatron style): only TP rank 0 of each DP group (ranks 0 and 2)
+    owns a loader, with dp_rank = rank // 2; the others pass none. ``mode``: "save" consumes
+    1 + dp_rank batches then saves; "load" restores on the same layout and drains."""
+    dp_rank, tp_rank = divmod(rank, 2)
+    loader = make_loader(sources, dp_rank, 2) if tp_rank == 0 else None
+    state = {"model": _model()}
+    if loader is not None:
+        state["dataloader"] = loader
+    if mode == "save":
+        seen = drain(loader, limit=1 + dp_rank) if loader is not None else []
+        unickpt.save(path, state)
+        return seen
+    unickpt.load(path, state)
+    return drain(loader) if loader is not None else []
+
+
+def dropout_run(rank: int, ws: int, path: str, steps: int, resume_at: int | None) -> list[float]:
+    """Train a dropout model with a TokenPackingLoader-free random input stream: save at
+    ``resume_at`` (with RNG state), then either go on or stop and resume in a new process."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.5), nn.Linear(16, 1))
+    optim = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    start = 0
+    if resume_at is not None and steps < 0:  # the resumed run
+        state = {"model": model, "optimizer": optim, "extra_state": {}}
+        unickpt.load(path, state)
+        unickpt.set_rng_state(state["extra_state"]["rng"])
+        start, steps = resume_at, -steps
+    for step in range(start, steps):
+        if resume_at is not None and step == resume_at and start == 0:
+            unickpt.save(path, {"model": model, "optimizer": optim, "extra_state": {"rng": unickpt.rng_state()}})
+        x = torch.randn(4, 8)
+        loss = model(x).square().mean()
+        loss.backward()
+        optim.step()
+        optim.zero_grad()
+        losses.append(loss.item())
+    return losses

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 from loader_data import all_tokens, write_dataset
 from loader_workers import (
+    dropout_run,
     load_and_drain,
     load_extra,
     load_into_protocol_loader,
@@ -17,6 +18,7 @@ from loader_workers import (
     save_plain,
     save_without_loader,
     stateful_dataloader_round_trip,
+    tp_job,
 )
 
 from harness import run_ranks
@@ -75,3 +77,24 @@ def test_issue13_stateful_dataloader_same_size(tmp_path):
     pytest.importorskip("torchdata")
     rest = run_ranks(stateful_dataloader_round_trip, 2, str(tmp_path / "ck"))
     assert len(rest) == 2 and all(len(r) == 7 for r in rest)
+
+
+def test_issue13_only_loader_owning_ranks_save_and_load(tmp_path):
+    """Megatron-style ownership: the loader's dp_rank/dp_size decide, not the world rank; ranks
+    without a loader neither save nor need one."""
+    sources = write_dataset(str(tmp_path / "data"))
+    ck = str(tmp_path / "ck")
+    before = run_ranks(tp_job, 4, sources, ck, "save")
+    assert before[1] == before[3] == []
+    after = run_ranks(tp_job, 4, sources, ck, "load")
+    consumed = [t for r in before + after for t in r]
+    assert sorted(consumed) == all_tokens(sources)
+
+
+def test_issue13_same_size_resume_gives_bit_identical_losses_with_dropout(tmp_path):
+    ck = str(tmp_path / "ck")
+    full = run_ranks(dropout_run, 1, ck, 8, None)[0]
+    first = run_ranks(dropout_run, 1, ck, 8, 3)[0]
+    resumed = run_ranks(dropout_run, 1, ck, -8, 3)[0]
+    assert first == full
+    assert resumed == full[3:]
