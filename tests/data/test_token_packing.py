@@ -45,6 +45,7 @@ def test_issue13_same_size_resume_continues_exactly(tmp_path):
     full = [b.clone() for b in ref]
     run = make_loader(sources, 1, 2, num_workers=2)
     first = [next(run) for _ in range(3)]
+    assert run._ahead is not None  # batch 4 is being read ahead: the state must not include it
     rep, parts = _transfer([make_loader(sources, 0, 2), run])
     resumed = make_loader(sources, 1, 2)
     resumed.load_unickpt_state(rep["state"], parts, 2)

@@ -22,14 +22,17 @@ The state is tiny: per part, per source its epoch and next block, the buffer as 
 (``[source, start, end)``), the number of sequences and the exhausted sources; the replicated
 state names the dataset (sources, file lengths, weights, sizes, seed), checked on load.
 ``num_workers`` threads copy the token ranges of a batch in parallel (the plan of a batch is
-made from lengths alone, so the result does not depend on the number of workers).
+made from lengths alone, so the result does not depend on the number of workers); with workers
+the next batch is read ahead (``prefetch``) while the current one trains, and the saved state is
+always the one after the last batch returned (prepared when that batch was handed out), so a
+checkpoint never waits for the readers.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -90,6 +93,7 @@ class TokenPackingLoader:
         pad_id: int = 0,
         num_parts: int = 64,
         block_tokens: int = 2048,
+        prefetch: bool = True,
     ) -> None:
         if set(sources) != set(weights) or not sources:
             raise ValueError("TokenPackingLoader: sources and weights must name the same, non-empty set of sources")
@@ -118,6 +122,13 @@ class TokenPackingLoader:
         self.num_parts, self.block_tokens = num_parts, block_tokens
         self._parts: dict[int, dict[str, Any]] = {p: self._fresh_part() for p in self._owned()}
         self._pool = ThreadPoolExecutor(num_workers, thread_name_prefix="unickpt-loader") if num_workers > 0 else None
+        # prefetch (num_workers > 0): the next batch is planned and read while the current one
+        # trains; the checkpointed state stays the state after the last *returned* batch, so a
+        # save never waits for the readers and never skips the prefetched batch
+        self.prefetch = prefetch
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="unickpt-prefetch") if num_workers > 0 else None
+        self._ahead: Future[torch.Tensor] | None = None
+        self._consumed: dict[int, dict[str, Any]] = {p: _copy_part(st) for p, st in self._parts.items()}
 
     # ------------------------------------------------------------------ layout
 
@@ -195,10 +206,11 @@ class TokenPackingLoader:
     def __iter__(self) -> Iterator[torch.Tensor]:
         return self
 
-    def __next__(self) -> torch.Tensor:
+    def _start_batch(self) -> Future[torch.Tensor] | None:
+        """Plan the next batch (advancing the parts) and start reading it on the workers."""
         rows = self._plan_batch()
         if not rows:
-            raise StopIteration
+            return None
         out = np.full((len(rows), self.seq_len), self.pad_id, dtype=np.int64)
 
         def fill(i: int) -> None:
@@ -207,17 +219,38 @@ class TokenPackingLoader:
                 self.sources[s].copy_into(out[i, at : at + e - b], b, e)
                 at += e - b
 
-        if self._pool is not None:
-            list(self._pool.map(fill, range(len(rows))))
-        else:
-            for i in range(len(rows)):
-                fill(i)
-        return torch.from_numpy(out)
+        def read_all() -> torch.Tensor:
+            if self._pool is not None:
+                list(self._pool.map(fill, range(len(rows))))
+            else:
+                for i in range(len(rows)):
+                    fill(i)
+            return torch.from_numpy(out)
+
+        if self._reader is None:
+            done: Future[torch.Tensor] = Future()
+            done.set_result(read_all())
+            return done
+        return self._reader.submit(read_all)
+
+    def __next__(self) -> torch.Tensor:
+        pending = self._ahead if self._ahead is not None else self._start_batch()
+        self._ahead = None
+        if pending is None:
+            raise StopIteration
+        batch = pending.result()
+        # the state after this batch: what a checkpoint taken now must resume from
+        self._consumed = {p: _copy_part(st) for p, st in self._parts.items()}
+        if self._reader is not None and self.prefetch:
+            self._ahead = self._start_batch()  # read the next batch while this one trains
+        return batch
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        self._ahead = None
+        for pool in (self._reader, self._pool):
+            if pool is not None:
+                pool.shutdown(wait=True)
+        self._reader = self._pool = None
 
     # ------------------------------------------------------------------ unickpt.data protocol
 
@@ -234,7 +267,7 @@ class TokenPackingLoader:
         }
 
     def unickpt_state(self) -> LoaderState:
-        parts = {p: _copy_part(st) for p, st in self._parts.items()}
+        parts = {p: _copy_part(st) for p, st in self._consumed.items()}
         return LoaderState(self.dp_rank, self.dp_size, self.num_parts, self._replicated(), parts)
 
     def load_unickpt_state(
@@ -254,7 +287,9 @@ class TokenPackingLoader:
                     f"TokenPackingLoader: the checkpoint lacks part {p} (saved by {saved_dp_size} DP ranks)"
                 )
             new[p] = self._checked_part(p, parts[p])
+        self._ahead = None  # a batch prefetched from the old position is dropped
         self._parts = new
+        self._consumed = {p: _copy_part(st) for p, st in new.items()}
 
     def _checked_part(self, p: int, raw: Mapping[str, Any]) -> dict[str, Any]:
         try:
