@@ -154,3 +154,13 @@ def dropout_run(rank: int, ws: int, path: str, steps: int, resume_at: int | None
         optim.zero_grad()
         losses.append(loss.item())
     return losses
+
+
+def load_without_loader(rank: int, ws: int, path: str, strict: bool) -> str:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            unickpt.load(path, {"model": _model()}, strict=strict)
+        except unickpt.UnexpectedKeysError as e:
+            return f"UnexpectedKeysError: {e}"
+    return "warned: " + " | ".join(str(w.message) for w in caught)

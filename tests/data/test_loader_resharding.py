@@ -13,6 +13,7 @@ from loader_workers import (
     load_extra,
     load_into_protocol_loader,
     load_plain,
+    load_without_loader,
     save_after_some_batches,
     save_extra,
     save_plain,
@@ -98,3 +99,12 @@ def test_issue13_same_size_resume_gives_bit_identical_losses_with_dropout(tmp_pa
     resumed = run_ranks(dropout_run, 1, ck, -8, 3)[0]
     assert first == full
     assert resumed == full[3:]
+
+
+def test_issue13_checkpoint_with_loader_into_a_job_without_one(tmp_path):
+    ck = str(tmp_path / "ck")
+    run_ranks(save_plain, 2, ck)
+    strict = run_ranks(load_without_loader, 2, ck, True)
+    assert all(r.startswith("UnexpectedKeysError") and "dataloader" in r for r in strict), strict
+    loose = run_ranks(load_without_loader, 2, ck, False)
+    assert "dataloader" in loose[0] and loose[0].startswith("warned"), loose

@@ -156,12 +156,15 @@ def _load_once(
             read_stage(md, storage, _ONE, view.probes, reads, 1, options.verify_checksums, False)
         missing, unexpected = view.validate()
         blobs, absent = _blob_keys(md, state, coord, options.loader_on_resize, options.extra_state_on_resize)
+        # loader state nobody takes: unexpected only if *no* rank has a loader (_agree_keys), since
+        # ranks that own no loader (TP ranks > 0 in Megatron jobs) are normal
+        unused = [_LOADER] if state.get(_LOADER) is None and _has_loader_state(md) else []
         return (
             view,
             plan_local_load(md, [i.spec for i in view.items]),
             blobs,
             list(report.missing) + missing + absent,
-            list(report.unexpected) + unexpected,
+            list(report.unexpected) + unexpected + unused,
         )
 
     with events.phase("load.plan", coord.rank, path=source):
@@ -238,14 +241,24 @@ def _agree_keys(
     coord: Coordinator, missing: list[str], unexpected: list[str], prefixes: tuple[str, ...]
 ) -> tuple[list[str], list[str]]:
     """Every rank's missing keys (union) and the checkpoint keys no responsible rank wants (a
-    key is unexpected when every rank whose view covers its prefix found it unexpected)."""
+    key is unexpected when every rank whose view covers its prefix found it unexpected; a key no
+    view covers, such as ``dataloader``, when every rank found it unexpected)."""
     if coord.world_size == 1:
         return sorted(set(missing)), sorted(set(unexpected))
     gathered = coord.all_gather_object((sorted(set(missing)), sorted(set(unexpected)), prefixes))
     all_missing = sorted({k for m, _, _ in gathered for k in m})
     candidates = {k for _, u, _ in gathered for k in u}
     sets = [(set(u), p) for _, u, p in gathered]
-    return all_missing, sorted(k for k in candidates if all(k in u for u, p in sets if p and k.startswith(p)))
+
+    def unwanted(k: str) -> bool:
+        covering = [u for u, p in sets if p and k.startswith(p)]
+        return all(k in u for u in (covering if covering else [u for u, _ in sets]))
+
+    return all_missing, sorted(k for k in candidates if unwanted(k))
+
+
+def _has_loader_state(md: Metadata) -> bool:
+    return LOADER_SECTION in md.sections or any(k.startswith(LEGACY_PREFIX) for k in md.blobs)
 
 
 def _blob_keys(
