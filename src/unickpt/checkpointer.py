@@ -49,6 +49,8 @@ from .errors import CheckpointError
 from .format.records import Metadata
 from .monitoring.events import EventBus, Listener
 from .options import LoadOptions, SaveOptions
+from .storage import Storage
+from .storage.retry import RetryingStorage
 
 __all__ = ["Checkpointer", "default_checkpointer", "live_checkpointers"]
 
@@ -166,7 +168,7 @@ class Checkpointer:
         options = options or self.save_options
         pipeline = SavePipeline(
             self.resources,
-            open_target(path, role, options.storage),
+            self._watched(open_target(path, role, options.storage)),
             state,
             framework=framework,
             role=role,
@@ -197,7 +199,7 @@ class Checkpointer:
         worker.drain()
         worker.raise_failures()
         options = options or self.load_options
-        storage = open_target(path, role, options.storage)
+        storage = self._watched(open_target(path, role, options.storage))
         pipeline = LoadPipeline(
             self.resources,
             storage,
@@ -215,6 +217,21 @@ class Checkpointer:
                 f"{unexpected[:10]}",
                 stacklevel=2,
             )
+
+    def _watched(self, storage: Storage) -> Storage:
+        """``storage`` reporting each retried transient failure as a ``storage.retry`` event
+        (detail: operation, attempt, cause)."""
+        if isinstance(storage, RetryingStorage):
+            events, rank = self.events, self.rank()
+
+            def on_retry(op: str, target: str, attempt: int, error: BaseException, pause: float) -> None:
+                events.emit(
+                    "storage.retry", rank, path=target,
+                    detail=f"{op} attempt {attempt} failed ({type(error).__name__}: {error}); retry in {pause:.3f} s",
+                )  # fmt: skip
+
+            storage.on_retry = on_retry
+        return storage
 
     # ------------------------------------------------------------------ lifetime
 

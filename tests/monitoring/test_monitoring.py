@@ -86,3 +86,31 @@ def test_issue16_raising_listener_never_fails_a_save(tmp_path, caplog):
     text = caplog.text
     assert text.count("listener bug") == 1  # reported once
     assert "unickpt save" in text and "GB/s" in text and "blocking" in text
+
+
+def test_issue16_retries_are_recorded_with_their_cause(tmp_path):
+    """A storage write that fails once with EIO is retried; the retry is an event naming the
+    operation, the file, the attempt and the cause, and the save succeeds."""
+    import errno
+
+    from unickpt.storage import register_storage
+    from unickpt.storage.local import LocalStorage
+
+    failed: set[str] = set()
+
+    class FailsOnce(LocalStorage):
+        def write(self, name, parts):
+            if name.startswith("data/") and name not in failed:
+                failed.add(name)
+                raise OSError(errno.EIO, "injected I/O error")
+            super().write(name, parts)
+
+    register_storage("failsonce", lambda path, options: FailsOnce(path, options), replace=True)
+    seen = []
+    ckpt = unickpt.Checkpointer(listeners=[lambda ev: seen.append(ev) if ev.phase == "storage.retry" else None])
+    model = nn.Linear(3, 2)
+    ckpt.save(f"failsonce://{tmp_path}/ck", {"model": model})
+    ckpt.close()
+    assert failed and len(seen) == len(failed)
+    assert all("write attempt 1 failed" in ev.detail and "injected I/O error" in ev.detail for ev in seen)
+    assert all(ev.path.startswith(str(tmp_path)) and "/data/" in ev.path for ev in seen)

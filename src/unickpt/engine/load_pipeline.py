@@ -49,7 +49,7 @@ from ..format.keymap import remap
 from ..format.records import Metadata
 from ..format.values import loads_value
 from ..frameworks import FrameworkAdapter, LoadView, get_framework
-from ..monitoring.events import EventBus
+from ..monitoring.events import EventBus, instrumented
 from ..options import LoadOptions
 from ..planning.load_plan import ShardRead, check_targets, keys_error, plan_local_load
 from ..planning.specs import LoadItem
@@ -103,10 +103,10 @@ class LoadPipeline:
             agree=lambda a: claims("load", self.storage.url, a.name, self.role),
         )
 
+    @instrumented("load.metadata")
     def metadata(self) -> Metadata:
         """Collective: the committed metadata (rank 0 reads, every rank decodes)."""
-        with self.res.events.phase("load.metadata", self.coord.rank, path=self.storage.url):
-            return remap(read_metadata(self.coord, self.storage, self.options.max_metadata_bytes), self.options.key_map)
+        return remap(read_metadata(self.coord, self.storage, self.options.max_metadata_bytes), self.options.key_map)
 
     def run(self) -> tuple[list[str], list[str]]:
         """The whole load; returns the keys a non-strict load skipped (missing from the
@@ -186,6 +186,7 @@ def _load_once(
                 options.io_threads,
                 options.verify_checksums,
                 options.dedup_reads,
+                events,
             )
         values = run_stage(
             coord,

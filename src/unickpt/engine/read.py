@@ -36,6 +36,7 @@ from ..errors import (
 from ..format.codec import decode_metadata
 from ..format.dtypes import dtype_from_name
 from ..format.records import DATA_DIR, METADATA_FILE, BlobRecord, Metadata
+from ..monitoring.events import NO_EVENTS, EventBus
 from ..planning.boxes import sub_box_is_contiguous
 from ..planning.load_plan import ShardRead
 from ..planning.read_assignment import ReadBatch, assign_reads
@@ -121,8 +122,10 @@ def read_stage(
     threads: int,
     verify: bool,
     dedup: bool | None,
+    events: EventBus = NO_EVENTS,
 ) -> int:
     """Collective: read and place every needed shard; return the bytes this rank read.
+    ``events``: the forwarding between ranks is reported as phase ``load.transfer``.
 
     With ``dedup`` (and several ranks) each needed saved shard is read by one rank only and
     forwarded over the process group to the other ranks that need it (``assign_reads``);
@@ -189,6 +192,23 @@ def read_stage(
     total = run_stage(coord, "load (read)", read_mine)
     if coord.world_size == 1 or not any(len(b.consumers) > 1 for b in batches):
         return total
+    with events.phase("load.transfer", me, path=storage.url) as phase:
+        phase.nbytes = _forward(md, items, mine, batches, outgoing, coord, me)
+    return total
+
+
+def _forward(
+    md: Metadata,
+    items: list[LoadItem],
+    mine: dict[tuple[str, int], ShardRead],
+    batches: list[ReadBatch],
+    outgoing: list[tuple[ReadBatch, torch.Tensor]],
+    coord: Coordinator,
+    me: int,
+) -> int:
+    """Send the batches this rank read for others, receive and place those it needs; returns
+    the bytes received."""
+    received = 0
     recvs = []
     for b in batches:
         if b.reader != me and me in b.consumers:
@@ -197,11 +217,12 @@ def read_stage(
     sends = [coord.isend(buf, dst, b.batch_id) for b, buf in outgoing for dst in b.consumers if dst != me]
     for b, buf, work in recvs:
         work.wait()
+        received += b.nbytes
         for key, off in zip(b.keys, b.offsets):
             _apply(md, items, mine[key], buf[off : off + md.tensors[key[0]].shards[key[1]].byte_length])
     for w in sends:
         w.wait()
-    return total
+    return received
 
 
 class _ShardJob:

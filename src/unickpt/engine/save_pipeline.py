@@ -105,7 +105,11 @@ class SavePipeline:
         def local() -> Described:
             check_state(self.state)
             adapter = get_framework(self.framework, self.state)
-            return Described(adapter, adapter.save_view(self.state), _blobs_to_save(self.state, coord.rank))
+            view = adapter.save_view(self.state)
+            with self.res.events.phase("save.serialize", coord.rank, path=self.storage.url) as p:
+                blobs = _blobs_to_save(self.state, coord.rank)  # extra / loader state: the safe encoding
+                p.nbytes = sum(len(b) for b in blobs.values())
+            return Described(adapter, view, blobs)
 
         unseen = Settle(lambda: worker.finished(self.owner), lambda n: worker.raise_failures(self.owner, self.what, n))
         return run_stage(

@@ -13,13 +13,17 @@ not ``Exception``s (``KeyboardInterrupt``, ``SystemExit``) go through.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
-__all__ = ["Event", "PHASES", "EventBus", "Listener", "Phase", "NO_EVENTS"]
+T = TypeVar("T")
+
+__all__ = ["Event", "PHASES", "EventBus", "Listener", "Phase", "NO_EVENTS", "instrumented"]
 
 _LOG = logging.getLogger("unickpt")
 
@@ -40,6 +44,9 @@ PHASES = (
     "load.read",
     "load.apply",
     "load.end",
+    "save.serialize",
+    "load.transfer",
+    "storage.retry",
 )
 
 
@@ -126,6 +133,21 @@ class Phase:
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if exc_type is None:
             self.bus.emit(self.name, self.rank, self.t0, nbytes=self.nbytes, **self.fields)
+
+
+def instrumented(phase: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """Method decorator: the call is phase ``phase`` of ``self.res.events`` on ``self.coord.rank``
+    with ``path=self.storage.url`` (the pipelines' attributes); emitted when the call returns."""
+
+    def wrap(fn: Callable[..., T]) -> Callable[..., T]:
+        @functools.wraps(fn)
+        def timed(self: Any, *args: Any, **kwargs: Any) -> T:
+            with self.res.events.phase(phase, self.coord.rank, path=self.storage.url):
+                return fn(self, *args, **kwargs)
+
+        return timed
+
+    return wrap
 
 
 class _NoEvents(EventBus):

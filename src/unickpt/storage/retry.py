@@ -132,11 +132,20 @@ def with_retries(
     return with_attempts(op, target, lambda _attempt: fn(), policy, sleep)
 
 
+OnRetry = Callable[[str, str, int, BaseException, float], None]  # op, target, failed attempt, error, pause
+
+
 def with_attempts(
-    op: str, target: str, fn: Callable[[int], T], policy: RetryPolicy, sleep: Callable[[float], None] = time.sleep
+    op: str,
+    target: str,
+    fn: Callable[[int], T],
+    policy: RetryPolicy,
+    sleep: Callable[[float], None] = time.sleep,
+    on_retry: OnRetry | None = None,
 ) -> T:
     """``with_retries`` for steps that are not blindly repeatable: ``fn(attempt)`` gets the
-    attempt number (1-based), so a repeat can first check what the failed attempt left."""
+    attempt number (1-based), so a repeat can first check what the failed attempt left.
+    ``on_retry`` hears of every transient failure that is retried (monitoring)."""
     start = time.monotonic()
     attempt = 0
     while True:
@@ -159,6 +168,11 @@ def with_attempts(
                     f"{op} {target} failed after {attempt} attempt(s) over {elapsed:.2f}s "
                     f"(transient error, retries exhausted): {_describe(e)}",
                 ) from e
+            if on_retry is not None:
+                try:
+                    on_retry(op, target, attempt, e, pause)
+                except Exception:  # monitoring never changes the outcome
+                    pass
             sleep(pause)
 
 
@@ -174,12 +188,14 @@ class RetryingStorage:
         self.capabilities: StorageCapabilities = inner.capabilities
         self.policy = policy or RetryPolicy()
         self._sleep = sleep
+        # called for each retried transient failure (the checkpointer emits ``storage.retry``)
+        self.on_retry: OnRetry | None = None
 
     def __repr__(self) -> str:
         return f"RetryingStorage({self.inner!r}, {self.policy!r})"
 
     def _run(self, op: str, name: str, fn: Callable[[int], T]) -> T:
-        return with_attempts(op, f"{self.inner.url}/{name}", fn, self.policy, self._sleep)
+        return with_attempts(op, f"{self.inner.url}/{name}", fn, self.policy, self._sleep, self.on_retry)
 
     # ------------------------------------------------------------------ repeatable as they are
 
