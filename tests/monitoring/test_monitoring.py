@@ -37,6 +37,10 @@ def test_issue16_four_ranks_record_every_phase_within_the_wall_time(tmp_path):
             assert all(x["seconds"] > 0 for x in by_phase[phase]), (r, phase)
         assert sum(by_phase[p][0]["seconds"] for p in SAVE) <= walls[r]["save"]
         assert sum(by_phase[p][0]["seconds"] for p in LOAD) <= walls[r]["load"]
+        files = [x for x in recs if x["phase"] == "load.read.file"]  # per-file read throughput
+        assert files and all(x["bytes"] > 0 and x["seconds"] > 0 and x["path"].startswith("data/") for x in files)
+        written = [x for x in recs if x["phase"] == "save.write.file"]
+        assert written and all(x["bytes"] > 0 for x in written)
         saves = [x for x in recs if x["phase"].startswith("save.")]
         assert all(x["step"] == 42 and x["role"] == "actor" for x in saves)
     out = subprocess.run(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -156,6 +157,17 @@ def read_stage(
     reading = [b for b in batches if b.reader == me]
     outgoing: list[tuple[ReadBatch, torch.Tensor]] = []
 
+    spans: dict[str, list[float]] = {}  # file -> [first chunk start, last chunk end, bytes]
+    spans_lock = threading.Lock()
+
+    def timed_chunk(job: _ShardJob, lo: int, n: int) -> None:
+        t0 = time.perf_counter()
+        job.read_chunk(lo, n)
+        t1 = time.perf_counter()
+        with spans_lock:
+            span = spans.setdefault(job.name, [t0, t1, 0])
+            span[0], span[1], span[2] = min(span[0], t0), max(span[1], t1), span[2] + n
+
     def read_mine() -> int:
         _check_files(md, storage, [mine.get(k) or ShardRead(k[0], k[1], ()) for b in reading for k in b.keys], me)
         cached = storage.read_into_cached
@@ -181,7 +193,7 @@ def read_stage(
                     )
                     if not job.pieces:  # an empty shard: nothing to read, still checked and placed
                         job.finish()
-                    futures += [pool.submit(job.read_chunk, lo, n) for lo, n in job.pieces]
+                    futures += [pool.submit(timed_chunk, job, lo, n) for lo, n in job.pieces]
                     total += job.shard.byte_length
             for f in futures:
                 f.result()
@@ -190,6 +202,8 @@ def read_stage(
             pool.shutdown(wait=True, cancel_futures=True)
 
     total = run_stage(coord, "load (read)", read_mine)
+    for name, (t0, t1, nbytes) in sorted(spans.items()):  # per-file read throughput (monitoring)
+        events.emit("load.read.file", me, t0, path=name, nbytes=int(nbytes), end=t1)
     if coord.world_size == 1 or not any(len(b.consumers) > 1 for b in batches):
         return total
     with events.phase("load.transfer", me, path=storage.url) as phase:

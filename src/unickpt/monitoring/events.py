@@ -42,6 +42,7 @@ PHASES = (
     "load.metadata",
     "load.plan",
     "load.read",
+    "load.read.file",
     "load.apply",
     "load.end",
     "save.serialize",
@@ -92,11 +93,14 @@ class EventBus:
         with self._lock:
             self._listeners = ()
 
-    def emit(self, phase: str, rank: int, t_start: float | None = None, **fields: object) -> None:
+    def emit(
+        self, phase: str, rank: int, t_start: float | None = None, *, end: float | None = None, **fields: object
+    ) -> None:
+        """One event of ``phase`` from ``t_start`` (default: now) to ``end`` (default: now)."""
         listeners = self._listeners  # one read: a concurrent add/remove replaces the tuple
         if not listeners:
             return
-        now = time.perf_counter()
+        now = time.perf_counter() if end is None else end
         ev = Event(phase, rank, now if t_start is None else t_start, now, **fields)  # type: ignore[arg-type]
         for fn in listeners:
             try:
@@ -132,7 +136,7 @@ class Phase:
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if exc_type is None:
-            self.bus.emit(self.name, self.rank, self.t0, nbytes=self.nbytes, **self.fields)
+            self.bus.emit(self.name, self.rank, self.t0, nbytes=self.nbytes, **self.fields)  # type: ignore[arg-type]
 
 
 def instrumented(phase: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
