@@ -131,6 +131,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     records = rp.load_records(args.folder)
     rep = rp.Report.build(records, k=args.k)
     print(rp.format_text(rep, k=args.k))
+    print("\n".join(rp.storage_lines(records)))
     if args.png:
         rp.heatmap_png(rep, args.png)
         print(f"heat map: {args.png}")

@@ -50,6 +50,7 @@ def test_issue16_four_ranks_record_every_phase_within_the_wall_time(tmp_path):
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert "slowest rank:" in out.stdout and "save.write" in out.stdout
+    assert "file writes:" in out.stdout and "file reads:" in out.stdout and "storage retries: 0" in out.stdout
     assert (tmp_path / "h.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     trace = json.loads((tmp_path / "t.json").read_text())
     slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
@@ -109,7 +110,7 @@ def test_issue16_retries_are_recorded_with_their_cause(tmp_path):
                 raise OSError(errno.EIO, "injected I/O error")
             super().write(name, parts)
 
-    register_storage("failsonce", lambda path, options: FailsOnce(path, options), replace=True)
+    register_storage("failsonce", FailsOnce, replace=True)
     seen = []
     ckpt = unickpt.Checkpointer(listeners=[lambda ev: seen.append(ev) if ev.phase == "storage.retry" else None])
     model = nn.Linear(3, 2)

@@ -19,7 +19,16 @@ from typing import Any
 
 from ..errors import CheckpointError
 
-__all__ = ["PHASE_COLUMNS", "Report", "load_records", "to_sqlite", "chrome_trace", "heatmap_png", "format_text"]
+__all__ = [
+    "PHASE_COLUMNS",
+    "Report",
+    "load_records",
+    "to_sqlite",
+    "chrome_trace",
+    "heatmap_png",
+    "format_text",
+    "storage_lines",
+]
 
 # the duration phases of a save and a load, in pipeline order (nested file writes excluded)
 PHASE_COLUMNS = (
@@ -182,3 +191,24 @@ def to_sqlite(records: list[dict[str, Any]], db: str) -> int:
     finally:
         con.close()
     return len(records)
+
+
+def storage_lines(records: list[dict[str, Any]], slowest: int = 10) -> list[str]:
+    """The storage-side view: per-file write / read throughput (slowest first) and every retry
+    with its cause."""
+    lines: list[str] = []
+    for phase, what in (("save.write.file", "writes"), ("load.read.file", "reads")):
+        files = [r for r in records if r["phase"] == phase and float(r["seconds"]) > 0]
+        if not files:
+            continue
+        files.sort(key=lambda r: int(r["bytes"]) / float(r["seconds"]))
+        total = sum(int(r["bytes"]) for r in files)
+        lines.append(f"file {what}: {len(files)} files, {total} bytes; slowest:")
+        for r in files[:slowest]:
+            gbps = int(r["bytes"]) / float(r["seconds"]) / 1e9
+            lines.append(f"  rank {r['rank']:>4}  {gbps:8.3f} GB/s  {int(r['bytes']):>12} B  {r.get('path', '')}")
+    retries = [r for r in records if r["phase"] == "storage.retry"]
+    lines.append(f"storage retries: {len(retries)}")
+    for r in retries[:slowest]:
+        lines.append(f"  rank {r['rank']:>4}  {r.get('path', '')}: {r.get('detail', '')}")
+    return lines
