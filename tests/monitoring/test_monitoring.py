@@ -20,6 +20,7 @@ from unickpt.monitoring import SummaryLogger
 
 SAVE = ("save.plan", "save.stage", "save.write", "save.barrier", "save.finalize")
 LOAD = ("load.metadata", "load.plan", "load.read", "load.apply")
+# also recorded: load.copy (copies into place, overlapped with load.read), load.transfer (forwarding)
 
 
 def test_issue16_four_ranks_record_every_phase_within_the_wall_time(tmp_path):
@@ -39,6 +40,9 @@ def test_issue16_four_ranks_record_every_phase_within_the_wall_time(tmp_path):
         assert sum(by_phase[p][0]["seconds"] for p in LOAD) <= walls[r]["load"]
         files = [x for x in recs if x["phase"] == "load.read.file"]  # per-file read throughput
         assert files and all(x["bytes"] > 0 and x["seconds"] > 0 and x["path"].startswith("data/") for x in files)
+        copy = [x for x in recs if x["phase"] == "load.copy"]
+        # whole shards land in the live tensors themselves (no copy); any copy is inside load.read
+        assert len(copy) <= 1 and all(0 < c["seconds"] <= by_phase["load.read"][0]["seconds"] for c in copy)
         written = [x for x in recs if x["phase"] == "save.write.file"]
         assert written and all(x["bytes"] > 0 for x in written)
         saves = [x for x in recs if x["phase"].startswith("save.")]
@@ -119,3 +123,17 @@ def test_issue16_retries_are_recorded_with_their_cause(tmp_path):
     assert failed and len(seen) == len(failed)
     assert all("write attempt 1 failed" in ev.detail and "injected I/O error" in ev.detail for ev in seen)
     assert all(ev.path.startswith(str(tmp_path)) and "/data/" in ev.path for ev in seen)
+
+
+def test_issue16_copies_into_place_are_a_phase(tmp_path):
+    """A load that cannot read in place (fp32 checkpoint into an fp64 model, cast while copying)
+    records load.copy with the bytes copied."""
+    seen = []
+    ckpt = unickpt.Checkpointer(listeners=[lambda ev: seen.append(ev) if ev.phase == "load.copy" else None])
+    model = nn.Linear(16, 8)
+    ckpt.save(str(tmp_path / "ck"), {"model": model})
+    wide = nn.Linear(16, 8).to(torch.float64)
+    ckpt.load(str(tmp_path / "ck"), {"model": wide}, options=unickpt.LoadOptions(cast_dtypes=True))
+    ckpt.close()
+    assert len(seen) == 1 and seen[0].nbytes == (16 * 8 + 8) * 4 and seen[0].seconds >= 0
+    assert torch.equal(wide.weight, model.weight.double())

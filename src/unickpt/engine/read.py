@@ -157,6 +157,7 @@ def read_stage(
     reading = [b for b in batches if b.reader == me]
     outgoing: list[tuple[ReadBatch, torch.Tensor]] = []
 
+    copies = _CopyClock()  # copies into place run on the reader threads, overlapping reads
     spans: dict[str, list[float]] = {}  # file -> [first chunk start, last chunk end, bytes]
     spans_lock = threading.Lock()
 
@@ -191,6 +192,7 @@ def read_stage(
                         me,
                         cached if key in shared else storage.read_into,
                     )
+                    job.copies = copies
                     if not job.pieces:  # an empty shard: nothing to read, still checked and placed
                         job.finish()
                     futures += [pool.submit(timed_chunk, job, lo, n) for lo, n in job.pieces]
@@ -204,6 +206,9 @@ def read_stage(
     total = run_stage(coord, "load (read)", read_mine)
     for name, (t0, t1, nbytes) in sorted(spans.items()):  # per-file read throughput (monitoring)
         events.emit("load.read.file", me, t0, path=name, nbytes=int(nbytes), end=t1)
+    if copies.nbytes:  # the copies (host to host here; host to device for CUDA targets)
+        detail = f"{copies.busy:.6f} thread-seconds of copying, overlapped with the reads"
+        events.emit("load.copy", me, copies.first, end=copies.last, nbytes=copies.nbytes, detail=detail)
     if coord.world_size == 1 or not any(len(b.consumers) > 1 for b in batches):
         return total
     with events.phase("load.transfer", me, path=storage.url) as phase:
@@ -237,6 +242,20 @@ def _forward(
     for w in sends:
         w.wait()
     return received
+
+
+class _CopyClock:
+    """Span and total thread time of the copies into place of one read stage (``load.copy``)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.first, self.last, self.busy, self.nbytes = float("inf"), 0.0, 0.0, 0
+
+    def add(self, t0: float, t1: float, nbytes: int) -> None:
+        with self.lock:
+            self.first, self.last = min(self.first, t0), max(self.last, t1)
+            self.busy += t1 - t0
+            self.nbytes += nbytes
 
 
 class _ShardJob:
@@ -281,6 +300,7 @@ class _ShardJob:
         self.pieces = self._pieces()
         self.left = len(self.pieces)
         self._lock = threading.Lock()
+        self.copies: _CopyClock | None = None  # set by read_stage: time of the copies into place
 
     def _pieces(self) -> list[tuple[int, int]]:
         """(offset in the shard, length) pieces, cut where the file offset crosses a _CHUNK line."""
@@ -312,7 +332,10 @@ class _ShardJob:
         if self.verify:
             _verify(self.md, self.storage, self.key, view, self.rank)
         if self.region is not None and self.mine is not None:
+            t0 = time.perf_counter()
             _apply(self.md, self.items, self.mine, self.region)
+            if self.copies is not None:
+                self.copies.add(t0, time.perf_counter(), self.shard.byte_length)
         self.region = None
         self.view = memoryview(b"")  # the temporary (if any) is freed now
 

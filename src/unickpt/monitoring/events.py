@@ -43,6 +43,7 @@ PHASES = (
     "load.plan",
     "load.read",
     "load.read.file",
+    "load.copy",
     "load.apply",
     "load.end",
     "save.serialize",

@@ -40,6 +40,7 @@ PHASE_COLUMNS = (
     "load.metadata",
     "load.plan",
     "load.read",
+    "load.transfer",
     "load.apply",
 )
 _MAX_LINE = 1 << 16
