@@ -91,3 +91,41 @@ def test_issue14_throttling_server_fails_the_save_naming_file_stage_and_rank(aws
     assert "unickpt.metadata.json" not in open_storage(url).list()
     unickpt.save(url, {"model": model, "optimizer": optim})
     assert "unickpt.metadata.json" in open_storage(url).list()
+
+
+def test_issue14_listing_pages_past_1000_keys_through_unickpt(s3_bucket):
+    """S3Storage.list follows continuation tokens (pages of at most 1000 keys)."""
+    from unickpt.storage.retry import unwrap
+    from unickpt.storage.s3 import S3Storage
+
+    options = StorageOptions(client_options=s3_bucket.storage_options())
+    s3 = unwrap(open_storage(f"s3://{s3_bucket.name}/many", options))
+    assert isinstance(s3, S3Storage)
+    client = s3_bucket.endpoint.client()
+    names = [f"k/{i:05d}" for i in range(1005)]
+    for name in names:
+        client.put_object(Bucket=s3_bucket.name, Key=f"many/{name}", Body=b"x")
+    assert s3.list("k/") == names
+    s3.delete(names)
+    assert s3.list("k/") == []
+
+
+def test_issue14_cli_on_an_s3_root(aws_env, tmp_path):
+    root = f"s3://{aws_env.name}/cli"
+    manager = unickpt.CheckpointManager(root, keep_last=None)
+    model, optim = tiny(7)
+    for step in (1, 2):
+        manager.save(step, {"model": model, "optimizer": optim})
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "unickpt.cli", *args], capture_output=True, text=True, timeout=120)
+
+    ls = cli("ls", root)
+    assert ls.returncode == 0 and ls.stdout.count("step ") == 2, ls.stdout + ls.stderr
+    latest = cli("latest", root)
+    assert latest.returncode == 0 and latest.stdout.strip() == manager.path_for(2)
+    assert cli("verify", manager.path_for(2)).returncode == 0
+    merged = cli("merge", manager.path_for(2), str(tmp_path / "out"), "--model-only")
+    assert merged.returncode == 0 and (tmp_path / "out" / "model.safetensors").exists(), merged.stderr
+    pruned = cli("prune", root, "--keep-last", "1")
+    assert pruned.returncode == 0 and [c.step for c in manager.list_checkpoints()] == [2]
