@@ -124,12 +124,13 @@ class StorageRegistry:
 
 
 def builtin_registry() -> StorageRegistry:
-    """A registry with unickpt's built-in backends (``file``, ``memory``)."""
+    """A registry with unickpt's built-in backends (``file``, ``memory``, ``s3``, ``shm``, ``hdfs``)."""
     reg = StorageRegistry()
     reg.register("file", "unickpt.storage.local:LocalStorage")
     reg.register("memory", "unickpt.storage.memory:MemoryStorage")
     reg.register("s3", "unickpt.storage.s3:S3Storage", extra="s3")
     reg.register("shm", "unickpt.storage.shm:ShmStorage")
+    reg.register("hdfs", "unickpt.storage.hdfs:HdfsStorage", extra="hdfs")
     return reg
 
 
