@@ -1,6 +1,7 @@
 """Import paths shared by every test folder and the ranks it spawns (``spawn`` copies
 ``sys.path`` into the child): ``tests/`` for the test-only oracles (``support``), and
-``tests/distributed`` for the launcher harness and the distributed workers."""
+``tests/distributed`` for the launcher harness and the distributed workers, and the other
+folders' worker modules (so the S3 tests can run the same workers on ``s3://``)."""
 
 import os
 import sys
@@ -10,6 +11,7 @@ for _path in (
     os.path.join(_HERE, "distributed"),
     os.path.join(_HERE, "data"),
     os.path.join(_HERE, "monitoring"),
+    os.path.join(_HERE, "reliability"),
     _HERE,
 ):
     if _path not in sys.path:

@@ -83,17 +83,18 @@ def kill_in_commit(where: str) -> None:
     """SIGKILL this process in the metadata commit: ``"enter"`` right before the temporary
     metadata file is written, ``"rename"`` after it is written and fsynced, before the rename."""
     from unickpt.format.records import METADATA_FILE
-    from unickpt.storage.commit import RenamePublisher
+    from unickpt.storage.commit import PutPublisher, RenamePublisher
 
-    if where == "enter":
-        real_publish = RenamePublisher.publish
+    if where == "enter":  # either publication strategy (rename: files; put: object stores)
+        for kind in (RenamePublisher, PutPublisher):
+            real_publish = kind.publish
 
-        def publish(self: RenamePublisher, name: str, data: bytes) -> None:
-            if name == METADATA_FILE:
-                os.kill(os.getpid(), signal.SIGKILL)
-            real_publish(self, name, data)
+            def publish(self: Any, name: str, data: bytes, real: Any = real_publish) -> None:
+                if name == METADATA_FILE:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                real(self, name, data)
 
-        RenamePublisher.publish = publish  # type: ignore[method-assign]
+            kind.publish = publish  # type: ignore[method-assign]
     elif where == "rename":
         real_replace = os.replace
 
