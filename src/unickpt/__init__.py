@@ -42,6 +42,7 @@ from .errors import (
     UnsupportedFormatVersionError,
     UnsupportedValueError,
 )
+from .format import transforms  # LoadOptions(transforms=...): split_rows, megatron_qkv_split ...
 from .frameworks.flat import FlatTensors
 from .manager import CheckpointManager
 from .options import LoadOptions, SaveOptions, StorageOptions
@@ -51,6 +52,7 @@ from .tiering import TieredCheckpointManager
 __version__ = "0.1.0"
 
 __all__ = [
+    "transforms",
     "save",
     "load",
     "wait_all",

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from .format.transforms import RowsTensor
 from .storage.base import METADATA_LIMIT
 from .storage.options import StorageOptions
 
@@ -65,6 +66,10 @@ class LoadOptions:
     # "model.layers.0.attn.weight" (None drops the tensor); optimizer keys and param groups follow
     # (format.keymap). For loading into a model whose names differ (HF <-> Megatron names ...)
     key_map: Callable[[str], str | None] | None = None
+    # tensors derived from saved ones as they are read, after key_map (format.transforms):
+    # row ranges joined along dim 0, e.g. a fused QKV split into Q, K, V
+    # (transforms.split_rows / megatron_qkv_split) or Q, K, V fused; optimizer state follows
+    transforms: Sequence[RowsTensor] = ()
 
     def __post_init__(self) -> None:
         _check_timeout(self.timeout)

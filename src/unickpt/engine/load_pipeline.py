@@ -47,6 +47,7 @@ from ..errors import (
 )
 from ..format.keymap import remap
 from ..format.records import Metadata
+from ..format.transforms import derive
 from ..format.values import loads_value
 from ..frameworks import FrameworkAdapter, LoadView, get_framework
 from ..monitoring.events import EventBus, instrumented
@@ -106,7 +107,8 @@ class LoadPipeline:
     @instrumented("load.metadata")
     def metadata(self) -> Metadata:
         """Collective: the committed metadata (rank 0 reads, every rank decodes)."""
-        return remap(read_metadata(self.coord, self.storage, self.options.max_metadata_bytes), self.options.key_map)
+        md = read_metadata(self.coord, self.storage, self.options.max_metadata_bytes)
+        return derive(remap(md, self.options.key_map), self.options.transforms)
 
     def run(self) -> tuple[list[str], list[str]]:
         """The whole load; returns the keys a non-strict load skipped (missing from the

@@ -96,7 +96,7 @@ def _check_files(md: Metadata, storage: Storage, reads: list[ShardRead], rank: i
     need: dict[int, tuple[int, str]] = {}
     for r in reads:
         s = md.tensors[r.fqn].shards[r.shard_index]
-        end = s.byte_offset + s.byte_length
+        end = s.window.byte_offset + s.window.byte_length if s.window is not None else s.byte_offset + s.byte_length
         if end > need.get(s.file_index, (0, ""))[0]:
             need[s.file_index] = (end, r.fqn)
     for fidx, (end, fqn) in need.items():
@@ -196,7 +196,7 @@ def read_stage(
                     if not job.pieces:  # an empty shard: nothing to read, still checked and placed
                         job.finish()
                     futures += [pool.submit(timed_chunk, job, lo, n) for lo, n in job.pieces]
-                    total += job.shard.byte_length
+                    total += job.read_length
             for f in futures:
                 f.result()
             return total
@@ -289,14 +289,23 @@ class _ShardJob:
         self.shard = md.tensors[key[0]].shards[key[1]]
         self.name = md.files[self.shard.file_index]
         n = self.shard.byte_length
+        # a derived shard that is part of a saved one (format.transforms): the whole saved shard
+        # is read into a temporary and verified, then the part is used
+        window = self.shard.window
+        self.read_offset = window.byte_offset if window is not None else self.shard.byte_offset
+        self.read_length = window.byte_length if window is not None else n
+        self.crc32c = window.crc32c if window is not None else self.shard.crc32c
+        self.part_offset = self.shard.byte_offset - self.read_offset
+        self.buf_region = buf[buf_offset : buf_offset + n] if buf is not None else None
         self.region: torch.Tensor | None = None  # where the bytes land when not the destination
         self.view: memoryview | None = None
-        if buf is not None:
-            self.region = buf[buf_offset : buf_offset + n]
-        else:
-            self.view = _direct_target(md, items, self.mine)
-        if self.region is not None:
-            self.view = tensor_bytes(self.region)
+        if window is None:
+            if buf is not None:
+                self.region = self.buf_region
+            else:
+                self.view = _direct_target(md, items, self.mine)
+            if self.region is not None:
+                self.view = tensor_bytes(self.region)
         self.pieces = self._pieces()
         self.left = len(self.pieces)
         self._lock = threading.Lock()
@@ -304,7 +313,7 @@ class _ShardJob:
 
     def _pieces(self) -> list[tuple[int, int]]:
         """(offset in the shard, length) pieces, cut where the file offset crosses a _CHUNK line."""
-        out, start, n = [], self.shard.byte_offset, self.shard.byte_length
+        out, start, n = [], self.read_offset, self.read_length
         pos = start
         while pos < start + n:
             nxt = min(start + n, (pos // _CHUNK + 1) * _CHUNK)
@@ -315,12 +324,12 @@ class _ShardJob:
     def _target(self) -> memoryview:
         with self._lock:
             if self.view is None:  # first chunk to run allocates the temporary
-                self.region = torch.empty(self.shard.byte_length, dtype=torch.uint8)
+                self.region = torch.empty(self.read_length, dtype=torch.uint8)
                 self.view = tensor_bytes(self.region)
             return self.view
 
     def read_chunk(self, lo: int, n: int) -> None:
-        self.read_into(self.name, self.shard.byte_offset + lo, self._target()[lo : lo + n])
+        self.read_into(self.name, self.read_offset + lo, self._target()[lo : lo + n])
         with self._lock:
             self.left -= 1
             last = self.left == 0
@@ -330,7 +339,12 @@ class _ShardJob:
     def finish(self) -> None:
         view = self._target()
         if self.verify:
-            _verify(self.md, self.storage, self.key, view, self.rank)
+            _verify(self.md, self.storage, self.key, view, self.rank, self.crc32c, self.read_offset)
+        if self.shard.window is not None and self.region is not None:  # the part of the saved shard
+            part = self.region[self.part_offset : self.part_offset + self.shard.byte_length]
+            if self.buf_region is not None:
+                self.buf_region.copy_(part)  # forwarded to the other ranks that need it
+            self.region = part
         if self.region is not None and self.mine is not None:
             t0 = time.perf_counter()
             _apply(self.md, self.items, self.mine, self.region)
@@ -356,14 +370,17 @@ def _direct_target(md: Metadata, items: list[LoadItem], r: ShardRead | None) -> 
     return tensor_bytes(sub_box(dest, c.dst_offsets, c.lengths)) if shard.byte_length else None
 
 
-def _verify(md: Metadata, storage: Storage, key: tuple[str, int], view: memoryview, rank: int) -> None:
+def _verify(
+    md: Metadata, storage: Storage, key: tuple[str, int], view: memoryview, rank: int, want: int, at: int
+) -> None:
+    """``view`` (the bytes read from ``at``) against the stored checksum ``want``."""
     shard = md.tensors[key[0]].shards[key[1]]
     got = crc32c.crc32c(view)
-    if got != shard.crc32c:
+    if got != want:
         raise ChecksumMismatchError(
             f"rank {rank}: checksum mismatch for {key[0]!r} shard offsets={shard.offsets} "
             f"lengths={shard.lengths} in {storage.url}/{md.files[shard.file_index]} at byte "
-            f"{shard.byte_offset}: stored {shard.crc32c:#010x}, read {got:#010x} (the file is corrupt)"
+            f"{at}: stored {want:#010x}, read {got:#010x} (the file is corrupt)"
         )
 
 

@@ -18,6 +18,7 @@ __all__ = [
     "METADATA_FILE",
     "JSONValue",
     "ShardRecord",
+    "ShardWindow",
     "TensorRecord",
     "BlobRecord",
     "Topology",
@@ -34,6 +35,16 @@ Shape = tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
+class ShardWindow:
+    """The saved shard (bytes of the same file) that a derived shard is a part of: its checksum
+    covers the whole, so a reader reads and verifies the whole and uses the part."""
+
+    byte_offset: int
+    byte_length: int
+    crc32c: int
+
+
+@dataclass(frozen=True, slots=True)
 class ShardRecord:
     """One saved box of a tensor and where its raw, row-major bytes live."""
 
@@ -42,7 +53,10 @@ class ShardRecord:
     file_index: int  # index into Metadata.files
     byte_offset: int
     byte_length: int
-    crc32c: int
+    crc32c: int  # of the bytes [byte_offset, +byte_length), or of ``window`` when there is one
+    # only on load-time derived tensors (format.transforms), never written: the saved shard these
+    # bytes are a part of
+    window: ShardWindow | None = None
 
 
 @dataclass(frozen=True, slots=True)
