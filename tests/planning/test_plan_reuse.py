@@ -16,11 +16,11 @@ from unickpt.coordination.threads import ThreadCoordinator, run_threads
 from unickpt.engine import plan_cache as engine_plan_cache
 from unickpt.engine.plan_cache import CachedPlan, PlanCache, PlanKey, plan_stage
 from unickpt.errors import PlanningError
-from unickpt.planning.save_plan import GlobalSavePlan, LocalSavePlan
+from unickpt.planning.save_plan import GlobalSavePlan, LocalSavePlan, RankSavePlan
 from unickpt.planning.specs import BlobSpec, ShardSpec
 
 WORLD_SIZES = [1, 2, 3, 5]
-PLAN = ["all_gather_object", "gather_object", "broadcast_object"]  # a replan at ws > 1
+PLAN = ["all_gather_object", "gather_object", "scatter_object"]  # a replan at ws > 1
 REUSE = ["all_gather_object"]
 
 
@@ -55,19 +55,26 @@ def save(c: ThreadCoordinator, cache: PlanCache, local: LocalSavePlan, files_per
     before = len(c.calls)
     cached = plan_stage(c, local, files_per_rank, cache.get(key))
     cache.put(key, cached)
-    return {"plan": cached.plan, "calls": c.calls[before:], "seq": cached.seq, "base": cached.base}
+    if c.rank > 0:
+        assert cached.coordinator is None  # only the coordinator holds the global plan
+    return {
+        "plan": cached.mine,  # this rank's own part: all it received and renames on reuse
+        "global": cached.global_plan() if c.rank == 0 else None,
+        "calls": c.calls[before:],
+        "seq": cached.seq,
+        "base": cached.base,
+    }
+
+
+def _renamed_part(rp: RankSavePlan, old: str, new: str) -> RankSavePlan:
+    """``rp`` with every file of save ``old`` moved to save ``new`` (computed here)."""
+    entries = tuple(dataclasses.replace(e, file=e.file.replace(f"/{old}/", f"/{new}/")) for e in rp.entries)
+    return dataclasses.replace(rp, save_id=new, entries=entries)
 
 
 def _renamed(plan: GlobalSavePlan, old: str, new: str) -> GlobalSavePlan:
     """``plan`` with every file of save ``old`` moved to save ``new`` (computed here)."""
-    rank_plans = tuple(
-        dataclasses.replace(
-            rp,
-            save_id=new,
-            entries=tuple(dataclasses.replace(e, file=e.file.replace(f"/{old}/", f"/{new}/")) for e in rp.entries),
-        )
-        for rp in plan.rank_plans
-    )
+    rank_plans = tuple(_renamed_part(rp, old, new) for rp in plan.rank_plans)
     files = tuple(f.replace(f"/{old}/", f"/{new}/") for f in plan.files)
     return dataclasses.replace(plan, save_id=new, rank_plans=rank_plans, files=files)
 
@@ -81,16 +88,18 @@ def test_issue11_plan_reuse_unchanged_plans_reuse_with_a_fresh_id_from_rank_0(ws
     res = run_threads(body, ws)
     first, second, third = ([r[i] for r in res] for i in range(3))
     base = "20250101T000000-r0n0"  # rank 0's id of the first save
-    for out in first:
-        assert out["calls"] == (PLAN if ws > 1 else ["gather_object"])
-        assert out["plan"] == first[0]["plan"] and out["plan"].save_id == base
+    whole = first[0]["global"]
+    for rank, out in enumerate(first):
+        assert out["calls"] == (PLAN if ws > 1 else [])
+        assert out["plan"] == whole.rank_plans[rank] and out["plan"].save_id == base
     for k, saves in ((1, second), (2, third)):
         want = f"{base}-{k:06d}-r0n{k}"  # rank 0's k-th fresh id gives the token
-        for out in saves:
-            assert out["calls"] == (REUSE if ws > 1 else [])  # no gather, no broadcast
+        assert saves[0]["global"] == _renamed(whole, base, want)
+        for rank, out in enumerate(saves):
+            assert out["calls"] == (REUSE if ws > 1 else [])  # no gather, no scatter
             assert out["seq"] == k and out["base"] == base
-            assert out["plan"] == _renamed(first[0]["plan"], base, want)
-    assert {f.split("/")[1] for f in third[0]["plan"].files} == {third[0]["plan"].save_id}
+            assert out["plan"] == _renamed_part(whole.rank_plans[rank], base, want)
+    assert {f.split("/")[1] for f in third[0]["global"].files} == {third[0]["plan"].save_id}
 
 
 @pytest.mark.parametrize("ws", [2, 3, 5])
@@ -109,9 +118,9 @@ def test_issue11_plan_reuse_one_ranks_change_replans_on_every_rank(ws):
     for rank, (first, changed, again) in enumerate(res):
         assert changed["calls"] == PLAN, rank  # every rank replans, not only the changer
         assert changed["plan"].save_id == "20250101T000000-r0n1" and changed["seq"] == 0
-        blobs = [e for e in changed["plan"].rank_plans[changer].entries if e.blob_key]
+        blobs = [e for e in res[0][1]["global"].rank_plans[changer].entries if e.blob_key]
         assert [(e.blob_key, e.byte_length) for e in blobs] == [(f"extra_state/{changer}", 50)]
-        assert changed["plan"] == res[0][1]["plan"]
+        assert changed["plan"] == res[0][1]["global"].rank_plans[rank]
         assert again["calls"] == REUSE and again["base"] == "20250101T000000-r0n1" and again["seq"] == 1
         assert first["plan"].save_id != changed["plan"].save_id
 
@@ -131,7 +140,7 @@ def test_issue11_plan_reuse_a_rank_without_a_cached_plan_replans_on_every_rank(w
 
     for first, second in run_threads(body, ws):
         assert second["calls"] == PLAN and second["seq"] == 0
-        assert second["plan"] == _renamed(first["plan"], first["plan"].save_id, "20250101T000000-r0n1")
+        assert second["plan"] == _renamed_part(first["plan"], first["plan"].save_id, "20250101T000000-r0n1")
 
 
 @pytest.mark.parametrize("ws", [1, 2, 3])
@@ -142,13 +151,13 @@ def test_issue11_plan_reuse_a_changed_files_per_rank_key_replans(ws):
         return [save(c, cache, local, 1), save(c, cache, local, 2), save(c, cache, local, 1), save(c, cache, local, 2)]
 
     res = run_threads(body, ws)
-    for rank, (one, two, one_again, two_again) in enumerate(res):
-        assert two["calls"] == (PLAN if ws > 1 else ["gather_object"])  # another key: a new plan
-        assert len(one["plan"].rank_plans[rank].files) == 1
-        assert len(two["plan"].rank_plans[rank].files) == 2  # each rank has 2 or 3 items
+    for one, two, one_again, two_again in res:
+        assert two["calls"] == (PLAN if ws > 1 else [])  # another key: a new plan
+        assert len(one["plan"].files) == 1
+        assert len(two["plan"].files) == 2  # each rank has 2 or 3 items
         assert one_again["calls"] == (REUSE if ws > 1 else []) and one_again["base"] == one["plan"].save_id
         assert two_again["calls"] == (REUSE if ws > 1 else []) and two_again["base"] == two["plan"].save_id
-        assert len(one_again["plan"].rank_plans[rank].files) == 1
+        assert len(one_again["plan"].files) == 1
     assert PlanKey(None, "fsdp2", 1) != PlanKey(None, "fsdp2", 2) != PlanKey("critic", "fsdp2", 2)
 
 

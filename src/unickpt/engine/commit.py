@@ -106,6 +106,7 @@ def build_metadata(
 def commit_stage(
     coord: Coordinator,
     storage: Storage,
+    save_id: str,
     gplan: GlobalSavePlan | None,
     crcs: list[int] | None,
     error: BaseException | None,
@@ -116,6 +117,7 @@ def commit_stage(
     still_locked: Callable[[], None] | None = None,
 ) -> Metadata | None:
     """Collective: agree that every rank wrote, then rank 0 commits. Returns the metadata on rank 0.
+    ``gplan``: the global plan, on rank 0 only (the other ranks know only ``save_id``).
 
     Before publishing, rank 0 checks every data file (``check_written_files``) and calls
     ``still_locked`` (``SaveLock.verify_holder``), which raises if the save lost its lock."""
@@ -127,7 +129,6 @@ def commit_stage(
         return crcs
 
     run_stage(coord, "save (write)", local)
-    save_id = gplan.save_id if gplan else ""
     events.emit("save.commit.begin", coord.rank, save_id=save_id, path=storage.url)
     t_barrier = time.perf_counter()
     gathered = coord.gather_object((crcs, objects))  # the objects ride along: no extra round trip

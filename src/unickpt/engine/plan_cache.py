@@ -2,10 +2,12 @@
 
 ``plan_stage`` is a collective on the checkpointer's foreground group, called by the save
 pipeline after the describe stage: one all_gather tells whether every rank's cached plan is
-still valid (and carries rank 0's fresh random save id); if not, the local plans are gathered,
-rank 0 computes the global plan (``planning.save_plan.plan_save``: dedup, worst-fit balancing,
-byte layout) and broadcasts it, and every rank keeps it in its ``PlanCache`` under a
-``PlanKey``, so later saves of the same layout only pay that one all_gather.
+still valid (and carries rank 0's fresh random save id); if not, the local plans are gathered
+(compact bytes, ``planning.plan_codec``), rank 0 computes the global plan
+(``planning.save_plan.plan_save``: dedup, worst-fit balancing, byte layout) and scatters each
+rank its own part; every rank keeps its part (rank 0 also the global plan) in its
+``PlanCache`` under a ``PlanKey``, so later saves of the same layout only pay that one
+all_gather and a rename of the rank's own entries.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import uuid
 from dataclasses import dataclass, replace
 
 from ..coordination.base import Coordinator
-from ..errors import CheckpointError
+from ..errors import CheckpointError, PlanningError
+from ..planning.plan_codec import decode_local_plan, decode_rank_plan, encode_local_plan, encode_rank_plan
 from ..planning.save_plan import GlobalSavePlan, LocalSavePlan, RankSavePlan, plan_save
 
 __all__ = ["PlanKey", "CachedPlan", "PlanCache", "plan_stage", "new_save_id"]
@@ -39,19 +42,38 @@ class PlanKey:
 
 @dataclass(frozen=True, slots=True)
 class CachedPlan:
-    """A global plan kept for reuse while this rank's local plan stays the same.
+    """A plan kept for reuse while this rank's local plan stays the same: this rank's own part
+    (``mine``) on every rank, and the global plan on the coordinator only (``coordinator``,
+    rank 0, which builds the metadata from it at the commit).
 
     Reuse renames the files under the save id rank 0 drew for this save (``<base>-<seq>-<token>``:
-    the ``base`` shows which plan was reused, the random token makes every id unpredictable)."""
+    the ``base`` shows which plan was reused, the random token makes every id unpredictable).
+    ``next`` renames ``mine`` only: O(this rank's entries), whatever the world size; the
+    coordinator's global plan is renamed when the commit asks for it (``global_plan``, on the
+    background thread), never in the blocking part of a save."""
 
     local: LocalSavePlan
-    plan: GlobalSavePlan
+    mine: RankSavePlan
+    coordinator: GlobalSavePlan | None
     base: str
     seq: int = 0
 
     def next(self, token: str) -> CachedPlan:
         seq = self.seq + 1
-        return CachedPlan(self.local, _rename_plan(self.plan, f"{self.base}-{seq:06d}-{token}"), self.base, seq)
+        save_id = f"{self.base}-{seq:06d}-{token}"
+        return CachedPlan(self.local, _rename_rank_plan(self.mine, save_id), self.coordinator, self.base, seq)
+
+    @property
+    def save_id(self) -> str:
+        return self.mine.save_id
+
+    def global_plan(self) -> GlobalSavePlan:
+        """The coordinator's global plan under this save's id (rank 0 only)."""
+        if self.coordinator is None:
+            raise PlanningError("only the coordinator (rank 0) holds the global save plan")
+        if self.coordinator.save_id == self.save_id:
+            return self.coordinator
+        return _rename_plan(self.coordinator, self.save_id)
 
 
 class PlanCache:
@@ -86,28 +108,35 @@ def plan_stage(
     if unchanged:
         assert cached is not None
         return cached.next(save_id.rsplit("-", 1)[-1])
-    plans = coord.gather_object(local)
-    payload: object = None
+    # local plans travel to the coordinator as compact bytes, and each rank gets back only its
+    # own part of the global plan (planning.plan_codec; O(its entries), not O(the job))
+    encoded = coord.gather_object(encode_local_plan(local)) if coord.world_size > 1 else [encode_local_plan(local)]
+    parts: list[object] | None = None
+    gplan: GlobalSavePlan | None = None
     if coord.rank == 0:
-        assert plans is not None
+        assert encoded is not None
         try:
-            payload = plan_save(plans, save_id, files_per_rank)
+            gplan = plan_save([decode_local_plan(b) for b in encoded], save_id, files_per_rank)
+            parts = [encode_rank_plan(rp) for rp in gplan.rank_plans]
         except CheckpointError as e:
-            payload = e
-    # every rank keeps the global plan so later saves reuse it without gathering
-    payload = coord.broadcast_object(payload) if coord.world_size > 1 else payload
-    if isinstance(payload, CheckpointError):
-        raise payload
-    assert isinstance(payload, GlobalSavePlan)
-    return CachedPlan(local, payload, save_id)
+            parts = [e] * coord.world_size
+    received = coord.scatter_object(parts) if coord.world_size > 1 else (parts or [None])[0]
+    if isinstance(received, CheckpointError):
+        raise received
+    mine = decode_rank_plan(received)  # type: ignore[arg-type]
+    if mine.rank != coord.rank:
+        raise PlanningError(f"rank {coord.rank} received the save plan of rank {mine.rank}")
+    return CachedPlan(local, mine, gplan, save_id)
+
+
+def _rename_rank_plan(rp: RankSavePlan, save_id: str) -> RankSavePlan:
+    old = rp.save_id
+    return RankSavePlan(rp.rank, save_id, tuple(replace(e, file=e.file.replace(old, save_id, 1)) for e in rp.entries))
 
 
 def _rename_plan(gplan: GlobalSavePlan, save_id: str) -> GlobalSavePlan:
     old = gplan.save_id
-    rank_plans = tuple(
-        RankSavePlan(rp.rank, save_id, tuple(replace(e, file=e.file.replace(old, save_id, 1)) for e in rp.entries))
-        for rp in gplan.rank_plans
-    )
+    rank_plans = tuple(_rename_rank_plan(rp, save_id) for rp in gplan.rank_plans)
     return replace(
         gplan, save_id=save_id, rank_plans=rank_plans, files=tuple(f.replace(old, save_id, 1) for f in gplan.files)
     )

@@ -165,14 +165,14 @@ class SavePipeline:
 
     def write_and_commit(self, lock: SaveLock, d: Described, cached: CachedPlan, snap: Snapshot) -> Metadata | None:
         """Write this rank's files, then the collective commit (rank 0 returns the metadata)."""
-        gplan = cached.plan
-        plan = gplan.rank_plans[self.coord.rank]
+        plan = cached.mine
+        gplan = cached.global_plan() if self.coord.rank == 0 else None  # the commit's, rank 0 only
         rank, url, events = self.coord.rank, self.storage.url, self.res.events
         crcs, error = None, None
         try:
             if snap.staged is not None:
                 snap.staged.wait_ready()
-            with events.phase("save.write", rank, path=url, save_id=gplan.save_id) as p:
+            with events.phase("save.write", rank, path=url, save_id=plan.save_id) as p:
                 crcs = write_stage(
                     self.storage, plan, snap.entry_bytes, snap.file_parts, self.options.io_threads, events
                 )
@@ -185,6 +185,7 @@ class SavePipeline:
         md = commit_stage(
             self.background,
             self.storage,
+            plan.save_id,
             gplan,
             crcs,
             error,
@@ -194,7 +195,7 @@ class SavePipeline:
             events,
             still_locked=lock.verify_holder,
         )
-        events.emit("save.end", rank, self.t0, path=url, save_id=gplan.save_id, nbytes=plan.nbytes)
+        events.emit("save.end", rank, self.t0, path=url, save_id=plan.save_id, nbytes=plan.nbytes)
         return md
 
     # ------------------------------------------------------------------ the whole save
@@ -205,7 +206,7 @@ class SavePipeline:
         self.res.events.emit("save.begin", self.coord.rank, path=self.storage.url)
         d = self.describe()
         cached = self.plan(d)
-        plan = cached.plan.rank_plans[self.coord.rank]
+        plan = cached.mine
         snap = self.stage(d, plan, async_save)
         release = snap.staged.release if snap.staged is not None else None
         future = self.res.worker.submit(
