@@ -657,16 +657,19 @@ def _main_params(opt: Any) -> list[tuple[torch.Tensor, torch.Tensor, int, int]]:
 
 
 @torch.no_grad()
-def full_optimizer_state(model_chunks: list[torch.nn.Module], optimizer: Any) -> dict[str, dict[str, torch.Tensor]]:
-    """Per global parameter name, on every rank: Adam's ``exp_avg`` / ``exp_avg_sq`` and the fp32
-    ``main_param``, full shape (the parameter's, in fp32). With the distributed optimizer each
+def full_optimizer_state(
+    model_chunks: list[torch.nn.Module], optimizer: Any, sharded_keys: bool = False
+) -> dict[str, dict[str, torch.Tensor]]:
+    """Per global parameter name (``sharded_keys``: see ``global_param_name``), on every rank:
+    Adam's ``exp_avg`` / ``exp_avg_sq`` and the fp32 ``main_param``, full shape (the
+    parameter's, in fp32). With the distributed optimizer each
     DP rank holds the flat range ``param_range_map[param]['param']`` of each TP-local param it
     owns (its torch optimizer's params are 1-D shards ``param.view(-1)[start:end]``, or fp32 copies
     of them for bf16 params); the pieces are put back together here and must cover each param once."""
     from megatron.core import parallel_state as ps
 
     tp_rank = ps.get_tensor_model_parallel_rank()
-    names = {id(t): name for name, t in local_param_names(model_chunks).items()}
+    names = {id(t): name for name, t in local_param_names(model_chunks, sharded_keys).items()}
     fields = ["exp_avg", "exp_avg_sq", "main_param"]
     local: dict[str, list[_Piece]] = {}
     for opt in _inner_optimizers(optimizer):
@@ -690,54 +693,48 @@ def full_optimizer_state(model_chunks: list[torch.nn.Module], optimizer: Any) ->
 # ----------------------------------------------------------------------------------------------
 
 
-@torch.no_grad()
-def sharded_state_dict_report(model_chunks: list[torch.nn.Module]) -> dict[str, Any]:
-    """Check megatron's ``sharded_state_dict()`` of every chunk (the default layer-stacked form and
-    ``non_homogeneous_layers=True``) against the oracle: each ShardedTensor's data is the oracle's
-    full tensor at ``global_offset`` (a prepended axis holding the global layer number), its
-    ``global_shape`` the full shape, and over all ranks the main replicas (``replica_id`` all
-    zeros) tile every global tensor exactly once. Returns counts and a list of problems (every
-    rank gets the same report)."""
-    from megatron.core.dist_checkpointing.dict_utils import nested_values
+def _check_sharded_tensors(
+    values: list[Any], full: dict[str, torch.Tensor], num_layers: int, form: str, strip: str = ""
+) -> tuple[int, list[str], list[tuple[str, str, tuple[int, ...], tuple[int, ...], int]]]:
+    """Each ShardedTensor of ``values`` (its key minus the prefix ``strip``) against the full
+    tensors ``full``: (how many checked, problems, this rank's main replicas)."""
     from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor, is_main_replica
 
-    full = full_model_state(model_chunks, sharded_keys=True)
-    num_layers = _unwrap(model_chunks[0]).config.num_layers
-    problems: list[str] = []
-    mains: list[tuple[str, str, tuple[int, ...], tuple[int, ...], int]] = []
-    counts = {"stacked": 0, "per_layer": 0, "objects": 0}
-    for form, metadata in (("stacked", None), ("per_layer", {"non_homogeneous_layers": True})):
-        for chunk in model_chunks:
-            gpt = _unwrap(chunk)
-            ssd = gpt.sharded_state_dict(metadata=metadata) if metadata else gpt.sharded_state_dict()
-            for sh in nested_values(ssd):
-                if isinstance(sh, ShardedObject):
-                    counts["objects"] += 1
-                    continue
-                if not isinstance(sh, ShardedTensor):
-                    problems.append(f"{form}: unexpected {type(sh).__name__}")
-                    continue
-                counts[form] += 1
-                key, prep = sh.key, sh.prepend_axis_num
-                if prep:
-                    if prep != 1 or not key.startswith("decoder.layers.") or sh.global_shape[0] != num_layers:
-                        problems.append(f"{form} {key}: prepend_axis_num {prep}, global_shape {sh.global_shape}")
-                        continue
-                    key = f"decoder.layers.{sh.global_offset[0]}.{key[len('decoder.layers.') :]}"
-                ref = full.get(key)
-                if ref is None:
-                    problems.append(f"{form} {sh.key}: no oracle tensor {key}")
-                    continue
-                if tuple(sh.global_shape[prep:]) != tuple(ref.shape) or sh.flattened_range is not None:
-                    problems.append(f"{form} {key}: global_shape {sh.global_shape} vs {tuple(ref.shape)}")
-                    continue
-                box = tuple(slice(o, o + n) for o, n in zip(sh.global_offset[prep:], sh.local_shape))
-                if not torch.equal(ref[box], sh.data):
-                    problems.append(f"{form} {key}: data differs from the oracle at {sh.global_offset}")
-                if is_main_replica(sh.replica_id):
-                    mains.append((form, sh.key, tuple(sh.global_offset), tuple(sh.global_shape), sh.data.numel()))
+    checked, problems, mains = 0, [], []
+    for sh in values:
+        if isinstance(sh, ShardedObject) or not isinstance(sh, ShardedTensor):
+            continue  # ``_extra_state`` (None for the local spec), optimizer bookkeeping objects
+        checked += 1
+        key, prep = sh.key, sh.prepend_axis_num
+        if not key.startswith(strip):
+            problems.append(f"{form} {key}: not under {strip!r}")
+            continue
+        key = key[len(strip) :]
+        if prep:
+            if prep != 1 or not key.startswith("decoder.layers.") or sh.global_shape[0] != num_layers:
+                problems.append(f"{form} {key}: prepend_axis_num {prep}, global_shape {sh.global_shape}")
+                continue
+            key = f"decoder.layers.{sh.global_offset[0]}.{key[len('decoder.layers.') :]}"
+        ref = full.get(key)
+        if ref is None:
+            problems.append(f"{form} {sh.key}: no oracle tensor {key}")
+            continue
+        if tuple(sh.global_shape[prep:]) != tuple(ref.shape) or sh.flattened_range is not None:
+            problems.append(f"{form} {key}: global_shape {sh.global_shape} vs {tuple(ref.shape)}")
+            continue
+        box = tuple(slice(o, o + n) for o, n in zip(sh.global_offset[prep:], sh.local_shape))
+        if not torch.equal(ref[box], sh.data.to(ref.dtype)):
+            problems.append(f"{form} {key}: data differs from the oracle at {sh.global_offset}")
+        if is_main_replica(sh.replica_id):
+            mains.append((form, sh.key, tuple(sh.global_offset), tuple(sh.global_shape), sh.data.numel()))
+    return checked, problems, mains
+
+
+def _tiling_problems(mains: list[Any]) -> tuple[int, list[str]]:
+    """Over all ranks: every global tensor's main replicas (``replica_id`` all zeros) tile it once."""
     gathered: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, mains)
+    problems: list[str] = []
     seen: dict[tuple[str, str], set[tuple[int, ...]]] = {}
     covered: dict[tuple[str, str], tuple[int, int]] = {}
     for rank_mains in gathered:
@@ -749,4 +746,49 @@ def sharded_state_dict_report(model_chunks: list[torch.nn.Module]) -> dict[str, 
             have, total = covered.get((form, key), (0, int(torch.Size(shape).numel())))
             covered[(form, key)] = (have + numel, total)
     problems += [f"{f} {k}: main replicas cover {h} of {t}" for (f, k), (h, t) in sorted(covered.items()) if h != t]
-    return {"counts": counts, "global_tensors": len(covered), "problems": problems}
+    return len(covered), problems
+
+
+@torch.no_grad()
+def sharded_state_dict_report(model_chunks: list[torch.nn.Module], optimizer: Any = None) -> dict[str, Any]:
+    """Check megatron's own descriptions against the oracle. The model: ``sharded_state_dict()``
+    of every (unwrapped) chunk, in the default layer-stacked form and with
+    ``non_homogeneous_layers=True``. With a distributed ``optimizer``: its
+    ``sharded_state_dict(model_sd, metadata={'distrib_optim_sharding_type': 'fully_reshardable'})``
+    (keys ``optimizer.state.{param,exp_avg,exp_avg_sq}.<model key>``). Each ShardedTensor's data
+    must be the oracle's full tensor at ``global_offset`` (a prepended axis holding the global
+    layer number), its ``global_shape`` the full shape, and over all ranks the main replicas
+    (``replica_id`` all zeros) must tile every global tensor exactly once. Returns counts and a
+    list of problems (every rank gets the same report)."""
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+
+    full = full_model_state(model_chunks, sharded_keys=True)
+    num_layers = _unwrap(model_chunks[0]).config.num_layers
+    problems: list[str] = []
+    mains: list[Any] = []
+    counts: dict[str, int] = {}
+    forms = {"stacked": None, "per_layer": {"non_homogeneous_layers": True}}
+    for form, metadata in forms.items():
+        values = []
+        for chunk in model_chunks:
+            gpt = _unwrap(chunk)
+            sd = gpt.sharded_state_dict(metadata=metadata) if metadata else gpt.sharded_state_dict()
+            values += list(nested_values(sd))
+        counts[form], more_problems, more_mains = _check_sharded_tensors(values, full, num_layers, form)
+        problems += more_problems
+        mains += more_mains
+    if optimizer is not None:
+        state = full_optimizer_state(model_chunks, optimizer, sharded_keys=True)
+        model_sd = {f"model{i}": _unwrap(c).sharded_state_dict() for i, c in enumerate(model_chunks)}
+        opt_sd = optimizer.sharded_state_dict(model_sd, metadata={"distrib_optim_sharding_type": "fully_reshardable"})
+        param_state = list(nested_values(opt_sd["param_state"]))
+        for field, ours in (("param", "main_param"), ("exp_avg", "exp_avg"), ("exp_avg_sq", "exp_avg_sq")):
+            prefix = f"optimizer.state.{field}."
+            mine = [v for v in param_state if getattr(v, "key", "").startswith(prefix)]
+            full_field = {name: s[ours] for name, s in state.items()}
+            form = f"optimizer.{field}"
+            counts[form], more_problems, more_mains = _check_sharded_tensors(mine, full_field, num_layers, form, prefix)
+            problems += more_problems
+            mains += more_mains
+    global_tensors, more_problems = _tiling_problems(mains)
+    return {"counts": counts, "global_tensors": global_tensors, "problems": problems + more_problems}

@@ -24,7 +24,8 @@ def layout_run(
     bf16: bool = False,
 ) -> dict[str, Any]:
     """Build at one layout, gather the initial full model, run one train step, gather the full
-    model and optimizer state after it, then load the initial model back (``load_full_model_state``)
+    model and optimizer state after it (``check_sharded``: and check megatron's sharded_state_dict
+    descriptions against them), then load the initial model back (``load_full_model_state``)
     and gather it again. Every rank returns its loss; rank 0 also the states."""
     t0 = time.perf_counter()
     chunks, opt = env.build_gpt(
@@ -32,10 +33,11 @@ def layout_run(
     )
     t1 = time.perf_counter()
     initial = env.full_model_state(chunks)
-    sharded = env.sharded_state_dict_report(chunks) if check_sharded else None
     t2 = time.perf_counter()
     loss = env.train_step(chunks, opt, 0)
     t3 = time.perf_counter()
+    # after the step: the torch optimizer's state exists only once it has stepped
+    sharded = env.sharded_state_dict_report(chunks, opt if dist_opt else None) if check_sharded else None
     model = env.full_model_state(chunks)
     optim = env.full_optimizer_state(chunks, opt)
     env.load_full_model_state(chunks, initial, opt)

@@ -80,19 +80,30 @@ def test_a_full_state_loads_back_into_any_layout(reference, tp2pp2):
             assert torch.equal(res["reloaded_main"][name], t), name
 
 
-def test_sharded_state_dict_describes_the_oracle_tensors(tp2pp2):
-    report = tp2pp2[0]["sharded"]
+# 12 tensors per layer (stacked: one key each; per layer: 4 x 12 keys), plus embeddings (2),
+# final layer norm (2) and output layer (1) in both forms; the optimizer's fully_reshardable
+# form: 3 fields (param, exp_avg, exp_avg_sq) x the stacked keys
+MODEL_KEYS = (12 + 5) + (4 * 12 + 5)
+OPTIMIZER_KEYS = 3 * (12 + 5)
+
+
+def _check_sharded_report(report: dict) -> None:
     assert report["problems"] == []
-    # 12 tensors per layer (stacked: one key each; per layer: 4 x 12 keys), plus embeddings (2),
-    # final layer norm (2) and output layer (1) in both forms
-    assert report["global_tensors"] == (12 + 5) + (4 * 12 + 5)
+    assert report["global_tensors"] == MODEL_KEYS + OPTIMIZER_KEYS
     assert report["counts"]["stacked"] == report["counts"]["per_layer"] > 0
+    for field in ("param", "exp_avg", "exp_avg_sq"):
+        assert report["counts"][f"optimizer.{field}"] == report["counts"]["stacked"]
+
+
+def test_sharded_state_dict_describes_the_oracle_tensors(tp2pp2):
+    _check_sharded_report(tp2pp2[0]["sharded"])
 
 
 def test_distributed_optimizer_sharded_over_dp_with_virtual_pipeline(reference):
     """TP1 x PP2 x DP2 with 2 virtual stages per rank: the optimizer state is split over the two
     DP ranks (a flat-buffer half each, parameters cut at the boundary) and gathers back."""
-    got = run_ranks(layout_run, 4, 1, 2, 2, True, 2)
+    got = run_ranks(layout_run, 4, 1, 2, 2, True, 2, True)
+    _check_sharded_report(got[0]["sharded"])
     ref = reference[0]
     for rank, res in enumerate(got):
         assert abs(res["loss"] - ref["loss"]) < LOSS_TOL, (rank, res["loss"], ref["loss"])
