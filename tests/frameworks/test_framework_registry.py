@@ -98,6 +98,7 @@ def test_builtin_priorities_are_the_documented_ones_and_registries_are_independe
     assert FrameworkRegistry.with_builtins().priorities() == [
         ("tensors", 500),  # only ever matches a unickpt.FlatTensors (tools' checkpoints from elsewhere)
         ("fsdp", 400),
+        ("megatron", 350),  # megatron-core model chunks
         ("fsdp2", 300),
         ("ddp", 200),
         ("dtensor", 100),
@@ -190,5 +191,5 @@ def test_auto_detection_of_each_framework_incl_compiled_and_fsdp2_tp():
 
 
 def test_unknown_framework_names_registered_ones(tmp_path):
-    with pytest.raises(FrameworkError, match="known: auto, ddp, dtensor, fsdp, fsdp2, tensors, torch"):
+    with pytest.raises(FrameworkError, match="known: auto, ddp, dtensor, fsdp, fsdp2, megatron, tensors, torch"):
         unickpt.save(str(tmp_path / "c"), {"model": nn.Linear(1, 1)}, framework="megatron")

@@ -89,11 +89,14 @@ def tensor_piece(key: str, t: torch.Tensor, replica_source: int | None = None) -
 
 
 def model_tensors(module: nn.Module, strip_module: bool) -> list[tuple[str, torch.Tensor]]:
-    """(clean fqn, tensor) for parameters and persistent buffers, as ``state_dict`` lists them."""
+    """(clean fqn, tensor) for parameters and persistent buffers, as ``state_dict`` lists them
+    (a module's ``_extra_state`` of None is skipped; any other non-tensor entry is refused)."""
     out = []
     seen: dict[str, str] = {}
     with torch.no_grad():
         for raw, t in module.state_dict(keep_vars=True).items():
+            if t is None and raw.rsplit(".", 1)[-1] == "_extra_state":
+                continue  # get_extra_state() gave None (megatron's local layers): nothing to keep
             if not isinstance(t, torch.Tensor):
                 raise FrameworkError(f"model state {raw!r} is not a tensor ({type(t).__name__})")
             fqn = clean_fqn(raw, strip_module)

@@ -224,7 +224,9 @@ class OptimizerLoad:
                 continue
             (s, first), *others = firsts.items()
             if others:
-                sets = "; ".join(f"{f!r}: {_brief(self.saved.groups[i])}" for i, f in firsts.items())
+                hypers = [self.saved.groups[i] for i in firsts]
+                differ = sorted({k for h in hypers for k in h if any(k not in o or o[k] != h[k] for o in hypers)})
+                sets = "; ".join(f"{f!r}: {_brief(self.saved.groups[i], differ)}" for i, f in firsts.items())
                 msg = (
                     f"optimizer param group {gi} holds parameters saved with different hyper-parameters ({sets}); "
                     "split the group like the checkpoint's"
@@ -264,6 +266,9 @@ def _absent(fqns: tuple[str, ...], have: list[str]) -> list[str]:
     return [f for f in fqns if f not in have]
 
 
-def _brief(hyper: dict[str, Any]) -> str:
-    keys = [k for k in ("lr", "betas", "momentum", "weight_decay", "eps") if k in hyper] or sorted(hyper)[:4]
+def _brief(hyper: dict[str, Any], differ: list[str] | None = None) -> str:
+    """A few hyper-parameters of a saved group: those in ``differ`` (where groups differ), else
+    the usual ones."""
+    keys = [k for k in (differ or ()) if k in hyper][:4]
+    keys = keys or [k for k in ("lr", "betas", "momentum", "weight_decay", "eps") if k in hyper] or sorted(hyper)[:4]
     return ", ".join(f"{k}={hyper[k]!r}" for k in keys)

@@ -15,6 +15,10 @@ Built-in priorities (``BUILTIN_PRIORITIES``), the most specific wrapper first, b
 general adapter would accept the same objects but describe them wrongly or less precisely:
   fsdp (FSDP1)  400  flat parameters: any other adapter would save the FlatParameters
                      themselves under wrong names. A model with any FSDP1 unit is FSDP1's.
+  megatron      350  megatron-core model chunks (classes defined in ``megatron.core``): its adapter
+                     reads megatron's sharded_state_dict and the distributed optimizer's ranges,
+                     which no generic adapter sees; above fsdp2 and dtensor in case its models
+                     hold DTensors, below FSDP1, which Megatron does not wrap.
   fsdp2         300  ``fully_shard`` modules hold DTensors, so ``dtensor`` matches too (and FSDP2+TP
                      models are both): fsdp2 names the framework that owns the sharding.
   ddp           200  a DDP wrapper anywhere in the model (also under torch.compile's wrapper):
@@ -23,10 +27,8 @@ general adapter would accept the same objects but describe them wrongly or less 
   dtensor       100  any DTensor parameter (``parallelize_module`` tensor parallelism).
   torch         None the fallback: plain modules (also under torch.compile), one process or
                      replicated without a wrapper.
-A framework added later picks a number between these: e.g. Megatron 350 (its adapter knows the
-distributed optimizer and TP/PP layout that no generic adapter sees; above fsdp2 and dtensor
-in case its models hold DTensors, below FSDP1, which Megatron does not wrap). Gaps of 100
-leave room to insert between any two.
+A framework added later picks a number between these; gaps of 50-100 leave room to insert
+between any two.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ __all__ = ["FrameworkRegistry", "BUILTIN_PRIORITIES", "FRAMEWORKS", "get_framewo
 BUILTIN_PRIORITIES: dict[str, int | None] = {
     "tensors": 500,  # only ever matches a FlatTensors
     "fsdp": 400,
+    "megatron": 350,
     "fsdp2": 300,
     "ddp": 200,
     "dtensor": 100,
@@ -67,11 +70,13 @@ class FrameworkRegistry:
         from .flat import FlatTensorsAdapter
         from .fsdp1 import FSDP1Adapter
         from .generic import DDPAdapter, DTensorAdapter, FSDP2Adapter, TorchAdapter
+        from .megatron import MegatronAdapter
 
         reg = cls()
         adapters = (
             FlatTensorsAdapter(),
             FSDP1Adapter(),
+            MegatronAdapter(),
             FSDP2Adapter(),
             DDPAdapter(),
             DTensorAdapter(),

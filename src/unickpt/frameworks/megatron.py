@@ -1,0 +1,446 @@
+"""``framework="megatron"``: megatron-core models (one chunk, or one per virtual pipeline stage)
+and megatron's optimizers, the distributed optimizer (ZeRO-1 over DP) included.
+
+The adapter translates megatron's own description of its state and nothing else:
+
+* the model: ``sharded_state_dict(metadata={"non_homogeneous_layers": True})`` of every
+  unwrapped chunk (inside megatron's DDP and ``Float16Module``). Each ``ShardedTensor`` names the
+  global tensor (``key``: megatron's global name, layer numbers counted over all pipeline stages
+  and virtual chunks, so a key is the same at every TP/PP/DP/VP split), its ``global_shape`` and
+  the ``global_offset`` of this rank's local tensor (the parameter itself, or a view of it);
+  ``prepend_axis_num`` leading axes (stacked layers or experts) the local tensor lacks become
+  length-1 box axes. The checkpoint key is ``model.<key>`` and the box is the local tensor's.
+  Replicas (TP-replicated layer norms, DP replicas) describe the same box on several ranks; the
+  save planner writes each box once, from the least loaded holder (worst-fit), whatever
+  megatron's ``replica_id`` says. ``ShardedTensorFactory`` entries (e.g. a gated ``linear_fc1``
+  saved as two halves) are built and their parts described when they are views of the live
+  tensor; ``ShardedObject`` entries without data (the local layer spec's ``_extra_state``) and
+  ``LocalNonpersistentObject`` are skipped; anything else is refused by name.
+* the optimizer: megatron's ``ChainedOptimizer`` (or one inner optimizer) wraps per parameter set
+  a ``DistributedOptimizer``, ``FP32Optimizer`` or ``Float16OptimizerWithFloat16Params``, each
+  around a torch optimizer whose parameters are the fp32 *main* parameters. unickpt reads and
+  fills those torch optimizers directly (``param_groups`` and ``state``: the duck-typed contract
+  of ``base``), one view over all of them. Each main parameter is mapped to the model parameter
+  it trains and the flat range ``[start, end)`` of the TP-local tensor it covers (the
+  distributed optimizer's ``param`` range, or the whole tensor); that range is decomposed into
+  boxes of the global tensor (``planning.boxes.decompose_flat_range``, as for FSDP1), so state
+  is stored per model tensor (``optimizer.state.<key>.exp_avg`` ...) and loads into any TP, PP,
+  DP or VP split, with or without the distributed optimizer, without a gather at save.
+* fp32 main parameters that are copies (bf16/fp16 models) are saved as
+  ``optimizer.main_params.<key>``. A checkpoint without them (saved from an fp32 job) loads its
+  model tensors and then sets the main parameters from them, as megatron's
+  ``reload_model_params`` does.
+
+Called by ``views.DescribedAdapter`` (``save_view`` / ``load_view`` -> ``describe``) on every
+rank; no I/O and no collectives here. megatron-core is imported only once the state holds its
+objects. The mesh recorded is megatron's parallel sizes (information only: a load may use any).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, MutableMapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import FrameworkError
+from ..format.dtypes import dtype_name
+from ..format.records import Metadata
+from ..planning.boxes import decompose_flat_range
+from ..planning.specs import Shape, ShardSpec
+from .base import MODEL_PREFIX, OPTIM_PREFIX, STATE_PREFIX, LoadView, OptimizerDescription, Piece, StateDescription
+from .views import DescribedAdapter, load_view
+
+__all__ = ["MegatronAdapter", "MAIN_PARAMS_PREFIX", "model_chunks", "is_megatron_module"]
+
+MAIN_PARAMS_PREFIX = f"{OPTIM_PREFIX}main_params."  # + key: fp32 main copies of bf16/fp16 params
+
+
+def is_megatron_module(obj: object) -> bool:
+    """Whether ``obj`` is an ``nn.Module`` defined by megatron-core (a cheap class check that
+    never imports megatron)."""
+    return isinstance(obj, nn.Module) and any(c.__module__.startswith("megatron.core.") for c in type(obj).__mro__)
+
+
+def model_chunks(model: object) -> list[nn.Module]:
+    """``state["model"]`` as a list of chunks: one module, or a list/tuple of them (virtual
+    pipeline stages)."""
+    chunks = list(model) if isinstance(model, (list, tuple)) else [model]
+    if not chunks or not all(isinstance(c, nn.Module) for c in chunks):
+        raise FrameworkError(
+            'framework="megatron": state["model"] must be a megatron-core module or a list of them '
+            f"(one per virtual pipeline stage), got {type(model).__name__}"
+        )
+    return chunks  # type: ignore[return-value]
+
+
+def _unwrap(chunk: nn.Module) -> nn.Module:
+    """The model inside megatron's DDP and ``Float16Module`` wrappers (their ``.module``)."""
+    while isinstance(getattr(chunk, "module", None), nn.Module):
+        chunk = chunk.module  # type: ignore[assignment]
+    return chunk
+
+
+# ------------------------------------------------------------------ the model
+
+
+@dataclass(frozen=True, slots=True)
+class _Placement:
+    """Where a local tensor sits in its global tensor: ``key``, ``global_shape``, the offsets
+    of its element [0, ..., 0] on every global axis, and ``prepend`` leading global axes it lacks."""
+
+    key: str
+    global_shape: Shape
+    offsets: Shape
+    prepend: int
+    local_shape: Shape
+
+    def boxes(self, start: int, numel: int) -> Iterator[tuple[Shape, Shape, int, int]]:
+        """(global offsets, lengths, first flat index relative to ``start``, numel) of the boxes
+        tiling the local tensor's row-major elements ``[start, start + numel)``."""
+        lead_off, lead_len = self.offsets[: self.prepend], (1,) * self.prepend
+        base = self.offsets[self.prepend :]
+        for p in decompose_flat_range(self.local_shape, start, numel):
+            offs = lead_off + tuple(b + o for b, o in zip(base, p.offsets))
+            yield offs, lead_len + tuple(p.lengths), p.flat_start - start, p.numel
+
+
+def _leaves(tree: Any) -> Iterator[Any]:
+    if isinstance(tree, Mapping):
+        for v in tree.values():
+            yield from _leaves(v)
+    elif isinstance(tree, (list, tuple)):
+        for v in tree:
+            yield from _leaves(v)
+    else:
+        yield tree
+
+
+def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+class _ModelIndex:
+    """Every chunk's ``ShardedTensor``s as pieces, and the placement of each live parameter."""
+
+    def __init__(self, chunks: list[nn.Module]) -> None:
+        from megatron.core.dist_checkpointing.mapping import (
+            LocalNonpersistentObject,
+            ShardedObject,
+            ShardedTensor,
+            ShardedTensorFactory,
+        )
+
+        self.pieces: list[Piece] = []
+        self.placement: dict[int, _Placement] = {}  # id(local tensor) -> where it sits
+        seen: dict[tuple[str, Shape], str] = {}
+        for ci, chunk in enumerate(chunks):
+            gpt = _unwrap(chunk)
+            if not callable(getattr(gpt, "sharded_state_dict", None)):
+                raise FrameworkError(
+                    f"model chunk {ci} ({type(gpt).__name__}) has no sharded_state_dict(): not a megatron-core model"
+                )
+            live = {t.untyped_storage().data_ptr() for t in [*gpt.parameters(), *gpt.buffers()]}
+            describe: Any = gpt.sharded_state_dict
+            todo = list(_leaves(describe(metadata={"non_homogeneous_layers": True})))
+            while todo:
+                leaf = todo.pop(0)
+                if isinstance(leaf, ShardedTensor):
+                    self._add(leaf, live, seen, ci)
+                elif isinstance(leaf, ShardedTensorFactory):
+                    built = list(_leaves(leaf.build()))
+                    for part in built:
+                        if not isinstance(part, ShardedTensor) or not _shares_storage(part.data, leaf.data):
+                            raise FrameworkError(
+                                f"{leaf.key}: megatron builds it from a tensor that is not a view of the "
+                                "live parameter, so a load could not write it in place; not supported"
+                            )
+                    todo[:0] = built
+                elif isinstance(leaf, ShardedObject):
+                    if leaf.data is not None:
+                        raise FrameworkError(
+                            f"{leaf.key}: megatron ShardedObject holding {type(leaf.data).__name__} (e.g. "
+                            "TransformerEngine extra state) is not supported: unickpt saves tensors and JSON "
+                            "values, never pickles; use the local (non-TE) layer spec"
+                        )
+                elif isinstance(leaf, LocalNonpersistentObject) or leaf is None:
+                    continue
+                else:
+                    raise FrameworkError(
+                        f"model chunk {ci}: sharded_state_dict() holds a {type(leaf).__name__}, which the "
+                        "megatron adapter cannot describe"
+                    )
+
+    def _add(self, sh: Any, live: set[int], seen: dict[tuple[str, Shape], str], chunk: int) -> None:
+        key = str(sh.key)
+        if sh.flattened_range is not None:
+            raise FrameworkError(f"{key}: ShardedTensor with a flattened_range is not supported")
+        data = sh.data
+        if not isinstance(data, torch.Tensor):
+            raise FrameworkError(f"{key}: ShardedTensor data is a {type(data).__name__}, not a tensor")
+        gshape, offsets, prepend = tuple(sh.global_shape), tuple(sh.global_offset), int(sh.prepend_axis_num)
+        local = tuple(data.shape)
+        lengths = (1,) * prepend + local
+        if len(offsets) != len(gshape) or len(lengths) != len(gshape):
+            raise FrameworkError(
+                f"{key}: global shape {gshape}, offsets {offsets} and local shape {local} "
+                f"(+{prepend} prepended axes) disagree in rank"
+            )
+        if data.untyped_storage().data_ptr() not in live:
+            raise FrameworkError(
+                f"{key}: megatron describes it with a tensor that is not a live parameter or buffer of "
+                f"model chunk {chunk}, so a load could not write it in place"
+            )
+        where = (key, offsets)
+        if where in seen:
+            raise FrameworkError(
+                f"{key}: described twice at offsets {offsets} (model chunks {seen[where]} and {chunk})"
+            )
+        seen[where] = str(chunk)
+        try:
+            view = data.detach().view(lengths)
+        except RuntimeError as e:
+            raise FrameworkError(f"{key}: local tensor cannot be viewed as its box {lengths}: {e}") from e
+        spec = ShardSpec(MODEL_PREFIX + key, dtype_name(data.dtype), gshape, offsets, lengths)
+        self.pieces.append(Piece(spec, view))
+        self.placement[id(data)] = _Placement(key, gshape, offsets, prepend, local)
+
+
+# ------------------------------------------------------------------ the optimizer
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _MainParam:
+    """One parameter of an inner torch optimizer: the fp32 ``main`` tensor that trains elements
+    ``[start, end)`` of the flattened local ``model`` parameter (``main`` is 1-D for the
+    distributed optimizer, the parameter's shape otherwise)."""
+
+    model: torch.Tensor
+    main: torch.Tensor
+    start: int
+    end: int
+
+    @property
+    def is_copy(self) -> bool:
+        """The main parameter is a separate fp32 copy (bf16/fp16 models), not the model's data."""
+        return not _shares_storage(self.main, self.model)
+
+
+def _main_params(inner: Any) -> list[_MainParam]:
+    """The main parameters of one of megatron's inner optimizers, paired with model parameters."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+    from megatron.core.optimizer.optimizer import Float16OptimizerWithFloat16Params, FP32Optimizer
+
+    out: list[_MainParam] = []
+    if isinstance(inner, DistributedOptimizer):
+        pairs = [*zip(inner.model_fp32_groups, inner.shard_fp32_groups)]
+        pairs += [*zip(inner.model_float16_groups, inner.shard_fp32_from_float16_groups)]
+        for models, mains in pairs:
+            for model, main in zip(models, mains, strict=True):
+                rng = inner._get_model_param_range_map(model)["param"]
+                out.append(_MainParam(model, main, int(rng.start), int(rng.end)))
+    elif isinstance(inner, Float16OptimizerWithFloat16Params):
+        pairs = [*zip(inner.float16_groups, inner.fp32_from_float16_groups)]
+        pairs += [(g, g) for g in inner.fp32_from_fp32_groups]
+        for models, mains in pairs:
+            out += [_MainParam(m, main, 0, m.numel()) for m, main in zip(models, mains, strict=True)]
+    elif isinstance(inner, FP32Optimizer):
+        out += [_MainParam(p, p, 0, p.numel()) for g in inner.optimizer.param_groups for p in g["params"]]
+    else:
+        raise FrameworkError(
+            f"framework='megatron' supports megatron's DistributedOptimizer, FP32Optimizer and "
+            f"Float16OptimizerWithFloat16Params (inside a ChainedOptimizer or alone), got {type(inner).__name__}"
+        )
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class _RangeState:
+    """``ParamState`` of one main parameter: its state tensors (like ``main``: 1-D over the
+    range, or the local shape) are stored as boxes of the global tensor ``at.key``."""
+
+    at: _Placement
+    mp: _MainParam
+
+    @property
+    def fqns(self) -> tuple[str, ...]:
+        return (self.at.key,)
+
+    @property
+    def shapes(self) -> tuple[Shape, ...]:
+        return (self.at.global_shape,)
+
+    @property
+    def holds(self) -> bool:
+        return True  # the distributed optimizer gives a rank only the parameters it owns a range of
+
+    def like(self) -> tuple[torch.Tensor, bool]:
+        return self.mp.main, False
+
+    def pieces(self, name: str, value: torch.Tensor) -> list[Piece]:
+        key = f"{STATE_PREFIX}{self.at.key}.{name}"
+        if value.dim() == 0:
+            return [Piece(ShardSpec(key, dtype_name(value.dtype), (), (), ()), value.detach())]
+        return range_pieces(key, self.at, self.mp, value)
+
+
+def range_pieces(key: str, at: _Placement, mp: _MainParam, value: torch.Tensor) -> list[Piece]:
+    """Pieces of ``value`` (a tensor laid out like ``mp.main``) as boxes of global tensor ``key``."""
+    if tuple(value.shape) != tuple(mp.main.shape):
+        raise FrameworkError(
+            f"{key}: optimizer state of shape {tuple(value.shape)}; expected a scalar or the main "
+            f"parameter's shape {tuple(mp.main.shape)}"
+        )
+    if not value.is_contiguous():
+        raise FrameworkError(f"{key}: optimizer state tensor is not contiguous")
+    flat = value.detach().reshape(-1)
+    dtype = dtype_name(value.dtype)
+    return [
+        Piece(ShardSpec(key, dtype, at.global_shape, offs, lens), flat[a : a + n].view(lens))
+        for offs, lens, a, n in at.boxes(mp.start, mp.end - mp.start)
+    ]
+
+
+class _ChainedState(MutableMapping[Any, Any]):
+    """The state mappings of several torch optimizers as one (each parameter is in exactly one)."""
+
+    def __init__(self, optimizers: list[Any]) -> None:
+        self.optimizers = optimizers
+        self.owner = {id(p): o for o in optimizers for g in o.param_groups for p in g["params"]}
+
+    def _of(self, p: Any) -> Any:
+        o = self.owner.get(id(p))
+        if o is None:
+            raise KeyError(p)
+        return o.state
+
+    def __getitem__(self, p: Any) -> Any:
+        return self._of(p)[p]
+
+    def __setitem__(self, p: Any, value: Any) -> None:
+        self._of(p)[p] = value
+
+    def __delitem__(self, p: Any) -> None:
+        del self._of(p)[p]
+
+    def __iter__(self) -> Iterator[Any]:
+        for o in self.optimizers:
+            yield from o.state
+
+    def __len__(self) -> int:
+        return sum(len(o.state) for o in self.optimizers)
+
+
+class _ChainedTorchOptimizers:
+    """The inner torch optimizers of a megatron optimizer as one optimizer-like object: the
+    groups are theirs (the same dicts, so hyper-parameters set at load reach them)."""
+
+    def __init__(self, optimizers: list[Any]) -> None:
+        self.param_groups = [g for o in optimizers for g in o.param_groups]
+        self.state = _ChainedState(optimizers)
+        classes = {type(o) for o in optimizers}
+        if len(classes) == 1:
+            self.defaults = optimizers[0].defaults
+
+
+def _describe_optimizer(
+    optim: Any, index: _ModelIndex
+) -> tuple[OptimizerDescription, list[tuple[_Placement, _MainParam]]]:
+    inners = list(getattr(optim, "chained_optimizers", [optim]))
+    torch_opts, params, copies = [], {}, []
+    for inner in inners:
+        torch_opt = getattr(inner, "optimizer", None)
+        if torch_opt is None:
+            raise FrameworkError(f"megatron optimizer {type(inner).__name__} has no inner torch optimizer")
+        torch_opts.append(torch_opt)
+        for mp in _main_params(inner):
+            at = index.placement.get(id(mp.model))
+            if at is None:
+                raise FrameworkError(
+                    f"the optimizer trains a parameter of shape {tuple(mp.model.shape)} that the model's "
+                    "sharded_state_dict() does not describe (is it a parameter of state['model']?)"
+                )
+            params[id(mp.main)] = _RangeState(at, mp)
+            if mp.is_copy:
+                copies.append((at, mp))
+    view: Any = torch_opts[0] if len(torch_opts) == 1 else _ChainedTorchOptimizers(torch_opts)
+    return OptimizerDescription(view, params), copies
+
+
+def _main_pieces(copies: list[tuple[_Placement, _MainParam]]) -> list[Piece]:
+    return [pc for at, mp in copies for pc in range_pieces(MAIN_PARAMS_PREFIX + at.key, at, mp, mp.main)]
+
+
+def _mesh() -> tuple[tuple[str, int], ...]:
+    from megatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        return ()
+    sizes = [
+        ("tp", ps.get_tensor_model_parallel_world_size()),
+        ("pp", ps.get_pipeline_model_parallel_world_size()),
+        ("dp", ps.get_data_parallel_world_size()),
+        ("cp", ps.get_context_parallel_world_size()),
+        ("ep", ps.get_expert_model_parallel_world_size()),
+    ]
+    vp = ps.get_virtual_pipeline_model_parallel_world_size()
+    if vp:
+        sizes.append(("vp", vp))
+    return tuple((name, int(n)) for name, n in sizes)
+
+
+@dataclass(frozen=True, eq=False)
+class _Described:
+    desc: StateDescription
+    copies: list[tuple[_Placement, _MainParam]]
+
+
+class MegatronAdapter(DescribedAdapter):
+    """``framework="megatron"``: megatron-core model chunks and megatron's optimizers."""
+
+    name = "megatron"
+
+    def matches(self, state: Mapping[str, Any]) -> bool:
+        model = state.get("model")
+        chunks = list(model) if isinstance(model, (list, tuple)) else [model]
+        return bool(chunks) and all(is_megatron_module(c) for c in chunks)
+
+    def _describe(self, state: Mapping[str, Any]) -> _Described | None:
+        model = state.get("model")
+        if model is None:
+            return None
+        index = _ModelIndex(model_chunks(model))
+        optim = state.get("optimizer")
+        if optim is None:
+            return _Described(StateDescription(tuple(index.pieces), None, _mesh()), [])
+        opt, copies = _describe_optimizer(optim, index)
+        pieces = (*index.pieces, *_main_pieces(copies))
+        return _Described(StateDescription(pieces, opt, _mesh()), copies)
+
+    def describe(self, state: Mapping[str, Any]) -> StateDescription | None:
+        d = self._describe(state)
+        return None if d is None else d.desc
+
+    def load_view(self, state: Mapping[str, Any], md: Metadata | None = None, strict: bool = True) -> LoadView:
+        d = self._describe(state)
+        if d is None or md is None or not d.copies:
+            return load_view(None if d is None else d.desc, md, strict)
+        missing = [(at, mp) for at, mp in d.copies if MAIN_PARAMS_PREFIX + at.key not in md.tensors]
+        if not missing:
+            return load_view(d.desc, md, strict)
+        # saved from a job without main copies (fp32): the main params follow the loaded model
+        drop = {MAIN_PARAMS_PREFIX + at.key for at, _ in missing}
+        desc = replace(d.desc, model=tuple(pc for pc in d.desc.model if pc.spec.fqn not in drop))
+        view = load_view(desc, md, strict)
+        apply = view.apply
+
+        def apply_then_reload_main() -> None:
+            apply()
+            with torch.no_grad():
+                for _, mp in missing:
+                    mp.main.copy_(mp.model.detach().reshape(-1)[mp.start : mp.end].view(mp.main.shape))
+
+        view.apply = apply_then_reload_main
+        return view

@@ -1,0 +1,139 @@
+"""Rank functions of the Megatron checkpoint tests (spawned by ``harness.run_ranks``).
+
+``save_job`` trains a megatron-core GPT at one layout, saves it with ``framework="megatron"``,
+gathers the oracle (full model and optimizer state, gathered with plain torch.distributed by
+the test bed, not by unickpt) and then keeps training one step: that step's loss and the model
+after it are what a resumed job must reproduce. ``load_job`` builds another layout from another
+seed (every tensor differs), loads, gathers the same oracle and takes the same next step.
+Results travel in unickpt's safe value encoding; rank 0 returns the full states."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import megatron_env as env
+import unickpt
+
+SAVE_SEED, LOAD_SEED = 1234, 999
+STEP = 0  # the training step saved after; the next one is STEP + 1
+
+
+def _state(chunks: list[Any], opt: Any) -> dict[str, Any]:
+    return {
+        "model": env.full_model_state(chunks, sharded_keys=True),
+        "optim": env.full_optimizer_state(chunks, opt, sharded_keys=True),
+    }
+
+
+def save_job(
+    rank: int,
+    world: int,
+    path: str,
+    tp: int,
+    pp: int,
+    dp: int,
+    dist_opt: bool,
+    vp: int | None = None,
+    bf16: bool = False,
+) -> dict[str, Any]:
+    chunks, opt = env.build_gpt(
+        tp, pp, dp, seed=SAVE_SEED, use_distributed_optimizer=dist_opt, virtual_pp=vp, bf16=bf16
+    )
+    env.train_step(chunks, opt, STEP)
+    unickpt.save(path, {"model": chunks, "optimizer": opt}, framework="megatron")
+    saved = _state(chunks, opt)
+    loss = env.train_step(chunks, opt, STEP + 1)
+    after = env.full_model_state(chunks, sharded_keys=True)
+    return {"loss": loss, **saved, "after": after} if rank == 0 else {"loss": loss}
+
+
+def load_job(
+    rank: int,
+    world: int,
+    path: str,
+    tp: int,
+    pp: int,
+    dp: int,
+    dist_opt: bool,
+    vp: int | None = None,
+    bf16: bool = False,
+    warm: bool = False,
+    framework: str = "megatron",
+) -> dict[str, Any]:
+    """``warm``: take a step before loading, so the optimizer already has state (loaded in
+    place); otherwise it has none yet and the load creates it."""
+    chunks, opt = env.build_gpt(
+        tp, pp, dp, seed=LOAD_SEED, use_distributed_optimizer=dist_opt, virtual_pp=vp, bf16=bf16
+    )
+    if warm:
+        env.train_step(chunks, opt, 7)
+    unickpt.load(path, {"model": chunks, "optimizer": opt}, framework=framework)
+    loaded = _state(chunks, opt)
+    loss = env.train_step(chunks, opt, STEP + 1)
+    after = env.full_model_state(chunks, sharded_keys=True)
+    groups = [
+        {k: v for k, v in g.items() if k in ("lr", "weight_decay", "wd_mult", "betas")}
+        for o in opt.chained_optimizers
+        for g in o.optimizer.param_groups
+    ]
+    out = {"loss": loss, "groups": groups}
+    return {**out, **loaded, "after": after} if rank == 0 else out
+
+
+def consolidate_job(rank: int, world: int, path: str, fsdp2: bool) -> dict[str, Any]:
+    """Load a Megatron checkpoint into megatron's GPTModel used as a plain torch module (TP1, no
+    megatron DDP or optimizer; ``fsdp2``: fully_shard over all ranks) under its module names
+    (``key_map`` undoes megatron's sharded-key renames), with a torch AdamW; return the full
+    model and the optimizer state under the module names, gathered by torch (full_tensor)."""
+    chunks, _ = env.build_gpt(1, 1, world, seed=LOAD_SEED, use_distributed_optimizer=False)
+    gpt = env._unwrap(chunks[0])
+    # a fresh module tree, no megatron wrappers: the evaluation model
+    names = {env.global_param_name(gpt, n, sharded_keys=True): n for n, _ in gpt.named_parameters()}
+    model: torch.nn.Module = gpt
+    framework = "torch"
+    if fsdp2:
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in gpt.decoder.layers:
+            fully_shard(layer)
+        fully_shard(gpt)
+        framework = "fsdp2"
+    # megatron's two groups: weight decay for matrices, none for 1-D tensors and biases
+    decayed = [p for n, p in model.named_parameters() if p.dim() > 1 and not n.endswith(".bias")]
+    others = [p for n, p in model.named_parameters() if not (p.dim() > 1 and not n.endswith(".bias"))]
+    opt = torch.optim.AdamW([{"params": decayed}, {"params": others}], lr=0.5)
+
+    def key_map(key: str) -> str | None:
+        for prefix in ("model.", "optimizer.state.", "optimizer.param_groups."):
+            if key.startswith(prefix):
+                rest = key[len(prefix) :]
+                for sharded, name in names.items():
+                    if rest == sharded or rest.startswith(sharded + "."):
+                        return prefix + name + rest[len(sharded) :]
+        if key.startswith("optimizer.main_params."):
+            return None
+        return key
+
+    unickpt.load(
+        path,
+        {"model": model, "optimizer": opt},
+        framework=framework,
+        options=unickpt.LoadOptions(key_map=key_map),
+    )
+
+    def full(t: torch.Tensor) -> torch.Tensor:
+        return t.full_tensor() if hasattr(t, "full_tensor") else t.detach().clone()
+
+    params = dict(model.named_parameters())
+    model_out = {n: full(p) for n, p in params.items()}
+    optim_out = {
+        n: {k: full(v) for k, v in opt.state[p].items() if k in ("exp_avg", "exp_avg_sq")}
+        for n, p in params.items()
+        if p in opt.state
+    }
+    lrs = {n: float(g["lr"]) for g in opt.param_groups for n, p in params.items() if any(p is q for q in g["params"])}
+    dist.barrier()
+    return {"model": model_out, "optim": optim_out, "names": names, "lr": lrs} if rank == 0 else {}
