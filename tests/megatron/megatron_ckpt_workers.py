@@ -62,6 +62,7 @@ def load_job(
     bf16: bool = False,
     warm: bool = False,
     framework: str = "megatron",
+    cast_dtypes: bool = False,
 ) -> dict[str, Any]:
     """``warm``: take a step before loading, so the optimizer already has state (loaded in
     place); otherwise it has none yet and the load creates it."""
@@ -70,7 +71,8 @@ def load_job(
     )
     if warm:
         env.train_step(chunks, opt, 7)
-    unickpt.load(path, {"model": chunks, "optimizer": opt}, framework=framework)
+    options = unickpt.LoadOptions(cast_dtypes=cast_dtypes)
+    unickpt.load(path, {"model": chunks, "optimizer": opt}, framework=framework, options=options)
     loaded = _state(chunks, opt)
     loss = env.train_step(chunks, opt, STEP + 1)
     after = env.full_model_state(chunks, sharded_keys=True)
@@ -137,3 +139,72 @@ def consolidate_job(rank: int, world: int, path: str, fsdp2: bool) -> dict[str, 
     lrs = {n: float(g["lr"]) for g in opt.param_groups for n, p in params.items() if any(p is q for q in g["params"])}
     dist.barrier()
     return {"model": model_out, "optim": optim_out, "names": names, "lr": lrs} if rank == 0 else {}
+
+
+def loader_job(
+    rank: int, world: int, path: str, tp: int, pp: int, dp: int, sources: dict[str, list[str]], mode: str
+) -> list[int]:
+    """A Megatron job whose dataloader lives on TP rank 0 of the first pipeline stage of each DP
+    group (the other ranks pass none). ``mode`` "save": consume 1 + dp_rank batches, train a
+    step, save; "load": restore (any layout) and drain. Returns the tokens this rank consumed."""
+    from loader_data import drain, make_loader
+    from megatron.core import parallel_state as ps
+
+    chunks, opt = env.build_gpt(tp, pp, dp, seed=SAVE_SEED, use_distributed_optimizer=True)
+    owner = ps.get_tensor_model_parallel_rank() == 0 and ps.is_pipeline_first_stage(ignore_virtual=True)
+    dp_rank = ps.get_data_parallel_rank()
+    loader = make_loader(sources, dp_rank, dp) if owner else None
+    state: dict[str, Any] = {"model": chunks, "optimizer": opt}
+    if loader is not None:
+        state["dataloader"] = loader
+    if mode == "save":
+        seen = drain(loader, limit=1 + dp_rank) if loader is not None else []
+        env.train_step(chunks, opt, STEP)
+        unickpt.save(path, state, framework="megatron")
+        return seen
+    unickpt.load(path, state, framework="megatron")
+    return drain(loader) if loader is not None else []
+
+
+def careless_job(rank: int, world: int, path: str) -> dict[str, Any]:
+    """One rank: what a careless user gets. Returns the detected framework, the errors' texts and
+    whether a torch AdamW over a megatron model round-trips."""
+    from unickpt.errors import CheckpointError
+    from unickpt.frameworks import FRAMEWORKS
+
+    chunks, opt = env.build_gpt(1, 1, 1, seed=SAVE_SEED, use_distributed_optimizer=True)
+    out: dict[str, Any] = {"detected": FRAMEWORKS.detect({"model": chunks, "optimizer": opt}).name}
+    try:
+        unickpt.save(path + "-linear", {"model": torch.nn.Linear(2, 2)}, framework="megatron")
+    except CheckpointError as e:
+        out["not_megatron"] = str(e)
+    env.train_step(chunks, opt, STEP)
+    unickpt.save(path, {"model": chunks, "optimizer": opt})  # framework="auto"
+    wider, wider_opt = env.build_gpt(1, 1, 1, seed=LOAD_SEED, use_distributed_optimizer=True, hidden=48)
+    try:
+        unickpt.load(path, {"model": wider, "optimizer": wider_opt})
+    except CheckpointError as e:
+        out["other_shape"] = str(e)
+    # a plain torch optimizer over a megatron model's parameters
+    gpt = env._unwrap(chunks[0])
+    adam = torch.optim.AdamW(gpt.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(5)
+    for p in gpt.parameters():  # megatron's DDP hooks would move autograd's grads to main_grad
+        p.grad = torch.randn(p.shape, generator=gen)
+    adam.step()
+    unickpt.save(path + "-adam", {"model": gpt, "optimizer": adam}, framework="megatron")
+    fresh, _ = env.build_gpt(1, 1, 1, seed=LOAD_SEED, use_distributed_optimizer=False)
+    fresh_gpt = env._unwrap(fresh[0])
+    fresh_adam = torch.optim.AdamW(fresh_gpt.parameters(), lr=0.5)
+    unickpt.load(path + "-adam", {"model": fresh_gpt, "optimizer": fresh_adam}, framework="megatron")
+    pairs = list(zip(gpt.parameters(), fresh_gpt.parameters()))
+    out["adam_round_trip"] = (
+        all(
+            torch.equal(a, b)
+            and torch.equal(adam.state[a]["exp_avg"], fresh_adam.state[b]["exp_avg"])
+            and torch.equal(adam.state[a]["step"], fresh_adam.state[b]["step"])
+            for a, b in pairs
+        )
+        and fresh_adam.param_groups[0]["lr"] == 0.1
+    )
+    return out

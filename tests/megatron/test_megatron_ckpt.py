@@ -13,8 +13,10 @@ HAVE_MEGATRON = importlib.util.find_spec("megatron.core") is not None
 pytestmark = pytest.mark.skipif(not HAVE_MEGATRON, reason="megatron-core not installed")
 
 if HAVE_MEGATRON:
+    from loader_data import all_tokens, write_dataset
+
     from harness import run_ranks
-    from megatron_ckpt_workers import consolidate_job, load_job, save_job
+    from megatron_ckpt_workers import careless_job, consolidate_job, load_job, loader_job, save_job
 
 LOSS_TOL = 1e-5  # other reduction orders at another layout (see test_megatron_env)
 MODEL_ATOL = 1e-4  # weights after one more Adam step at another layout
@@ -126,3 +128,37 @@ def test_tp2pp2_loads_into_a_plain_torch_model_by_module_names(tp2pp2, world, fs
         for field in ("exp_avg", "exp_avg_sq"):
             assert torch.equal(got["optim"][name][field], ref["optim"][key][field]), (key, field)
     assert set(got["lr"].values()) == {0.01}  # megatron's lr, not the 0.5 the AdamW was built with
+
+
+def test_dataloader_of_tp_rank0_first_stage_reshards_with_the_model(tmp_path):
+    """TP2 x DP2 (loaders on TP rank 0 of each DP group) -> TP1 x PP2 x DP2 (loaders on the first
+    stage): every token is consumed exactly once across the save and the resumed job."""
+    sources = write_dataset(str(tmp_path / "data"))
+    path = str(tmp_path / "ck")
+    before = run_ranks(loader_job, 4, path, 2, 1, 2, sources, "save")
+    assert [bool(b) for b in before] == [True, False, True, False]  # ranks 0 and 2 own loaders
+    after = run_ranks(loader_job, 4, path, 1, 2, 2, sources, "load")
+    assert [bool(a) for a in after] == [True, True, False, False]  # first stage: ranks 0, 1
+    assert sorted(t for r in before + after for t in r) == all_tokens(sources)
+
+
+def test_fp32_checkpoint_into_a_bf16_job_sets_main_params_from_the_model(dp2):
+    """A checkpoint without main copies (fp32 job) loads into a bf16 job with cast_dtypes: the
+    model is the saved one rounded to bf16, Adam's moments are the saved ones, and the fp32
+    main params follow the loaded model (megatron's reload_model_params)."""
+    path, saved = dp2
+    got = run_ranks(load_job, 2, path, 1, 1, 2, True, None, True, False, "megatron", True)[0]
+    ref = saved[0]
+    for key, t in ref["model"].items():
+        assert torch.equal(got["model"][key], t.to(torch.bfloat16)), key
+        assert torch.equal(got["optim"][key]["main_param"], t.to(torch.bfloat16).float()), key
+        for field in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(got["optim"][key][field], ref["optim"][key][field]), (key, field)
+
+
+def test_careless_use_gets_clear_errors_and_torch_optimizers_work(tmp_path):
+    got = run_ranks(careless_job, 1, str(tmp_path / "ck"))[0]
+    assert got["detected"] == "megatron"  # framework="auto" finds megatron-core chunks
+    assert "sharded_state_dict" in got["not_megatron"]
+    assert "global shape" in got["other_shape"] and "the model differs" in got["other_shape"]
+    assert got["adam_round_trip"]

@@ -18,7 +18,8 @@ The adapter translates megatron's own description of its state and nothing else:
   ``LocalNonpersistentObject`` are skipped; anything else is refused by name.
 * the optimizer: megatron's ``ChainedOptimizer`` (or one inner optimizer) wraps per parameter set
   a ``DistributedOptimizer``, ``FP32Optimizer`` or ``Float16OptimizerWithFloat16Params``, each
-  around a torch optimizer whose parameters are the fp32 *main* parameters. unickpt reads and
+  around a torch optimizer whose parameters are the fp32 *main* parameters (a plain torch
+  optimizer over the model's parameters is accepted too). unickpt reads and
   fills those torch optimizers directly (``param_groups`` and ``state``: the duck-typed contract
   of ``base``), one view over all of them. Each main parameter is mapped to the model parameter
   it trains and the flat range ``[start, end)`` of the TP-local tensor it covers (the
@@ -50,7 +51,16 @@ from ..format.dtypes import dtype_name
 from ..format.records import Metadata
 from ..planning.boxes import decompose_flat_range
 from ..planning.specs import Shape, ShardSpec
-from .base import MODEL_PREFIX, OPTIM_PREFIX, STATE_PREFIX, LoadView, OptimizerDescription, Piece, StateDescription
+from .base import (
+    MODEL_PREFIX,
+    OPTIM_PREFIX,
+    STATE_PREFIX,
+    LoadView,
+    OptimizerDescription,
+    Piece,
+    StateDescription,
+    is_optimizer_like,
+)
 from .views import DescribedAdapter, load_view
 
 __all__ = ["MegatronAdapter", "MAIN_PARAMS_PREFIX", "model_chunks", "is_megatron_module"]
@@ -248,10 +258,13 @@ def _main_params(inner: Any) -> list[_MainParam]:
             out += [_MainParam(m, main, 0, m.numel()) for m, main in zip(models, mains, strict=True)]
     elif isinstance(inner, FP32Optimizer):
         out += [_MainParam(p, p, 0, p.numel()) for g in inner.optimizer.param_groups for p in g["params"]]
+    elif is_optimizer_like(inner) and not hasattr(inner, "optimizer"):  # a torch optimizer on the model params
+        out += [_MainParam(p, p, 0, p.numel()) for g in inner.param_groups for p in g["params"]]
     else:
         raise FrameworkError(
             f"framework='megatron' supports megatron's DistributedOptimizer, FP32Optimizer and "
-            f"Float16OptimizerWithFloat16Params (inside a ChainedOptimizer or alone), got {type(inner).__name__}"
+            f"Float16OptimizerWithFloat16Params (inside a ChainedOptimizer or alone) and torch optimizers "
+            f"over the model's parameters, got {type(inner).__name__}"
         )
     return out
 
@@ -283,6 +296,11 @@ class _RangeState:
         key = f"{STATE_PREFIX}{self.at.key}.{name}"
         if value.dim() == 0:
             return [Piece(ShardSpec(key, dtype_name(value.dtype), (), (), ()), value.detach())]
+        if tuple(value.shape) != tuple(self.mp.main.shape):  # a load laid out the saved shape in full
+            raise FrameworkError(
+                f"{key}: the checkpoint's state has global shape {tuple(value.shape)}, but the live parameter "
+                f"{self.at.key!r} has global shape {self.at.global_shape}: the model differs from the saved one"
+            )
         return range_pieces(key, self.at, self.mp, value)
 
 
@@ -351,11 +369,9 @@ def _describe_optimizer(
     inners = list(getattr(optim, "chained_optimizers", [optim]))
     torch_opts, params, copies = [], {}, []
     for inner in inners:
-        torch_opt = getattr(inner, "optimizer", None)
-        if torch_opt is None:
-            raise FrameworkError(f"megatron optimizer {type(inner).__name__} has no inner torch optimizer")
-        torch_opts.append(torch_opt)
-        for mp in _main_params(inner):
+        mains = _main_params(inner)
+        torch_opts.append(getattr(inner, "optimizer", inner))
+        for mp in mains:
             at = index.placement.get(id(mp.model))
             if at is None:
                 raise FrameworkError(
