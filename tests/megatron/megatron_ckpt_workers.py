@@ -208,3 +208,75 @@ def careless_job(rank: int, world: int, path: str) -> dict[str, Any]:
         and fresh_adam.param_groups[0]["lr"] == 0.1
     )
     return out
+
+
+# megatron-core GPT (local spec) key -> Hugging Face GPTNeoX name: the same tensors, same layout
+# (Megatron's fused QKV is interleaved per head [q, k, v], as GPTNeoX's query_key_value is)
+NEOX_LAYER = {
+    "self_attention.linear_qkv.layer_norm_": "input_layernorm.",
+    "self_attention.linear_qkv.": "attention.query_key_value.",
+    "self_attention.linear_proj.": "attention.dense.",
+    "mlp.linear_fc1.layer_norm_": "post_attention_layernorm.",
+    "mlp.linear_fc1.": "mlp.dense_h_to_4h.",
+    "mlp.linear_fc2.": "mlp.dense_4h_to_h.",
+}
+NEOX_TOP = {
+    "embedding.word_embeddings.weight": "gpt_neox.embed_in.weight",
+    "decoder.final_layernorm.weight": "gpt_neox.final_layer_norm.weight",
+    "decoder.final_layernorm.bias": "gpt_neox.final_layer_norm.bias",
+    "output_layer.weight": "lm_head.weight",
+}
+
+
+def megatron_to_neox(key: str) -> str | None:
+    """A megatron tensor key to its GPTNeoX name; None: GPTNeoX has no such tensor (learned
+    position embeddings: it uses rotary ones)."""
+    if key in NEOX_TOP:
+        return NEOX_TOP[key]
+    if key.startswith("decoder.layers."):
+        layer, rest = key[len("decoder.layers.") :].split(".", 1)
+        for old, new in NEOX_LAYER.items():
+            if rest.startswith(old):
+                return f"gpt_neox.layers.{layer}.{new}{rest[len(old) :]}"
+    return None
+
+
+def hf_job(rank: int, world: int, path: str) -> dict[str, Any]:
+    """Load a Megatron checkpoint into a Hugging Face GPTNeoX model (and a torch AdamW) through
+    LoadOptions(key_map=...); return its tensors and Adam moments by HF name."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    config = GPTNeoXConfig(
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=16,
+        use_parallel_residual=False,
+        tie_word_embeddings=False,
+    )
+    model = GPTNeoXForCausalLM(config)
+    decayed = [p for n, p in model.named_parameters() if p.dim() > 1]
+    others = [p for p in model.parameters() if p.dim() <= 1]
+    opt = torch.optim.AdamW([{"params": decayed}, {"params": others}], lr=0.5)
+    state_prefixes = ("model.", "optimizer.state.", "optimizer.param_groups.")
+
+    def key_map(key: str) -> str | None:
+        for prefix in state_prefixes:
+            if key.startswith(prefix):
+                rest = key[len(prefix) :]
+                if prefix == "optimizer.state.":  # <tensor key>.<state name>
+                    tensor, _, name = rest.rpartition(".")
+                    hf = megatron_to_neox(tensor)
+                    return None if hf is None else f"{prefix}{hf}.{name}"
+                hf = megatron_to_neox(rest)
+                return None if hf is None else prefix + hf
+        return None if key.startswith("optimizer.main_params.") else key
+
+    unickpt.load(path, {"model": model, "optimizer": opt}, options=unickpt.LoadOptions(key_map=key_map))
+    params = dict(model.named_parameters())
+    return {
+        "model": {n: p.detach().clone() for n, p in params.items()},
+        "exp_avg": {n: opt.state[p]["exp_avg"].clone() for n, p in params.items()},
+    }

@@ -16,7 +16,15 @@ if HAVE_MEGATRON:
     from loader_data import all_tokens, write_dataset
 
     from harness import run_ranks
-    from megatron_ckpt_workers import careless_job, consolidate_job, load_job, loader_job, save_job
+    from megatron_ckpt_workers import (
+        careless_job,
+        consolidate_job,
+        hf_job,
+        load_job,
+        loader_job,
+        megatron_to_neox,
+        save_job,
+    )
 
 LOSS_TOL = 1e-5  # other reduction orders at another layout (see test_megatron_env)
 MODEL_ATOL = 1e-4  # weights after one more Adam step at another layout
@@ -61,6 +69,7 @@ def tp2pp2(tmp_path_factory):
     [
         pytest.param((1, 1, 1, False, None), id="tp1pp1-1rank-fp32opt"),
         pytest.param((1, 1, 2, True, None), id="tp1pp1dp2-distopt"),
+        pytest.param((1, 1, 4, True, None), id="tp1pp1dp4-distopt"),
         pytest.param((1, 2, 1, True, None), id="tp1pp2-distopt"),
         pytest.param((4, 1, 1, True, None), id="tp4-distopt"),
         pytest.param((1, 2, 2, True, 2), id="tp1pp2dp2-vp2-distopt"),
@@ -162,3 +171,16 @@ def test_careless_use_gets_clear_errors_and_torch_optimizers_work(tmp_path):
     assert "sharded_state_dict" in got["not_megatron"]
     assert "global shape" in got["other_shape"] and "the model differs" in got["other_shape"]
     assert got["adam_round_trip"]
+
+
+def test_tp2pp2_loads_into_a_hugging_face_model_through_key_map(tp2pp2):
+    """Megatron's global keys map onto Hugging Face GPTNeoX names one to one (its fused QKV is
+    interleaved per head like Megatron's): every HF tensor and its Adam moment is the saved one."""
+    path, saved = tp2pp2
+    got = run_ranks(hf_job, 1, path)[0]
+    ref = saved[0]
+    mapped = {megatron_to_neox(k): k for k in ref["model"] if megatron_to_neox(k) is not None}
+    assert sorted(mapped) == sorted(got["model"])  # every HF tensor comes from the checkpoint
+    for hf, key in mapped.items():
+        assert torch.equal(got["model"][hf], ref["model"][key]), hf
+        assert torch.equal(got["exp_avg"][hf], ref["optim"][key]["exp_avg"]), hf
