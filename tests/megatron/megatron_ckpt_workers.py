@@ -63,12 +63,14 @@ def load_job(
     warm: bool = False,
     framework: str = "megatron",
     cast_dtypes: bool = False,
+    vocab: int = 64,
 ) -> dict[str, Any]:
     """``warm``: take a step before loading, so the optimizer already has state (loaded in
     place); otherwise it has none yet and the load creates it."""
     chunks, opt = env.build_gpt(
-        tp, pp, dp, seed=LOAD_SEED, use_distributed_optimizer=dist_opt, virtual_pp=vp, bf16=bf16
+        tp, pp, dp, seed=LOAD_SEED, use_distributed_optimizer=dist_opt, virtual_pp=vp, bf16=bf16, vocab=vocab
     )
+    initial = env.full_model_state(chunks, sharded_keys=True)
     if warm:
         env.train_step(chunks, opt, 7)
     options = unickpt.LoadOptions(cast_dtypes=cast_dtypes)
@@ -82,7 +84,7 @@ def load_job(
         for g in o.optimizer.param_groups
     ]
     out = {"loss": loss, "groups": groups}
-    return {**out, **loaded, "after": after} if rank == 0 else out
+    return {**out, **loaded, "after": after, "initial": initial} if rank == 0 else out
 
 
 def consolidate_job(rank: int, world: int, path: str, fsdp2: bool) -> dict[str, Any]:

@@ -184,3 +184,26 @@ def test_tp2pp2_loads_into_a_hugging_face_model_through_key_map(tp2pp2):
     for hf, key in mapped.items():
         assert torch.equal(got["model"][hf], ref["model"][key]), hf
         assert torch.equal(got["exp_avg"][hf], ref["optim"][key]["exp_avg"]), hf
+
+
+@pytest.mark.parametrize("vocab", [80, 48])
+def test_padded_vocabulary_of_another_size_loads_the_rows_both_have(tp2pp2, vocab):
+    """Megatron pads the vocabulary to a multiple of the TP size, so another TP size can have
+    another row count in the embeddings and output layer (``allow_shape_mismatch``): the rows
+    both have load bit-exact, extra live rows keep their values with zero Adam state, saved rows
+    the job lacks are left out; every other tensor loads as usual."""
+    path, saved = tp2pp2
+    got = run_ranks(load_job, 2, path, 1, 1, 2, True, None, False, False, "megatron", False, vocab)[0]
+    ref = saved[0]
+    padded = {"embedding.word_embeddings.weight", "output_layer.weight"}
+    n = min(vocab, 64)
+    for key, t in ref["model"].items():
+        if key not in padded:
+            assert torch.equal(got["model"][key], t), key
+            continue
+        assert got["model"][key].shape[0] == vocab
+        assert torch.equal(got["model"][key][:n], t[:n]), key
+        assert torch.equal(got["model"][key][n:], got["initial"][key][n:]), key
+        for field in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(got["optim"][key][field][:n], ref["optim"][key][field][:n]), (key, field)
+            assert not got["optim"][key][field][n:].any(), (key, field)

@@ -27,6 +27,11 @@ The adapter translates megatron's own description of its state and nothing else:
   boxes of the global tensor (``planning.boxes.decompose_flat_range``, as for FSDP1), so state
   is stored per model tensor (``optimizer.state.<key>.exp_avg`` ...) and loads into any TP, PP,
   DP or VP split, with or without the distributed optimizer, without a gather at save.
+* tensors megatron marks ``allow_shape_mismatch`` (word embeddings, output layer: the vocabulary
+  is padded to a multiple of the TP size, so another TP size can give another row count) load
+  from a checkpoint with another number of rows: the rows both have are loaded, padding rows
+  the checkpoint lacks keep their values (their optimizer state starts at zero), saved padding
+  rows the job lacks are not read.
 * fp32 main parameters that are copies (bf16/fp16 models) are saved as
   ``optimizer.main_params.<key>``. A checkpoint without them (saved from an fp32 job) loads its
   model tensors and then sets the main parameters from them, as megatron's
@@ -39,6 +44,7 @@ objects. The mesh recorded is megatron's parallel sizes (information only: a loa
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -106,15 +112,27 @@ class _Placement:
     offsets: Shape
     prepend: int
     local_shape: Shape
+    rows: int | None = None  # a checkpoint with another number of rows on axis 0: boxes end there
+
+    def clip(self, offsets: Shape, lengths: Shape) -> int:
+        """How many of a box's rows on axis 0 exist in the checkpoint (all but for ``rows``)."""
+        if self.rows is None:
+            return lengths[0]
+        return max(0, min(offsets[0] + lengths[0], self.rows) - offsets[0])
 
     def boxes(self, start: int, numel: int) -> Iterator[tuple[Shape, Shape, int, int]]:
         """(global offsets, lengths, first flat index relative to ``start``, numel) of the boxes
-        tiling the local tensor's row-major elements ``[start, start + numel)``."""
+        tiling the local tensor's row-major elements ``[start, start + numel)`` (rows beyond
+        ``rows`` left out: a box's first rows are its first elements)."""
         lead_off, lead_len = self.offsets[: self.prepend], (1,) * self.prepend
         base = self.offsets[self.prepend :]
         for p in decompose_flat_range(self.local_shape, start, numel):
             offs = lead_off + tuple(b + o for b, o in zip(base, p.offsets))
-            yield offs, lead_len + tuple(p.lengths), p.flat_start - start, p.numel
+            lens = lead_len + tuple(p.lengths)
+            keep = self.clip(offs, lens)
+            if keep:
+                lens = (keep, *lens[1:])
+                yield offs, lens, p.flat_start - start, math.prod(lens)
 
 
 def _leaves(tree: Any) -> Iterator[Any]:
@@ -135,7 +153,7 @@ def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
 class _ModelIndex:
     """Every chunk's ``ShardedTensor``s as pieces, and the placement of each live parameter."""
 
-    def __init__(self, chunks: list[nn.Module]) -> None:
+    def __init__(self, chunks: list[nn.Module], md: Metadata | None = None) -> None:
         from megatron.core.dist_checkpointing.mapping import (
             LocalNonpersistentObject,
             ShardedObject,
@@ -143,6 +161,7 @@ class _ModelIndex:
             ShardedTensorFactory,
         )
 
+        self.md = md
         self.pieces: list[Piece] = []
         self.placement: dict[int, _Placement] = {}  # id(local tensor) -> where it sits
         seen: dict[tuple[str, Shape], str] = {}
@@ -213,9 +232,27 @@ class _ModelIndex:
             view = data.detach().view(lengths)
         except RuntimeError as e:
             raise FrameworkError(f"{key}: local tensor cannot be viewed as its box {lengths}: {e}") from e
-        spec = ShardSpec(MODEL_PREFIX + key, dtype_name(data.dtype), gshape, offsets, lengths)
-        self.pieces.append(Piece(spec, view))
-        self.placement[id(data)] = _Placement(key, gshape, offsets, prepend, local)
+        at = _Placement(key, gshape, offsets, prepend, local)
+        rows = self._saved_rows(sh, gshape)
+        if rows is not None:
+            at = replace(at, global_shape=(rows, *gshape[1:]), rows=rows)
+        self.placement[id(data)] = at
+        keep = at.clip(offsets, lengths)
+        if keep:
+            spec = ShardSpec(MODEL_PREFIX + key, dtype_name(data.dtype), at.global_shape, offsets, (keep, *lengths[1:]))
+            self.pieces.append(Piece(spec, view[:keep]))
+
+    def _saved_rows(self, sh: Any, gshape: Shape) -> int | None:
+        """The checkpoint's row count of a tensor megatron lets differ on axis 0
+        (``allow_shape_mismatch``: embeddings and output layer, whose vocabulary is padded to a
+        multiple of the TP size); None when it is the same or the tensor is not such a one."""
+        rec = None if self.md is None else self.md.tensors.get(MODEL_PREFIX + str(sh.key))
+        if rec is None or not getattr(sh, "allow_shape_mismatch", False) or int(sh.prepend_axis_num):
+            return None
+        saved = tuple(rec.shape)
+        if len(saved) != len(gshape) or saved[1:] != gshape[1:] or saved[0] == gshape[0]:
+            return None
+        return int(saved[0])
 
 
 # ------------------------------------------------------------------ the optimizer
@@ -290,7 +327,7 @@ class _RangeState:
         return True  # the distributed optimizer gives a rank only the parameters it owns a range of
 
     def like(self) -> tuple[torch.Tensor, bool]:
-        return self.mp.main, False
+        return self.mp.main, self.at.rows is not None  # rows the checkpoint lacks start at zero
 
     def pieces(self, name: str, value: torch.Tensor) -> list[Piece]:
         key = f"{STATE_PREFIX}{self.at.key}.{name}"
@@ -423,11 +460,11 @@ class MegatronAdapter(DescribedAdapter):
         chunks = list(model) if isinstance(model, (list, tuple)) else [model]
         return bool(chunks) and all(is_megatron_module(c) for c in chunks)
 
-    def _describe(self, state: Mapping[str, Any]) -> _Described | None:
+    def _describe(self, state: Mapping[str, Any], md: Metadata | None = None) -> _Described | None:
         model = state.get("model")
         if model is None:
             return None
-        index = _ModelIndex(model_chunks(model))
+        index = _ModelIndex(model_chunks(model), md)
         optim = state.get("optimizer")
         if optim is None:
             return _Described(StateDescription(tuple(index.pieces), None, _mesh()), [])
@@ -440,7 +477,7 @@ class MegatronAdapter(DescribedAdapter):
         return None if d is None else d.desc
 
     def load_view(self, state: Mapping[str, Any], md: Metadata | None = None, strict: bool = True) -> LoadView:
-        d = self._describe(state)
+        d = self._describe(state, md)
         if d is None or md is None or not d.copies:
             return load_view(None if d is None else d.desc, md, strict)
         missing = [(at, mp) for at, mp in d.copies if MAIN_PARAMS_PREFIX + at.key not in md.tensors]
