@@ -192,4 +192,4 @@ def test_auto_detection_of_each_framework_incl_compiled_and_fsdp2_tp():
 
 def test_unknown_framework_names_registered_ones(tmp_path):
     with pytest.raises(FrameworkError, match="known: auto, ddp, dtensor, fsdp, fsdp2, megatron, tensors, torch"):
-        unickpt.save(str(tmp_path / "c"), {"model": nn.Linear(1, 1)}, framework="megatron")
+        unickpt.save(str(tmp_path / "c"), {"model": nn.Linear(1, 1)}, framework="deepspeed")
