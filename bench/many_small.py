@@ -1,0 +1,167 @@
+"""Many small tensors: a 20,000-tensor FSDP2 state of ~193 MB at world size 2, unickpt vs DCP.
+
+The model is ``--params`` small parameters (each ``--rows`` x 50 fp32) in groups of 100 per
+``fully_shard`` unit, trained one AdamW step: parameters + ``exp_avg`` + ``exp_avg_sq`` (+ a 0-d
+``step`` per parameter) are ~20,000 tensors. Per round, interleaved: unickpt save (the first
+save of a fresh Checkpointer, then a second one with the cached plan), unickpt load (first load,
+cold page cache), DCP save and load (``get_state_dict`` + ``dcp.save`` / ``dcp.load`` +
+``set_state_dict``). Loads are checked against the saved values once. Prints medians, the
+per-tensor cost and the DCP/unickpt ratio.
+
+    python bench/many_small.py [--params 6700] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _common import evict, fmt_s, machine_line, make_tmp, median, rmtree, spawn, table, timed
+
+
+def _build(params: int, rows: int, seed: int):
+    import torch
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+    class Unit(nn.Module):  # fully_shard wants modules with a forward
+        def __init__(self, n: int) -> None:
+            super().__init__()
+            self.ps = nn.ParameterList(nn.Parameter(torch.randn(rows, 50)) for _ in range(n))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + sum(p.sum() for p in self.ps)
+
+    class Root(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.units = nn.ModuleList(Unit(min(100, params - g)) for g in range(0, params, 100))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for u in self.units:
+                x = u(x)
+            return x
+
+    torch.manual_seed(seed)
+    model = Root()
+    for unit in model.units:
+        fully_shard(unit)
+    fully_shard(model)
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    optim.step()
+    optim.zero_grad()
+    return model, optim
+
+
+def _fingerprint(model, optim) -> float:
+    import torch
+
+    total = torch.zeros((), dtype=torch.float64)
+    for q in model.parameters():
+        total += q.detach().to_local().double().sum() + optim.state[q]["exp_avg"].to_local().double().sum()
+    return float(total)
+
+
+def _dcp_save(model, optim, path: str) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    msd, osd = get_state_dict(model, optim)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
+
+
+def _dcp_load(model, optim, path: str) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    msd, osd = get_state_dict(model, optim)
+    sd = {"model": msd, "optim": osd}
+    dcp.load(sd, checkpoint_id=path)
+    set_state_dict(model, optim, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+
+
+def rank_main(rank: int, ws: int, cfg: dict) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    import unickpt
+
+    torch.set_num_threads(1)
+    model, optim = _build(cfg["params"], cfg["rows"], seed=1)
+    want = _fingerprint(model, optim)
+    fresh_model, fresh_optim = _build(cfg["params"], cfg["rows"], seed=2)
+    tensors = sum(1 for _ in model.parameters()) + sum(len(s) for s in optim.state.values())
+    times: dict[str, list[float]] = {k: [] for k in ("first save", "cached save", "first load", "dcp save", "dcp load")}
+    for r in range(cfg["rounds"]):
+        base = os.path.join(cfg["tmp"], f"r{r}")
+        with unickpt.Checkpointer() as ck:  # a fresh one: no cached plan
+            state = {"model": model, "optimizer": optim}
+            t, _ = timed(lambda b=base, s=state: ck.save(b + "-u", s).wait())
+            times["first save"].append(t)
+            t, _ = timed(lambda b=base, s=state: ck.save(b + "-u2", s).wait())
+            times["cached save"].append(t)
+        t, _ = timed(lambda b=base: _dcp_save(model, optim, b + "-d"))
+        times["dcp save"].append(t)
+        dist.barrier()
+        if rank == 0:
+            evict([base + "-u", base + "-d"])
+        dist.barrier()
+        with unickpt.Checkpointer() as ck:
+            into = {"model": fresh_model, "optimizer": fresh_optim}
+            t, _ = timed(lambda b=base, s=into: ck.load(b + "-u", s))
+            times["first load"].append(t)
+        if r == 0 and abs(_fingerprint(fresh_model, fresh_optim) - want) > 0:
+            raise AssertionError("unickpt load differs from the saved state")
+        fresh_model, fresh_optim = _build(cfg["params"], cfg["rows"], seed=3 + r)
+        t, _ = timed(lambda b=base, m=fresh_model, o=fresh_optim: _dcp_load(m, o, b + "-d"))
+        times["dcp load"].append(t)
+        if r == 0 and abs(_fingerprint(fresh_model, fresh_optim) - want) > 0:
+            raise AssertionError("DCP load differs from the saved state")
+        fresh_model, fresh_optim = _build(cfg["params"], cfg["rows"], seed=10 + r)
+        dist.barrier()
+        if rank == 0:
+            for suffix in ("-u", "-u2", "-d"):
+                rmtree(base + suffix)
+        dist.barrier()
+    nbytes = sum(p.numel() * 4 * 3 for p in model.parameters())
+    return {"times": times, "tensors": tensors, "bytes": nbytes}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--params", type=int, default=6700, help="parameters (x3 with AdamW state: tensors)")
+    ap.add_argument("--rows", type=int, default=48, help="rows of each (rows x 50) fp32 parameter")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dir", default=None)
+    args = ap.parse_args()
+    nbytes = args.params * args.rows * 50 * 4 * 3
+    tmp = make_tmp(args.dir, 4 * nbytes)
+    print(f"many small tensors: {args.params} params ({args.rows}x50 fp32) + AdamW, FSDP2 ws=2, {nbytes / 1e6:.0f} MB")
+    print(machine_line())
+    try:
+        res = spawn(rank_main, 2, {"tmp": tmp, "params": args.params, "rows": args.rows, "rounds": args.rounds})
+    finally:
+        rmtree(tmp)
+    r0 = res[0]
+    t = r0["times"]
+    n = r0["tensors"]  # keys: every rank holds a shard of each
+    rows = []
+    for op, dcp_op in (("first save", "dcp save"), ("cached save", "dcp save"), ("first load", "dcp load")):
+        m, d = median(t[op]), median(t[dcp_op])
+        rows.append([f"unickpt {op}", fmt_s(m), f"{m / n * 1e6:.0f} us", fmt_s(d), f"{d / m:.2f}x"])
+    print(
+        table(
+            f"{n} tensors, {r0['bytes'] / 1e6:.0f} MB, medians of {args.rounds}",
+            ["op", "unickpt", "per tensor", "DCP", "DCP / unickpt"],
+            rows,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
