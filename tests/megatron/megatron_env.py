@@ -176,6 +176,12 @@ PATCHES: list[Patch] = [
         "gather outputs are allocated 'on the current device'",
     ),
     Patch("cuda_synchronize_noop", "torch.cuda.synchronize() is a no-op (p2p communication and timers call it)"),
+    Patch(
+        "moe_router_gemm_without_te",
+        "transformer/moe/moe_utils.py:RouterGatingLinearFunction.forward tests `te_general_gemm is not "
+        "None`, a name 0.16.1 defines only when TransformerEngine imports (NameError without TE): "
+        "defined as None, so the router uses torch's matmul",
+    ),
     *(Patch(name, why) for name, why, _ in _ON_CPU_TARGETS),
 ]
 
@@ -219,6 +225,10 @@ def apply_cpu_patches() -> None:
     mrandom.CudaRNGStatesTracker.fork = _tracker_fork
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
     torch.cuda.synchronize = lambda device=None: None  # type: ignore[assignment]
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
     for _name, _why, spec in _ON_CPU_TARGETS:
         for owner, attr in _resolve(spec):
             raw = vars(owner)[attr]  # the attribute as defined on that class / module (no inheritance)
@@ -236,6 +246,7 @@ def apply_cpu_patches() -> None:
 # ----------------------------------------------------------------------------------------------
 
 _LAYER_RE = re.compile(r"^decoder\.layers\.(\d+)\.")
+_EXPERT_RE = re.compile(r"^(mlp\.experts\.local_experts\.)(\d+)(?=\.)")
 
 
 def _unwrap(chunk: torch.nn.Module) -> torch.nn.Module:
@@ -257,6 +268,12 @@ def global_param_name(gpt: torch.nn.Module, local_name: str, sharded_keys: bool 
         return local_name
     layer = gpt.decoder.layers[int(m.group(1))]
     rest = local_name[m.end() :]
+    e = _EXPERT_RE.match(rest)
+    if e is not None:  # local expert index -> global (experts are split over EP ranks in order)
+        from megatron.core import parallel_state as ps
+
+        first = ps.get_expert_model_parallel_rank() * layer.mlp.experts.num_local_experts
+        rest = f"{e.group(1)}{first + int(e.group(2))}{rest[e.end() :]}"
     if sharded_keys:
         for old, new in layer.submodules_config.sharded_state_dict_keys_map.items():
             if rest.startswith(old):
@@ -354,6 +371,25 @@ def _seeded_init(model_chunks: list[torch.nn.Module], seed: int) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
+def _moe_config(num_moe_experts: int | None, ep: int) -> dict[str, Any]:
+    """TransformerConfig fields of a MoE model: ``num_moe_experts`` SequentialMLP experts split
+    over ``ep`` ranks, top-1 routing, all-gather token dispatch, no auxiliary loss."""
+    if num_moe_experts is None:
+        return {}
+    return {
+        "num_moe_experts": num_moe_experts,
+        "expert_model_parallel_size": ep,
+        "moe_router_topk": 1,
+        "moe_router_pre_softmax": True,  # required with top-1
+        "moe_token_dispatcher_type": "allgather",
+        "moe_aux_loss_coeff": 0.0,
+        "moe_router_load_balancing_type": "none",
+        # with biases, mlp.py adds the expert bias in place to the output of an autograd Function
+        # that returns its input as-is at TP1 (RuntimeError: view modified inplace) in 0.16.1
+        "add_bias_linear": False,
+    }
+
+
 def build_gpt(
     tp: int,
     pp: int,
@@ -369,6 +405,8 @@ def build_gpt(
     virtual_pp: int | None = None,
     megatron_init: bool = False,
     bf16: bool = False,
+    num_moe_experts: int | None = None,
+    ep: int = 1,
 ) -> tuple[list[torch.nn.Module], Any]:
     """Megatron's parallel state, a tiny GPTModel (one chunk per virtual stage, each in megatron's
     DDP wrapper) and megatron's Adam (``ChainedOptimizer`` around a ``DistributedOptimizer``, or
@@ -397,6 +435,7 @@ def build_gpt(
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
         virtual_pipeline_model_parallel_size=virtual_pp,
+        expert_model_parallel_size=ep,
     )
     model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
     torch.manual_seed(seed)
@@ -420,8 +459,9 @@ def build_gpt(
         gradient_accumulation_fusion=False,
         sequence_parallel=False,
         batch_p2p_comm=False,
+        **_moe_config(num_moe_experts, ep),
     )
-    spec = get_gpt_layer_local_spec()
+    spec = get_gpt_layer_local_spec(num_experts=num_moe_experts, moe_grouped_gemm=False)
     chunks: list[torch.nn.Module] = []
     for vp_stage in range(virtual_pp or 1):
         stage = vp_stage if virtual_pp is not None else None

@@ -388,12 +388,30 @@ class _ChainedState(MutableMapping[Any, Any]):
         return sum(len(o.state) for o in self.optimizers)
 
 
+# param-group keys megatron sets from the layout, not from training: ``is_expert_parallel`` is
+# True for expert parameters only when EP > 1, so it differs between EP sizes for one parameter
+LAYOUT_GROUP_KEYS = frozenset({"is_expert_parallel"})
+
+
+class _GroupView(dict):  # type: ignore[type-arg]
+    """One of megatron's param groups without its layout keys; hyper-parameters set at load
+    (``group[key] = value``) are written through to megatron's group."""
+
+    def __init__(self, group: dict[str, Any]) -> None:
+        super().__init__((k, v) for k, v in group.items() if k not in LAYOUT_GROUP_KEYS)
+        self.group = group
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        super().__setitem__(key, value)
+        self.group[key] = value
+
+
 class _ChainedTorchOptimizers:
-    """The inner torch optimizers of a megatron optimizer as one optimizer-like object: the
-    groups are theirs (the same dicts, so hyper-parameters set at load reach them)."""
+    """The inner torch optimizers of a megatron optimizer as one optimizer-like object: their
+    groups (views without layout keys, writing through) and their states."""
 
     def __init__(self, optimizers: list[Any]) -> None:
-        self.param_groups = [g for o in optimizers for g in o.param_groups]
+        self.param_groups: list[dict[str, Any]] = [_GroupView(g) for o in optimizers for g in o.param_groups]
         self.state = _ChainedState(optimizers)
         classes = {type(o) for o in optimizers}
         if len(classes) == 1:
@@ -418,8 +436,7 @@ def _describe_optimizer(
             params[id(mp.main)] = _RangeState(at, mp)
             if mp.is_copy:
                 copies.append((at, mp))
-    view: Any = torch_opts[0] if len(torch_opts) == 1 else _ChainedTorchOptimizers(torch_opts)
-    return OptimizerDescription(view, params), copies
+    return OptimizerDescription(_ChainedTorchOptimizers(torch_opts), params), copies
 
 
 def _main_pieces(copies: list[tuple[_Placement, _MainParam]]) -> list[Piece]:
