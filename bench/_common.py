@@ -261,6 +261,26 @@ def raw_read_direct(paths: Sequence[str], bufs: Sequence[RawBuffer]) -> int:
 # memory
 
 
+def dcp_save(model: Any, optim: Any, path: str) -> None:
+    """PyTorch DCP's save of a model and optimizer: ``get_state_dict`` + ``dcp.save``."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    msd, osd = get_state_dict(model, optim)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
+
+
+def dcp_load(model: Any, optim: Any, path: str) -> None:
+    """PyTorch DCP's load: ``get_state_dict`` + ``dcp.load`` + ``set_state_dict``."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    msd, osd = get_state_dict(model, optim)
+    sd = {"model": msd, "optim": osd}
+    dcp.load(sd, checkpoint_id=path)
+    set_state_dict(model, optim, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+
+
 def rss() -> int:
     import psutil
 

@@ -19,7 +19,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import evict, fmt_s, machine_line, make_tmp, median, rmtree, spawn, table, timed
+from _common import dcp_load, dcp_save, evict, fmt_s, machine_line, make_tmp, median, rmtree, spawn, table, timed
 
 
 def _build(params: int, rows: int, seed: int):
@@ -67,24 +67,6 @@ def _fingerprint(model, optim) -> float:
     return float(total)
 
 
-def _dcp_save(model, optim, path: str) -> None:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    msd, osd = get_state_dict(model, optim)
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
-
-
-def _dcp_load(model, optim, path: str) -> None:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-    msd, osd = get_state_dict(model, optim)
-    sd = {"model": msd, "optim": osd}
-    dcp.load(sd, checkpoint_id=path)
-    set_state_dict(model, optim, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
-
-
 def rank_main(rank: int, ws: int, cfg: dict) -> dict:
     import torch
     import torch.distributed as dist
@@ -105,7 +87,7 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict:
             times["first save"].append(t)
             t, _ = timed(lambda b=base, s=state: ck.save(b + "-u2", s).wait())
             times["cached save"].append(t)
-        t, _ = timed(lambda b=base: _dcp_save(model, optim, b + "-d"))
+        t, _ = timed(lambda b=base: dcp_save(model, optim, b + "-d"))
         times["dcp save"].append(t)
         dist.barrier()
         if rank == 0:
@@ -118,7 +100,7 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict:
         if r == 0 and abs(_fingerprint(fresh_model, fresh_optim) - want) > 0:
             raise AssertionError("unickpt load differs from the saved state")
         fresh_model, fresh_optim = _build(cfg["params"], cfg["rows"], seed=3 + r)
-        t, _ = timed(lambda b=base, m=fresh_model, o=fresh_optim: _dcp_load(m, o, b + "-d"))
+        t, _ = timed(lambda b=base, m=fresh_model, o=fresh_optim: dcp_load(m, o, b + "-d"))
         times["dcp load"].append(t)
         if r == 0 and abs(_fingerprint(fresh_model, fresh_optim) - want) > 0:
             raise AssertionError("DCP load differs from the saved state")

@@ -53,6 +53,8 @@ from _common import (
     build_model,
     checksums,
     compare_checksums,
+    dcp_load,
+    dcp_save,
     dir_bytes,
     evict,
     fmt_gbs,
@@ -104,24 +106,6 @@ def _first_weight_full(model):
     return (w.full_tensor() if hasattr(w, "full_tensor") else w).detach().clone()
 
 
-def _dcp_save(model, optim, path: str) -> None:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    msd, osd = get_state_dict(model, optim)
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
-
-
-def _dcp_load(model, optim, path: str) -> None:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-    msd, osd = get_state_dict(model, optim)
-    sd = {"model": msd, "optim": osd}
-    dcp.load(sd, checkpoint_id=path)
-    set_state_dict(model, optim, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
-
-
 def rank_main(rank: int, ws: int, cfg: dict) -> dict:
     """Everything at the saving world size: saves (unickpt, DCP, raw) and same-layout loads."""
     import torch
@@ -154,7 +138,7 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict:
     fresh(upath)
     first_u, _ = timed(lambda: unickpt.save(upath, state, framework="fsdp2"))
     fresh(dpath)
-    first_d, _ = timed(lambda: _dcp_save(model, optim, dpath))
+    first_d, _ = timed(lambda: dcp_save(model, optim, dpath))
     per_rank = gather(unickpt_bytes_per_rank(upath) if rank == 0 else None)[0]
     share = per_rank[rank]
     buf_file = os.path.join(rawdir, f"r{rank}-buffered.bin")
@@ -175,7 +159,7 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict:
     saves = {"unickpt": [], "dcp": [], "raw_buffered": [], "raw_direct": []}
     ops = [
         ("unickpt", lambda: fresh(upath), lambda: unickpt.save(upath, state, framework="fsdp2")),
-        ("dcp", lambda: fresh(dpath), lambda: _dcp_save(model, optim, dpath)),
+        ("dcp", lambda: fresh(dpath), lambda: dcp_save(model, optim, dpath)),
         ("raw_buffered", lambda: unlink([buf_file]), raw_buffered),
         ("raw_direct", lambda: unlink(direct_files), raw_direct),
     ]
@@ -203,7 +187,7 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict:
 
     lops = [
         ("unickpt", lambda: unickpt.load(upath, state, framework="fsdp2")),
-        ("dcp", lambda: _dcp_load(model, optim, dpath)),
+        ("dcp", lambda: dcp_load(model, optim, dpath)),
         ("raw_read", lambda: raw_read(direct_files, bufs)),
         ("raw_read_direct", lambda: raw_read_direct(direct_files, rbufs)),
     ]
@@ -263,7 +247,7 @@ def reshard_main(rank: int, ws: int, cfg: dict, ref: dict) -> dict:
 
     ops = [
         ("unickpt", lambda: unickpt.load(upath, state, framework="torch")),
-        ("dcp", lambda: _dcp_load(model, optim, dpath)),
+        ("dcp", lambda: dcp_load(model, optim, dpath)),
     ]
     log = EventLog()
     phases = []
