@@ -45,6 +45,7 @@ objects. The mesh recorded is megatron's parallel sizes (information only: a loa
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -173,9 +174,9 @@ class _ModelIndex:
                 )
             live = {t.untyped_storage().data_ptr() for t in [*gpt.parameters(), *gpt.buffers()]}
             describe: Any = gpt.sharded_state_dict
-            todo = list(_leaves(describe(metadata={"non_homogeneous_layers": True})))
+            todo = deque(_leaves(describe(metadata={"non_homogeneous_layers": True})))
             while todo:
-                leaf = todo.pop(0)
+                leaf = todo.popleft()
                 if isinstance(leaf, ShardedTensor):
                     self._add(leaf, live, seen, ci)
                 elif isinstance(leaf, ShardedTensorFactory):
@@ -186,7 +187,7 @@ class _ModelIndex:
                                 f"{leaf.key}: megatron builds it from a tensor that is not a view of the "
                                 "live parameter, so a load could not write it in place; not supported"
                             )
-                    todo[:0] = built
+                    todo.extendleft(reversed(built))
                 elif isinstance(leaf, ShardedObject):
                     if leaf.data is not None:
                         raise FrameworkError(
