@@ -38,11 +38,11 @@ def save_job(
     dist_opt: bool,
     vp: int | None = None,
     bf16: bool = False,
-    moe: dict[str, int] | None = None,
+    build: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """``moe``: build_gpt's ``num_moe_experts`` and ``ep``."""
+    """``build``: more build_gpt arguments (``num_moe_experts``, ``ep``, ``gated``)."""
     chunks, opt = env.build_gpt(
-        tp, pp, dp, seed=SAVE_SEED, use_distributed_optimizer=dist_opt, virtual_pp=vp, bf16=bf16, **(moe or {})
+        tp, pp, dp, seed=SAVE_SEED, use_distributed_optimizer=dist_opt, virtual_pp=vp, bf16=bf16, **(build or {})
     )
     env.train_step(chunks, opt, STEP)
     unickpt.save(path, {"model": chunks, "optimizer": opt}, framework="megatron")
@@ -66,7 +66,7 @@ def load_job(
     framework: str = "megatron",
     cast_dtypes: bool = False,
     vocab: int = 64,
-    moe: dict[str, int] | None = None,
+    build: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """``warm``: take a step before loading, so the optimizer already has state (loaded in
     place); otherwise it has none yet and the load creates it."""
@@ -79,7 +79,7 @@ def load_job(
         virtual_pp=vp,
         bf16=bf16,
         vocab=vocab,
-        **(moe or {}),
+        **(build or {}),
     )
     initial = env.full_model_state(chunks, sharded_keys=True)
     if warm:

@@ -302,7 +302,7 @@ def _tp_dim(t: torch.Tensor) -> int | None:
     """The dimension a tensor-parallel tensor is split along, None for a TP replica."""
     if not getattr(t, "tensor_model_parallel", False):
         return None
-    if getattr(t, "partition_stride", 1) != 1:
+    if getattr(t, "partition_stride", 1) not in (1, 2):  # 2: SwiGLU's fc1, see gated_names
         raise NotImplementedError("strided tensor-parallel partitions are not handled")
     return int(t.partition_dim)
 
@@ -328,11 +328,25 @@ def reference_tensor(seed: int, name: str, shape: tuple[int, ...]) -> torch.Tens
     return 0.02 * values
 
 
-def _tp_slice(full: torch.Tensor, local: torch.Tensor, tp_rank: int) -> torch.Tensor:
+_GATED_RE = re.compile(r"linear_fc1\.(weight|bias)$")
+
+
+def gated_names(model_chunks: list[torch.nn.Module], names: Any) -> set[str]:
+    """The ``linear_fc1`` tensors of a SwiGLU model (``gated_linear_unit``): their full tensor is
+    [gate; up] and each TP rank holds [its gate rows; its up rows]."""
+    if not getattr(_unwrap(model_chunks[0]).config, "gated_linear_unit", False):
+        return set()
+    return {n for n in names if _GATED_RE.search(n)}
+
+
+def _tp_slice(full: torch.Tensor, local: torch.Tensor, tp_rank: int, gated: bool = False) -> torch.Tensor:
     dim = _tp_dim(local)
     if dim is None:
         return full
     size = local.shape[dim]
+    if gated:  # [gate; up] -> this rank's [gate rows; up rows]
+        half = size // 2
+        return torch.cat([h.narrow(dim, tp_rank * half, half) for h in full.chunk(2, dim=dim)], dim=dim)
     return full.narrow(dim, tp_rank * size, size)
 
 
@@ -347,8 +361,10 @@ def load_full_model_state(
     from megatron.core import parallel_state as ps
 
     tp_rank = ps.get_tensor_model_parallel_rank()
-    for name, t in local_param_names(model_chunks).items():
-        src = _tp_slice(full[name], t, tp_rank)
+    names = local_param_names(model_chunks)
+    gated = gated_names(model_chunks, names)
+    for name, t in names.items():
+        src = _tp_slice(full[name], t, tp_rank, name in gated)
         if tuple(src.shape) != tuple(t.shape):
             raise AssertionError(f"{name}: full slice {tuple(src.shape)} vs local {tuple(t.shape)}")
         t.data.copy_(src)
@@ -362,8 +378,10 @@ def _seeded_init(model_chunks: list[torch.nn.Module], seed: int) -> None:
 
     tp = ps.get_tensor_model_parallel_world_size()
     tp_rank = ps.get_tensor_model_parallel_rank()
-    for name, t in local_param_names(model_chunks).items():
-        t.data.copy_(_tp_slice(reference_tensor(seed, name, _global_shape(t, tp)), t, tp_rank))
+    names = local_param_names(model_chunks)
+    gated = gated_names(model_chunks, names)
+    for name, t in names.items():
+        t.data.copy_(_tp_slice(reference_tensor(seed, name, _global_shape(t, tp)), t, tp_rank, name in gated))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -407,6 +425,7 @@ def build_gpt(
     bf16: bool = False,
     num_moe_experts: int | None = None,
     ep: int = 1,
+    gated: bool = False,
 ) -> tuple[list[torch.nn.Module], Any]:
     """Megatron's parallel state, a tiny GPTModel (one chunk per virtual stage, each in megatron's
     DDP wrapper) and megatron's Adam (``ChainedOptimizer`` around a ``DistributedOptimizer``, or
@@ -460,6 +479,7 @@ def build_gpt(
         sequence_parallel=False,
         batch_p2p_comm=False,
         **_moe_config(num_moe_experts, ep),
+        **({"gated_linear_unit": True, "activation_func": torch.nn.functional.silu} if gated else {}),
     )
     spec = get_gpt_layer_local_spec(num_experts=num_moe_experts, moe_grouped_gemm=False)
     chunks: list[torch.nn.Module] = []
@@ -601,9 +621,12 @@ class _Piece(NamedTuple):
     values: dict[str, torch.Tensor]
 
 
-def _assemble(pieces: dict[str, list[_Piece]], fields: list[str]) -> dict[str, dict[str, torch.Tensor]]:
+def _assemble(
+    pieces: dict[str, list[_Piece]], fields: list[str], gated: set[str] | frozenset[str] = frozenset()
+) -> dict[str, dict[str, torch.Tensor]]:
     """Full tensors from every rank's pieces: the flat ranges of each TP shard must cover it once
-    (copies held twice, by DP or TP replicas, must agree exactly), then TP shards concatenate."""
+    (copies held twice, by DP or TP replicas, must agree exactly), then TP shards concatenate
+    (``gated`` tensors: gate halves, then up halves)."""
     out: dict[str, dict[str, torch.Tensor]] = {}
     for name, plist in sorted(pieces.items()):
         dims = {p.tp_dim for p in plist}
@@ -636,6 +659,9 @@ def _assemble(pieces: dict[str, list[_Piece]], fields: list[str]) -> dict[str, d
                 if not seen.all():
                     raise AssertionError(f"{name}.{field}: {int((~seen).sum())} of {numel} elements on no rank")
                 shards.append(flat.reshape(shape))
+            if dim is not None and name in gated:
+                halves = [t.chunk(2, dim=dim) for t in shards]
+                shards = [h[0] for h in halves] + [h[1] for h in halves]
             full[field] = shards[0] if dim is None else torch.cat(shards, dim=dim)
         out[name] = full
     return out
@@ -663,7 +689,8 @@ def full_model_state(model_chunks: list[torch.nn.Module], sharded_keys: bool = F
         name: [_Piece(tp_rank, _tp_dim(t), tuple(t.shape), 0, t.numel(), {"param": t.detach().clone()})]
         for name, t in local_param_names(model_chunks, sharded_keys).items()
     }
-    return {name: f["param"] for name, f in _assemble(_gather_pieces(local), ["param"]).items()}
+    gated = gated_names(model_chunks, local)
+    return {name: f["param"] for name, f in _assemble(_gather_pieces(local), ["param"], gated).items()}
 
 
 def _inner_optimizers(optimizer: Any) -> list[Any]:
@@ -725,7 +752,7 @@ def full_optimizer_state(
                 {f: v.detach().reshape(-1).float().clone() for f, v in values.items()},
             )
             local.setdefault(names[id(model_param)], []).append(piece)
-    return _assemble(_gather_pieces(local), fields)
+    return _assemble(_gather_pieces(local), fields, gated_names(model_chunks, local))
 
 
 # ----------------------------------------------------------------------------------------------

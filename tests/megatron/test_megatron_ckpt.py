@@ -228,3 +228,13 @@ def test_moe_expert_parallel_reshards(tmp_path, saved_ep, load):
     moe = {"num_moe_experts": 4, "ep": ep}
     got = run_ranks(load_job, dp, path, 1, 1, dp, True, None, False, False, "megatron", False, 64, moe)
     check_resumed(saved, got)
+
+
+def test_swiglu_fc1_saved_in_parts_reshards_tp2_to_dp2(tmp_path):
+    """A SwiGLU model: megatron saves each TP rank's ``linear_fc1`` ([gate rows; up rows]) as two
+    parts of the global [gate; up] tensor (a ShardedTensorFactory). TP2 -> TP1 x DP2 with the
+    distributed optimizer, whose ZeRO ranges cut across the parts: bit-exact, same next step."""
+    path = str(tmp_path / "swiglu")
+    saved = run_ranks(save_job, 2, path, 2, 1, 1, True, None, False, {"gated": True})
+    got = run_ranks(load_job, 2, path, 1, 1, 2, True, None, False, False, "megatron", False, 64, {"gated": True})
+    check_resumed(saved, got)

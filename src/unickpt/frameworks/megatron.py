@@ -65,6 +65,7 @@ from .base import (
     LoadView,
     OptimizerDescription,
     Piece,
+    Role,
     StateDescription,
     is_optimizer_like,
 )
@@ -136,6 +137,40 @@ class _Placement:
                 yield offs, lens, p.flat_start - start, math.prod(lens)
 
 
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """Where a live parameter's elements sit: one placement, or several for a parameter megatron
+    saves in parts (a ``ShardedTensorFactory``, e.g. a SwiGLU ``linear_fc1`` as its two halves):
+    each ``(placement, first flat element of the part in the parameter)``, parts contiguous."""
+
+    parts: tuple[tuple[_Placement, int], ...]
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(at.key for at, _ in self.parts))
+
+    @property
+    def shapes(self) -> tuple[Shape, ...]:
+        first: dict[str, Shape] = {}
+        for at, _ in self.parts:
+            first.setdefault(at.key, at.global_shape)
+        return tuple(first.values())
+
+    @property
+    def clipped(self) -> bool:
+        return any(at.rows is not None for at, _ in self.parts)
+
+    def boxes(self, start: int, numel: int) -> Iterator[tuple[_Placement, Shape, Shape, int, int]]:
+        """(placement, global offsets, lengths, first flat index relative to ``start``, numel) of
+        the boxes tiling the parameter's row-major elements ``[start, start + numel)``."""
+        for at, first in self.parts:
+            size = math.prod(at.local_shape)
+            lo, hi = max(start, first), min(start + numel, first + size)
+            if lo < hi:
+                for offs, lens, a, n in at.boxes(lo - first, hi - lo):
+                    yield at, offs, lens, lo - start + a, n
+
+
 def _leaves(tree: Any) -> Iterator[Any]:
     if isinstance(tree, Mapping):
         for v in tree.values():
@@ -164,7 +199,7 @@ class _ModelIndex:
 
         self.md = md
         self.pieces: list[Piece] = []
-        self.placement: dict[int, _Placement] = {}  # id(local tensor) -> where it sits
+        self.layout: dict[int, _Layout] = {}  # id(live parameter / buffer) -> where it sits
         seen: dict[tuple[str, Shape], str] = {}
         for ci, chunk in enumerate(chunks):
             gpt = _unwrap(chunk)
@@ -178,16 +213,9 @@ class _ModelIndex:
             while todo:
                 leaf = todo.popleft()
                 if isinstance(leaf, ShardedTensor):
-                    self._add(leaf, live, seen, ci)
+                    self.layout[id(leaf.data)] = _Layout(((self._add(leaf, live, seen, ci), 0),))
                 elif isinstance(leaf, ShardedTensorFactory):
-                    built = list(_leaves(leaf.build()))
-                    for part in built:
-                        if not isinstance(part, ShardedTensor) or not _shares_storage(part.data, leaf.data):
-                            raise FrameworkError(
-                                f"{leaf.key}: megatron builds it from a tensor that is not a view of the "
-                                "live parameter, so a load could not write it in place; not supported"
-                            )
-                    todo.extendleft(reversed(built))
+                    self.layout[id(leaf.data)] = self._factory(leaf, live, seen, ci)
                 elif isinstance(leaf, ShardedObject):
                     if leaf.data is not None:
                         raise FrameworkError(
@@ -203,7 +231,32 @@ class _ModelIndex:
                         "megatron adapter cannot describe"
                     )
 
-    def _add(self, sh: Any, live: set[int], seen: dict[tuple[str, Shape], str], chunk: int) -> None:
+    def _factory(self, factory: Any, live: set[int], seen: dict[tuple[str, Shape], str], chunk: int) -> _Layout:
+        """The parts megatron saves a tensor as (built now), each a contiguous view of it."""
+        from megatron.core.dist_checkpointing.mapping import ShardedTensor
+
+        data = factory.data
+        built = list(_leaves(factory.build()))
+        parts, total = [], 0
+        for part in built:
+            if not (
+                isinstance(part, ShardedTensor)
+                and isinstance(part.data, torch.Tensor)
+                and _shares_storage(part.data, data)
+                and part.data.is_contiguous()
+                and data.is_contiguous()
+            ):
+                raise FrameworkError(
+                    f"{factory.key}: megatron builds it from parts that are not contiguous views of the live "
+                    "tensor, so a load could not write it in place; not supported"
+                )
+            parts.append((self._add(part, live, seen, chunk), part.data.storage_offset() - data.storage_offset()))
+            total += part.data.numel()
+        if total != data.numel():
+            raise FrameworkError(f"{factory.key}: megatron's parts hold {total} of its {data.numel()} elements")
+        return _Layout(tuple(parts))
+
+    def _add(self, sh: Any, live: set[int], seen: dict[tuple[str, Shape], str], chunk: int) -> _Placement:
         key = str(sh.key)
         if sh.flattened_range is not None:
             raise FrameworkError(f"{key}: ShardedTensor with a flattened_range is not supported")
@@ -237,11 +290,11 @@ class _ModelIndex:
         rows = self._saved_rows(sh, gshape)
         if rows is not None:
             at = replace(at, global_shape=(rows, *gshape[1:]), rows=rows)
-        self.placement[id(data)] = at
         keep = at.clip(offsets, lengths)
         if keep:
             spec = ShardSpec(MODEL_PREFIX + key, dtype_name(data.dtype), at.global_shape, offsets, (keep, *lengths[1:]))
             self.pieces.append(Piece(spec, view[:keep]))
+        return at
 
     def _saved_rows(self, sh: Any, gshape: Shape) -> int | None:
         """The checkpoint's row count of a tensor megatron lets differ on axis 0
@@ -310,52 +363,56 @@ def _main_params(inner: Any) -> list[_MainParam]:
 @dataclass(frozen=True, eq=False)
 class _RangeState:
     """``ParamState`` of one main parameter: its state tensors (like ``main``: 1-D over the
-    range, or the local shape) are stored as boxes of the global tensor ``at.key``."""
+    range, or the local shape) are stored as boxes of the global tensor(s) of ``layout``."""
 
-    at: _Placement
+    layout: _Layout
     mp: _MainParam
 
     @property
     def fqns(self) -> tuple[str, ...]:
-        return (self.at.key,)
+        return self.layout.keys
 
     @property
     def shapes(self) -> tuple[Shape, ...]:
-        return (self.at.global_shape,)
+        return self.layout.shapes
 
     @property
     def holds(self) -> bool:
         return True  # the distributed optimizer gives a rank only the parameters it owns a range of
 
     def like(self) -> tuple[torch.Tensor, bool]:
-        return self.mp.main, self.at.rows is not None  # rows the checkpoint lacks start at zero
+        return self.mp.main, self.layout.clipped  # rows the checkpoint lacks start at zero
 
     def pieces(self, name: str, value: torch.Tensor) -> list[Piece]:
-        key = f"{STATE_PREFIX}{self.at.key}.{name}"
-        if value.dim() == 0:
-            return [Piece(ShardSpec(key, dtype_name(value.dtype), (), (), ()), value.detach())]
+        keys = [f"{STATE_PREFIX}{k}.{name}" for k in self.layout.keys]
+        if value.dim() == 0:  # one value; saved per key when megatron saves the tensor in parts
+            one, dtype = value.detach(), dtype_name(value.dtype)
+            role = Role.SHARED if len(keys) > 1 else Role.HELD
+            return [Piece(ShardSpec(k, dtype, (), (), ()), one, role) for k in keys]
         if tuple(value.shape) != tuple(self.mp.main.shape):  # a load laid out the saved shape in full
             raise FrameworkError(
-                f"{key}: the checkpoint's state has global shape {tuple(value.shape)}, but the live parameter "
-                f"{self.at.key!r} has global shape {self.at.global_shape}: the model differs from the saved one"
+                f"{keys[0]}: the checkpoint's state has global shape {tuple(value.shape)}, but the live "
+                f"parameter {self.layout.keys[0]!r} has global shape {self.layout.shapes[0]}: the model "
+                "differs from the saved one"
             )
-        return range_pieces(key, self.at, self.mp, value)
+        return range_pieces(STATE_PREFIX, f".{name}", self.layout, self.mp, value)
 
 
-def range_pieces(key: str, at: _Placement, mp: _MainParam, value: torch.Tensor) -> list[Piece]:
-    """Pieces of ``value`` (a tensor laid out like ``mp.main``) as boxes of global tensor ``key``."""
+def range_pieces(prefix: str, suffix: str, layout: _Layout, mp: _MainParam, value: torch.Tensor) -> list[Piece]:
+    """Pieces of ``value`` (a tensor laid out like ``mp.main``) as boxes of the global tensors
+    ``<prefix><key><suffix>`` of ``layout``."""
     if tuple(value.shape) != tuple(mp.main.shape):
         raise FrameworkError(
-            f"{key}: optimizer state of shape {tuple(value.shape)}; expected a scalar or the main "
-            f"parameter's shape {tuple(mp.main.shape)}"
+            f"{prefix}{layout.keys[0]}{suffix}: optimizer state of shape {tuple(value.shape)}; expected a "
+            f"scalar or the main parameter's shape {tuple(mp.main.shape)}"
         )
     if not value.is_contiguous():
-        raise FrameworkError(f"{key}: optimizer state tensor is not contiguous")
+        raise FrameworkError(f"{prefix}{layout.keys[0]}{suffix}: optimizer state tensor is not contiguous")
     flat = value.detach().reshape(-1)
     dtype = dtype_name(value.dtype)
     return [
-        Piece(ShardSpec(key, dtype, at.global_shape, offs, lens), flat[a : a + n].view(lens))
-        for offs, lens, a, n in at.boxes(mp.start, mp.end - mp.start)
+        Piece(ShardSpec(f"{prefix}{at.key}{suffix}", dtype, at.global_shape, offs, lens), flat[a : a + n].view(lens))
+        for at, offs, lens, a, n in layout.boxes(mp.start, mp.end - mp.start)
     ]
 
 
@@ -421,27 +478,27 @@ class _ChainedTorchOptimizers:
 
 def _describe_optimizer(
     optim: Any, index: _ModelIndex
-) -> tuple[OptimizerDescription, list[tuple[_Placement, _MainParam]]]:
+) -> tuple[OptimizerDescription, list[tuple[_Layout, _MainParam]]]:
     inners = list(getattr(optim, "chained_optimizers", [optim]))
     torch_opts, params, copies = [], {}, []
     for inner in inners:
         mains = _main_params(inner)
         torch_opts.append(getattr(inner, "optimizer", inner))
         for mp in mains:
-            at = index.placement.get(id(mp.model))
-            if at is None:
+            layout = index.layout.get(id(mp.model))
+            if layout is None:
                 raise FrameworkError(
                     f"the optimizer trains a parameter of shape {tuple(mp.model.shape)} that the model's "
                     "sharded_state_dict() does not describe (is it a parameter of state['model']?)"
                 )
-            params[id(mp.main)] = _RangeState(at, mp)
+            params[id(mp.main)] = _RangeState(layout, mp)
             if mp.is_copy:
-                copies.append((at, mp))
+                copies.append((layout, mp))
     return OptimizerDescription(_ChainedTorchOptimizers(torch_opts), params), copies
 
 
-def _main_pieces(copies: list[tuple[_Placement, _MainParam]]) -> list[Piece]:
-    return [pc for at, mp in copies for pc in range_pieces(MAIN_PARAMS_PREFIX + at.key, at, mp, mp.main)]
+def _main_pieces(copies: list[tuple[_Layout, _MainParam]]) -> list[Piece]:
+    return [pc for layout, mp in copies for pc in range_pieces(MAIN_PARAMS_PREFIX, "", layout, mp, mp.main)]
 
 
 def _mesh() -> tuple[tuple[str, int], ...]:
@@ -465,7 +522,7 @@ def _mesh() -> tuple[tuple[str, int], ...]:
 @dataclass(frozen=True, eq=False)
 class _Described:
     desc: StateDescription
-    copies: list[tuple[_Placement, _MainParam]]
+    copies: list[tuple[_Layout, _MainParam]]
 
 
 class MegatronAdapter(DescribedAdapter):
@@ -498,11 +555,15 @@ class MegatronAdapter(DescribedAdapter):
         d = self._describe(state, md)
         if d is None or md is None or not d.copies:
             return load_view(None if d is None else d.desc, md, strict)
-        missing = [(at, mp) for at, mp in d.copies if MAIN_PARAMS_PREFIX + at.key not in md.tensors]
+        missing = [
+            (layout, mp)
+            for layout, mp in d.copies
+            if any(MAIN_PARAMS_PREFIX + k not in md.tensors for k in layout.keys)
+        ]
         if not missing:
             return load_view(d.desc, md, strict)
         # saved from a job without main copies (fp32): the main params follow the loaded model
-        drop = {MAIN_PARAMS_PREFIX + at.key for at, _ in missing}
+        drop = {MAIN_PARAMS_PREFIX + k for layout, _ in missing for k in layout.keys}
         desc = replace(d.desc, model=tuple(pc for pc in d.desc.model if pc.spec.fqn not in drop))
         view = load_view(desc, md, strict)
         apply = view.apply
