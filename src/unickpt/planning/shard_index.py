@@ -12,10 +12,13 @@ layouts jobs save:
   shards sorted by their offsets. For a point inside the tensor, lexicographic order of its
   coordinates is row-major order, so the shards that overlap the box lie between the shard
   holding its first element (the last one starting at or before it) and the last one starting
-  at or before its last element: two ``bisect`` calls. For a split along one dimension (FSDP
-  ``Shard(0)``, Megatron tensor parallelism) and for ZeRO / FSDP1 flat ranges (boxes that are
-  contiguous in row-major order) that range holds exactly the overlapping shards, plus at most
-  one; for a grid it holds the overlapping rows of the grid.
+  at or before its last element: two ``bisect`` calls. For a split along the first dimension
+  (FSDP ``Shard(0)``) and for ZeRO / FSDP1 flat ranges (boxes contiguous in row-major order)
+  that range holds exactly the overlapping shards, plus at most one; for a grid (FSDP rows x
+  tensor-parallel columns) it holds the overlapping rows of the grid. A split along a later
+  dimension only (column-parallel shards, with a target spanning several rows) gets no help
+  from it: the range runs to the last shard, and ranges longer than ``_PYTHON_CANDIDATES`` are
+  checked with numpy (Megatron saves few such shards per tensor: one per tensor-parallel rank).
 * **Verified, so never wrong.** Saved shards tile their tensor (disjoint, covering, inside the
   shape: ``format.tiling``, checked at save and on decode; derived tensors of
   ``format.transforms`` are cut from disjoint row ranges). So the shards that overlap a box hold
