@@ -23,11 +23,14 @@ Growth exponents between consecutive world sizes: 0 = flat per rank, 1 = linear.
 
 Run: ``python bench/scale.py`` (FSDP at 256 and 1,024 ranks, a few minutes on 2 cores);
 ``--ranks 256,1024,4096 --layouts fsdp,megatron`` for the issue's full set (long).
+``--freeze-gc``: the single timed load-planning calls otherwise include whatever full garbage
+collection (a walk over every decoded metadata record) happens to fall into them.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import resource
@@ -150,7 +153,7 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t0, out
 
 
-def measure(layout: str, world: int, load_world: int) -> dict[str, float]:
+def measure(layout: str, world: int, load_world: int, freeze_gc: bool = False) -> dict[str, float]:
     make = LAYOUTS[layout]
     t_local = time.perf_counter()
     locals_ = [make(r, world) for r in range(world)]
@@ -173,6 +176,9 @@ def measure(layout: str, world: int, load_world: int) -> dict[str, float]:
     crcs.clear()
     md = None  # type: ignore[assignment]
     t_dec, md2 = timed(lambda: decode_metadata(blob))
+    if freeze_gc:  # the decoded metadata (millions of records) leaves the collector's view
+        gc.collect()
+        gc.freeze()
     targets = load_targets(layout, load_world // 2, load_world)
     t_load, reads = timed(lambda: plan_local_load(md2, targets))
     step = max(1, load_world // 64)  # every rank's needs at a sample of ranks stands for the job's
@@ -216,10 +222,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", default="256,1024", help="world sizes of the FSDP layout (comma-separated)")
     ap.add_argument("--layouts", default="fsdp", help="fsdp, megatron (comma-separated)")
+    ap.add_argument(
+        "--freeze-gc",
+        action="store_true",
+        help="gc.freeze() after decoding, so that the load rows do not include full collections walking the metadata",
+    )
     ap.add_argument("--one", nargs=3, metavar=("LAYOUT", "WORLD", "LOAD_WORLD"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:  # one world size in a fresh process (so its peak RSS is its own)
-        print(json.dumps(measure(args.one[0], int(args.one[1]), int(args.one[2]))))
+        print(json.dumps(measure(args.one[0], int(args.one[1]), int(args.one[2]), args.freeze_gc)))
         return
     for layout in args.layouts.split(","):
         sizes = [int(x) for x in args.ranks.split(",")] if layout == "fsdp" else [128 * 70]
@@ -230,6 +241,7 @@ def main() -> None:
                 load_world = 8 * 8 * 70
             t0 = time.perf_counter()
             cmd = [sys.executable, __file__, "--one", layout, str(world), str(load_world)]
+            cmd += ["--freeze-gc"] if args.freeze_gc else []
             out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
             r = json.loads(out.strip().splitlines()[-1])
             print(f"[{layout} {world} ranks -> load at {load_world}: {time.perf_counter() - t0:.0f} s]", flush=True)

@@ -47,11 +47,11 @@ def test_replicated_load_is_spread_over_ranks():
     assert per_reader == {0: 2000, 1: 2000, 2: 2000, 3: 2000}
 
 
-def test_vectorized_intersection_matches_scalar_path():
+def test_vectorized_intersection_matches_scalar_path(monkeypatch):
     """plan_local_load gives the same copies whether a tensor has few or many saved shards."""
     import random
 
-    from unickpt.planning import load_plan
+    from unickpt.planning import load_plan, shard_index
     from unickpt.planning.boxes import chunk_bounds
     from unickpt.planning.specs import ShardSpec
 
@@ -71,10 +71,7 @@ def test_vectorized_intersection_matches_scalar_path():
             o, n = chunk_bounds(shape[1], tparts, j)
             specs.append(ShardSpec("w", "float32", shape, (0, o), (shape[0], n)))
         fast = load_plan.plan_local_load(md, specs)
-        old = load_plan._VECTORIZE_FROM
-        load_plan._VECTORIZE_FROM = 10**9
-        try:
+        with monkeypatch.context() as m:
+            m.setattr(shard_index, "INDEX_FROM", 10**9)  # every tensor scanned
             slow = load_plan.plan_local_load(md, specs)
-        finally:
-            load_plan._VECTORIZE_FROM = old
         assert fast == slow

@@ -53,6 +53,7 @@ from ..frameworks import FrameworkAdapter, LoadView, get_framework
 from ..monitoring.events import EventBus, instrumented
 from ..options import LoadOptions
 from ..planning.load_plan import ShardRead, check_targets, keys_error, plan_local_load
+from ..planning.shard_index import ShardIndex
 from ..planning.specs import LoadItem
 from ..state.extra import pick_extra_blob
 from ..state.loader import LEGACY_PREFIX, LOADER_SECTION, LoaderIndex, is_reshardable
@@ -153,8 +154,9 @@ def _load_once(
         report = check_targets(
             md, specs, strict=False, source=source, checkpoint_keys=ckpt_keys, cast_dtypes=options.cast_dtypes
         )
+        index = ShardIndex(md)  # one overlap index for this attempt's two plans
         if view.probes:
-            reads = plan_local_load(md, [i.spec for i in view.probes])
+            reads = plan_local_load(md, [i.spec for i in view.probes], index)
             read_stage(md, storage, _ONE, view.probes, reads, 1, options.verify_checksums, False)
         missing, unexpected = view.validate()
         blobs, absent = _blob_keys(md, state, coord, options.loader_on_resize, options.extra_state_on_resize)
@@ -163,7 +165,7 @@ def _load_once(
         unused = [_LOADER] if state.get(_LOADER) is None and _has_loader_state(md) else []
         return (
             view,
-            plan_local_load(md, [i.spec for i in view.items]),
+            plan_local_load(md, [i.spec for i in view.items], index),
             blobs,
             list(report.missing) + missing + absent,
             list(report.unexpected) + unexpected + unused,

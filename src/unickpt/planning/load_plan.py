@@ -6,7 +6,9 @@ Called by ``engine.load_pipeline`` on every rank after the metadata is read and 
 problem (missing / unexpected keys under the strictness, shape and dtype mismatches) before any
 byte is read. Then ``plan_local_load`` intersects each target box with the saved boxes of its
 tensor: every element of every target is covered exactly once because saved boxes tile their
-tensor (checked at save and on decode).
+tensor (checked at save and on decode). The shards overlapping each target come from a
+``planning.shard_index.ShardIndex`` (bisection, O(log N + overlaps) per target, not a scan of
+every saved shard).
 """
 
 from __future__ import annotations
@@ -14,11 +16,10 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..format.records import Metadata
 from ..format.validation import KeyReport, Strictness, check_targets, keys_error
 from .boxes import intersect
+from .shard_index import ShardIndex
 from .specs import Shape, ShardSpec
 
 __all__ = ["CopyOp", "ShardRead", "KeyReport", "Strictness", "check_targets", "keys_error", "plan_local_load"]
@@ -44,36 +45,26 @@ class ShardRead:
     copies: tuple[CopyOp, ...]
 
 
-_VECTORIZE_FROM = 16  # tensors with at least this many saved shards are intersected with numpy
-
-
-def plan_local_load(md: Metadata, specs: list[ShardSpec]) -> list[ShardRead]:
+def plan_local_load(md: Metadata, specs: list[ShardSpec], index: ShardIndex | None = None) -> list[ShardRead]:
     """For targets ``specs`` (index = local item index), the saved shards to read, in file order.
 
-    Cost is O(targets x saved shards of their tensor), done with numpy for tensors with many
-    shards so that planning a load of a checkpoint from thousands of ranks stays fast."""
+    ``index``: a :class:`~unickpt.planning.shard_index.ShardIndex` of ``md`` to reuse across
+    calls on the same metadata (``engine.load_pipeline`` plans probes and items with one); a
+    fresh one otherwise. The saved shards overlapping each target come from it in O(log N +
+    overlaps) for the layouts jobs save, so a rank's planning cost does not grow with the number
+    of ranks that saved the checkpoint. Raises ValueError if ``index`` belongs to another
+    metadata object."""
+    if index is None:
+        index = ShardIndex(md)
+    elif index.md is not md:
+        raise ValueError("plan_local_load: the ShardIndex was built for another Metadata object")
     copies: dict[tuple[str, int], list[CopyOp]] = defaultdict(list)
-    tables: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for idx, spec in enumerate(specs):
         rec = md.tensors.get(spec.fqn)
         if rec is None or spec.numel == 0:
             continue
-        if len(rec.shards) >= _VECTORIZE_FROM and spec.offsets:
-            table = tables.get(spec.fqn)
-            if table is None:
-                table = tables[spec.fqn] = (
-                    np.array([s.offsets for s in rec.shards], dtype=np.int64),
-                    np.array([s.lengths for s in rec.shards], dtype=np.int64),
-                )
-            s_off, s_len = table
-            t_off = np.array(spec.offsets, dtype=np.int64)
-            lo = np.maximum(s_off, t_off)
-            hi = np.minimum(s_off + s_len, t_off + np.array(spec.lengths, dtype=np.int64))
-            hits = np.nonzero((hi > lo).all(axis=1))[0].tolist()
-            candidates = [(int(i), rec.shards[i]) for i in hits]
-        else:
-            candidates = list(enumerate(rec.shards))
-        for sidx, shard in candidates:
+        for sidx in index.overlapping(spec.fqn, spec.offsets, spec.lengths):
+            shard = rec.shards[sidx]
             hit = intersect(spec.offsets, spec.lengths, shard.offsets, shard.lengths)
             if hit is None:
                 continue
