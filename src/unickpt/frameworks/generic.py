@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
@@ -24,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import FrameworkError
 from .base import MODEL_PREFIX, OptimizerDescription, ParamState, StateDescription
-from .module_state import TensorState, model_tensors, module_of, optimizer_of, param_fqns, tensor_piece
+from .module_state import BoxMemo, TensorState, model_tensors, module_of, optimizer_of, param_fqns, tensor_piece
 from .views import DescribedAdapter
 
 __all__ = ["ModuleAdapter", "TorchAdapter", "DDPAdapter", "FSDP2Adapter", "DTensorAdapter", "buffer_source"]
@@ -78,10 +79,12 @@ class ModuleAdapter(DescribedAdapter):
         self.check(module)
         buffers = {id(b) for b in module.buffers()}
         source = buffer_source(module) if buffers else None
-        model = tuple(
-            tensor_piece(MODEL_PREFIX + fqn, t, source if id(t) in buffers else None)
-            for fqn, t in model_tensors(module, self.strip_module)
-        )
+        memo = BoxMemo()
+        with torch.no_grad():
+            model = tuple(
+                tensor_piece(MODEL_PREFIX + fqn, t, source if id(t) in buffers else None, memo)
+                for fqn, t in model_tensors(module, self.strip_module)
+            )
         if optim is None:
             return StateDescription(model, None, _mesh_of(module))
         names = param_fqns(module, self.strip_module)
@@ -93,7 +96,7 @@ class ModuleAdapter(DescribedAdapter):
                         f"optimizer param group {gi} holds a parameter (shape {tuple(p.shape)}) that is not in "
                         "the model; every parameter the optimizer updates must be a parameter of state['model']"
                     )
-                params[id(p)] = TensorState(names[id(p)], p)
+                params[id(p)] = TensorState(names[id(p)], p, memo)
         return StateDescription(model, OptimizerDescription(optim, params), _mesh_of(module))
 
 

@@ -17,7 +17,7 @@ original fqn, so every framework reads the same object.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -36,6 +36,7 @@ __all__ = [
     "clean_fqn",
     "tensor_box",
     "local_tensor",
+    "BoxMemo",
     "tensor_piece",
     "model_tensors",
     "param_fqns",
@@ -53,13 +54,18 @@ __all__ = [
 ParamNames = Mapping[int, tuple[str, ...]]
 
 
+_DROP = frozenset(WRAPPER_SEGMENTS)
+_DROP_MODULE = _DROP | {"module"}
+
+
 def clean_fqn(fqn: str, strip_module: bool) -> str:
     """Drop wrapper segments (DDP's ``module.``, torch.compile's ``_orig_mod.``, FSDP1/activation
     checkpoint wrappers) so every framework names a parameter the same way."""
     parts = fqn.split(".")
-    drop = set(WRAPPER_SEGMENTS) | {"module"} if strip_module else set(WRAPPER_SEGMENTS)
-    out = [p for p in parts if p not in drop or p.startswith("_flat_param")]
-    return ".".join(out)
+    drop = _DROP_MODULE if strip_module else _DROP
+    if drop.isdisjoint(parts):
+        return fqn
+    return ".".join(p for p in parts if p not in drop or p.startswith("_flat_param"))
 
 
 def tensor_box(t: torch.Tensor) -> tuple[Shape, Shape, Shape]:
@@ -73,18 +79,56 @@ def tensor_box(t: torch.Tensor) -> tuple[Shape, Shape, Shape]:
 def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """The local data of ``t`` as a plain tensor sharing its storage (writes go to ``t``)."""
     if isinstance(t, DTensor):
-        t = t.to_local()
+        if torch.is_grad_enabled():  # to_local() is an autograd op then (~5x slower), same data
+            with torch.no_grad():
+                t = t.to_local()
+        else:
+            t = t.to_local()
     return t.detach()
 
 
-def tensor_piece(key: str, t: torch.Tensor, replica_source: int | None = None) -> Piece:
+class BoxMemo:
+    """The boxes one description has computed, by layout, so that tensors of one layout (a
+    model's parameters and their optimizer state share a handful) pay for it once.
+
+    A DTensor's local box is a function of its global shape, device mesh and placements (and
+    of this process's coordinate in the mesh, fixed for the process): torch's
+    ``__create_chunk_list__`` costs ~30 us a call, a memo hit ~1 us and is the box torch would
+    compute. A DTensor whose local tensor is itself chunked (torch then asks that tensor) is
+    never memoised. A plain tensor's box is its full shape. Specs built from a memoised box
+    skip ``ShardSpec``'s check (``ShardSpec.checked_box``): the first spec of that box made it.
+    Owned by one ``describe`` call (``ModuleAdapter.describe`` creates it and hands it to its
+    ``TensorState``s)."""
+
+    __slots__ = ("dtensors", "plain")
+
+    def __init__(self) -> None:
+        self.dtensors: dict[tuple[Any, Any, Any], tuple[Shape, Shape, Shape]] = {}
+        self.plain: dict[Shape, tuple[Shape, Shape, Shape]] = {}
+
+
+def tensor_piece(key: str, t: torch.Tensor, replica_source: int | None = None, memo: BoxMemo | None = None) -> Piece:
     """The piece of ``t``'s local box under checkpoint key ``key`` (``replica_source``: see
-    ``ShardSpec``)."""
-    shape, offsets, lengths = tensor_box(t)
-    spec = ShardSpec(key, dtype_name(t.dtype), shape, offsets, lengths, replica_source)
+    ``ShardSpec``); ``memo``: boxes already computed by this description (``BoxMemo``)."""
     loc = local_tensor(t)
-    if tuple(loc.shape) != lengths:
-        raise FrameworkError(f"{key}: local tensor shape {tuple(loc.shape)} != shard lengths {lengths}")
+    if memo is None or (isinstance(t, DTensor) and hasattr(loc, "__create_chunk_list__")):
+        box = tensor_box(t)
+        spec = ShardSpec(key, dtype_name(t.dtype), *box, replica_source)
+    else:
+        if isinstance(t, DTensor):
+            table: dict[Any, tuple[Shape, Shape, Shape]] = memo.dtensors
+            layout: Any = (t.shape, t.device_mesh, t.placements)
+        else:
+            table, layout = memo.plain, t.shape
+        known = table.get(layout)
+        if known is None:
+            box = tensor_box(t)
+            spec = ShardSpec(key, dtype_name(t.dtype), *box, replica_source)  # checks the box
+            table[layout] = box
+        else:
+            spec = ShardSpec.checked_box(key, dtype_name(t.dtype), *known, replica_source)
+    if loc.shape != spec.lengths:
+        raise FrameworkError(f"{key}: local tensor shape {tuple(loc.shape)} != shard lengths {spec.lengths}")
     return Piece(spec, loc)
 
 
@@ -124,6 +168,7 @@ class TensorState:
 
     fqn: str
     param: torch.Tensor
+    memo: BoxMemo | None = field(default=None, repr=False)  # the describing call's (``BoxMemo``)
 
     @property
     def fqns(self) -> tuple[str, ...]:
@@ -141,7 +186,7 @@ class TensorState:
         return self.param, False
 
     def pieces(self, name: str, value: torch.Tensor) -> list[Piece]:
-        return [tensor_piece(f"{STATE_PREFIX}{self.fqn}.{name}", value)]
+        return [tensor_piece(f"{STATE_PREFIX}{self.fqn}.{name}", value, None, self.memo)]
 
 
 def _group_entries(optim: OptimizerLike, names: ParamNames) -> list[dict[str, Any]]:
@@ -158,19 +203,20 @@ def optimizer_save(desc: OptimizerDescription) -> tuple[list[SaveItem], dict[str
     optim = desc.optimizer
     items: list[SaveItem] = []
     values: dict[str, dict[str, Any]] = {}
-    for g in optim.param_groups:
-        for p in g["params"]:
-            st = optim.state.get(p)
-            if not st:
-                continue
-            ps = desc.params[id(p)]
-            for key, v in st.items():
-                if isinstance(v, torch.Tensor):
-                    pieces = ps.pieces(key, v)
-                    items.extend(SaveItem(pc.spec, pc.tensor) for pc in pieces if pc.role is not Role.ELSEWHERE)
-                else:
-                    for fqn in ps.fqns:
-                        values.setdefault(fqn, {})[key] = v
+    with torch.no_grad():  # pieces are detached views; to_local() is no autograd op then
+        for g in optim.param_groups:
+            for p in g["params"]:
+                st = optim.state.get(p)
+                if not st:
+                    continue
+                ps = desc.params[id(p)]
+                for key, v in st.items():
+                    if isinstance(v, torch.Tensor):
+                        pieces = ps.pieces(key, v)
+                        items.extend(SaveItem(pc.spec, pc.tensor) for pc in pieces if pc.role is not Role.ELSEWHERE)
+                    else:
+                        for fqn in ps.fqns:
+                            values.setdefault(fqn, {})[key] = v
     return items, optimizer_object(optim, desc.names(), values)
 
 

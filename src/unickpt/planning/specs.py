@@ -17,6 +17,8 @@ __all__ = ["Shape", "ShardSpec", "SaveItem", "LoadItem", "BlobSpec"]
 
 Shape = tuple[int, ...]
 
+_new, _set = object.__new__, object.__setattr__  # ShardSpec.checked_box: a frozen record, built directly
+
 
 @dataclass(frozen=True, slots=True)
 class ShardSpec:
@@ -42,6 +44,28 @@ class ShardSpec:
                 raise ValueError(
                     f"{self.fqn}: box offsets={self.offsets} lengths={self.lengths} outside {self.global_shape}"
                 )
+
+    @classmethod
+    def checked_box(
+        cls,
+        fqn: str,
+        dtype: str,
+        global_shape: Shape,
+        offsets: Shape,
+        lengths: Shape,
+        replica_source: int | None = None,
+    ) -> ShardSpec:
+        """A spec whose box ``(global_shape, offsets, lengths)`` a spec passed ``__post_init__``
+        with before (the describe stage's memo of DTensor boxes, a decoded plan whose rows were
+        checked as a whole): the same record, without checking the box again."""
+        spec = _new(cls)
+        _set(spec, "fqn", fqn)
+        _set(spec, "dtype", dtype)
+        _set(spec, "global_shape", global_shape)
+        _set(spec, "offsets", offsets)
+        _set(spec, "lengths", lengths)
+        _set(spec, "replica_source", replica_source)
+        return spec
 
     @property
     def numel(self) -> int:
