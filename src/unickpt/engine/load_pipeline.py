@@ -58,6 +58,7 @@ from ..planning.specs import LoadItem
 from ..state.extra import pick_extra_blob
 from ..state.loader import LEGACY_PREFIX, LOADER_SECTION, LoaderIndex, is_reshardable
 from ..storage import Storage
+from .gc_pause import gc_paused
 from .lock import checkpoint_replaced
 from .read import read_blob, read_metadata, read_stage
 from .resources import Resources
@@ -148,6 +149,10 @@ def _load_once(
     source = storage.url
 
     def validate() -> tuple[LoadView, list[ShardRead], dict[str, str], list[str], list[str]]:
+        with gc_paused():  # destinations, specs and copy plans: a few records per tensor
+            return _validate()
+
+    def _validate() -> tuple[LoadView, list[ShardRead], dict[str, str], list[str], list[str]]:
         view = adapter.load_view(state, md, strict)
         ckpt_keys = {k for k in md.tensors if k.startswith(view.prefixes)} if view.prefixes else set()
         specs = [i.spec for i in view.items] + [i.spec for i in view.probes]
@@ -203,6 +208,10 @@ def _load_once(
         raise
 
     def apply() -> None:
+        with gc_paused():
+            _apply()
+
+    def _apply() -> None:
         if targets is not None:
             with torch.no_grad():
                 for live, stage in zip(view.items, targets):

@@ -38,6 +38,7 @@ from ..state.extra import extra_blob_key
 from ..state.loader import LEGACY_PREFIX, is_reshardable, loader_blobs
 from ..storage import Buffer, Storage
 from .commit import SaveSource, commit_stage
+from .gc_pause import GCHold, gc_paused
 from .lock import SaveLock, run_locked
 from .plan_cache import CachedPlan, PlanKey, plan_stage
 from .resources import Resources
@@ -166,7 +167,8 @@ class SavePipeline:
     def write_and_commit(self, lock: SaveLock, d: Described, cached: CachedPlan, snap: Snapshot) -> Metadata | None:
         """Write this rank's files, then the collective commit (rank 0 returns the metadata)."""
         plan = cached.mine
-        gplan = cached.global_plan() if self.coord.rank == 0 else None  # the commit's, rank 0 only
+        with gc_paused():
+            gplan = cached.global_plan() if self.coord.rank == 0 else None  # the commit's, rank 0 only
         rank, url, events = self.coord.rank, self.storage.url, self.res.events
         crcs, error = None, None
         try:
@@ -182,19 +184,20 @@ class SavePipeline:
         finally:
             if snap.staged is not None:
                 snap.staged.release()
-        md = commit_stage(
-            self.background,
-            self.storage,
-            plan.save_id,
-            gplan,
-            crcs,
-            error,
-            SaveSource(d.adapter.name, self.role, d.view.mesh),
-            d.view.objects,  # every rank's: merged per parameter at commit (pipeline stages differ)
-            self.options.cleanup_previous,
-            events,
-            still_locked=lock.verify_holder,
-        )
+        with gc_paused():  # the metadata: a record per shard
+            md = commit_stage(
+                self.background,
+                self.storage,
+                plan.save_id,
+                gplan,
+                crcs,
+                error,
+                SaveSource(d.adapter.name, self.role, d.view.mesh),
+                d.view.objects,  # every rank's: merged per parameter at commit (pipeline stages differ)
+                self.options.cleanup_previous,
+                events,
+                still_locked=lock.verify_holder,
+            )
         events.emit("save.end", rank, self.t0, path=url, save_id=plan.save_id, nbytes=plan.nbytes)
         return md
 
@@ -204,22 +207,33 @@ class SavePipeline:
         """Run describe, plan and stage here; submit lock + write + commit to the worker (after
         any earlier save of this checkpointer). Returns the save's handle (not yet tracked)."""
         self.res.events.emit("save.begin", self.coord.rank, path=self.storage.url)
-        d = self.describe()
-        cached = self.plan(d)
-        plan = cached.mine
-        snap = self.stage(d, plan, async_save)
-        release = snap.staged.release if snap.staged is not None else None
-        future = self.res.worker.submit(
-            lambda: run_locked(
-                self.background,
-                self.storage,
-                plan,
-                lambda lock: self.write_and_commit(lock, d, cached, snap),
-                on_refused=release,
-                lease_s=self.options.lock_lease_s,
-                ctx=self.res.locks,
+        # a few records per tensor: no full collections over the job's heap (engine.gc_pause);
+        # a blocking save keeps the collector paused until its commit ends (the caller waits)
+        hold = GCHold()
+        try:
+            d = self.describe()
+            cached = self.plan(d)
+            plan = cached.mine
+            snap = self.stage(d, plan, async_save)
+            release = snap.staged.release if snap.staged is not None else None
+            future = self.res.worker.submit(
+                lambda: run_locked(
+                    self.background,
+                    self.storage,
+                    plan,
+                    lambda lock: self.write_and_commit(lock, d, cached, snap),
+                    on_refused=release,
+                    lease_s=self.options.lock_lease_s,
+                    ctx=self.res.locks,
+                )
             )
-        )
+        except BaseException:
+            hold.release()
+            raise
+        if async_save:
+            hold.release()
+        else:
+            future.add_done_callback(hold.release)
         return SaveHandle(future, snap.copied, self.storage.url)
 
 
