@@ -148,6 +148,20 @@ def test_intersect_edge_cases():
         intersect((0, 0), (1,), (0,), (1,))
 
 
+@given(st.data(), shapes)
+@SETTINGS
+def test_intersect_of_a_box_with_itself_takes_the_fast_path_to_the_same_answer(data, shape):
+    """Equal tuple boxes return early (a target that is exactly a saved shard); lists take the
+    general path: both answers agree, for empty boxes and negative offsets too."""
+    offs = tuple(data.draw(st.integers(-3, 3)) for _ in shape)
+    lens = tuple(data.draw(st.integers(0, 4)) for _ in shape)
+    fast = intersect(offs, lens, offs, lens)
+    assert fast == intersect(list(offs), list(lens), list(offs), list(lens))
+    assert fast is None or (type(fast[0]), type(fast[1])) == (tuple, tuple)
+    with pytest.raises(ValueError):
+        intersect(offs, (*lens[:-1], -1) if lens else (-1,), offs, (*lens[:-1], -1) if lens else (-1,))
+
+
 # --------------------------------------------------------------------------- decompose_flat_range
 
 
@@ -284,6 +298,21 @@ def test_sub_box_span_and_contiguity_match_numpy(data, shape):
     strides = row_major_strides(shape)
     view = np.lib.stride_tricks.as_strided(run, shape=sub_len, strides=tuple(s * run.itemsize for s in strides))
     assert np.array_equal(view, stored[sl(rel, sub_len)])
+
+
+@given(st.lists(st.integers(-1, 4), max_size=4))
+@SETTINGS
+def test_a_whole_box_is_contiguous_and_the_fast_path_keeps_the_errors(lengths):
+    box = tuple(lengths)
+    zeros = (0,) * len(box)
+    if any(n < 0 for n in box):
+        with pytest.raises(ValueError):
+            sub_box_is_contiguous(box, zeros, box)
+        return
+    assert sub_box_is_contiguous(box, zeros, box)
+    assert sub_box_is_contiguous(list(box), list(zeros), list(box))
+    first, end = sub_box_span(zeros, box, zeros, box)
+    assert end - first == (numel(box) if numel(box) else 0)
 
 
 def test_sub_box_errors_and_edges():

@@ -138,8 +138,8 @@ class SavePipeline:
         """The snapshot (collective for async saves: every rank learns all staged)."""
         if not async_save:  # views of the live tensors: the write reads them in place
             with self.res.events.phase("save.stage", self.coord.rank, path=self.storage.url, save_id=plan.save_id):
-                parts = live_parts(d.view.items, plan, d.blobs)
-            return Snapshot(parts, _plan_order(plan, parts), None, None)
+                parts, entries = live_parts(d.view.items, plan, d.blobs)
+            return Snapshot(parts, entries, None, None)
         later = self._copied_later()
         with self.res.events.phase("save.stage", self.coord.rank, path=self.storage.url, save_id=plan.save_id) as p:
             staged = run_stage(
@@ -235,20 +235,6 @@ class SavePipeline:
         else:
             future.add_done_callback(hold.release)
         return SaveHandle(future, snap.copied, self.storage.url)
-
-
-def _plan_order(plan: RankSavePlan, file_parts: dict[str, list[Buffer]]) -> list[Buffer]:
-    """Each entry's bytes, in plan order, picked out of ``live_parts``' per-file lists."""
-    cursor = {f: 0 for f in file_parts}
-    ends: dict[str, int] = {}
-    out = []
-    for e in plan.entries:
-        if e.byte_offset != ends.get(e.file, 0):
-            cursor[e.file] += 1  # skip the padding part
-        ends[e.file] = e.byte_offset + e.byte_length
-        out.append(file_parts[e.file][cursor[e.file]])
-        cursor[e.file] += 1
-    return out
 
 
 def _blobs_to_save(state: MutableMapping[str, Any], rank: int) -> dict[str, bytes]:

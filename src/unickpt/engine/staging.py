@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import SnapshotConflictError
-from ..planning.save_plan import RankSavePlan, WriteEntry
+from ..planning.save_plan import ENTRY_ALIGN, RankSavePlan, WriteEntry
 from ..planning.specs import SaveItem
 from ..storage.aligned import AlignedBuffer
 from ..storage.base import Buffer
@@ -32,24 +32,51 @@ from .bytes_view import tensor_bytes
 __all__ = ["live_parts", "StagedFiles", "StagingPool"]
 
 
-def live_parts(items: list[SaveItem], plan: RankSavePlan, blobs: dict[str, bytes]) -> dict[str, list[Buffer]]:
+def live_parts(
+    items: list[SaveItem], plan: RankSavePlan, blobs: dict[str, bytes]
+) -> tuple[dict[str, list[Buffer]], list[Buffer]]:
     """For a blocking save: each file's parts (entries and the zero padding between them),
-    viewing the live tensors (CPU) or a host copy."""
+    viewing the live tensors (CPU) or a host copy, and each entry's bytes in plan order."""
     out: dict[str, list[Buffer]] = {}
-    ends: dict[str, int] = {}
+    entries: list[Buffer] = []
+    file, parts, end = None, None, 0
     with torch.no_grad():
         for e in plan.entries:
-            gap = e.byte_offset - ends.get(e.file, 0)
+            if e.file != file:  # entries are grouped by file, in byte order
+                file = e.file
+                parts = out.get(file)
+                if parts is None:
+                    parts = out[file] = []
+                    end = 0
+                else:  # not grouped after all: where this file's parts end
+                    end = _end_of(plan, file, e)
+            assert parts is not None
+            gap = e.byte_offset - end
             if gap:
-                out.setdefault(e.file, []).append(bytes(gap))  # alignment padding
-            ends[e.file] = e.byte_offset + e.byte_length
+                parts.append(_PADDING[gap] if 0 < gap < len(_PADDING) else bytes(gap))  # alignment padding
+            end = e.byte_offset + e.byte_length
             if e.blob_key:
                 data: Buffer = blobs[e.blob_key]
             else:
                 t = items[e.item_index].tensor
-                data = tensor_bytes(t if t.device.type == "cpu" else t.detach().cpu())
-            out.setdefault(e.file, []).append(data)
-    return out
+                data = tensor_bytes(t if t.is_cpu else t.detach().cpu())
+            parts.append(data)
+            entries.append(data)
+    return out, entries
+
+
+_PADDING = [bytes(n) for n in range(ENTRY_ALIGN)]  # the zero gaps before aligned entries
+
+
+def _end_of(plan: RankSavePlan, file: str, before: WriteEntry) -> int:
+    """Where ``file``'s entries placed before ``before`` end (plans that interleave files)."""
+    end = 0
+    for e in plan.entries:
+        if e is before:
+            return end
+        if e.file == file:
+            end = e.byte_offset + e.byte_length
+    return end
 
 
 @dataclass

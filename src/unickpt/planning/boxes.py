@@ -112,6 +112,10 @@ def intersect(a_offsets: Shape, a_lengths: Shape, b_offsets: Shape, b_lengths: S
     Load planning calls this for every (target box, saved box) candidate pair. Two 0-d boxes
     ``((), ())`` intersect to ``((), ())``. Raises ValueError on rank mismatch.
     """
+    if a_offsets == b_offsets and a_lengths == b_lengths and type(a_offsets) is tuple and type(a_lengths) is tuple:
+        # one box twice (a target that is exactly a saved shard: the common resume)
+        if len(a_offsets) == len(a_lengths) and all(n > 0 for n in a_lengths):
+            return a_offsets, a_lengths
     a_offsets, a_lengths = _check_box(a_offsets, a_lengths, "box a")
     b_offsets, b_lengths = _check_box(b_offsets, b_lengths, "box b")
     _same_rank(a_offsets, b_offsets, "intersect")
@@ -227,6 +231,10 @@ def sub_box_is_contiguous(box_lengths: Shape, sub_offsets_rel: Shape, sub_length
     without a strided copy. Empty sub-boxes are trivially contiguous. Raises ValueError if the
     sub-box is not inside the box or the ranks differ.
     """
+    if tuple(sub_lengths) == tuple(box_lengths) and len(sub_offsets_rel) == len(box_lengths):
+        # the whole box (a shard read into a target of its own size: the common resume)
+        if not any(sub_offsets_rel) and all(n >= 0 for n in box_lengths):
+            return True
     box_lengths = _check_lengths(box_lengths, "box lengths")
     sub_offsets_rel, sub_lengths = _check_box(sub_offsets_rel, sub_lengths, "sub-box")
     _same_rank(box_lengths, sub_offsets_rel, "sub_box_is_contiguous")
