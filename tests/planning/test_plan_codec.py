@@ -13,7 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unickpt.errors import PlanningError
-from unickpt.planning.plan_codec import decode_local_plan, decode_rank_plan, encode_local_plan, encode_rank_plan
+from unickpt.planning.plan_codec import (
+    decode_local_plan,
+    decode_local_table,
+    decode_rank_plan,
+    encode_local_plan,
+    encode_rank_plan,
+)
 from unickpt.planning.save_plan import LocalSavePlan, RankSavePlan, WriteEntry
 from unickpt.planning.specs import BlobSpec, ShardSpec
 
@@ -40,6 +46,67 @@ def test_local_plans_round_trip(shards, blobs, rank):
     assert decode_local_plan(encode_local_plan(plan)) == plan
 
 
+def _encode_rows_plainly(plan: LocalSavePlan) -> bytes:
+    """The encoder as it was (one Python row per spec): the bytes must not change."""
+    from unickpt.planning import plan_codec
+
+    names: dict[str, int] = {}
+    dtypes: dict[str, int] = {}
+    rows: list[int] = []
+    for s in plan.shards:
+        rows += [names.setdefault(s.fqn, len(names)), dtypes.setdefault(s.dtype, len(dtypes)), len(s.global_shape)]
+        rows += [-1 if s.replica_source is None else s.replica_source, *s.global_shape, *s.offsets, *s.lengths]
+    header = {
+        "rank": plan.rank,
+        "n": len(plan.shards),
+        "names": list(names),
+        "dtypes": list(dtypes),
+        "blobs": [[b.key, b.nbytes] for b in plan.blobs],
+    }
+    return plan_codec._pack(plan_codec._LOCAL, header, np.array(rows, dtype=np.int64))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    shards=st.lists(shard_specs(), max_size=20),
+    blobs=st.lists(st.tuples(st.text(max_size=8), st.integers(0, 1 << 40)), max_size=3),
+    rank=st.integers(0, 10_000),
+)
+def test_tables_round_trip_and_the_bytes_are_the_row_encoders(shards, blobs, rank):
+    """``encode_local_plan`` goes through a ``ShardTable`` (vectorised rows): same bytes as the
+    plain row encoder; ``decode_local_table`` gives the table of the decoded records."""
+    plan = LocalSavePlan(rank, tuple(shards), tuple(BlobSpec(k, n) for k, n in blobs))
+    data = encode_local_plan(plan)
+    assert data == _encode_rows_plainly(plan)
+    table = decode_local_table(data)
+    assert table.to_plan() == plan
+    assert [table.spec(i) for i in range(len(table))] == list(plan.shards)
+    assert encode_local_plan(table) == data
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.lists(st.integers(-2, 12), max_size=24),
+    n=st.integers(-1, 4),
+    names=st.lists(st.sampled_from(["model.a", "model.b", 7, None]), max_size=3),
+)
+def test_a_forged_local_plan_decodes_to_the_same_table_or_the_same_error(rows, n, names):
+    """Whatever a buffer holds, the fast decoder agrees with the record decoder: the same
+    PlanningError, or the table of the same records."""
+    from unickpt.planning import plan_codec
+
+    header = {"rank": 3, "n": n, "names": names, "dtypes": ["float32", "int8"], "blobs": [["k", 4]]}
+    data = plan_codec._pack(plan_codec._LOCAL, header, np.array(rows, dtype=np.int64))
+    try:
+        want = decode_local_plan(data)
+    except PlanningError as e:
+        with pytest.raises(PlanningError) as got:
+            decode_local_table(data)
+        assert str(got.value) == str(e)
+        return
+    assert decode_local_table(data).to_plan() == want
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     entries=st.lists(
@@ -56,6 +123,41 @@ def test_local_plans_round_trip(shards, blobs, rank):
 def test_rank_plans_round_trip(entries):
     plan = RankSavePlan(1, "20250101T000000-abc", tuple(WriteEntry(*e) for e in entries))
     assert decode_rank_plan(encode_rank_plan(plan)) == plan
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.lists(st.integers(-3, 4), max_size=20),
+    files=st.lists(st.sampled_from(["data/s/r00000-00.bin", "data/s/r00000-01.bin", 3]), max_size=3),
+    blobs=st.lists(st.sampled_from(["extra_state/0", None]), max_size=2),
+)
+def test_a_forged_rank_plan_decodes_as_entry_by_entry(rows, files, blobs):
+    """The vectorised rank-plan decoder agrees with the entry-by-entry one: same entries or
+    the same PlanningError."""
+    from unickpt.planning import plan_codec
+
+    header = {"rank": 1, "save_id": "s", "files": files, "blobs": blobs}
+    data = plan_codec._pack(plan_codec._RANK, header, np.array(rows, dtype=np.int64))
+
+    def slow():
+        h, table = plan_codec._unpack(plan_codec._RANK, data, "rank save plan")
+        if table.size % 5:
+            raise PlanningError("rank save plan: truncated rows")
+        try:
+            return plan_codec._decode_rank_rows(h, table.reshape(-1, 5))
+        except PlanningError:
+            raise
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise PlanningError(f"rank save plan: malformed ({type(e).__name__}: {e})") from None
+
+    try:
+        want = slow()
+    except PlanningError as e:
+        with pytest.raises(PlanningError) as got:
+            decode_rank_plan(data)
+        assert str(got.value) == str(e)
+        return
+    assert decode_rank_plan(data) == want
 
 
 def test_bytes_are_a_fraction_of_a_plain_json_dump():

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ..coordination.base import Coordinator
 from ..errors import CheckpointError, PlanningError
-from ..planning.plan_codec import decode_local_plan, decode_rank_plan, encode_local_plan, encode_rank_plan
-from ..planning.save_plan import GlobalSavePlan, LocalSavePlan, RankSavePlan, plan_save
+from ..planning.plan_codec import decode_local_table, decode_rank_plan, encode_local_plan, encode_rank_plan
+from ..planning.save_plan import GlobalSavePlan, LocalSavePlan, RankSavePlan, WriteEntry, plan_save
 
 __all__ = ["PlanKey", "CachedPlan", "PlanCache", "plan_stage", "new_save_id"]
 
@@ -41,6 +41,45 @@ class PlanKey:
 
 
 @dataclass(frozen=True, slots=True)
+class _Columns:
+    """A rank plan's entries by column, files by index: renaming the plan is one new name per
+    file and one ``WriteEntry`` per entry (no per-entry string work, no ``dataclasses.replace``)."""
+
+    rank: int
+    save_id: str
+    files: tuple[str, ...]
+    items: tuple[int, ...]
+    file_index: tuple[int, ...]
+    offsets: tuple[int, ...]
+    lengths: tuple[int, ...]
+    blobs: tuple[str, ...]
+
+    @classmethod
+    def of(cls, rp: RankSavePlan) -> _Columns:
+        index: dict[str, int] = {}
+        entries = rp.entries
+        file_index = tuple(index.setdefault(e.file, len(index)) for e in entries)
+        return cls(
+            rp.rank,
+            rp.save_id,
+            tuple(index),
+            tuple(e.item_index for e in entries),
+            file_index,
+            tuple(e.byte_offset for e in entries),
+            tuple(e.byte_length for e in entries),
+            tuple(e.blob_key for e in entries),
+        )
+
+    def renamed(self, save_id: str) -> RankSavePlan:
+        """The plan under ``save_id``: each file name with its first ``self.save_id`` replaced."""
+        names = [f.replace(self.save_id, save_id, 1) for f in self.files]
+        files = [names[i] for i in self.file_index]
+        return RankSavePlan(
+            self.rank, save_id, tuple(map(WriteEntry, self.items, files, self.offsets, self.lengths, self.blobs))
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class CachedPlan:
     """A plan kept for reuse while this rank's local plan stays the same: this rank's own part
     (``mine``) on every rank, and the global plan on the coordinator only (``coordinator``,
@@ -48,20 +87,33 @@ class CachedPlan:
 
     Reuse renames the files under the save id rank 0 drew for this save (``<base>-<seq>-<token>``:
     the ``base`` shows which plan was reused, the random token makes every id unpredictable).
-    ``next`` renames ``mine`` only: O(this rank's entries), whatever the world size; the
-    coordinator's global plan is renamed when the commit asks for it (``global_plan``, on the
-    background thread), never in the blocking part of a save."""
+    ``next`` renames ``mine`` only: one new name per file and one entry record per entry of this
+    rank, whatever the world size; the coordinator's global plan is renamed when the commit asks
+    for it (``global_plan``, on the background thread), never in the blocking part of a save.
+    ``columns``: the entries of ``mine`` and of the coordinator's rank plans under ``base``
+    (``_Columns``), what the renames start from."""
 
     local: LocalSavePlan
     mine: RankSavePlan
     coordinator: GlobalSavePlan | None
     base: str
     seq: int = 0
+    columns: tuple[_Columns, tuple[_Columns, ...]] | None = field(default=None, compare=False, repr=False)
 
     def next(self, token: str) -> CachedPlan:
         seq = self.seq + 1
         save_id = f"{self.base}-{seq:06d}-{token}"
-        return CachedPlan(self.local, _rename_rank_plan(self.mine, save_id), self.coordinator, self.base, seq)
+        columns = self._columns()
+        return CachedPlan(self.local, columns[0].renamed(save_id), self.coordinator, self.base, seq, columns)
+
+    def _columns(self) -> tuple[_Columns, tuple[_Columns, ...]]:
+        if self.columns is not None:
+            return self.columns
+        mine = _Columns.of(self.mine)
+        if self.coordinator is None:
+            return mine, ()
+        by_rank = tuple(mine if rp is self.mine else _Columns.of(rp) for rp in self.coordinator.rank_plans)
+        return mine, by_rank
 
     @property
     def save_id(self) -> str:
@@ -73,7 +125,10 @@ class CachedPlan:
             raise PlanningError("only the coordinator (rank 0) holds the global save plan")
         if self.coordinator.save_id == self.save_id:
             return self.coordinator
-        return _rename_plan(self.coordinator, self.save_id)
+        gplan, save_id = self.coordinator, self.save_id
+        rank_plans = tuple(c.renamed(save_id) for c in self._columns()[1])
+        files = tuple(f.replace(gplan.save_id, save_id, 1) for f in gplan.files)
+        return replace(gplan, save_id=save_id, rank_plans=rank_plans, files=files)
 
 
 class PlanCache:
@@ -109,34 +164,27 @@ def plan_stage(
         assert cached is not None
         return cached.next(save_id.rsplit("-", 1)[-1])
     # local plans travel to the coordinator as compact bytes, and each rank gets back only its
-    # own part of the global plan (planning.plan_codec; O(its entries), not O(the job))
-    encoded = coord.gather_object(encode_local_plan(local)) if coord.world_size > 1 else [encode_local_plan(local)]
+    # own part of the global plan (planning.plan_codec; O(its entries), not O(the job)); the
+    # coordinator plans on columns (planning.shard_table) and keeps its own part as it is
+    if coord.world_size == 1:
+        gplan = plan_save([local], save_id, files_per_rank)
+        return CachedPlan(local, gplan.rank_plans[0], gplan, save_id)
+    encoded = coord.gather_object(encode_local_plan(local))
     parts: list[object] | None = None
-    gplan: GlobalSavePlan | None = None
+    gplan = None
     if coord.rank == 0:
         assert encoded is not None
         try:
-            gplan = plan_save([decode_local_plan(b) for b in encoded], save_id, files_per_rank)
-            parts = [encode_rank_plan(rp) for rp in gplan.rank_plans]
+            gplan = plan_save([decode_local_table(b) for b in encoded], save_id, files_per_rank)  # type: ignore[arg-type]
+            parts = [b"", *(encode_rank_plan(rp) for rp in gplan.rank_plans[1:])]
         except CheckpointError as e:
             parts = [e] * coord.world_size
-    received = coord.scatter_object(parts) if coord.world_size > 1 else (parts or [None])[0]
+    received = coord.scatter_object(parts)
     if isinstance(received, CheckpointError):
         raise received
+    if gplan is not None:
+        return CachedPlan(local, gplan.rank_plans[0], gplan, save_id)
     mine = decode_rank_plan(received)  # type: ignore[arg-type]
     if mine.rank != coord.rank:
         raise PlanningError(f"rank {coord.rank} received the save plan of rank {mine.rank}")
-    return CachedPlan(local, mine, gplan, save_id)
-
-
-def _rename_rank_plan(rp: RankSavePlan, save_id: str) -> RankSavePlan:
-    old = rp.save_id
-    return RankSavePlan(rp.rank, save_id, tuple(replace(e, file=e.file.replace(old, save_id, 1)) for e in rp.entries))
-
-
-def _rename_plan(gplan: GlobalSavePlan, save_id: str) -> GlobalSavePlan:
-    old = gplan.save_id
-    rank_plans = tuple(_rename_rank_plan(rp, save_id) for rp in gplan.rank_plans)
-    return replace(
-        gplan, save_id=save_id, rank_plans=rank_plans, files=tuple(f.replace(old, save_id, 1) for f in gplan.files)
-    )
+    return CachedPlan(local, mine, None, save_id)

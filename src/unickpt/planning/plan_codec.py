@@ -23,9 +23,10 @@ import numpy as np
 
 from ..errors import PlanningError
 from .save_plan import LocalSavePlan, RankSavePlan, WriteEntry
+from .shard_table import ShardTable
 from .specs import BlobSpec, ShardSpec
 
-__all__ = ["encode_local_plan", "decode_local_plan", "encode_rank_plan", "decode_rank_plan"]
+__all__ = ["encode_local_plan", "decode_local_plan", "decode_local_table", "encode_rank_plan", "decode_rank_plan"]
 
 _LOCAL, _RANK = b"UCLP", b"UCRP"
 _VERSION = 2
@@ -80,25 +81,93 @@ def _at(table: list, i: int, what: str) -> str:
     return table[i]
 
 
-def encode_local_plan(plan: LocalSavePlan) -> bytes:
+def encode_local_plan(plan: LocalSavePlan | ShardTable) -> bytes:
     """Rows: name index, dtype index, ndim, replica source (-1: any), then global shape,
-    offsets and lengths (ndim values each)."""
-    names: dict[str, int] = {}
-    dtypes: dict[str, int] = {}
-    rows: list[int] = []
-    for s in plan.shards:
-        nd = len(s.global_shape)
-        rows += [names.setdefault(s.fqn, len(names)), dtypes.setdefault(s.dtype, len(dtypes)), nd]
-        rows.append(-1 if s.replica_source is None else s.replica_source)
-        rows += [*s.global_shape, *s.offsets, *s.lengths]
+    offsets and lengths (ndim values each); built from the plan's ``ShardTable``."""
+    t = plan if isinstance(plan, ShardTable) else ShardTable.of(plan)
+    widths = 4 + 3 * t.ndim
+    starts = np.zeros(len(t), dtype=np.int64)
+    np.cumsum(widths[:-1], out=starts[1:])
+    rows = np.empty(int(widths.sum()), dtype=np.int64)
+    for k, column in enumerate((t.name, t.dtype, t.ndim, t.source)):
+        rows[starts + k] = column
+    for nd in np.unique(t.ndim).tolist():
+        if nd:
+            at = t.ndim == nd
+            cells = (starts[at] + 4)[:, None] + np.arange(nd)
+            rows[cells] = t.shape[at, :nd]
+            rows[cells + nd] = t.offsets[at, :nd]
+            rows[cells + 2 * nd] = t.lengths[at, :nd]
     header = {
-        "rank": plan.rank,
-        "n": len(plan.shards),
-        "names": list(names),
-        "dtypes": list(dtypes),
-        "blobs": [[b.key, b.nbytes] for b in plan.blobs],
+        "rank": t.rank,
+        "n": len(t),
+        "names": list(t.names),
+        "dtypes": list(t.dtypes),
+        "blobs": [[b.key, b.nbytes] for b in t.blobs],
     }
-    return _pack(_LOCAL, header, np.array(rows, dtype=np.int64))
+    return _pack(_LOCAL, header, rows)
+
+
+def decode_local_table(data: bytes) -> ShardTable:
+    """The ``ShardTable`` of an encoded local plan (what the coordinator plans with): the rows
+    are checked as a whole; a buffer with any problem is decoded by ``decode_local_plan``,
+    which raises the ``PlanningError`` naming it."""
+    header, rows = _unpack(_LOCAL, data, "local save plan")
+    try:
+        names, dtypes, n, rank = header["names"], header["dtypes"], int(header["n"]), int(header["rank"])
+        blobs = tuple(BlobSpec(str(k), int(v)) for k, v in header["blobs"])
+        starts = _row_starts(rows, n)
+    except (KeyError, IndexError, TypeError, ValueError, PlanningError):
+        return ShardTable.of(decode_local_plan(data))  # raises the precise error
+    if starts is None or not isinstance(names, list) or not isinstance(dtypes, list):
+        return ShardTable.of(decode_local_plan(data))
+    n = len(starts)
+    ndim = rows[starts + 2]
+    width = int(ndim.max(initial=0))
+    shape = np.ones((n, width), dtype=np.int64)
+    offsets = np.zeros((n, width), dtype=np.int64)
+    lengths = np.ones((n, width), dtype=np.int64)
+    for nd in np.unique(ndim).tolist():
+        if nd:
+            at = ndim == nd
+            cells = (starts[at] + 4)[:, None] + np.arange(nd)
+            shape[at, :nd], offsets[at, :nd], lengths[at, :nd] = rows[cells], rows[cells + nd], rows[cells + 2 * nd]
+    source = rows[starts + 3]
+    table = ShardTable(
+        rank,
+        tuple(names),
+        tuple(dtypes),
+        rows[starts],
+        rows[starts + 1],
+        ndim,
+        np.where(source < 0, -1, source),
+        shape,
+        offsets,
+        lengths,
+        blobs,
+    )
+    if table.box_problem():
+        return ShardTable.of(decode_local_plan(data))
+    return table
+
+
+def _row_starts(rows: np.ndarray, n: int) -> np.ndarray | None:
+    """Where each of the ``n`` rows starts (each is 4 + 3 * ndim long); None if the rows do
+    not end exactly there or an ndim is negative."""
+    values = rows.tolist()
+    starts = []
+    at, end = 0, len(values)
+    for _ in range(n):
+        if at + 3 > end:
+            return None
+        nd = values[at + 2]
+        if nd < 0:
+            return None
+        starts.append(at)
+        at += 4 + 3 * nd
+    if at != end:
+        return None
+    return np.array(starts, dtype=np.int64)
 
 
 def decode_local_plan(data: bytes) -> LocalSavePlan:
@@ -130,10 +199,13 @@ def encode_rank_plan(plan: RankSavePlan) -> bytes:
     """Rows: item index, file index, byte offset, byte length, blob index (-1: a tensor)."""
     files: dict[str, int] = {}
     blobs: dict[str, int] = {}
-    rows = np.empty((len(plan.entries), 5), dtype=np.int64)
-    for i, e in enumerate(plan.entries):
-        blob = blobs.setdefault(e.blob_key, len(blobs)) if e.blob_key else -1
-        rows[i] = (e.item_index, files.setdefault(e.file, len(files)), e.byte_offset, e.byte_length, blob)
+    entries = plan.entries
+    rows = np.empty((len(entries), 5), dtype=np.int64)
+    rows[:, 0] = [e.item_index for e in entries]
+    rows[:, 1] = [files.setdefault(e.file, len(files)) for e in entries]
+    rows[:, 2] = [e.byte_offset for e in entries]
+    rows[:, 3] = [e.byte_length for e in entries]
+    rows[:, 4] = [blobs.setdefault(e.blob_key, len(blobs)) if e.blob_key else -1 for e in entries]
     header = {"rank": plan.rank, "save_id": plan.save_id, "files": list(files), "blobs": list(blobs)}
     return _pack(_RANK, header, rows)
 
@@ -144,14 +216,34 @@ def decode_rank_plan(data: bytes) -> RankSavePlan:
         files, blobs = header["files"], header["blobs"]
         if rows.size % 5:
             raise PlanningError("rank save plan: truncated rows")
-        entries = tuple(
-            WriteEntry(
-                item, _at(files, f, "rank save plan"), off, n, _at(blobs, b, "rank save plan") if b != -1 else ""
-            )
-            for item, f, off, n, b in rows.reshape(-1, 5).tolist()
-        )
+        table = rows.reshape(-1, 5)
+        fidx, bidx = table[:, 1], table[:, 4]
+        if len(table) and (
+            not isinstance(files, list)
+            or not isinstance(blobs, list)
+            or fidx.min() < 0
+            or fidx.max() >= len(files)
+            or bidx.min() < -1
+            or bidx.max() >= len(blobs)
+            or not all(isinstance(f, str) for f in files)
+            or not all(isinstance(b, str) for b in blobs)
+        ):
+            return _decode_rank_rows(header, table)  # raises the precise error
+        names = [files[i] for i in fidx.tolist()] if len(table) else []
+        keys = [blobs[i] if i != -1 else "" for i in bidx.tolist()]
+        entries = tuple(map(WriteEntry, table[:, 0].tolist(), names, table[:, 2].tolist(), table[:, 3].tolist(), keys))
         return RankSavePlan(int(header["rank"]), str(header["save_id"]), entries)
     except PlanningError:
         raise
     except (KeyError, IndexError, TypeError, ValueError) as e:
         raise PlanningError(f"rank save plan: malformed ({type(e).__name__}: {e})") from None
+
+
+def _decode_rank_rows(header: dict, table: np.ndarray) -> RankSavePlan:
+    """``decode_rank_plan`` entry by entry: each index checked against its table in turn."""
+    files, blobs = header["files"], header["blobs"]
+    entries = tuple(
+        WriteEntry(item, _at(files, f, "rank save plan"), off, n, _at(blobs, b, "rank save plan") if b != -1 else "")
+        for item, f, off, n, b in table.tolist()
+    )
+    return RankSavePlan(int(header["rank"]), str(header["save_id"]), entries)
