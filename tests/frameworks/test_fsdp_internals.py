@@ -179,7 +179,21 @@ def _fsdp2_boxes(rank: int, ws: int) -> dict:
         "fsdp2_weight": internals.dtensor_local_box(sharded.weight),
         "fsdp2_bias": internals.dtensor_local_box(sharded.bias),
         "tp_weight": internals.dtensor_local_box(tp[0].weight),
+        "local_is_to_local": [
+            _geometry(internals.dtensor_local(t)) == _geometry(t.to_local())
+            for t in (sharded.weight, sharded.bias, tp[0].weight)
+        ],
     }
+
+
+def _geometry(t: torch.Tensor) -> tuple:
+    return (
+        t.data_ptr(),
+        tuple(t.shape),
+        tuple(t.stride()),
+        t.dtype,
+        type(t) is torch.Tensor or isinstance(t, nn.Parameter),
+    )
 
 
 def test_dtensor_local_box_of_fsdp2_and_tp_shards(reports):
@@ -188,6 +202,7 @@ def test_dtensor_local_box_of_fsdp2_and_tp_shards(reports):
     assert res[0]["fsdp2_weight"] == ((0, 0), (2, 5)) and res[1]["fsdp2_weight"] == ((2, 0), (1, 5))
     assert res[0]["fsdp2_bias"] == ((0,), (2,)) and res[1]["fsdp2_bias"] == ((2,), (1,))
     assert res[0]["tp_weight"] == ((0, 0), (3, 4)) and res[1]["tp_weight"] == ((3, 0), (3, 4))
+    assert all(all(r["local_is_to_local"]) for r in res)  # DTensor._local_tensor is to_local()'s memory
 
 
 def test_changed_private_attribute_fails_loudly_naming_it():

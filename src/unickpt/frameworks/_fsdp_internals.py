@@ -27,6 +27,9 @@ What is read, and why (FSDP1 = ``FullyShardedDataParallel``; "flat" = its ``Flat
                                         running FSDP's state-dict hooks (which all-gather)
   ``DTensor.__create_chunk_list__()``   the box of a DTensor's local shard (FSDP2, TP, FSDP2+TP;
                                         the protocol torch's own distributed checkpoint uses)
+  ``DTensor._local_tensor``             the local shard itself (what ``to_local()`` returns
+                                        outside autograd, minus the view it makes for parameters:
+                                        ~1 us a tensor at describe); ``to_local()`` when absent
   ``WRAPPER_SEGMENTS``                  the private attribute names torch's wrappers insert into
                                         parameter names (FSDP1, torch.compile, activation
                                         checkpointing); ``module_state.clean_fqn`` drops them
@@ -59,6 +62,7 @@ __all__ = [
     "is_flat_param",
     "persistent_buffers",
     "dtensor_local_box",
+    "dtensor_local",
 ]
 
 Shape = tuple[int, ...]
@@ -213,3 +217,13 @@ def dtensor_local_box(t: torch.Tensor) -> tuple[Shape, Shape]:
         _ints(tuple(chunks[0].offsets), "ChunkStorageMetadata", "offsets"),
         _ints(tuple(chunks[0].sizes), "ChunkStorageMetadata", "sizes"),
     )
+
+
+def dtensor_local(t: torch.Tensor) -> torch.Tensor:
+    """The local shard of DTensor ``t`` (``t._local_tensor``; ``t.to_local()`` outside autograd
+    when torch no longer has that attribute): the tensor whose memory this rank holds."""
+    local = getattr(t, "_local_tensor", None)
+    if isinstance(local, torch.Tensor):
+        return local
+    with torch.no_grad():
+        return t.to_local()

@@ -126,33 +126,34 @@ class OptimizerLoad:
         self.targets = targets
         self._install: list[tuple[torch.Tensor, dict[str, Any]]] = []
         self._updates: list[tuple[dict[str, Any], dict[str, Any]]] = []
-        for g in self.optim.param_groups:
-            for p in g["params"]:
-                ps = desc.params[id(p)]
-                covered = [f for f in ps.fqns if saved.covers(f)]
-                if not covered:
-                    continue  # not in the checkpoint: left as it is (missing, see validate)
-                if not ps.holds:
-                    self._install.append((p, {}))  # as the uninterrupted run: no state here
-                    continue
-                if len(covered) != len(ps.fqns):
-                    raise FrameworkError(
-                        f"the checkpoint's optimizer covers {covered[:3]} but not {_absent(ps.fqns, covered)[:3]}, "
-                        "which share one flat parameter here; a flat parameter's state cannot be loaded in "
-                        "part (use use_orig_params=True)"
-                    )
-                self._install.append((p, self._state_for(p, ps, g)))
+        with torch.no_grad():  # destinations are detached views; to_local() is no autograd op then
+            for g in self.optim.param_groups:
+                for p in g["params"]:
+                    ps = desc.params[id(p)]
+                    covered = [f for f in ps.fqns if saved.covers(f)]
+                    if not covered:
+                        continue  # not in the checkpoint: left as it is (missing, see validate)
+                    if not ps.holds:
+                        self._install.append((p, {}))  # as the uninterrupted run: no state here
+                        continue
+                    if len(covered) != len(ps.fqns):
+                        raise FrameworkError(
+                            f"the checkpoint's optimizer covers {covered[:3]} but not "
+                            f"{_absent(ps.fqns, covered)[:3]}, which share one flat parameter here; a flat "
+                            "parameter's state cannot be loaded in part (use use_orig_params=True)"
+                        )
+                    self._install.append((p, self._state_for(p, ps, g)))
 
     def _state_for(self, p: torch.Tensor, ps: ParamState, group: dict[str, Any]) -> dict[str, Any]:
         """The state ``p`` will have: destinations of its saved tensors, then its saved values."""
         fqns = ps.fqns
         saved = [self.saved.tensors.get(f, {}) for f in fqns]
-        names = list(dict.fromkeys(n for s in saved for n in s))
+        names = list(saved[0]) if len(saved) == 1 else list(dict.fromkeys(n for s in saved for n in s))
         live = self.optim.state.get(p) or {}
         state: dict[str, Any] = {}
         for name in names:
             recs = [s.get(name) for s in saved]
-            if any(r is None for r in recs):
+            if len(recs) > 1 and any(r is None for r in recs):
                 have = [f for f, r in zip(fqns, recs) if r is not None]
                 raise FrameworkError(
                     f"optimizer state {name!r} is saved for {have[:3]} but not for {_absent(fqns, have)[:3]}, "

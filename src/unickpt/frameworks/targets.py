@@ -32,6 +32,9 @@ class LoadTargets:
 
     def add(self, pieces: Iterable[Piece], fresh: bool) -> None:
         """Destinations for ``pieces``; ``fresh``: their tensors were allocated by this load."""
+        if isinstance(pieces, list) and len(pieces) == 1 and pieces[0].role is Role.HELD:  # the common case
+            self.items.append(LoadItem(pieces[0].spec, pieces[0].tensor, fresh))
+            return
         groups: dict[int, tuple[torch.Tensor, list[LoadItem]]] = {}
         for pc in pieces:
             if pc.role is Role.HELD:
