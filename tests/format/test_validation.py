@@ -331,6 +331,14 @@ def test_coverage_fast_path_agrees_with_the_tiling_algorithm(case) -> None:
         assert coverage_problem(shape, offsets, lengths) == (None if truth is None else str(truth))
 
 
+def test_one_whole_box_is_accepted_quickly_and_only_when_it_tiles() -> None:
+    assert validation._splits_one_dim((3, 4), [[0, 0]], [[3, 4]])
+    assert validation._splits_one_dim((), [[]], [[]])  # a 0-d tensor's one box
+    assert not validation._splits_one_dim((3, 0), [[0, 0]], [[3, 0]])  # no element: not this layout
+    assert not validation._splits_one_dim((-1,), [[0]], [[-1]])
+    assert not validation._splits_one_dim((3, 4), [[1, 0]], [[3, 4]])
+
+
 def test_problems_collector_text() -> None:
     p = validation.Problems(keep=2)
     assert not p

@@ -7,8 +7,7 @@ import torch
 __all__ = ["tensor_bytes", "box_view", "sub_box"]
 
 
-# dtypes numpy can view: their bytes come from ``Tensor.numpy()`` (~1.5 us; the uint8 view
-# below costs ~4 us: 26,800 tensors are read and written through here per save or load)
+# dtypes numpy can view; the others (bf16, fp8) are viewed as integers of their size first
 _NUMPY_DTYPES = frozenset(
     {
         torch.float64,
@@ -24,25 +23,33 @@ _NUMPY_DTYPES = frozenset(
         torch.complex128,
     }
 )
+_SAME_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def tensor_bytes(t: torch.Tensor) -> memoryview:
     """The raw bytes of a CPU tensor in row-major order (copies only if not contiguous).
 
     Called per entry by the blocking save's ``staging.live_parts`` and by the load engine for
-    each destination it reads into; the view keeps ``t``'s memory alive."""
+    each destination it reads into (while its reader threads run: every torch call that
+    releases the GIL then waits to get it back, so the common case makes one call,
+    ``Tensor.numpy()``); the view keeps ``t``'s memory alive."""
+    dtype = t.dtype
+    if dtype in _NUMPY_DTYPES or dtype.itemsize in _SAME_SIZE:
+        try:  # refuses tensors that need grad, conjugate/negative views, other devices
+            arr = (t if dtype in _NUMPY_DTYPES else t.view(_SAME_SIZE[dtype.itemsize])).numpy()
+        except (RuntimeError, TypeError):
+            arr = None
+        if arr is not None and arr.flags.c_contiguous:
+            if arr.size == 0:
+                return memoryview(b"")
+            return memoryview(arr).cast("B")  # type: ignore[arg-type]  # numpy stubs: __buffer__ only on 3.12+
     if not t.is_cpu:
         raise ValueError("tensor_bytes needs a CPU tensor")
-    if t.requires_grad:
-        t = t.detach()
+    t = t.detach()
     if not t.is_contiguous():
         t = t.contiguous()
     if t.numel() == 0:
         return memoryview(b"")
-    if t.dtype in _NUMPY_DTYPES and not t.is_conj() and not t.is_neg():
-        view = memoryview(t.numpy())
-        if view.c_contiguous:
-            return view.cast("B")
     flat = t.as_strided((t.numel(),), (1,))  # contiguous: size-1 dims may have any stride
     return memoryview(flat.view(torch.uint8).numpy()).cast("B")  # type: ignore[arg-type]  # numpy stubs: __buffer__ only on 3.12+
 

@@ -229,6 +229,8 @@ def _splits_one_dim(shape: tuple[int, ...], offsets: list[list[int]], lengths: l
     whole shape in every dimension but one, d, and their intervals along d, sorted, follow each
     other from 0 to ``shape[d]`` without gap or overlap (then every element is covered once).
     False means "not this simple layout", not "no tiling"."""
+    if len(offsets) == 1 and lengths[0] == list(shape) and not any(offsets[0]) and len(offsets[0]) == len(shape):
+        return all(s > 0 for s in shape)  # one box, the whole tensor (an unsharded tensor)
     nonempty = []
     for o, n in zip(offsets, lengths):
         if len(o) != len(shape) or any(a < 0 or b < 0 or a + b > s for a, b, s in zip(o, n, shape)):
