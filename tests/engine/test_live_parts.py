@@ -52,3 +52,48 @@ def test_live_parts_are_the_files_bytes_in_plan_order(sizes, files, gaps, blob_a
     assert [bytes(b) for b in in_order] == [
         blobs[e.blob_key] if e.blob_key else items[e.item_index].tensor.numpy().tobytes() for e in plan.entries
     ]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    specs=st.lists(
+        st.tuples(
+            st.sampled_from([torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.complex64]),
+            st.lists(st.integers(0, 6), max_size=3),
+            st.sampled_from(["plain", "transposed", "conj", "big"]),
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+)
+def test_staged_images_hold_every_entry_s_bytes(specs):
+    """``StagingPool.stage`` (async saves): small CPU entries copied as bytes, large or odd
+    ones (conjugate views) by torch; every entry's region of the file image holds its tensor's
+    row-major bytes."""
+    from unickpt.engine.staging import StagingPool
+    from unickpt.format.dtypes import dtype_name
+
+    items, entries, offset = [], [], 0
+    for i, (dtype, shape, layout) in enumerate(specs):
+        t = torch.arange(max(1, 1 << 17) if layout == "big" else int(torch.tensor(shape).prod()))
+        t = t.reshape((-1,) if layout == "big" else tuple(shape)).to(dtype)
+        if layout == "transposed" and t.dim() >= 2:
+            t = t.transpose(0, 1)
+        elif layout == "conj" and dtype == torch.complex64:
+            t = (t + 1j).conj()
+        n = t.numel() * t.element_size()
+        items.append(SaveItem(ShardSpec(f"t{i}", dtype_name(dtype), tuple(t.shape), (0,) * t.dim(), tuple(t.shape)), t))
+        entries.append(WriteEntry(i, "f", offset, n))
+        offset += -(-n // 64) * 64
+    pool = StagingPool()
+    try:
+        staged = pool.stage(items, RankSavePlan(0, "s", tuple(entries)), {})
+        staged.wait_ready()
+        image = b"".join(bytes(p) for p in staged.parts["f"])
+        for e, it in zip(entries, items):
+            want = torch.empty(it.tensor.shape, dtype=it.tensor.dtype).copy_(it.tensor)
+            want = want.reshape(-1).view(torch.uint8).numpy().tobytes() if want.numel() else b""
+            assert image[e.byte_offset : e.byte_offset + e.byte_length] == want
+        staged.release()
+    finally:
+        pool.close()

@@ -126,7 +126,8 @@ class CachedPlan:
         if self.coordinator.save_id == self.save_id:
             return self.coordinator
         gplan, save_id = self.coordinator, self.save_id
-        rank_plans = tuple(c.renamed(save_id) for c in self._columns()[1])
+        mine = self.mine  # already renamed (next): this rank's part of the global plan
+        rank_plans = tuple(mine if c.rank == mine.rank else c.renamed(save_id) for c in self._columns()[1])
         files = tuple(f.replace(gplan.save_id, save_id, 1) for f in gplan.files)
         return replace(gplan, save_id=save_id, rank_plans=rank_plans, files=files)
 

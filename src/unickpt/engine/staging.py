@@ -161,7 +161,7 @@ class StagingPool:
         for e in plan.entries:
             sizes[e.file] = max(sizes.get(e.file, 0), e.byte_offset + e.byte_length)
         files = list(sizes)
-        cuda = any(items[e.item_index].tensor.device.type == "cuda" for e in plan.entries if not e.blob_key)
+        cuda = any(items[e.item_index].tensor.is_cuda for e in plan.entries if not e.blob_key)
         slot = self._acquire()
         try:
             _fit(slot, [sizes[f] for f in files], pinned=cuda)
@@ -178,7 +178,7 @@ class StagingPool:
                 defer = (
                     later is not None
                     and not e.blob_key
-                    and items[e.item_index].tensor.device.type == "cpu"
+                    and items[e.item_index].tensor.is_cpu
                     and later(items[e.item_index])
                 )
                 (deferred if defer else now).append(e)
@@ -210,17 +210,37 @@ def _copy_entries(
     blobs: dict[str, bytes],
     non_blocking: bool = False,
 ) -> None:
+    """Copy each entry's bytes to its place in the file images. Small CPU tensors go as one
+    memoryview assignment of their row-major bytes (~2 us; a torch copy into a typed view of the
+    image costs ~6 us); large ones, and any other device, by torch."""
+    flat: dict[str, memoryview] = {}
     with torch.no_grad():
         for e in entries:
-            dst = images[e.file][e.byte_offset : e.byte_offset + e.byte_length]
             if e.blob_key:
                 if e.byte_length:
-                    dst.copy_(torch.frombuffer(bytearray(blobs[e.blob_key]), dtype=torch.uint8))
+                    image = images[e.file][e.byte_offset : e.byte_offset + e.byte_length]
+                    image.copy_(torch.frombuffer(bytearray(blobs[e.blob_key]), dtype=torch.uint8))
                 continue
-            src = items[e.item_index].tensor.detach()
+            src = items[e.item_index].tensor
+            if src.is_cpu and e.byte_length <= _SMALL and not non_blocking:
+                mv = flat.get(e.file)
+                if mv is None:
+                    mv = flat[e.file] = memoryview(images[e.file].numpy())  # type: ignore[arg-type]  # numpy stubs
+                try:
+                    data = tensor_bytes(src)
+                except RuntimeError:  # a conjugate / negative view: torch resolves it below
+                    data = None
+                if data is not None and len(data) == e.byte_length:
+                    mv[e.byte_offset : e.byte_offset + e.byte_length] = data
+                    continue
+            src = src.detach()
             if src.numel() == 0:
                 continue
+            dst = images[e.file][e.byte_offset : e.byte_offset + e.byte_length]
             dst.view(src.dtype).view(src.shape).copy_(src, non_blocking=non_blocking)
+
+
+_SMALL = 256 << 10  # entries up to this size are copied as bytes (one memcpy under the GIL)
 
 
 def _copy_checked(

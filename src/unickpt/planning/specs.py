@@ -17,7 +17,7 @@ __all__ = ["Shape", "ShardSpec", "SaveItem", "LoadItem", "BlobSpec"]
 
 Shape = tuple[int, ...]
 
-_new, _set = object.__new__, object.__setattr__  # ShardSpec.checked_box: a frozen record, built directly
+_new = object.__new__  # ShardSpec.checked_box: a frozen record, built directly
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,12 +59,12 @@ class ShardSpec:
         with before (the describe stage's memo of DTensor boxes, a decoded plan whose rows were
         checked as a whole): the same record, without checking the box again."""
         spec = _new(cls)
-        _set(spec, "fqn", fqn)
-        _set(spec, "dtype", dtype)
-        _set(spec, "global_shape", global_shape)
-        _set(spec, "offsets", offsets)
-        _set(spec, "lengths", lengths)
-        _set(spec, "replica_source", replica_source)
+        _FIELDS[0](spec, fqn)
+        _FIELDS[1](spec, dtype)
+        _FIELDS[2](spec, global_shape)
+        _FIELDS[3](spec, offsets)
+        _FIELDS[4](spec, lengths)
+        _FIELDS[5](spec, replica_source)
         return spec
 
     @property
@@ -74,6 +74,12 @@ class ShardSpec:
     @property
     def box(self) -> tuple[Shape, Shape]:
         return (self.offsets, self.lengths)
+
+
+# the slots' setters, in field order (ShardSpec.checked_box writes them as __init__ would)
+_FIELDS = tuple(
+    ShardSpec.__dict__[f].__set__ for f in ("fqn", "dtype", "global_shape", "offsets", "lengths", "replica_source")
+)
 
 
 @dataclass(frozen=True, slots=True)
