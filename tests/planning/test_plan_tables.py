@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 
 from unickpt.errors import CheckpointError
 from unickpt.planning.plan_codec import decode_local_table, encode_local_plan
-from unickpt.planning.save_plan import LocalSavePlan, _plan_records, _plan_tables, plan_save
+from unickpt.planning.save_plan import LocalSavePlan, _plan_records, plan_save
 from unickpt.planning.shard_table import ShardTable
 from unickpt.planning.specs import BlobSpec, ShardSpec
+from unickpt.planning.table_plan import plan_tables as _plan_tables
 
 SETTINGS = settings(max_examples=300, deadline=None)
 DTYPES = ["float32", "bfloat16", "int64", "uint8"]
@@ -134,7 +135,7 @@ def test_lightest_first_runs_equal_the_heap_loop(sizes, parts):
 
     import numpy as np
 
-    from unickpt.planning.save_plan import _lightest_first
+    from unickpt.planning.table_plan import _lightest_first
 
     ordered = sorted(sizes, reverse=True)
     heap = [(0, p) for p in range(parts)]
@@ -151,7 +152,8 @@ def test_lightest_first_runs_equal_the_heap_loop(sizes, parts):
 def test_layout_columns_equal_the_record_layout(sizes, parts):
     import numpy as np
 
-    from unickpt.planning.save_plan import _layout, _layout_columns, data_file_name
+    from unickpt.planning.save_plan import _layout, data_file_name
+    from unickpt.planning.table_plan import layout_columns as _layout_columns
 
     work = [(n, i, "") for i, n in enumerate(sizes)]
     want = _layout("s", 3, work, parts)

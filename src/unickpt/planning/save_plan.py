@@ -14,6 +14,10 @@ while the local plans do not change. Steps:
    entry starting at a multiple of ENTRY_ALIGN bytes; self-check that no two entries of a file
    overlap (``format.validation.overlap_problems``, again the decoder's check), so a plan that
    passes here decodes.
+The coordinator receives the local plans as ``ShardTable``s (``plan_codec.decode_local_table``:
+columns, no record per remote shard) and ``plan_save`` runs these steps on columns
+(``table_plan.plan_tables``); the record planner here (``_plan_records``) plans what the
+columns leave (see ``plan_save``) and is the reference the column planner is tested against.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import CorruptMetadataError, PlanningError
+from ..errors import PlanningError
 from ..format.dtypes import itemsize
 from ..format.validation import box_coverage_problem, overlap_problems
 from .boxes import numel
@@ -91,16 +95,18 @@ def plan_save(
 ) -> GlobalSavePlan:
     """The global plan of every rank's local plan (records, or the tables the coordinator
     decodes: ``plan_codec.decode_local_table``). Jobs whose every step is the common case
-    (tensors agree across ranks, boxes split along at most one dimension, no rank holding one
-    box twice) are planned on columns (``_plan_tables``); anything else, and every refusal,
-    by the record planner (``_plan_records``), which the columns' plan equals (property-tested)."""
+    (tensors agree across ranks, no rank holding one box twice, sizes far from int64's limits)
+    are planned on columns (``table_plan.plan_tables``); anything else, and every refusal, by
+    the record planner (``_plan_records``), whose plan the columns' equals (property-tested)."""
     world = len(local_plans)
     if [p.rank for p in local_plans] != list(range(world)):
         raise PlanningError("local plans must come from ranks 0..world_size-1 in order")
     if files_per_rank < 1:
         raise PlanningError("files_per_rank must be >= 1")
+    from .table_plan import plan_tables  # the column planner (it builds this module's records)
+
     tables = [p if isinstance(p, ShardTable) else ShardTable.of(p) for p in local_plans]
-    fast = _plan_tables(tables, save_id, files_per_rank)
+    fast = plan_tables(tables, save_id, files_per_rank)
     if fast is not None:
         return fast
     records = [p if isinstance(p, LocalSavePlan) else p.to_plan() for p in local_plans]
@@ -231,335 +237,3 @@ def _layout(save_id: str, rank: int, work: list[tuple[int, int, str]], parts: in
             entries.append(WriteEntry(idx, name, offset, nbytes, blob))
             offset += -(-nbytes // ENTRY_ALIGN) * ENTRY_ALIGN
     return tuple(entries)
-
-
-# --------------------------------------------------------------------------- the column planner
-
-
-def _plan_tables(tables: list[ShardTable], save_id: str, files_per_rank: int) -> GlobalSavePlan | None:
-    """``_plan_records``' plan computed on columns, or None where a step leaves the common
-    case (then the record planner plans, or raises its precise error)."""
-    rows = _Rows.of(tables)
-    if rows is None or not rows.consistent():
-        return None
-    chosen = _choose_writers(rows, len(tables))
-    if chosen is None or not _covered(rows, chosen):
-        return None
-    chosen.sort()  # (rank, index) order: rows are concatenated rank by rank
-    names = rows.names
-    owners = rows.name[chosen].tolist()
-    items = rows.index[chosen].tolist()
-    offs = _tuples(rows.offsets[chosen], rows.ndim[chosen])
-    lens = _tuples(rows.lengths[chosen], rows.ndim[chosen])
-    writers = tuple(zip([names[g] for g in owners], offs, lens, rows.rank[chosen].tolist(), items))
-    sizes = rows.nbytes[chosen]
-    rank_plans: list[RankSavePlan] = []
-    all_files: list[str] = []
-    columns = []  # per entry: owner id, file index, byte offset, byte length (the layout self-check)
-    blob_owner = len(names)  # owner ids of blobs follow the tensors'
-    bounds = np.searchsorted(rows.rank[chosen], np.arange(len(tables) + 1))
-    for t in tables:
-        lo, hi = int(bounds[t.rank]), int(bounds[t.rank + 1])
-        if any(not 0 <= b.nbytes <= _MAX_BLOB for b in t.blobs):
-            return None  # absurd blob sizes: Python ints
-        work_sizes = np.concatenate([sizes[lo:hi], np.array([b.nbytes for b in t.blobs], dtype=np.int64)])
-        work_items = items[lo:hi] + [-1] * len(t.blobs)
-        work_keys = [""] * (hi - lo) + [b.key for b in t.blobs]
-        work_owners = np.concatenate([rows.name[chosen[lo:hi]], blob_owner + np.arange(len(t.blobs), dtype=np.int64)])
-        blob_owner += len(t.blobs)
-        order, part, offset = _layout_columns(work_sizes, files_per_rank)
-        order_of = order.tolist()
-        used = np.unique(part).tolist()  # parts in order (a part that got no entry has no file)
-        files = [data_file_name(save_id, t.rank, p) for p in used]
-        local = np.searchsorted(np.array(used, dtype=np.int64), part)
-        entry_sizes = work_sizes[order]
-        entries = tuple(
-            map(
-                WriteEntry,
-                [work_items[i] for i in order_of],
-                [files[k] for k in local.tolist()],
-                offset.tolist(),
-                entry_sizes.tolist(),
-                [work_keys[i] for i in order_of],
-            )
-        )
-        rank_plans.append(RankSavePlan(t.rank, save_id, entries))
-        columns.append((work_owners[order], local + len(all_files), offset, entry_sizes))
-        all_files.extend(files)
-    blobs = [b.key for t in tables for b in t.blobs]
-    _check_columns(all_files, columns, [*names, *blobs])
-    return GlobalSavePlan(save_id, tuple(rank_plans), tuple(all_files), rows.tensors(), writers)
-
-
-_MAX_BLOB = 1 << 56
-
-
-@dataclass(frozen=True, eq=False)
-class _Rows:
-    """Every rank's table concatenated (rows in rank order, then spec order), names and dtypes
-    as job-wide ids; ``first``: each row's tensor's first row; ``nbytes`` of each box."""
-
-    names: list[str]
-    dtypes: list[str]
-    rank: np.ndarray
-    index: np.ndarray
-    name: np.ndarray
-    dtype: np.ndarray
-    ndim: np.ndarray
-    source: np.ndarray
-    shape: np.ndarray
-    offsets: np.ndarray
-    lengths: np.ndarray
-    first: np.ndarray
-    nbytes: np.ndarray
-    kept: np.ndarray  # rows not skipped as empty shards
-
-    @classmethod
-    def of(cls, tables: list[ShardTable]) -> _Rows | None:
-        names: dict[str, int] = {}
-        dtypes: dict[str, int] = {}
-        width = max([1, *(t.shape.shape[1] for t in tables)])  # >= 1: a padded full dim of 1 for 0-d jobs
-        cols: dict[str, list[np.ndarray]] = defaultdict(list)
-        seen: tuple[str, ...] | None = None
-        name_ids = np.zeros(0, dtype=np.int64)
-        for t in tables:
-            if t.names != seen:  # ranks of one job usually list the same names in the same order
-                name_ids = np.array([names.setdefault(x, len(names)) for x in t.names], dtype=np.int64)
-                seen = t.names
-            dtype_ids = np.array([dtypes.setdefault(x, len(dtypes)) for x in t.dtypes], dtype=np.int64)
-            n, w = t.shape.shape
-            cols["rank"].append(np.full(n, t.rank, dtype=np.int64))
-            cols["index"].append(np.arange(n, dtype=np.int64))
-            cols["name"].append(name_ids[t.name] if n else np.zeros(0, dtype=np.int64))
-            cols["dtype"].append(dtype_ids[t.dtype] if n else np.zeros(0, dtype=np.int64))
-            cols["ndim"].append(t.ndim)
-            cols["source"].append(t.source)
-            for key, pad, a in (("shape", 1, t.shape), ("offsets", 0, t.offsets), ("lengths", 1, t.lengths)):
-                cols[key].append(np.pad(a, ((0, 0), (0, width - w)), constant_values=pad) if w < width else a)
-        if not any(len(t) for t in tables):
-            return None  # nothing to plan on columns (blobs only): the record planner's case
-        c = {k: np.concatenate(v) for k, v in cols.items()}
-        try:
-            sizes = np.array([itemsize(d) for d in dtypes], dtype=np.int64)
-        except CorruptMetadataError:
-            return None  # an unknown dtype: the record planner raises
-        if np.log2(np.maximum(c["shape"], 1)).sum(axis=1).max(initial=0) > 55:
-            return None  # element counts near int64's limit: Python ints
-        tensor_numel = np.prod(c["shape"], axis=1)
-        box_numel = np.prod(c["lengths"], axis=1)
-        _, first, inverse = np.unique(c["name"], return_index=True, return_inverse=True)
-        kept = ~((box_numel == 0) & (c["ndim"] > 0) & (tensor_numel != 0))
-        return cls(
-            list(names),
-            list(dtypes),
-            **c,
-            first=first[inverse.reshape(-1)],
-            nbytes=box_numel * sizes[c["dtype"]],
-            kept=kept,
-        )
-
-    def consistent(self) -> bool:
-        """Every rank agrees on each tensor's dtype and global shape."""
-        f = self.first
-        return not (
-            (self.dtype != self.dtype[f]).any()
-            or (self.ndim != self.ndim[f]).any()
-            or (self.shape != self.shape[f]).any()
-        )
-
-    def box(self, r: int) -> tuple[str, Shape, Shape]:
-        nd = int(self.ndim[r])
-        return (
-            self.names[int(self.name[r])],
-            tuple(int(v) for v in self.offsets[r, :nd]),
-            tuple(int(v) for v in self.lengths[r, :nd]),
-        )
-
-    def tensors(self) -> dict[str, tuple[str, Shape]]:
-        """fqn -> (dtype, global shape), in the order the rows first name them."""
-        firsts = np.unique(self.first)
-        names, dtypes = self.names, self.dtypes
-        return dict(
-            zip(
-                [names[g] for g in self.name[firsts].tolist()],
-                zip([dtypes[d] for d in self.dtype[firsts].tolist()], _tuples(self.shape[firsts], self.ndim[firsts])),
-            )
-        )
-
-
-def _choose_writers(rows: _Rows, world: int) -> np.ndarray | None:
-    """The row that writes each distinct kept box: its only holder, the replica source a
-    holder names, else worst-fit (largest first, then by (fqn, offsets, lengths), to the
-    replica with the fewest bytes so far, the lowest rank on a tie)."""
-    kept = np.flatnonzero(rows.kept)
-    keys = np.column_stack([rows.name[kept], rows.offsets[kept], rows.lengths[kept]])
-    order = np.lexsort(keys.T[::-1])  # by tensor, offsets, lengths; stable: holders in rank order
-    ks = keys[order]
-    starts = np.flatnonzero(np.concatenate([[True], (ks[1:] != ks[:-1]).any(axis=1)]))
-    counts = np.diff(np.append(starts, len(ks)))
-    unique = kept[order[starts[counts == 1]]]
-    load = np.zeros(world, dtype=np.int64)
-    np.add.at(load, rows.rank[unique], rows.nbytes[unique])
-    loads = load.tolist()
-    shared = counts > 1
-    if not shared.any():
-        return unique
-    # the replicated boxes, in worst-fit order: bytes descending, then (fqn, offsets, lengths)
-    heads = kept[order[starts[shared]]]
-    by_name = np.empty(len(rows.names), dtype=np.int64)
-    by_name[sorted(range(len(rows.names)), key=rows.names.__getitem__)] = np.arange(len(rows.names))
-    # np.lexsort: the last key is the primary one; a box's dims compare first to last
-    worst_first = np.lexsort(
-        np.concatenate(
-            [rows.lengths[heads].T[::-1], rows.offsets[heads].T[::-1], [by_name[rows.name[heads]], -rows.nbytes[heads]]]
-        )
-    )
-    members = kept[order].tolist()
-    group_rows = [members[a : a + c] for a, c in zip(starts[shared].tolist(), counts[shared].tolist())]
-    ranks, sources, nbytes = rows.rank.tolist(), rows.source.tolist(), rows.nbytes.tolist()
-    preferred, balanced = [], []
-    for k in worst_first.tolist():
-        group = group_rows[k]
-        holders = {ranks[r]: r for r in group}
-        if len(holders) != len(group):
-            return None  # a rank holds one box twice: the record planner's case
-        named = sorted({sources[r] for r in group} - {-1})
-        src = next((s for s in named if s in holders), None)
-        if src is not None:
-            preferred.append(holders[src])
-            loads[src] += nbytes[holders[src]]
-        else:
-            balanced.append(holders)
-    picks = []
-    for holders in balanced:
-        rank = min(holders, key=lambda h: (loads[h], h))
-        picks.append(holders[rank])
-        loads[rank] += nbytes[holders[rank]]
-    return np.concatenate([unique, np.array(preferred + picks, dtype=np.int64)])
-
-
-def _covered(rows: _Rows, chosen: np.ndarray) -> bool:
-    """The chosen boxes tile every tensor (of any elements): those that split it along one
-    dimension are checked on columns, the others by ``box_coverage_problem``; False on any
-    problem (the record planner then raises it)."""
-    names = rows.name[chosen]
-    full = rows.shape[chosen]
-    offs, lens = rows.offsets[chosen], rows.lengths[chosen]
-    cut = (offs != 0) | (lens != full)
-    ncut = cut.sum(axis=1)
-    dim = np.where(ncut == 1, cut.argmax(axis=1), -1)
-    space = len(rows.names)
-    split = np.full(space, -1, dtype=np.int64)
-    np.maximum.at(split, names, dim)
-    boxes = np.bincount(names, minlength=space)
-    odd = np.zeros(space, dtype=bool)
-    odd[names[(ncut > 1) | (dim != split[names])]] = True
-    odd |= (split == -1) & (boxes != 1)
-    along = split[names] >= 0
-    d = np.maximum(split[names], 0)
-    start = np.take_along_axis(offs, d[:, None], axis=1)[:, 0]
-    end = start + np.take_along_axis(lens, d[:, None], axis=1)[:, 0]
-    size = np.take_along_axis(full, d[:, None], axis=1)[:, 0]
-    o = np.lexsort((start, names))
-    g, st, en, sz = names[o], start[o], end[o], size[o]
-    first = np.concatenate([[True], g[1:] != g[:-1]])
-    last = np.concatenate([g[1:] != g[:-1], [True]])
-    prev_end = np.concatenate([[0], en[:-1]])
-    gap = np.where(first, st != 0, st != prev_end) | (last & (en != sz))
-    odd[g[gap & along[o]]] = True
-    firsts = np.unique(rows.first)
-    tensor_numel = np.prod(rows.shape[firsts], axis=1)
-    live = rows.name[firsts][tensor_numel != 0]
-    if (boxes[live] == 0).any():
-        return False  # a tensor nobody writes
-    present = np.zeros(space, dtype=bool)
-    present[rows.name[firsts]] = True  # names a table lists but no row uses are no tensors
-    for t in np.flatnonzero(odd & present).tolist():
-        r0 = int(rows.first[np.flatnonzero(rows.name == t)[0]])
-        nd = int(rows.ndim[r0])
-        if int(np.prod(rows.shape[r0])) == 0:
-            continue
-        mine = chosen[names == t]
-        bx = [(tuple(rows.offsets[r, :nd].tolist()), tuple(rows.lengths[r, :nd].tolist())) for r in mine.tolist()]
-        if box_coverage_problem(tuple(rows.shape[r0, :nd].tolist()), bx) is not None:
-            return False
-    return True
-
-
-def _layout_columns(sizes: np.ndarray, parts: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``_layout`` on columns: the entries' order (indices into ``sizes``, grouped by file, in
-    the order the files got them), each one's part (file) and byte offset."""
-    n = len(sizes)
-    parts = min(parts, n)
-    if parts <= 1:
-        order = np.arange(n)
-        part = np.zeros(n, dtype=np.int64)
-    else:  # largest first (stable) to the lightest file
-        by_size = np.argsort(-sizes, kind="stable")
-        got = _lightest_first(sizes[by_size], parts)
-        grouped = np.argsort(got, kind="stable")  # by file, each file's entries in assignment order
-        order, part = by_size[grouped], got[grouped]
-    aligned = -((-sizes[order]) // ENTRY_ALIGN) * ENTRY_ALIGN
-    offset = np.cumsum(aligned) - aligned
-    if parts > 1:  # every file starts at byte 0
-        first = np.flatnonzero(np.concatenate([[True], part[1:] != part[:-1]]))
-        offset -= np.repeat(offset[first], np.diff(np.append(first, n)))
-    return order, part, offset
-
-
-def _lightest_first(sizes: np.ndarray, parts: int) -> np.ndarray:
-    """The part each of ``sizes`` (in this order) goes to when each goes to the part with the
-    fewest bytes so far, the lowest part on a tie. Items of one size do not need the loop: part
-    ``p`` offers them "slots" at loads ``L_p, L_p + s, L_p + 2s, ...``, and the lightest-first
-    choices of a run of ``m`` such items are the ``m`` smallest slots by (load, part): the
-    merge of increasing sequences (property-tested against the loop)."""
-    n = len(sizes)
-    starts = np.flatnonzero(np.concatenate([[True], sizes[1:] != sizes[:-1]])) if n else np.zeros(0, dtype=np.int64)
-    if len(starts) * 16 > n:  # many distinct sizes: one heap step per item
-        heap = [(0, p) for p in range(parts)]
-        assigned = []
-        for size in sizes.tolist():
-            load, p = heap[0]
-            heapq.heapreplace(heap, (load + size, p))
-            assigned.append(p)
-        return np.array(assigned, dtype=np.int64)
-    loads = np.zeros(parts, dtype=np.int64)
-    out = np.empty(n, dtype=np.int64)
-    ids = np.arange(parts, dtype=np.int64)
-    for a, b in zip(starts.tolist(), [*starts[1:].tolist(), n]):
-        size, m = int(sizes[a]), b - a
-        slots = loads[:, None] + size * np.arange(m, dtype=np.int64)  # (parts, m)
-        owner = np.broadcast_to(ids[:, None], slots.shape)
-        pick = np.lexsort((owner.ravel(), slots.ravel()))[:m]
-        out[a:b] = owner.ravel()[pick]
-        loads += np.bincount(out[a:b], minlength=parts) * size
-    return out
-
-
-def _tuples(values: np.ndarray, ndim: np.ndarray) -> list[tuple[int, ...]]:
-    """Each row's first ``ndim`` values as a tuple of Python ints; rows that are alike share
-    one tuple (a job's boxes repeat a few patterns: one tuple per pattern, not per row)."""
-    if len(values) == 0:
-        return []
-    table = np.column_stack([ndim, values])
-    key = np.zeros(len(table), dtype=np.int64)
-    radix = 1
-    for column in table.T:  # one integer per row pattern: mixed radix of the columns' codes
-        codes, code = np.unique(column, return_inverse=True)
-        if radix * len(codes) >= 1 << 62:
-            return [tuple(row[1 : 1 + row[0]]) for row in table.tolist()]  # too many patterns
-        key += code.reshape(-1) * radix
-        radix *= len(codes)
-    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-    made = [tuple(row[1 : 1 + row[0]]) for row in table[first].tolist()]
-    return [made[i] for i in inverse.reshape(-1).tolist()]
-
-
-def _check_columns(files: list[str], columns: list[tuple[np.ndarray, ...]], owners: list[str]) -> None:
-    """``_check_layout`` on columns: every file named once, no two entries of a file overlap."""
-    who, fidx, boff, blen = (np.concatenate([c[k] for c in columns]) for k in range(4))
-    problems = overlap_problems(files, owners, who, fidx, boff, blen)
-    if len(set(files)) != len(files):
-        problems.insert(0, "two ranks were given the same data file")
-    if problems:
-        raise PlanningError("the save plan's byte layout is inconsistent:\n  " + "\n  ".join(problems[:20]))
