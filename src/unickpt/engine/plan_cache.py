@@ -172,19 +172,19 @@ def plan_stage(
         return CachedPlan(local, gplan.rank_plans[0], gplan, save_id)
     encoded = coord.gather_object(encode_local_plan(local))
     parts: list[object] | None = None
-    gplan = None
+    coordinator: GlobalSavePlan | None = None
     if coord.rank == 0:
         assert encoded is not None
         try:
-            gplan = plan_save([decode_local_table(b) for b in encoded], save_id, files_per_rank)  # type: ignore[arg-type]
-            parts = [b"", *(encode_rank_plan(rp) for rp in gplan.rank_plans[1:])]
+            coordinator = plan_save([decode_local_table(b) for b in encoded], save_id, files_per_rank)  # type: ignore[arg-type]
+            parts = [b"", *(encode_rank_plan(rp) for rp in coordinator.rank_plans[1:])]
         except CheckpointError as e:
             parts = [e] * coord.world_size
     received = coord.scatter_object(parts)
     if isinstance(received, CheckpointError):
         raise received
-    if gplan is not None:
-        return CachedPlan(local, gplan.rank_plans[0], gplan, save_id)
+    if coordinator is not None:
+        return CachedPlan(local, coordinator.rank_plans[0], coordinator, save_id)
     mine = decode_rank_plan(received)  # type: ignore[arg-type]
     if mine.rank != coord.rank:
         raise PlanningError(f"rank {coord.rank} received the save plan of rank {mine.rank}")

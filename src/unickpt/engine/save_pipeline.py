@@ -138,8 +138,8 @@ class SavePipeline:
         """The snapshot (collective for async saves: every rank learns all staged)."""
         if not async_save:  # views of the live tensors: the write reads them in place
             with self.res.events.phase("save.stage", self.coord.rank, path=self.storage.url, save_id=plan.save_id):
-                parts, entries = live_parts(d.view.items, plan, d.blobs)
-            return Snapshot(parts, entries, None, None)
+                parts, in_order = live_parts(d.view.items, plan, d.blobs)
+            return Snapshot(parts, in_order, None, None)
         later = self._copied_later()
         with self.res.events.phase("save.stage", self.coord.rank, path=self.storage.url, save_id=plan.save_id) as p:
             staged = run_stage(

@@ -37,7 +37,7 @@ def plan_tables(tables: list[ShardTable], save_id: str, files_per_rank: int) -> 
     """``_plan_records``' plan computed on columns, or None where a step leaves the common
     case (then the record planner plans, or raises its precise error)."""
     rows = _Rows.of(tables)
-    if rows is None or not rows.consistent():
+    if rows is None or not rows.consistent() or float(rows.nbytes.sum(dtype=np.float64)) > _MAX_TOTAL:
         return None
     chosen = _choose_writers(rows, len(tables))
     if chosen is None or not _covered(rows, chosen):
@@ -52,7 +52,7 @@ def plan_tables(tables: list[ShardTable], save_id: str, files_per_rank: int) -> 
     sizes = rows.nbytes[chosen]
     rank_plans: list[RankSavePlan] = []
     all_files: list[str] = []
-    columns = []  # per entry: owner id, file index, byte offset, byte length (the layout self-check)
+    columns: list[tuple[np.ndarray, ...]] = []  # per entry: owner, file index, byte offset, byte length
     blob_owner = len(names)  # owner ids of blobs follow the tensors'
     bounds = np.searchsorted(rows.rank[chosen], np.arange(len(tables) + 1))
     for t in tables:
@@ -89,6 +89,7 @@ def plan_tables(tables: list[ShardTable], save_id: str, files_per_rank: int) -> 
 
 
 _MAX_BLOB = 1 << 56
+_MAX_TOTAL = float(1 << 61)  # byte offsets stay far inside int64 (else: Python ints)
 
 
 @dataclass(frozen=True, eq=False)
@@ -277,16 +278,16 @@ def _covered(rows: _Rows, chosen: np.ndarray) -> bool:
         lo = np.searchsorted(names[by_tensor], check, side="left").tolist()
         hi = np.searchsorted(names[by_tensor], check, side="right").tolist()
         for a, b in zip(lo, hi):
-            mine = chosen[by_tensor[a:b]].tolist()
-            if not mine:
+            written: list[int] = chosen[by_tensor[a:b]].tolist()
+            if not written:
                 continue  # no box: a tensor of no elements (the others returned False above)
-            r0 = mine[0]
+            r0 = written[0]
             nd = int(rows.ndim[r0])
             shape = tuple(rows.shape[r0, :nd].tolist())
             if math.prod(shape) == 0:
                 continue
-            boxes = [(tuple(rows.offsets[r, :nd].tolist()), tuple(rows.lengths[r, :nd].tolist())) for r in mine]
-            if box_coverage_problem(shape, boxes) is not None:
+            tiles = [(tuple(rows.offsets[r, :nd].tolist()), tuple(rows.lengths[r, :nd].tolist())) for r in written]
+            if box_coverage_problem(shape, tiles) is not None:
                 return False
     return True
 
