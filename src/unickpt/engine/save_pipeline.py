@@ -170,6 +170,7 @@ class SavePipeline:
         with gc_paused():
             gplan = cached.global_plan() if self.coord.rank == 0 else None  # the commit's, rank 0 only
         rank, url, events = self.coord.rank, self.storage.url, self.res.events
+        nbytes = plan.nbytes  # a sum over the entries: once
         crcs, error = None, None
         try:
             if snap.staged is not None:
@@ -178,7 +179,7 @@ class SavePipeline:
                 crcs = write_stage(
                     self.storage, plan, snap.entry_bytes, snap.file_parts, self.options.io_threads, events
                 )
-                p.nbytes = plan.nbytes
+                p.nbytes = nbytes
         except Exception as e:  # reported to all ranks by commit_stage
             error = e
         finally:
@@ -198,7 +199,7 @@ class SavePipeline:
                 events,
                 still_locked=lock.verify_holder,
             )
-        events.emit("save.end", rank, self.t0, path=url, save_id=plan.save_id, nbytes=plan.nbytes)
+        events.emit("save.end", rank, self.t0, path=url, save_id=plan.save_id, nbytes=nbytes)
         return md
 
     # ------------------------------------------------------------------ the whole save
