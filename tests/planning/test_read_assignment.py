@@ -12,7 +12,7 @@ from unickpt.planning.read_assignment import assign_reads
 def _md(sizes: list[int]) -> Metadata:
     tensors = {}
     for i, n in enumerate(sizes):
-        tensors[f"t{i}"] = TensorRecord(f"t{i}", "uint8", (n,), (ShardRecord((0,), (n,), 0, 0, n, 0),))
+        tensors[f"t{i}"] = TensorRecord(f"t{i}", "uint8", (n,), (ShardRecord((0,), (n,), 0, 0, n),))
     return Metadata(1, "x", 0.0, Topology("torch", 1), ("f",), tensors)
 
 
@@ -63,7 +63,7 @@ def test_vectorized_intersection_matches_scalar_path(monkeypatch):
         for i in range(parts):
             o, n = chunk_bounds(shape[0], parts, i)
             if n:
-                shards.append(ShardRecord((o, 0), (n, shape[1]), 0, 0, n * shape[1] * 4, 0))
+                shards.append(ShardRecord((o, 0), (n, shape[1]), 0, 0, n * shape[1] * 4))
         md = Metadata(1, "x", 0.0, Topology("t", 1), ("f",), {"w": TensorRecord("w", "float32", shape, tuple(shards))})
         tparts = rng.randint(1, 7)
         specs = []

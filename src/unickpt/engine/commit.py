@@ -2,7 +2,7 @@
 
 Called by the save pipeline on every rank after its write stage, inside the save lock
 (``engine.lock.run_locked``): ``commit_stage`` (collective on the checkpointer's background
-group) agrees that every rank wrote, gathers checksums and every rank's JSON objects; rank 0
+group) agrees that every rank wrote, gathers every rank's file sizes and chunk checksums and JSON objects; rank 0
 merges the objects (``planning.objects``: optimizer param groups per parameter), builds the
 metadata, syncs the data folders (where the storage ``needs_sync``), checks that every data
 file it names is on storage in full (``check_written_files``) and that the save still holds its
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from ..coordination.base import Coordinator, run_stage
 from ..errors import CheckpointError, MissingDataFileError, PlanningError, TruncatedDataFileError
+from ..format.checksums import DEFAULT_CHUNK, ChunkChecksums
 from ..format.codec import encode_metadata
 from ..format.records import (
     DATA_DIR,
@@ -42,6 +43,7 @@ from ..state.loader import LOADER_SECTION, loader_index
 from ..storage.base import Storage
 from ..storage.commit import publisher_for
 from .ownership import delete_save_data, is_save_id, mark_save, marked_save_ids, marker_name
+from .write import FileSums
 
 __all__ = [
     "SaveSource",
@@ -64,26 +66,29 @@ class SaveSource:
 
 def build_metadata(
     gplan: GlobalSavePlan,
-    crcs_by_rank: list[list[int]],
+    sums_by_rank: list[RankSums],
     source: SaveSource,
     world_size: int,
     objects: dict[str, JSONValue],
 ) -> Metadata:
+    """The metadata of a save (rank 0, at the commit): every kept shard and blob located by the
+    global plan, the data files' sizes and chunk checksums from every rank's write stage
+    (``sums_by_rank``: each rank's ``(chunk_size, {file: (size, chunk crcs)})``)."""
     file_index = {f: i for i, f in enumerate(gplan.files)}
-    located: dict[tuple[int, int], tuple[int, int, int, int]] = {}
+    located: dict[tuple[int, int], tuple[int, int, int]] = {}
     blobs: dict[str, BlobRecord] = {}
-    for rp, crcs in zip(gplan.rank_plans, crcs_by_rank):
-        for e, crc in zip(rp.entries, crcs):
+    for rp in gplan.rank_plans:
+        for e in rp.entries:
             if e.blob_key:
                 if e.blob_key in blobs:  # two ranks saved one key (e.g. one loader part twice)
                     raise PlanningError(f"blob {e.blob_key!r} was saved by two ranks (rank {rp.rank} is the second)")
-                blobs[e.blob_key] = BlobRecord(e.blob_key, file_index[e.file], e.byte_offset, e.byte_length, crc)
+                blobs[e.blob_key] = BlobRecord(e.blob_key, file_index[e.file], e.byte_offset, e.byte_length)
             else:
-                located[(rp.rank, e.item_index)] = (file_index[e.file], e.byte_offset, e.byte_length, crc)
+                located[(rp.rank, e.item_index)] = (file_index[e.file], e.byte_offset, e.byte_length)
     shards: dict[str, list[ShardRecord]] = {fqn: [] for fqn in gplan.tensors}
     for fqn, offs, lens, rank, idx in gplan.writers:
-        fidx, boff, blen, crc = located[(rank, idx)]
-        shards[fqn].append(ShardRecord(offs, lens, fidx, boff, blen, crc))
+        fidx, boff, blen = located[(rank, idx)]
+        shards[fqn].append(ShardRecord(offs, lens, fidx, boff, blen))
     tensors = {
         fqn: TensorRecord(fqn, dtype, shape, tuple(sorted(shards[fqn], key=lambda s: s.offsets)))
         for fqn, (dtype, shape) in gplan.tensors.items()
@@ -100,7 +105,28 @@ def build_metadata(
         blobs=blobs,
         role=source.role,
         sections={} if index is None else {LOADER_SECTION: index},
+        checksums=_checksums(gplan, sums_by_rank),
     )
+
+
+RankSums = tuple[int, FileSums]  # one rank's checksum chunk size and its files' (size, chunk crcs)
+
+
+def _checksums(gplan: GlobalSavePlan, sums_by_rank: list[RankSums]) -> ChunkChecksums:
+    """Every data file's size and chunk checksums, in the order of ``gplan.files``."""
+    chunks = {c for c, _ in sums_by_rank}
+    if len(chunks) > 1:
+        raise PlanningError(f"ranks checksum their files in chunks of different sizes {sorted(chunks)} (SaveOptions)")
+    found: FileSums = {}
+    for rank, (_, files) in enumerate(sums_by_rank):
+        for name, got in files.items():
+            if name in found:
+                raise PlanningError(f"data file {name} was written by two ranks (rank {rank} is the second)")
+            found[name] = got
+    missing = [f for f in gplan.files if f not in found]
+    if missing:
+        raise PlanningError(f"no checksums were reported for data file(s) {missing[:5]}")
+    return ChunkChecksums.from_files(chunks.pop() if chunks else DEFAULT_CHUNK, [found[f] for f in gplan.files])
 
 
 def commit_stage(
@@ -108,7 +134,7 @@ def commit_stage(
     storage: Storage,
     save_id: str,
     gplan: GlobalSavePlan | None,
-    crcs: list[int] | None,
+    sums: RankSums | None,
     error: BaseException | None,
     source: SaveSource,
     objects: dict[str, JSONValue],
@@ -122,16 +148,16 @@ def commit_stage(
     Before publishing, rank 0 checks every data file (``check_written_files``) and calls
     ``still_locked`` (``SaveLock.verify_holder``), which raises if the save lost its lock."""
 
-    def local() -> list[int]:
+    def local() -> RankSums:
         if error is not None:
             raise error
-        assert crcs is not None
-        return crcs
+        assert sums is not None
+        return sums
 
     run_stage(coord, "save (write)", local)
     events.emit("save.commit.begin", coord.rank, save_id=save_id, path=storage.url)
     t_barrier = time.perf_counter()
-    gathered = coord.gather_object((crcs, objects))  # the objects ride along: no extra round trip
+    gathered = coord.gather_object((sums, objects))  # the objects ride along: no extra round trip
     events.emit("save.barrier", coord.rank, t_barrier, save_id=save_id, path=storage.url)
     t_finalize = time.perf_counter()
 
