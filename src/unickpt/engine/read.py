@@ -51,6 +51,7 @@ from ..storage.base import METADATA_LIMIT, Storage
 from ..storage.commit import publisher_for
 from .bytes_view import box_view, sub_box
 from .folder_hint import folder_hint
+from .forwarding import Transfer
 from .read_runs import Need, RunJob
 
 __all__ = ["read_metadata", "read_metadata_bytes", "read_stage", "read_blob", "BLOB_LIMIT"]
@@ -124,6 +125,32 @@ def _check_files(md: Metadata, storage: Storage, runs: list[Run], names: dict[in
             )
 
 
+def _extent(md: Metadata, verify: bool) -> Callable[[int, int, int], tuple[int, int]]:
+    """The bytes a read of ``[lo, hi)`` of a file covers (its checksum units)."""
+    cover = _cover(md, verify)
+
+    def extent(f: int, lo: int, hi: int) -> tuple[int, int]:
+        units = cover(f, lo, hi)
+        return units.lo, units.hi
+
+    return extent
+
+
+def _segment_bytes(md: Metadata, needs: list[list[tuple[str, int]]]) -> int:
+    """How many bytes of shared shards one reader takes at least (``assign_reads``): a quarter
+    of the even share of the shared bytes, and at least four checksum chunks (so that chunks read
+    by two readers at a segment's edges stay a small part)."""
+    chunk = getattr(md.checksums, "chunk_size", 0)
+    if not chunk:
+        return 0
+    count: dict[tuple[str, int], int] = {}
+    for n in needs:
+        for k in n:
+            count[k] = count.get(k, 0) + 1
+    shared = sum(md.tensors[k[0]].shards[k[1]].byte_length for k, c in count.items() if c > 1)
+    return max(4 * chunk, shared // (4 * max(1, len(needs))))
+
+
 def _cover(md: Metadata, verify: bool) -> Callable[[int, int, int], Units]:
     """The checksum units covering a byte range (none when not verifying, or for metadata
     without checksums: then exactly the range is read)."""
@@ -147,61 +174,112 @@ def read_stage(
     """Collective: read and place every needed shard; return the bytes this rank read.
     ``events``: the forwarding between ranks is reported as phase ``load.transfer``.
 
-    With ``dedup`` (and several ranks) each needed saved shard is read by one rank only and
-    forwarded over the process group to the other ranks that need it (``assign_reads``);
-    ``dedup=None`` does that unless all ranks run on one host over storage that shares its page
-    cache (local files), where shards several ranks need are read through that cache
-    (``read_into_cached``) so the device delivers each byte once.
-    Order: gather needs -> every rank reads its shards (``_read_runs``: a shard read only for
-    this rank is read in the part its copies need, others whole) -> all ranks agree the reads
-    succeeded (so nobody waits forever on a failed peer) -> receives posted, batches sent,
-    pieces copied into place as they arrive."""
+    Each rank reads, of each saved shard it needs, the rows its copies touch. With ``dedup``
+    (and several ranks), a shard whose needed rows several ranks share is read by one of them
+    only, whole, and forwarded over the process group to the others (``assign_reads``); shards
+    several ranks need in disjoint rows (a resharding load to another world size) are not
+    forwarded: each rank reads its own rows. ``dedup=None`` forwards nothing when all ranks run
+    on one host over storage that shares its page cache (local files): shared bytes are read
+    through that cache (``read_into_cached``), so the device delivers each byte once.
+    Order: gather every rank's needs -> receives posted -> every rank reads its runs
+    (``_read_runs``), sending each forwarded batch the moment its last shard is verified (the
+    batches of a rank that fails are sent too, marked bad, so nobody waits on them) -> every
+    transfer completes -> all ranks agree the reads succeeded -> received batches copied into
+    place."""
     me = coord.rank
     mine = {(r.fqn, r.shard_index): r for r in reads}
+    rows = {k: _rows(md, r) for k, r in mine.items()}
     shared: set[tuple[str, int]] = set()
+    apart: set[tuple[str, int]] = set()  # needed by several ranks in disjoint rows: each reads its own
     if coord.world_size > 1 and dedup is not False:
-        gathered = coord.all_gather_object((socket.gethostname(), list(mine)))
+        gathered = coord.all_gather_object((socket.gethostname(), [(*k, *rows[k]) for k in mine]))
         hosts = {h for h, _ in gathered}
+        by_rank = [{(f, i): (a, b) for f, i, a, b in n} for _, n in gathered]
         # auto: ranks of one host reading local files share its page cache, which already reads
         # each byte from the device once; forwarding pays off across hosts or for remote storage
         if dedup is None and len(hosts) == 1 and storage.capabilities.shared_page_cache:
-            others = {k for r, (_, n) in enumerate(gathered) if r != me for k in n}
+            others = {k for r, n in enumerate(by_rank) if r != me for k in n}
             shared = others & set(mine)
-            gathered = [(h, n if r == me else []) for r, (h, n) in enumerate(gathered)]
-        needs = [n for _, n in gathered]
+            needs = [list(n) if r == me else [] for r, n in enumerate(by_rank)]
+        else:
+            apart = _disjoint_needs(by_rank)
+            needs = [[k for k in n if k not in apart] for n in by_rank]
     else:
         needs = [[] for _ in range(coord.world_size)]
         needs[me] = list(mine)
-    batches = assign_reads(md, needs)
+    batches = assign_reads(md, needs, cover=_extent(md, verify), segment_bytes=_segment_bytes(md, needs))
     reading = [b for b in batches if b.reader == me]
-    outgoing: list[tuple[ReadBatch, torch.Tensor]] = []
     copies = _CopyClock()  # copies into place run on the reader threads, overlapping reads
     spans: dict[str, list[float]] = {}  # file -> [first piece start, last piece end, bytes]
+    forwarding = any(b.forwarded for b in batches)
+    transfer = Transfer(coord, me, batches) if forwarding else None
+    t_transfer = time.perf_counter()
 
     def read_mine() -> int:
-        wanted: list[Need] = []
+        wanted: list[Need] = [_need(md, items, k, r, None, 0, copies) for k, r in mine.items() if k in apart]
         cached: set[int] = set()  # indices of needs read through the shared page cache
         for b in reading:
-            buf = torch.empty(b.nbytes, dtype=torch.uint8) if len(b.consumers) > 1 else None
-            if buf is not None:
-                outgoing.append((b, buf))
+            out, sent = transfer.outgoing(b) if transfer is not None and b.forwarded else (None, None)
             for key, off in zip(b.keys, b.offsets):
                 if key in shared:
                     cached.add(len(wanted))
-                wanted.append(_need(md, items, key, mine.get(key), buf, off, key in shared, copies))
+                wanted.append(_need(md, items, key, mine.get(key), out, off, copies, sent))
         return _read_runs(md, storage, wanted, cached, threads, verify, me, spans)
 
-    total = run_stage(coord, "load (read)", read_mine)
+    error: Exception | None = None
+    total = 0
+    try:
+        total = read_mine()
+    except Exception as e:  # agreed on below, after every transfer has completed
+        error = e
+    if transfer is not None:
+        transfer.finish()  # sends what is still unsent (marked bad after a failure), waits for all
+
+    def agreed() -> int:
+        if error is not None:
+            raise error
+        return total
+
+    total = run_stage(coord, "load (read)", agreed)
     for name, (t0, t1, nbytes) in sorted(spans.items()):  # per-file read throughput (monitoring)
         events.emit("load.read.file", me, t0, path=name, nbytes=int(nbytes), end=t1)
+    if transfer is not None:
+        t_apply = time.perf_counter()
+
+        def place(b: ReadBatch, payload: torch.Tensor) -> None:
+            t0 = time.perf_counter()
+            for key, off in zip(b.keys, b.offsets):
+                _apply(md, items, mine[key], payload[off : off + md.tensors[key[0]].shards[key[1]].byte_length], 0)
+            copies.add(t0, time.perf_counter(), b.nbytes)
+
+        received = transfer.apply(place)
+        events.emit("load.transfer", me, t_transfer, path=storage.url, nbytes=received, end=t_apply)
     if copies.nbytes:  # the copies (host to host here; host to device for CUDA targets)
         detail = f"{copies.busy:.6f} thread-seconds of copying, overlapped with the reads"
         events.emit("load.copy", me, copies.first, end=copies.last, nbytes=copies.nbytes, detail=detail)
-    if coord.world_size == 1 or not any(len(b.consumers) > 1 for b in batches):
-        return total
-    with events.phase("load.transfer", me, path=storage.url) as phase:
-        phase.nbytes = _forward(md, items, mine, batches, outgoing, coord, me)
     return total
+
+
+def _rows(md: Metadata, r: ShardRead) -> tuple[int, int]:
+    """The rows of saved shard ``r`` that its copies touch."""
+    shard = md.tensors[r.fqn].shards[r.shard_index]
+    return needed_rows(shard.lengths, [(c.src_offsets, c.lengths) for c in r.copies])
+
+
+def _disjoint_needs(by_rank: list[dict[tuple[str, int], tuple[int, int]]]) -> set[tuple[str, int]]:
+    """Shards several ranks need whose needed rows do not overlap (nothing is read twice when
+    each reads its own)."""
+    ranges: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    for n in by_rank:
+        for k, r in n.items():
+            ranges.setdefault(k, []).append(r)
+    out = set()
+    for k, rs in ranges.items():
+        if len(rs) > 1:
+            rs.sort()
+            if all(b[0] >= a[1] for a, b in zip(rs, rs[1:])):
+                out.add(k)
+    return out
 
 
 def _need(
@@ -211,18 +289,18 @@ def _need(
     r: ShardRead | None,
     buf: torch.Tensor | None,
     buf_offset: int,
-    whole: bool,
     copies: _CopyClock,
+    forwarded: Callable[[], None] | None = None,
 ) -> Need:
     """What this rank reads of saved shard ``key`` and where it lands: the whole shard into the
-    forwarding buffer ``buf`` when other ranks need it too, or whole when ``whole`` (bytes other
-    ranks of this host read as well); else only the rows its copies ``r`` touch, straight into
-    the destination when they are one contiguous region of it."""
+    forwarding buffer ``buf`` when it forwards it to other ranks (``forwarded()`` once it is
+    verified and placed here); else only the rows its copies ``r`` touch, straight into the
+    destination when they are one contiguous region of it."""
     rec = md.tensors[key[0]]
     shard = rec.shards[key[1]]
     name = md.files[shard.file_index]
     rb = row_bytes(shard.lengths, itemsize(rec.dtype))
-    if buf is not None or whole or r is None:
+    if buf is not None or r is None:
         r0, r1 = 0, (shard.lengths[0] if shard.lengths else 1)
     else:
         r0, r1 = needed_rows(shard.lengths, [(c.src_offsets, c.lengths) for c in r.copies])
@@ -231,11 +309,12 @@ def _need(
     in_place = buf is None and dest is not None  # the bytes land where they belong: nothing to copy
 
     def done(region: torch.Tensor) -> None:
-        if r is None or in_place:
-            return
-        t0 = time.perf_counter()
-        _apply(md, items, r, region, r0)
-        copies.add(t0, time.perf_counter(), region.numel())
+        if r is not None and not in_place:
+            t0 = time.perf_counter()
+            _apply(md, items, r, region, r0)
+            copies.add(t0, time.perf_counter(), region.numel())
+        if forwarded is not None:
+            forwarded()
 
     return Need(name, lo, hi, done, key[0], dest)
 
@@ -256,11 +335,7 @@ def _read_runs(
     index = {f: i for i, f in enumerate(md.files)}
     tagged = [Span(index[n.name], n.lo, n.hi, t) for t, n in enumerate(wanted)]
 
-    def extent(f: int, lo: int, hi: int) -> tuple[int, int]:
-        units = cover(f, lo, hi)
-        return units.lo, units.hi
-
-    runs = plan_runs(tagged, extent)
+    runs = plan_runs(tagged, _extent(md, verify))
     _check_files(md, storage, runs, {index[n.name]: n.what for n in wanted}, rank)
     lock = threading.Lock()
     jobs = []
@@ -307,34 +382,6 @@ def _holders(md: Metadata, file_index: int, lo: int, hi: int) -> list[str]:
         if b.file_index == file_index and b.byte_offset < hi and lo < b.byte_offset + b.byte_length
     ]
     return out
-
-
-def _forward(
-    md: Metadata,
-    items: list[LoadItem],
-    mine: dict[tuple[str, int], ShardRead],
-    batches: list[ReadBatch],
-    outgoing: list[tuple[ReadBatch, torch.Tensor]],
-    coord: Coordinator,
-    me: int,
-) -> int:
-    """Send the batches this rank read for others, receive and place those it needs; returns
-    the bytes received."""
-    received = 0
-    recvs = []
-    for b in batches:
-        if b.reader != me and me in b.consumers:
-            buf = torch.empty(b.nbytes, dtype=torch.uint8)
-            recvs.append((b, buf, coord.irecv(buf, b.reader, b.batch_id)))
-    sends = [coord.isend(buf, dst, b.batch_id) for b, buf in outgoing for dst in b.consumers if dst != me]
-    for b, buf, work in recvs:
-        work.wait()
-        received += b.nbytes
-        for key, off in zip(b.keys, b.offsets):
-            _apply(md, items, mine[key], buf[off : off + md.tensors[key[0]].shards[key[1]].byte_length], 0)
-    for w in sends:
-        w.wait()
-    return received
 
 
 class _CopyClock:

@@ -123,7 +123,8 @@ def verify(
             return
         units = md.checksums.cover(f, 0, min(size, end))
         whole = [i for i, e in enumerate(units.ends) if e <= size]  # units cut short: reported above
-        units = Units(*(tuple(x[i] for i in whole) for x in (units.starts, units.ends, units.crcs)), units.lo, units.hi)
+        starts, ends, crcs = (tuple(x[i] for i in whole) for x in (units.starts, units.ends, units.crcs))
+        units = Units(starts, ends, crcs, units.lo, units.hi)
         _check_units(storage, name, units, buffer, lambda lo, hi, msg: fail(f, lo, msg, lo, hi), mine)
 
     with ThreadPoolExecutor(max(1, min(threads, len(md.files) or 1)), thread_name_prefix="unickpt-verify") as pool:
