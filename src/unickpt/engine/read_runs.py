@@ -15,6 +15,7 @@ starts and dropped when their last need is done, so memory stays near the bytes 
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -52,8 +53,9 @@ class Need:
 @dataclass(eq=False)
 class _Segment:
     """A stretch of the run and the memory its bytes land in: a need's destination, or a
-    temporary (``memory`` None until a piece allocates it). ``pending``: needs in it not done yet
-    plus units overlapping it not verified yet; a temporary is freed when it reaches zero."""
+    temporary (``memory`` None until a piece allocates it). ``pending``: needs in it not done
+    yet, units overlapping it not verified yet and pieces into it not read yet; a temporary is
+    freed when it reaches zero."""
 
     lo: int
     hi: int
@@ -78,12 +80,16 @@ class RunJob:
         source: str,
         rank: int,
         holders: Callable[[int, int], list[str]] | None = None,
+        piece: int = PIECE,
     ) -> None:
         self.run, self.name, self.needs, self.units = run, name, list(needs), units
         self.read_into, self.verify, self.source, self.rank = read_into, verify, source, rank
         self.holders = holders  # what bytes [lo, hi) of the file hold (for errors)
+        self.piece = piece
         self._lock = threading.Lock()
         self.segments = self._segments()
+        self._seg_starts = [s.lo for s in self.segments]
+        self._seg_ends = [s.hi for s in self.segments]
         self._pieces = self._cut()
         # what each piece completes: units still waiting for pieces, and needs no unit covers
         # (unverified reads) still waiting for pieces; what each unit completes: needs
@@ -104,6 +110,9 @@ class RunJob:
                         need.left += 1
         for seg in self.segments:
             seg.pending += len(self._units_in(seg.lo, seg.hi))
+        for lo, hi in self._pieces:  # a piece still to read into a segment holds it too
+            for seg in self._segments_in(lo, hi):
+                seg.pending += 1
         self.nbytes = run.hi - run.lo
 
     # ------------------------------------------------------------------ layout
@@ -123,15 +132,16 @@ class RunJob:
                     out.append(_Segment(pos, need.lo, None))
                 out.append(_Segment(need.lo, need.hi, need.dest, tensor_bytes(need.dest), direct=True))
                 pos = need.hi
-            elif alone and need.lo - pos >= PIECE:
+            elif alone and need.lo - pos >= self.piece:
                 out.append(_Segment(pos, need.lo, None))
                 pos = need.lo
             end = max(end, need.hi)
         if pos < self.run.hi:
             out.append(_Segment(pos, self.run.hi, None))
+        starts = [s.lo for s in out]
         for need in self.needs:
             if need.hi > need.lo:
-                need.segment = next(s for s in out if s.lo <= need.lo and need.hi <= s.hi)
+                need.segment = out[bisect.bisect_right(starts, need.lo) - 1]
                 need.segment.pending += 1
         return out
 
@@ -139,21 +149,21 @@ class RunJob:
         lo, hi = self.run.lo, self.run.hi
         out = []
         while lo < hi:
-            nxt = min(hi, (lo // PIECE + 1) * PIECE)
+            nxt = min(hi, (lo // self.piece + 1) * self.piece)
             out.append((lo, nxt))
             lo = nxt
         return out
 
     def _units_in(self, lo: int, hi: int) -> range:
-        """Indices of the units overlapping ``[lo, hi)``."""
-        starts, ends = self.units.starts, self.units.ends
-        a = 0
-        while a < len(ends) and ends[a] <= lo:
-            a += 1
-        b = a
-        while b < len(starts) and starts[b] < hi:
-            b += 1
-        return range(a, b)
+        """Indices of the units overlapping ``[lo, hi)`` (units are sorted and disjoint)."""
+        a = bisect.bisect_right(self.units.ends, lo)
+        return range(a, max(a, bisect.bisect_left(self.units.starts, hi)))
+
+    def _segments_in(self, lo: int, hi: int) -> list[_Segment]:
+        """The segments overlapping ``[lo, hi)`` (segments tile the run in order)."""
+        a = bisect.bisect_right(self._seg_ends, lo)
+        b = bisect.bisect_left(self._seg_starts, hi)
+        return self.segments[a:b]
 
     def pieces(self) -> list[tuple[int, int]]:
         """The run's pieces: ``read_piece(i)`` reads ``pieces()[i]``."""
@@ -172,10 +182,9 @@ class RunJob:
         """Read piece ``p`` of the run into its segments; then verify the units it completed
         and hand on the needs they (or it) completed."""
         lo, hi = self._pieces[p]
-        for seg in self.segments:
+        for seg in self._segments_in(lo, hi):
             a, b = max(lo, seg.lo), min(hi, seg.hi)
-            if a < b:
-                self.read_into(self.name, a, self._memory(seg)[a - seg.lo : b - seg.lo])
+            self.read_into(self.name, a, self._memory(seg)[a - seg.lo : b - seg.lo])
         finished, ready = [], []
         with self._lock:
             for u in self._units_in(lo, hi):
@@ -190,6 +199,7 @@ class RunJob:
             self._unit_done(u)
         for need in ready:
             self._need_done(need)
+        self._release(self._segments_in(lo, hi))
 
     def start(self) -> None:
         """For a run with nothing to read (empty needs, unverified stretches): hand on its needs."""
@@ -209,16 +219,15 @@ class RunJob:
                     ready.append(need)
         for need in ready:
             self._need_done(need)
-        self._release([s for s in self.segments if s.lo < hi and lo < s.hi])
+        self._release(self._segments_in(lo, hi))
 
     def _check(self, u: int) -> None:
         lo, hi, want = self.units.starts[u], self.units.ends[u], self.units.crcs[u]
         crc = 0
-        for seg in self.segments:
+        for seg in self._segments_in(lo, hi):
             a, b = max(lo, seg.lo), min(hi, seg.hi)
-            if a < b:
-                assert seg.view is not None
-                crc = crc32c.crc32c(seg.view[a - seg.lo : b - seg.lo], crc)
+            assert seg.view is not None
+            crc = crc32c.crc32c(seg.view[a - seg.lo : b - seg.lo], crc)
         if crc != want:
             named = self.holders(lo, hi) if self.holders is not None else [repr(n.what) for n in self._unit_needs[u]]
             holders = ", ".join(named[:6]) + (f" and {len(named) - 6} more" if len(named) > 6 else "")

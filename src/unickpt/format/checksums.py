@@ -166,7 +166,8 @@ class RangeChecksums:
     def __post_init__(self) -> None:
         grouped: dict[int, list[tuple[int, int, int]]] = {}
         for f, off, n, crc in self.units:
-            grouped.setdefault(f, []).append((off, off + n, crc))
+            if n:  # an empty range holds no byte to verify
+                grouped.setdefault(f, []).append((off, off + n, crc))
         by_file = {}
         for f, rows in grouped.items():
             a = np.array(sorted(rows), dtype=np.int64).reshape(-1, 3)
