@@ -305,7 +305,10 @@ def _need(
     else:
         r0, r1 = needed_rows(shard.lengths, [(c.src_offsets, c.lengths) for c in r.copies])
     lo, hi = shard.byte_offset + r0 * rb, shard.byte_offset + r1 * rb
-    dest = buf[buf_offset : buf_offset + (hi - lo)] if buf is not None else _direct_target(md, items, r, r0, r1)
+    if buf is not None:
+        dest: torch.Tensor | None = buf[buf_offset : buf_offset + (hi - lo)]
+    else:  # small tensors are read with their neighbours into one temporary, then copied
+        dest = _direct_target(md, items, r, r0, r1) if hi - lo >= _DIRECT_MIN else None
     in_place = buf is None and dest is not None  # the bytes land where they belong: nothing to copy
 
     def done(region: torch.Tensor) -> None:
@@ -396,6 +399,9 @@ class _CopyClock:
             self.first, self.last = min(self.first, t0), max(self.last, t1)
             self.busy += t1 - t0
             self.nbytes += nbytes
+
+
+_DIRECT_MIN = 256 << 10  # needs at least this large are read straight into their destination
 
 
 def _direct_target(md: Metadata, items: list[LoadItem], r: ShardRead | None, r0: int, r1: int) -> torch.Tensor | None:

@@ -231,22 +231,26 @@ def _tensor(fqn: str, t: Any) -> tuple[str, tuple[int, ...], np.ndarray]:
     shape = tuple(_int(d, f"tensor {fqn!r} shape") for d in raw_shape)
     nd = len(shape)
     width = 2 * nd + 2
-    if "shard_table" in t:
-        rows = _table(head, t["shard_table"], width)
-    else:
+    try:
+        isz = itemsize(dtype)
+    except CorruptMetadataError:
+        raise _Bad(f"{head}unknown dtype {dtype!r}") from None
+    if "shard_table" not in t:  # a few rows: checked and sized in plain Python
         listed = _field(t, "shards", head)
         if not isinstance(listed, list):
             raise _Bad(f"{head}shards must be a list")
+        full = []
         for row in listed:
             if not isinstance(row, list) or len(row) != width:
                 raise _Bad(f"{head}shard entry has the wrong length")
             for v in row:
                 _int(v, f"tensor {fqn!r} shard field")
-        rows = np.array(listed, dtype=np.int64).reshape(len(listed), width)
-    try:
-        isz = itemsize(dtype)
-    except CorruptMetadataError:
-        raise _Bad(f"{head}unknown dtype {dtype!r}") from None
+            nbytes = isz
+            for n in row[nd : 2 * nd]:
+                nbytes *= n
+            full.append([*row, min(nbytes, MAX_BYTES + 1)])
+        return dtype, shape, np.array(full, dtype=np.int64).reshape(len(full), width + 1)
+    rows = _table(head, t["shard_table"], width)
     lens = np.clip(rows[:, nd : 2 * nd], 0, MAX_BYTES)  # absurd rows are refused by tensor_problems
     with np.errstate(over="ignore"):
         nbytes = np.prod(lens, axis=1, dtype=np.int64) * isz

@@ -62,12 +62,17 @@ def assign_reads(
         for k in dict.fromkeys(keys):
             consumers[k].append(rank)
 
+    tensors = md.tensors
+    where = {}  # key -> (file index, byte offset, byte length), looked up once
+    for k in consumers:
+        sh = tensors[k[0]].shards[k[1]]
+        where[k] = (sh.file_index, sh.byte_offset, sh.byte_length)
+
     def size(k: ShardKey) -> int:
-        return md.tensors[k[0]].shards[k[1]].byte_length
+        return where[k][2]
 
     def location(k: ShardKey) -> tuple[int, int]:
-        s = md.tensors[k[0]].shards[k[1]]
-        return (s.file_index, s.byte_offset)
+        return where[k][:2]
 
     load = [0] * len(needs)
     reader: dict[ShardKey, int] = {}
