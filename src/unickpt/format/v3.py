@@ -253,9 +253,9 @@ def _tensor(fqn: str, t: Any) -> tuple[str, tuple[int, ...], np.ndarray]:
     rows = _table(head, t["shard_table"], width)
     lens = np.clip(rows[:, nd : 2 * nd], 0, MAX_BYTES)  # absurd rows are refused by tensor_problems
     with np.errstate(over="ignore"):
-        nbytes = np.prod(lens, axis=1, dtype=np.int64) * isz
-    nbytes = np.where((nbytes < 0) | (nbytes > MAX_BYTES), MAX_BYTES + 1, nbytes)
-    return dtype, shape, np.concatenate([rows, nbytes.reshape(-1, 1)], axis=1)
+        sizes = np.prod(lens, axis=1, dtype=np.int64) * isz
+    sizes = np.where((sizes < 0) | (sizes > MAX_BYTES), MAX_BYTES + 1, sizes)
+    return dtype, shape, np.concatenate([rows, sizes.reshape(-1, 1)], axis=1)
 
 
 def _blobs(doc: dict[str, Any], nfiles: int | None, problems: Problems, ranges: Ranges) -> dict[str, BlobRecord]:
