@@ -1,10 +1,11 @@
 """Collectives for planning and commit: torch.distributed (gloo), flat or shaped as a tree above
-a world size (``CoordinationOptions``), or a single process."""
+a world size (``CoordinationOptions``), or a single process; the commit barrier (``barrier``)."""
 
 from __future__ import annotations
 
 import torch.distributed as dist
 
+from .barrier import commit_barrier
 from .base import Coordinator, Settle, run_stage
 from .single import SingleProcessCoordinator
 from .topology import CoordinationOptions, TreeLayout
@@ -21,6 +22,7 @@ __all__ = [
     "CoordinationOptions",
     "TreeCoordinator",
     "TreeLayout",
+    "commit_barrier",
     "make_coordinator",
 ]
 
