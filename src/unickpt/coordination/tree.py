@@ -150,38 +150,38 @@ class TreeCoordinator:
     # ------------------------------------------------------------------ the Coordinator protocol
 
     def all_gather_object(self, obj: Any) -> list[Any]:
-        mine = _dumps(obj)
-
         def run(call: _Call) -> Any:
-            up = self._up(call, [mine])
-            return self._broadcast_down(call, up)
+            return self._broadcast_down(call, self._up(call, [_dumps(obj)]))
 
         return [_loads(b) for b in self._run("all_gather_object", run)]
 
     def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
         if dst != 0:
             return self.flat.gather_object(obj, dst)
-        mine = _dumps(obj)
-        got = self._run("gather_object", lambda call: self._up(call, [mine]))
+        got = self._run("gather_object", lambda call: self._up(call, [_dumps(obj)]))
         return [_loads(b) for b in got] if self._root else None
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         if src != 0:
             return self.flat.broadcast_object(obj, src)
-        data = _dumps(obj) if self._root else None
-        got = self._run("broadcast_object", lambda call: self._broadcast_down(call, data))
+
+        def run(call: _Call) -> Any:
+            return self._broadcast_down(call, _dumps(obj) if self._root else None)
+
+        got = self._run("broadcast_object", run)
         return obj if self._root else _loads(got)
 
     def scatter_object(self, objs: list[Any] | None, src: int = 0) -> Any:
         if src != 0:
             return self.flat.scatter_object(objs, src)
-        items: list[bytes] | None = None
-        if self._root:
-            if objs is None or len(objs) != self.world_size:
-                got = "None" if objs is None else f"{len(objs)} objects"
-                raise ValueError(f"scatter_object: the source rank must pass {self.world_size} objects, got {got}")
-            items = [_dumps(o) for o in objs]
-        (mine,) = self._run("scatter_object", lambda call: self._scatter_down(call, items))
+        if self._root and (objs is None or len(objs) != self.world_size):
+            got = "None" if objs is None else f"{len(objs)} objects"
+            raise ValueError(f"scatter_object: the source rank must pass {self.world_size} objects, got {got}")
+
+        def run(call: _Call) -> Any:
+            return self._scatter_down(call, [_dumps(o) for o in objs or ()] if self._root else None)
+
+        (mine,) = self._run("scatter_object", run)
         return _loads(mine)
 
     def barrier(self) -> None:
