@@ -45,6 +45,11 @@ def test_tree_and_flat_give_identical_collectives_plans_and_checkpoints(tmp_path
     assert res[3]["tree"]["gather_dst3"] == [10 * q for q in range(8)]
     assert "global" in res[0]["plans"]["tree"]  # rank 0's global plan, identical too
     assert _normalized_metadata(f"{base}/tree") == _normalized_metadata(f"{base}/flat")
+    for r in res:  # host names: this machine is one host of 8 ranks
+        assert r["named"]["layout"] == "8 ranks: 1 host(s) (8 rank(s) each) (fan-out 2)"
+        assert r["named"]["all_gather"] == res[0]["flat"]["all_gather"]
+        assert r["odd"]["type"] == "RankDisagreementError", r["odd"]  # refused on every rank
+        assert "rank 5: (3, 4, 2)" in r["odd"]["msg"] and "rank 0: (2, 4, 2)" in r["odd"]["msg"], r["odd"]
 
 
 def test_rank_0_publishes_only_after_every_rank_reported(tmp_path):

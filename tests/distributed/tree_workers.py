@@ -106,8 +106,18 @@ def tree_vs_flat(rank: int, ws: int, base: str) -> dict[str, Any]:
         )
         exact[name] = same and loaded["extra_state"] == {"rank": rank, "step": 7}
     out["load_exact"] = exact
-    tree.close()
-    flat.close()
+    # hosts from host names (one machine: one host), and options that differ between ranks
+    named = unickpt.Checkpointer(coordination=unickpt.CoordinationOptions(tree_min_world_size=2, fan_out=2))
+    nc = named.resources.coordinator("foreground", None, "named")
+    out["named"] = {"layout": nc.layout.describe(), "all_gather": nc.all_gather_object(_value(rank))}
+    odd = unickpt.CoordinationOptions(tree_min_world_size=2, fan_out=3 if rank == 5 else 2, ranks_per_host=4)
+    try:
+        unickpt.Checkpointer(coordination=odd).resources.coordinator("foreground", None, "odd options")
+        out["odd"] = None
+    except unickpt.CheckpointError as e:
+        out["odd"] = {"type": type(e).__name__, "msg": str(e)}
+    for c in (tree, flat, named):
+        c.close()
     return out
 
 
