@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from .coordination.topology import CoordinationOptions
 from .format.checksums import DEFAULT_CHUNK, MAX_CHUNK, MIN_CHUNK
 from .format.transforms import RowsTensor
 from .storage.base import METADATA_LIMIT
 from .storage.options import StorageOptions
 
-__all__ = ["SaveOptions", "LoadOptions", "StorageOptions"]
+__all__ = ["SaveOptions", "LoadOptions", "StorageOptions", "CoordinationOptions"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

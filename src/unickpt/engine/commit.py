@@ -1,8 +1,10 @@
 """The commit stage of a save, and the cleanup of unickpt's own earlier data at the path.
 
 Called by the save pipeline on every rank after its write stage, inside the save lock
-(``engine.lock.run_locked``): ``commit_stage`` (collective on the checkpointer's background
-group) agrees that every rank wrote, gathers every rank's file sizes and chunk checksums and JSON objects; rank 0
+(``engine.lock.run_locked``): ``commit_stage`` reports this rank's file sizes, chunk checksums
+and JSON objects (or its write failure) through the job's store
+(``coordination.barrier.commit_barrier``, on the checkpointer's background coordinator: no
+collective), and rank 0, once every rank reported,
 merges the objects (``planning.objects``: optimizer param groups per parameter), builds the
 metadata, syncs the data folders (where the storage ``needs_sync``), checks that every data
 file it names is on storage in full (``check_written_files``) and that the save still holds its
@@ -21,7 +23,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ..coordination.base import Coordinator, run_stage
+from ..coordination.barrier import commit_barrier
+from ..coordination.base import Coordinator
 from ..errors import CheckpointError, MissingDataFileError, PlanningError, TruncatedDataFileError
 from ..format.checksums import DEFAULT_CHUNK, ChunkChecksums
 from ..format.codec import encode_metadata
@@ -142,29 +145,30 @@ def commit_stage(
     events: EventBus,
     still_locked: Callable[[], None] | None = None,
 ) -> Metadata | None:
-    """Collective: agree that every rank wrote, then rank 0 commits. Returns the metadata on rank 0.
+    """Every rank reports its write, then rank 0 commits. Returns the metadata on rank 0.
     ``gplan``: the global plan, on rank 0 only (the other ranks know only ``save_id``).
 
     Before publishing, rank 0 checks every data file (``check_written_files``) and calls
     ``still_locked`` (``SaveLock.verify_holder``), which raises if the save lost its lock."""
 
-    def local() -> RankSums:
+    times = {"barrier": time.perf_counter()}
+
+    def report() -> bytes:  # this rank's part of the commit: its file checksums and objects
         if error is not None:
             raise error
         assert sums is not None
-        return sums
+        events.emit("save.commit.begin", coord.rank, save_id=save_id, path=storage.url)
+        times["barrier"] = time.perf_counter()
+        # the objects (already JSON: encoded values) ride along; plain JSON, never pickle
+        return json.dumps([sums, objects], separators=(",", ":"), allow_nan=False).encode()
 
-    run_stage(coord, "save (write)", local)
-    events.emit("save.commit.begin", coord.rank, save_id=save_id, path=storage.url)
-    t_barrier = time.perf_counter()
-    gathered = coord.gather_object((sums, objects))  # the objects ride along: no extra round trip
-    events.emit("save.barrier", coord.rank, t_barrier, save_id=save_id, path=storage.url)
-    t_finalize = time.perf_counter()
+    def decided() -> None:  # every rank wrote; rank 0 commits now
+        events.emit("save.barrier", coord.rank, times["barrier"], save_id=save_id, path=storage.url)
+        times["finalize"] = time.perf_counter()
 
-    def finalize() -> Metadata | None:
-        if coord.rank != 0:
-            return None
-        assert gplan is not None and gathered is not None
+    def finalize(payloads: list[bytes]) -> Metadata:
+        assert gplan is not None
+        gathered = [json.loads(p) for p in payloads]
         merged = merge_rank_objects([o for _, o in gathered])
         md = build_metadata(gplan, [c for c, _ in gathered], source, coord.world_size, merged)
         if storage.capabilities.needs_sync:  # the data files' names, before the metadata names them
@@ -184,8 +188,12 @@ def commit_stage(
                 _warn_cleanup_failed(storage, (md.save_id, previous), e)
         return md
 
-    committed = run_stage(coord, "save (commit)", finalize)
-    events.emit("save.finalize", coord.rank, t_finalize, save_id=save_id, path=storage.url)
+    # every rank reports through the job's store (no collective), rank 0 commits once all have
+    # (coordination.barrier); a failure anywhere surfaces on every rank as the same error
+    committed = commit_barrier(
+        coord, save_id, report, finalize, stage="save (write)", commit_stage="save (commit)", on_decided=decided
+    )
+    events.emit("save.finalize", coord.rank, times.get("finalize"), save_id=save_id, path=storage.url)
     return committed
 
 
