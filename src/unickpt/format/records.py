@@ -10,7 +10,7 @@ Everything is plain data: the codec turns it into JSON, never pickle.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Union
 
@@ -51,12 +51,14 @@ class ShardRecord:
 
 @dataclass(frozen=True, slots=True)
 class TensorRecord:
-    """Basic meta of one global tensor plus all of its saved shards (non-overlapping, covering)."""
+    """Basic meta of one global tensor plus all of its saved shards (non-overlapping, covering):
+    a tuple of records, or a ``format.layouts.SplitShards`` that computes them from a regular
+    layout when asked."""
 
     fqn: str
     dtype: str
     shape: Shape
-    shards: tuple[ShardRecord, ...]
+    shards: Sequence[ShardRecord]
 
 
 @dataclass(frozen=True, slots=True)
