@@ -246,9 +246,9 @@ def _tensors(
             f = 2 * nd
             shards = tuple(ShardRecord(tuple(r[:nd]), tuple(r[nd:f]), r[f], r[f + 1], r[f + 2]) for r in table.tolist())
             tensors[fqn] = TensorRecord(fqn, dtype, shape, shards)
-    found = _split_tensors(layouts, split, problems, ranges)
+    by_layout = _split_tensors(layouts, split, problems, ranges)
     if not problems:
-        tensors.update(found)
+        tensors.update(by_layout)
     return tensors
 
 
