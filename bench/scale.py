@@ -166,7 +166,13 @@ def measure(layout: str, world: int, load_world: int, freeze_gc: bool = False) -
     received = len(encode_rank_plan(mine))
     cached = CachedPlan(locals_[world // 2], mine, None, gplan.save_id)
     t_replan, _ = timed(lambda: cached.next("feedfacecafe"))
-    crcs = [[0] * len(rp.entries) for rp in gplan.rank_plans]
+    chunk = 1 << 20  # the default checksum chunk: each rank reports its files' sizes and chunk checksums
+    crcs = []
+    for rp in gplan.rank_plans:
+        ends: dict[str, int] = {}
+        for e in rp.entries:
+            ends[e.file] = max(ends.get(e.file, 0), e.byte_offset + e.byte_length)
+        crcs.append((chunk, {f: (n, [0] * -(-n // chunk)) for f, n in ends.items()}))
     t_md, md = timed(
         lambda: build_metadata(gplan, crcs, SaveSource(layout, None, ()), world, {})  # the commit's
     )

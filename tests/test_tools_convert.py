@@ -48,7 +48,15 @@ def test_issue15_convert_from_dcp_loads_model_and_optimizer_state(tmp_path):
     _dcp_save({"model": msd, "optim": osd}, str(tmp_path / "dcp"))
     r = _cli("convert", "--from", "dcp", str(tmp_path / "dcp"), str(tmp_path / "ck"))
     assert r.returncode == 0, r.stderr
-    assert "skipped" in r.stdout and "param_groups" in r.stdout  # non-tensor entries are named
+    assert "param_groups" not in r.stdout  # imported, not skipped
+    fresh, fresh_optim = _trained(1)
+    for g in fresh_optim.param_groups:
+        g["lr"], g["betas"] = 0.5, (0.1, 0.2)  # the checkpoint's hyper-parameters must come back
+    unickpt.load(str(tmp_path / "ck"), {"model": fresh, "optimizer": fresh_optim})  # strict: every key
+    assert fresh_optim.state_dict()["param_groups"] == optim.state_dict()["param_groups"]
+    for p, q in zip(model.parameters(), fresh.parameters()):
+        for name, t in optim.state[p].items():
+            assert torch.equal(fresh_optim.state[q][name], t), name
     fresh, _ = _trained(1)
     unickpt.load(str(tmp_path / "ck"), {"model": fresh}, strict=False)
     for (k, v), (_, w) in zip(model.state_dict().items(), fresh.state_dict().items()):
@@ -128,3 +136,23 @@ def test_issue15_convert_from_hf_starts_a_run(tmp_path):
     unickpt.load(str(tmp_path / "ck"), {"model": dst}, strict=False)  # tied lm_head may be absent from the file
     want = src.state_dict()
     assert all(torch.equal(v, dst.state_dict()[k]) for k, v in want.items())
+
+
+def test_issue15_malicious_dcp_value_is_refused_not_unpickled(tmp_path):
+    """A non-tensor entry of a DCP checkpoint (DCP stores them with torch.save) holding a pickle
+    that runs code: convert rebuilds plain values only (torch.load(weights_only=True)), so it is
+    refused and nothing runs; DCP's own loader would have run it."""
+    model, _ = _trained(4)
+    folder = tmp_path / "dcp"
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    state["optim.param_groups.0.lr"] = _Boom()
+    _dcp_save(state, str(folder))
+    r = subprocess.run(
+        [*CLI, "convert", "--from", "dcp", str(folder), str(tmp_path / "ck")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 2 and "CorruptMetadataError" in r.stderr and "not plain values" in r.stderr, r.stderr
+    assert not (tmp_path / "BOOM_RAN").exists()

@@ -45,7 +45,7 @@ from .errors import (
 from .format import transforms  # LoadOptions(transforms=...): split_rows, megatron_qkv_split ...
 from .frameworks.flat import FlatTensors
 from .manager import CheckpointManager
-from .options import LoadOptions, SaveOptions, StorageOptions
+from .options import CoordinationOptions, LoadOptions, SaveOptions, StorageOptions
 from .state.extra import rng_state, set_rng_state
 from .tiering import TieredCheckpointManager
 
@@ -62,6 +62,7 @@ __all__ = [
     "SaveOptions",
     "LoadOptions",
     "StorageOptions",
+    "CoordinationOptions",
     "rng_state",
     "set_rng_state",
     "CheckpointError",

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from .coordination.topology import CoordinationOptions
 from .coordination.torch_dist import CheckpointGroups
 from .engine.load_pipeline import LoadPipeline
 from .engine.lock_owner import LockContext, LockTokens
@@ -74,7 +75,9 @@ class Checkpointer:
 
     ``group``: the process group whose ranks save and load together (default: the world);
     ``save_options`` / ``load_options``: defaults for calls that pass none; ``listeners``:
-    receivers of its per-phase events (``events.add_listener`` adds more)."""
+    receivers of its per-phase events (``events.add_listener`` adds more); ``coordination``:
+    from which world size and how its collectives run as a tree (default: the environment's
+    ``UNICKPT_TREE_*`` / ``UNICKPT_RANKS_PER_HOST``, else a tree from 512 ranks, fan-out 16)."""
 
     def __init__(
         self,
@@ -83,13 +86,14 @@ class Checkpointer:
         save_options: SaveOptions | None = None,
         load_options: LoadOptions | None = None,
         listeners: Iterable[Listener] = (),
+        coordination: CoordinationOptions | None = None,
     ) -> None:
         self.save_options = save_options or SaveOptions()
         self.load_options = load_options or LoadOptions()
         self.events = EventBus(listeners)
         self._tokens = LockTokens()
         self.resources = Resources(
-            groups=CheckpointGroups(),
+            groups=CheckpointGroups(coordination),
             group=group,
             plans=PlanCache(),
             staging=StagingPool(),

@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from .coordination.topology import CoordinationOptions
+from .format.checksums import DEFAULT_CHUNK, MAX_CHUNK, MIN_CHUNK
 from .format.transforms import RowsTensor
 from .storage.base import METADATA_LIMIT
 from .storage.options import StorageOptions
 
-__all__ = ["SaveOptions", "LoadOptions", "StorageOptions"]
+__all__ = ["SaveOptions", "LoadOptions", "StorageOptions", "CoordinationOptions"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -30,9 +32,17 @@ class SaveOptions:
     timeout: float | None = None
     # how the storage is opened: retry policy, local direct writes/reads (storage.StorageOptions)
     storage: StorageOptions = field(default_factory=StorageOptions)
+    # every data file is checksummed (CRC32C) per chunk of this many bytes (format.checksums): a
+    # load reads and verifies whole chunks, so at most one chunk more than it needs at each end of
+    # a range; the metadata holds 4 bytes per chunk
+    checksum_chunk_bytes: int = DEFAULT_CHUNK
 
     def __post_init__(self) -> None:
         _check_timeout(self.timeout)
+        if type(self.checksum_chunk_bytes) is not int or not MIN_CHUNK <= self.checksum_chunk_bytes <= MAX_CHUNK:
+            raise ValueError(
+                f"checksum_chunk_bytes must be an int in [{MIN_CHUNK}, {MAX_CHUNK}], got {self.checksum_chunk_bytes!r}"
+            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -11,7 +11,7 @@ Who calls what, in order (every rank calls ``save`` / ``load_latest`` / ``wait``
             rank 0 then queues ``_promote(step)`` on this object's copier thread, which waits
             for that save, copies the committed checkpoint to the durable tier through the
             storage protocol (``copy_checkpoint``: the data marker, every data file, then
-            ``verify`` of every shard's CRC32C *on the durable copy*, and only then the metadata,
+            ``verify`` of every chunk's CRC32C *on the durable copy*, and only then the metadata,
             written last), moves the durable ``latest``, applies the durable retention
             (``keep_durable``), and finally the fast retention: a fast copy beyond the newest
             ``keep_fast`` is deleted only when the durable tier holds that same save (same save

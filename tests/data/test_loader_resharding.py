@@ -33,7 +33,7 @@ def test_issue13_loader_saved_by_2_ranks_resumes_on_3_and_1_exactly_once(tmp_pat
     with open(f"{ck}/unickpt.metadata.json", "rb") as f:
         md = decode_metadata(f.read(), "ck")
     section = md.sections["dataloader"]
-    assert section.num_parts == 12 and md.format_version == 2
+    assert section.num_parts == 12 and md.format_version == 3
     assert sum(k.startswith("dataloader/part-") for k in md.blobs) == 12
     want = all_tokens(sources)
     for ws in (3, 1):

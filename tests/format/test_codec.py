@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from format_sums import chunk_sums
 
 from unickpt.errors import CorruptMetadataError, UnsupportedFormatVersionError
 from unickpt.format import (
@@ -23,6 +24,7 @@ from unickpt.format import (
     decode_metadata,
     encode_metadata,
 )
+from unickpt.format.checksums import ChunkChecksums
 
 FILES = ("data/s1/r00000-00.bin", "data/s1/r00001-00.bin")
 
@@ -34,13 +36,13 @@ def sample() -> Metadata:
         "float32",
         (5, 3),
         (
-            ShardRecord((0, 0), (3, 3), 0, 0, 36, 123),
-            ShardRecord((3, 0), (2, 3), 1, 0, 24, 0xFFFFFFFF),
+            ShardRecord((0, 0), (3, 3), 0, 0, 36),
+            ShardRecord((3, 0), (2, 3), 1, 0, 24),
         ),
     )
-    scalar = TensorRecord("optimizer.state.w.step", "float32", (), (ShardRecord((), (), 0, 36, 4, 7),))
-    half = TensorRecord("model.b", "bfloat16", (4,), (ShardRecord((0,), (4,), 1, 24, 8, 9),))
-    empty = TensorRecord("model.empty", "int64", (0, 4), (ShardRecord((0, 0), (0, 4), 1, 32, 0, 0),))
+    scalar = TensorRecord("optimizer.state.w.step", "float32", (), (ShardRecord((), (), 0, 36, 4),))
+    half = TensorRecord("model.b", "bfloat16", (4,), (ShardRecord((0,), (4,), 1, 24, 8),))
+    empty = TensorRecord("model.empty", "int64", (0, 4), (ShardRecord((0, 0), (0, 4), 1, 32, 0),))
     return Metadata(
         format_version=FORMAT_VERSION,
         save_id="s1",
@@ -50,10 +52,12 @@ def sample() -> Metadata:
         tensors={t.fqn: t for t in (w, scalar, half, empty)},
         objects={"optimizer": {"param_groups": [{"lr": 0.01, "params": ["w"]}]}},
         blobs={
-            "extra_state/rank0": BlobRecord("extra_state/rank0", 0, 40, 17, 5),
-            "extra_state/rank1": BlobRecord("extra_state/rank1", 1, 32, 17, 6),
+            "extra_state/rank0": BlobRecord("extra_state/rank0", 0, 40, 17),
+            "extra_state/rank1": BlobRecord("extra_state/rank1", 1, 32, 17),
         },
         role="actor",
+        # file 0 ends with blob rank0 at 57, file 1 with blob rank1 at 49: one chunk each
+        checksums=ChunkChecksums.from_files(4096, [(57, [123]), (49, [0xFFFFFFFF])]),
     )
 
 
@@ -73,7 +77,7 @@ def test_round_trip_is_identity() -> None:
 
 
 def test_round_trip_without_optional_fields() -> None:
-    md = Metadata(FORMAT_VERSION, "x", 0.0, Topology("torch", 1), (), {})
+    md = Metadata(FORMAT_VERSION, "x", 0.0, Topology("torch", 1), (), {}, checksums=ChunkChecksums(1 << 20, (), b""))
     assert decode_metadata(encode_metadata(md)) == md
 
 
@@ -82,7 +86,8 @@ def test_encoding_is_compact_json_without_pickle() -> None:
     text = data.decode("utf-8")
     assert json.loads(text)["magic"] == "unickpt"
     assert " " not in text.split('"objects"')[0]  # separators without spaces
-    assert json.loads(text)["tensors"]["model.w"]["shards"][0] == [0, 0, 3, 3, 0, 0, 36, 123]
+    assert json.loads(text)["tensors"]["model.w"]["shards"][0] == [0, 0, 3, 3, 0, 0]  # no length, no checksum
+    assert json.loads(text)["checksums"]["file_sizes"] == [57, 49]
 
 
 def test_total_tensor_bytes() -> None:
@@ -102,7 +107,7 @@ def _set(fn: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
 BAD: dict[str, tuple[Callable[[dict[str, Any]], None], list[str]]] = {
     # shard box [3, 0]+[3, 3] pokes out of the 5 rows
     "shard outside the shape": (lambda d: _shard(d, i=1).__setitem__(2, 3), ["model.w", "outside"]),
-    "wrong byte length": (lambda d: _shard(d).__setitem__(6, 35), ["model.w", "byte length"]),
+    "range past the file's end": (lambda d: _shard(d, i=1).__setitem__(5, 49), ["model.w", "ends past the 49 bytes"]),
     "overlapping byte ranges": (lambda d: _shard(d, "model.b").__setitem__(3, 20), ["overlap", "model.b"]),
     "file index out of range": (lambda d: _shard(d).__setitem__(4, 2), ["model.w", "file #2"]),
     "negative offset": (lambda d: _shard(d).__setitem__(0, -1), ["model.w", "-1"]),
@@ -111,7 +116,13 @@ BAD: dict[str, tuple[Callable[[dict[str, Any]], None], list[str]]] = {
     "string field": (lambda d: _shard(d).__setitem__(5, "0"), ["model.w", "'0'"]),
     "bool field": (lambda d: _shard(d).__setitem__(5, True), ["model.w", "True"]),
     "non-string dtype": (lambda d: d["tensors"]["model.b"].__setitem__("dtype", 4), ["model.b", "dtype"]),
-    "checksum out of range": (lambda d: _shard(d).__setitem__(7, 1 << 32), ["model.w", "checksum"]),
+    "too few checksums": (lambda d: d["checksums"].__setitem__("crcs", "AAAAAA=="), ["checksums.crcs"]),
+    "checksums not base64": (lambda d: d["checksums"].__setitem__("crcs", "!!!!!!!!!!!!"), ["base64"]),
+    "unknown checksum": (lambda d: d["checksums"].__setitem__("algorithm", "md5"), ["'md5'"]),
+    "tiny chunk size": (lambda d: d["checksums"].__setitem__("chunk_size", 1), ["chunk_size"]),
+    "file sizes per file": (lambda d: d["checksums"]["file_sizes"].pop(), ["1 sizes for 2 files"]),
+    "negative file size": (lambda d: d["checksums"]["file_sizes"].__setitem__(0, -1), ["file_sizes"]),
+    "missing checksums": (lambda d: d.pop("checksums"), ["checksums"]),
     "shard row too short": (lambda d: _shard(d).pop(), ["model.w", "wrong length"]),
     "shards leave a gap": (lambda d: d["tensors"]["model.w"]["shards"].pop(1), ["model.w", "cover"]),
     "shards overlap in the tensor": (lambda d: _shard(d, i=1).__setitem__(0, 2), ["model.w", "(2, 0)+(2, 3)"]),
@@ -199,11 +210,10 @@ def _many_shards_md(rows: int = 100) -> Metadata:
     from unickpt.format.codec import TABLE_FROM
 
     assert rows >= TABLE_FROM
-    shards = tuple(ShardRecord((r * 2, 0), (2, 3), r % 4, r * 64, 24, r) for r in range(rows))
+    shards = tuple(ShardRecord((r * 2, 0), (2, 3), r % 4, r * 64, 24) for r in range(rows))
     rec = TensorRecord("model.big", "float32", (2 * rows, 3), shards)
-    return Metadata(
-        1, "sid", 1.0, Topology("fsdp2", 4), tuple(f"data/s/r{r:05d}-00.bin" for r in range(4)), {"model.big": rec}
-    )
+    files = tuple(f"data/s/r{r:05d}-00.bin" for r in range(4))
+    return Metadata(3, "sid", 1.0, Topology("fsdp2", 4), files, {"model.big": rec}, checksums=chunk_sums(files, [rec]))
 
 
 def test_binary_shard_table_round_trip():
@@ -221,8 +231,7 @@ def test_binary_shard_table_round_trip():
         (lambda a: a.__setitem__((5, 0), -1), ["model.big", "row 5", "negative"]),
         (lambda a: a.__setitem__((7, 0), 10**6), ["model.big", "row 7", "outside"]),
         (lambda a: a.__setitem__((3, 4), 99), ["model.big", "row 3", "file index"]),
-        (lambda a: a.__setitem__((9, 6), 25), ["model.big", "row 9", "byte length"]),
-        (lambda a: a.__setitem__((2, 7), 1 << 40), ["model.big", "row 2", "checksum"]),
+        (lambda a: a.__setitem__((9, 5), 1 << 20), ["model.big", "ends past"]),
         (lambda a: a.__setitem__((4, 0), 6), ["model.big", "overlap"]),
     ],
 )
@@ -234,7 +243,7 @@ def test_binary_shard_table_rejects_bad_rows(corrupt, words):
 
     doc = _json.loads(encode_metadata(_many_shards_md()))
     entry = doc["tensors"]["model.big"]
-    arr = np.frombuffer(base64.b64decode(entry["shard_table"]), dtype="<i8").reshape(-1, 8).copy()
+    arr = np.frombuffer(base64.b64decode(entry["shard_table"]), dtype="<i8").reshape(-1, 6).copy()
     corrupt(arr)
     entry["shard_table"] = base64.b64encode(arr.astype("<i8").tobytes()).decode()
     with pytest.raises(CorruptMetadataError) as ei:

@@ -14,6 +14,7 @@ import base64
 import json
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -44,7 +45,9 @@ from unickpt.format import (
     encode_metadata,
     v1,
     v2,
+    v3,
 )
+from unickpt.format.checksums import RangeChecksums
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
 
@@ -87,8 +90,9 @@ def codec_with(*section_codecs: SectionCodec[Any]) -> MetadataCodec:
     return MetadataCodec(sections=SectionRegistry(section_codecs))
 
 
-def base_md(**changes: Any) -> Metadata:
-    w = TensorRecord("model.w", "float32", (2, 2), (ShardRecord((0, 0), (2, 2), 0, 0, 16, 5),))
+def base_md(crcs: Callable[[int], int] = lambda i: 5, **changes: Any) -> Metadata:
+    """Metadata with one checksum per shard (versions 1 and 2): shard i's is ``crcs(i)``."""
+    w = TensorRecord("model.w", "float32", (2, 2), (ShardRecord((0, 0), (2, 2), 0, 0, 16),))
     fields: dict[str, Any] = dict(
         format_version=1,
         save_id="s1",
@@ -98,6 +102,9 @@ def base_md(**changes: Any) -> Metadata:
         tensors={"model.w": w},
     )
     fields.update(changes)
+    shards = [s for t in fields["tensors"].values() for s in t.shards]
+    units = tuple((s.file_index, s.byte_offset, s.byte_length, crcs(i)) for i, s in enumerate(shards))
+    fields.setdefault("checksums", RangeChecksums(units))
     return Metadata(**fields)
 
 
@@ -118,11 +125,12 @@ V2_BYTES = (
 
 
 def test_issue11_reader_table_dispatches_on_format_version() -> None:
-    assert dict(READERS) == {1: v1.READER, 2: v2.READER} and dict(WRITERS) == {1: v1.WRITER, 2: v2.WRITER}
-    assert FORMAT_VERSION == max(READERS) == DEFAULT_CODEC.newest == 2
+    assert dict(READERS) == {1: v1.READER, 2: v2.READER, 3: v3.READER}
+    assert dict(WRITERS) == {1: v1.WRITER, 2: v2.WRITER, 3: v3.WRITER}
+    assert FORMAT_VERSION == max(READERS) == DEFAULT_CODEC.newest == 3
     assert decode_metadata(V1_BYTES).format_version == 1
-    with pytest.raises(UnsupportedFormatVersionError, match=r"format version 3; this unickpt reads versions 1..2"):
-        decode_metadata(V1_BYTES.replace(b'"format_version":1', b'"format_version":3'), "ck")
+    with pytest.raises(UnsupportedFormatVersionError, match=r"format version 4; this unickpt reads versions 1..3"):
+        decode_metadata(V1_BYTES.replace(b'"format_version":1', b'"format_version":4'), "ck")
 
 
 def test_issue11_metadata_without_sections_stays_version_1_byte_for_byte() -> None:
@@ -296,8 +304,8 @@ def test_unknown_optional_sections_warn_once_per_decode() -> None:
 # --------------------------------------------------------------------------- adding a version (test only)
 
 
-class V3Reader:
-    """Version 3 as the scale issue might define it: version 2 plus ``"even"`` tensor entries, one
+class V4Reader:
+    """A version 4 as a future release might define it: version 2 plus ``"even"`` tensor entries, one
     row per tensor for an even split along dimension 0 (``[parts, file_index, byte_offset,
     [crc per part]]``: part p in file ``file_index`` at ``byte_offset + p * part_bytes``). The
     reader expands them into version-1 shard rows and hands the document to version 2's reader,
@@ -319,16 +327,17 @@ class V3Reader:
                         for p in range(parts)
                     ],
                 }
-        return replace(v2.READER.read(doc, source, sections), format_version=3)
+        return replace(v2.READER.read(doc, source, sections), format_version=4)
 
 
-class V3Writer:
+class V4Writer:
     def can_write(self, md: Metadata, sections: SectionRegistry) -> bool:
         return True
 
     def write(self, md: Metadata, sections: SectionRegistry) -> dict[str, Any]:
         doc = v2.WRITER.write(md, sections)
-        doc["format_version"] = 3
+        doc["format_version"] = 4
+        assert isinstance(md.checksums, RangeChecksums)
         for fqn, t in md.tensors.items():
             s = t.shards
             if (
@@ -339,20 +348,26 @@ class V3Writer:
                 doc["tensors"][fqn] = {
                     "dtype": t.dtype,
                     "shape": list(t.shape),
-                    "even": [len(s), s[0].file_index, s[0].byte_offset, [x.crc32c for x in s]],
+                    "even": [
+                        len(s),
+                        s[0].file_index,
+                        s[0].byte_offset,
+                        [md.checksums.crc_of(x.file_index, x.byte_offset, x.byte_length) for x in s],
+                    ],
                 }
         return doc
 
 
 def test_issue11_a_new_version_is_added_without_touching_the_old_ones() -> None:
-    codec = codec_with(sampler_codec()).with_version(3, V3Reader(), V3Writer())
-    shards = tuple(ShardRecord((2 * p, 0), (2, 3), 0, 24 * p, 24, 100 + p) for p in range(4))
-    md = base_md(tensors={"w": TensorRecord("w", "float32", (8, 3), shards)}, sections={"sampler": STATE})
+    codec = codec_with(sampler_codec()).with_version(4, V4Reader(), V4Writer())
+    shards = tuple(ShardRecord((2 * p, 0), (2, 3), 0, 24 * p, 24) for p in range(4))
+    tensors = {"w": TensorRecord("w", "float32", (8, 3), shards)}
+    md = base_md(lambda p: 100 + p, tensors=tensors, sections={"sampler": STATE})
     assert json.loads(codec.encode(md))["format_version"] == 2  # the lowest version that can say it
-    raw = codec.encode(replace(md, format_version=3))
+    raw = codec.encode(replace(md, format_version=4))
     doc = json.loads(raw)
     assert doc["tensors"]["w"] == {"dtype": "float32", "shape": [8, 3], "even": [4, 0, 0, [100, 101, 102, 103]]}
-    assert codec.decode(raw) == replace(md, format_version=3)
+    assert codec.decode(raw) == replace(md, format_version=4)
     assert codec.decode(V1_BYTES) == decode_metadata(V1_BYTES)  # version 1 read as before
     with pytest.raises(UnsupportedFormatVersionError, match="Upgrade unickpt"):
         decode_metadata(raw)  # today's unickpt
@@ -368,8 +383,9 @@ def test_v1_reader_ignores_a_sections_key() -> None:
 
 
 def test_table_form_is_version_1_in_both_versions() -> None:
-    shards = tuple(ShardRecord((r, 0), (1, 2), 0, 8 * r, 8, r) for r in range(v1.TABLE_FROM))
-    md = base_md(tensors={"t": TensorRecord("t", "float32", (v1.TABLE_FROM, 2), shards)}, sections={"sampler": STATE})
+    shards = tuple(ShardRecord((r, 0), (1, 2), 0, 8 * r, 8) for r in range(v1.TABLE_FROM))
+    tensors = {"t": TensorRecord("t", "float32", (v1.TABLE_FROM, 2), shards)}
+    md = base_md(lambda r: r, tensors=tensors, sections={"sampler": STATE})
     codec = codec_with(sampler_codec())
     doc = json.loads(codec.encode(md))
     table = np.frombuffer(base64.b64decode(doc["tensors"]["t"]["shard_table"]), dtype="<i8").reshape(-1, 8)

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from format_sums import chunk_sums
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -164,10 +165,13 @@ def metadata_bytes(shape: tuple[int, ...], boxes: list[Box]) -> bytes:
     shards, offset = [], 0
     for offs, lens in boxes:
         nbytes = math.prod(lens) * 4
-        shards.append(ShardRecord(offs, lens, 0, offset, nbytes, 0))
+        shards.append(ShardRecord(offs, lens, 0, offset, nbytes))
         offset += nbytes
     rec = TensorRecord("w", "float32", shape, tuple(shards))
-    return encode_metadata(Metadata(1, "s", 0.0, Topology("torch", 1), ("data/s/r00000-00.bin",), {"w": rec}))
+    files = ("data/s/r00000-00.bin",)
+    return encode_metadata(
+        Metadata(1, "s", 0.0, Topology("torch", 1), files, {"w": rec}, checksums=chunk_sums(files, [rec]))
+    )
 
 
 def executed_lines(fn: Callable[[], Any]) -> int:

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unickpt.errors import PlanningError
+from unickpt.format.checksums import ChunkChecksums, chunk_crcs
 from unickpt.format.records import Metadata, ShardRecord, TensorRecord, Topology
 from unickpt.format.transforms import (
     Rows,
@@ -48,25 +49,32 @@ def saved(draw):
         for r0, r1 in zip(rcuts, rcuts[1:]):
             for c0, c1 in zip(ccuts, ccuts[1:]):
                 data = np.ascontiguousarray(a[r0:r1, c0:c1]).tobytes()
-                shards.append(ShardRecord((r0, c0), (r1 - r0, c1 - c0), 0, len(blob), len(data), crc32c.crc32c(data)))
+                shards.append(ShardRecord((r0, c0), (r1 - r0, c1 - c0), 0, len(blob), len(data)))
                 blob += data
                 blob += b"\0" * (-len(blob) % 64)
         tensors[key] = TensorRecord(key, "int32", (rows, cols), tuple(shards))
-    md = Metadata(2, "s", 0.0, Topology("torch", 1), ("f",), tensors)
+    md = Metadata(3, "s", 0.0, Topology("torch", 1), ("f",), tensors, checksums=_sums(blob))
     return md, arrays, bytes(blob)
 
 
+def _sums(blob: bytes | bytearray) -> ChunkChecksums:
+    """Checksums of 64-byte chunks of the one data file ``blob`` (small, so that shards span
+    several chunks and chunks several shards)."""
+    return ChunkChecksums.from_files(64, [(len(blob), chunk_crcs([bytes(blob)], 64))])
+
+
 def read_back(md: Metadata, key: str, blob: bytes) -> np.ndarray:
-    """Assemble ``key`` from its shard records as a reader must: whole saved shard, checksum,
-    then the part (for windows)."""
+    """Assemble ``key`` from its shard records as a reader must: the checksum units covering each
+    shard's bytes verified, then its bytes used."""
     rec = md.tensors[key]
     out = np.full(rec.shape, -1, dtype=np.int32)
+    assert md.checksums is not None
     for s in rec.shards:
-        w = s.window
-        start, length, crc = (w.byte_offset, w.byte_length, w.crc32c) if w else (s.byte_offset, s.byte_length, s.crc32c)
-        whole = blob[start : start + length]
-        assert crc32c.crc32c(whole) == crc
-        part = whole[s.byte_offset - start : s.byte_offset - start + s.byte_length]
+        units = md.checksums.cover(s.file_index, s.byte_offset, s.byte_offset + s.byte_length)
+        assert units.lo <= s.byte_offset and s.byte_offset + s.byte_length <= units.hi
+        for a, b, crc in zip(units.starts, units.ends, units.crcs):
+            assert crc32c.crc32c(blob[a:b]) == crc
+        part = blob[s.byte_offset : s.byte_offset + s.byte_length]
         box = np.frombuffer(part, dtype=np.int32).reshape(s.lengths)
         sl = tuple(slice(o, o + n) for o, n in zip(s.offsets, s.lengths))
         assert (out[sl] == -1).all(), "two shards cover one element"
@@ -104,20 +112,21 @@ def test_fused_split_and_fuse_helpers_match_numpy():
     shards, blob = [], bytearray()
     for r0, r1 in ((0, 4), (4, 9)):  # the boundary at 4 straddles q|k (3) and k|v (6)
         d = a[r0:r1].tobytes()
-        shards.append(ShardRecord((r0, 0), (r1 - r0, 4), 0, len(blob), len(d), crc32c.crc32c(d)))
+        shards.append(ShardRecord((r0, 0), (r1 - r0, 4), 0, len(blob), len(d)))
         blob += d
     md = Metadata(
-        2,
+        3,
         "s",
         0.0,
         Topology("torch", 1),
         ("f",),
         {"model.qkv": TensorRecord("model.qkv", "int32", (9, 4), tuple(shards))},
+        checksums=_sums(blob),
     )
     out = derive(md, split_rows("model.qkv", [("model.q", 3), ("model.k", 3), ("model.v", 3)]))
     for i, k in enumerate(("model.q", "model.k", "model.v")):
         assert np.array_equal(read_back(out, k, bytes(blob)), a[3 * i : 3 * i + 3])
-    # a window of a derived tensor keeps pointing at the saved shard when derived again
+    # a derived tensor derived again still points into the saved bytes
     again = derive(out, [fuse_rows("model.kv", [("model.k", 3), ("model.v", 3)])])
     assert np.array_equal(read_back(again, "model.kv", bytes(blob)), a[3:9])
 
@@ -127,10 +136,8 @@ def test_megatron_interleaved_qkv_split_and_fuse_match_numpy():
     rows = groups * (hpg + 2) * hd
     w = np.arange(rows * cols, dtype=np.int32).reshape(rows, cols)
     blob = w.tobytes()
-    rec = TensorRecord(
-        "model.qkv", "int32", (rows, cols), (ShardRecord((0, 0), (rows, cols), 0, 0, len(blob), crc32c.crc32c(blob)),)
-    )
-    md = Metadata(2, "s", 0.0, Topology("torch", 1), ("f",), {"model.qkv": rec})
+    rec = TensorRecord("model.qkv", "int32", (rows, cols), (ShardRecord((0, 0), (rows, cols), 0, 0, len(blob)),))
+    md = Metadata(3, "s", 0.0, Topology("torch", 1), ("f",), {"model.qkv": rec}, checksums=_sums(blob))
     out = derive(
         md,
         megatron_qkv_split(
@@ -154,7 +161,7 @@ def test_megatron_interleaved_qkv_split_and_fuse_match_numpy():
 
 def _one(shape=(6, 2), dtype="int32", key="model.a"):
     n = int(np.prod(shape)) * 4
-    return TensorRecord(key, dtype, shape, (ShardRecord((0,) * len(shape), shape, 0, 0, n, 0),))
+    return TensorRecord(key, dtype, shape, (ShardRecord((0,) * len(shape), shape, 0, 0, n),))
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from format_sums import chunk_sums
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -51,7 +52,7 @@ def _md(**changes: Any) -> Metadata:
         "model.w",
         "float32",
         (4, 3),
-        (ShardRecord((0, 0), (2, 3), 0, 0, 24, 1), ShardRecord((2, 0), (2, 3), 1, 0, 24, 2)),
+        (ShardRecord((0, 0), (2, 3), 0, 0, 24), ShardRecord((2, 0), (2, 3), 1, 0, 24)),
     )
     fields: dict[str, Any] = dict(
         format_version=1,
@@ -60,9 +61,10 @@ def _md(**changes: Any) -> Metadata:
         topology=Topology("torch", 2),
         files=("data/s/a.bin", "data/s/b.bin"),
         tensors={"model.w": w},
-        blobs={"extra_state/rank0": BlobRecord("extra_state/rank0", 0, 64, 10, 3)},
+        blobs={"extra_state/rank0": BlobRecord("extra_state/rank0", 0, 64, 10)},
     )
     fields.update(changes)
+    fields.setdefault("checksums", chunk_sums(fields["files"], fields["tensors"], fields["blobs"]))
     return Metadata(**fields)
 
 
@@ -102,19 +104,17 @@ def test_issue11_validate_metadata_checks_records_built_in_memory() -> None:
     validate_metadata(_md())
     bad = _md(
         files=("data/s/a.bin", "data/s/a.bin"),
-        blobs={"k": BlobRecord("k", 0, 8, 100, 3)},  # overlaps model.w's rows [0, 2) in a.bin
+        blobs={"k": BlobRecord("k", 0, 8, 100)},  # overlaps model.w's rows [0, 2) in a.bin
     )
     with pytest.raises(CorruptMetadataError) as info:
         validate_metadata(bad, "mem")
     assert "'data/s/a.bin' is listed twice" in str(info.value)
-    gap = _md(
-        tensors={"model.w": TensorRecord("model.w", "float32", (4, 3), (ShardRecord((0, 0), (2, 3), 0, 0, 24, 1),))}
-    )
+    gap = _md(tensors={"model.w": TensorRecord("model.w", "float32", (4, 3), (ShardRecord((0, 0), (2, 3), 0, 0, 24),))})
     with pytest.raises(
         CorruptMetadataError, match=r"mem: tensor 'model.w': the shards do not cover the shape \(4, 3\)"
     ):
         validate_metadata(gap, "mem")
-    overlap = _md(blobs={"k": BlobRecord("k", 0, 8, 100, 3)})
+    overlap = _md(blobs={"k": BlobRecord("k", 0, 8, 100)})
     with pytest.raises(CorruptMetadataError, match="byte ranges of 'model.w' and 'k' overlap in data/s/a.bin"):
         validate_metadata(overlap)
 
@@ -128,7 +128,7 @@ def _spec(fqn: str, shape: tuple[int, ...], dtype: str = "float32") -> ShardSpec
 
 def _targets_md() -> Metadata:
     def rec(fqn: str, shape: tuple[int, ...], dtype: str = "float32") -> TensorRecord:
-        return TensorRecord(fqn, dtype, shape, (ShardRecord((0,) * len(shape), shape, 0, 0, 4 * math.prod(shape), 0),))
+        return TensorRecord(fqn, dtype, shape, (ShardRecord((0,) * len(shape), shape, 0, 0, 4 * math.prod(shape)),))
 
     return _md(tensors={r.fqn: r for r in (rec("a", (2,)), rec("b", (3,)), rec("old", (1,)))}, blobs={})
 
@@ -254,22 +254,22 @@ def tables(draw: Callable[..., Any]) -> tuple[tuple[int, ...], int, np.ndarray, 
     for _ in range(draw(st.integers(0, 5))):
         offs = [draw(st.integers(0, s)) for s in shape]
         lens = [draw(st.integers(0, s - o)) for s, o in zip(shape, offs)]
-        row = [*offs, *lens, draw(st.integers(0, nfiles - 1)), draw(st.integers(0, 99)), 0, draw(st.integers(0, 9))]
-        row[-2] = math.prod(lens) * isz
+        row = [*offs, *lens, draw(st.integers(0, nfiles - 1)), draw(st.integers(0, 99)), 0]
+        row[-1] = math.prod(lens) * isz
         for _ in range(draw(st.integers(0, 2))):  # break a field or two
             row[draw(st.integers(0, len(row) - 1))] = draw(value)
         rows.append(row)
-    return shape, isz, np.array(rows, dtype=np.int64).reshape(len(rows), 2 * len(shape) + 4), nfiles
+    return shape, isz, np.array(rows, dtype=np.int64).reshape(len(rows), 2 * len(shape) + 3), nfiles
 
 
 def _row_oracle(shape: tuple[int, ...], isz: int, table: np.ndarray, nfiles: int) -> bool:
     """Oracle: every row in bounds, row by row, as the format's rules state them."""
     nd = len(shape)
     for row in table.tolist():
-        offs, lens, (fidx, boff, blen, crc) = row[:nd], row[nd : 2 * nd], row[2 * nd :]
+        offs, lens, (fidx, boff, blen) = row[:nd], row[nd : 2 * nd], row[2 * nd :]
         if any(v < 0 or v > MAX_BYTES for v in row) or any(o + n > s for o, n, s in zip(offs, lens, shape)):
             return False
-        if fidx >= nfiles or boff + blen > MAX_BYTES or blen != math.prod(lens) * isz or crc >= 1 << 32:
+        if fidx >= nfiles or boff + blen > MAX_BYTES or blen != math.prod(lens) * isz:
             return False
     return True
 

@@ -10,9 +10,12 @@ from unickpt.planning.read_assignment import assign_reads
 
 
 def _md(sizes: list[int]) -> Metadata:
+    """One file holding the tensors one after the other (each at the next 64-byte boundary)."""
     tensors = {}
+    pos = 0
     for i, n in enumerate(sizes):
-        tensors[f"t{i}"] = TensorRecord(f"t{i}", "uint8", (n,), (ShardRecord((0,), (n,), 0, 0, n, 0),))
+        tensors[f"t{i}"] = TensorRecord(f"t{i}", "uint8", (n,), (ShardRecord((0,), (n,), 0, pos, n),))
+        pos += -(-n // 64) * 64
     return Metadata(1, "x", 0.0, Topology("torch", 1), ("f",), tensors)
 
 
@@ -63,7 +66,7 @@ def test_vectorized_intersection_matches_scalar_path(monkeypatch):
         for i in range(parts):
             o, n = chunk_bounds(shape[0], parts, i)
             if n:
-                shards.append(ShardRecord((o, 0), (n, shape[1]), 0, 0, n * shape[1] * 4, 0))
+                shards.append(ShardRecord((o, 0), (n, shape[1]), 0, 0, n * shape[1] * 4))
         md = Metadata(1, "x", 0.0, Topology("t", 1), ("f",), {"w": TensorRecord("w", "float32", shape, tuple(shards))})
         tparts = rng.randint(1, 7)
         specs = []
@@ -75,3 +78,26 @@ def test_vectorized_intersection_matches_scalar_path(monkeypatch):
             m.setattr(shard_index, "INDEX_FROM", 10**9)  # every tensor scanned
             slow = load_plan.plan_local_load(md, specs)
         assert fast == slow
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(1, 3000), min_size=1, max_size=30), st.integers(2, 6), st.sampled_from([64, 1024, 4096]))
+def test_chunk_aligned_segments_read_each_chunk_once(sizes, world, chunk):
+    """With checksum chunks, shared shards are taken in segments cut only between chunks: no
+    chunk is read by two readers, and each segment has one reader (any consumer of it)."""
+    md = _md(sizes)
+    needs = [[(f"t{i}", 0) for i in range(len(sizes))] for _ in range(world)]  # every rank needs all
+
+    def cover(f, lo, hi):
+        return lo // chunk * chunk, -(-hi // chunk) * chunk
+
+    batches = assign_reads(md, needs, cover=cover, segment_bytes=4 * chunk)
+    read_by = {}
+    for b in batches:
+        for k in b.keys:
+            s = md.tensors[k[0]].shards[k[1]]
+            lo, hi = cover(0, s.byte_offset, s.byte_offset + s.byte_length)
+            for c in range(lo // chunk, hi // chunk):
+                read_by.setdefault(c, set()).add(b.reader)
+    assert all(len(r) == 1 for r in read_by.values()), read_by
+    assert sorted(k for b in batches for k in b.keys) == sorted((f"t{i}", 0) for i in range(len(sizes)))

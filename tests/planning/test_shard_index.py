@@ -103,7 +103,7 @@ def _metadata(shape: tuple[int, ...], boxes: list[Box], stored_order: str, rnd) 
     elif stored_order == "shuffled":  # e.g. derived tensors, older writers
         boxes = list(boxes)
         rnd.shuffle(boxes)
-    shards = tuple(ShardRecord(o, n, 0, 0, 4 * math.prod(n), 0) for o, n in boxes)
+    shards = tuple(ShardRecord(o, n, 0, 0, 4 * math.prod(n)) for o, n in boxes)
     return Metadata(1, "x", 0.0, Topology("t", 1), ("f",), {"w": TensorRecord("w", "float32", shape, shards)})
 
 

@@ -14,6 +14,7 @@ import unickpt
 from harness import run_ranks
 from rel_helpers import tiny_model
 from rel_workers import corrupt_load_worker, fsdp2_save_worker
+from unickpt.format import decode_metadata
 from unickpt.format.records import FORMAT_VERSION, METADATA_FILE
 from unickpt.tools.toy import build
 
@@ -22,13 +23,11 @@ KINDS = ["flip", "truncate", "delete", "metadata"]
 
 def _rank1_file(ckpt: str) -> tuple[str, int]:
     """A data file written by rank 1 and the byte offset of the middle of one of its shards."""
-    md = json.loads(open(os.path.join(ckpt, METADATA_FILE), "rb").read())
-    for t in md["tensors"].values():
-        nd = len(t["shape"])
-        for row in t["shards"]:
-            fidx, boff, blen = row[2 * nd], row[2 * nd + 1], row[2 * nd + 2]
-            if "/r00001-" in md["files"][fidx] and blen >= 64:
-                return md["files"][fidx], boff + blen // 2
+    md = decode_metadata(open(os.path.join(ckpt, METADATA_FILE), "rb").read())
+    for t in md.tensors.values():
+        for s in t.shards:
+            if "/r00001-" in md.files[s.file_index] and s.byte_length >= 64:
+                return md.files[s.file_index], s.byte_offset + s.byte_length // 2
     raise AssertionError("rank 1 wrote no shard")
 
 

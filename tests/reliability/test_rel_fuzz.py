@@ -234,11 +234,12 @@ _NOTE_CODEC = MetadataCodec(
 
 @pytest.fixture(scope="module")
 def valid_v2(valid):
-    """The real checkpoint's metadata with a section: a version-2 document."""
+    """The real checkpoint's metadata with a section: a document with sections (version 3, as
+    saves write it; version 2 carries sections the same way)."""
     raw, _doc, specs = valid
     md = replace(decode_metadata(raw), sections={"fuzz.note": _Note("resume", (3, 1, 4))})
     raw2 = _NOTE_CODEC.encode(md)
-    assert json.loads(raw2)["format_version"] == 2
+    assert json.loads(raw2)["format_version"] == 3
     return raw2, json.loads(raw2), specs
 
 

@@ -3,6 +3,7 @@ anything is allocated."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import pickle
@@ -76,6 +77,19 @@ def _save(tmp_path, extra=None):
     return ckpt, json.loads(open(os.path.join(ckpt, METADATA_FILE), "rb").read())
 
 
+def _rechecksum(ckpt: str, md: dict) -> None:
+    """Make the metadata's checksums match the data files as they are now (sizes and the CRC32C
+    of every chunk): a hostile writer can always do that."""
+    chunk = md["checksums"]["chunk_size"]
+    sizes, crcs = [], b""
+    for name in md["files"]:
+        data = open(os.path.join(ckpt, name), "rb").read()
+        sizes.append(len(data))
+        crcs += b"".join(crc32c.crc32c(data[i : i + chunk]).to_bytes(4, "little") for i in range(0, len(data), chunk))
+    md["checksums"]["file_sizes"] = sizes
+    md["checksums"]["crcs"] = base64.b64encode(crcs).decode()
+
+
 def _load(ckpt):
     model, optim = tiny_model(seed=9)
     state = {"model": model, "optimizer": optim, "extra_state": None}
@@ -100,7 +114,8 @@ def test_pickle_inside_the_extra_state_blob(tmp_path, payload, no_unpickling):
     evil_file = md["files"][0].rsplit("/", 1)[0] + "/evil.bin"
     open(os.path.join(ckpt, evil_file), "wb").write(data)
     md["files"].append(evil_file)
-    md["blobs"]["extra_state/rank0"] = [len(md["files"]) - 1, 0, len(data), crc32c.crc32c(data)]
+    md["blobs"]["extra_state/rank0"] = [len(md["files"]) - 1, 0, len(data)]
+    _rechecksum(ckpt, md)
     open(os.path.join(ckpt, METADATA_FILE), "w").write(json.dumps(md))
     with pytest.raises(unickpt.CorruptMetadataError, match="extra_state/rank0"):
         _load(ckpt)
@@ -121,12 +136,13 @@ def test_pickle_as_tensor_bytes_is_just_numbers(tmp_path, payload, no_unpickling
     ckpt, md = _save(tmp_path)
     t = md["tensors"]["model.0.weight"]  # float32 [16, 8] = 512 bytes
     nd = len(t["shape"])
-    fidx, boff, blen = t["shards"][0][2 * nd : 2 * nd + 3]
+    fidx, boff = t["shards"][0][2 * nd : 2 * nd + 2]
+    blen = 4 * 16 * 8
     raw = (data * (blen // len(data) + 1))[:blen]
     with open(os.path.join(ckpt, md["files"][fidx]), "r+b") as f:
         f.seek(boff)
         f.write(raw)
-    t["shards"][0][2 * nd + 3] = crc32c.crc32c(raw)
+    _rechecksum(ckpt, md)
     open(os.path.join(ckpt, METADATA_FILE), "w").write(json.dumps(md))
     state = _load(ckpt)
     got = state["model"][0].weight.detach().contiguous().view(torch.uint8).reshape(-1)
@@ -191,23 +207,27 @@ def _mutations(md: dict) -> dict[str, tuple[dict, str]]:
     out["overlapping byte ranges"] = (d, "CorruptMetadataError")
     d = clone()
     d["tensors"][w]["shards"][0][2 * nd + 1] = 1 << 40
-    out["offset beyond the file"] = (d, "TruncatedDataFileError")
+    out["offset beyond the file"] = (d, "CorruptMetadataError")  # past the file size the metadata records
     d = clone()
     d["tensors"][w]["shape"] = [10**15, 8]
     d["tensors"][w]["shards"][0][2:4] = [10**15, 8]
-    d["tensors"][w]["shards"][0][2 * nd + 2] = 10**15 * 8 * 4
     out["shape of 8e15 elements"] = (d, "CorruptMetadataError")
     d = clone()
     d["tensors"][w]["shape"] = [10**13, 8]
     d["tensors"][w]["shards"][0][2:4] = [10**13, 8]
-    d["tensors"][w]["shards"][0][2 * nd + 1 : 2 * nd + 3] = [1 << 30, 10**13 * 8 * 4]  # no overlap
-    out["shape of 8e13 elements"] = (d, "ShapeMismatchError")  # well-formed, refused vs the model
+    d["tensors"][w]["shards"][0][2 * nd + 1] = 1 << 30  # no overlap
+    # its bytes end past the recorded file size: claiming such a file needs 4 bytes of checksum
+    # per MiB of it, so a claim is bounded by the metadata's own size
+    out["shape of 8e13 elements"] = (d, "CorruptMetadataError")
+    d = clone()
+    d["checksums"]["file_sizes"][0] = 1 << 50
+    out["file of 2^50 bytes"] = (d, "CorruptMetadataError")
     d = clone()
     d["blobs"]["extra_state/rank0"][2] = 1 << 60
     out["blob of 2^60 bytes"] = (d, "CorruptMetadataError")
     d = clone()
     d["blobs"]["extra_state/rank0"][1:3] = [1 << 30, 1 << 40]  # past every other range
-    out["blob of 2^40 bytes"] = (d, "TruncatedDataFileError")
+    out["blob of 2^40 bytes"] = (d, "CorruptMetadataError")
     d = clone()
     d["tensors"][w]["shards"][0][2 * nd] = 10**9
     out["file index out of range"] = (d, "CorruptMetadataError")
@@ -239,4 +259,5 @@ def test_absurd_sizes_are_refused_before_any_allocation(tmp_path):
         assert kind == expected, (name, kind, msg)
         assert peak < 32 << 20, (name, peak)  # no big Python-side allocation either
     assert "absurd" in got["blob of 2^60 bytes"][1]
-    assert "truncated" in got["blob of 2^40 bytes"][1]
+    assert "ends past" in got["blob of 2^40 bytes"][1]
+    assert "chunk checksums need" in got["file of 2^50 bytes"][1]

@@ -8,6 +8,7 @@ deadline, so a regression fails the test instead of hanging or swapping the mach
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -359,19 +360,20 @@ def test_item11_sizes_claimed_by_metadata_are_refused_before_allocation(tmp_path
             f.truncate(size)
         md["files"].append(sparse)
         fidx = len(md["files"]) - 1
+        # the sparse file's size and chunk checksums (a chunk of zeros each) in the metadata
+        chunk = md["checksums"]["chunk_size"]
+        md["checksums"]["file_sizes"].append(size)
+        crcs = base64.b64decode(md["checksums"]["crcs"])
+        crcs += _crc_of_zeros(chunk).to_bytes(4, "little") * (size // chunk)
+        md["checksums"]["crcs"] = base64.b64encode(crcs).decode()
         if case == "blob":
-            md["blobs"]["extra_state/rank0"] = [fidx, 0, size, 0]
+            md["blobs"]["extra_state/rank0"] = [fidx, 0, size]
         elif case == "tensor":
-            shard = [0, 0, 1 << 31, 8, fidx, 0, size, 0]
+            shard = [0, 0, 1 << 31, 8, fidx, 0]
             md["tensors"]["model.0.weight"] = {"dtype": "float32", "shape": [1 << 31, 8], "shards": [shard]}
         else:
-            crc = _crc_of_zeros(size // 2)
-            md["tensors"]["big"] = {
-                "dtype": "uint8",
-                "shape": [size // 2],
-                "shards": [[0, size // 2, fidx, 0, size // 2, crc]],
-            }
-            md["blobs"]["big-blob"] = [fidx, size // 2, size // 2, crc]
+            md["tensors"]["big"] = {"dtype": "uint8", "shape": [size // 2], "shards": [[0, size // 2, fidx, 0]]}
+            md["blobs"]["big-blob"] = [fidx, size // 2, size // 2]
         (ckpt / METADATA_FILE).write_text(json.dumps(md))
         cases[case] = ("verify" if case == "verify" else "load", str(ckpt))
     got = _run_child(tmp_path, cases, deadline=120.0)

@@ -9,6 +9,8 @@ Scenarios
 - ``load``: a fresh FSDP2 model (any world size) loads it with the default (automatic) read
   deduplication; the report holds the host name, the bytes this rank read, the keys that
   differ from the reference and whether the next loss is the uninterrupted run's.
+- ``load_replicated``: a fresh DDP model (every rank needs every byte) loads it the same way;
+  the report holds the host name, the bytes read and forwarded, the keys that differ.
 - ``crash_in_commit``: save step 1, then the coordinator (rank 0) is SIGKILLed entering the
   metadata publication of the next save over the same folder: the lock stays behind.
 - ``save_again``: a new job tries to save over that folder (reporting the error it got).
@@ -50,7 +52,9 @@ def save(rank: int, ckpt: str) -> dict:
     model, optim = build("fsdp2", seed=0)
     for s in range(2):
         train_step(model, optim, s)
-    unickpt.save(ckpt, {"model": model, "optimizer": optim, "extra_state": {"step": 2}}, framework="fsdp2")
+    small_chunks = unickpt.SaveOptions(checksum_chunk_bytes=4096)  # a small model over many chunks
+    state = {"model": model, "optimizer": optim, "extra_state": {"step": 2}}
+    unickpt.save(ckpt, state, framework="fsdp2", options=small_chunks)
     ref = full_state(model, optim)
     ref["next_loss"] = torch.tensor(train_step(model, optim, 2), dtype=torch.float64)
     if rank == 0:
@@ -81,6 +85,27 @@ def load(rank: int, ckpt: str) -> dict:
         "loss_equal": loss == next_loss,
         "step": state["extra_state"]["step"],
     }
+
+
+def load_replicated(rank: int, ckpt: str) -> dict:
+    import torch
+
+    import unickpt
+    from support.reference import full_state
+    from unickpt.tools.toy import build
+
+    ref = torch.load(ckpt + ".ref.pt", weights_only=True)
+    ref.pop("next_loss")
+    fresh, fresh_optim = build("ddp", seed=1234)
+    read = _report_read_bytes(rank)
+    moved = [0]
+    unickpt.default_checkpointer().events.add_listener(
+        lambda ev: moved.__setitem__(0, moved[0] + int(ev.nbytes or 0)) if ev.phase == "load.transfer" else None
+    )
+    unickpt.load(ckpt, {"model": fresh, "optimizer": fresh_optim}, framework="ddp")
+    got = full_state(fresh, fresh_optim)
+    bad = sorted(k for k in set(ref) | set(got) if k not in got or k not in ref or not torch.equal(got[k], ref[k]))
+    return {"host": socket.gethostname(), "read_bytes": read[0], "moved_bytes": moved[0], "mismatched": bad}
 
 
 def crash_in_commit(rank: int, ckpt: str) -> dict:
@@ -124,9 +149,14 @@ def main() -> None:
     if ws > 1:
         dist.init_process_group("gloo", rank=rank, world_size=ws)
     try:
-        report = {"save": save, "load": load, "crash_in_commit": crash_in_commit, "save_again": save_again}[scenario](
-            rank, ckpt
-        )
+        scenarios = {
+            "save": save,
+            "load": load,
+            "load_replicated": load_replicated,
+            "crash_in_commit": crash_in_commit,
+            "save_again": save_again,
+        }
+        report = scenarios[scenario](rank, ckpt)
     finally:
         if ws > 1 and dist.is_initialized():
             dist.destroy_process_group()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from .outcomes import Outcome, disagreement, pack, stage_error
+from .store import StoreScope
 
 __all__ = ["Coordinator", "Settle", "run_stage"]
 
@@ -38,6 +39,10 @@ class Coordinator(Protocol):
     def isend(self, tensor: Any, dst: int, tag: int) -> Any: ...
 
     def irecv(self, tensor: Any, src: int, tag: int) -> Any: ...
+
+    # the job's key-value store, under keys of this coordinator's group, that the commit barrier
+    # reports through (coordination.barrier); None where there is none (one process)
+    def store_scope(self) -> StoreScope | None: ...
 
 
 @dataclass(frozen=True, slots=True)

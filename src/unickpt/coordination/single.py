@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .store import StoreScope
+
 __all__ = ["SingleProcessCoordinator"]
 
 
@@ -32,3 +34,6 @@ class SingleProcessCoordinator:
 
     def irecv(self, tensor: Any, src: int, tag: int) -> Any:
         raise RuntimeError("a single process has no peer to receive from")
+
+    def store_scope(self) -> StoreScope | None:
+        return None

@@ -26,7 +26,13 @@ semantics of ``TorchDistCoordinator`` that unickpt relies on:
     copies the tensor into the (src, dst, tag) mailbox at once (FIFO per key), ``wait()`` of a
     receive copies the next message into the given tensor (same dtype and size, else
     ``CollectiveError``).
+  * ``store_scope()``: the exchange's ``MemoryStore`` (``exchange.store``), for the commit
+    barrier (``coordination.barrier``).
 ``calls`` on each coordinator lists the collectives it made, in order (tests count round trips).
+
+``run_threads(..., tree=layout)`` gives each rank a ``TreeCoordinator`` (``coordination.tree``)
+instead: one exchange per group of ``layout`` (``topology.TreeLayout``), its flat coordinator on
+the exchange of every rank (``coord.flat``).
 """
 
 from __future__ import annotations
@@ -42,6 +48,9 @@ from typing import Any, TypeVar
 import torch
 
 from ..errors import CollectiveError, CollectiveTimeoutError
+from .store import MemoryStore, StoreScope
+from .topology import TreeLayout
+from .tree import TreeCoordinator
 
 __all__ = ["ThreadExchange", "ThreadCoordinator", "run_threads"]
 
@@ -80,11 +89,16 @@ class ThreadExchange:
         self._rounds: dict[int, _Round] = {}
         self._left: dict[int, tuple[int, str]] = {}  # rank -> (collectives it entered, how it left)
         self._mail: dict[tuple[int, int, int], deque[torch.Tensor]] = {}
+        self.store = MemoryStore(timeout)
 
-    def exchange(self, rank: int, seq: int, op: str, root: int | None, value: Any) -> dict[int, Any]:
+    def exchange(
+        self, rank: int, seq: int, op: str, root: int | None, value: Any, timeout: float | None = None
+    ) -> dict[int, Any]:
         """Hand ``value`` (already a private copy) to collective ``seq``; every rank's values
-        once all arrived. Raises ``CollectiveError`` / ``CollectiveTimeoutError``."""
+        once all arrived (waiting at most ``timeout``, default the exchange's). Raises
+        ``CollectiveError`` / ``CollectiveTimeoutError``."""
         what = f"{op} (collective #{seq})"
+        limit = self.timeout if timeout is None else timeout
         with self._cond:
             rnd = self._rounds.setdefault(seq, _Round(op, root))
             if (rnd.op, rnd.root) != (op, root) and not rnd.error:
@@ -95,7 +109,7 @@ class ThreadExchange:
                 )
             rnd.values[rank] = value
             self._cond.notify_all()
-            deadline = time.monotonic() + self.timeout
+            deadline = time.monotonic() + limit
             while True:
                 if rnd.error:
                     raise CollectiveError(rnd.error)
@@ -111,10 +125,9 @@ class ThreadExchange:
                     del rnd.values[rank]
                     missing = tuple(q for q in range(self.world_size) if q not in rnd.values and q != rank)
                     raise CollectiveTimeoutError(
-                        f"{self.label}: {what} timed out after {self.timeout:g}s: rank(s) {list(missing)} did not "
-                        "arrive",
+                        f"{self.label}: {what} timed out after {limit:g}s: rank(s) {list(missing)} did not arrive",
                         missing,
-                        self.timeout,
+                        limit,
                     )
                 self._cond.wait(remaining)
             values = rnd.values
@@ -195,12 +208,13 @@ class ThreadCoordinator:
         self.rank = rank
         self.world_size = exchange.world_size
         self.calls: list[str] = []
+        self.timeout: float | None = None  # the deadline of its collectives (None: the exchange's)
 
     def _collective(self, op: str, root: int | None, value: Any) -> dict[int, Any]:
         if root is not None and not 0 <= root < self.world_size:
             raise ValueError(f"{op}: rank {root} is not a rank of world size {self.world_size}")
         self.calls.append(op)
-        return self.exchange.exchange(self.rank, len(self.calls), op, root, value)
+        return self.exchange.exchange(self.rank, len(self.calls), op, root, value, self.timeout)
 
     @property
     def entered(self) -> int:
@@ -239,6 +253,14 @@ class ThreadCoordinator:
     def irecv(self, tensor: torch.Tensor, src: int, tag: int) -> _Receive:
         return _Receive(self.exchange, src, self.rank, tag, tensor)
 
+    def set_timeout(self, seconds: float) -> None:
+        """The deadline of this rank's next collectives (a tree link's, ``tree.TreeLink``)."""
+        self.timeout = seconds
+
+    def store_scope(self) -> StoreScope:
+        ex = self.exchange
+        return StoreScope(ex.store, f"threads/{ex.label}", ex.timeout, ex.label)
+
 
 def run_threads(
     fn: Callable[..., T],
@@ -247,27 +269,46 @@ def run_threads(
     timeout: float = 30.0,
     limit: float | None = None,
     label: str = "threads",
+    tree: TreeLayout | None = None,
 ) -> list[T]:
     """Run ``fn(coord, *args)`` on ``world_size`` thread-ranks; their results in rank order.
 
     ``timeout``: the deadline of each collective; ``limit``: of the whole run (default ten
     timeouts), after which ``TimeoutError`` names the ranks still running (their threads are
     daemons, left behind). A failure is re-raised as the exception object itself, with a note
-    naming its rank: the lowest rank whose error is its own, else the lowest failing rank."""
+    naming its rank: the lowest rank whose error is its own, else the lowest failing rank.
+    ``tree``: ``coord`` is a ``TreeCoordinator`` over that layout (module docstring)."""
+    if tree is not None and tree.world_size != world_size:
+        raise ValueError(f"the tree has {tree.world_size} ranks, not {world_size}")
     exchange = ThreadExchange(world_size, timeout, label)
+    groups: dict[tuple[int, int], ThreadExchange] = {}
+    if tree is not None:
+        for level, gs in enumerate(tree.levels):
+            for g in gs:
+                if len(g.members) > 1:
+                    groups[(level, g.leader)] = ThreadExchange(len(g.members), timeout, f"{label}-L{level}-{g.leader}")
     results: list[Any] = [None] * world_size
     errors: dict[int, BaseException] = {}
 
     def main(rank: int) -> None:
         coord = ThreadCoordinator(exchange, rank)
+        links: dict[int, ThreadCoordinator] = {}
         how = "returned"
         try:
-            results[rank] = fn(coord, *args)
+            if tree is None:
+                results[rank] = fn(coord, *args)
+            else:
+                for level, g in tree.path(rank):
+                    if len(g.members) > 1:
+                        links[level] = ThreadCoordinator(groups[(level, g.leader)], g.members.index(rank))
+                results[rank] = fn(TreeCoordinator(tree, rank, links, coord, timeout=timeout), *args)
         except BaseException as e:  # reported by the caller's thread below
             errors[rank] = e
             how = f"raised {type(e).__name__}"
         finally:
             exchange.leave(rank, coord.entered, how)
+            for link in links.values():
+                link.exchange.leave(link.rank, link.entered, how)
 
     threads = [
         threading.Thread(target=main, args=(r,), name=f"{label}-rank{r}", daemon=True) for r in range(world_size)

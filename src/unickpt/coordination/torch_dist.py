@@ -16,38 +16,107 @@ one key per rank, overwritten). When a collective fails, the ranks whose count i
 the ones that did not arrive: every rank that did arrive raises the same
 ``CollectiveTimeoutError`` naming them (``CollectiveError`` for other failures: a dead peer, a
 destroyed group). Group creation is marked the same way (``.../setup/<rank>``).
+
+Tree coordination (``coordination.tree``). When the parent group has at least
+``CoordinationOptions.tree_min_world_size`` ranks, the first use also creates, for each channel,
+the small gloo groups of a ``topology.TreeLayout`` (every rank of the parent creates every group,
+in the same order; it keeps those it is a member of), after one all_gather of each rank's host
+name and options on the foreground group (host names give the hosts, unless
+``ranks_per_host`` is set; ranks whose options differ all raise ``RankDisagreementError``).
+``make_coordinator`` then returns a ``TreeCoordinator`` whose guard is this coordinator: a tree
+collective counts as one arrival, and its failures name the missing ranks the same way.
+
+Commit barrier (``coordination.barrier``): ``store_scope`` hands it a connection of its own to the
+job's store (``Store.clone``: a TCPStore connection serves one request at a time, and the barrier
+waits on it), under keys of this coordinator's group.
 """
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
 
-from ..errors import CheckpointError, CollectiveError, CollectiveTimeoutError
+from ..errors import CheckpointError, CollectiveError, CollectiveTimeoutError, RankDisagreementError
 from . import _torch_private as private
+from .store import StoreScope
+from .topology import CoordinationOptions, TreeLayout, TreeShape, host_sizes
 
-__all__ = ["TorchDistCoordinator", "CheckpointGroups"]
+__all__ = ["TorchDistCoordinator", "CheckpointGroups", "GroupLink", "TreeGroups"]
 
 T = TypeVar("T")
 CHANNELS = ("foreground", "background")
 _TORCH_DEFAULT_TIMEOUT = timedelta(minutes=30)  # torch's own default for gloo groups
 
 
+class GroupLink:
+    """The collectives of one group of the tree, rooted at its rank 0 (``tree.TreeLink``)."""
+
+    def __init__(self, group: dist.ProcessGroup) -> None:
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+        self.root = dist.get_global_rank(group, 0)
+        self._timeout: float | None = None
+
+    def set_timeout(self, seconds: float) -> None:
+        if seconds != self._timeout:
+            private.set_group_timeout(self.group, timedelta(seconds=seconds))
+            self._timeout = seconds
+
+    def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
+        out: list[Any] | None = [None] * self.size if self.rank == 0 else None
+        dist.gather_object(obj, out, dst=self.root, group=self.group)
+        return out
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        box = [obj]
+        dist.broadcast_object_list(box, src=self.root, group=self.group)
+        return box[0]
+
+    def scatter_object(self, objs: list[Any] | None, src: int = 0) -> Any:
+        out: list[Any] = [None]
+        dist.scatter_object_list(out, objs if self.rank == 0 else None, src=self.root, group=self.group)
+        return out[0]
+
+
+@dataclass(frozen=True, slots=True)
+class TreeGroups:
+    """A channel's tree: the layout, and this rank's group of each level it is a member of
+    (groups of one member have none)."""
+
+    layout: TreeLayout
+    links: dict[int, GroupLink]
+
+
 class Channel:
     """One of unickpt's gloo groups beside a parent group: its collective count (the same
-    sequence on every rank), its current deadline and the arrival keys in the job's store.
-    Used by one thread at a time (foreground: the caller's; background: the save worker)."""
+    sequence on every rank), its current deadline and the arrival keys in the job's store; its
+    tree groups, when the tree is used. Used by one thread at a time (foreground: the caller's;
+    background: the save worker)."""
 
     def __init__(self, group: dist.ProcessGroup, name: str, key: str, store: Any, timeout: timedelta) -> None:
         self.group, self.name, self.key, self.store = group, name, key, store
         self.timeout = timeout  # what the group's collectives use now
         self.seq = 0
+        self.tree: TreeGroups | None = None
+        self._barrier_store: Any = None
+
+    def barrier_store(self) -> Any:
+        """A connection of its own to the job's store (None: none can be made)."""
+        if self._barrier_store is None and self.store is not None:
+            try:
+                self._barrier_store = self.store.clone()
+            except Exception:
+                return None
+        return self._barrier_store
 
     def arrive(self, rank: int) -> int:
         """Count the next collective and record this rank's arrival at it (best effort)."""
@@ -91,9 +160,10 @@ def _missing(store: Any, key: str, world_size: int, arrived: Callable[[str], boo
 class CheckpointGroups:
     """unickpt's process groups per parent group, created on first use. Each ``Checkpointer``
     owns one (so two checkpointers never share a communicator: their background commits run
-    independently)."""
+    independently). ``options``: when and how collectives run as a tree (module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, options: CoordinationOptions | None = None) -> None:
+        self.options = options or CoordinationOptions()
         self._lock = threading.Lock()
         self._sets: dict[int, tuple[dist.ProcessGroup, dict[str, Channel]]] = {}
 
@@ -122,6 +192,7 @@ class CheckpointGroups:
         job = private.job_timeout(parent) or _TORCH_DEFAULT_TIMEOUT
         first = timeout or job
         rank, size = dist.get_rank(parent), dist.get_world_size(parent)
+        shape = self.options.resolved()
         _mark(store, f"{tag}/setup/{rank}", "1")
         out = {}
         t0 = time.monotonic()
@@ -129,12 +200,49 @@ class CheckpointGroups:
             for ch in CHANNELS:
                 group = dist.new_group(ranks=ranks, backend="gloo", timeout=first)
                 out[ch] = Channel(group, ch, f"{tag}/{ch}", store, first)
+            if shape.uses_tree(size):
+                layout = _layout(out["foreground"].group, size, shape, label)
+                for ch in CHANNELS:
+                    out[ch].tree = _tree_groups(ranks, rank, layout, first)
+        except CheckpointError:
+            raise
         except Exception as e:
             missing = _missing(store, f"{tag}/setup", size, lambda v: True)
             raise _failure(label, "creating unickpt's process groups", e, time.monotonic() - t0, first, missing) from e
         for c in out.values():
             c.apply_timeout(job)  # later calls without their own timeout use the job's
         return out
+
+
+def _layout(group: dist.ProcessGroup, size: int, shape: TreeShape, label: str) -> TreeLayout:
+    """The tree over the ranks of ``group``: one all_gather of (host name, options)."""
+    mine = (socket.gethostname(), shape.fan_out, shape.ranks_per_host, shape.min_world_size)
+    seen: list[Any] = [None] * size
+    dist.all_gather_object(seen, mine, group=group)
+    options = {r: repr(tuple(s[1:])) for r, s in enumerate(seen)}
+    if len(set(options.values())) > 1:
+        shown = "; ".join(f"rank {r}: {v}" for r, v in list(options.items())[:8])
+        raise RankDisagreementError(
+            f"{label}: the ranks disagree on the coordination options (fan_out, ranks_per_host, "
+            f"tree_min_world_size; CoordinationOptions or $UNICKPT_TREE_*): {shown}",
+            {"coordination options": options},
+        )
+    sizes = host_sizes(size, shape.ranks_per_host, [str(s[0]) for s in seen])
+    return TreeLayout.build(sizes, shape.fan_out)
+
+
+def _tree_groups(ranks: list[int], rank: int, layout: TreeLayout, timeout: timedelta) -> TreeGroups:
+    """Every group of ``layout`` (of parent ranks ``ranks``), created by every rank in the same
+    order; this rank keeps its own."""
+    links: dict[int, GroupLink] = {}
+    for level, groups in enumerate(layout.levels):
+        for g in groups:
+            if len(g.members) < 2:
+                continue
+            pg = dist.new_group(ranks=[ranks[m] for m in g.members], backend="gloo", timeout=timeout)
+            if rank in g.members:
+                links[level] = GroupLink(pg)
+    return TreeGroups(layout, links)
 
 
 class TorchDistCoordinator:
@@ -161,19 +269,46 @@ class TorchDistCoordinator:
         job = private.job_timeout(group) or _TORCH_DEFAULT_TIMEOUT
         self.timeout = deadline or job
 
-    def _run(self, op: str, fn: Callable[[], T]) -> T:
+    @property
+    def channel(self) -> Channel:
+        return self._channel
+
+    def begin(self, op: str) -> tuple[str, int, float]:
+        """Record this rank's arrival at the next collective (``op``) and apply the deadline;
+        the token ``failure`` takes (``tree.TreeGuard``)."""
         ch = self._channel
-        seq = ch.arrive(self.rank)
-        t0 = time.monotonic()
+        token = (op, ch.arrive(self.rank), time.monotonic())
         try:
             ch.apply_timeout(self.timeout)
+        except Exception as e:
+            raise self.failure(token, e) from e
+        return token
+
+    def failure(self, token: object, e: BaseException) -> CheckpointError:
+        """The error every rank that arrived raises for collective ``token`` failing with ``e``."""
+        if isinstance(e, CheckpointError):
+            return e
+        op, seq, t0 = cast("tuple[str, int, float]", token)
+        ch = self._channel
+        missing = ch.missing(seq, self.world_size)
+        what = f"{op} (collective #{seq} on its {ch.name} group{'s' if ch.tree is not None else ''})"
+        return _failure(self.label, what, e, time.monotonic() - t0, self.timeout, missing)
+
+    def _run(self, op: str, fn: Callable[[], T]) -> T:
+        token = self.begin(op)
+        try:
             return fn()
         except CheckpointError:
             raise
         except Exception as e:
-            missing = ch.missing(seq, self.world_size)
-            what = f"{op} (collective #{seq} on its {ch.name} group)"
-            raise _failure(self.label, what, e, time.monotonic() - t0, self.timeout, missing) from e
+            raise self.failure(token, e) from e
+
+    def store_scope(self) -> StoreScope | None:
+        store = self._channel.barrier_store()
+        if store is None:
+            return None
+        name = getattr(self.group, "group_name", None) or self._channel.key
+        return StoreScope(store, f"unickpt/barrier/{name}", self.timeout.total_seconds(), self.label)
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         out: list[Any] = [None] * self.world_size

@@ -1,8 +1,10 @@
 """The commit stage of a save, and the cleanup of unickpt's own earlier data at the path.
 
 Called by the save pipeline on every rank after its write stage, inside the save lock
-(``engine.lock.run_locked``): ``commit_stage`` (collective on the checkpointer's background
-group) agrees that every rank wrote, gathers checksums and every rank's JSON objects; rank 0
+(``engine.lock.run_locked``): ``commit_stage`` reports this rank's file sizes, chunk checksums
+and JSON objects (or its write failure) through the job's store
+(``coordination.barrier.commit_barrier``, on the checkpointer's background coordinator: no
+collective), and rank 0, once every rank reported,
 merges the objects (``planning.objects``: optimizer param groups per parameter), builds the
 metadata, syncs the data folders (where the storage ``needs_sync``), checks that every data
 file it names is on storage in full (``check_written_files``) and that the save still holds its
@@ -21,8 +23,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ..coordination.base import Coordinator, run_stage
+from ..coordination.barrier import commit_barrier
+from ..coordination.base import Coordinator
 from ..errors import CheckpointError, MissingDataFileError, PlanningError, TruncatedDataFileError
+from ..format.checksums import DEFAULT_CHUNK, ChunkChecksums
 from ..format.codec import encode_metadata
 from ..format.records import (
     DATA_DIR,
@@ -42,6 +46,7 @@ from ..state.loader import LOADER_SECTION, loader_index
 from ..storage.base import Storage
 from ..storage.commit import publisher_for
 from .ownership import delete_save_data, is_save_id, mark_save, marked_save_ids, marker_name
+from .write import FileSums
 
 __all__ = [
     "SaveSource",
@@ -64,26 +69,29 @@ class SaveSource:
 
 def build_metadata(
     gplan: GlobalSavePlan,
-    crcs_by_rank: list[list[int]],
+    sums_by_rank: list[RankSums],
     source: SaveSource,
     world_size: int,
     objects: dict[str, JSONValue],
 ) -> Metadata:
+    """The metadata of a save (rank 0, at the commit): every kept shard and blob located by the
+    global plan, the data files' sizes and chunk checksums from every rank's write stage
+    (``sums_by_rank``: each rank's ``(chunk_size, {file: (size, chunk crcs)})``)."""
     file_index = {f: i for i, f in enumerate(gplan.files)}
-    located: dict[tuple[int, int], tuple[int, int, int, int]] = {}
+    located: dict[tuple[int, int], tuple[int, int, int]] = {}
     blobs: dict[str, BlobRecord] = {}
-    for rp, crcs in zip(gplan.rank_plans, crcs_by_rank):
-        for e, crc in zip(rp.entries, crcs):
+    for rp in gplan.rank_plans:
+        for e in rp.entries:
             if e.blob_key:
                 if e.blob_key in blobs:  # two ranks saved one key (e.g. one loader part twice)
                     raise PlanningError(f"blob {e.blob_key!r} was saved by two ranks (rank {rp.rank} is the second)")
-                blobs[e.blob_key] = BlobRecord(e.blob_key, file_index[e.file], e.byte_offset, e.byte_length, crc)
+                blobs[e.blob_key] = BlobRecord(e.blob_key, file_index[e.file], e.byte_offset, e.byte_length)
             else:
-                located[(rp.rank, e.item_index)] = (file_index[e.file], e.byte_offset, e.byte_length, crc)
+                located[(rp.rank, e.item_index)] = (file_index[e.file], e.byte_offset, e.byte_length)
     shards: dict[str, list[ShardRecord]] = {fqn: [] for fqn in gplan.tensors}
     for fqn, offs, lens, rank, idx in gplan.writers:
-        fidx, boff, blen, crc = located[(rank, idx)]
-        shards[fqn].append(ShardRecord(offs, lens, fidx, boff, blen, crc))
+        fidx, boff, blen = located[(rank, idx)]
+        shards[fqn].append(ShardRecord(offs, lens, fidx, boff, blen))
     tensors = {
         fqn: TensorRecord(fqn, dtype, shape, tuple(sorted(shards[fqn], key=lambda s: s.offsets)))
         for fqn, (dtype, shape) in gplan.tensors.items()
@@ -100,7 +108,28 @@ def build_metadata(
         blobs=blobs,
         role=source.role,
         sections={} if index is None else {LOADER_SECTION: index},
+        checksums=_checksums(gplan, sums_by_rank),
     )
+
+
+RankSums = tuple[int, FileSums]  # one rank's checksum chunk size and its files' (size, chunk crcs)
+
+
+def _checksums(gplan: GlobalSavePlan, sums_by_rank: list[RankSums]) -> ChunkChecksums:
+    """Every data file's size and chunk checksums, in the order of ``gplan.files``."""
+    chunks = {c for c, _ in sums_by_rank}
+    if len(chunks) > 1:
+        raise PlanningError(f"ranks checksum their files in chunks of different sizes {sorted(chunks)} (SaveOptions)")
+    found: FileSums = {}
+    for rank, (_, files) in enumerate(sums_by_rank):
+        for name, got in files.items():
+            if name in found:
+                raise PlanningError(f"data file {name} was written by two ranks (rank {rank} is the second)")
+            found[name] = got
+    missing = [f for f in gplan.files if f not in found]
+    if missing:
+        raise PlanningError(f"no checksums were reported for data file(s) {missing[:5]}")
+    return ChunkChecksums.from_files(chunks.pop() if chunks else DEFAULT_CHUNK, [found[f] for f in gplan.files])
 
 
 def commit_stage(
@@ -108,7 +137,7 @@ def commit_stage(
     storage: Storage,
     save_id: str,
     gplan: GlobalSavePlan | None,
-    crcs: list[int] | None,
+    sums: RankSums | None,
     error: BaseException | None,
     source: SaveSource,
     objects: dict[str, JSONValue],
@@ -116,29 +145,30 @@ def commit_stage(
     events: EventBus,
     still_locked: Callable[[], None] | None = None,
 ) -> Metadata | None:
-    """Collective: agree that every rank wrote, then rank 0 commits. Returns the metadata on rank 0.
+    """Every rank reports its write, then rank 0 commits. Returns the metadata on rank 0.
     ``gplan``: the global plan, on rank 0 only (the other ranks know only ``save_id``).
 
     Before publishing, rank 0 checks every data file (``check_written_files``) and calls
     ``still_locked`` (``SaveLock.verify_holder``), which raises if the save lost its lock."""
 
-    def local() -> list[int]:
+    times = {"barrier": time.perf_counter()}
+
+    def report() -> bytes:  # this rank's part of the commit: its file checksums and objects
         if error is not None:
             raise error
-        assert crcs is not None
-        return crcs
+        assert sums is not None
+        events.emit("save.commit.begin", coord.rank, save_id=save_id, path=storage.url)
+        times["barrier"] = time.perf_counter()
+        # the objects (already JSON: encoded values) ride along; plain JSON, never pickle
+        return json.dumps([sums, objects], separators=(",", ":"), allow_nan=False).encode()
 
-    run_stage(coord, "save (write)", local)
-    events.emit("save.commit.begin", coord.rank, save_id=save_id, path=storage.url)
-    t_barrier = time.perf_counter()
-    gathered = coord.gather_object((crcs, objects))  # the objects ride along: no extra round trip
-    events.emit("save.barrier", coord.rank, t_barrier, save_id=save_id, path=storage.url)
-    t_finalize = time.perf_counter()
+    def decided() -> None:  # every rank wrote; rank 0 commits now
+        events.emit("save.barrier", coord.rank, times["barrier"], save_id=save_id, path=storage.url)
+        times["finalize"] = time.perf_counter()
 
-    def finalize() -> Metadata | None:
-        if coord.rank != 0:
-            return None
-        assert gplan is not None and gathered is not None
+    def finalize(payloads: list[bytes]) -> Metadata:
+        assert gplan is not None
+        gathered = [json.loads(p) for p in payloads]
         merged = merge_rank_objects([o for _, o in gathered])
         md = build_metadata(gplan, [c for c, _ in gathered], source, coord.world_size, merged)
         if storage.capabilities.needs_sync:  # the data files' names, before the metadata names them
@@ -158,8 +188,12 @@ def commit_stage(
                 _warn_cleanup_failed(storage, (md.save_id, previous), e)
         return md
 
-    committed = run_stage(coord, "save (commit)", finalize)
-    events.emit("save.finalize", coord.rank, t_finalize, save_id=save_id, path=storage.url)
+    # every rank reports through the job's store (no collective), rank 0 commits once all have
+    # (coordination.barrier); a failure anywhere surfaces on every rank as the same error
+    committed = commit_barrier(
+        coord, save_id, report, finalize, stage="save (write)", commit_stage="save (commit)", on_decided=decided
+    )
+    events.emit("save.finalize", coord.rank, times.get("finalize"), save_id=save_id, path=storage.url)
     return committed
 
 

@@ -6,15 +6,18 @@ Call order (every rank; * = collective on the checkpoint group):
   ``check_targets``   every problem with keys, shapes and dtypes, before any data I/O;
   ``plan_local_load`` which saved shards this rank needs and which sub-boxes go where;
   ``read_stage``*     needs gathered -> each needed saved shard assigned to one reading rank ->
-                      file sizes checked -> all shards read by one thread pool as parallel ranged
-                      reads (straight into the destination when it is one contiguous region),
-                      each CRC32C-verified and copied into place as soon as its last chunk lands,
+                      the bytes to read (the part of a shard this rank needs) grouped into runs ->
+                      file sizes checked -> all runs read by one thread pool as parallel ranged
+                      reads (straight into the destination when it is one contiguous region;
+                      ``engine.read_runs``), each checksum unit verified as soon as its bytes
+                      land and each need copied into place once its units are verified,
                       forwarded to the other ranks needing them;
   agreement*          every rank learns whether all ranks succeeded.
 """
 
 from __future__ import annotations
 
+import functools
 import socket
 import threading
 import time
@@ -34,18 +37,22 @@ from ..errors import (
     SizeLimitError,
     TruncatedDataFileError,
 )
+from ..format.checksums import Units
 from ..format.codec import decode_metadata
-from ..format.dtypes import dtype_from_name
+from ..format.dtypes import dtype_from_name, itemsize
 from ..format.records import DATA_DIR, METADATA_FILE, BlobRecord, Metadata
 from ..monitoring.events import NO_EVENTS, EventBus
 from ..planning.boxes import sub_box_is_contiguous
+from ..planning.byte_runs import Run, Span, needed_rows, plan_runs, row_bytes
 from ..planning.load_plan import ShardRead
 from ..planning.read_assignment import ReadBatch, assign_reads
 from ..planning.specs import LoadItem
 from ..storage.base import METADATA_LIMIT, Storage
 from ..storage.commit import publisher_for
-from .bytes_view import box_view, sub_box, tensor_bytes
+from .bytes_view import box_view, sub_box
 from .folder_hint import folder_hint
+from .forwarding import Transfer
+from .read_runs import Need, RunJob
 
 __all__ = ["read_metadata", "read_metadata_bytes", "read_stage", "read_blob", "BLOB_LIMIT"]
 
@@ -91,27 +98,66 @@ def read_metadata(coord: Coordinator, storage: Storage, limit: int = METADATA_LI
     return decode_metadata(payload, f"{storage.url}/{METADATA_FILE}")
 
 
-def _check_files(md: Metadata, storage: Storage, reads: list[ShardRead], rank: int) -> None:
-    """Every file this rank reads exists and is long enough, before allocating anything."""
-    need: dict[int, tuple[int, str]] = {}
-    for r in reads:
-        s = md.tensors[r.fqn].shards[r.shard_index]
-        end = s.window.byte_offset + s.window.byte_length if s.window is not None else s.byte_offset + s.byte_length
-        if end > need.get(s.file_index, (0, ""))[0]:
-            need[s.file_index] = (end, r.fqn)
-    for fidx, (end, fqn) in need.items():
+def _check_files(md: Metadata, storage: Storage, runs: list[Run], names: dict[int, str], rank: int) -> None:
+    """Every file this rank reads exists and is long enough (from format version 3: at least
+    its recorded size), before allocating anything."""
+    need: dict[int, int] = {}
+    for run in runs:
+        need[run.file_index] = max(need.get(run.file_index, 0), run.hi)
+    sums = md.checksums
+    for fidx, end in need.items():
         name = md.files[fidx]
+        recorded = sums.file_size(fidx) if sums is not None else None
         size = storage.size(name)
         if size is None:
-            raise MissingDataFileError(f"rank {rank}: data file {storage.url}/{name} (holding {fqn!r}) is missing")
+            raise MissingDataFileError(
+                f"rank {rank}: data file {storage.url}/{name} (holding {names.get(fidx, '?')!r}) is missing"
+            )
+        if recorded is not None and size < recorded:
+            raise TruncatedDataFileError(
+                f"rank {rank}: data file {storage.url}/{name} is truncated: {size} bytes, the metadata "
+                f"records {recorded} (holding {names.get(fidx, '?')!r})"
+            )
         if size < end:
             raise TruncatedDataFileError(
                 f"rank {rank}: data file {storage.url}/{name} is truncated: {size} bytes, "
-                f"but {fqn!r} needs bytes up to {end}"
+                f"but {names.get(fidx, '?')!r} needs bytes up to {end}"
             )
 
 
-_CHUNK = 16 << 20  # shards are read as parallel ranged reads cut at multiples of this file offset
+def _extent(md: Metadata, verify: bool) -> Callable[[int, int, int], tuple[int, int]]:
+    """The bytes a read of ``[lo, hi)`` of a file covers (its checksum units)."""
+    cover = _cover(md, verify)
+
+    def extent(f: int, lo: int, hi: int) -> tuple[int, int]:
+        units = cover(f, lo, hi)
+        return units.lo, units.hi
+
+    return extent
+
+
+def _segment_bytes(md: Metadata, needs: list[list[tuple[str, int]]]) -> int:
+    """How many bytes of shared shards one reader takes at least (``assign_reads``): a quarter
+    of the even share of the shared bytes, and at least four checksum chunks (so that chunks read
+    by two readers at a segment's edges stay a small part)."""
+    chunk = getattr(md.checksums, "chunk_size", 0)
+    if not chunk:
+        return 0
+    count: dict[tuple[str, int], int] = {}
+    for n in needs:
+        for k in n:
+            count[k] = count.get(k, 0) + 1
+    shared = sum(md.tensors[k[0]].shards[k[1]].byte_length for k, c in count.items() if c > 1)
+    return max(4 * chunk, shared // (4 * max(1, len(needs))))
+
+
+def _cover(md: Metadata, verify: bool) -> Callable[[int, int, int], Units]:
+    """The checksum units covering a byte range (none when not verifying, or for metadata
+    without checksums: then exactly the range is read)."""
+    sums = md.checksums
+    if not verify or sums is None:
+        return lambda f, lo, hi: Units((), (), (), lo, hi)
+    return sums.cover
 
 
 def read_stage(
@@ -128,120 +174,232 @@ def read_stage(
     """Collective: read and place every needed shard; return the bytes this rank read.
     ``events``: the forwarding between ranks is reported as phase ``load.transfer``.
 
-    With ``dedup`` (and several ranks) each needed saved shard is read by one rank only and
-    forwarded over the process group to the other ranks that need it (``assign_reads``);
-    ``dedup=None`` does that unless all ranks run on one host over storage that shares its page
-    cache (local files), where shards several ranks need are read through that cache
-    (``read_into_cached``) so the device delivers each byte once.
-    Order: gather needs -> every rank reads its shards (one pipeline: parallel ranged reads,
-    each shard checksummed and copied into place by the thread finishing its last chunk) ->
-    all ranks agree the reads succeeded (so nobody waits forever on a failed peer) ->
-    receives posted, batches sent, pieces copied into place as they arrive."""
+    Each rank reads, of each saved shard it needs, the rows its copies touch. With ``dedup``
+    (and several ranks), a shard whose needed rows several ranks share is read by one of them
+    only, whole, and forwarded over the process group to the others (``assign_reads``); shards
+    several ranks need in disjoint rows (a resharding load to another world size) are not
+    forwarded: each rank reads its own rows. ``dedup=None`` forwards nothing when all ranks run
+    on one host over storage that shares its page cache (local files): shared bytes are read
+    through that cache (``read_into_cached``), so the device delivers each byte once.
+    Order: gather every rank's needs -> receives posted -> every rank reads its runs
+    (``_read_runs``), sending each forwarded batch the moment its last shard is verified (the
+    batches of a rank that fails are sent too, marked bad, so nobody waits on them) -> every
+    transfer completes -> all ranks agree the reads succeeded -> received batches copied into
+    place."""
     me = coord.rank
     mine = {(r.fqn, r.shard_index): r for r in reads}
+    rows = {k: _rows(md, r) for k, r in mine.items()}
     shared: set[tuple[str, int]] = set()
+    apart: set[tuple[str, int]] = set()  # needed by several ranks in disjoint rows: each reads its own
     if coord.world_size > 1 and dedup is not False:
-        gathered = coord.all_gather_object((socket.gethostname(), list(mine)))
+        gathered = coord.all_gather_object((socket.gethostname(), [(*k, *rows[k]) for k in mine]))
         hosts = {h for h, _ in gathered}
+        by_rank = [{(f, i): (a, b) for f, i, a, b in n} for _, n in gathered]
         # auto: ranks of one host reading local files share its page cache, which already reads
         # each byte from the device once; forwarding pays off across hosts or for remote storage
         if dedup is None and len(hosts) == 1 and storage.capabilities.shared_page_cache:
-            others = {k for r, (_, n) in enumerate(gathered) if r != me for k in n}
+            others = {k for r, n in enumerate(by_rank) if r != me for k in n}
             shared = others & set(mine)
-            gathered = [(h, n if r == me else []) for r, (h, n) in enumerate(gathered)]
-        needs = [n for _, n in gathered]
+            needs = [list(n) if r == me else [] for r, n in enumerate(by_rank)]
+        else:
+            apart = _disjoint_needs(md, by_rank, _extent(md, verify))
+            needs = [[k for k in n if k not in apart] for n in by_rank]
     else:
         needs = [[] for _ in range(coord.world_size)]
         needs[me] = list(mine)
-    batches = assign_reads(md, needs)
+    batches = assign_reads(md, needs, cover=_extent(md, verify), segment_bytes=_segment_bytes(md, needs))
     reading = [b for b in batches if b.reader == me]
-    outgoing: list[tuple[ReadBatch, torch.Tensor]] = []
-
     copies = _CopyClock()  # copies into place run on the reader threads, overlapping reads
-    spans: dict[str, list[float]] = {}  # file -> [first chunk start, last chunk end, bytes]
-    spans_lock = threading.Lock()
-
-    def timed_chunk(job: _ShardJob, lo: int, n: int) -> None:
-        t0 = time.perf_counter()
-        job.read_chunk(lo, n)
-        t1 = time.perf_counter()
-        with spans_lock:
-            span = spans.setdefault(job.name, [t0, t1, 0])
-            span[0], span[1], span[2] = min(span[0], t0), max(span[1], t1), span[2] + n
+    spans: dict[str, list[float]] = {}  # file -> [first piece start, last piece end, bytes]
+    forwarding = any(b.forwarded for b in batches)
+    transfer = Transfer(coord, me, batches) if forwarding else None
+    t_transfer = time.perf_counter()
 
     def read_mine() -> int:
-        _check_files(md, storage, [mine.get(k) or ShardRead(k[0], k[1], ()) for b in reading for k in b.keys], me)
-        cached = storage.read_into_cached
-        pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="unickpt-read")
-        try:
-            futures, total = [], 0
-            for b in reading:
-                buf = torch.empty(b.nbytes, dtype=torch.uint8) if len(b.consumers) > 1 else None
-                if buf is not None:
-                    outgoing.append((b, buf))
-                for key, off in zip(b.keys, b.offsets):
-                    job = _ShardJob(
-                        md,
-                        storage,
-                        items,
-                        mine,
-                        key,
-                        buf,
-                        off,
-                        verify,
-                        me,
-                        cached if key in shared else storage.read_into,
-                    )
-                    job.copies = copies
-                    if not job.pieces:  # an empty shard: nothing to read, still checked and placed
-                        job.finish()
-                    futures += [pool.submit(timed_chunk, job, lo, n) for lo, n in job.pieces]
-                    total += job.read_length
-            for f in futures:
-                f.result()
-            return total
-        finally:  # after a failure: drop the chunks not started yet
-            pool.shutdown(wait=True, cancel_futures=True)
+        wanted: list[Need] = [_need(md, items, k, r, None, 0, copies) for k, r in mine.items() if k in apart]
+        cached: set[int] = set()  # indices of needs read through the shared page cache
+        for b in reading:
+            out, sent = transfer.outgoing(b) if transfer is not None and b.forwarded else (None, None)
+            for key, off in zip(b.keys, b.offsets):
+                if key in shared:
+                    cached.add(len(wanted))
+                wanted.append(_need(md, items, key, mine.get(key), out, off, copies, sent))
+        return _read_runs(md, storage, wanted, cached, threads, verify, me, spans)
 
-    total = run_stage(coord, "load (read)", read_mine)
+    error: Exception | None = None
+    total = 0
+    try:
+        total = read_mine()
+    except Exception as e:  # agreed on below, after every transfer has completed
+        error = e
+    if transfer is not None:
+        transfer.finish()  # sends what is still unsent (marked bad after a failure), waits for all
+
+    def agreed() -> int:
+        if error is not None:
+            raise error
+        return total
+
+    total = run_stage(coord, "load (read)", agreed)
     for name, (t0, t1, nbytes) in sorted(spans.items()):  # per-file read throughput (monitoring)
         events.emit("load.read.file", me, t0, path=name, nbytes=int(nbytes), end=t1)
+    if transfer is not None:
+        t_apply = time.perf_counter()
+
+        def place(b: ReadBatch, payload: torch.Tensor) -> None:
+            t0 = time.perf_counter()
+            for key, off in zip(b.keys, b.offsets):
+                _apply(md, items, mine[key], payload[off : off + md.tensors[key[0]].shards[key[1]].byte_length], 0)
+            copies.add(t0, time.perf_counter(), b.nbytes)
+
+        received = transfer.apply(place)
+        events.emit("load.transfer", me, t_transfer, path=storage.url, nbytes=received, end=t_apply)
     if copies.nbytes:  # the copies (host to host here; host to device for CUDA targets)
         detail = f"{copies.busy:.6f} thread-seconds of copying, overlapped with the reads"
         events.emit("load.copy", me, copies.first, end=copies.last, nbytes=copies.nbytes, detail=detail)
-    if coord.world_size == 1 or not any(len(b.consumers) > 1 for b in batches):
-        return total
-    with events.phase("load.transfer", me, path=storage.url) as phase:
-        phase.nbytes = _forward(md, items, mine, batches, outgoing, coord, me)
     return total
 
 
-def _forward(
+def _rows(md: Metadata, r: ShardRead) -> tuple[int, int]:
+    """The rows of saved shard ``r`` that its copies touch."""
+    shard = md.tensors[r.fqn].shards[r.shard_index]
+    return needed_rows(shard.lengths, [(c.src_offsets, c.lengths) for c in r.copies])
+
+
+def _disjoint_needs(
+    md: Metadata,
+    by_rank: list[dict[tuple[str, int], tuple[int, int]]],
+    extent: Callable[[int, int, int], tuple[int, int]],
+) -> set[tuple[str, int]]:
+    """Shards several ranks need in different rows, where each rank reading its own rows reads
+    few bytes twice: the checksum chunks their reads cover overlap by at most an eighth of what
+    they cover together (a resharding load's boundary shards; not small tensors that fit in a
+    chunk or two, which are better read once and forwarded)."""
+    ranges: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    for n in by_rank:
+        for k, r in n.items():
+            ranges.setdefault(k, []).append(r)
+    out = set()
+    for k, rs in ranges.items():
+        if len(rs) < 2:
+            continue
+        rec = md.tensors[k[0]]
+        shard = rec.shards[k[1]]
+        rb = row_bytes(shard.lengths, itemsize(rec.dtype))
+        covers = sorted(extent(shard.file_index, shard.byte_offset + a * rb, shard.byte_offset + b * rb) for a, b in rs)
+        union, twice, end = 0, 0, -1
+        for lo, hi in covers:
+            twice += max(0, min(hi, end) - lo)
+            union += max(0, hi - max(lo, end))
+            end = max(end, hi)
+        if 8 * twice <= union and all(b[0] >= a[1] for a, b in zip(sorted(rs), sorted(rs)[1:])):
+            out.add(k)
+    return out
+
+
+def _need(
     md: Metadata,
     items: list[LoadItem],
-    mine: dict[tuple[str, int], ShardRead],
-    batches: list[ReadBatch],
-    outgoing: list[tuple[ReadBatch, torch.Tensor]],
-    coord: Coordinator,
-    me: int,
+    key: tuple[str, int],
+    r: ShardRead | None,
+    buf: torch.Tensor | None,
+    buf_offset: int,
+    copies: _CopyClock,
+    forwarded: Callable[[], None] | None = None,
+) -> Need:
+    """What this rank reads of saved shard ``key`` and where it lands: the whole shard into the
+    forwarding buffer ``buf`` when it forwards it to other ranks (``forwarded()`` once it is
+    verified and placed here); else only the rows its copies ``r`` touch, straight into the
+    destination when they are one contiguous region of it."""
+    rec = md.tensors[key[0]]
+    shard = rec.shards[key[1]]
+    name = md.files[shard.file_index]
+    rb = row_bytes(shard.lengths, itemsize(rec.dtype))
+    if buf is not None or r is None:
+        r0, r1 = 0, (shard.lengths[0] if shard.lengths else 1)
+    else:
+        r0, r1 = needed_rows(shard.lengths, [(c.src_offsets, c.lengths) for c in r.copies])
+    lo, hi = shard.byte_offset + r0 * rb, shard.byte_offset + r1 * rb
+    if buf is not None:
+        dest: torch.Tensor | None = buf[buf_offset : buf_offset + (hi - lo)]
+    else:  # small tensors are read with their neighbours into one temporary, then copied
+        dest = _direct_target(md, items, r, r0, r1) if hi - lo >= _DIRECT_MIN else None
+    in_place = buf is None and dest is not None  # the bytes land where they belong: nothing to copy
+
+    def done(region: torch.Tensor) -> None:
+        if r is not None and not in_place:
+            t0 = time.perf_counter()
+            _apply(md, items, r, region, r0)
+            copies.add(t0, time.perf_counter(), region.numel())
+        if forwarded is not None:
+            forwarded()
+
+    return Need(name, lo, hi, done, key[0], dest)
+
+
+def _read_runs(
+    md: Metadata,
+    storage: Storage,
+    wanted: list[Need],
+    cached: set[int],
+    threads: int,
+    verify: bool,
+    rank: int,
+    spans: dict[str, list[float]],
 ) -> int:
-    """Send the batches this rank read for others, receive and place those it needs; returns
-    the bytes received."""
-    received = 0
-    recvs = []
-    for b in batches:
-        if b.reader != me and me in b.consumers:
-            buf = torch.empty(b.nbytes, dtype=torch.uint8)
-            recvs.append((b, buf, coord.irecv(buf, b.reader, b.batch_id)))
-    sends = [coord.isend(buf, dst, b.batch_id) for b, buf in outgoing for dst in b.consumers if dst != me]
-    for b, buf, work in recvs:
-        work.wait()
-        received += b.nbytes
-        for key, off in zip(b.keys, b.offsets):
-            _apply(md, items, mine[key], buf[off : off + md.tensors[key[0]].shards[key[1]].byte_length])
-    for w in sends:
-        w.wait()
-    return received
+    """Read every need of this rank: spans -> runs (``planning.byte_runs``) -> one reader pool
+    over the pieces of all runs; returns the bytes read."""
+    cover = _cover(md, verify)
+    index = {f: i for i, f in enumerate(md.files)}
+    tagged = [Span(index[n.name], n.lo, n.hi, t) for t, n in enumerate(wanted)]
+
+    runs = plan_runs(tagged, _extent(md, verify))
+    _check_files(md, storage, runs, {index[n.name]: n.what for n in wanted}, rank)
+    lock = threading.Lock()
+    jobs = []
+    for run in runs:
+        read = storage.read_into_cached if any(t in cached for t in run.tags) else storage.read_into
+        units = cover(run.file_index, run.lo, run.hi)
+        holders = functools.partial(_holders, md, run.file_index)
+        needs = [wanted[t] for t in run.tags]
+        jobs.append(RunJob(run, md.files[run.file_index], needs, units, read, verify, storage.url, rank, holders))
+
+    def piece(job: RunJob, p: int, n: int) -> None:
+        t0 = time.perf_counter()
+        job.read_piece(p)
+        t1 = time.perf_counter()
+        with lock:
+            span = spans.setdefault(job.name, [t0, t1, 0])
+            span[0], span[1], span[2] = min(span[0], t0), max(span[1], t1), span[2] + n
+
+    pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="unickpt-read")
+    try:
+        futures = []
+        for job in jobs:
+            job.start()
+            futures += [pool.submit(piece, job, p, hi - lo) for p, (lo, hi) in enumerate(job.pieces())]
+        for f in futures:
+            f.result()
+    finally:  # after a failure: drop the pieces not started yet
+        pool.shutdown(wait=True, cancel_futures=True)
+    return sum(job.nbytes for job in jobs)
+
+
+def _holders(md: Metadata, file_index: int, lo: int, hi: int) -> list[str]:
+    """The tensors and blobs with bytes in ``[lo, hi)`` of one file (for a checksum error)."""
+    out = [
+        repr(fqn)
+        for fqn, rec in md.tensors.items()
+        if any(
+            s.file_index == file_index and s.byte_offset < hi and lo < s.byte_offset + s.byte_length for s in rec.shards
+        )
+    ]
+    out += [
+        f"blob {b.key!r}"
+        for b in md.blobs.values()
+        if b.file_index == file_index and b.byte_offset < hi and lo < b.byte_offset + b.byte_length
+    ]
+    return out
 
 
 class _CopyClock:
@@ -258,152 +416,58 @@ class _CopyClock:
             self.nbytes += nbytes
 
 
-class _ShardJob:
-    """One saved shard this rank reads: ``read_chunk`` calls run on the reader pool (any order,
-    in parallel); the call finishing the last chunk verifies the checksum and copies this rank's
-    pieces into place, so checksums and copies overlap the reads of other chunks.
-
-    The bytes land in the destination tensor itself when the shard is one contiguous region of
-    it, else in the forwarding batch buffer ``buf`` (shards other ranks need too), else in a
-    temporary allocated when the first chunk starts and dropped once the copies are done.
-    Every such size is bounded before any allocation: a shard lies inside its tensor's global
-    shape, which ``check_targets`` validated against the live state (and the codec checked its
-    byte length against its box and dtype), so metadata cannot make a temporary larger than a
-    tensor the job itself holds (globally)."""
-
-    def __init__(
-        self,
-        md: Metadata,
-        storage: Storage,
-        items: list[LoadItem],
-        mine: dict[tuple[str, int], ShardRead],
-        key: tuple[str, int],
-        buf: torch.Tensor | None,
-        buf_offset: int,
-        verify: bool,
-        rank: int,
-        read_into: Callable[[str, int, memoryview], None],
-    ) -> None:
-        self.md, self.storage, self.items, self.key = md, storage, items, key
-        self.mine, self.verify, self.rank, self.read_into = mine.get(key), verify, rank, read_into
-        self.shard = md.tensors[key[0]].shards[key[1]]
-        self.name = md.files[self.shard.file_index]
-        n = self.shard.byte_length
-        # a derived shard that is part of a saved one (format.transforms): the whole saved shard
-        # is read into a temporary and verified, then the part is used
-        window = self.shard.window
-        self.read_offset = window.byte_offset if window is not None else self.shard.byte_offset
-        self.read_length = window.byte_length if window is not None else n
-        self.crc32c = window.crc32c if window is not None else self.shard.crc32c
-        self.part_offset = self.shard.byte_offset - self.read_offset
-        self.buf_region = buf[buf_offset : buf_offset + n] if buf is not None else None
-        self.region: torch.Tensor | None = None  # where the bytes land when not the destination
-        self.view: memoryview | None = None
-        if window is None:
-            if buf is not None:
-                self.region = self.buf_region
-            else:
-                self.view = _direct_target(md, items, self.mine)
-            if self.region is not None:
-                self.view = tensor_bytes(self.region)
-        self.pieces = self._pieces()
-        self.left = len(self.pieces)
-        self._lock = threading.Lock()
-        self.copies: _CopyClock | None = None  # set by read_stage: time of the copies into place
-
-    def _pieces(self) -> list[tuple[int, int]]:
-        """(offset in the shard, length) pieces, cut where the file offset crosses a _CHUNK line."""
-        out, start, n = [], self.read_offset, self.read_length
-        pos = start
-        while pos < start + n:
-            nxt = min(start + n, (pos // _CHUNK + 1) * _CHUNK)
-            out.append((pos - start, nxt - pos))
-            pos = nxt
-        return out
-
-    def _target(self) -> memoryview:
-        with self._lock:
-            if self.view is None:  # first chunk to run allocates the temporary
-                self.region = torch.empty(self.read_length, dtype=torch.uint8)
-                self.view = tensor_bytes(self.region)
-            return self.view
-
-    def read_chunk(self, lo: int, n: int) -> None:
-        self.read_into(self.name, self.read_offset + lo, self._target()[lo : lo + n])
-        with self._lock:
-            self.left -= 1
-            last = self.left == 0
-        if last:
-            self.finish()
-
-    def finish(self) -> None:
-        view = self._target()
-        if self.verify:
-            _verify(self.md, self.storage, self.key, view, self.rank, self.crc32c, self.read_offset)
-        if self.shard.window is not None and self.region is not None:  # the part of the saved shard
-            part = self.region[self.part_offset : self.part_offset + self.shard.byte_length]
-            if self.buf_region is not None:
-                self.buf_region.copy_(part)  # forwarded to the other ranks that need it
-            self.region = part
-        if self.region is not None and self.mine is not None:
-            t0 = time.perf_counter()
-            _apply(self.md, self.items, self.mine, self.region)
-            if self.copies is not None:
-                self.copies.add(t0, time.perf_counter(), self.shard.byte_length)
-        self.region = None
-        self.view = memoryview(b"")  # the temporary (if any) is freed now
+_DIRECT_MIN = 256 << 10  # needs at least this large are read straight into their destination
 
 
-def _direct_target(md: Metadata, items: list[LoadItem], r: ShardRead | None) -> memoryview | None:
-    """The destination memory itself, when the shard lands whole in one contiguous CPU region."""
-    if r is None or len(r.copies) != 1:
+def _direct_target(md: Metadata, items: list[LoadItem], r: ShardRead | None, r0: int, r1: int) -> torch.Tensor | None:
+    """The destination memory itself (as bytes), when rows ``[r0, r1)`` of the saved shard land
+    whole in one contiguous CPU region of one destination without a dtype change."""
+    if r is None or len(r.copies) != 1 or r1 <= r0:
         return None
     c = r.copies[0]
-    shard = md.tensors[r.fqn].shards[r.shard_index]
+    rec = md.tensors[r.fqn]
+    shard = rec.shards[r.shard_index]
     dest = items[c.item_index].tensor
-    if c.lengths != shard.lengths or dest.device.type != "cpu" or not dest.is_contiguous():
+    if shard.lengths and (c.lengths[1:] != shard.lengths[1:] or c.src_offsets[0] != r0 or c.lengths[0] != r1 - r0):
         return None
-    if dest.dtype != dtype_from_name(md.tensors[r.fqn].dtype):  # cast while copying (cast_dtypes)
+    if not shard.lengths and c.lengths != ():
+        return None
+    if dest.device.type != "cpu" or not dest.is_contiguous():
+        return None
+    if dest.dtype != dtype_from_name(rec.dtype):  # cast while copying (cast_dtypes)
         return None
     if not sub_box_is_contiguous(tuple(dest.shape), c.dst_offsets, c.lengths):
         return None
-    return tensor_bytes(sub_box(dest, c.dst_offsets, c.lengths)) if shard.byte_length else None
+    return sub_box(dest, c.dst_offsets, c.lengths).reshape(-1).view(torch.uint8)
 
 
-def _verify(
-    md: Metadata, storage: Storage, key: tuple[str, int], view: memoryview, rank: int, want: int, at: int
-) -> None:
-    """``view`` (the bytes read from ``at``) against the stored checksum ``want``."""
-    shard = md.tensors[key[0]].shards[key[1]]
-    got = crc32c.crc32c(view)
-    if got != want:
-        raise ChecksumMismatchError(
-            f"rank {rank}: checksum mismatch for {key[0]!r} shard offsets={shard.offsets} "
-            f"lengths={shard.lengths} in {storage.url}/{md.files[shard.file_index]} at byte "
-            f"{at}: stored {want:#010x}, read {got:#010x} (the file is corrupt)"
-        )
-
-
-def _apply(md: Metadata, items: list[LoadItem], r: ShardRead, region: torch.Tensor) -> None:
-    """Copy the pieces of one saved shard (raw bytes in ``region``) into their destinations,
-    converting the dtype where the destination's differs (``LoadOptions.cast_dtypes``)."""
+def _apply(md: Metadata, items: list[LoadItem], r: ShardRead, region: torch.Tensor, row0: int) -> None:
+    """Copy the pieces of one saved shard into their destinations; ``region``: the shard's raw
+    bytes from row ``row0`` on (its first dimension), converting the dtype where the
+    destination's differs (``LoadOptions.cast_dtypes``)."""
     rec = md.tensors[r.fqn]
     shard = rec.shards[r.shard_index]
-    src = box_view(region, dtype_from_name(rec.dtype), shard.lengths)
+    dtype = dtype_from_name(rec.dtype)
+    if shard.lengths:
+        rows = region.numel() // max(1, row_bytes(shard.lengths, itemsize(rec.dtype)))
+        src = box_view(region, dtype, (rows, *shard.lengths[1:]))
+    else:
+        src = box_view(region, dtype, ())
     with torch.no_grad():
         for c in r.copies:
+            offs = (c.src_offsets[0] - row0, *c.src_offsets[1:]) if c.src_offsets else ()
             dest = sub_box(items[c.item_index].tensor, c.dst_offsets, c.lengths)
-            dest.copy_(sub_box(src, c.src_offsets, c.lengths))
+            dest.copy_(sub_box(src, offs, c.lengths))
 
 
 def read_blob(md: Metadata, storage: Storage, blob: BlobRecord, rank: int, cap: int = BLOB_LIMIT) -> bytes:
     """The bytes of ``blob``, checksum-verified; refused before allocating when over ``cap``.
 
-    The allocation is bounded by the file's size and by ``cap``, not by the blocks the file
-    occupies (st_blocks): filesystems that compress or deduplicate (btrfs, ZFS) and network
-    filesystems report fewer blocks than a legitimate file holds, so a block count would refuse
-    good checkpoints. A sparse file within the cap costs at most ``cap`` bytes of memory and
-    then fails its checksum."""
+    The allocation is bounded by the file's size and by ``cap`` (plus the checksum chunks at its
+    ends), not by the blocks the file occupies (st_blocks): filesystems that compress or
+    deduplicate (btrfs, ZFS) and network filesystems report fewer blocks than a legitimate file
+    holds, so a block count would refuse good checkpoints. A sparse file within the cap costs at
+    most ``cap`` bytes of memory and then fails its checksum."""
     name = md.files[blob.file_index]
     size = storage.size(name)
     if size is None:
@@ -416,8 +480,15 @@ def read_blob(md: Metadata, storage: Storage, blob: BlobRecord, rank: int, cap: 
             f"cap of {cap} bytes per blob; refused before allocating it (LoadOptions(max_blob_bytes=...) "
             "raises the cap for a checkpoint you trust)"
         )
-    out = bytearray(blob.byte_length)
-    storage.read_into(name, blob.byte_offset, memoryview(out))
-    if crc32c.crc32c(out) != blob.crc32c:
-        raise ChecksumMismatchError(f"rank {rank}: checksum mismatch for {blob.key!r} in {storage.url}/{name}")
-    return bytes(out)
+    lo, hi = blob.byte_offset, blob.byte_offset + blob.byte_length
+    units = _cover(md, True)(blob.file_index, lo, hi)
+    if units.hi > size:
+        raise TruncatedDataFileError(f"rank {rank}: data file {storage.url}/{name} is truncated ({blob.key!r})")
+    out = bytearray(units.hi - units.lo)
+    storage.read_into(name, units.lo, memoryview(out))
+    for start, end, want in zip(units.starts, units.ends, units.crcs):
+        if crc32c.crc32c(memoryview(out)[start - units.lo : end - units.lo]) != want:
+            raise ChecksumMismatchError(
+                f"rank {rank}: checksum mismatch for {blob.key!r} in {storage.url}/{name} bytes [{start}, {end})"
+            )
+    return bytes(out[lo - units.lo : hi - units.lo])

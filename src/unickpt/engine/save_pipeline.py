@@ -171,14 +171,16 @@ class SavePipeline:
             gplan = cached.global_plan() if self.coord.rank == 0 else None  # the commit's, rank 0 only
         rank, url, events = self.coord.rank, self.storage.url, self.res.events
         nbytes = plan.nbytes  # a sum over the entries: once
-        crcs, error = None, None
+        sums, error = None, None
         try:
             if snap.staged is not None:
                 snap.staged.wait_ready()
             with events.phase("save.write", rank, path=url, save_id=plan.save_id) as p:
-                crcs = write_stage(
-                    self.storage, plan, snap.entry_bytes, snap.file_parts, self.options.io_threads, events
+                chunk = self.options.checksum_chunk_bytes
+                files = write_stage(
+                    self.storage, plan, snap.entry_bytes, snap.file_parts, self.options.io_threads, events, chunk
                 )
+                sums = (chunk, files)
                 p.nbytes = nbytes
         except Exception as e:  # reported to all ranks by commit_stage
             error = e
@@ -191,7 +193,7 @@ class SavePipeline:
                 self.storage,
                 plan.save_id,
                 gplan,
-                crcs,
+                sums,
                 error,
                 SaveSource(d.adapter.name, self.role, d.view.mesh),
                 d.view.objects,  # every rank's: merged per parameter at commit (pipeline stages differ)

@@ -80,8 +80,11 @@ class SaveHandle:
         """Block until the save is committed; returns the metadata on rank 0 (None elsewhere)."""
         try:
             return self._future.result(timeout)
-        except FutureTimeout:
-            raise TimeoutError("checkpoint save still running") from None
+        except FutureTimeout:  # = TimeoutError: also the save's own (CollectiveTimeoutError)
+            if not self._future.done():
+                raise TimeoutError("checkpoint save still running") from None
+            self._reported = True
+            raise
         except BaseException:
             self._reported = True
             raise

@@ -1,8 +1,9 @@
 """The write stage of a save: one rank's data files, written in parallel with their checksums.
 
 Called by the save pipeline on the checkpointer's worker thread (async saves) or the caller's
-thread (blocking saves), after the plan and stage stages, inside the save lock; its checksums go
-to the commit stage (``engine.commit``).
+thread (blocking saves), after the plan and stage stages, inside the save lock; its checksums (a
+CRC32C per ``chunk_size`` chunk of each file, ``format.checksums``) and file sizes go to the
+commit stage (``engine.commit``), which puts every rank's into the metadata.
 """
 
 from __future__ import annotations
@@ -10,14 +11,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-import crc32c
-
 from ..errors import CheckpointError
+from ..format.checksums import chunk_crcs
 from ..monitoring.events import EventBus
 from ..planning.save_plan import RankSavePlan
 from ..storage.base import Buffer, Storage
 
-__all__ = ["write_stage"]
+__all__ = ["FileSums", "write_stage"]
+
+FileSums = dict[str, tuple[int, list[int]]]  # data file name -> (size, chunk checksums)
 
 
 def write_stage(
@@ -27,26 +29,34 @@ def write_stage(
     file_parts: dict[str, list[Buffer]],
     threads: int,
     events: EventBus,
-) -> list[int]:
-    """Write this rank's files in parallel, checksumming each entry (plan order) alongside."""
-    by_file: dict[str, list[int]] = {}
+    chunk_size: int,
+) -> FileSums:
+    """Write this rank's files in parallel, checksumming each file's chunks alongside."""
+    sizes: dict[str, int] = {}
+    nbytes: dict[str, int] = {}
     for i, e in enumerate(plan.entries):
-        by_file.setdefault(e.file, []).append(i)
         if len(entry_bytes[i]) != e.byte_length:
             raise CheckpointError(f"{e.file}: entry {i} has {len(entry_bytes[i])} bytes, plan says {e.byte_length}")
-    crcs = [0] * len(plan.entries)
+        sizes[e.file] = max(sizes.get(e.file, 0), e.byte_offset + e.byte_length)
+        nbytes[e.file] = nbytes.get(e.file, 0) + e.byte_length
+    sums: FileSums = {}
 
     def checksum(name: str) -> None:
-        for i in by_file[name]:
-            crcs[i] = crc32c.crc32c(entry_bytes[i])
+        parts = file_parts.get(name, [])
+        size = sum(memoryview(p).nbytes for p in parts)
+        if size != sizes[name]:
+            raise CheckpointError(
+                f"{name}: the staged parts hold {size} bytes, the plan's entries end at {sizes[name]}"
+            )
+        sums[name] = (size, chunk_crcs(parts, chunk_size))
 
     def write(name: str) -> None:
         with events.phase("save.write.file", plan.rank, path=name, save_id=plan.save_id) as p:
             storage.write(name, file_parts.get(name, []))
-            p.nbytes = sum(plan.entries[i].byte_length for i in by_file[name])
+            p.nbytes = nbytes[name]
 
-    jobs = [(fn, n) for n in by_file for fn in (write, checksum)]
+    jobs = [(fn, n) for n in sizes for fn in (write, checksum)]
     with ThreadPoolExecutor(max(1, min(threads, len(jobs))), thread_name_prefix="unickpt-write") as pool:
         for f in [pool.submit(fn, n) for fn, n in jobs]:
             f.result()
-    return crcs
+    return sums

@@ -12,6 +12,7 @@ version     module: what it adds
 ==========  ==============================================================================
 1           ``format.v1``: the document (tensors, shard rows / tables, blobs, objects)
 2           ``format.v2``: version 1 + ``"sections"`` (``format.sections``)
+3           ``format.v3``: checksums of file chunks (not shards) and exact file sizes
 ==========  ==============================================================================
 
 **Decoding** parses strict JSON (no NaN / Infinity), checks the magic and reads
@@ -23,8 +24,9 @@ validates (``format.validation``: bounds, byte ranges, tiling, files) and raises
 decoding is O(n log n) in the number of shards whatever their layout.
 
 **Encoding** writes with the writer of the lowest version that can express the metadata and is
-at least ``md.format_version`` (the floor a caller asks for; saves ask for 1): metadata without
-sections is version 1 byte for byte, metadata with sections version 2.
+at least ``md.format_version`` (the floor a caller asks for; saves ask for 1): metadata with
+per-shard checksums (``RangeChecksums``) is version 1 without sections and version 2 with them;
+metadata with chunk checksums (``ChunkChecksums``, what saves write) is version 3.
 
 **Adding version N** (e.g. compact descriptions of regular shardings): a module ``format/vN.py``
 with a reader and a writer that reuse the previous versions' pieces (as ``v2`` reuses
@@ -42,7 +44,7 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from ..errors import CheckpointError, UnsupportedFormatVersionError, UnsupportedValueError
-from . import v1, v2
+from . import v1, v2, v3
 from .records import Metadata
 from .sections import DEFAULT_SECTIONS, SectionRegistry
 from .v1 import MAGIC, TABLE_FROM
@@ -82,8 +84,8 @@ class Writer(Protocol):
     def write(self, md: Metadata, sections: SectionRegistry) -> dict[str, Any]: ...
 
 
-READERS: Mapping[int, Reader] = MappingProxyType({v1.VERSION: v1.READER, v2.VERSION: v2.READER})
-WRITERS: Mapping[int, Writer] = MappingProxyType({v1.VERSION: v1.WRITER, v2.VERSION: v2.WRITER})
+READERS: Mapping[int, Reader] = MappingProxyType({v1.VERSION: v1.READER, v2.VERSION: v2.READER, v3.VERSION: v3.READER})
+WRITERS: Mapping[int, Writer] = MappingProxyType({v1.VERSION: v1.WRITER, v2.VERSION: v2.WRITER, v3.VERSION: v3.WRITER})
 
 
 class MetadataCodec:
@@ -131,7 +133,7 @@ class MetadataCodec:
             )
         raise UnsupportedValueError(
             f"no format version this unickpt writes ({list(self.writers)}) can express this metadata "
-            f"(sections {sorted(md.sections)})"
+            f"(sections {sorted(md.sections)}, checksums {type(md.checksums).__name__})"
         )
 
     def decode(self, data: bytes, source: str = "<metadata>") -> Metadata:

@@ -2,15 +2,20 @@
 
 ``Metadata`` is what the coordinator writes last (its presence is the commit). For every saved
 tensor it holds the basic meta (dtype, global shape) and the map from each shard's box
-``(offsets, lengths)`` to its bytes ``(file, byte offset, byte length, crc32c)``: the
-TensorShardToBasicByteMap. Everything is plain data: the codec turns it into JSON, never pickle.
+``(offsets, lengths)`` to its bytes ``(file, byte offset, byte length)``: the
+TensorShardToBasicByteMap. How those bytes are verified is ``Metadata.checksums``
+(``format.checksums``: CRC32C per file chunk from format version 3, per shard and blob before).
+Everything is plain data: the codec turns it into JSON, never pickle.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Union
+from typing import TYPE_CHECKING, Union
+
+if TYPE_CHECKING:
+    from .checksums import Checksums
 
 __all__ = [
     "FORMAT_VERSION",
@@ -18,30 +23,19 @@ __all__ = [
     "METADATA_FILE",
     "JSONValue",
     "ShardRecord",
-    "ShardWindow",
     "TensorRecord",
     "BlobRecord",
     "Topology",
     "Metadata",
 ]
 
-FORMAT_VERSION = 2  # the newest format version this unickpt reads and writes (format.codec)
-OLDEST_FORMAT_VERSION = 1  # the oldest it reads; what a save asks for (sections raise it to 2)
+FORMAT_VERSION = 3  # the newest format version this unickpt reads and writes (format.codec)
+OLDEST_FORMAT_VERSION = 1  # the oldest it reads; what a save asks for (its chunk checksums raise it to 3)
 METADATA_FILE = "unickpt.metadata.json"
 DATA_DIR = "data"
 
 JSONValue = Union[None, bool, int, float, str, list["JSONValue"], dict[str, "JSONValue"]]  # noqa: UP007 - recursive alias
 Shape = tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ShardWindow:
-    """The saved shard (bytes of the same file) that a derived shard is a part of: its checksum
-    covers the whole, so a reader reads and verifies the whole and uses the part."""
-
-    byte_offset: int
-    byte_length: int
-    crc32c: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,31 +47,28 @@ class ShardRecord:
     file_index: int  # index into Metadata.files
     byte_offset: int
     byte_length: int
-    crc32c: int  # of the bytes [byte_offset, +byte_length), or of ``window`` when there is one
-    # only on load-time derived tensors (format.transforms), never written: the saved shard these
-    # bytes are a part of
-    window: ShardWindow | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class TensorRecord:
-    """Basic meta of one global tensor plus all of its saved shards (non-overlapping, covering)."""
+    """Basic meta of one global tensor plus all of its saved shards (non-overlapping, covering):
+    a tuple of records, or a ``format.layouts.SplitShards`` that computes them from a regular
+    layout when asked."""
 
     fqn: str
     dtype: str
     shape: Shape
-    shards: tuple[ShardRecord, ...]
+    shards: Sequence[ShardRecord]
 
 
 @dataclass(frozen=True, slots=True)
 class BlobRecord:
-    """An opaque, checksummed byte range (per-rank extra state, dataloader parts)."""
+    """An opaque byte range (per-rank extra state, dataloader parts)."""
 
     key: str
     file_index: int
     byte_offset: int
     byte_length: int
-    crc32c: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +87,9 @@ class Metadata:
     ``format_version``: on a decoded record, the version of its document; on a record to write,
     the lowest version to write it in (the codec raises it to what the content needs: 2 when
     there are ``sections``). ``sections``: feature sections by name (``format.sections``), each a
-    frozen record of the type its registered ``SectionCodec`` names."""
+    frozen record of the type its registered ``SectionCodec`` names. ``checksums``: how the data
+    files' bytes are verified (None only on records built in memory without data, e.g. by planner
+    tests: such metadata cannot be encoded)."""
 
     format_version: int
     save_id: str
@@ -108,6 +101,7 @@ class Metadata:
     blobs: dict[str, BlobRecord] = field(default_factory=dict)
     role: str | None = None
     sections: Mapping[str, object] = field(default_factory=dict)
+    checksums: Checksums | None = None
 
     @property
     def total_tensor_bytes(self) -> int:

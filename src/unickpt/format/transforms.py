@@ -11,11 +11,10 @@ the live state, read planning, zero-redundancy reads, verification) treats it as
 Why no byte is copied or read twice in the common case: the rows of a saved box are contiguous in
 its row-major bytes, so a row sub-range of any shard (FSDP row splits, TP column splits alike) is
 one contiguous byte range of the same file. A shard lying inside one range becomes a shard of the
-derived tensor with its bytes and checksum unchanged. A shard straddling a range boundary becomes
-a *window* (``ShardRecord.window``): the derived shard's bytes are a part of a saved shard whose
-checksum covers the whole; the reader reads that whole saved shard, verifies it, and uses the
-part (so straddling shards cost their full size, exactly as a resharding load reads any
-overlapping shard, and nothing goes unverified).
+derived tensor with its bytes unchanged; a shard straddling a range boundary becomes a shard of
+the part of its bytes in the range. Verification needs nothing special: the reader reads the
+checksum units covering whatever byte range it needs (``format.checksums``: the file chunks of
+format version 3, the whole saved shard of versions 1 and 2) and verifies each.
 
 Errors (``PlanningError``): an unknown source, row ranges outside it, parts whose dtype or other
 dimensions differ, two transforms of one key, a derived key that exists already (and is not a
@@ -30,7 +29,7 @@ from typing import Any
 
 from ..errors import PlanningError
 from .dtypes import itemsize
-from .records import Metadata, ShardRecord, ShardWindow, TensorRecord
+from .records import Metadata, ShardRecord, TensorRecord
 
 __all__ = ["Rows", "RowsTensor", "derive", "split_rows", "fuse_rows", "megatron_qkv_split", "megatron_qkv_fuse"]
 
@@ -97,7 +96,7 @@ def megatron_qkv_fuse(
 
 def _derived_shards(rec: TensorRecord, part: Rows, at: int, row_bytes: int) -> list[ShardRecord]:
     """The shards of ``rec`` (a source) that hold rows of ``part``, placed at row ``at`` of the
-    derived tensor: whole shards unchanged, straddling ones as windows."""
+    derived tensor: whole shards unchanged, straddling ones cut to the part of their bytes in it."""
     out = []
     for s in rec.shards:
         lo, hi = s.offsets[0], s.offsets[0] + s.lengths[0]
@@ -112,7 +111,6 @@ def _derived_shards(rec: TensorRecord, part: Rows, at: int, row_bytes: int) -> l
         if (a, b) == (lo, hi):
             out.append(replace(s, offsets=offsets, lengths=lengths))
             continue
-        parent = s.window if s.window is not None else ShardWindow(s.byte_offset, s.byte_length, s.crc32c)
         out.append(
             ShardRecord(
                 offsets,
@@ -120,8 +118,6 @@ def _derived_shards(rec: TensorRecord, part: Rows, at: int, row_bytes: int) -> l
                 s.file_index,
                 s.byte_offset + (a - lo) * box_row_bytes,
                 (b - a) * box_row_bytes,
-                s.crc32c,
-                parent,
             )
         )
     return out

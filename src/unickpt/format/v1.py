@@ -16,9 +16,14 @@ A version-1 document is UTF-8 strict JSON (no NaN / Infinity), keys in this orde
 Shard rows are JSON lists below ``TABLE_FROM`` shards per tensor, a binary table from there on.
 Readers ignore top-level keys they do not know.
 
+Each shard row and blob carries the CRC32C of its bytes: in memory a ``RangeChecksums``
+(``format.checksums``), so only metadata whose checksums are of that kind can be written in this
+version (saves write version 3, whose checksums cover file chunks).
+
 Pieces later versions reuse: :func:`write_body` (every version-1 key, under a given version
-number) and :func:`read_body` (parse and validate them, collecting problems). Validation itself
-is ``format.validation``'s: this module only parses types and hands the shard rows over.
+number) and :func:`read_body` (parse and validate them, collecting problems), and the small
+parsers (``_part``, ``_int``, ``_table``...). Validation itself is ``format.validation``'s: this
+module only parses types and hands the shard rows over.
 """
 
 from __future__ import annotations
@@ -31,9 +36,11 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from .checksums import RangeChecksums
 from .records import BlobRecord, Metadata, ShardRecord, TensorRecord, Topology
 from .sections import SectionRegistry
 from .validation import (
+    CRC_LIMIT,
     MAX_BYTES,
     MAX_NDIM,
     Problems,
@@ -62,10 +69,25 @@ Ranges = list[tuple[str, np.ndarray, np.ndarray, np.ndarray]]
 
 
 def write_body(md: Metadata, version: int) -> dict[str, Any]:
-    """Every version-1 key of ``md``, with ``format_version`` = ``version``."""
+    """Every version-1 key of ``md``, with ``format_version`` = ``version`` (``md.checksums`` must
+    be a ``RangeChecksums`` with a unit for every shard and blob: KeyError otherwise)."""
+    sums = md.checksums
+    if not isinstance(sums, RangeChecksums):
+        raise TypeError("format versions 1 and 2 carry one checksum per shard and blob (RangeChecksums)")
+    crc = sums.crc_of
     tensors = {}
     for fqn, t in md.tensors.items():
-        rows = [[*s.offsets, *s.lengths, s.file_index, s.byte_offset, s.byte_length, s.crc32c] for s in t.shards]
+        rows = [
+            [
+                *s.offsets,
+                *s.lengths,
+                s.file_index,
+                s.byte_offset,
+                s.byte_length,
+                crc(s.file_index, s.byte_offset, s.byte_length),
+            ]
+            for s in t.shards
+        ]
         entry: dict[str, Any] = {"dtype": t.dtype, "shape": list(t.shape)}
         if len(rows) >= TABLE_FROM:
             entry["shard_table"] = base64.b64encode(np.asarray(rows, dtype="<i8").tobytes()).decode("ascii")
@@ -86,7 +108,10 @@ def write_body(md: Metadata, version: int) -> dict[str, Any]:
         "files": list(md.files),
         "tensors": tensors,
         "objects": md.objects,
-        "blobs": {k: [b.file_index, b.byte_offset, b.byte_length, b.crc32c] for k, b in md.blobs.items()},
+        "blobs": {
+            k: [b.file_index, b.byte_offset, b.byte_length, crc(b.file_index, b.byte_offset, b.byte_length)]
+            for k, b in md.blobs.items()
+        },
     }
 
 
@@ -94,7 +119,7 @@ class V1Writer:
     """Writes metadata without sections (version 1 has no place for them)."""
 
     def can_write(self, md: Metadata, sections: SectionRegistry) -> bool:
-        return not md.sections
+        return not md.sections and isinstance(md.checksums, RangeChecksums)
 
     def write(self, md: Metadata, sections: SectionRegistry) -> dict[str, Any]:
         return write_body(md, VERSION)
@@ -128,8 +153,9 @@ def read_body(doc: dict[str, Any], version: int, problems: Problems) -> Metadata
         problems.extend(file_name_problems(files))
     topology = _part(problems, "topology", lambda: _topology(doc))
     ranges: Ranges = []
-    tensors = _tensors(doc, nfiles, problems, ranges)
-    blobs = _blobs(doc, nfiles, problems, ranges)
+    units: list[tuple[int, int, int, int]] = []  # (file, offset, length, crc32c) of every shard and blob
+    tensors = _tensors(doc, nfiles, problems, ranges, units)
+    blobs = _blobs(doc, nfiles, problems, ranges, units)
     if files is not None:
         problems.extend(byte_range_problems(files, ranges))
     objects = _part(problems, "objects", lambda: _typed(doc.get("objects", {}), dict, "objects must be an object"))
@@ -150,6 +176,7 @@ def read_body(doc: dict[str, Any], version: int, problems: Problems) -> Metadata
         objects=objects,
         blobs=blobs,
         role=role,
+        checksums=RangeChecksums(tuple(units)),
     )
 
 
@@ -219,7 +246,9 @@ def _role(v: Any) -> str | None:
     return v
 
 
-def _tensors(doc: dict[str, Any], nfiles: int | None, problems: Problems, ranges: Ranges) -> dict[str, TensorRecord]:
+def _tensors(
+    doc: dict[str, Any], nfiles: int | None, problems: Problems, ranges: Ranges, units: list[tuple[int, int, int, int]]
+) -> dict[str, TensorRecord]:
     raw = _part(problems, "tensors", lambda: _typed(_field(doc, "tensors"), dict, "tensors must be an object"))
     tensors: dict[str, TensorRecord] = {}
     for fqn, entry in (raw or {}).items():
@@ -227,6 +256,12 @@ def _tensors(doc: dict[str, Any], nfiles: int | None, problems: Problems, ranges
         if parsed is None:
             continue
         dtype, shape, table = parsed
+        crcs = table[:, -1]
+        bad = np.flatnonzero((crcs < 0) | (crcs >= CRC_LIMIT))
+        if len(bad):
+            problems.add(f"tensor {fqn!r}: shard row {int(bad[0])}: checksum {int(crcs[bad[0]])} out of range")
+            continue
+        table = table[:, :-1]
         found = tensor_problems(fqn, shape, dtype, table, nfiles)
         if found:
             problems.extend(found)
@@ -235,9 +270,9 @@ def _tensors(doc: dict[str, Any], nfiles: int | None, problems: Problems, ranges
         ranges.append((fqn, table[:, 2 * nd], table[:, 2 * nd + 1], table[:, 2 * nd + 2]))
         if not problems:  # records only for a document that may still decode
             f = 2 * nd
-            shards = tuple(
-                ShardRecord(tuple(r[:nd]), tuple(r[nd:f]), r[f], r[f + 1], r[f + 2], r[f + 3]) for r in table.tolist()
-            )
+            rows = table.tolist()
+            shards = tuple(ShardRecord(tuple(r[:nd]), tuple(r[nd:f]), r[f], r[f + 1], r[f + 2]) for r in rows)
+            units.extend((r[f], r[f + 1], r[f + 2], c) for r, c in zip(rows, crcs.tolist()))
             tensors[fqn] = TensorRecord(fqn, dtype, shape, shards)
     return tensors
 
@@ -279,18 +314,22 @@ def _table(head: str, table: Any, width: int) -> np.ndarray:
     return np.frombuffer(raw, dtype="<i8").reshape(-1, width).astype(np.int64, copy=False)
 
 
-def _blobs(doc: dict[str, Any], nfiles: int | None, problems: Problems, ranges: Ranges) -> dict[str, BlobRecord]:
+def _blobs(
+    doc: dict[str, Any], nfiles: int | None, problems: Problems, ranges: Ranges, units: list[tuple[int, int, int, int]]
+) -> dict[str, BlobRecord]:
     raw = _part(problems, "blobs", lambda: _typed(doc.get("blobs", {}), dict, "blobs must be an object"))
     blobs: dict[str, BlobRecord] = {}
     for key, row in (raw or {}).items():
-        blob = _part(problems, f"blob {key!r}", partial(_blob, key, row))
-        if blob is None:
+        parsed = _part(problems, f"blob {key!r}", partial(_blob, key, row))
+        if parsed is None:
             continue
+        blob, crc = parsed
         found = blob_problems(blob, nfiles)
         if found:
             problems.extend(found)
             continue
         ranges.append((key, *_one_range(blob)))
+        units.append((blob.file_index, blob.byte_offset, blob.byte_length, crc))
         blobs[key] = blob
     return blobs
 
@@ -304,11 +343,11 @@ def _one_range(blob: BlobRecord) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     )
 
 
-def _blob(key: str, row: Any) -> BlobRecord:
+def _blob(key: str, row: Any) -> tuple[BlobRecord, int]:
     if not isinstance(row, list) or len(row) != 4:
         raise _Bad(f"blob {key!r}: entry must be [file, offset, length, crc32c]")
-    fidx, boff, blen, crc = (_int(v, f"blob {key!r} field") for v in row)
-    return BlobRecord(key, fidx, boff, blen, crc)
+    fidx, boff, blen = (_int(v, f"blob {key!r} field") for v in row[:3])
+    return BlobRecord(key, fidx, boff, blen), _int(row[3], f"blob {key!r} checksum", 0, CRC_LIMIT - 1)
 
 
 READER = V1Reader()

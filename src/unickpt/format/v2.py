@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from .checksums import RangeChecksums
 from .records import Metadata
 from .sections import SectionRegistry
 from .v1 import read_body, write_body
@@ -31,7 +32,7 @@ class V2Writer:
     """Writes metadata whose sections all fit version 2 (and metadata without any, when asked)."""
 
     def can_write(self, md: Metadata, sections: SectionRegistry) -> bool:
-        return sections.min_format_version(md.sections) <= VERSION
+        return sections.min_format_version(md.sections) <= VERSION and isinstance(md.checksums, RangeChecksums)
 
     def write(self, md: Metadata, sections: SectionRegistry) -> dict[str, Any]:
         doc = write_body(md, VERSION)

@@ -5,10 +5,12 @@ Who calls what, in which order:
 
 - **Decoding** (``format.v1.read_body``, for every format version): per tensor
   :func:`tensor_problems` (size, then the bounds of every shard row: non-negative, below
-  ``MAX_BYTES``, inside the shape, a known file, byte length = box size, a 32-bit checksum; then
-  coverage, i.e. the shards tile the tensor, via ``format.tiling``), :func:`blob_problems` per
-  blob, :func:`file_name_problems`, and :func:`byte_range_problems` over every range of every
-  file. The reader turns the collected sentences into one ``CorruptMetadataError``.
+  ``MAX_BYTES``, inside the shape, a known file, byte length = box size; then coverage, i.e. the
+  shards tile the tensor, via ``format.tiling``), :func:`blob_problems` per blob,
+  :func:`file_name_problems`, :func:`byte_range_problems` over every range of every file and
+  :func:`checksum_problems` (the checksums' consistency; where the metadata records file sizes,
+  format version 3, every range inside its file). The reader turns the collected sentences into
+  one ``CorruptMetadataError``.
 - **Save planning** (``planning.save_plan.plan_save``, the plan's self-check):
   :func:`box_coverage_problem` on the boxes the ranks will write and :func:`byte_range_problems`
   on the byte layout, so a plan that passes decodes; one ``PlanningError``.
@@ -60,6 +62,9 @@ __all__ = [
     "file_name_problems",
     "byte_range_problems",
     "overlap_problems",
+    "extent_problems",
+    "checksum_problems",
+    "CRC_LIMIT",
     "validate_metadata",
     "check_targets",
     "keys_error",
@@ -68,7 +73,7 @@ __all__ = [
 
 MAX_BYTES = 1 << 56  # 64 PiB: no tensor, shard, file offset or blob is larger (absurd beyond)
 MAX_NDIM = 64
-_CRC_LIMIT = 1 << 32
+CRC_LIMIT = 1 << 32  # checksums are 32-bit
 
 
 class Problems:
@@ -114,12 +119,12 @@ def corrupt(source: str, what: str) -> CorruptMetadataError:
 
 
 def shard_table(rec: TensorRecord) -> np.ndarray:
-    """The shards of ``rec`` as the (n, 2 * ndim + 4) int64 table the checks read: one row
-    ``[*offsets, *lengths, file_index, byte_offset, byte_length, crc32c]`` per shard (the layout
-    of format version 1's shard rows). TypeError for a field that is not an int, OverflowError
-    for one beyond int64, ValueError for a box whose rank is not the tensor's."""
-    width = 2 * len(rec.shape) + 4
-    rows = [[*s.offsets, *s.lengths, s.file_index, s.byte_offset, s.byte_length, s.crc32c] for s in rec.shards]
+    """The shards of ``rec`` as the (n, 2 * ndim + 3) int64 table the checks read: one row
+    ``[*offsets, *lengths, file_index, byte_offset, byte_length]`` per shard. TypeError for a
+    field that is not an int, OverflowError for one beyond int64, ValueError for a box whose rank
+    is not the tensor's."""
+    width = 2 * len(rec.shape) + 3
+    rows = [[*s.offsets, *s.lengths, s.file_index, s.byte_offset, s.byte_length] for s in rec.shards]
     if any(type(v) is not int for row in rows for v in row):
         raise TypeError(f"tensor {rec.fqn!r}: shard fields must be ints")
     return np.array(rows, dtype=np.int64).reshape(len(rows), width)
@@ -139,8 +144,8 @@ def tensor_problems(fqn: str, shape: tuple[int, ...], dtype: str, table: np.ndar
     if math.prod(shape) * isz > MAX_BYTES:
         return [f"{head} shape {shape} is absurdly large"]
     nd = len(shape)
-    if table.ndim != 2 or table.shape[1] != 2 * nd + 4:
-        return [f"{head} shard rows do not have the {2 * nd + 4} fields of a rank-{nd} tensor"]
+    if table.ndim != 2 or table.shape[1] != 2 * nd + 3:
+        return [f"{head} shard rows do not have the {2 * nd + 3} fields of a rank-{nd} tensor"]
     out = _row_problems(head, shape, isz, table, nfiles)
     if out:
         return out
@@ -156,7 +161,7 @@ def _row_problems(head: str, shape: tuple[int, ...], isz: int, table: np.ndarray
         return []
     nd = len(shape)
     offs, lens = table[:, :nd], table[:, nd : 2 * nd]
-    fidx, boff, blen, crc = (table[:, 2 * nd + i] for i in range(4))
+    fidx, boff, blen = (table[:, 2 * nd + i] for i in range(3))
     kinds: list[tuple[Any, Callable[[int], str]]] = [
         ((table < 0).any(axis=1), lambda i: f"negative field {int(table[i].min())}"),
         ((table > MAX_BYTES).any(axis=1), lambda i: f"absurd value {int(table[i].max())} (above {MAX_BYTES})"),
@@ -169,7 +174,6 @@ def _row_problems(head: str, shape: tuple[int, ...], isz: int, table: np.ndarray
             blen != np.prod(lens, axis=1, dtype=np.int64) * isz,
             lambda i: f"byte length {int(blen[i])} != box size {math.prod(int(v) for v in lens[i]) * isz}",
         ),
-        (crc >= _CRC_LIMIT, lambda i: f"checksum {int(crc[i])} out of range"),
     ]
     if nfiles is not None:
         kinds.insert(3, (fidx >= nfiles, lambda i: f"names file #{int(fidx[i])} of {nfiles} (file index out of range)"))
@@ -198,8 +202,8 @@ def _rows_ok(shape: tuple[int, ...], isz: int, rows: list[list[int]], nfiles: in
             if row[d] + row[nd + d] > shape[d]:
                 return False
             size *= row[nd + d]
-        fidx, boff, blen, crc = row[2 * nd :]
-        if fidx > limit or boff + blen > MAX_BYTES or blen != size or crc >= _CRC_LIMIT:
+        fidx, boff, blen = row[2 * nd :]
+        if fidx > limit or boff + blen > MAX_BYTES or blen != size:
             return False
     return True
 
@@ -266,15 +270,15 @@ def box_coverage_problem(shape: Sequence[int], boxes: Sequence[tuple[Sequence[in
 def blob_problems(blob: BlobRecord, nfiles: int | None) -> list[str]:
     """Bounds of one blob's byte range (``blob 'key': ...``)."""
     head = f"blob {blob.key!r}"
-    vals = (blob.file_index, blob.byte_offset, blob.byte_length, blob.crc32c)
+    vals = (blob.file_index, blob.byte_offset, blob.byte_length)
     if any(type(v) is not int or not 0 <= v <= MAX_BYTES for v in vals):
         return [f"{head}: fields must be integers in [0, {MAX_BYTES}], got {list(vals)}"]
     out = []
     if nfiles is not None and blob.file_index >= nfiles:
         out.append(f"{head} names file #{blob.file_index} of {nfiles}")
-    if blob.byte_offset + blob.byte_length > MAX_BYTES or blob.crc32c >= _CRC_LIMIT:
+    if blob.byte_offset + blob.byte_length > MAX_BYTES:
         end = blob.byte_offset + blob.byte_length
-        out.append(f"{head}: byte range [{blob.byte_offset}, {end}) or checksum is absurd")
+        out.append(f"{head}: byte range [{blob.byte_offset}, {end}) is absurd")
     return out
 
 
@@ -336,9 +340,46 @@ def overlap_problems(
     ]
 
 
+def extent_problems(
+    files: Sequence[str], sizes: Sequence[int], ranges: Iterable[tuple[str, np.ndarray, np.ndarray, np.ndarray]]
+) -> list[str]:
+    """Every byte range lies inside its file (``sizes``: each file's recorded size; ranges as
+    :func:`byte_range_problems`, in bounds). One sentence per owner with a range past its file's end."""
+    limit = np.asarray(sizes, dtype=np.int64)
+    out = []
+    for owner, fidx, boff, blen in ranges:
+        if not len(fidx):
+            continue
+        bad = np.flatnonzero(boff + blen > limit[fidx])
+        if len(bad):
+            i = int(bad[0])
+            f = int(fidx[i])
+            out.append(
+                f"{owner!r}: byte range [{int(boff[i])}, {int(boff[i] + blen[i])}) ends past the "
+                f"{int(limit[f])} bytes recorded for {files[f]}"
+            )
+    return out
+
+
+def checksum_problems(md: Metadata, ranges: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]]) -> list[str]:
+    """The checksums' own consistency and, where they record file sizes, every range inside its
+    file (``ranges`` as :func:`byte_range_problems`, in bounds)."""
+    sums = md.checksums
+    if sums is None:
+        return []
+    own = getattr(sums, "problems", None)
+    found = list(own()) if own is not None else []
+    sizes = getattr(sums, "file_sizes", None)
+    if found or sizes is None:
+        return found
+    if len(sizes) != len(md.files):
+        return [f"checksums record {len(sizes)} file sizes for {len(md.files)} files"]
+    return extent_problems(md.files, sizes, ranges)
+
+
 def validate_metadata(md: Metadata, source: str = "<metadata>") -> None:
-    """The decoder's checks of files, tensors, blobs and byte ranges, on records built in memory
-    (field types and sections are the codec's business); one ``CorruptMetadataError``
+    """The decoder's checks of files, tensors, blobs, byte ranges and checksums, on records built
+    in memory (field types and sections are the codec's business); one ``CorruptMetadataError``
     (``corrupt checkpoint metadata {source}: ...``) listing every problem."""
     problems = Problems()
     problems.extend(file_name_problems(md.files))
@@ -362,6 +403,8 @@ def validate_metadata(md: Metadata, source: str = "<metadata>") -> None:
             one = np.array([blob.file_index, blob.byte_offset, blob.byte_length], dtype=np.int64)
             ranges.append((key, one[0:1], one[1:2], one[2:3]))
     problems.extend(byte_range_problems(md.files, ranges))
+    if not problems:
+        problems.extend(checksum_problems(md, ranges))
     problems.raise_if_any(lambda text: corrupt(source, text))
 
 

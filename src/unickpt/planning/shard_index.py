@@ -28,6 +28,10 @@ layouts jobs save:
   the bisection misses, such as a brick wall) the query falls back to the numpy scan of all
   shards, whose table is built once per tensor and kept here.
 
+Tensors of a regular layout (``format.layouts.SplitShards``) need none of this: the parts a box
+touches follow from its rows along the split dimension (``SplitShards.overlapping``), so a rank
+never materialises the shards it does not read.
+
 A ``ShardIndex`` belongs to one ``Metadata`` object: create it, pass it to the planning calls
 on that metadata (``engine.load_pipeline`` uses one for a load attempt's probes and items), and
 drop it. What it caches (the sort permutation and the numpy tables of tensors that needed
@@ -43,6 +47,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..format.layouts import SplitShards
 from ..format.records import Metadata, ShardRecord, TensorRecord
 
 __all__ = ["ShardIndex", "INDEX_FROM", "scan_overlapping"]
@@ -91,6 +96,8 @@ class ShardIndex:
         :func:`scan_overlapping` returns. Raises KeyError for an unknown ``fqn``."""
         rec = self.md.tensors[fqn]
         shards = rec.shards
+        if isinstance(shards, SplitShards):  # a regular layout: the parts follow from the box
+            return shards.overlapping(offsets, lengths)
         nd = len(rec.shape)
         if len(shards) < INDEX_FROM or nd == 0 or len(offsets) != nd or len(lengths) != nd:
             return scan_overlapping(shards, offsets, lengths)

@@ -11,8 +11,11 @@ into any framework at any world size):
   read with ``SafeDCPUnpickler``, which builds only DCP's metadata classes, ``torch.Size``,
   dtypes and layouts, and refuses everything else before anything runs. Tensor keys are kept;
   torch's ``get_state_dict`` optimizer keys ``optim.state.<fqn>.<name>`` become unickpt's
-  ``optimizer.state.<fqn>.<name>``. Non-tensor entries (param groups, bytes) are listed as
-  skipped: load the imported checkpoint with ``strict=False`` into an optimizer, or model only.
+  ``optimizer.state.<fqn>.<name>``, and its param groups (``optim.param_groups``, stored by DCP
+  as a ``torch.save`` of plain values) unickpt's: read with ``torch.load(weights_only=True)``,
+  which rebuilds plain values only (DCP's own loader would unpickle anything), so the imported
+  checkpoint loads into a live optimizer with its hyper-parameters. Other non-tensor entries are
+  listed as skipped.
 Export:
 - ``to_dcp(path, out)``: every tensor of a unickpt checkpoint, whole, written by DCP itself
   (``torch.distributed.checkpoint.save`` in one process), under unickpt's keys.
@@ -32,6 +35,7 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError, CorruptMetadataError
+from ..format.values import encode_value
 from ..frameworks.flat import FlatTensors
 
 __all__ = ["ConvertResult", "SafeDCPUnpickler", "read_dcp_metadata", "from_hf", "from_dcp", "to_dcp"]
@@ -97,12 +101,12 @@ def read_dcp_metadata(folder: str) -> Any:
     return md
 
 
-def _save_flat(tensors: dict[str, torch.Tensor], out: str) -> None:
+def _save_flat(tensors: dict[str, torch.Tensor], out: str, objects: dict[str, Any] | None = None) -> None:
     import unickpt
 
     if os.path.exists(out) and os.listdir(out):
         raise CheckpointError(f"convert: {out} is not empty; convert writes a new checkpoint only")
-    unickpt.save(out, {"model": FlatTensors(tensors)}, framework="tensors")
+    unickpt.save(out, {"model": FlatTensors(tensors, objects)}, framework="tensors")
 
 
 def from_hf(folder: str, out: str) -> ConvertResult:
@@ -141,21 +145,87 @@ class _SafeReader:  # built lazily: FileSystemReader is imported only when DCP i
         return Reader(folder)
 
 
-def _dcp_tensors(folder: str) -> tuple[dict[str, torch.Tensor], list[str]]:
+def _dcp_tensors(folder: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Every tensor of a DCP checkpoint, and its non-tensor entries as plain values."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+    class PlainValues(DefaultLoadPlanner):
+        """DCP's planner, but non-tensor entries are rebuilt as plain values only."""
+
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            try:
+                self.state_dict[read_item.dest_index.fqn] = torch.load(value, weights_only=True)
+            except Exception as e:  # not plain values: refused, never unpickled
+                raise CorruptMetadataError(
+                    f"{folder}: entry {read_item.dest_index.fqn!r} is not plain values ({type(e).__name__}); refused"
+                ) from None
+
     md = read_dcp_metadata(folder)
-    state: dict[str, torch.Tensor] = {}
-    skipped = []
+    state: dict[str, Any] = {}
     for key, meta in md.state_dict_metadata.items():
         if isinstance(meta, TensorStorageMetadata):
             state[key] = torch.empty(tuple(meta.size), dtype=meta.properties.dtype)
         else:
-            skipped.append(key)
+            state[key] = None  # filled by PlainValues.load_bytes
     if state:
-        dcp.load(state, storage_reader=_SafeReader.make(folder), no_dist=True)
-    return state, skipped
+        planner = PlainValues(flatten_state_dict=False, flatten_sharded_tensors=False)
+        try:
+            dcp.load(state, storage_reader=_SafeReader.make(folder), planner=planner, no_dist=True)
+        except BaseException as e:  # DCP wraps what its reader raised (a BaseException): ours surfaces as itself
+            ours = _checkpoint_error(e)
+            if ours is None:
+                raise
+            raise ours from None
+    tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    return tensors, {k: v for k, v in state.items() if k not in tensors}
+
+
+def _checkpoint_error(e: BaseException) -> CheckpointError | None:
+    """The ``CheckpointError`` inside an exception DCP raised (DCP collects the failures of its
+    reads into its own ``CheckpointException``: rank -> (exception, traceback)), if any."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [e]
+    while todo:
+        x = todo.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, CheckpointError):
+            return x
+        failures = getattr(x, "failures", None)
+        if isinstance(failures, dict):
+            for f in failures.values():
+                todo += [x for x in (f if isinstance(f, tuple) else (f,)) if isinstance(x, BaseException)]
+        todo += [c for c in (x.__cause__, x.__context__) if c is not None]
+    return None
+
+
+def _param_groups(values: dict[str, Any], part: str | None) -> tuple[list[dict[str, Any]] | None, set[str]]:
+    """The optimizer's param groups among a DCP checkpoint's plain values, and the keys they
+    came from. DCP flattens ``get_state_dict``'s ``optim["param_groups"]`` (a list of dicts) into
+    ``optim.param_groups.<i>.<name>`` entries (ByteCheckpoint's ``optimizer/``:
+    ``param_groups.<i>.<name>``); each group is a dict of hyper-parameters with ``params``, the
+    parameters' fqns."""
+    head = "param_groups." if part == "optimizer" else "optim.param_groups."
+    groups: dict[int, dict[str, Any]] = {}
+    used = set()
+    for key, value in values.items():
+        if not key.startswith(head):
+            continue
+        index, _, name = key[len(head) :].partition(".")
+        if not index.isdigit() or not name:
+            continue
+        groups.setdefault(int(index), {})[name] = value
+        used.add(key)
+    ordered = [groups[i] for i in sorted(groups)]
+    ok = (
+        bool(ordered)
+        and list(sorted(groups)) == list(range(len(ordered)))
+        and all(isinstance(g.get("params"), list) and all(isinstance(p, str) for p in g["params"]) for g in ordered)
+    )
+    return (ordered, used) if ok else (None, set())
 
 
 def _unickpt_key(key: str, part: str | None) -> str:
@@ -181,9 +251,13 @@ def from_dcp(folder: str, out: str) -> ConvertResult:
             )
     tensors: dict[str, torch.Tensor] = {}
     skipped: list[str] = []
+    groups: list[dict[str, Any]] | None = None
     for sub, part in parts:
-        state, skip = _dcp_tensors(sub)
-        skipped += [f"{part}/{k}" if part else k for k in skip]
+        state, values = _dcp_tensors(sub)
+        found, used = _param_groups(values, part)
+        if found is not None:
+            groups = found
+        skipped += [f"{part}/{k}" if part else k for k in values if k not in used]
         for k, v in state.items():
             name = _unickpt_key(k, part)
             if name in tensors:
@@ -191,7 +265,10 @@ def from_dcp(folder: str, out: str) -> ConvertResult:
             tensors[name] = v
     if not tensors:
         raise CheckpointError(f"{folder}: no tensors to import")
-    _save_flat(tensors, out)
+    objects = {}
+    if groups is not None:  # as the optimizer adapters save them (frameworks.module_state)
+        objects["optimizer"] = encode_value({"param_groups": groups, "state_values": {}}, "optimizer")
+    _save_flat(tensors, out, objects)
     return ConvertResult(out, len(tensors), tuple(skipped))
 
 

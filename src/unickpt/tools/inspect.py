@@ -8,11 +8,9 @@ Who calls what, in order (``cli.main`` -> ``run_inspect``):
      so missing or short files show up without reading them;
   3. ``summarize(md, ...)``  pure function: Metadata -> ``Summary`` (tensors, topology, files, blobs,
      totals). Unit tests call it directly on a decoded Metadata;
-  4. optional ``verify(md, storage)``  reads every shard and checks CRC32C through the load
-     engine's own ``read_stage`` (same file checks, same error messages), batch by batch into one
-     reusable buffer; a shard larger than the buffer, and every blob, is streamed through it with
-     an incremental CRC32C, so memory stays fixed whatever sizes the metadata claims; it reports
-     the first failures;
+  4. optional ``verify(md, storage)`` (``tools.verify``)  reads every byte the metadata names and
+     checks every checksum through reusable buffers, so memory stays fixed whatever sizes the
+     metadata claims; it reports the first failures;
   5. ``format_text(summary)`` or ``to_json(summary)`` renders the result.
 Errors are unickpt ``CheckpointError``s; the CLI prints them and exits with code 2.
 """
@@ -20,24 +18,17 @@ Errors are unickpt ``CheckpointError``s; the CLI prints them and exits with code
 from __future__ import annotations
 
 import json
-import math
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
-import crc32c
-import torch
-
 from ..coordination.single import SingleProcessCoordinator
-from ..engine.bytes_view import tensor_bytes
-from ..engine.read import read_metadata_bytes, read_stage
-from ..errors import CheckpointError, ChecksumMismatchError, TruncatedDataFileError
-from ..format import METADATA_FILE, Metadata, decode_metadata, dtype_from_name
-from ..planning.load_plan import CopyOp, ShardRead
-from ..planning.specs import LoadItem, ShardSpec
+from ..engine.read import read_metadata_bytes
+from ..format import METADATA_FILE, Metadata, decode_metadata
 from ..storage import Storage, open_storage
 from ..storage.base import METADATA_LIMIT
+from .verify import VerifyReport, verify
 
 __all__ = [
     "TensorInfo",
@@ -95,17 +86,6 @@ class Totals:
     files: int
     file_bytes: int  # sum of FileInfo.bytes
     metadata_bytes: int
-
-
-@dataclass(slots=True)
-class VerifyReport:
-    ok: bool
-    shards_checked: int
-    blobs_checked: int
-    bytes_checked: int
-    seconds: float
-    failures: list[str] = field(default_factory=list)  # the first failures, in file order
-    failures_total: int = 0
 
 
 @dataclass(slots=True)
@@ -196,145 +176,6 @@ def summarize(
         totals=totals,
         sizes_checked=sizes is not None,
     )
-
-
-# ----------------------------------------------------------------------------------- verify
-
-
-def _shard_reads(md: Metadata) -> list[tuple[str, int]]:
-    """Every (fqn, shard index) in file / byte order, so reads sweep each file forward."""
-    out = [(fqn, i) for fqn, t in md.tensors.items() for i in range(len(t.shards))]
-
-    def order(key: tuple[str, int]) -> tuple[int, int]:
-        s = md.tensors[key[0]].shards[key[1]]
-        return (s.file_index, s.byte_offset)
-
-    return sorted(out, key=order)
-
-
-def _stream_crc(storage: Storage, name: str, offset: int, length: int, size: int | None, buf: memoryview) -> int:
-    """CRC32C of bytes [offset, offset + length) of ``name``, read through ``buf`` piece by piece."""
-    if size is not None and size < offset + length:
-        raise TruncatedDataFileError(
-            f"data file {storage.url}/{name} is truncated: {size} bytes, but bytes up to {offset + length} are needed"
-        )
-    crc, pos = 0, 0
-    while pos < length:
-        n = min(len(buf), length - pos)
-        storage.read_into(name, offset + pos, buf[:n])
-        crc = crc32c.crc32c(buf[:n], crc)
-        pos += n
-    return crc
-
-
-def _scratch(pool: torch.Tensor, offset: int, dtype: torch.dtype, lengths: tuple[int, ...]) -> torch.Tensor:
-    n = math.prod(lengths) * dtype.itemsize
-    return pool[offset : offset + n].view(dtype).view(lengths)
-
-
-def verify(
-    md: Metadata,
-    storage: Storage,
-    *,
-    sizes: dict[str, int | None] | None = None,
-    threads: int = 4,
-    max_failures: int = 10,
-    batch_bytes: int = _VERIFY_BATCH_BYTES,
-) -> VerifyReport:
-    """Read every shard and blob, check each CRC32C; never raises for a bad file, reports it.
-
-    A missing data file is one failure (its shards are not tried). The other shards are read in
-    batches of about ``batch_bytes`` into one reusable buffer by the load engine (``read_stage``
-    with verification on); a failing batch is re-read shard by shard so every bad shard is
-    reported (up to ``max_failures`` messages; all are counted). A shard larger than the buffer
-    and every blob are streamed through it (incremental CRC32C): nothing else is allocated,
-    whatever the metadata claims. ``sizes``: ``file_sizes``' result when the caller has it."""
-    t0 = time.perf_counter()
-    report = VerifyReport(ok=True, shards_checked=0, blobs_checked=0, bytes_checked=0, seconds=0.0)
-    sizes = file_sizes(storage, md) if sizes is None else sizes
-    missing = {i for i, name in enumerate(md.files) if sizes.get(name) is None}
-
-    def fail(msg: str) -> None:
-        report.ok = False
-        report.failures_total += 1
-        if len(report.failures) < max_failures:
-            report.failures.append(msg)
-
-    def stream(name: str, offset: int, length: int, crc: int, what: str) -> None:
-        got = _stream_crc(storage, name, offset, length, sizes.get(name), tensor_bytes(pool))
-        if got != crc:
-            raise ChecksumMismatchError(
-                f"checksum mismatch for {what} in {storage.url}/{name} at byte {offset}: stored "
-                f"{crc:#010x}, read {got:#010x} (the file is corrupt)"
-            )
-
-    def run(batch: list[tuple[str, int]]) -> None:
-        items: list[LoadItem] = []
-        reads: list[ShardRead] = []
-        offset = 0
-        for fqn, sidx in batch:
-            rec = md.tensors[fqn]
-            shard = rec.shards[sidx]
-            dtype = dtype_from_name(rec.dtype)
-            if len(batch) == 1 and shard.byte_length > len(pool):
-                what = f"{fqn!r} shard offsets={shard.offsets} lengths={shard.lengths}"
-                stream(md.files[shard.file_index], shard.byte_offset, shard.byte_length, shard.crc32c, what)
-                return
-            dest = _scratch(pool, offset, dtype, shard.lengths)
-            offset += -(-shard.byte_length // _ALIGN) * _ALIGN
-            spec = ShardSpec(fqn, rec.dtype, rec.shape, shard.offsets, shard.lengths)
-            zeros = (0,) * len(shard.lengths)
-            reads.append(ShardRead(fqn, sidx, (CopyOp(len(items), zeros, zeros, shard.lengths),)))
-            items.append(LoadItem(spec, dest))
-        read_stage(md, storage, coord=_ONE, items=items, reads=reads, threads=threads, verify=True, dedup=False)
-
-    def check(batch: list[tuple[str, int]]) -> None:
-        try:
-            run(batch)
-        except CheckpointError as e:
-            if len(batch) == 1:
-                fail(f"{type(e).__name__}: {e}")
-                return
-            for one in batch:  # find every bad shard of the batch
-                check([one])
-            return
-        report.shards_checked += len(batch)
-        report.bytes_checked += sum(md.tensors[f].shards[i].byte_length for f, i in batch)
-
-    todo = [k for k in _shard_reads(md) if md.tensors[k[0]].shards[k[1]].file_index not in missing]
-    for fidx in sorted(missing):
-        held = [fqn for fqn, t in md.tensors.items() if any(x.file_index == fidx for x in t.shards)]
-        held += [b.key for b in md.blobs.values() if b.file_index == fidx]
-        fail(
-            f"MissingDataFileError: data file {storage.url}/{md.files[fidx]} is missing "
-            f"(it holds {len(held)} tensors/blobs, e.g. {held[:3]})"
-        )
-    need = sum(-(-md.tensors[f].shards[i].byte_length // _ALIGN) * _ALIGN for f, i in todo)
-    need = max([need] + [b.byte_length for b in md.blobs.values()])
-    pool = torch.empty(min(need, batch_bytes) + _ALIGN, dtype=torch.uint8)  # the only buffer
-    batch: list[tuple[str, int]] = []
-    used = 0
-    for fqn, sidx in todo:
-        size = -(-md.tensors[fqn].shards[sidx].byte_length // _ALIGN) * _ALIGN
-        if batch and used + size > batch_bytes:
-            check(batch)
-            batch, used = [], 0
-        batch.append((fqn, sidx))
-        used += size
-    if batch:
-        check(batch)
-    for blob in sorted(md.blobs.values(), key=lambda b: b.key):
-        if blob.file_index in missing:
-            continue
-        try:
-            stream(md.files[blob.file_index], blob.byte_offset, blob.byte_length, blob.crc32c, f"blob {blob.key!r}")
-        except CheckpointError as e:
-            fail(f"{type(e).__name__}: {e}")
-            continue
-        report.blobs_checked += 1
-        report.bytes_checked += blob.byte_length
-    report.seconds = time.perf_counter() - t0
-    return report
 
 
 # ----------------------------------------------------------------------------------- rendering

@@ -57,13 +57,20 @@ def shard_lines(md: Metadata, key: str) -> list[str]:
     if rec is None:
         return [f"no tensor {key!r} (see the tensor table)"]
     lines = ["", f"shards of {key} ({rec.dtype}, shape {list(rec.shape)}, {len(rec.shards)} shards):"]
-    lines.append(
-        "  OFFSETS                LENGTHS                FILE                              BYTE OFFSET   BYTES  CRC32C"
-    )
+    head = "  OFFSETS                LENGTHS                FILE                              BYTE OFFSET   BYTES"
+    lines.append(head + "  CHECKSUMS")
     for s in rec.shards:
+        end = s.byte_offset + s.byte_length
+        units = md.checksums.cover(s.file_index, s.byte_offset, end) if md.checksums else None
+        sums = (
+            "-"
+            if units is None
+            else ", ".join(f"{c:#010x}" for c in units.crcs[:2])
+            + (f" +{len(units.crcs) - 2}" if len(units.crcs) > 2 else "")
+        )
         lines.append(
             f"  {list(s.offsets)!s:22s} {list(s.lengths)!s:22s} {md.files[s.file_index]:33s} "
-            f"{s.byte_offset:>11} {s.byte_length:>7}  {s.crc32c:#010x}"
+            f"{s.byte_offset:>11} {s.byte_length:>7}  {sums}"
         )
     return lines
 

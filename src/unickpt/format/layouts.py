@@ -1,0 +1,169 @@
+"""Regular layouts: tensors split the same way over many files, described once (format version 3).
+
+A job whose ranks each hold the same slice of every tensor (FSDP's ``Shard(0)`` over all ranks,
+ZeRO-3: rank p holds chunk p of each tensor) writes files that all look alike: file p holds
+chunk p of tensor 1, then chunk p of tensor 2, ... each at the next 64-byte boundary. A
+:class:`SplitLayout` says exactly that (the files, one per part, and the tensors in byte order
+with the dimension they are split along), so the metadata grows with the tensors, not with
+tensors x ranks: a tensor of such a layout has no shard rows, and its shards
+(:class:`SplitShards`) are computed when read, each byte offset from the sizes of the chunks
+before it in its file. Chunks follow ``torch.chunk``: ``c = ceil(n / parts)`` rows each, the last
+ones shorter or empty.
+
+Who calls what: the coordinator's commit (``engine.commit``) builds layouts for the groups the
+save plan found regular; ``format.v3`` writes and reads them (``layout_problems`` checks one:
+files, dimensions, every chunk inside its file); loads ask a tensor's shards like any other
+(``TensorRecord.shards``: a sequence), and ``planning.shard_index`` asks
+``SplitShards.overlapping`` for the parts a box touches in O(parts touched).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, overload
+
+import numpy as np
+
+from .records import ShardRecord
+
+__all__ = ["SplitLayout", "SplitShards", "chunk_rows", "ALIGN"]
+
+ALIGN = 64  # entries start at multiples of this (planning.save_plan.ENTRY_ALIGN)
+Shape = tuple[int, ...]
+
+
+def chunk_rows(n: int, parts: int, p: int) -> tuple[int, int]:
+    """``torch.chunk``'s part ``p`` of ``n`` rows in ``parts`` (padded to ``parts`` with empty
+    ones): (first row, rows)."""
+    c = -(-n // parts) if parts else 0
+    lo = min(n, p * c)
+    return lo, min(n, lo + c) - lo
+
+
+@dataclass(frozen=True, eq=False)
+class SplitLayout:
+    """Part ``p`` of every entry lives in file ``files[p]``; in each file the entries follow each
+    other in ``entries`` order, each at the next ``ALIGN`` boundary from offset 0. An entry is
+    ``(fqn, itemsize, shape, dim)``: the tensor, its element size, its shape, the dimension its
+    chunks split."""
+
+    files: tuple[int, ...]
+    entries: tuple[tuple[str, int, Shape, int], ...]
+    _offsets: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
+
+    @property
+    def parts(self) -> int:
+        return len(self.files)
+
+    def box(self, e: int, p: int) -> tuple[Shape, Shape]:
+        _, _, shape, d = self.entries[e]
+        lo, n = chunk_rows(shape[d], self.parts, p)
+        return tuple(lo if i == d else 0 for i in range(len(shape))), tuple(
+            n if i == d else s for i, s in enumerate(shape)
+        )
+
+    def _sizes(self, p: int) -> np.ndarray:
+        """Byte length of part ``p`` of every entry."""
+        out = np.empty(len(self.entries), dtype=np.int64)
+        for e, (_, isz, shape, d) in enumerate(self.entries):
+            out[e] = chunk_rows(shape[d], self.parts, p)[1] * (math.prod(shape) // shape[d] if shape[d] else 0) * isz
+        return out
+
+    def offsets(self, p: int) -> np.ndarray:
+        """Byte offset of part ``p`` of every entry in file ``files[p]`` (cached per part)."""
+        found = self._offsets.get(p)
+        if found is None:
+            sizes = self._sizes(p)
+            aligned = -(-sizes // ALIGN) * ALIGN
+            found = np.concatenate([[0], np.cumsum(aligned)[:-1]]) if len(sizes) else sizes
+            if len(self._offsets) < 64:  # a load touches a few parts; tools that walk all recompute
+                self._offsets[p] = found
+        return found
+
+    def ends(self) -> np.ndarray:
+        """Where the layout's bytes end in each file: the end of its last non-empty chunk there
+        (all parts at once, vectorised per entry). What the metadata's file sizes and any other
+        byte range of those files are checked against."""
+        parts = np.arange(self.parts, dtype=np.int64)
+        pos = np.zeros(self.parts, dtype=np.int64)
+        end = np.zeros(self.parts, dtype=np.int64)
+        for _, isz, shape, d in self.entries:
+            n = shape[d]
+            c = -(-n // self.parts)
+            rows = np.clip(n - parts * c, 0, c)
+            size = rows * ((math.prod(shape) // n if n else 0) * isz)
+            end = np.where(size > 0, pos + size, end)
+            pos += -(-size // ALIGN) * ALIGN
+        return end
+
+    def shard(self, e: int, p: int) -> ShardRecord:
+        offs, lens = self.box(e, p)
+        _, isz, _, _ = self.entries[e]
+        return ShardRecord(offs, lens, self.files[p], int(self.offsets(p)[e]), math.prod(lens) * isz)
+
+    def same_as(self, other: SplitLayout) -> bool:
+        return self.files == other.files and self.entries == other.entries
+
+
+class SplitShards(Sequence[ShardRecord]):
+    """The shards of entry ``e`` of a ``SplitLayout``, part by part (part ``i`` is shard ``i``,
+    empty parts included), computed when asked."""
+
+    __slots__ = ("entry", "layout")
+
+    def __init__(self, layout: SplitLayout, entry: int) -> None:
+        self.layout, self.entry = layout, entry
+
+    def __len__(self) -> int:
+        return self.layout.parts
+
+    @overload
+    def __getitem__(self, i: int) -> ShardRecord: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[ShardRecord]: ...
+
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            return tuple(self.layout.shard(self.entry, k) for k in range(*i.indices(len(self))))
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self.layout.shard(self.entry, i)
+
+    def __iter__(self) -> Iterator[ShardRecord]:
+        return (self.layout.shard(self.entry, k) for k in range(len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, SplitShards):
+            return self.entry == other.entry and self.layout.same_as(other.layout)
+        if isinstance(other, Sequence):
+            return tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.layout.files, self.layout.entries[self.entry], self.entry))
+
+    def __repr__(self) -> str:
+        fqn, _, shape, d = self.layout.entries[self.entry]
+        return f"SplitShards({fqn!r}, shape={shape}, dim={d}, parts={len(self)})"
+
+    @property
+    def dim(self) -> int:
+        return self.layout.entries[self.entry][3]
+
+    def overlapping(self, offsets: Shape, lengths: Shape) -> list[int]:
+        """The parts whose box overlaps ``(offsets, lengths)``: those whose rows along the split
+        dimension meet the box's (every other dimension is whole), in O(parts touched)."""
+        _, _, shape, d = self.layout.entries[self.entry]
+        for o, n, s in zip(offsets, lengths, shape):
+            if n <= 0 or o + n <= 0 or o >= s:
+                return []
+        lo, hi = max(offsets[d], 0), min(offsets[d] + lengths[d], shape[d])
+        c = -(-shape[d] // self.layout.parts)
+        if c == 0 or hi <= lo:
+            return []
+        return list(range(lo // c, min(self.layout.parts, -(-hi // c))))

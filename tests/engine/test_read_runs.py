@@ -1,0 +1,143 @@
+"""The read engine's runs (``engine.read_runs.RunJob``) against a plain oracle: for random byte
+spans of a file, some landing straight in their destination and some in temporaries, pieces read
+in any order deliver every need exactly its bytes, exactly once; a flipped byte anywhere in a
+chunk is caught by whichever read needs that chunk, and names what the chunk holds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from unickpt.engine.read_runs import Need, RunJob
+from unickpt.errors import ChecksumMismatchError
+from unickpt.format.checksums import ChunkChecksums, chunk_crcs
+from unickpt.planning.byte_runs import Span, plan_runs
+
+SETTINGS = settings(max_examples=200, deadline=None, derandomize=True, database=None)
+
+
+@st.composite
+def layouts(draw):
+    size = draw(st.integers(0, 700))
+    data = bytes(draw(st.lists(st.integers(0, 255), min_size=size, max_size=size)))
+    chunk = draw(st.sampled_from([1, 16, 64, 1000]))
+    spans, pos = [], 0
+    while pos < size and len(spans) < 8:
+        pos += draw(st.integers(0, 60))
+        n = draw(st.integers(0, 90))
+        if pos + n > size:
+            break
+        spans.append((pos, pos + n, draw(st.booleans())))  # (lo, hi, lands in its destination)
+        pos += n
+    piece = draw(st.sampled_from([7, 64, 1 << 20]))
+    return data, chunk, spans, piece, draw(st.randoms())
+
+
+def _run_all(data: bytes, chunk: int, spans, piece: int, rnd, verify: bool = True):
+    sums = ChunkChecksums.from_files(chunk, [(len(data), chunk_crcs([data], chunk))])
+    got: dict[int, list[bytes]] = {}
+    dests: dict[int, torch.Tensor] = {}
+    needs = []
+    for i, (lo, hi, direct) in enumerate(spans):
+        dest = torch.zeros(hi - lo, dtype=torch.uint8) if direct else None
+        if dest is not None:
+            dests[i] = dest
+        needs.append(Need("f", lo, hi, lambda b, i=i: got.setdefault(i, []).append(bytes(b.numpy())), f"t{i}", dest))
+
+    def cover(f: int, lo: int, hi: int) -> tuple[int, int]:
+        u = sums.cover(f, lo, hi)
+        return u.lo, u.hi
+
+    def read_into(name: str, offset: int, out: memoryview) -> None:
+        out[:] = data[offset : offset + len(out)]
+
+    runs = plan_runs(
+        [Span(0, lo, hi, i) for i, (lo, hi, _) in enumerate(spans)], cover if verify else lambda f, a, b: (a, b)
+    )
+    jobs = []
+    for run in runs:
+        units = sums.cover(0, run.lo, run.hi) if verify else sums.cover(0, 0, 0)
+        job = RunJob(run, "f", [needs[t] for t in run.tags], units, read_into, verify, "mem://x", 0, None, piece)
+        job.start()
+        jobs += [(job, p) for p in range(len(job.pieces()))]
+    rnd.shuffle(jobs)  # any order, as the reader pool may run them
+    for job, p in jobs:
+        job.read_piece(p)
+    return got, dests, sum(j.nbytes for j in {j for j, _ in jobs})
+
+
+@SETTINGS
+@given(layouts(), st.booleans())
+def test_every_need_gets_its_bytes_once_whatever_the_piece_order(case, verify: bool) -> None:
+    data, chunk, spans, piece, rnd = case
+    got, dests, _ = _run_all(data, chunk, spans, piece, rnd, verify)
+    assert sorted(got) == list(range(len(spans)))
+    for i, (lo, hi, _direct) in enumerate(spans):
+        assert got[i] == [data[lo:hi]], i  # exactly once, exactly its bytes
+        if i in dests and hi > lo:
+            assert bytes(dests[i].numpy()) == data[lo:hi]  # landed in place
+
+
+@SETTINGS
+@given(layouts(), st.data())
+def test_a_flipped_byte_is_caught_by_any_read_of_its_chunk(case, draw) -> None:
+    data, chunk, spans, piece, rnd = case
+    spans = [s for s in spans if s[1] > s[0]]
+    if not spans:
+        return
+    lo, hi, _ = draw.draw(st.sampled_from(spans))
+    at = draw.draw(st.integers(lo, hi - 1))
+    bad = bytearray(data)
+    bad[at] ^= 0x01
+    sums_of_good = data  # the checksums were taken of the good bytes
+
+    def run_bad():
+        # checksums of the good file, reads of the corrupted one
+        return _run_bad(bytes(bad), sums_of_good, chunk, spans, piece, rnd)
+
+    with pytest.raises(ChecksumMismatchError, match=rf"bytes \[{at // chunk * chunk}, "):
+        run_bad()
+
+
+def _run_bad(bad: bytes, good: bytes, chunk: int, spans, piece: int, rnd):
+    sums = ChunkChecksums.from_files(chunk, [(len(good), chunk_crcs([good], chunk))])
+    needs = [Need("f", lo, hi, lambda b: None, f"t{i}", None) for i, (lo, hi, _) in enumerate(spans)]
+
+    def cover(f: int, lo: int, hi: int) -> tuple[int, int]:
+        u = sums.cover(f, lo, hi)
+        return u.lo, u.hi
+
+    def read_into(name: str, offset: int, out: memoryview) -> None:
+        out[:] = bad[offset : offset + len(out)]
+
+    for run in plan_runs([Span(0, lo, hi, i) for i, (lo, hi, _) in enumerate(spans)], cover):
+        job = RunJob(
+            run, "f", [needs[t] for t in run.tags], sums.cover(0, run.lo, run.hi), read_into, True, "x", 0, None, piece
+        )
+        for p in range(len(job.pieces())):
+            job.read_piece(p)
+
+
+def test_checksum_error_names_what_the_chunk_holds() -> None:
+    data = bytes(range(200))
+    sums = ChunkChecksums.from_files(64, [(200, chunk_crcs([data], 64))])
+    bad = bytearray(data)
+    bad[70] ^= 0xFF
+    need = Need("f", 0, 200, lambda b: None, "model.w", None)
+    job = RunJob(
+        plan_runs([Span(0, 0, 200, 0)], lambda f, a, b: (a, b))[0],
+        "data/x.bin",
+        [need],
+        sums.cover(0, 0, 200),
+        lambda n, o, out: out.__setitem__(slice(None), bad[o : o + len(out)]),
+        True,
+        "/ck",
+        3,
+        lambda lo, hi: ["'model.w'", "blob 'extra_state/rank0'"],
+    )
+    with pytest.raises(ChecksumMismatchError) as info:
+        job.read_piece(0)
+    msg = str(info.value)
+    assert "rank 3" in msg and "/ck/data/x.bin bytes [64, 128)" in msg and "blob 'extra_state/rank0'" in msg
