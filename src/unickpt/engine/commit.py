@@ -28,6 +28,8 @@ from ..coordination.base import Coordinator
 from ..errors import CheckpointError, MissingDataFileError, PlanningError, TruncatedDataFileError
 from ..format.checksums import DEFAULT_CHUNK, ChunkChecksums
 from ..format.codec import encode_metadata
+from ..format.dtypes import itemsize
+from ..format.layouts import SplitLayout, SplitShards
 from ..format.records import (
     DATA_DIR,
     METADATA_FILE,
@@ -88,14 +90,25 @@ def build_metadata(
                 blobs[e.blob_key] = BlobRecord(e.blob_key, file_index[e.file], e.byte_offset, e.byte_length)
             else:
                 located[(rp.rank, e.item_index)] = (file_index[e.file], e.byte_offset, e.byte_length)
-    shards: dict[str, list[ShardRecord]] = {fqn: [] for fqn in gplan.tensors}
+    tensors: dict[str, TensorRecord] = {}
+    for files, entries in gplan.layouts:  # tensors split alike over every rank's files: described once
+        rows = []
+        for fqn, d in entries:
+            dtype, shape = gplan.tensors[fqn]
+            rows.append((fqn, itemsize(dtype), shape, d))
+        lay = SplitLayout(files, tuple(rows))
+        for pos, (fqn, _, shape, _) in enumerate(rows):
+            tensors[fqn] = TensorRecord(fqn, gplan.tensors[fqn][0], shape, SplitShards(lay, pos))
+    shards: dict[str, list[ShardRecord]] = {fqn: [] for fqn in gplan.tensors if fqn not in tensors}
     for fqn, offs, lens, rank, idx in gplan.writers:
+        if fqn in tensors:
+            continue
         fidx, boff, blen = located[(rank, idx)]
         shards[fqn].append(ShardRecord(offs, lens, fidx, boff, blen))
-    tensors = {
-        fqn: TensorRecord(fqn, dtype, shape, tuple(sorted(shards[fqn], key=lambda s: s.offsets)))
-        for fqn, (dtype, shape) in gplan.tensors.items()
-    }
+    for fqn, found in shards.items():
+        dtype, shape = gplan.tensors[fqn]
+        tensors[fqn] = TensorRecord(fqn, dtype, shape, tuple(sorted(found, key=lambda s: s.offsets)))
+    tensors = {fqn: tensors[fqn] for fqn in gplan.tensors}  # the plan's tensor order
     index = loader_index(blobs)
     return Metadata(
         format_version=OLDEST_FORMAT_VERSION,

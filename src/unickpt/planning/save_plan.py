@@ -13,7 +13,10 @@ while the local plans do not change. Steps:
 4. lay out bytes: each rank's items go into ``files_per_rank`` files, balanced by bytes, each
    entry starting at a multiple of ENTRY_ALIGN bytes; self-check that no two entries of a file
    overlap (``format.validation.overlap_problems``, again the decoder's check), so a plan that
-   passes here decodes.
+   passes here decodes;
+5. ``planning.regular.regularize``: tensors every rank holds one chunk of (FSDP over the whole
+   job) are laid out alike in every rank's files and recorded as layouts, so the metadata
+   describes each once.
 The coordinator receives the local plans as ``ShardTable``s (``plan_codec.decode_local_table``:
 columns, no record per remote shard) and ``plan_save`` runs these steps on columns
 (``table_plan.plan_tables``); the record planner here (``_plan_records``) plans what the
@@ -80,6 +83,9 @@ class GlobalSavePlan:
     tensors: dict[str, tuple[str, Shape]]  # fqn -> (dtype, global shape)
     # (fqn, offsets, lengths, rank, item_index); which rank writes each kept box
     writers: tuple[tuple[str, Shape, Shape, int, int], ...]
+    # regular layouts (planning.regular): per layout, the index in ``files`` of each part's file
+    # (part r: rank r's) and its tensors in byte order with the dimension they are split along
+    layouts: tuple[tuple[tuple[int, ...], tuple[tuple[str, int], ...]], ...] = ()
 
 
 # every entry starts at a multiple of this (element-aligned views, cache-line aligned copies)
@@ -103,14 +109,15 @@ def plan_save(
         raise PlanningError("local plans must come from ranks 0..world_size-1 in order")
     if files_per_rank < 1:
         raise PlanningError("files_per_rank must be >= 1")
+    from .regular import regularize  # split tensors laid out alike in every rank's files
     from .table_plan import plan_tables  # the column planner (it builds this module's records)
 
     tables = [p if isinstance(p, ShardTable) else ShardTable.of(p) for p in local_plans]
     fast = plan_tables(tables, save_id, files_per_rank)
     if fast is not None:
-        return fast
+        return regularize(fast, files_per_rank)
     records = [p if isinstance(p, LocalSavePlan) else p.to_plan() for p in local_plans]
-    return _plan_records(records, save_id, files_per_rank)
+    return regularize(_plan_records(records, save_id, files_per_rank), files_per_rank)
 
 
 def _plan_records(local_plans: list[LocalSavePlan], save_id: str, files_per_rank: int) -> GlobalSavePlan:

@@ -1,0 +1,158 @@
+"""Regular layouts in a save plan (pure functions): tensors every rank holds one ``torch.chunk``
+of, rank r chunk r (FSDP's ``Shard(0)`` over the whole job, ZeRO-3), laid out alike in every
+rank's files, so the metadata describes them once (``format.layouts.SplitLayout``) instead of
+one row per rank.
+
+Called by ``save_plan.plan_save`` on the coordinator, after either planner chose the writer of
+every box and laid out the bytes: ``regularize`` finds the split tensors among the writers,
+gives each one a part (file) of every rank by its size alone (the same on every rank), and lays
+out each rank's files again: the split tensors' chunks first, in the job's tensor order, each at
+the next 64-byte boundary (exactly where ``SplitLayout`` computes them), then the rank's other
+entries (replicated boxes it writes, irregular shards, blobs), largest first to the file with
+the fewest bytes. The plan keeps every entry and its size; only files and offsets move, and the
+plan records the layouts (``GlobalSavePlan.layouts``) for the commit's metadata.
+
+A tensor is split when it has at least one dimension, some elements, every rank writes exactly
+its own chunk along one dimension (chunk r of ``world`` parts, ``torch.chunk``'s rule, the other
+dimensions whole) and no chunk is empty. Anything else stays as rows.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import defaultdict
+from dataclasses import replace
+
+import numpy as np
+
+from ..errors import PlanningError
+from ..format.dtypes import itemsize
+from ..format.layouts import chunk_rows
+from ..format.validation import overlap_problems
+from .save_plan import ENTRY_ALIGN, GlobalSavePlan, RankSavePlan, WriteEntry, data_file_name
+
+__all__ = ["regularize", "split_tensors"]
+
+Shape = tuple[int, ...]
+
+
+def split_tensors(gplan: GlobalSavePlan) -> dict[str, int]:
+    """The tensors of ``gplan`` that every rank writes one non-empty ``torch.chunk`` of, rank r
+    chunk r: fqn -> the dimension they are split along (in the plan's tensor order)."""
+    world = len(gplan.rank_plans)
+    boxes: dict[str, list[tuple[Shape, Shape, int]]] = defaultdict(list)
+    for fqn, offs, lens, rank, _ in gplan.writers:
+        boxes[fqn].append((offs, lens, rank))
+    out = {}
+    for fqn, (_, shape) in gplan.tensors.items():
+        found = boxes.get(fqn, [])
+        if not shape or math.prod(shape) == 0 or len(found) != world:
+            continue
+        offs, lens, _ = found[0]
+        cut = [i for i, (o, n, s) in enumerate(zip(offs, lens, shape)) if o != 0 or n != s]
+        d = cut[0] if len(cut) == 1 else -1
+        if d < 0 or shape[d] < world or chunk_rows(shape[d], world, world - 1)[1] == 0:
+            continue
+        if all(_is_chunk(o, n, shape, d, world, r) for o, n, r in found):
+            out[fqn] = d
+    return out
+
+
+def _is_chunk(offs: Shape, lens: Shape, shape: Shape, d: int, world: int, rank: int) -> bool:
+    lo, n = chunk_rows(shape[d], world, rank)
+    return all((o, ln) == ((lo, n) if i == d else (0, s)) for i, (o, ln, s) in enumerate(zip(offs, lens, shape)))
+
+
+def regularize(gplan: GlobalSavePlan, files_per_rank: int) -> GlobalSavePlan:
+    """``gplan`` with its split tensors laid out alike in every rank's files (module docstring)
+    and those layouts recorded; ``gplan`` itself when it has none (one rank, or no split
+    tensor)."""
+    world = len(gplan.rank_plans)
+    split = split_tensors(gplan) if world > 1 else {}
+    if not split:
+        return gplan
+    parts = max(1, files_per_rank)
+    part_of = _parts(gplan, split, parts, world)
+    item_of = {(rank, fqn): idx for fqn, _, _, rank, idx in gplan.writers if fqn in split}
+    order = [fqn for fqn in gplan.tensors if fqn in split]  # the job's tensor order
+    per_part = [[fqn for fqn in order if part_of[fqn] == k] for k in range(parts)]
+    rank_plans = []
+    files: list[str] = []
+    for rp in gplan.rank_plans:
+        entries = _rank_layout(gplan, rp, per_part, item_of, split, parts)
+        rank_plans.append(RankSavePlan(rp.rank, gplan.save_id, entries))
+        files.extend(dict.fromkeys(e.file for e in entries))
+    index = {f: i for i, f in enumerate(files)}
+    layouts = tuple(
+        (
+            tuple(index[data_file_name(gplan.save_id, r, k)] for r in range(world)),
+            tuple((fqn, split[fqn]) for fqn in per_part[k]),
+        )
+        for k in range(parts)
+        if per_part[k]
+    )
+    out = replace(gplan, rank_plans=tuple(rank_plans), files=tuple(files), layouts=layouts)
+    _check(out)
+    return out
+
+
+def _parts(gplan: GlobalSavePlan, split: dict[str, int], parts: int, world: int) -> dict[str, int]:
+    """Each split tensor's part (file) on every rank: largest chunk first to the part with the
+    fewest bytes, by the sizes of chunk 0 (the same decision on every rank)."""
+    size = {}
+    for fqn, d in split.items():
+        dtype, shape = gplan.tensors[fqn]
+        size[fqn] = chunk_rows(shape[d], world, 0)[1] * (math.prod(shape) // shape[d]) * itemsize(dtype)
+    heap = [(0, k) for k in range(parts)]
+    out = {}
+    for fqn in sorted(split, key=lambda f: -size[f]):  # stable: the tensor order breaks ties
+        load, k = heapq.heappop(heap)
+        out[fqn] = k
+        heapq.heappush(heap, (load + -(-size[fqn] // ENTRY_ALIGN) * ENTRY_ALIGN, k))
+    return out
+
+
+def _rank_layout(
+    gplan: GlobalSavePlan,
+    rp: RankSavePlan,
+    per_part: list[list[str]],
+    item_of: dict[tuple[int, str], int],
+    split: dict[str, int],
+    parts: int,
+) -> tuple[WriteEntry, ...]:
+    """One rank's entries: its chunk of each split tensor first in each part, in order, then
+    its other entries, largest first to the lightest part."""
+    sizes = {e.item_index: e.byte_length for e in rp.entries if not e.blob_key}
+    placed: list[list[WriteEntry]] = [[] for _ in range(parts)]
+    ends = [0] * parts
+    mine = set()
+    for k, names in enumerate(per_part):
+        name = data_file_name(gplan.save_id, rp.rank, k)
+        for fqn in names:
+            idx = item_of[(rp.rank, fqn)]
+            mine.add(idx)
+            placed[k].append(WriteEntry(idx, name, ends[k], sizes[idx]))
+            ends[k] += -(-sizes[idx] // ENTRY_ALIGN) * ENTRY_ALIGN
+    rest = [e for e in rp.entries if e.blob_key or e.item_index not in mine]
+    heap = [(ends[k], k) for k in range(parts)]
+    heapq.heapify(heap)
+    for e in sorted(rest, key=lambda e: -e.byte_length):
+        end, k = heapq.heappop(heap)
+        placed[k].append(
+            WriteEntry(e.item_index, data_file_name(gplan.save_id, rp.rank, k), end, e.byte_length, e.blob_key)
+        )
+        heapq.heappush(heap, (end + -(-e.byte_length // ENTRY_ALIGN) * ENTRY_ALIGN, k))
+    return tuple(e for k in range(parts) for e in placed[k])
+
+
+def _check(gplan: GlobalSavePlan) -> None:
+    """No two entries of a file overlap (the decoder's check, before anything is written)."""
+    index = {f: i for i, f in enumerate(gplan.files)}
+    rows = [(index[e.file], e.byte_offset, e.byte_length) for rp in gplan.rank_plans for e in rp.entries]
+    if not rows:
+        return
+    a = np.array(rows, dtype=np.int64)
+    problems = overlap_problems(gplan.files, ["entry"], np.zeros(len(a), dtype=np.int64), a[:, 0], a[:, 1], a[:, 2])
+    if len(index) != len(gplan.files) or problems:
+        raise PlanningError("the regular layout of the save plan is inconsistent:\n  " + "\n  ".join(problems[:20]))
