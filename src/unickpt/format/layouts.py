@@ -31,6 +31,7 @@ from .records import ShardRecord
 __all__ = ["SplitLayout", "SplitShards", "chunk_rows", "ALIGN"]
 
 ALIGN = 64  # entries start at multiples of this (planning.save_plan.ENTRY_ALIGN)
+_CACHED = 1024  # parts whose byte offsets a layout keeps (8 bytes per entry each)
 Shape = tuple[int, ...]
 
 
@@ -51,7 +52,20 @@ class SplitLayout:
 
     files: tuple[int, ...]
     entries: tuple[tuple[str, int, Shape, int], ...]
-    _offsets: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
+    # per entry, as arrays: rows along the split dimension, rows per chunk, bytes per row
+    _n: np.ndarray = field(init=False, repr=False)
+    _c: np.ndarray = field(init=False, repr=False)
+    _row: np.ndarray = field(init=False, repr=False)
+    _offsets: dict[int, np.ndarray] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        parts = max(1, len(self.files))
+        n = [shape[d] for _, _, shape, d in self.entries]
+        row = [(math.prod(shape) // shape[d] if shape[d] else 0) * isz for _, isz, shape, d in self.entries]
+        object.__setattr__(self, "_n", np.array(n, dtype=np.int64))
+        object.__setattr__(self, "_c", -(-np.array(n, dtype=np.int64) // parts))
+        object.__setattr__(self, "_row", np.array(row, dtype=np.int64))
+        object.__setattr__(self, "_offsets", {})
 
     @property
     def parts(self) -> int:
@@ -65,21 +79,19 @@ class SplitLayout:
         )
 
     def _sizes(self, p: int) -> np.ndarray:
-        """Byte length of part ``p`` of every entry."""
-        out = np.empty(len(self.entries), dtype=np.int64)
-        for e, (_, isz, shape, d) in enumerate(self.entries):
-            out[e] = chunk_rows(shape[d], self.parts, p)[1] * (math.prod(shape) // shape[d] if shape[d] else 0) * isz
-        return out
+        """Byte length of part ``p`` of every entry (vectorised over the entries)."""
+        return np.clip(self._n - p * self._c, 0, self._c) * self._row
 
     def offsets(self, p: int) -> np.ndarray:
-        """Byte offset of part ``p`` of every entry in file ``files[p]`` (cached per part)."""
+        """Byte offset of part ``p`` of every entry in file ``files[p]`` (cached per part: a
+        load touches a few parts; the cache holds at most ``_CACHED`` of them)."""
         found = self._offsets.get(p)
         if found is None:
-            sizes = self._sizes(p)
-            aligned = -(-sizes // ALIGN) * ALIGN
-            found = np.concatenate([[0], np.cumsum(aligned)[:-1]]) if len(sizes) else sizes
-            if len(self._offsets) < 64:  # a load touches a few parts; tools that walk all recompute
-                self._offsets[p] = found
+            aligned = -(-self._sizes(p) // ALIGN) * ALIGN
+            found = np.cumsum(aligned) - aligned
+            if len(self._offsets) >= _CACHED:
+                self._offsets.pop(next(iter(self._offsets)))
+            self._offsets[p] = found
         return found
 
     def ends(self) -> np.ndarray:
@@ -89,11 +101,8 @@ class SplitLayout:
         parts = np.arange(self.parts, dtype=np.int64)
         pos = np.zeros(self.parts, dtype=np.int64)
         end = np.zeros(self.parts, dtype=np.int64)
-        for _, isz, shape, d in self.entries:
-            n = shape[d]
-            c = -(-n // self.parts)
-            rows = np.clip(n - parts * c, 0, c)
-            size = rows * ((math.prod(shape) // n if n else 0) * isz)
+        for n, c, row in zip(self._n.tolist(), self._c.tolist(), self._row.tolist()):
+            size = np.clip(n - parts * c, 0, c) * row
             end = np.where(size > 0, pos + size, end)
             pos += -(-size // ALIGN) * ALIGN
         return end
