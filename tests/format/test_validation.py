@@ -321,7 +321,7 @@ def test_coverage_fast_path_agrees_with_the_tiling_algorithm(case) -> None:
     otherwise, and both entry points give format.tiling's verdict and sentence."""
     shape, boxes = case
     truth = check_box_tiling(shape, boxes)
-    fast = validation._splits_one_dim(shape, [list(o) for o, _ in boxes], [list(n) for _, n in boxes])
+    fast = validation.splits_one_dim(shape, [list(o) for o, _ in boxes], [list(n) for _, n in boxes])
     assert not (fast and truth is not None), (shape, boxes)
     assert box_coverage_problem(shape, boxes) == (None if truth is None else str(truth))
     in_bounds = all(o >= 0 and n >= 0 and o + n <= s for offs, lens in boxes for o, n, s in zip(offs, lens, shape))
@@ -332,11 +332,11 @@ def test_coverage_fast_path_agrees_with_the_tiling_algorithm(case) -> None:
 
 
 def test_one_whole_box_is_accepted_quickly_and_only_when_it_tiles() -> None:
-    assert validation._splits_one_dim((3, 4), [[0, 0]], [[3, 4]])
-    assert validation._splits_one_dim((), [[]], [[]])  # a 0-d tensor's one box
-    assert not validation._splits_one_dim((3, 0), [[0, 0]], [[3, 0]])  # no element: not this layout
-    assert not validation._splits_one_dim((-1,), [[0]], [[-1]])
-    assert not validation._splits_one_dim((3, 4), [[1, 0]], [[3, 4]])
+    assert validation.splits_one_dim((3, 4), [[0, 0]], [[3, 4]])
+    assert validation.splits_one_dim((), [[]], [[]])  # a 0-d tensor's one box
+    assert not validation.splits_one_dim((3, 0), [[0, 0]], [[3, 0]])  # no element: not this layout
+    assert not validation.splits_one_dim((-1,), [[0]], [[-1]])
+    assert not validation.splits_one_dim((3, 4), [[1, 0]], [[3, 4]])
 
 
 def test_problems_collector_text() -> None:

@@ -119,6 +119,13 @@ class LoadPipeline:
         t0 = time.perf_counter()
         self.res.events.emit("load.begin", coord.rank, path=storage.url)
         adapter = self.describe()
+        with gc_paused():  # a record per shard and tensor: full collections would walk them all, finding nothing
+            skipped = self._attempts(adapter)
+        self.res.events.emit("load.end", coord.rank, t0, path=storage.url)
+        return skipped
+
+    def _attempts(self, adapter: FrameworkAdapter) -> tuple[list[str], list[str]]:
+        coord, storage = self.coord, self.storage
         for attempt in range(_LOAD_ATTEMPTS):
             md = self.metadata()
             try:
@@ -131,7 +138,6 @@ class LoadPipeline:
                 # load was reading: start over on the new metadata (never a mix: every byte is re-read)
                 if attempt + 1 == _LOAD_ATTEMPTS or not checkpoint_replaced(coord, storage, md.save_id):
                     raise
-        self.res.events.emit("load.end", coord.rank, t0, path=storage.url)
         return skipped
 
 

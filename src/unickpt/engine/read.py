@@ -49,7 +49,7 @@ from ..planning.read_assignment import ReadBatch, assign_reads
 from ..planning.specs import LoadItem
 from ..storage.base import METADATA_LIMIT, Storage
 from ..storage.commit import publisher_for
-from .bytes_view import box_view, sub_box
+from .bytes_view import box_view, sub_box, tensor_bytes
 from .folder_hint import folder_hint
 from .forwarding import Transfer
 from .read_runs import Need, RunJob
@@ -320,16 +320,24 @@ def _need(
     else:
         r0, r1 = needed_rows(shard.lengths, [(c.src_offsets, c.lengths) for c in r.copies])
     lo, hi = shard.byte_offset + r0 * rb, shard.byte_offset + r1 * rb
+    small: memoryview | None = None  # a small tensor's whole destination, as bytes
     if buf is not None:
         dest: torch.Tensor | None = buf[buf_offset : buf_offset + (hi - lo)]
+    elif hi - lo >= _DIRECT_MIN:
+        dest = _direct_target(md, items, r, r0, r1)
     else:  # small tensors are read with their neighbours into one temporary, then copied
-        dest = _direct_target(md, items, r, r0, r1) if hi - lo >= _DIRECT_MIN else None
+        dest = None
+        whole = _direct_target(md, items, r, r0, r1)
+        small = tensor_bytes(whole) if whole is not None else None
     in_place = buf is None and dest is not None  # the bytes land where they belong: nothing to copy
 
     def done(region: torch.Tensor) -> None:
         if r is not None and not in_place:
             t0 = time.perf_counter()
-            _apply(md, items, r, region, r0)
+            if small is not None:  # one byte copy, no tensor views
+                small[:] = tensor_bytes(region)
+            else:
+                _apply(md, items, r, region, r0)
             copies.add(t0, time.perf_counter(), region.numel())
         if forwarded is not None:
             forwarded()

@@ -6,7 +6,7 @@ import torch
 
 from ..errors import CorruptMetadataError
 
-__all__ = ["dtype_name", "dtype_from_name", "itemsize"]
+__all__ = ["dtype_name", "dtype_from_name", "itemsize", "DTYPE_NAMES"]
 
 _NAME_TO_DTYPE: dict[str, torch.dtype] = {
     "float64": torch.float64,
@@ -26,6 +26,7 @@ for _name in ("float8_e4m3fn", "float8_e5m2", "uint16", "uint32", "uint64"):
     if hasattr(torch, _name):
         _NAME_TO_DTYPE[_name] = getattr(torch, _name)
 _DTYPE_TO_NAME = {dt: name for name, dt in _NAME_TO_DTYPE.items()}
+DTYPE_NAMES: tuple[str, ...] = tuple(_NAME_TO_DTYPE)  # every dtype name checkpoints may use
 
 
 def dtype_name(dtype: torch.dtype) -> str:

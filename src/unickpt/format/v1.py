@@ -44,6 +44,7 @@ from .validation import (
     MAX_BYTES,
     MAX_NDIM,
     Problems,
+    RangeGroup,
     blob_problems,
     byte_range_problems,
     corrupt,
@@ -62,7 +63,7 @@ _MAX_RANKS = 1 << 31
 _YEAR_10000 = 253402300800  # first second of the year 10000 (UTC)
 _ERRORS = (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError)
 
-Ranges = list[tuple[str, np.ndarray, np.ndarray, np.ndarray]]
+Ranges = list[RangeGroup]
 
 
 # --------------------------------------------------------------------------- writing

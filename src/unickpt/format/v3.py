@@ -42,7 +42,7 @@ import numpy as np
 
 from ..errors import CorruptMetadataError
 from .checksums import MAX_CHUNK, MIN_CHUNK, ChunkChecksums
-from .dtypes import itemsize
+from .dtypes import DTYPE_NAMES, itemsize
 from .layouts import SplitLayout, SplitShards
 from .records import BlobRecord, Metadata, ShardRecord, TensorRecord
 from .sections import SectionRegistry
@@ -64,12 +64,14 @@ from .v1 import (
 from .validation import (
     MAX_BYTES,
     MAX_NDIM,
+    OwnedRanges,
     Problems,
     blob_problems,
     byte_range_problems,
     corrupt,
     extent_problems,
     file_name_problems,
+    splits_one_dim,
     tensor_problems,
 )
 
@@ -226,11 +228,16 @@ def _tensors(
     raw = _part(problems, "tensors", lambda: _typed(_field(doc, "tensors"), dict, "tensors must be an object"))
     tensors: dict[str, TensorRecord] = {}
     split: dict[str, tuple[str, tuple[int, ...], int]] = {}  # tensors of a layout: dtype, shape, layout
+    small = _SmallRows()
     for fqn, entry in (raw or {}).items():
         if isinstance(entry, dict) and "layout" in entry:
             got = _part(problems, f"tensor {fqn!r}", partial(_layout_tensor, fqn, entry, len(layouts)))
             if got is not None:
                 split[fqn] = got
+            continue
+        rec = small.take(fqn, entry, nfiles)  # the common small case, checked in plain Python
+        if rec is not None:
+            tensors[fqn] = rec
             continue
         parsed = _part(problems, f"tensor {fqn!r}", partial(_tensor, fqn, entry))
         if parsed is None:
@@ -246,10 +253,67 @@ def _tensors(
             f = 2 * nd
             shards = tuple(ShardRecord(tuple(r[:nd]), tuple(r[nd:f]), r[f], r[f + 1], r[f + 2]) for r in table.tolist())
             tensors[fqn] = TensorRecord(fqn, dtype, shape, shards)
+    ranges.append(small.ranges())
     by_layout = _split_tensors(layouts, split, problems, ranges)
-    if not problems:
-        tensors.update(by_layout)
+    if problems:
+        return {}
+    tensors.update(by_layout)
     return tensors
+
+
+class _SmallRows:
+    """Tensors with few shard rows, all well-formed and tiling the tensor along at most one
+    dimension (nearly every tensor), decoded in plain Python without a table each; their byte
+    ranges are collected for the file-wide checks in one ``OwnedRanges``. ``take`` returns None
+    for anything else, which the full path then parses and reports."""
+
+    def __init__(self) -> None:
+        self.owners: list[str] = []
+        self.rows: list[tuple[int, int, int, int]] = []  # (owner, file, offset, length)
+
+    def take(self, fqn: str, t: Any, nfiles: int | None) -> TensorRecord | None:
+        if type(t) is not dict or "shard_table" in t or nfiles is None:
+            return None
+        dtype, shape, listed = t.get("dtype"), t.get("shape"), t.get("shards")
+        if type(dtype) is not str or type(shape) is not list or type(listed) is not list or len(listed) > 16:
+            return None
+        isz = _ITEMSIZE.get(dtype)
+        nd = len(shape)
+        if isz is None or nd > MAX_NDIM or not all(type(d) is int and 0 <= d <= MAX_BYTES for d in shape):
+            return None
+        if math.prod(shape) * isz > MAX_BYTES:
+            return None
+        width = 2 * nd + 2
+        offs, lens, shards = [], [], []
+        for row in listed:
+            if (
+                type(row) is not list
+                or len(row) != width
+                or not all(type(v) is int and 0 <= v <= MAX_BYTES for v in row)
+            ):
+                return None
+            o, n = row[:nd], row[nd : 2 * nd]
+            if any(a + b > s for a, b, s in zip(o, n, shape)) or row[2 * nd] >= nfiles:
+                return None
+            nbytes = math.prod(n) * isz
+            if row[-1] + nbytes > MAX_BYTES:
+                return None
+            offs.append(o)
+            lens.append(n)
+            shards.append(ShardRecord(tuple(o), tuple(n), row[2 * nd], row[2 * nd + 1], nbytes))
+        if not math.prod(shape) or not splits_one_dim(tuple(shape), offs, lens):
+            return None  # empty tensors and other tilings take the full path
+        who = len(self.owners)
+        self.owners.append(fqn)
+        self.rows.extend((who, s.file_index, s.byte_offset, s.byte_length) for s in shards)
+        return TensorRecord(fqn, dtype, tuple(shape), tuple(shards))
+
+    def ranges(self) -> OwnedRanges:
+        a = np.array(self.rows, dtype=np.int64).reshape(-1, 4)
+        return OwnedRanges(self.owners, a[:, 0], a[:, 1], a[:, 2], a[:, 3])
+
+
+_ITEMSIZE = {name: itemsize(name) for name in DTYPE_NAMES}
 
 
 _RawLayout = tuple[list[int], list[tuple[str, int]]]  # files, entries (fqn, dim)

@@ -30,7 +30,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any, Protocol, Union
 
 import numpy as np
 
@@ -62,6 +62,9 @@ __all__ = [
     "file_name_problems",
     "byte_range_problems",
     "overlap_problems",
+    "OwnedRanges",
+    "splits_one_dim",
+    "RangeGroup",
     "extent_problems",
     "checksum_problems",
     "CRC_LIMIT",
@@ -217,9 +220,9 @@ def coverage_problem(shape: Sequence[int], offsets: np.ndarray, lengths: np.ndar
     ``format.tiling.check_tiling`` (which element is covered how often, by which boxes).
 
     Few boxes that split the shape along at most one dimension (an unsharded tensor, a row or
-    column sharding: nearly every tensor) are accepted by :func:`_splits_one_dim` without the
+    column sharding: nearly every tensor) are accepted by :func:`splits_one_dim` without the
     corner sort; anything else, and every failure, goes to ``check_tiling``."""
-    if len(offsets) <= _FEW and _splits_one_dim(tuple(int(s) for s in shape), offsets.tolist(), lengths.tolist()):
+    if len(offsets) <= _FEW and splits_one_dim(tuple(int(s) for s in shape), offsets.tolist(), lengths.tolist()):
         return None
     problem = check_tiling(shape, offsets, lengths)
     return None if problem is None else str(problem)
@@ -228,7 +231,7 @@ def coverage_problem(shape: Sequence[int], offsets: np.ndarray, lengths: np.ndar
 _FEW = 64
 
 
-def _splits_one_dim(shape: tuple[int, ...], offsets: list[list[int]], lengths: list[list[int]]) -> bool:
+def splits_one_dim(shape: tuple[int, ...], offsets: list[list[int]], lengths: list[list[int]]) -> bool:
     """True only if the boxes tile ``shape``: every box is in bounds; the non-empty ones span the
     whole shape in every dimension but one, d, and their intervals along d, sorted, follow each
     other from 0 to ``shape[d]`` without gap or overlap (then every element is covered once).
@@ -261,7 +264,7 @@ def box_coverage_problem(shape: Sequence[int], boxes: Sequence[tuple[Sequence[in
     """:func:`coverage_problem` for ``(offsets, lengths)`` pairs of Python ints (the planner's
     boxes; out-of-bounds boxes are reported too). ValueError if a box's rank differs."""
     shape = tuple(shape)
-    if len(boxes) <= _FEW and _splits_one_dim(shape, [list(o) for o, _ in boxes], [list(n) for _, n in boxes]):
+    if len(boxes) <= _FEW and splits_one_dim(shape, [list(o) for o, _ in boxes], [list(n) for _, n in boxes]):
         return None
     problem = check_box_tiling(shape, boxes)
     return None if problem is None else str(problem)
@@ -296,18 +299,43 @@ def file_name_problems(files: Sequence[str]) -> list[str]:
     return out
 
 
-def byte_range_problems(
-    files: Sequence[str], ranges: Iterable[tuple[str, np.ndarray, np.ndarray, np.ndarray]]
-) -> list[str]:
-    """No two byte ranges of one file overlap. ``ranges``: per owner (a tensor fqn or blob key),
-    its ``(owner, file_index, byte_offset, byte_length)`` arrays, in bounds (file indices below
-    ``len(files)``). See :func:`overlap_problems`."""
+@dataclass(frozen=True)
+class OwnedRanges:
+    """Byte ranges of many owners at once (``byte_range_problems``' ranges, built without an array
+    per owner): row i is ``[byte_offset[i], + byte_length[i])`` of file ``file_index[i]``, owned
+    by ``owners[who[i]]``."""
+
+    owners: list[str]
+    who: np.ndarray
+    file_index: np.ndarray
+    byte_offset: np.ndarray
+    byte_length: np.ndarray
+
+
+RangeGroup = Union[tuple[str, np.ndarray, np.ndarray, np.ndarray], OwnedRanges]  # noqa: UP007 - a runtime alias
+
+
+def _flat_ranges(ranges: Iterable[RangeGroup]) -> tuple[list[str], list[tuple[np.ndarray, ...]]]:
     owners: list[str] = []
     parts: list[tuple[np.ndarray, ...]] = []
-    for owner, fidx, boff, blen in ranges:
+    for group in ranges:
+        if isinstance(group, OwnedRanges):
+            if len(group.who):
+                parts.append((group.who + len(owners), group.file_index, group.byte_offset, group.byte_length))
+            owners.extend(group.owners)
+            continue
+        owner, fidx, boff, blen = group
         if len(fidx):
             parts.append((np.full(len(fidx), len(owners), dtype=np.int64), fidx, boff, blen))
             owners.append(owner)
+    return owners, parts
+
+
+def byte_range_problems(files: Sequence[str], ranges: Iterable[RangeGroup]) -> list[str]:
+    """No two byte ranges of one file overlap. ``ranges``: per owner (a tensor fqn or blob key),
+    its ``(owner, file_index, byte_offset, byte_length)`` arrays, or many owners' rows at once
+    (``OwnedRanges``), in bounds (file indices below ``len(files)``). See :func:`overlap_problems`."""
+    owners, parts = _flat_ranges(ranges)
     if not parts:
         return []
     who, fidx, boff, blen = (np.concatenate([p[k] for p in parts]) for k in range(4))
@@ -340,22 +368,23 @@ def overlap_problems(
     ]
 
 
-def extent_problems(
-    files: Sequence[str], sizes: Sequence[int], ranges: Iterable[tuple[str, np.ndarray, np.ndarray, np.ndarray]]
-) -> list[str]:
+def extent_problems(files: Sequence[str], sizes: Sequence[int], ranges: Iterable[RangeGroup]) -> list[str]:
     """Every byte range lies inside its file (``sizes``: each file's recorded size; ranges as
     :func:`byte_range_problems`, in bounds). One sentence per owner with a range past its file's end."""
     limit = np.asarray(sizes, dtype=np.int64)
+    owners, parts = _flat_ranges(ranges)
     out = []
-    for owner, fidx, boff, blen in ranges:
-        if not len(fidx):
-            continue
+    for who, fidx, boff, blen in parts:
         bad = np.flatnonzero(boff + blen > limit[fidx])
-        if len(bad):
-            i = int(bad[0])
+        seen = set()
+        for i in bad.tolist():
+            w = int(who[i])
+            if w in seen:
+                continue
+            seen.add(w)
             f = int(fidx[i])
             out.append(
-                f"{owner!r}: byte range [{int(boff[i])}, {int(boff[i] + blen[i])}) ends past the "
+                f"{owners[w]!r}: byte range [{int(boff[i])}, {int(boff[i] + blen[i])}) ends past the "
                 f"{int(limit[f])} bytes recorded for {files[f]}"
             )
     return out
