@@ -46,8 +46,8 @@ class Tiny(nn.Module):
 
 def step(model: nn.Module, optim: torch.optim.Optimizer, n: int = 1) -> None:
     for i in range(n):
-        dtype = next(model.parameters()).dtype
-        model(torch.full((2, 4), float(i + 1), dtype=dtype)).square().sum().backward()
+        first = next(model.parameters())
+        model(torch.full((2, 4), float(i + 1), dtype=first.dtype, device=first.device)).square().sum().backward()
         optim.step()
         optim.zero_grad(set_to_none=True)
 

@@ -200,6 +200,43 @@ def test_cuda_async_snapshot_round_trip(tmp_path):
     assert all(torch.equal(m2.state_dict()[k], before[k]) for k in before)
 
 
+def test_pinned_staging_buffers_of_different_sizes_are_reused_by_identity():
+    """Found on an H100: with two files of different sizes, the second CUDA save picked its
+    pinned buffer and removed it from the pool with ``list.remove``, which compares tensors with
+    ``==`` (an element-wise comparison of buffers of different sizes: RuntimeError). Plain
+    tensors stand in for pinned ones (``_fit`` tells them apart by type, not by pinning)."""
+    from unickpt.engine.staging import _fit, _Slot
+
+    small, large = torch.empty(100, dtype=torch.uint8), torch.empty(5000, dtype=torch.uint8)
+    slot = _Slot(buffers=[large, small])
+    _fit(slot, [5000, 100], pinned=True)
+    assert slot.buffers[0] is large and slot.buffers[1] is small
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("async_save", [True, False])
+def test_cuda_saves_reuse_pinned_buffers_across_files(tmp_path, async_save):
+    """Three CUDA saves (async, or blocking: both stage through the pinned images) into two files
+    of different sizes each: later saves reuse the pinned buffers, and all load back bit-exact."""
+    m, _ = _model()
+    m.cuda()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    m(torch.randn(4, 32, device="cuda")).sum().backward()
+    opt.step()
+    opts = unickpt.SaveOptions(files_per_rank=2)
+    for name in ("a", "b", "c"):
+        want = _snapshot(m)
+        unickpt.save(str(tmp_path / name), {"model": m, "optimizer": opt}, async_save=async_save, options=opts).wait()
+        m2, _ = _model(seed=5)
+        m2.cuda()
+        opt2 = torch.optim.AdamW(m2.parameters(), lr=1e-2)
+        unickpt.load(str(tmp_path / name), {"model": m2, "optimizer": opt2})
+        assert all(torch.equal(m2.state_dict()[k], want[k]) for k in want)
+        with torch.no_grad():
+            for p in m.parameters():
+                p.add_(1.0)
+
+
 def test_issue10_item3_plan_cache_keyed_on_files_per_rank(tmp_path):
     """Same layout, another files_per_rank: the plan is made anew, never reused from the cache."""
     m, opt = _model()

@@ -136,10 +136,15 @@ class SavePipeline:
 
     def stage(self, d: Described, plan: RankSavePlan, async_save: bool) -> Snapshot:
         """The snapshot (collective for async saves: every rank learns all staged)."""
-        if not async_save:  # views of the live tensors: the write reads them in place
+        if not async_save and not _on_device(d.view.items, plan):  # views of the live tensors, written in place
             with self.res.events.phase("save.stage", self.coord.rank, path=self.storage.url, save_id=plan.save_id):
                 parts, in_order = live_parts(d.view.items, plan, d.blobs)
             return Snapshot(parts, in_order, None, None)
+        if not async_save:  # device tensors: one side-stream copy into the reused pinned images
+            with self.res.events.phase("save.stage", self.coord.rank, path=self.storage.url, save_id=plan.save_id) as p:
+                staged = self.res.staging.stage(d.view.items, plan, d.blobs)
+                p.nbytes = staged.nbytes
+            return self._snapshot(plan, staged, None)
         later = self._copied_later()
         with self.res.events.phase("save.stage", self.coord.rank, path=self.storage.url, save_id=plan.save_id) as p:
             staged = run_stage(
@@ -149,6 +154,10 @@ class SavePipeline:
         copied = staged.copied
         if copied is not None:
             self.res.guard.guard(self.state["optimizer"], copied)
+        return self._snapshot(plan, staged, copied)
+
+    @staticmethod
+    def _snapshot(plan: RankSavePlan, staged: StagedFiles, copied: Future[None] | None) -> Snapshot:
         images = {f: memoryview(parts[0]) if parts else memoryview(b"") for f, parts in staged.parts.items()}
         entries: list[Buffer] = [images[e.file][e.byte_offset : e.byte_offset + e.byte_length] for e in plan.entries]
         return Snapshot(staged.parts, entries, staged, copied)
@@ -238,6 +247,11 @@ class SavePipeline:
         else:
             future.add_done_callback(hold.release)
         return SaveHandle(future, snap.copied, self.storage.url)
+
+
+def _on_device(items: list[SaveItem], plan: RankSavePlan) -> bool:
+    """Whether any tensor this rank writes lives on an accelerator (its bytes need a host copy)."""
+    return any(not items[e.item_index].tensor.is_cpu for e in plan.entries if not e.blob_key)
 
 
 def _blobs_to_save(state: MutableMapping[str, Any], rank: int) -> dict[str, bytes]:

@@ -284,11 +284,10 @@ def _fit(slot: _Slot, sizes: list[int], pinned: bool) -> None:
     have = sorted(slot.buffers, key=_cap)
     out: list[AlignedBuffer | torch.Tensor] = []
     for size in sizes:
-        pick = next(
-            (b for b in have if size <= _cap(b) <= max(size, 1) + 4096 and isinstance(b, torch.Tensor) == pinned), None
-        )
-        if pick is not None:
-            have.remove(pick)
+        fits = (size <= _cap(b) <= max(size, 1) + 4096 and isinstance(b, torch.Tensor) == pinned for b in have)
+        at = next((i for i, ok in enumerate(fits) if ok), None)
+        if at is not None:  # by position: ``list.remove`` would compare pinned tensors with ``==``
+            pick = have.pop(at)
         elif pinned:
             pick = torch.empty(max(size, 1), dtype=torch.uint8, pin_memory=True)
         else:
