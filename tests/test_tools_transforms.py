@@ -7,7 +7,6 @@ Expected values: slices of the saved full state computed with plain torch here."
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
@@ -16,7 +15,7 @@ import torch
 import unickpt
 from harness import run_ranks
 from transform_workers import H, QOnly, built, load_split, qkv_transforms, save_fused
-from unickpt.format.records import METADATA_FILE
+from unickpt.format import METADATA_FILE, decode_metadata
 
 
 def _expected(saved: dict) -> dict:
@@ -57,18 +56,17 @@ def test_issue15_fused_qkv_loads_into_separate_q_k_v(fused_ckpt, ws):
 
 def test_issue15_damage_outside_the_used_part_of_a_straddling_shard_is_caught(fused_ckpt, tmp_path):
     """Rank 0 of the save holds qkv.weight rows [0, 18): rows 12-17 belong to K. Damage row 15
-    and load a model that has only Q: the shard is read and verified whole, so the load fails
-    although no loaded tensor uses the damaged byte."""
+    and load a model that has only Q: the checksum chunk holding rows 0-17 is read and verified
+    whole, so the load fails although no loaded tensor uses the damaged byte."""
     import shutil
 
     ckpt, _ = fused_ckpt
     copy = str(tmp_path / "ck")
     shutil.copytree(ckpt, copy)
-    md = json.loads(open(os.path.join(copy, METADATA_FILE), "rb").read())
-    rec = md["tensors"]["model.qkv.weight"]
-    row = next(r for r in rec["shards"] if r[0] == 0)  # offsets (0, 0), lengths (18, 8), file, offset, ...
-    assert row[2] == 18, row
-    file, offset = md["files"][row[4]], row[5]
+    md = decode_metadata(open(os.path.join(copy, METADATA_FILE), "rb").read())
+    shard = next(s for s in md.tensors["model.qkv.weight"].shards if s.offsets == (0, 0))
+    assert shard.lengths == (18, 8), shard  # split rows of a layout or a row of its own: same bytes
+    file, offset = md.files[shard.file_index], shard.byte_offset
     with open(os.path.join(copy, file), "r+b") as f:
         f.seek(offset + 15 * 8 * 4)
         b = f.read(1)

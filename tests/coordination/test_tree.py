@@ -168,3 +168,29 @@ def test_a_rank_that_never_arrives_makes_the_others_time_out_with_one_error():
     # rank 2 (rank 3's leader) timed out and handed that up (or rank 0 timed out waiting for it):
     # every rank outside host 1 raises what rank 0 sent down
     assert len({str(errors[r]) for r in (0, 1, 4, 5)}) == 1, {r: str(e) for r, e in errors.items()}
+
+
+def test_a_dead_peer_names_only_absent_members_of_the_group_that_saw_it(tmp_path):
+    """CI once saw 'rank(s) [0, 3] had not arrived' when rank 3 died: its host leader (rank 2)
+    read the arrivals while rank 0 was merely not there yet. A peer's death (not a timeout) is
+    reported with the absent ranks of the failing group only; a timeout still names every rank
+    that did not arrive."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from unickpt.coordination.torch_dist import _failure
+    from unickpt.errors import CollectiveTimeoutError
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        died = RuntimeError("Connection closed by peer [127.0.0.1]:1234")
+        err = _failure("save", "gather", died, 0.02, timedelta(seconds=10), [0, 3], among=(2, 3))
+        assert type(err) is CollectiveError and err.missing_ranks == (3,), err
+        assert "rank(s) [3] had not arrived" in str(err)
+        late = RuntimeError("Timed out waiting 10000ms")
+        err = _failure("save", "gather", late, 10.0, timedelta(seconds=10), [0, 3], among=(2, 3))
+        assert type(err) is CollectiveTimeoutError and err.missing_ranks == (0, 3), err
+    finally:
+        dist.destroy_process_group()

@@ -36,7 +36,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar, cast
@@ -284,15 +284,16 @@ class TorchDistCoordinator:
             raise self.failure(token, e) from e
         return token
 
-    def failure(self, token: object, e: BaseException) -> CheckpointError:
-        """The error every rank that arrived raises for collective ``token`` failing with ``e``."""
+    def failure(self, token: object, e: BaseException, among: Sequence[int] | None = None) -> CheckpointError:
+        """The error every rank that arrived raises for collective ``token`` failing with ``e``
+        (``among``: the members of the tree group that failed, see ``_failure``)."""
         if isinstance(e, CheckpointError):
             return e
         op, seq, t0 = cast("tuple[str, int, float]", token)
         ch = self._channel
         missing = ch.missing(seq, self.world_size)
         what = f"{op} (collective #{seq} on its {ch.name} group{'s' if ch.tree is not None else ''})"
-        return _failure(self.label, what, e, time.monotonic() - t0, self.timeout, missing)
+        return _failure(self.label, what, e, time.monotonic() - t0, self.timeout, missing, among)
 
     def _run(self, op: str, fn: Callable[[], T]) -> T:
         token = self.begin(op)
@@ -368,10 +369,18 @@ class _Work:
 
 
 def _failure(
-    label: str, what: str, e: BaseException, elapsed: float, timeout: timedelta, missing: list[int] | None
+    label: str,
+    what: str,
+    e: BaseException,
+    elapsed: float,
+    timeout: timedelta,
+    missing: list[int] | None,
+    among: Sequence[int] | None = None,
 ) -> CheckpointError:
     """The error every rank that arrived raises for a failed collective (no rank-specific text:
-    the underlying error is chained as the cause)."""
+    the underlying error is chained as the cause). ``among``: for a peer that died in one tree
+    group (not a timeout), only that group's absent members are named: ranks of other groups
+    may simply not have reached the collective yet when the failure was seen."""
     limit = timeout.total_seconds()
     if not (dist.is_available() and dist.is_initialized()):
         return CollectiveError(
@@ -396,6 +405,9 @@ def _failure(
             tuple(missing or ()),
             limit,
         )
+    if missing is not None and among is not None:
+        members = set(among)
+        missing = [r for r in missing if r in members]
     who = f"; rank(s) {missing} had not arrived" if missing else ""
     return CollectiveError(
         f"{label}: {what} failed{who} (a peer process died or left: {type(e).__name__}: {e})",

@@ -39,7 +39,7 @@ import builtins
 import io
 import pickle
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -72,8 +72,9 @@ class TreeGuard(Protocol):
         """Called on every rank as collective ``op`` starts; returns what ``failure`` needs."""
         ...
 
-    def failure(self, token: object, error: BaseException) -> CheckpointError:
-        """The error this rank reports for ``error`` raised by one of its groups."""
+    def failure(self, token: object, error: BaseException, among: Sequence[int] | None = None) -> CheckpointError:
+        """The error this rank reports for ``error`` raised by one of its groups (``among``: that
+        group's members; a peer that died is one of them, ranks elsewhere merely not there yet)."""
         ...
 
 
@@ -83,7 +84,7 @@ class PlainGuard:
     def begin(self, op: str) -> object:
         return op
 
-    def failure(self, token: object, error: BaseException) -> CheckpointError:
+    def failure(self, token: object, error: BaseException, among: Sequence[int] | None = None) -> CheckpointError:
         if isinstance(error, CheckpointError):
             return error
         return CollectiveError(f"{token}: {type(error).__name__}: {error}")
@@ -221,7 +222,8 @@ class TreeCoordinator:
         return link
 
     def _fail(self, call: _Call, level: int, e: BaseException) -> _Failed:
-        err = self._guard.failure(call.token, e)
+        group = dict(self._path)[level]
+        err = self._guard.failure(call.token, e, group.members)
         call.broken.add(level)
         if call.cause is None:
             call.cause = err
