@@ -42,7 +42,7 @@ def _hand_rows(entries, parts, files):
 
 @st.composite
 def layouts(draw):
-    parts = draw(st.integers(1, 9))
+    parts = draw(st.integers(1, 20))  # SplitShards keep records up to 16 parts: both paths
     entries = []
     for i in range(draw(st.integers(1, 5))):
         shape = tuple(draw(st.lists(st.integers(0, 12), min_size=1, max_size=3)))

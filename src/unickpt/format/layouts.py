@@ -32,6 +32,7 @@ __all__ = ["SplitLayout", "SplitShards", "chunk_rows", "ALIGN"]
 
 ALIGN = 64  # entries start at multiples of this (planning.save_plan.ENTRY_ALIGN)
 _CACHED = 1024  # parts whose byte offsets a layout keeps (8 bytes per entry each)
+_KEPT = 16  # SplitShards of at most this many parts keep their records once computed
 Shape = tuple[int, ...]
 
 
@@ -74,9 +75,9 @@ class SplitLayout:
     def box(self, e: int, p: int) -> tuple[Shape, Shape]:
         _, _, shape, d = self.entries[e]
         lo, n = chunk_rows(shape[d], self.parts, p)
-        return tuple(lo if i == d else 0 for i in range(len(shape))), tuple(
-            n if i == d else s for i, s in enumerate(shape)
-        )
+        offs, lens = [0] * len(shape), list(shape)
+        offs[d], lens[d] = lo, n
+        return tuple(offs), tuple(lens)
 
     def _sizes(self, p: int) -> np.ndarray:
         """Byte length of part ``p`` of every entry (vectorised over the entries)."""
@@ -98,6 +99,15 @@ class SplitLayout:
         """Where the layout's bytes end in each file: the end of its last non-empty chunk there
         (all parts at once, vectorised per entry). What the metadata's file sizes and any other
         byte range of those files are checked against."""
+        if self.parts <= len(self.entries):  # few parts (a small job): a pass over the entries per part
+            end = np.zeros(self.parts, dtype=np.int64)
+            for p in range(self.parts):
+                sizes = self._sizes(p)
+                filled = np.flatnonzero(sizes)
+                if len(filled):
+                    last = int(filled[-1])
+                    end[p] = int(self.offsets(p)[last]) + int(sizes[last])
+            return end
         parts = np.arange(self.parts, dtype=np.int64)
         pos = np.zeros(self.parts, dtype=np.int64)
         end = np.zeros(self.parts, dtype=np.int64)
@@ -118,12 +128,19 @@ class SplitLayout:
 
 class SplitShards(Sequence[ShardRecord]):
     """The shards of entry ``e`` of a ``SplitLayout``, part by part (part ``i`` is shard ``i``,
-    empty parts included), computed when asked."""
+    empty parts included), computed when asked; with few parts (at most ``_KEPT``: a small job,
+    where every tensor's shards are asked several times by one load) computed once and kept."""
 
-    __slots__ = ("entry", "layout")
+    __slots__ = ("_kept", "entry", "layout")
 
     def __init__(self, layout: SplitLayout, entry: int) -> None:
         self.layout, self.entry = layout, entry
+        self._kept: tuple[ShardRecord, ...] | None = None
+
+    def _all(self) -> tuple[ShardRecord, ...] | None:
+        if self._kept is None and self.layout.parts <= _KEPT:
+            self._kept = tuple(self.layout.shard(self.entry, k) for k in range(self.layout.parts))
+        return self._kept
 
     def __len__(self) -> int:
         return self.layout.parts
@@ -135,6 +152,9 @@ class SplitShards(Sequence[ShardRecord]):
     def __getitem__(self, i: slice) -> Sequence[ShardRecord]: ...
 
     def __getitem__(self, i: int | slice) -> Any:
+        kept = self._all()
+        if kept is not None:
+            return kept[i]
         if isinstance(i, slice):
             return tuple(self.layout.shard(self.entry, k) for k in range(*i.indices(len(self))))
         if i < 0:
@@ -144,6 +164,9 @@ class SplitShards(Sequence[ShardRecord]):
         return self.layout.shard(self.entry, i)
 
     def __iter__(self) -> Iterator[ShardRecord]:
+        kept = self._all()
+        if kept is not None:
+            return iter(kept)
         return (self.layout.shard(self.entry, k) for k in range(len(self)))
 
     def __eq__(self, other: object) -> bool:
