@@ -123,8 +123,10 @@ def _check_plan(plans: list[LocalSavePlan], files_per_rank: int, g: GlobalSavePl
                 ends = e.byte_offset + e.byte_length
         # entries are grouped by file
         assert [e.file for e in rp.entries] == sorted((e.file for e in rp.entries), key=files.index)
-        # list scheduling to the lightest file: file sizes differ by at most the largest item
-        if len(files) > 1:
+        # list scheduling to the lightest file: file sizes differ by at most the largest item;
+        # split tensors laid out alike on every rank (g.layouts) are balanced on chunk 0, the
+        # largest: rank 0's files; other ranks' shorter or empty tail chunks follow rank 0's choice
+        if len(files) > 1 and (not g.layouts or rp.rank == 0):
             sizes = [sum(e.byte_length for e in rp.entries if e.file == f) for f in files]
             assert max(sizes) - min(sizes) <= max(e.byte_length for e in rp.entries)
         all_files += files

@@ -80,10 +80,18 @@ def test_split_tensors_land_where_their_layout_says(job) -> None:
         rec = back.tensors[fqn]
         shape = rec.shape
         every_chunk = kind == "split" and _chunk(shape[d], world, world - 1)[1] > 0
-        assert isinstance(rec.shards, SplitShards) == every_chunk, (fqn, kind)
+        laid_out = isinstance(rec.shards, SplitShards)
         if every_chunk:
+            assert laid_out, (fqn, kind)
+        if kind != "split":
+            assert not laid_out, (fqn, kind)
+        # split with empty tail chunks: a layout unless a rank would have no file of its part
+        if laid_out:
             for r, s in enumerate(rec.shards):  # part r: rank r's chunk, at its planned bytes
-                assert (s.file_index, s.byte_offset, s.byte_length) == planned[(fqn, r)]
+                if _chunk(shape[d], world, r)[1]:
+                    assert (s.file_index, s.byte_offset, s.byte_length) == planned[(fqn, r)]
+                else:
+                    assert s.byte_length == 0 and (fqn, r) not in planned
         total = sum(s.byte_length for s in rec.shards)
         assert total == math.prod(shape) * 4
 
@@ -107,3 +115,50 @@ def test_metadata_of_a_regular_job_grows_with_tensors_not_ranks() -> None:
     small, big = size(8), size(256)
     # 32x the ranks: only the file names, sizes and layouts' file lists grow (~70 bytes per file)
     assert big - small < 2 * 256 * 80
+
+
+def test_tensors_with_empty_tail_chunks_are_laid_out_too() -> None:
+    """torch.chunk of 9 rows over 4 ranks fills 3 chunks (3, 3, 3, 0): as FSDP2 shards a
+    vocabulary of 128,256 rows over 4,096 ranks (4,008 chunks). Rank 3 writes nothing of it and
+    the layout's part 3 is empty; the tensor needs no rows either way."""
+    world = 4
+    plans = []
+    for r in range(world):
+        specs = []
+        for fqn, rows in (("model.full", 8), ("model.tail", 9), ("model.few", 2)):
+            lo, n = _chunk(rows, world, r)
+            specs.append(ShardSpec(fqn, "float32", (rows, 3), (lo, 0), (n, 3)))
+        plans.append(LocalSavePlan(r, tuple(specs)))
+    gplan = plan_save(plans, "20250101T000000-0123456789ab", 1)
+    md = decode_metadata(encode_metadata(_metadata(gplan, world)))
+    for fqn, rows, sizes in (
+        ("model.full", 8, [2, 2, 2, 2]),
+        ("model.tail", 9, [3, 3, 3, 0]),
+        ("model.few", 2, [1, 1, 0, 0]),
+    ):
+        shards = md.tensors[fqn].shards
+        assert isinstance(shards, SplitShards) and sum(sizes) == rows, fqn
+        assert [s.lengths for s in shards] == [(n, 3) for n in sizes]
+        assert [s.byte_length for s in shards] == [n * 3 * 4 for n in sizes]
+    planned = {
+        (plans[rp.rank].shards[e.item_index].fqn, rp.rank): (gplan.files.index(e.file), e.byte_offset)
+        for rp in gplan.rank_plans
+        for e in rp.entries
+    }
+    for fqn in ("model.full", "model.tail", "model.few"):
+        for r, s in enumerate(md.tensors[fqn].shards):
+            if s.byte_length:
+                assert (s.file_index, s.byte_offset) == planned[(fqn, r)]
+
+
+def test_a_rank_left_without_a_file_keeps_empty_chunks_as_rows() -> None:
+    """Two ranks, one tensor of 1 row: rank 1 would hold no file at all, so the tensor is not laid
+    out (a layout names a file of every rank); the plan and its metadata stay valid."""
+    plans = [
+        LocalSavePlan(0, (ShardSpec("model.t", "float32", (1, 4), (0, 0), (1, 4)),)),
+        LocalSavePlan(1, (ShardSpec("model.t", "float32", (1, 4), (1, 0), (0, 4)),)),
+    ]
+    gplan = plan_save(plans, "20250101T000000-0123456789ab", 1)
+    md = decode_metadata(encode_metadata(_metadata(gplan, 2)))
+    assert not isinstance(md.tensors["model.t"].shards, SplitShards)
+    assert [s.lengths for s in md.tensors["model.t"].shards] == [(1, 4)]

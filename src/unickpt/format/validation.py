@@ -375,7 +375,7 @@ def extent_problems(files: Sequence[str], sizes: Sequence[int], ranges: Iterable
     owners, parts = _flat_ranges(ranges)
     out = []
     for who, fidx, boff, blen in parts:
-        bad = np.flatnonzero(boff + blen > limit[fidx])
+        bad = np.flatnonzero((blen > 0) & (boff + blen > limit[fidx]))  # an empty range holds no byte
         seen = set()
         for i in bad.tolist():
             w = int(who[i])

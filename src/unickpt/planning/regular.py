@@ -12,9 +12,13 @@ entries (replicated boxes it writes, irregular shards, blobs), largest first to 
 the fewest bytes. The plan keeps every entry and its size; only files and offsets move, and the
 plan records the layouts (``GlobalSavePlan.layouts``) for the commit's metadata.
 
-A tensor is split when it has at least one dimension, some elements, every rank writes exactly
-its own chunk along one dimension (chunk r of ``world`` parts, ``torch.chunk``'s rule, the other
-dimensions whole) and no chunk is empty. Anything else stays as rows.
+A tensor is split when it has at least one dimension, some elements, and every rank whose
+chunk is not empty writes exactly that chunk along one dimension (chunk r of ``world`` parts,
+``torch.chunk``'s rule, the other dimensions whole); ranks past the last non-empty chunk (fewer
+rows than ranks, or ``torch.chunk``'s short tail: a 128,256-row vocabulary over 4,096 ranks
+fills 4,008 chunks) write nothing of it, and its layout says so (empty parts take no bytes).
+If that would leave a rank without a file the layout names, only tensors without empty chunks
+are split. Anything else stays as rows.
 """
 
 from __future__ import annotations
@@ -38,8 +42,9 @@ Shape = tuple[int, ...]
 
 
 def split_tensors(gplan: GlobalSavePlan) -> dict[str, int]:
-    """The tensors of ``gplan`` that every rank writes one non-empty ``torch.chunk`` of, rank r
-    chunk r: fqn -> the dimension they are split along (in the plan's tensor order)."""
+    """The tensors of ``gplan`` whose ``torch.chunk`` parts over the ranks are written by their
+    ranks, rank r chunk r, each non-empty chunk once (empty ones by nobody): fqn -> the dimension
+    they are split along (in the plan's tensor order)."""
     world = len(gplan.rank_plans)
     boxes: dict[str, list[tuple[Shape, Shape, int]]] = defaultdict(list)
     for fqn, offs, lens, rank, _ in gplan.writers:
@@ -47,16 +52,25 @@ def split_tensors(gplan: GlobalSavePlan) -> dict[str, int]:
     out = {}
     for fqn, (_, shape) in gplan.tensors.items():
         found = boxes.get(fqn, [])
-        if not shape or math.prod(shape) == 0 or len(found) != world:
+        if not shape or math.prod(shape) == 0 or not found:
             continue
         offs, lens, _ = found[0]
         cut = [i for i, (o, n, s) in enumerate(zip(offs, lens, shape)) if o != 0 or n != s]
         d = cut[0] if len(cut) == 1 else -1
-        if d < 0 or shape[d] < world or chunk_rows(shape[d], world, world - 1)[1] == 0:
+        if d < 0:
+            continue
+        c = -(-shape[d] // world)
+        if len(found) != -(-shape[d] // c):  # one box per non-empty chunk
             continue
         if all(_is_chunk(o, n, shape, d, world, r) for o, n, r in found):
             out[fqn] = d
     return out
+
+
+def _full(gplan: GlobalSavePlan, split: dict[str, int]) -> dict[str, int]:
+    """The split tensors whose every chunk has rows."""
+    world = len(gplan.rank_plans)
+    return {f: d for f, d in split.items() if chunk_rows(gplan.tensors[f][1][d], world, world - 1)[1]}
 
 
 def _is_chunk(offs: Shape, lens: Shape, shape: Shape, d: int, world: int, rank: int) -> bool:
@@ -72,6 +86,18 @@ def regularize(gplan: GlobalSavePlan, files_per_rank: int) -> GlobalSavePlan:
     split = split_tensors(gplan) if world > 1 else {}
     if not split:
         return gplan
+    out = _laid_out(gplan, split, files_per_rank)
+    if out is None:  # a rank would hold no file of a part: keep tensors with empty chunks as rows
+        split = _full(gplan, split)
+        out = _laid_out(gplan, split, files_per_rank) if split else None
+    if out is None:
+        return gplan
+    _check(out)
+    return out
+
+
+def _laid_out(gplan: GlobalSavePlan, split: dict[str, int], files_per_rank: int) -> GlobalSavePlan | None:
+    world = len(gplan.rank_plans)
     parts = max(1, files_per_rank)
     part_of = _parts(gplan, split, parts, world)
     item_of = {(rank, fqn): idx for fqn, _, _, rank, idx in gplan.writers if fqn in split}
@@ -84,6 +110,9 @@ def regularize(gplan: GlobalSavePlan, files_per_rank: int) -> GlobalSavePlan:
         rank_plans.append(RankSavePlan(rp.rank, gplan.save_id, entries))
         files.extend(dict.fromkeys(e.file for e in entries))
     index = {f: i for i, f in enumerate(files)}
+    used = [k for k in range(parts) if per_part[k]]
+    if any(data_file_name(gplan.save_id, r, k) not in index for r in range(world) for k in used):
+        return None
     layouts = tuple(
         (
             tuple(index[data_file_name(gplan.save_id, r, k)] for r in range(world)),
@@ -92,9 +121,7 @@ def regularize(gplan: GlobalSavePlan, files_per_rank: int) -> GlobalSavePlan:
         for k in range(parts)
         if per_part[k]
     )
-    out = replace(gplan, rank_plans=tuple(rank_plans), files=tuple(files), layouts=layouts)
-    _check(out)
-    return out
+    return replace(gplan, rank_plans=tuple(rank_plans), files=tuple(files), layouts=layouts)
 
 
 def _parts(gplan: GlobalSavePlan, split: dict[str, int], parts: int, world: int) -> dict[str, int]:
@@ -109,7 +136,7 @@ def _parts(gplan: GlobalSavePlan, split: dict[str, int], parts: int, world: int)
     for fqn in sorted(split, key=lambda f: -size[f]):  # stable: the tensor order breaks ties
         load, k = heapq.heappop(heap)
         out[fqn] = k
-        heapq.heappush(heap, (load + -(-size[fqn] // ENTRY_ALIGN) * ENTRY_ALIGN, k))
+        heapq.heappush(heap, (load + size[fqn], k))  # bytes, as the planners balance them
     return out
 
 
@@ -125,24 +152,29 @@ def _rank_layout(
     its other entries, largest first to the lightest part."""
     sizes = {e.item_index: e.byte_length for e in rp.entries if not e.blob_key}
     placed: list[list[WriteEntry]] = [[] for _ in range(parts)]
-    ends = [0] * parts
+    ends = [0] * parts  # where each part's next entry starts (aligned)
+    loads = [0] * parts  # the bytes each part holds (what the lightest part is chosen by)
     mine = set()
     for k, names in enumerate(per_part):
         name = data_file_name(gplan.save_id, rp.rank, k)
         for fqn in names:
-            idx = item_of[(rp.rank, fqn)]
+            idx = item_of.get((rp.rank, fqn))
+            if idx is None:  # an empty chunk: no bytes here (its layout part is empty too)
+                continue
             mine.add(idx)
             placed[k].append(WriteEntry(idx, name, ends[k], sizes[idx]))
             ends[k] += -(-sizes[idx] // ENTRY_ALIGN) * ENTRY_ALIGN
+            loads[k] += sizes[idx]
     rest = [e for e in rp.entries if e.blob_key or e.item_index not in mine]
-    heap = [(ends[k], k) for k in range(parts)]
+    heap = [(loads[k], k) for k in range(parts)]
     heapq.heapify(heap)
     for e in sorted(rest, key=lambda e: -e.byte_length):
-        end, k = heapq.heappop(heap)
+        load, k = heapq.heappop(heap)
         placed[k].append(
-            WriteEntry(e.item_index, data_file_name(gplan.save_id, rp.rank, k), end, e.byte_length, e.blob_key)
+            WriteEntry(e.item_index, data_file_name(gplan.save_id, rp.rank, k), ends[k], e.byte_length, e.blob_key)
         )
-        heapq.heappush(heap, (end + -(-e.byte_length // ENTRY_ALIGN) * ENTRY_ALIGN, k))
+        ends[k] += -(-e.byte_length // ENTRY_ALIGN) * ENTRY_ALIGN
+        heapq.heappush(heap, (load + e.byte_length, k))
     return tuple(e for k in range(parts) for e in placed[k])
 
 
