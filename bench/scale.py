@@ -153,7 +153,7 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t0, out
 
 
-def measure(layout: str, world: int, load_world: int, freeze_gc: bool = False) -> dict[str, float]:
+def measure(layout: str, world: int, load_world: int, freeze_gc: bool = False, chunk_mib: int = 1) -> dict[str, float]:
     make = LAYOUTS[layout]
     t_local = time.perf_counter()
     locals_ = [make(r, world) for r in range(world)]
@@ -166,7 +166,7 @@ def measure(layout: str, world: int, load_world: int, freeze_gc: bool = False) -
     received = len(encode_rank_plan(mine))
     cached = CachedPlan(locals_[world // 2], mine, None, gplan.save_id)
     t_replan, _ = timed(lambda: cached.next("feedfacecafe"))
-    chunk = 1 << 20  # the default checksum chunk: each rank reports its files' sizes and chunk checksums
+    chunk = chunk_mib << 20  # the checksum chunk (default 1 MiB): each rank reports its files' sizes and chunk sums
     crcs = []
     for rp in gplan.rank_plans:
         ends: dict[str, int] = {}
@@ -233,10 +233,17 @@ def main() -> None:
         action="store_true",
         help="gc.freeze() after decoding, so that the load rows do not include full collections walking the metadata",
     )
+    ap.add_argument(
+        "--checksum-chunk-mib",
+        type=int,
+        default=1,
+        help="SaveOptions.checksum_chunk_bytes in MiB (metadata holds 4 bytes per chunk of data)",
+    )
     ap.add_argument("--one", nargs=3, metavar=("LAYOUT", "WORLD", "LOAD_WORLD"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:  # one world size in a fresh process (so its peak RSS is its own)
-        print(json.dumps(measure(args.one[0], int(args.one[1]), int(args.one[2]), args.freeze_gc)))
+        layout, world, load_world = args.one[0], int(args.one[1]), int(args.one[2])
+        print(json.dumps(measure(layout, world, load_world, args.freeze_gc, args.checksum_chunk_mib)))
         return
     for layout in args.layouts.split(","):
         sizes = [int(x) for x in args.ranks.split(",")] if layout == "fsdp" else [128 * 70]
@@ -248,6 +255,7 @@ def main() -> None:
             t0 = time.perf_counter()
             cmd = [sys.executable, __file__, "--one", layout, str(world), str(load_world)]
             cmd += ["--freeze-gc"] if args.freeze_gc else []
+            cmd += ["--checksum-chunk-mib", str(args.checksum_chunk_mib)]
             out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
             r = json.loads(out.strip().splitlines()[-1])
             print(f"[{layout} {world} ranks -> load at {load_world}: {time.perf_counter() - t0:.0f} s]", flush=True)
