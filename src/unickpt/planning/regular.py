@@ -50,6 +50,7 @@ def split_tensors(gplan: GlobalSavePlan) -> dict[str, int]:
     for fqn, offs, lens, rank, _ in gplan.writers:
         boxes[fqn].append((offs, lens, rank))
     out = {}
+    chunks: dict[tuple[Shape, int], list[tuple[Shape, Shape, int]]] = {}
     for fqn, (_, shape) in gplan.tensors.items():
         found = boxes.get(fqn, [])
         if not shape or math.prod(shape) == 0 or not found:
@@ -59,23 +60,37 @@ def split_tensors(gplan: GlobalSavePlan) -> dict[str, int]:
         d = cut[0] if len(cut) == 1 else -1
         if d < 0:
             continue
-        c = -(-shape[d] // world)
-        if len(found) != -(-shape[d] // c):  # one box per non-empty chunk
-            continue
-        if all(_is_chunk(o, n, shape, d, world, r) for o, n, r in found):
+        want = chunks.get((shape, d))
+        if want is None:  # many tensors share a shape: their chunk boxes are built once
+            want = chunks[(shape, d)] = _chunk_boxes(shape, d, world)
+        # one box per non-empty chunk, rank r's chunk r (compared as whole lists: C speed)
+        if len(found) == len(want) and (found == want or sorted(found, key=_by_rank) == want):
             out[fqn] = d
     return out
+
+
+def _chunk_boxes(shape: Shape, d: int, world: int) -> list[tuple[Shape, Shape, int]]:
+    """``(offsets, lengths, rank)`` of every non-empty ``torch.chunk`` part of ``shape`` along
+    ``d`` over ``world`` ranks, rank order."""
+    out = []
+    for r in range(world):
+        lo, n = chunk_rows(shape[d], world, r)
+        if not n:
+            break
+        offs, lens = [0] * len(shape), list(shape)
+        offs[d], lens[d] = lo, n
+        out.append((tuple(offs), tuple(lens), r))
+    return out
+
+
+def _by_rank(box: tuple[Shape, Shape, int]) -> int:
+    return box[2]
 
 
 def _full(gplan: GlobalSavePlan, split: dict[str, int]) -> dict[str, int]:
     """The split tensors whose every chunk has rows."""
     world = len(gplan.rank_plans)
     return {f: d for f, d in split.items() if chunk_rows(gplan.tensors[f][1][d], world, world - 1)[1]}
-
-
-def _is_chunk(offs: Shape, lens: Shape, shape: Shape, d: int, world: int, rank: int) -> bool:
-    lo, n = chunk_rows(shape[d], world, rank)
-    return all((o, ln) == ((lo, n) if i == d else (0, s)) for i, (o, ln, s) in enumerate(zip(offs, lens, shape)))
 
 
 def regularize(gplan: GlobalSavePlan, files_per_rank: int) -> GlobalSavePlan:
