@@ -10,6 +10,7 @@ import pickle
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,8 +22,8 @@ import unickpt
 CLI = [sys.executable, "-m", "unickpt.cli"]
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300)
+def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=300, cwd=cwd)
 
 
 def _trained(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -92,13 +93,7 @@ def test_issue15_malicious_dcp_metadata_is_refused_before_it_runs(tmp_path):
     folder = tmp_path / "dcp"
     _dcp_save({k: v.clone() for k, v in model.state_dict().items()}, str(folder))
     (folder / ".metadata").write_bytes(pickle.dumps(_Boom()))
-    r = subprocess.run(
-        [*CLI, "convert", "--from", "dcp", str(folder), str(tmp_path / "ck")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-    )
+    r = _cli("convert", "--from", "dcp", str(folder), str(tmp_path / "ck"), cwd=tmp_path)
     assert r.returncode == 2 and "CorruptMetadataError" in r.stderr and "posix.system" in r.stderr, r.stderr
     assert not (tmp_path / "BOOM_RAN").exists()
     assert not (tmp_path / "ck").exists()
@@ -147,12 +142,6 @@ def test_issue15_malicious_dcp_value_is_refused_not_unpickled(tmp_path):
     state = {k: v.clone() for k, v in model.state_dict().items()}
     state["optim.param_groups.0.lr"] = _Boom()
     _dcp_save(state, str(folder))
-    r = subprocess.run(
-        [*CLI, "convert", "--from", "dcp", str(folder), str(tmp_path / "ck")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-    )
+    r = _cli("convert", "--from", "dcp", str(folder), str(tmp_path / "ck"), cwd=tmp_path)
     assert r.returncode == 2 and "CorruptMetadataError" in r.stderr and "not plain values" in r.stderr, r.stderr
     assert not (tmp_path / "BOOM_RAN").exists()

@@ -151,14 +151,11 @@ def _load_once(
     strict: bool,
     options: LoadOptions,
 ) -> tuple[list[str], list[str]]:
-    """Validate, read and apply ``md`` into ``state`` (one attempt)."""
+    """Validate, read and apply ``md`` into ``state`` (one attempt; the caller, ``run``, keeps
+    the cyclic collector paused throughout)."""
     source = storage.url
 
     def validate() -> tuple[LoadView, list[ShardRead], dict[str, str], list[str], list[str]]:
-        with gc_paused():  # destinations, specs and copy plans: a few records per tensor
-            return _validate()
-
-    def _validate() -> tuple[LoadView, list[ShardRead], dict[str, str], list[str], list[str]]:
         view = adapter.load_view(state, md, strict)
         ckpt_keys = {k for k in md.tensors if k.startswith(view.prefixes)} if view.prefixes else set()
         specs = [i.spec for i in view.items] + [i.spec for i in view.probes]
@@ -214,10 +211,6 @@ def _load_once(
         raise
 
     def apply() -> None:
-        with gc_paused():
-            _apply()
-
-    def _apply() -> None:
         if targets is not None:
             with torch.no_grad():
                 for live, stage in zip(view.items, targets):

@@ -185,16 +185,13 @@ class RunJob:
         for seg in self._segments_in(lo, hi):
             a, b = max(lo, seg.lo), min(hi, seg.hi)
             self.read_into(self.name, a, self._memory(seg)[a - seg.lo : b - seg.lo])
-        finished, ready = [], []
+        finished = []
         with self._lock:
             for u in self._units_in(lo, hi):
                 self._unit_left[u] -= 1
                 if self._unit_left[u] == 0:
                     finished.append(u)
-            for need in self._piece_needs[p]:
-                need.left -= 1
-                if need.left == 0:
-                    ready.append(need)
+            ready = _count_down(self._piece_needs[p])
         for u in finished:
             self._unit_done(u)
         for need in ready:
@@ -210,13 +207,9 @@ class RunJob:
     def _unit_done(self, u: int) -> None:
         if self.verify:
             self._check(u)
-        ready = []
         lo, hi = self.units.starts[u], self.units.ends[u]
         with self._lock:
-            for need in self._unit_needs[u]:
-                need.left -= 1
-                if need.left == 0:
-                    ready.append(need)
+            ready = _count_down(self._unit_needs[u])
         for need in ready:
             self._need_done(need)
         self._release(self._segments_in(lo, hi))
@@ -254,3 +247,13 @@ class RunJob:
                 seg.pending -= 1
                 if seg.pending == 0 and not seg.direct:
                     seg.memory, seg.view = None, memoryview(b"")
+
+
+def _count_down(needs: list[Need]) -> list[Need]:
+    """One more of each need's parts is done (caller holds the lock); the needs now complete."""
+    ready = []
+    for need in needs:
+        need.left -= 1
+        if need.left == 0:
+            ready.append(need)
+    return ready

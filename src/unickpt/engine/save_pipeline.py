@@ -42,7 +42,7 @@ from .gc_pause import GCHold, gc_paused
 from .lock import SaveLock, run_locked
 from .plan_cache import CachedPlan, PlanKey, plan_stage
 from .resources import Resources
-from .staging import StagedFiles, live_parts
+from .staging import StagedFiles, live_parts, on_device
 from .step_guard import protected_storages, storage_key
 from .target import check_state, claims
 from .worker import SaveHandle
@@ -136,7 +136,7 @@ class SavePipeline:
 
     def stage(self, d: Described, plan: RankSavePlan, async_save: bool) -> Snapshot:
         """The snapshot (collective for async saves: every rank learns all staged)."""
-        if not async_save and not _on_device(d.view.items, plan):  # views of the live tensors, written in place
+        if not async_save and not on_device(d.view.items, plan):  # views of the live tensors, written in place
             with self.res.events.phase("save.stage", self.coord.rank, path=self.storage.url, save_id=plan.save_id):
                 parts, in_order = live_parts(d.view.items, plan, d.blobs)
             return Snapshot(parts, in_order, None, None)
@@ -247,11 +247,6 @@ class SavePipeline:
         else:
             future.add_done_callback(hold.release)
         return SaveHandle(future, snap.copied, self.storage.url)
-
-
-def _on_device(items: list[SaveItem], plan: RankSavePlan) -> bool:
-    """Whether any tensor this rank writes lives on an accelerator (its bytes need a host copy)."""
-    return any(not items[e.item_index].tensor.is_cpu for e in plan.entries if not e.blob_key)
 
 
 def _blobs_to_save(state: MutableMapping[str, Any], rank: int) -> dict[str, bytes]:

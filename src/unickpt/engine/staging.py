@@ -1,6 +1,7 @@
 """Snapshot staging: the bytes a rank writes, made safe from training for the whole save.
 
-A blocking save writes straight from the live tensors (zero copy, ``live_parts``). An async save
+A blocking save writes straight from the live tensors (zero copy, ``live_parts``), unless some
+live on an accelerator (``on_device``): then it stages like an async save and waits. An async save
 snapshots them first (``StagingPool.stage``): every written entry is copied into a *file image*,
 one page-aligned host buffer per data file laid out exactly as the file, so the writers can send
 it to disk with O_DIRECT and no further copy. Buffers are allocated once and reused (two slots,
@@ -29,7 +30,7 @@ from ..storage.aligned import AlignedBuffer
 from ..storage.base import Buffer
 from .bytes_view import tensor_bytes
 
-__all__ = ["live_parts", "StagedFiles", "StagingPool"]
+__all__ = ["live_parts", "on_device", "StagedFiles", "StagingPool"]
 
 
 def live_parts(
@@ -63,6 +64,12 @@ def live_parts(
             parts.append(data)
             entries.append(data)
     return out, entries
+
+
+def on_device(items: list[SaveItem], plan: RankSavePlan) -> bool:
+    """Whether any tensor ``plan`` writes lives on an accelerator: a blocking save then stages
+    through the pool's pinned images (one side-stream copy) instead of ``live_parts``."""
+    return any(not items[e.item_index].tensor.is_cpu for e in plan.entries if not e.blob_key)
 
 
 _PADDING = [bytes(n) for n in range(ENTRY_ALIGN)]  # the zero gaps before aligned entries

@@ -89,12 +89,20 @@ def write_body(md: Metadata, version: int) -> dict[str, Any]:
             ]
             for s in t.shards
         ]
-        entry: dict[str, Any] = {"dtype": t.dtype, "shape": list(t.shape)}
-        if len(rows) >= TABLE_FROM:
-            entry["shard_table"] = base64.b64encode(np.asarray(rows, dtype="<i8").tobytes()).decode("ascii")
-        else:
-            entry["shards"] = rows
-        tensors[fqn] = entry
+        tensors[fqn] = tensor_entry(t.dtype, t.shape, rows)
+    return {
+        **write_head(md, version),
+        "tensors": tensors,
+        "objects": md.objects,
+        "blobs": {
+            k: [b.file_index, b.byte_offset, b.byte_length, crc(b.file_index, b.byte_offset, b.byte_length)]
+            for k, b in md.blobs.items()
+        },
+    }
+
+
+def write_head(md: Metadata, version: int) -> dict[str, Any]:
+    """The keys every version starts with: magic, version, save id, time, role, topology, files."""
     return {
         "magic": MAGIC,
         "format_version": version,
@@ -107,13 +115,17 @@ def write_body(md: Metadata, version: int) -> dict[str, Any]:
             "mesh": [[name, size] for name, size in md.topology.mesh],
         },
         "files": list(md.files),
-        "tensors": tensors,
-        "objects": md.objects,
-        "blobs": {
-            k: [b.file_index, b.byte_offset, b.byte_length, crc(b.file_index, b.byte_offset, b.byte_length)]
-            for k, b in md.blobs.items()
-        },
     }
+
+
+def tensor_entry(dtype: str, shape: tuple[int, ...], rows: list[list[int]]) -> dict[str, Any]:
+    """A tensor's entry: dtype, shape and its shard rows, as a binary table from ``TABLE_FROM`` rows."""
+    entry: dict[str, Any] = {"dtype": dtype, "shape": list(shape)}
+    if len(rows) >= TABLE_FROM:
+        entry["shard_table"] = base64.b64encode(np.asarray(rows, dtype="<i8").tobytes()).decode("ascii")
+    else:
+        entry["shards"] = rows
+    return entry
 
 
 class V1Writer:

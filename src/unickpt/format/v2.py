@@ -14,6 +14,7 @@ reader and writer in ``format.codec.READERS`` / ``WRITERS``; older modules stay 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -46,16 +47,28 @@ class V2Reader:
     problem of both is reported in one ``CorruptMetadataError``."""
 
     def read(self, doc: dict[str, Any], source: str, sections: SectionRegistry) -> Metadata:
-        problems = Problems()
-        records: dict[str, object] = {}
-        if "sections" not in doc:
-            problems.add("missing field 'sections' (every version-2 document has one)")
-        else:
-            records = sections.decode(doc["sections"], VERSION, source, problems)
-        md = read_body(doc, VERSION, problems)
-        problems.raise_if_any(lambda text: corrupt(source, text))
-        assert md is not None
-        return replace(md, sections=records)
+        return read_sectioned(doc, source, sections, VERSION, lambda problems: read_body(doc, VERSION, problems))
+
+
+def read_sectioned(
+    doc: dict[str, Any],
+    source: str,
+    sections: SectionRegistry,
+    version: int,
+    read: Callable[[Problems], Metadata | None],
+) -> Metadata:
+    """A document of a version with sections (2 and later): the sections first, then the body
+    (``read``, which adds its problems); every problem of both in one ``CorruptMetadataError``."""
+    problems = Problems()
+    records: dict[str, object] = {}
+    if "sections" not in doc:
+        problems.add(f"missing field 'sections' (every version-{version} document has one)")
+    else:
+        records = sections.decode(doc["sections"], version, source, problems)
+    md = read(problems)
+    problems.raise_if_any(lambda text: corrupt(source, text))
+    assert md is not None
+    return replace(md, sections=records)
 
 
 READER = V2Reader()

@@ -34,7 +34,6 @@ from __future__ import annotations
 import base64
 import binascii
 import math
-from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -47,7 +46,6 @@ from .layouts import SplitLayout, SplitShards
 from .records import BlobRecord, Metadata, ShardRecord, TensorRecord
 from .sections import SectionRegistry
 from .v1 import (
-    MAGIC,
     TABLE_FROM,
     Ranges,
     _Bad,
@@ -60,7 +58,10 @@ from .v1 import (
     _table,
     _topology,
     _typed,
+    tensor_entry,
+    write_head,
 )
+from .v2 import read_sectioned
 from .validation import (
     MAX_BYTES,
     MAX_NDIM,
@@ -68,7 +69,6 @@ from .validation import (
     Problems,
     blob_problems,
     byte_range_problems,
-    corrupt,
     extent_problems,
     file_name_problems,
     splits_one_dim,
@@ -93,30 +93,15 @@ class V3Writer:
         tensors = {}
         layouts: dict[int, tuple[int, SplitLayout]] = {}  # id(layout) -> (index, layout)
         for fqn, t in md.tensors.items():
-            entry: dict[str, Any] = {"dtype": t.dtype, "shape": list(t.shape)}
             if isinstance(t.shards, SplitShards):
                 lay = t.shards.layout
-                entry["layout"] = layouts.setdefault(id(lay), (len(layouts), lay))[0]
-                tensors[fqn] = entry
+                index = layouts.setdefault(id(lay), (len(layouts), lay))[0]
+                tensors[fqn] = {"dtype": t.dtype, "shape": list(t.shape), "layout": index}
                 continue
             rows = [[*s.offsets, *s.lengths, s.file_index, s.byte_offset] for s in t.shards]
-            if len(rows) >= TABLE_FROM:
-                entry["shard_table"] = base64.b64encode(np.asarray(rows, dtype="<i8").tobytes()).decode("ascii")
-            else:
-                entry["shards"] = rows
-            tensors[fqn] = entry
+            tensors[fqn] = tensor_entry(t.dtype, t.shape, rows)
         return {
-            "magic": MAGIC,
-            "format_version": VERSION,
-            "save_id": md.save_id,
-            "created_unix": md.created_unix,
-            "role": md.role,
-            "topology": {
-                "framework": md.topology.framework,
-                "world_size": md.topology.world_size,
-                "mesh": [[name, size] for name, size in md.topology.mesh],
-            },
-            "files": list(md.files),
+            **write_head(md, VERSION),
             "checksums": {
                 "algorithm": ALGORITHM,
                 "chunk_size": sums.chunk_size,
@@ -145,16 +130,7 @@ class V3Reader:
     ``CorruptMetadataError`` lists every problem."""
 
     def read(self, doc: dict[str, Any], source: str, sections: SectionRegistry) -> Metadata:
-        problems = Problems()
-        records: dict[str, object] = {}
-        if "sections" not in doc:
-            problems.add("missing field 'sections' (every version-3 document has one)")
-        else:
-            records = sections.decode(doc["sections"], VERSION, source, problems)
-        md = _read_body(doc, problems)
-        problems.raise_if_any(lambda text: corrupt(source, text))
-        assert md is not None
-        return replace(md, sections=records)
+        return read_sectioned(doc, source, sections, VERSION, lambda problems: _read_body(doc, problems))
 
 
 def _read_body(doc: dict[str, Any], problems: Problems) -> Metadata | None:
