@@ -10,9 +10,11 @@ Layouts
   over TP; model and Adam state replicated over DP (the non-distributed optimizer).
 
 Figures, per layout and world size (``--ranks``):
-- local plan: time to build one rank's ``LocalSavePlan`` (per rank, its own shards), its
-  encoded size (``planning.plan_codec``) and the bytes the coordinator gathers (all ranks);
-- global plan: ``plan_save`` (dedup, worst-fit, byte layout) at the coordinator;
+- local plan: time to build and encode one rank's ``LocalSavePlan`` (per rank, its own
+  shards), its encoded size (``planning.plan_codec``) and the bytes the coordinator gathers
+  (all ranks); the coordinator keeps only these bytes, as ``plan_stage`` does;
+- global plan: ``plan_save`` on the gathered bytes (decode, dedup, worst-fit, byte layout) at
+  the coordinator, and the encoding of every rank's part for the scatter;
 - per rank: the bytes of its own part of the global plan (what it receives), and the cached
   re-plan (``CachedPlan.next``: the rename of its own entries);
 - metadata: ``build_metadata`` + encode time, size, decode time (every rank decodes it at load);
@@ -44,7 +46,7 @@ from unickpt.engine.commit import SaveSource, build_metadata
 from unickpt.engine.plan_cache import CachedPlan
 from unickpt.format.codec import decode_metadata, encode_metadata
 from unickpt.planning.load_plan import plan_local_load
-from unickpt.planning.plan_codec import encode_local_plan, encode_rank_plan
+from unickpt.planning.plan_codec import decode_rank_plan, encode_local_plan, encode_rank_rows
 from unickpt.planning.read_assignment import assign_reads
 from unickpt.planning.save_plan import LocalSavePlan, plan_save
 from unickpt.planning.specs import ShardSpec
@@ -155,30 +157,38 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 
 def measure(layout: str, world: int, load_world: int, freeze_gc: bool = False, chunk_mib: int = 1) -> dict[str, float]:
     make = LAYOUTS[layout]
+    mid = world // 2
+    # every rank builds and encodes its local plan (its own shards); the coordinator gets bytes
     t_local = time.perf_counter()
-    locals_ = [make(r, world) for r in range(world)]
+    encoded = []
+    for r in range(world):
+        plan = make(r, world)
+        encoded.append(encode_local_plan(plan))
+        if r == mid:
+            mine_local = plan
     t_local = (time.perf_counter() - t_local) / world
-    encoded = [len(encode_local_plan(p)) for p in (locals_[0], locals_[-1])]
-    sample_encode_s, _ = timed(lambda: encode_local_plan(locals_[world // 2]))
-    gathered = sum(len(encode_local_plan(p)) for p in locals_) if world <= 1024 else max(encoded) * world
-    t_plan, gplan = timed(lambda: plan_save(locals_, "20250101T000000-0123456789ab", 2))
-    mine = gplan.rank_plans[world // 2]
-    received = len(encode_rank_plan(mine))
-    cached = CachedPlan(locals_[world // 2], mine, None, gplan.save_id)
+    sample_encode_s, _ = timed(lambda: encode_local_plan(mine_local))
+    gathered = sum(len(b) for b in encoded)
+    local_bytes = max(len(encoded[0]), len(encoded[-1]))
+    t_plan, gplan = timed(lambda: plan_save(encoded, "20250101T000000-0123456789ab", 2))
+    # the scatter: each rank's own part, encoded from columns (what plan_stage sends)
+    t_parts, parts = timed(lambda: [encode_rank_rows(r, gplan.save_id, *gplan.rank_rows(r)) for r in range(world)])
+    received = len(parts[mid])
+    parts = None
+    mine = decode_rank_plan(encode_rank_rows(mid, gplan.save_id, *gplan.rank_rows(mid)))
+    cached = CachedPlan(mine_local, mine, None, gplan.save_id)
     t_replan, _ = timed(lambda: cached.next("feedfacecafe"))
     chunk = chunk_mib << 20  # the checksum chunk (default 1 MiB): each rank reports its files' sizes and chunk sums
-    crcs = []
-    for rp in gplan.rank_plans:
-        ends: dict[str, int] = {}
-        for e in rp.entries:
-            ends[e.file] = max(ends.get(e.file, 0), e.byte_offset + e.byte_length)
-        crcs.append((chunk, {f: (n, [0] * -(-n // chunk)) for f, n in ends.items()}))
+    by_rank: dict[int, dict[str, tuple[int, list[int]]]] = {r: {} for r in range(world)}
+    for f, (n, r) in gplan.file_ends().items():
+        by_rank[r][f] = (n, [0] * -(-n // chunk))
+    crcs = [(chunk, by_rank[r]) for r in range(world)]
     t_md, md = timed(
         lambda: build_metadata(gplan, crcs, SaveSource(layout, None, ()), world, {})  # the commit's
     )
     t_enc, blob = timed(lambda: encode_metadata(md))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # this process measures one size
-    locals_.clear()  # the coordinator keeps only the encoded metadata from here on
+    encoded.clear()  # the coordinator keeps only the encoded metadata from here on
     crcs.clear()
     md = None  # type: ignore[assignment]
     t_dec, md2 = timed(lambda: decode_metadata(blob))
@@ -197,9 +207,10 @@ def measure(layout: str, world: int, load_world: int, freeze_gc: bool = False, c
     return {
         "local plan s/rank": t_local,
         "local plan encode s": sample_encode_s,
-        "local plan bytes/rank": max(encoded),
+        "local plan bytes/rank": local_bytes,
         "gathered MB": gathered / 1e6,
         "global plan s": t_plan,
+        "scatter encode s (all ranks)": t_parts,
         "received bytes/rank": received,
         "cached replan s/rank": t_replan,
         "metadata build s": t_md,

@@ -19,7 +19,7 @@ import torch
 
 import unickpt
 from harness import launch_ranks, run_ranks
-from tree_workers import _model, held_commit, killed_in_save, tree_vs_flat
+from tree_workers import _model, fsdp2_regular, held_commit, killed_in_save, tree_vs_flat
 from unickpt.format.records import METADATA_FILE
 
 
@@ -50,6 +50,18 @@ def test_tree_and_flat_give_identical_collectives_plans_and_checkpoints(tmp_path
         assert r["named"]["all_gather"] == res[0]["flat"]["all_gather"]
         assert r["odd"]["type"] == "RankDisagreementError", r["odd"]  # refused on every rank
         assert "rank 5: (3, 4, 2)" in r["odd"]["msg"] and "rank 0: (2, 4, 2)" in r["odd"]["msg"], r["odd"]
+
+
+def test_fsdp2_is_planned_as_a_regular_job_through_tree_and_flat(tmp_path):
+    """8 FSDP2 ranks: rank 0 plans on templates (no entry record per rank), the tree and the
+    flat coordination give every rank the same part, and the checkpoints load bit-exact."""
+    base = str(tmp_path)
+    res = run_ranks(fsdp2_regular, 8, base, timeout=400)
+    assert res[0]["planner"] == "RegularRankPlans" and res[0]["layout_tensors"] > 0, res[0]
+    for rank, r in enumerate(res):
+        assert r["tree"] == r["flat"], rank
+        assert r["load_exact"] == {"tree<-flat": True, "flat<-tree": True}, rank
+    assert _normalized_metadata(f"{base}/tree") == _normalized_metadata(f"{base}/flat")
 
 
 def test_rank_0_publishes_only_after_every_rank_reported(tmp_path):

@@ -198,3 +198,49 @@ def killed_in_save(
             "missing": list(getattr(e, "missing_ranks", ())),
             "seconds": time.monotonic() - t0,
         }
+
+
+def fsdp2_regular(rank: int, ws: int, base: str) -> dict[str, Any]:
+    """FSDP2 (every parameter ``Shard(0)`` over the job, 0-d optimizer steps replicated) saved
+    through a tree and a flat checkpointer: rank 0 plans it as a regular job (templates of
+    ranks, ``planning.regular_plan``), both give each rank the same part, a second (cached,
+    async) save renames it, and each checkpoint loads bit-exact through the other."""
+    from support.reference import full_state
+    from unickpt.planning.regular_plan import RegularRankPlans
+    from unickpt.tools.toy import build, train_step
+
+    model, optim = build("fsdp2", seed=0)
+    train_step(model, optim, 0)
+    want = full_state(model, optim)
+    tree = unickpt.Checkpointer(coordination=_tree_options(4))
+    flat = unickpt.Checkpointer(coordination=unickpt.CoordinationOptions(tree_min_world_size=ws + 1))
+    state = {"model": model, "optimizer": optim, "extra_state": {"rank": rank}}
+    out: dict[str, Any] = {}
+    for name, ckpt in (("tree", tree), ("flat", flat)):
+        ckpt.save(f"{base}/{name}", state, framework="fsdp2", options=unickpt.SaveOptions(files_per_rank=2))
+        out[name] = _plan_summary(ckpt, "fsdp2")
+    from unickpt.engine.plan_cache import PlanKey
+
+    cached = tree.resources.plans.get(PlanKey(None, "fsdp2", 2))
+    assert cached is not None
+    if rank == 0:
+        assert cached.coordinator is not None
+        out["planner"] = type(cached.coordinator.rank_plans).__name__
+        out["layout_tensors"] = sum(len(entries) for _, entries in cached.coordinator.layouts)
+    tree.save(f"{base}/tree", state, framework="fsdp2", async_save=True).wait()  # cached plan, renamed
+    exact = {}
+    for name, ckpt, path in (("tree<-flat", tree, "flat"), ("flat<-tree", flat, "tree")):
+        m2, o2 = build("fsdp2", seed=1234)
+        loaded = {"model": m2, "optimizer": o2, "extra_state": None}
+        ckpt.load(f"{base}/{path}", loaded, framework="fsdp2")
+        got = full_state(m2, o2)
+        exact[name] = (
+            sorted(got) == sorted(want)
+            and all(torch.equal(got[k], want[k]) for k in want)
+            and loaded["extra_state"] == {"rank": rank}
+        )
+    out["load_exact"] = exact
+    out["regular_type"] = RegularRankPlans.__name__
+    for c in (tree, flat):
+        c.close()
+    return out

@@ -68,15 +68,38 @@ def _nbytes(spec: ShardSpec) -> int:
     return numel(spec.lengths) * element_size(spec.dtype)
 
 
+def _all_writers(plans: list[LocalSavePlan], g: GlobalSavePlan) -> list[tuple]:
+    """``g.writers`` (the boxes outside the layouts) and the boxes of the tensors its layouts
+    describe: rank r writes ``torch.chunk`` part r (computed here), the spec of its that holds it."""
+    out = list(g.writers)
+    for _files, entries in g.layouts:
+        for fqn, d in entries:
+            shape = g.tensors[fqn][1]
+            size = -(-shape[d] // len(plans))
+            for r, plan in enumerate(plans):
+                lo = min(shape[d], r * size)
+                n = min(shape[d], lo + size) - lo
+                if not n:
+                    continue
+                offs = tuple(lo if i == d else 0 for i in range(len(shape)))
+                lens = tuple(n if i == d else shape[i] for i in range(len(shape)))
+                idx = [i for i, s in enumerate(plan.shards) if (s.fqn, s.offsets, s.lengths) == (fqn, offs, lens)]
+                assert len(idx) == 1, (fqn, r, idx)
+                out.append((fqn, offs, lens, r, idx[0]))
+    return out
+
+
 def _check_plan(plans: list[LocalSavePlan], files_per_rank: int, g: GlobalSavePlan) -> None:
     """Every invariant of a global plan, computed independently of the planner."""
     ws = len(plans)
+    writers = _all_writers(plans, g)
+    assert not {w[0] for w in g.writers} & {fqn for _f, entries in g.layouts for fqn, _d in entries}
     # tensors: every rank's dtype and shape
     want_tensors = {s.fqn: (s.dtype, s.global_shape) for p in plans for s in p.shards}
     assert g.tensors == want_tensors
     # dedup: the written boxes tile every tensor exactly once; each writer holds its box
     written: dict[str, list] = defaultdict(list)
-    for fqn, offs, lens, rank, idx in g.writers:
+    for fqn, offs, lens, rank, idx in writers:
         spec = plans[rank].shards[idx]
         assert (spec.fqn, spec.offsets, spec.lengths) == (fqn, offs, lens)
         assert numel(lens) > 0  # empty shards are never written
@@ -88,7 +111,7 @@ def _check_plan(plans: list[LocalSavePlan], files_per_rank: int, g: GlobalSavePl
     for p in plans:
         for s in p.shards:
             holders[(s.fqn, s.offsets, s.lengths)].append((p.rank, s))
-    for fqn, offs, lens, rank, _idx in g.writers:
+    for fqn, offs, lens, rank, _idx in writers:
         hs = holders[(fqn, offs, lens)]
         ranks = {r for r, _ in hs}
         named = sorted({s.replica_source for _, s in hs if s.replica_source is not None} & ranks)
@@ -101,7 +124,7 @@ def _check_plan(plans: list[LocalSavePlan], files_per_rank: int, g: GlobalSavePl
     for rp in g.rank_plans:
         plan = plans[rp.rank]
         assert rp.save_id == g.save_id
-        mine = {(idx, s) for s_fqn, offs, lens, r, idx in g.writers if r == rp.rank for s in [plan.shards[idx]]}
+        mine = {(idx, s) for s_fqn, offs, lens, r, idx in writers if r == rp.rank for s in [plan.shards[idx]]}
         tensor_entries = [e for e in rp.entries if not e.blob_key]
         blob_entries = [e for e in rp.entries if e.blob_key]
         assert sorted(e.item_index for e in tensor_entries) == sorted(idx for idx, _ in mine)

@@ -82,14 +82,13 @@ def build_metadata(
     file_index = {f: i for i, f in enumerate(gplan.files)}
     located: dict[tuple[int, int], tuple[int, int, int]] = {}
     blobs: dict[str, BlobRecord] = {}
-    for rp in gplan.rank_plans:
-        for e in rp.entries:
-            if e.blob_key:
-                if e.blob_key in blobs:  # two ranks saved one key (e.g. one loader part twice)
-                    raise PlanningError(f"blob {e.blob_key!r} was saved by two ranks (rank {rp.rank} is the second)")
-                blobs[e.blob_key] = BlobRecord(e.blob_key, file_index[e.file], e.byte_offset, e.byte_length)
-            else:
-                located[(rp.rank, e.item_index)] = (file_index[e.file], e.byte_offset, e.byte_length)
+    for rank, e in gplan.explicit_entries():  # the entries the layouts below do not describe
+        if e.blob_key:
+            if e.blob_key in blobs:  # two ranks saved one key (e.g. one loader part twice)
+                raise PlanningError(f"blob {e.blob_key!r} was saved by two ranks (rank {rank} is the second)")
+            blobs[e.blob_key] = BlobRecord(e.blob_key, file_index[e.file], e.byte_offset, e.byte_length)
+        else:
+            located[(rank, e.item_index)] = (file_index[e.file], e.byte_offset, e.byte_length)
     tensors: dict[str, TensorRecord] = {}
     for files, entries in gplan.layouts:  # tensors split alike over every rank's files: described once
         rows = []
@@ -243,10 +242,7 @@ def check_written_files(storage: Storage, gplan: GlobalSavePlan, threads: int = 
     """Rank 0, right before the commit: every data file the metadata will name exists with the
     size its writer gave it (missing or short: ``MissingDataFileError`` / ``TruncatedDataFileError``,
     nothing is published)."""
-    want: dict[str, tuple[int, int]] = {}  # file -> (size, writing rank)
-    for rp in gplan.rank_plans:
-        for e in rp.entries:
-            want[e.file] = (max(want.get(e.file, (0, 0))[0], e.byte_offset + e.byte_length), rp.rank)
+    want = gplan.file_ends()  # file -> (size, writing rank)
     if not want:
         return
     names = list(want)

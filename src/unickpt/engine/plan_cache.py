@@ -18,7 +18,8 @@ from dataclasses import dataclass, field, replace
 
 from ..coordination.base import Coordinator
 from ..errors import CheckpointError, PlanningError
-from ..planning.plan_codec import decode_local_table, decode_rank_plan, encode_local_plan, encode_rank_plan
+from ..planning.plan_codec import decode_rank_plan, encode_local_plan, encode_rank_rows
+from ..planning.regular_plan import RegularRankPlans
 from ..planning.save_plan import GlobalSavePlan, LocalSavePlan, RankSavePlan, WriteEntry, plan_save
 
 __all__ = ["PlanKey", "CachedPlan", "PlanCache", "plan_stage", "new_save_id"]
@@ -110,8 +111,8 @@ class CachedPlan:
         if self.columns is not None:
             return self.columns
         mine = _Columns.of(self.mine)
-        if self.coordinator is None:
-            return mine, ()
+        if self.coordinator is None or not isinstance(self.coordinator.rank_plans, tuple):
+            return mine, ()  # (a regular plan renames without its entries: global_plan)
         by_rank = tuple(mine if rp is self.mine else _Columns.of(rp) for rp in self.coordinator.rank_plans)
         return mine, by_rank
 
@@ -126,9 +127,11 @@ class CachedPlan:
         if self.coordinator.save_id == self.save_id:
             return self.coordinator
         gplan, save_id = self.coordinator, self.save_id
+        files = tuple(f.replace(gplan.save_id, save_id, 1) for f in gplan.files)
+        if isinstance(gplan.rank_plans, RegularRankPlans):  # entries computed when asked: rename only
+            return replace(gplan, save_id=save_id, rank_plans=gplan.rank_plans.renamed(save_id), files=files)
         mine = self.mine  # already renamed (next): this rank's part of the global plan
         rank_plans = tuple(mine if c.rank == mine.rank else c.renamed(save_id) for c in self._columns()[1])
-        files = tuple(f.replace(gplan.save_id, save_id, 1) for f in gplan.files)
         return replace(gplan, save_id=save_id, rank_plans=rank_plans, files=files)
 
 
@@ -166,7 +169,8 @@ def plan_stage(
         return cached.next(save_id.rsplit("-", 1)[-1])
     # local plans travel to the coordinator as compact bytes, and each rank gets back only its
     # own part of the global plan (planning.plan_codec; O(its entries), not O(the job)); the
-    # coordinator plans on columns (planning.shard_table) and keeps its own part as it is
+    # coordinator plans on templates of ranks (planning.regular_plan) or on columns
+    # (planning.shard_table) and keeps its own part as it is
     if coord.world_size == 1:
         gplan = plan_save([local], save_id, files_per_rank)
         return CachedPlan(local, gplan.rank_plans[0], gplan, save_id)
@@ -176,8 +180,12 @@ def plan_stage(
     if coord.rank == 0:
         assert encoded is not None
         try:
-            coordinator = plan_save([decode_local_table(b) for b in encoded], save_id, files_per_rank)  # type: ignore[arg-type]
-            parts = [b"", *(encode_rank_plan(rp) for rp in coordinator.rank_plans[1:])]
+            # bytes as gathered: a regular job is planned reading them one rank at a time
+            coordinator = plan_save(encoded, save_id, files_per_rank)  # type: ignore[arg-type]
+            parts = [
+                b"",
+                *(encode_rank_rows(r, save_id, *coordinator.rank_rows(r)) for r in range(1, coord.world_size)),
+            ]
         except CheckpointError as e:
             parts = [e] * coord.world_size
     received = coord.scatter_object(parts)

@@ -117,6 +117,13 @@ class SplitLayout:
             pos += -(-size // ALIGN) * ALIGN
         return end
 
+    def location(self, e: int, p: int) -> tuple[int, int, int]:
+        """(file index, byte offset, byte length) of part ``p`` of entry ``e``: ``shard``'s
+        location without its box (what a read assignment over many shards looks up)."""
+        n, c = int(self._n[e]), int(self._c[e])
+        rows = min(max(n - p * c, 0), c)
+        return self.files[p], int(self.offsets(p)[e]), rows * int(self._row[e])
+
     def shard(self, e: int, p: int) -> ShardRecord:
         offs, lens = self.box(e, p)
         _, isz, _, _ = self.entries[e]
@@ -186,6 +193,12 @@ class SplitShards(Sequence[ShardRecord]):
     @property
     def dim(self) -> int:
         return self.layout.entries[self.entry][3]
+
+    def location(self, i: int) -> tuple[int, int, int]:
+        """(file index, byte offset, byte length) of shard ``i`` (``SplitLayout.location``)."""
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self.layout.location(self.entry, i)
 
     def overlapping(self, offsets: Shape, lengths: Shape) -> list[int]:
         """The parts whose box overlaps ``(offsets, lengths)``: those whose rows along the split

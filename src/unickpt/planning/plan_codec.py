@@ -22,11 +22,18 @@ import zlib
 import numpy as np
 
 from ..errors import PlanningError
-from .save_plan import LocalSavePlan, RankSavePlan, WriteEntry
+from .save_plan import LocalSavePlan, RankSavePlan, WriteEntry, rank_plan_rows
 from .shard_table import ShardTable
 from .specs import BlobSpec, ShardSpec
 
-__all__ = ["encode_local_plan", "decode_local_plan", "decode_local_table", "encode_rank_plan", "decode_rank_plan"]
+__all__ = [
+    "encode_local_plan",
+    "decode_local_plan",
+    "decode_local_table",
+    "encode_rank_plan",
+    "encode_rank_rows",
+    "decode_rank_plan",
+]
 
 _LOCAL, _RANK = b"UCLP", b"UCRP"
 _VERSION = 2
@@ -112,11 +119,46 @@ def decode_local_table(data: bytes) -> ShardTable:
     """The ``ShardTable`` of an encoded local plan (what the coordinator plans with): the rows
     are checked as a whole; a buffer with any problem is decoded by ``decode_local_plan``,
     which raises the ``PlanningError`` naming it."""
-    header, rows = _unpack(_LOCAL, data, "local save plan")
+    return LocalPlanDecoder().table(data)
+
+
+class LocalPlanDecoder:
+    """Decodes the local plans of many ranks (``planning.regular_plan`` reads a job's gathered
+    plans with one): ranks of one job send rows of one shape, so where each row starts, found
+    for one plan by a walk over its rows, is checked for the next one as a whole (vectorised)
+    and reused when it fits."""
+
+    def __init__(self) -> None:
+        self._starts: np.ndarray | None = None
+
+    def table(self, data: bytes) -> ShardTable:
+        header, rows = _unpack(_LOCAL, data, "local save plan")
+        try:
+            n = int(header["n"])
+            starts = self._starts
+            if starts is None or len(starts) != n or not _starts_fit(rows, starts):
+                starts = self._starts = _row_starts(rows, n)
+        except (KeyError, IndexError, TypeError, ValueError, PlanningError):
+            return ShardTable.of(decode_local_plan(data))  # raises the precise error
+        return _table(data, header, rows, starts)
+
+
+def _starts_fit(rows: np.ndarray, starts: np.ndarray) -> bool:
+    """``starts`` are where the rows of ``rows`` start (each 4 + 3 * its ndim long)."""
+    if not len(starts):
+        return not len(rows)
+    last = int(starts[-1])
+    if last + 3 > len(rows):
+        return False
+    nd = rows[starts + 2]
+    return bool((nd >= 0).all() and (np.diff(starts) == 4 + 3 * nd[:-1]).all() and last + 4 + 3 * nd[-1] == len(rows))
+
+
+def _table(data: bytes, header: dict, rows: np.ndarray, starts: np.ndarray | None) -> ShardTable:
+    """The table of decoded rows whose starts are known (None: they do not fit)."""
     try:
-        names, dtypes, n, rank = header["names"], header["dtypes"], int(header["n"]), int(header["rank"])
+        names, dtypes, rank = header["names"], header["dtypes"], int(header["rank"])
         blobs = tuple(BlobSpec(str(k), int(v)) for k, v in header["blobs"])
-        starts = _row_starts(rows, n)
     except (KeyError, IndexError, TypeError, ValueError, PlanningError):
         return ShardTable.of(decode_local_plan(data))  # raises the precise error
     if starts is None or not isinstance(names, list) or not isinstance(dtypes, list):
@@ -197,16 +239,13 @@ def decode_local_plan(data: bytes) -> LocalSavePlan:
 
 def encode_rank_plan(plan: RankSavePlan) -> bytes:
     """Rows: item index, file index, byte offset, byte length, blob index (-1: a tensor)."""
-    files: dict[str, int] = {}
-    blobs: dict[str, int] = {}
-    entries = plan.entries
-    rows = np.empty((len(entries), 5), dtype=np.int64)
-    rows[:, 0] = [e.item_index for e in entries]
-    rows[:, 1] = [files.setdefault(e.file, len(files)) for e in entries]
-    rows[:, 2] = [e.byte_offset for e in entries]
-    rows[:, 3] = [e.byte_length for e in entries]
-    rows[:, 4] = [blobs.setdefault(e.blob_key, len(blobs)) if e.blob_key else -1 for e in entries]
-    header = {"rank": plan.rank, "save_id": plan.save_id, "files": list(files), "blobs": list(blobs)}
+    return encode_rank_rows(plan.rank, plan.save_id, *rank_plan_rows(plan))
+
+
+def encode_rank_rows(rank: int, save_id: str, files: list[str], rows: np.ndarray, blobs: list[str]) -> bytes:
+    """``encode_rank_plan`` of a plan given as columns (``GlobalSavePlan.rank_rows``: the
+    coordinator encodes each rank's part of a regular plan without building its entries)."""
+    header = {"rank": rank, "save_id": save_id, "files": list(files), "blobs": list(blobs)}
     return _pack(_RANK, header, rows)
 
 

@@ -21,6 +21,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..format.layouts import SplitShards
 from ..format.records import Metadata
 
 __all__ = ["ShardKey", "ReadBatch", "assign_reads"]
@@ -65,8 +66,12 @@ def assign_reads(
     tensors = md.tensors
     where = {}  # key -> (file index, byte offset, byte length), looked up once
     for k in consumers:
-        sh = tensors[k[0]].shards[k[1]]
-        where[k] = (sh.file_index, sh.byte_offset, sh.byte_length)
+        shards = tensors[k[0]].shards
+        if isinstance(shards, SplitShards):  # a regular layout: no record built
+            where[k] = shards.location(k[1])
+        else:
+            sh = shards[k[1]]
+            where[k] = (sh.file_index, sh.byte_offset, sh.byte_length)
 
     def size(k: ShardKey) -> int:
         return where[k][2]
@@ -81,7 +86,7 @@ def assign_reads(
             reader[k] = cs[0]
             load[cs[0]] += size(k)
     segments = _segments(
-        md, sorted((k for k, cs in consumers.items() if len(cs) > 1), key=location), cover, segment_bytes
+        where, sorted((k for k, cs in consumers.items() if len(cs) > 1), key=location), cover, segment_bytes
     )
     segments.sort(key=lambda seg: (-sum(size(k) for k in seg), location(seg[0])))
     for seg in segments:
@@ -111,21 +116,24 @@ def assign_reads(
     return batches
 
 
-def _segments(md: Metadata, keys: list[ShardKey], cover: Cover | None, segment_bytes: int) -> list[list[ShardKey]]:
+def _segments(
+    where: dict[ShardKey, tuple[int, int, int]], keys: list[ShardKey], cover: Cover | None, segment_bytes: int
+) -> list[list[ShardKey]]:
     """``keys`` (in file order) cut into runs of one file of at least ``segment_bytes`` bytes,
-    cut only where the next shard's covered bytes start after the current run's end."""
+    cut only where the next shard's covered bytes start after the current run's end
+    (``where``: each key's file index, byte offset and byte length)."""
     out: list[list[ShardKey]] = []
     cur: list[ShardKey] = []
     cur_file, cur_bytes, cur_end = -1, 0, 0
     for k in keys:
-        s = md.tensors[k[0]].shards[k[1]]
-        end = s.byte_offset + s.byte_length
-        lo, hi = cover(s.file_index, s.byte_offset, end) if cover is not None else (s.byte_offset, end)
-        if cur and (s.file_index != cur_file or (cur_bytes >= segment_bytes and lo >= cur_end)):
+        file_index, offset, length = where[k]
+        end = offset + length
+        lo, hi = cover(file_index, offset, end) if cover is not None else (offset, end)
+        if cur and (file_index != cur_file or (cur_bytes >= segment_bytes and lo >= cur_end)):
             out.append(cur)
             cur, cur_bytes, cur_end = [], 0, 0
         cur.append(k)
-        cur_file, cur_bytes, cur_end = s.file_index, cur_bytes + s.byte_length, max(cur_end, hi)
+        cur_file, cur_bytes, cur_end = file_index, cur_bytes + length, max(cur_end, hi)
     if cur:
         out.append(cur)
     return out

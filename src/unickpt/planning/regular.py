@@ -136,7 +136,8 @@ def _laid_out(gplan: GlobalSavePlan, split: dict[str, int], files_per_rank: int)
         for k in range(parts)
         if per_part[k]
     )
-    return replace(gplan, rank_plans=tuple(rank_plans), files=tuple(files), layouts=layouts)
+    writers = tuple(w for w in gplan.writers if w[0] not in split)  # the layouts describe the rest
+    return replace(gplan, rank_plans=tuple(rank_plans), files=tuple(files), writers=writers, layouts=layouts)
 
 
 def _parts(gplan: GlobalSavePlan, split: dict[str, int], parts: int, world: int) -> dict[str, int]:
@@ -183,7 +184,7 @@ def _rank_layout(
     rest = [e for e in rp.entries if e.blob_key or e.item_index not in mine]
     heap = [(loads[k], k) for k in range(parts)]
     heapq.heapify(heap)
-    for e in sorted(rest, key=lambda e: -e.byte_length):
+    for e in sorted(rest, key=_rest_order):
         load, k = heapq.heappop(heap)
         placed[k].append(
             WriteEntry(e.item_index, data_file_name(gplan.save_id, rp.rank, k), ends[k], e.byte_length, e.blob_key)
@@ -191,6 +192,12 @@ def _rank_layout(
         ends[k] += -(-e.byte_length // ENTRY_ALIGN) * ENTRY_ALIGN
         heapq.heappush(heap, (load + e.byte_length, k))
     return tuple(e for k in range(parts) for e in placed[k])
+
+
+def _rest_order(e: WriteEntry) -> tuple[int, bool, int, str]:
+    """Largest first; among equal sizes tensors by item, then blobs by key (what
+    ``regular_plan`` places alike without the entries' earlier order)."""
+    return -e.byte_length, bool(e.blob_key), e.item_index if not e.blob_key else 0, e.blob_key
 
 
 def _check(gplan: GlobalSavePlan) -> None:

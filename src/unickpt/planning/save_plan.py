@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -78,14 +78,54 @@ class RankSavePlan:
 @dataclass(frozen=True, slots=True)
 class GlobalSavePlan:
     save_id: str
-    rank_plans: tuple[RankSavePlan, ...]
+    # every rank's part: a tuple, or (regular jobs: planning.regular_plan) computed when asked
+    rank_plans: Sequence[RankSavePlan]
     files: tuple[str, ...]
     tensors: dict[str, tuple[str, Shape]]  # fqn -> (dtype, global shape)
-    # (fqn, offsets, lengths, rank, item_index); which rank writes each kept box
+    # (fqn, offsets, lengths, rank, item_index): which rank writes each kept box outside the layouts
     writers: tuple[tuple[str, Shape, Shape, int, int], ...]
     # regular layouts (planning.regular): per layout, the index in ``files`` of each part's file
     # (part r: rank r's) and its tensors in byte order with the dimension they are split along
     layouts: tuple[tuple[tuple[int, ...], tuple[tuple[str, int], ...]], ...] = ()
+
+    def rank_rows(self, rank: int) -> tuple[list[str], np.ndarray, list[str]]:
+        """Rank ``rank``'s part as columns (what ``plan_codec.encode_rank_rows`` sends): its
+        files, one row per entry (item index, file index, byte offset, byte length, blob index
+        or -1), its blob keys."""
+        if not isinstance(self.rank_plans, tuple):
+            return self.rank_plans.rank_rows(rank)  # type: ignore[attr-defined]
+        return rank_plan_rows(self.rank_plans[rank])
+
+    def explicit_entries(self) -> Iterator[tuple[int, WriteEntry]]:
+        """(rank, entry) of at least every entry outside the layouts (the metadata's rows and
+        blobs; a tuple of rank plans lists all its entries)."""
+        if not isinstance(self.rank_plans, tuple):
+            return self.rank_plans.explicit_entries()  # type: ignore[attr-defined]
+        return ((rp.rank, e) for rp in self.rank_plans for e in rp.entries)
+
+    def file_ends(self) -> dict[str, tuple[int, int]]:
+        """Every data file's planned size and the rank writing it."""
+        if not isinstance(self.rank_plans, tuple):
+            return self.rank_plans.file_ends()  # type: ignore[attr-defined]
+        want: dict[str, tuple[int, int]] = {}
+        for rp in self.rank_plans:
+            for e in rp.entries:
+                want[e.file] = (max(want.get(e.file, (0, 0))[0], e.byte_offset + e.byte_length), rp.rank)
+        return want
+
+
+def rank_plan_rows(plan: RankSavePlan) -> tuple[list[str], np.ndarray, list[str]]:
+    """``GlobalSavePlan.rank_rows`` of one ``RankSavePlan``."""
+    files: dict[str, int] = {}
+    blobs: dict[str, int] = {}
+    entries = plan.entries
+    rows = np.empty((len(entries), 5), dtype=np.int64)
+    rows[:, 0] = [e.item_index for e in entries]
+    rows[:, 1] = [files.setdefault(e.file, len(files)) for e in entries]
+    rows[:, 2] = [e.byte_offset for e in entries]
+    rows[:, 3] = [e.byte_length for e in entries]
+    rows[:, 4] = [blobs.setdefault(e.blob_key, len(blobs)) if e.blob_key else -1 for e in entries]
+    return list(files), rows, list(blobs)
 
 
 # every entry starts at a multiple of this (element-aligned views, cache-line aligned copies)
@@ -97,26 +137,36 @@ def data_file_name(save_id: str, rank: int, part: int) -> str:
 
 
 def plan_save(
-    local_plans: Sequence[LocalSavePlan | ShardTable], save_id: str, files_per_rank: int = 1
+    local_plans: Sequence[LocalSavePlan | ShardTable | bytes], save_id: str, files_per_rank: int = 1
 ) -> GlobalSavePlan:
-    """The global plan of every rank's local plan (records, or the tables the coordinator
-    decodes: ``plan_codec.decode_local_table``). Jobs whose every step is the common case
-    (tensors agree across ranks, no rank holding one box twice, sizes far from int64's limits)
-    are planned on columns (``table_plan.plan_tables``); anything else, and every refusal, by
-    the record planner (``_plan_records``), whose plan the columns' equals (property-tested)."""
+    """The global plan of every rank's local plan (records, tables, or the bytes ranks send:
+    ``plan_codec.encode_local_plan``). Regular jobs are planned on templates of ranks
+    (``regular_plan.plan_regular``, which decodes bytes one rank at a time). Other jobs whose
+    every step is the common case (tensors agree across ranks, no rank holding one box twice,
+    sizes far from int64's limits) are planned on columns (``table_plan.plan_tables``);
+    anything else, and every refusal, by the record planner (``_plan_records``), whose plan
+    the columns' equals (property-tested)."""
     world = len(local_plans)
-    if [p.rank for p in local_plans] != list(range(world)):
-        raise PlanningError("local plans must come from ranks 0..world_size-1 in order")
     if files_per_rank < 1:
         raise PlanningError("files_per_rank must be >= 1")
+    from .plan_codec import decode_local_table
     from .regular import regularize  # split tensors laid out alike in every rank's files
+    from .regular_plan import plan_regular  # regular jobs: no record per rank and entry
     from .table_plan import plan_tables  # the column planner (it builds this module's records)
 
-    tables = [p if isinstance(p, ShardTable) else ShardTable.of(p) for p in local_plans]
+    regular = plan_regular(local_plans, save_id, files_per_rank)
+    if regular is not None:
+        return regular
+    tables = [
+        p if isinstance(p, ShardTable) else decode_local_table(p) if isinstance(p, bytes) else ShardTable.of(p)
+        for p in local_plans
+    ]
+    if [t.rank for t in tables] != list(range(world)):
+        raise PlanningError("local plans must come from ranks 0..world_size-1 in order")
     fast = plan_tables(tables, save_id, files_per_rank)
     if fast is not None:
         return regularize(fast, files_per_rank)
-    records = [p if isinstance(p, LocalSavePlan) else p.to_plan() for p in local_plans]
+    records = [p if isinstance(p, LocalSavePlan) else t.to_plan() for p, t in zip(local_plans, tables)]
     return regularize(_plan_records(records, save_id, files_per_rank), files_per_rank)
 
 

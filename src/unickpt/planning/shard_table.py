@@ -86,7 +86,7 @@ class ShardTable:
             return True
         if self.dtype.min() < 0 or self.dtype.max() >= len(self.dtypes):
             return True
-        if not all(isinstance(x, str) for x in (*self.names, *self.dtypes)):
+        if not set(map(type, self.names)) <= {str} or not set(map(type, self.dtypes)) <= {str}:
             return True
         return bool(
             (self.offsets < 0).any() or (self.lengths < 0).any() or (self.offsets + self.lengths > self.shape).any()

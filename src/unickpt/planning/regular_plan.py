@@ -1,0 +1,479 @@
+"""The save planner of regular jobs: a global plan that grows with the tensors, not with the
+ranks, where every rank holds ``torch.chunk`` part r of the split tensors (FSDP's ``Shard(0)``
+over the whole job, ZeRO-3) and rank-independent boxes of the rest (replicated 0-d optimizer
+steps, buffers).
+
+Called by ``save_plan.plan_save`` (the coordinator, inside ``engine.plan_cache.plan_stage``)
+before the column planner. It reads the ranks' local plans one at a time (bytes are decoded
+here and dropped: the coordinator never holds every rank's table at once) and reduces each to a
+*template*: its rows with the split rows' boxes replaced by their rule ("chunk of rank r along
+dimension d", ``chunk_rule``). Ranks of one template differ only by their rank: an FSDP job of
+4,096 ranks is one template. It then plans on templates:
+1. split tensors: every template holds exactly one rule row of the tensor along the same
+   dimension (or, for templates whose ranks all fall past the last non-empty chunk, none);
+   they are written by their ranks and laid out as ``planning.regular`` lays them out;
+2. the other (explicit) boxes are deduplicated across templates; a box's holders are the ranks
+   of the templates holding it; each is written by its only holder, the replica source a holder
+   names, else worst-fit (largest first to the holder with the fewest bytes, split chunks
+   counted), exactly as the record planner decides;
+3. byte layout: each rank's chunks first (``SplitLayout``'s offsets), then its explicit boxes
+   and blobs, largest first to the lightest file, as ``regular.regularize`` places them.
+The result is a ``GlobalSavePlan`` whose ``rank_plans`` is a ``RegularRankPlans``: a rank's
+entries are computed when asked (``plan_stage`` encodes each rank's part from its columns,
+``rank_rows``), never held for every rank. Anything else (ranks disagreeing, a box held twice by
+one rank, a tensor split over part of the job, too many templates, a tiling problem, a rank
+left without a file of a layout part) returns None, and the column/record planners plan it or
+raise their precise error. The plans are equal (tests/planning/test_regular_plan.py).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import CorruptMetadataError
+from ..format.dtypes import itemsize
+from ..format.validation import box_coverage_problem
+from .plan_codec import LocalPlanDecoder
+from .save_plan import ENTRY_ALIGN, GlobalSavePlan, LocalSavePlan, RankSavePlan, Shape, WriteEntry, data_file_name
+from .shard_table import ShardTable
+from .specs import BlobSpec
+
+__all__ = ["plan_regular", "chunk_rule", "RegularRankPlans", "MAX_TEMPLATES"]
+
+# beyond this many distinct templates a job is not regular enough to gain (the column planner)
+MAX_TEMPLATES = 64
+_MAX_BYTES = 1 << 61
+_MAX_BLOB = 1 << 56
+
+
+def chunk_rule(t: ShardTable, world: int) -> np.ndarray:
+    """Per row of ``t`` (rank ``t.rank`` of ``world``): the dimension ``d`` when its box is
+    ``torch.chunk`` part ``t.rank`` of its tensor along ``d`` over ``world`` parts (every other
+    dimension whole, and part 0 not the whole extent), else -1. At most one dimension can match."""
+    n, width = t.shape.shape
+    if n == 0 or width == 0:
+        return np.full(n, -1, dtype=np.int64)
+    shape, offs, lens = t.shape, t.offsets, t.lengths
+    size = -(-shape // world)
+    lo = np.minimum(shape, t.rank * size)
+    rows = np.minimum(shape, lo + size) - lo
+    full = (offs == 0) & (lens == shape)
+    along = (offs == lo) & (lens == rows) & (size < shape)
+    others_full = (full.sum(axis=1, keepdims=True) - full) == width - 1
+    ok = along & others_full
+    return np.where(ok.any(axis=1), ok.argmax(axis=1), -1)
+
+
+@dataclass(eq=False)
+class _Template:
+    """Ranks whose tables are alike up to their rank (``ranks``), and one of their tables."""
+
+    table: ShardTable
+    rule: np.ndarray
+    ranks: list[int]
+
+
+def _as_table(source: LocalSavePlan | ShardTable | bytes, decoder: LocalPlanDecoder) -> ShardTable:
+    if isinstance(source, ShardTable):
+        return source
+    if isinstance(source, LocalSavePlan):
+        return ShardTable.of(source)
+    return decoder.table(source)
+
+
+def _templates(
+    sources: Sequence[LocalSavePlan | ShardTable | bytes],
+) -> tuple[list[_Template], list[int], list[tuple[BlobSpec, ...]]] | None:
+    """The ranks' templates, each rank's template and each rank's blobs (a rank's own: not part
+    of its template); None when rank 0 has no split row or there are too many templates."""
+    world = len(sources)
+    found: dict[tuple, int] = {}
+    templates: list[_Template] = []
+    of_rank: list[int] = []
+    blobs: list[tuple[BlobSpec, ...]] = []
+    decoder = LocalPlanDecoder()
+    for r, source in enumerate(sources):
+        t = _as_table(source, decoder)
+        if t.rank != r:
+            return None  # plan_save's own check raises
+        rule = chunk_rule(t, world)
+        if r == 0 and not (rule >= 0).any():
+            return None  # a split tensor has a non-empty chunk 0: none here, so none at all
+        explicit = rule < 0
+        key = (  # the arrays' lengths fix where each starts in the joined bytes
+            t.names,
+            t.dtypes,
+            t.shape.shape,
+            int(explicit.sum()),
+            b"".join(
+                a.tobytes()
+                for a in (t.name, t.dtype, t.ndim, t.source, t.shape, rule, t.offsets[explicit], t.lengths[explicit])
+            ),
+        )
+        at = found.get(key)
+        if at is None:
+            if len(templates) == MAX_TEMPLATES:
+                return None
+            at = found[key] = len(templates)
+            templates.append(_Template(t, rule, []))
+        templates[at].ranks.append(r)
+        of_rank.append(at)
+        blobs.append(t.blobs)
+    return templates, of_rank, blobs
+
+
+@dataclass(frozen=True, eq=False)
+class _Split:
+    """The split tensors (job tensor order): per tensor its dimension, extent along it, chunk
+    rows, bytes per row and file part; ``item``: per template, each tensor's row (-1: none)."""
+
+    fqns: list[str]
+    dims: np.ndarray
+    extent: np.ndarray
+    chunk: np.ndarray
+    row_bytes: np.ndarray
+    part: np.ndarray
+    item: np.ndarray  # (templates, tensors)
+
+    def rows_of(self, rank: int) -> np.ndarray:
+        """Rows of each split tensor's chunk at ``rank`` (0: an empty chunk)."""
+        lo = np.minimum(self.extent, rank * self.chunk)
+        return np.minimum(self.extent, lo + self.chunk) - lo
+
+
+class RegularRankPlans(Sequence[RankSavePlan]):
+    """Every rank's ``RankSavePlan`` of a regular job, computed when asked (one rank's entries
+    cost O(its entries); none is kept). ``explicit``: per rank, its entries outside the split
+    tensors, placed (file part, offset) once for the whole job; ``parts``: per rank, the file
+    parts it writes, in order."""
+
+    def __init__(
+        self,
+        save_id: str,
+        world: int,
+        split: _Split,
+        template_of: np.ndarray,
+        explicit: dict[int, list[tuple[int, int, int, int, str]]],
+        parts: list[tuple[int, ...]],
+        files_per_rank: int,
+    ) -> None:
+        self.save_id = save_id
+        self.world = world
+        self.split = split
+        self.template_of = template_of
+        self.explicit = explicit  # rank -> [(part, offset, nbytes, item, blob key)]
+        self.parts = parts
+        self.files_per_rank = files_per_rank
+
+    def __len__(self) -> int:
+        return self.world
+
+    def __getitem__(self, rank):  # type: ignore[override]
+        if isinstance(rank, slice):
+            return [self[r] for r in range(*rank.indices(self.world))]
+        if not -self.world <= rank < self.world:
+            raise IndexError(rank)
+        rank %= self.world
+        files, rows, blobs = self.rank_rows(rank)
+        entries = tuple(
+            WriteEntry(item, files[f], off, n, blobs[b] if b >= 0 else "") for item, f, off, n, b in rows.tolist()
+        )
+        return RankSavePlan(rank, self.save_id, entries)
+
+    def __iter__(self) -> Iterator[RankSavePlan]:
+        return (self[r] for r in range(self.world))
+
+    def __eq__(self, other: object) -> bool:  # as the tuple of its plans (tests; O(the job))
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return len(other) == self.world and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def renamed(self, save_id: str) -> RegularRankPlans:
+        return RegularRankPlans(
+            save_id, self.world, self.split, self.template_of, self.explicit, self.parts, self.files_per_rank
+        )
+
+    def files_of(self, rank: int) -> list[str]:
+        return [data_file_name(self.save_id, rank, k) for k in self.parts[rank]]
+
+    def rank_rows(self, rank: int) -> tuple[list[str], np.ndarray, list[str]]:
+        """Rank ``rank``'s entries as columns: its files, one row per entry (item index, file
+        index, byte offset, byte length, blob index or -1) grouped by file in byte order, and
+        its blob keys."""
+        s = self.split
+        nbytes = s.rows_of(rank) * s.row_bytes
+        aligned = -(-nbytes // ENTRY_ALIGN) * ENTRY_ALIGN
+        items = s.item[self.template_of[rank]]
+        parts = self.parts[rank]
+        local = {k: i for i, k in enumerate(parts)}
+        blocks = []
+        blobs: list[str] = []
+        extra = self.explicit.get(rank, [])
+        for k in parts:
+            at = np.flatnonzero((s.part == k) & (nbytes > 0))
+            ends = np.cumsum(aligned[s.part == k])  # offsets count the empty chunks' zero bytes
+            starts = (ends - aligned[s.part == k])[nbytes[s.part == k] > 0]
+            block = np.empty((len(at), 5), dtype=np.int64)
+            block[:, 0], block[:, 1], block[:, 2], block[:, 3], block[:, 4] = (
+                items[at],
+                local[k],
+                starts,
+                nbytes[at],
+                -1,
+            )
+            blocks.append(block)
+            mine = [e for e in extra if e[0] == k]
+            if mine:
+                more = np.empty((len(mine), 5), dtype=np.int64)
+                for i, (_, off, n, item, key) in enumerate(mine):
+                    b = -1
+                    if key:
+                        b = len(blobs)
+                        blobs.append(key)
+                    more[i] = (item, local[k], off, n, b)
+                blocks.append(more)
+        rows = np.concatenate(blocks) if blocks else np.zeros((0, 5), dtype=np.int64)
+        return self.files_of(rank), rows, blobs
+
+    def explicit_entries(self) -> Iterator[tuple[int, WriteEntry]]:
+        """Every rank's entries outside the split tensors (the boxes the metadata lists as rows,
+        and the blobs), with the rank writing each."""
+        for rank in sorted(self.explicit):
+            for k, off, n, item, key in self.explicit[rank]:
+                yield rank, WriteEntry(item, data_file_name(self.save_id, rank, k), off, n, key)
+
+    def file_ends(self) -> dict[str, tuple[int, int]]:
+        """Each data file's size as planned, and the rank writing it."""
+        out = {}
+        for rank in range(self.world):
+            files, rows, _ = self.rank_rows(rank)
+            if not len(rows):
+                continue
+            end = np.zeros(len(files), dtype=np.int64)
+            np.maximum.at(end, rows[:, 1], rows[:, 2] + rows[:, 3])
+            for name, size in zip(files, end.tolist()):
+                out[name] = (size, rank)
+        return out
+
+
+def plan_regular(
+    sources: Sequence[LocalSavePlan | ShardTable | bytes], save_id: str, files_per_rank: int
+) -> GlobalSavePlan | None:
+    """The global plan of a regular job (module docstring), or None to leave it to the column
+    and record planners."""
+    world = len(sources)
+    if world < 2:
+        return None
+    found = _templates(sources)
+    if found is None:
+        return None
+    templates, of_rank, blobs = found
+    return _plan(templates, np.array(of_rank, dtype=np.int64), blobs, world, save_id, max(1, files_per_rank))
+
+
+def _plan(
+    templates: list[_Template],
+    template_of: np.ndarray,
+    blobs: list[tuple[BlobSpec, ...]],
+    world: int,
+    save_id: str,
+    parts: int,
+) -> GlobalSavePlan | None:
+    # job-wide tensors in first-appearance order (templates by first rank, rows in order)
+    tensors: dict[str, tuple[str, Shape]] = {}
+    rows_by_tensor: dict[str, list[tuple[int, int]]] = {}  # fqn -> [(template, row)]
+    for ti, tm in enumerate(templates):
+        t = tm.table
+        for i, (n, d, nd) in enumerate(zip(t.name.tolist(), t.dtype.tolist(), t.ndim.tolist())):
+            fqn = t.names[n]
+            meta = (t.dtypes[d], tuple(t.shape[i, :nd].tolist()))
+            if tensors.setdefault(fqn, meta) != meta:
+                return None  # ranks disagree: the record planner names it
+            rows_by_tensor.setdefault(fqn, []).append((ti, i))
+    try:
+        sizes = {fqn: itemsize(dtype) for fqn, (dtype, _) in tensors.items()}
+    except CorruptMetadataError:
+        return None
+    if any(sum(math.log2(max(x, 1)) for x in shape) > 55 for _, shape in tensors.values()):
+        return None
+
+    # 1. split tensors
+    split_fqns: list[str] = []
+    split_dim: list[int] = []
+    split_rows: list[dict[int, int]] = []
+    explicit: dict[str, list[tuple[int, int]]] = {}
+    for fqn, held in rows_by_tensor.items():
+        ruled = [(ti, i) for ti, i in held if templates[ti].rule[i] >= 0]
+        shape = tensors[fqn][1]
+        if not ruled:
+            explicit[fqn] = held
+            continue
+        if math.prod(shape) == 0 or len(ruled) != len(held):
+            return None
+        seen = {int(templates[ti].rule[i]) for ti, i in ruled}
+        per_template = [ti for ti, _ in ruled]
+        if len(seen) != 1 or len(set(per_template)) != len(per_template):
+            return None
+        d = seen.pop()
+        size = -(-shape[d] // world)
+        chunks = -(-shape[d] // size)  # the non-empty chunks: ranks 0 .. chunks - 1
+        held_by = set(per_template)
+        for ti, tm in enumerate(templates):
+            if ti not in held_by and tm.ranks[0] < chunks:
+                return None  # a rank with a non-empty chunk does not hold it
+        split_fqns.append(fqn)
+        split_dim.append(d)
+        split_rows.append(dict(ruled))
+    if not split_fqns:
+        return None
+    dims = np.array(split_dim, dtype=np.int64)
+    extent = np.array([tensors[f][1][d] for f, d in zip(split_fqns, split_dim)], dtype=np.int64)
+    chunk = -(-extent // world)
+    row_bytes = np.array(
+        [math.prod(tensors[f][1]) // tensors[f][1][d] * sizes[f] for f, d in zip(split_fqns, split_dim)], dtype=np.int64
+    )
+    item = np.full((len(templates), len(split_fqns)), -1, dtype=np.int64)
+    for j, rows_of in enumerate(split_rows):
+        for ti, i in rows_of.items():
+            item[ti, j] = i
+    # parts: largest chunk 0 first to the part with the fewest bytes (regular._parts)
+    first = (chunk * row_bytes).tolist()
+    heap = [(0, k) for k in range(parts)]
+    part = np.zeros(len(split_fqns), dtype=np.int64)
+    for j in sorted(range(len(split_fqns)), key=lambda j: -first[j]):
+        load, k = heapq.heappop(heap)
+        part[j] = k
+        heapq.heappush(heap, (load + first[j], k))
+    split = _Split(split_fqns, dims, extent, chunk, row_bytes, part, item)
+
+    # each rank's split bytes per part: raw (what parts are balanced by) and aligned (offsets)
+    every = np.arange(world, dtype=np.int64)
+    lo = np.minimum(extent[None, :], every[:, None] * chunk[None, :])
+    rows = np.minimum(extent[None, :], lo + chunk[None, :]) - lo  # (world, tensors)
+    raw = rows * row_bytes[None, :]
+    if float(raw.sum(dtype=np.float64)) > _MAX_BYTES:
+        return None
+    loads_by_part = np.zeros((world, parts), dtype=np.int64)
+    ends_by_part = np.zeros((world, parts), dtype=np.int64)
+    for k in range(parts):
+        at = part == k
+        loads_by_part[:, k] = raw[:, at].sum(axis=1)
+        ends_by_part[:, k] = (-(-raw[:, at] // ENTRY_ALIGN) * ENTRY_ALIGN).sum(axis=1)
+    uses = np.zeros((world, parts), dtype=bool)
+    for k in range(parts):
+        uses[:, k] = (raw[:, part == k] > 0).any(axis=1)
+    del lo, rows, raw
+
+    # 2. explicit boxes: holders, then writers
+    writers = _choose(templates, template_of, explicit, tensors, sizes, loads_by_part.sum(axis=1))
+    if writers is None:
+        return None
+
+    # 3. each rank's explicit entries and blobs, largest first to the lightest part
+    work: dict[int, list[tuple[int, int, int, str]]] = {}  # rank -> [(nbytes, kind, item, key)]
+    for fqn, _, lens, rank, idx in writers:
+        work.setdefault(rank, []).append((math.prod(lens) * sizes[fqn], 0, idx, ""))
+    for rank, own in enumerate(blobs):
+        for b in own:
+            if not 0 <= b.nbytes <= _MAX_BLOB:
+                return None  # absurd sizes: the record planner
+            work.setdefault(rank, []).append((b.nbytes, 1, 0, b.key))
+    placed: dict[int, list[tuple[int, int, int, int, str]]] = {}
+    for rank, items in work.items():
+        heap = [(int(loads_by_part[rank, k]), k) for k in range(parts)]
+        heapq.heapify(heap)
+        ends = ends_by_part[rank].tolist()
+        out = []
+        for nbytes, _, idx, key in sorted(items, key=lambda w: (-w[0], w[1], w[2], w[3])):
+            load, k = heapq.heappop(heap)
+            out.append((k, ends[k], nbytes, -1 if key else idx, key))
+            ends[k] += -(-nbytes // ENTRY_ALIGN) * ENTRY_ALIGN
+            uses[rank, k] = True
+            heapq.heappush(heap, (load + nbytes, k))
+        placed[rank] = sorted(out, key=lambda e: e[0])  # by part, each part's in placement order
+    used = sorted(set(part.tolist()))
+    if not uses[:, used].all():
+        return None  # a rank without a file of a layout part: regularize's fallback decides
+    rank_parts = [tuple(np.flatnonzero(u).tolist()) for u in uses]
+    files = tuple(data_file_name(save_id, r, k) for r in range(world) for k in rank_parts[r])
+    index = {f: i for i, f in enumerate(files)}
+    layouts = tuple(
+        (
+            tuple(index[data_file_name(save_id, r, k)] for r in range(world)),
+            tuple((split_fqns[j], int(dims[j])) for j in np.flatnonzero(part == k).tolist()),
+        )
+        for k in used
+    )
+    plans = RegularRankPlans(save_id, world, split, template_of, placed, rank_parts, parts)
+    return GlobalSavePlan(save_id, plans, files, tensors, tuple(writers), layouts)
+
+
+def _choose(
+    templates: list[_Template],
+    template_of: np.ndarray,
+    explicit: dict[str, list[tuple[int, int]]],
+    tensors: dict[str, tuple[str, Shape]],
+    sizes: dict[str, int],
+    split_load: np.ndarray,
+) -> list[tuple[str, Shape, Shape, int, int]] | None:
+    """The writer of each explicit box (fqn, offsets, lengths, rank, row) in (rank, row) order,
+    or None (a rank holding a box twice, a tensor nobody writes, boxes that do not tile)."""
+    holders: dict[tuple[str, Shape, Shape], list[tuple[int, int]]] = {}  # -> [(template, row)]
+    for fqn, held in explicit.items():
+        shape = tensors[fqn][1]
+        empty_tensor = math.prod(shape) == 0
+        for ti, i in held:
+            t = templates[ti].table
+            nd = len(shape)
+            offs, lens = tuple(t.offsets[i, :nd].tolist()), tuple(t.lengths[i, :nd].tolist())
+            if not empty_tensor and nd and math.prod(lens) == 0:
+                continue  # an empty shard: nothing to write
+            got = holders.setdefault((fqn, offs, lens), [])
+            if any(g == ti for g, _ in got):
+                return None  # a rank holds one box twice
+            got.append((ti, i))
+    load = split_load.astype(np.int64).copy()
+    ranks_of = [np.array(tm.ranks, dtype=np.int64) for tm in templates]  # ascending
+    chosen: list[tuple[str, Shape, Shape, int, int]] = []
+    balanced = []
+    for key, held in holders.items():
+        fqn, _, lens = key
+        nbytes = math.prod(lens) * sizes[fqn]
+        row_in = dict(held)  # template -> its row holding the box
+        ranks = ranks_of[held[0][0]] if len(held) == 1 else np.sort(np.concatenate([ranks_of[ti] for ti, _ in held]))
+        if len(ranks) == 1:
+            r = int(ranks[0])
+            chosen.append((*key, r, row_in[int(template_of[r])]))
+            load[r] += nbytes
+            continue
+        named = sorted({int(templates[ti].table.source[i]) for ti, i in held} - {-1})
+        src = next((s for s in named if 0 <= s < len(template_of) and int(template_of[s]) in row_in), None)
+        if src is not None:
+            chosen.append((*key, src, row_in[int(template_of[src])]))
+            load[src] += nbytes
+        else:
+            balanced.append((-nbytes, key, ranks, row_in))
+    balanced.sort(key=lambda b: (b[0], b[1]))
+    for neg, key, ranks, row_in in balanced:
+        r = int(ranks[int(np.argmin(load[ranks]))])
+        chosen.append((*key, r, row_in[int(template_of[r])]))
+        load[r] -= neg
+    by_tensor: dict[str, list[tuple[Shape, Shape]]] = {}
+    for fqn, offs, lens, _, _ in chosen:
+        by_tensor.setdefault(fqn, []).append((offs, lens))
+    for fqn in explicit:
+        shape = tensors[fqn][1]
+        if math.prod(shape) == 0:
+            continue
+        boxes = by_tensor.get(fqn)
+        if not boxes or box_coverage_problem(shape, boxes) is not None:
+            return None
+    chosen.sort(key=lambda w: (w[3], w[4]))
+    return chosen
