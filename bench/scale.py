@@ -19,7 +19,10 @@ Figures, per layout and world size (``--ranks``):
   re-plan (``CachedPlan.next``: the rename of its own entries);
 - metadata: ``build_metadata`` + encode time, size, decode time (every rank decodes it at load);
 - load: ``plan_local_load`` of one rank of a resharded job (FSDP at 4,800 ranks / Megatron at
-  TP 8 PP 8), and ``assign_reads`` for the whole new job (the zero-redundancy read assignment);
+  TP 8 PP 8); the coordinator's read assignment (``engine.read_exchange.read_parts``: disjoint
+  needs, ``assign_reads``, each rank's part) over the needs of a sample of 64 ranks of the new
+  job, the bytes a rank sends (its needs) and receives (its part), and what the earlier
+  all_gather of every rank's needs delivered to each rank;
 - coordinator peak memory (the peak RSS of the process, which measures one world size).
 Growth exponents between consecutive world sizes: 0 = flat per rank, 1 = linear.
 
@@ -35,6 +38,7 @@ import argparse
 import gc
 import json
 import math
+import pickle
 import resource
 import subprocess
 import sys
@@ -44,10 +48,11 @@ from typing import Any
 
 from unickpt.engine.commit import SaveSource, build_metadata
 from unickpt.engine.plan_cache import CachedPlan
+from unickpt.engine.read import _extent, _rows
+from unickpt.engine.read_exchange import read_parts
 from unickpt.format.codec import decode_metadata, encode_metadata
 from unickpt.planning.load_plan import plan_local_load
 from unickpt.planning.plan_codec import decode_rank_plan, encode_local_plan, encode_rank_rows
-from unickpt.planning.read_assignment import assign_reads
 from unickpt.planning.save_plan import LocalSavePlan, plan_save
 from unickpt.planning.specs import ShardSpec
 
@@ -199,11 +204,18 @@ def measure(layout: str, world: int, load_world: int, freeze_gc: bool = False, c
     t_load, reads = timed(lambda: plan_local_load(md2, targets))
     step = max(1, load_world // 64)  # every rank's needs at a sample of ranks stands for the job's
 
-    def needs_of(r: int) -> list[tuple[str, int]]:
-        return [(x.fqn, x.shard_index) for x in plan_local_load(md2, load_targets(layout, r, load_world))]
+    def report_of(r: int) -> tuple[str, list[tuple[str, int, int, int]]]:  # what rank r sends (engine.read)
+        if r % step:
+            return ("host", [])
+        found = plan_local_load(md2, load_targets(layout, r, load_world))
+        return ("host", [(x.fqn, x.shard_index, *_rows(md2, x)) for x in found])
 
-    t_needs, needs = timed(lambda: [needs_of(r) if r % step == 0 else [] for r in range(load_world)])
-    t_assign, _ = timed(lambda: assign_reads(md2, needs))
+    t_needs, reports = timed(lambda: [report_of(r) for r in range(load_world)])
+    # the coordinator: disjoint needs, the read assignment, each rank's part (engine.read_exchange)
+    t_assign, parts = timed(lambda: read_parts(md2, reports, True, False, _extent(md2, True)))
+    sampled = (load_world // 2) // step * step
+    sent = len(pickle.dumps(reports[sampled]))  # one rank's report, and the part it gets back
+    part_bytes = len(pickle.dumps(parts[sampled]))
     return {
         "local plan s/rank": t_local,
         "local plan encode s": sample_encode_s,
@@ -219,6 +231,9 @@ def measure(layout: str, world: int, load_world: int, freeze_gc: bool = False, c
         "metadata decode s": t_dec,
         "load plan s/rank": t_load,
         "read assignment s (sampled ranks)": t_assign,
+        "load needs sent bytes/rank": sent,
+        "load part received bytes/rank": part_bytes,
+        "all_gather of needs bytes/rank (before)": sent * load_world,
         "coordinator peak GiB": peak / (1 << 30),
         "shards": sum(len(t.shards) for t in md2.tensors.values()),
         "reads/rank": len(reads),
@@ -232,6 +247,8 @@ PER_RANK = (
     "received bytes/rank",
     "cached replan s/rank",
     "load plan s/rank",
+    "load needs sent bytes/rank",
+    "load part received bytes/rank",
 )
 
 

@@ -5,7 +5,8 @@ Call order (every rank; * = collective on the checkpoint group):
                       metadata file is told apart as an interrupted save or not a checkpoint;
   ``check_targets``   every problem with keys, shapes and dtypes, before any data I/O;
   ``plan_local_load`` which saved shards this rank needs and which sub-boxes go where;
-  ``read_stage``*     needs gathered -> each needed saved shard assigned to one reading rank ->
+  ``read_stage``*     needs gathered at the coordinator -> each needed saved shard assigned to
+                      one reading rank, each rank sent its part (``engine.read_exchange``) ->
                       the bytes to read (the part of a shard this rank needs) grouped into runs ->
                       file sizes checked -> all runs read by one thread pool as parallel ranged
                       reads (straight into the destination when it is one contiguous region;
@@ -18,7 +19,6 @@ Call order (every rank; * = collective on the checkpoint group):
 from __future__ import annotations
 
 import functools
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -52,6 +52,7 @@ from ..storage.commit import publisher_for
 from .bytes_view import box_view, sub_box, tensor_bytes
 from .folder_hint import folder_hint
 from .forwarding import Transfer
+from .read_exchange import ReadPart, exchange_needs, segment_bytes
 from .read_runs import Need, RunJob
 
 __all__ = ["read_metadata", "read_metadata_bytes", "read_stage", "read_blob", "BLOB_LIMIT"]
@@ -136,21 +137,6 @@ def _extent(md: Metadata, verify: bool) -> Callable[[int, int, int], tuple[int, 
     return extent
 
 
-def _segment_bytes(md: Metadata, needs: list[list[tuple[str, int]]]) -> int:
-    """How many bytes of shared shards one reader takes at least (``assign_reads``): a quarter
-    of the even share of the shared bytes, and at least four checksum chunks (so that chunks read
-    by two readers at a segment's edges stay a small part)."""
-    chunk = getattr(md.checksums, "chunk_size", 0)
-    if not chunk:
-        return 0
-    count: dict[tuple[str, int], int] = {}
-    for n in needs:
-        for k in n:
-            count[k] = count.get(k, 0) + 1
-    shared = sum(md.tensors[k[0]].shards[k[1]].byte_length for k, c in count.items() if c > 1)
-    return max(4 * chunk, shared // (4 * max(1, len(needs))))
-
-
 def _cover(md: Metadata, verify: bool) -> Callable[[int, int, int], Units]:
     """The checksum units covering a byte range (none when not verifying, or for metadata
     without checksums: then exactly the range is read)."""
@@ -181,33 +167,26 @@ def read_stage(
     forwarded: each rank reads its own rows. ``dedup=None`` forwards nothing when all ranks run
     on one host over storage that shares its page cache (local files): shared bytes are read
     through that cache (``read_into_cached``), so the device delivers each byte once.
-    Order: gather every rank's needs -> receives posted -> every rank reads its runs
+    Order: every rank's needs gathered at the coordinator, which assigns the reads and sends each
+    rank its own part (``read_exchange``) -> receives posted -> every rank reads its runs
     (``_read_runs``), sending each forwarded batch the moment its last shard is verified (the
     batches of a rank that fails are sent too, marked bad, so nobody waits on them) -> every
     transfer completes -> all ranks agree the reads succeeded -> received batches copied into
     place."""
     me = coord.rank
     mine = {(r.fqn, r.shard_index): r for r in reads}
-    rows = {k: _rows(md, r) for k, r in mine.items()}
-    shared: set[tuple[str, int]] = set()
-    apart: set[tuple[str, int]] = set()  # needed by several ranks in disjoint rows: each reads its own
-    if coord.world_size > 1 and dedup is not False:
-        gathered = coord.all_gather_object((socket.gethostname(), [(*k, *rows[k]) for k in mine]))
-        hosts = {h for h, _ in gathered}
-        by_rank = [{(f, i): (a, b) for f, i, a, b in n} for _, n in gathered]
-        # auto: ranks of one host reading local files share its page cache, which already reads
-        # each byte from the device once; forwarding pays off across hosts or for remote storage
-        if dedup is None and len(hosts) == 1 and storage.capabilities.shared_page_cache:
-            others = {k for r, n in enumerate(by_rank) if r != me for k in n}
-            shared = others & set(mine)
-            needs = [list(n) if r == me else [] for r, n in enumerate(by_rank)]
-        else:
-            apart = _disjoint_needs(md, by_rank, _extent(md, verify))
-            needs = [[k for k in n if k not in apart] for n in by_rank]
-    else:
-        needs = [[] for _ in range(coord.world_size)]
+    extent = _extent(md, verify)
+    part = ReadPart(None)  # alone, or nothing forwarded: this rank reads all it needs
+    if coord.world_size > 1 and dedup is not False:  # the coordinator assigns; each rank gets its part
+        rows = {k: _rows(md, r) for k, r in mine.items()}
+        part = exchange_needs(coord, md, rows, dedup, storage.capabilities.shared_page_cache, extent)
+    shared, apart = part.shared, part.apart  # read through the shared cache / own rows only
+    if part.batches is None:
+        needs: list[list[tuple[str, int]]] = [[] for _ in range(coord.world_size)]
         needs[me] = list(mine)
-    batches = assign_reads(md, needs, cover=_extent(md, verify), segment_bytes=_segment_bytes(md, needs))
+        batches = assign_reads(md, needs, cover=extent, segment_bytes=segment_bytes(md, needs))
+    else:
+        batches = list(part.batches)  # the ones this rank reads or receives
     reading = [b for b in batches if b.reader == me]
     copies = _CopyClock()  # copies into place run on the reader threads, overlapping reads
     spans: dict[str, list[float]] = {}  # file -> [first piece start, last piece end, bytes]
@@ -264,37 +243,6 @@ def _rows(md: Metadata, r: ShardRead) -> tuple[int, int]:
     """The rows of saved shard ``r`` that its copies touch."""
     shard = md.tensors[r.fqn].shards[r.shard_index]
     return needed_rows(shard.lengths, [(c.src_offsets, c.lengths) for c in r.copies])
-
-
-def _disjoint_needs(
-    md: Metadata,
-    by_rank: list[dict[tuple[str, int], tuple[int, int]]],
-    extent: Callable[[int, int, int], tuple[int, int]],
-) -> set[tuple[str, int]]:
-    """Shards several ranks need in different rows, where each rank reading its own rows reads
-    few bytes twice: the checksum chunks their reads cover overlap by at most an eighth of what
-    they cover together (a resharding load's boundary shards; not small tensors that fit in a
-    chunk or two, which are better read once and forwarded)."""
-    ranges: dict[tuple[str, int], list[tuple[int, int]]] = {}
-    for n in by_rank:
-        for k, r in n.items():
-            ranges.setdefault(k, []).append(r)
-    out = set()
-    for k, rs in ranges.items():
-        if len(rs) < 2:
-            continue
-        rec = md.tensors[k[0]]
-        shard = rec.shards[k[1]]
-        rb = row_bytes(shard.lengths, itemsize(rec.dtype))
-        covers = sorted(extent(shard.file_index, shard.byte_offset + a * rb, shard.byte_offset + b * rb) for a, b in rs)
-        union, twice, end = 0, 0, -1
-        for lo, hi in covers:
-            twice += max(0, min(hi, end) - lo)
-            union += max(0, hi - max(lo, end))
-            end = max(end, hi)
-        if 8 * twice <= union and all(b[0] >= a[1] for a, b in zip(sorted(rs), sorted(rs)[1:])):
-            out.add(k)
-    return out
 
 
 def _need(

@@ -1,0 +1,110 @@
+"""The needs exchange of a distributed load (``engine.read_exchange``): the coordinator's
+per-rank parts are the job's read assignment split by rank, each rank's part holds only the
+batches it reads or receives (a received batch names only that rank), a rank's part does not
+grow with the job, shards needed in disjoint rows stay with their ranks, and one host over a
+shared page cache forwards nothing."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from unickpt.engine.read_exchange import ReadPart, disjoint_needs, read_parts, segment_bytes
+from unickpt.format.records import Metadata, ShardRecord, TensorRecord, Topology
+from unickpt.planning.read_assignment import assign_reads
+
+
+def _md(sizes: list[int]) -> Metadata:
+    """One file holding 1-d uint8 tensors one after the other (each at the next 64 bytes)."""
+    tensors = {}
+    pos = 0
+    for i, n in enumerate(sizes):
+        tensors[f"t{i}"] = TensorRecord(f"t{i}", "uint8", (n,), (ShardRecord((0,), (n,), 0, pos, n),))
+        pos += -(-n // 64) * 64
+    return Metadata(1, "x", 0.0, Topology("torch", 1), ("f",), tensors)
+
+
+def _exact(f: int, lo: int, hi: int) -> tuple[int, int]:
+    return lo, hi
+
+
+def _report(md: Metadata, needs: list[dict[str, tuple[int, int]]], host=lambda r: "h") -> list:
+    return [(host(r), [(fqn, 0, a, b) for fqn, (a, b) in n.items()]) for r, n in enumerate(needs)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(1, 3000), min_size=1, max_size=12), st.integers(2, 6), st.data())
+def test_parts_are_the_jobs_assignment_split_by_rank(sizes, world, data):
+    md = _md(sizes)
+    needs = []
+    for _ in range(world):
+        n = {}
+        for i, size in enumerate(sizes):
+            if data.draw(st.booleans()):
+                whole = data.draw(st.booleans())
+                n[f"t{i}"] = (
+                    (0, size) if whole else sorted(data.draw(st.tuples(st.integers(0, size), st.integers(0, size))))
+                )
+        needs.append({k: tuple(v) for k, v in n.items()})
+    parts = read_parts(md, _report(md, needs), True, True, _exact)
+    assert len(parts) == world and all(isinstance(p, ReadPart) and p.batches is not None for p in parts)
+    # the reference: what every rank computed alone before (gathered needs, same steps)
+    by_rank = [{(f, 0): r for f, r in n.items()} for n in needs]
+    apart = disjoint_needs(md, by_rank, _exact)
+    job_needs = [[k for k in n if k not in apart] for n in by_rank]
+    job = assign_reads(md, job_needs, cover=_exact, segment_bytes=segment_bytes(md, job_needs))
+    for r, p in enumerate(parts):
+        assert p.apart == frozenset(k for k in by_rank[r] if k in apart)
+        read = [b for b in job if b.reader == r]
+        received = [b for b in job if b.reader != r and r in b.consumers]
+        assert [b for b in p.batches if b.reader == r] == read  # with every consumer, to send to
+        assert [b for b in p.batches if b.reader != r] == [
+            replace(b, consumers=(r,)) for b in received
+        ]  # a receiver's copy names only itself
+        # every shard this rank needs: read by itself, received, or its own rows of a disjoint one
+        got = {k for b in p.batches if r in b.consumers for k in b.keys} | set(p.apart)
+        assert got == set(by_rank[r])
+
+
+def test_a_ranks_part_does_not_grow_with_the_job():
+    """Every rank needs every tensor whole (replicated state): a rank that receives a batch gets
+    it naming itself alone, at 16 ranks as at 64; readers are spread over the job."""
+    md = _md([1000] * 8)
+    everyone = {f"t{i}": (0, 1000) for i in range(8)}
+    sizes = {}
+    for world in (16, 64):
+        parts = read_parts(md, _report(md, [everyone] * world), True, True, _exact)
+        receiver = next(p for r, p in enumerate(parts) if all(b.reader != r for b in p.batches))
+        assert all(b.consumers == (parts.index(receiver),) for b in receiver.batches)
+        sizes[world] = (len(receiver.batches), sum(len(b.keys) for b in receiver.batches))
+        readers = {b.reader for p in parts for b in p.batches}
+        assert len(readers) == 8
+    assert sizes[16] == sizes[64] == (8, 8)  # each tensor received once, whatever the world size
+
+
+def test_one_host_over_a_shared_page_cache_forwards_nothing():
+    md = _md([500, 700, 900])
+    needs = [{"t0": (0, 500), "t1": (0, 700)}, {"t1": (0, 700), "t2": (0, 900)}, {"t2": (0, 900)}]
+    parts = read_parts(md, _report(md, needs), None, True, _exact)
+    assert [p.batches for p in parts] == [None, None, None]
+    assert [p.shared for p in parts] == [
+        frozenset({("t1", 0)}),
+        frozenset({("t1", 0), ("t2", 0)}),
+        frozenset({("t2", 0)}),
+    ]
+    # two hosts (or storage without a shared cache): forwarded after all
+    two_hosts = read_parts(md, _report(md, needs, host=lambda r: f"h{r % 2}"), None, True, _exact)
+    assert all(p.batches is not None for p in two_hosts)
+    assert any(b.forwarded for p in two_hosts for b in p.batches)
+    assert all(p.batches is not None for p in read_parts(md, _report(md, needs), None, False, _exact))
+
+
+def test_disjoint_rows_stay_with_their_ranks():
+    """A 4 MiB shard two ranks need in halves: each reads its own half (nothing forwarded)."""
+    md = _md([4 << 20])
+    needs = [{"t0": (0, 2 << 20)}, {"t0": (2 << 20, 4 << 20)}]
+    parts = read_parts(md, _report(md, needs), True, True, _exact)
+    assert [p.apart for p in parts] == [frozenset({("t0", 0)})] * 2
+    assert [p.batches for p in parts] == [(), ()]
