@@ -11,19 +11,10 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from support.one_file import one_file_metadata as _md
 from unickpt.engine.read_exchange import ReadPart, disjoint_needs, read_parts, segment_bytes
-from unickpt.format.records import Metadata, ShardRecord, TensorRecord, Topology
+from unickpt.format.records import Metadata
 from unickpt.planning.read_assignment import assign_reads
-
-
-def _md(sizes: list[int]) -> Metadata:
-    """One file holding 1-d uint8 tensors one after the other (each at the next 64 bytes)."""
-    tensors = {}
-    pos = 0
-    for i, n in enumerate(sizes):
-        tensors[f"t{i}"] = TensorRecord(f"t{i}", "uint8", (n,), (ShardRecord((0,), (n,), 0, pos, n),))
-        pos += -(-n // 64) * 64
-    return Metadata(1, "x", 0.0, Topology("torch", 1), ("f",), tensors)
 
 
 def _exact(f: int, lo: int, hi: int) -> tuple[int, int]:

@@ -5,18 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from support.one_file import one_file_metadata as _md
 from unickpt.format.records import Metadata, ShardRecord, TensorRecord, Topology
 from unickpt.planning.read_assignment import assign_reads
-
-
-def _md(sizes: list[int]) -> Metadata:
-    """One file holding the tensors one after the other (each at the next 64-byte boundary)."""
-    tensors = {}
-    pos = 0
-    for i, n in enumerate(sizes):
-        tensors[f"t{i}"] = TensorRecord(f"t{i}", "uint8", (n,), (ShardRecord((0,), (n,), 0, pos, n),))
-        pos += -(-n // 64) * 64
-    return Metadata(1, "x", 0.0, Topology("torch", 1), ("f",), tensors)
 
 
 @settings(max_examples=200, deadline=None)
