@@ -49,7 +49,7 @@ from typing import Any
 from unickpt.engine.commit import SaveSource, build_metadata
 from unickpt.engine.plan_cache import CachedPlan
 from unickpt.engine.read import _extent, _rows
-from unickpt.engine.read_exchange import read_parts
+from unickpt.engine.read_exchange import read_parts, report_needs
 from unickpt.format.codec import decode_metadata, encode_metadata
 from unickpt.planning.load_plan import plan_local_load
 from unickpt.planning.plan_codec import decode_rank_plan, encode_local_plan, encode_rank_rows
@@ -204,11 +204,11 @@ def measure(layout: str, world: int, load_world: int, freeze_gc: bool = False, c
     t_load, reads = timed(lambda: plan_local_load(md2, targets))
     step = max(1, load_world // 64)  # every rank's needs at a sample of ranks stands for the job's
 
-    def report_of(r: int) -> tuple[str, list[tuple[str, int, int, int]]]:  # what rank r sends (engine.read)
+    def report_of(r: int) -> tuple[str, list[tuple[str, int, int, int, int]]]:  # what rank r sends
         if r % step:
             return ("host", [])
         found = plan_local_load(md2, load_targets(layout, r, load_world))
-        return ("host", [(x.fqn, x.shard_index, *_rows(md2, x)) for x in found])
+        return ("host", report_needs(md2, {(x.fqn, x.shard_index): _rows(md2, x) for x in found}))
 
     t_needs, reports = timed(lambda: [report_of(r) for r in range(load_world)])
     # the coordinator: disjoint needs, the read assignment, each rank's part (engine.read_exchange)

@@ -6,13 +6,11 @@ shared page cache forwards nothing."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from support.one_file import one_file_metadata as _md
-from unickpt.engine.read_exchange import ReadPart, disjoint_needs, read_parts, segment_bytes
+from unickpt.engine.read_exchange import OWN_IDS, ReadPart, disjoint_needs, own_batches, read_parts, segment_bytes
 from unickpt.format.records import Metadata
 from unickpt.planning.read_assignment import assign_reads
 
@@ -22,7 +20,11 @@ def _exact(f: int, lo: int, hi: int) -> tuple[int, int]:
 
 
 def _report(md: Metadata, needs: list[dict[str, tuple[int, int]]], host=lambda r: "h") -> list:
-    return [(host(r), [(fqn, 0, a, b) for fqn, (a, b) in n.items()]) for r, n in enumerate(needs)]
+    """What each rank sends: (fqn, shard, rows, the shard's bytes) per need."""
+    return [
+        (host(r), [(fqn, 0, a, b, md.tensors[fqn].shards[0].byte_length) for fqn, (a, b) in n.items()])
+        for r, n in enumerate(needs)
+    ]
 
 
 @settings(max_examples=150, deadline=None)
@@ -41,22 +43,30 @@ def test_parts_are_the_jobs_assignment_split_by_rank(sizes, world, data):
         needs.append({k: tuple(v) for k, v in n.items()})
     parts = read_parts(md, _report(md, needs), True, True, _exact)
     assert len(parts) == world and all(isinstance(p, ReadPart) and p.batches is not None for p in parts)
-    # the reference: what every rank computed alone before (gathered needs, same steps)
+    # the reference: the assignment every rank computed alone before, from every rank's needs
     by_rank = [{(f, 0): r for f, r in n.items()} for n in needs]
     apart = disjoint_needs(md, by_rank, _exact)
     job_needs = [[k for k in n if k not in apart] for n in by_rank]
     job = assign_reads(md, job_needs, cover=_exact, segment_bytes=segment_bytes(md, job_needs))
+    want_reader = {k: b.reader for b in job for k in b.keys}
+    shared = {k for k in want_reader if sum(k in n for n in by_rank) > 1}
     for r, p in enumerate(parts):
         assert p.apart == frozenset(k for k in by_rank[r] if k in apart)
-        read = [b for b in job if b.reader == r]
-        received = [b for b in job if b.reader != r and r in b.consumers]
-        assert [b for b in p.batches if b.reader == r] == read  # with every consumer, to send to
-        assert [b for b in p.batches if b.reader != r] == [
-            replace(b, consumers=(r,)) for b in received
-        ]  # a receiver's copy names only itself
-        # every shard this rank needs: read by itself, received, or its own rows of a disjoint one
-        got = {k for b in p.batches if r in b.consumers for k in b.keys} | set(p.apart)
-        assert got == set(by_rank[r])
+        for b in p.batches:
+            assert set(b.keys) <= shared  # only shards several ranks need
+            assert b.reader == r or b.consumers == (r,)  # a receiver's copy names only itself
+            for k in b.keys:
+                assert b.reader == want_reader[k]  # the reader an assignment of every need picks
+        if any(b.reader == r for b in p.batches):  # a reader sends to every consumer
+            for b in (b for b in p.batches if b.reader == r):
+                assert set(b.consumers) == {c for c, n in enumerate(by_rank) if b.keys[0] in n}
+        # every shard this rank needs, exactly once: received/read shared, own rows, or alone
+        own = own_batches(md, r, world, list(by_rank[r]), p, _exact)
+        assert all(b.reader == r and b.consumers == (r,) and b.batch_id >= OWN_IDS for b in own)
+        got = [k for b in p.batches if r in b.consumers for k in b.keys] + [k for b in own for k in b.keys]
+        got += list(p.apart)
+        assert sorted(got) == sorted(by_rank[r])
+        assert {k for b in own for k in b.keys} == set(by_rank[r]) - shared - apart
 
 
 def test_a_ranks_part_does_not_grow_with_the_job():
@@ -72,7 +82,8 @@ def test_a_ranks_part_does_not_grow_with_the_job():
         sizes[world] = (len(receiver.batches), sum(len(b.keys) for b in receiver.batches))
         readers = {b.reader for p in parts for b in p.batches}
         assert len(readers) == 8
-    assert sizes[16] == sizes[64] == (8, 8)  # each tensor received once, whatever the world size
+    # each tensor received once, whatever the world size
+    assert sizes[16] == sizes[64] == (8, 8)
 
 
 def test_one_host_over_a_shared_page_cache_forwards_nothing():

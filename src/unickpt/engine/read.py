@@ -45,14 +45,14 @@ from ..monitoring.events import NO_EVENTS, EventBus
 from ..planning.boxes import sub_box_is_contiguous
 from ..planning.byte_runs import Run, Span, needed_rows, plan_runs, row_bytes
 from ..planning.load_plan import ShardRead
-from ..planning.read_assignment import ReadBatch, assign_reads
+from ..planning.read_assignment import ReadBatch
 from ..planning.specs import LoadItem
 from ..storage.base import METADATA_LIMIT, Storage
 from ..storage.commit import publisher_for
 from .bytes_view import box_view, sub_box, tensor_bytes
 from .folder_hint import folder_hint
 from .forwarding import Transfer
-from .read_exchange import ReadPart, exchange_needs, segment_bytes
+from .read_exchange import ReadPart, exchange_needs, own_batches
 from .read_runs import Need, RunJob
 
 __all__ = ["read_metadata", "read_metadata_bytes", "read_stage", "read_blob", "BLOB_LIMIT"]
@@ -181,12 +181,8 @@ def read_stage(
         rows = {k: _rows(md, r) for k, r in mine.items()}
         part = exchange_needs(coord, md, rows, dedup, storage.capabilities.shared_page_cache, extent)
     shared, apart = part.shared, part.apart  # read through the shared cache / own rows only
-    if part.batches is None:
-        needs: list[list[tuple[str, int]]] = [[] for _ in range(coord.world_size)]
-        needs[me] = list(mine)
-        batches = assign_reads(md, needs, cover=extent, segment_bytes=segment_bytes(md, needs))
-    else:
-        batches = list(part.batches)  # the ones this rank reads or receives
+    # the coordinator's batches (shards others need too) and this rank's own
+    batches = [*(part.batches or ()), *own_batches(md, me, coord.world_size, list(mine), part, extent)]
     reading = [b for b in batches if b.reader == me]
     copies = _CopyClock()  # copies into place run on the reader threads, overlapping reads
     spans: dict[str, list[float]] = {}  # file -> [first piece start, last piece end, bytes]

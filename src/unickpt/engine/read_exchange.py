@@ -7,13 +7,15 @@ tree when the job's coordinator is a tree) its host name and the rows of each sa
 needs (``exchange_needs``) -> the coordinator decides once for the job (``read_parts``): on one
 host over storage that shares its page cache (``dedup_reads=None``), nothing is forwarded and
 each rank learns which of its shards others read too; otherwise shards several ranks need in
-disjoint rows are read by each for its own rows (``disjoint_needs``) and every other needed
-shard is assigned to one reader (``planning.read_assignment.assign_reads``) -> each rank
-receives only its ``ReadPart``: the batches it reads and those it receives (a received batch
-names this rank as its only consumer), its shards read for its own rows, its shards read
-through the shared cache. A rank's part grows with its own needs (and, for a batch it reads for
-others, their number), never with the job's; the coordinator's work is the job's. A failure at
-the coordinator reaches every rank as the same error.
+disjoint rows are read by each for its own rows (``disjoint_needs``) and every other shard
+several ranks need is assigned to one reader (``planning.read_assignment.assign_reads``,
+balanced with the bytes each rank reads alone) -> each rank receives only its ``ReadPart``: the
+batches of shared shards it reads and those it receives (a received batch names this rank as
+its only consumer), its shards read for its own rows, its shards read through the shared
+cache; the shards it alone needs it batches itself (``own_batches``). A rank's part grows with
+its own shared needs (and, for a batch it reads for others, their number), never with the
+job's; the coordinator's work is one pass over every need plus the assignment of the shared
+ones. A failure at the coordinator reaches every rank as the same error.
 """
 
 from __future__ import annotations
@@ -25,11 +27,20 @@ from dataclasses import dataclass, replace
 from ..coordination.base import Coordinator
 from ..errors import CheckpointError, PlanningError
 from ..format.dtypes import itemsize
+from ..format.layouts import SplitShards
 from ..format.records import Metadata
 from ..planning.byte_runs import row_bytes
 from ..planning.read_assignment import ReadBatch, ShardKey, assign_reads
 
-__all__ = ["ReadPart", "exchange_needs", "read_parts", "disjoint_needs", "segment_bytes"]
+__all__ = [
+    "ReadPart",
+    "exchange_needs",
+    "report_needs",
+    "read_parts",
+    "own_batches",
+    "disjoint_needs",
+    "segment_bytes",
+]
 
 Rows = tuple[int, int]  # the rows of a saved shard a rank's copies touch
 Extent = Callable[[int, int, int], tuple[int, int]]  # (file, lo, hi) -> the bytes a read covers
@@ -37,22 +48,38 @@ Extent = Callable[[int, int, int], tuple[int, int]]  # (file, lo, hi) -> the byt
 
 @dataclass(frozen=True, slots=True)
 class ReadPart:
-    """One rank's part of a load's reads. ``batches``: those it reads (for itself and others)
-    and those it receives, or None when nothing is forwarded (it assigns its own shards to
-    itself); ``apart``: shards others need too, in disjoint rows, that it reads its own rows
-    of; ``shared``: shards others read too, through the shared page cache."""
+    """One rank's part of a load's reads. ``batches``: the batches of shards other ranks need
+    too that it reads (for itself and others) or receives, or None when nothing is forwarded;
+    ``apart``: shards others need too, in disjoint rows, that it reads its own rows of;
+    ``shared``: shards others read too, through the shared page cache. Every other shard it
+    needs, no other rank needs: it reads those itself (``own_batches``)."""
 
     batches: tuple[ReadBatch, ...] | None
     apart: frozenset[ShardKey] = frozenset()
     shared: frozenset[ShardKey] = frozenset()
 
 
+# ids of the batches a rank assigns itself start here (the coordinator's are 0, 1, ...)
+OWN_IDS = 1 << 40
+
+
+def own_batches(
+    md: Metadata, rank: int, world: int, mine: list[ShardKey], part: ReadPart, extent: Extent
+) -> list[ReadBatch]:
+    """The batches of the shards ``mine`` that ``part`` leaves to this rank alone (no batch of
+    the coordinator holds them, no other rank reads them in disjoint rows), read by itself."""
+    taken = {k for b in part.batches or () if rank in b.consumers for k in b.keys} | part.apart
+    needs: list[list[ShardKey]] = [[] for _ in range(world)]
+    needs[rank] = [k for k in mine if k not in taken]
+    own = assign_reads(md, needs, cover=extent, segment_bytes=segment_bytes(md, needs))
+    return [replace(b, batch_id=OWN_IDS + b.batch_id) for b in own]
+
+
 def exchange_needs(
     coord: Coordinator, md: Metadata, rows: dict[ShardKey, Rows], dedup: bool | None, page_cache: bool, extent: Extent
 ) -> ReadPart:
     """Collective (the checkpoint group): this rank's ``ReadPart`` (module docstring)."""
-    report = (socket.gethostname(), [(*k, *r) for k, r in rows.items()])
-    gathered = coord.gather_object(report)
+    gathered = coord.gather_object((socket.gethostname(), report_needs(md, rows)))
     parts: list[object] | None = None
     if coord.rank == 0:
         assert gathered is not None
@@ -71,27 +98,51 @@ def exchange_needs(
     return part
 
 
+def report_needs(md: Metadata, rows: dict[ShardKey, Rows]) -> list[tuple[str, int, int, int, int]]:
+    """What a rank sends the coordinator of each saved shard it needs: its key, the rows its
+    copies touch, and the shard's bytes (what balancing counts)."""
+    out = []
+    tensors = md.tensors
+    for (fqn, i), (lo, hi) in rows.items():
+        shards = tensors[fqn].shards
+        nbytes = shards.location(i)[2] if isinstance(shards, SplitShards) else shards[i].byte_length
+        out.append((fqn, i, lo, hi, nbytes))
+    return out
+
+
+Report = tuple[str, list[tuple[str, int, int, int, int]]]  # host, [(fqn, shard, row lo, row hi, bytes)]
+
+
 def read_parts(
-    md: Metadata,
-    gathered: list[tuple[str, list[tuple[str, int, int, int]]]],
-    dedup: bool | None,
-    page_cache: bool,
-    extent: Extent,
+    md: Metadata, gathered: list[Report], dedup: bool | None, page_cache: bool, extent: Extent
 ) -> list[ReadPart]:
-    """Every rank's ``ReadPart`` from every rank's (host, needs) report (the coordinator)."""
+    """Every rank's ``ReadPart`` from every rank's report (the coordinator). Only shards several
+    ranks need are assigned here; the bytes each rank reads of the shards it alone needs count
+    in the balancing (``assign_reads(loads=...)``), so the readers are those an assignment of
+    every need would choose."""
     hosts = {h for h, _ in gathered}
-    by_rank = [{(f, i): (a, b) for f, i, a, b in n} for _, n in gathered]
+    count: dict[ShardKey, int] = {}
+    for _, n in gathered:
+        for f, i, *_ in n:
+            k = (f, i)
+            count[k] = count.get(k, 0) + 1
     if dedup is None and len(hosts) == 1 and page_cache:
         # one host reading local files: its page cache already reads each byte from the device
         # once; forwarding pays off across hosts or for remote storage
-        count: dict[ShardKey, int] = {}
-        for n in by_rank:
-            for k in n:
-                count[k] = count.get(k, 0) + 1
-        return [ReadPart(None, shared=frozenset(k for k in n if count[k] > 1)) for n in by_rank]
+        return [ReadPart(None, shared=frozenset((f, i) for f, i, *_ in n if count[(f, i)] > 1)) for _, n in gathered]
+    loads = [0] * len(gathered)
+    by_rank: list[dict[ShardKey, Rows]] = []
+    for r, (_, n) in enumerate(gathered):
+        several = {}
+        for f, i, lo, hi, nbytes in n:
+            if count[(f, i)] > 1:
+                several[(f, i)] = (lo, hi)
+            else:
+                loads[r] += nbytes
+        by_rank.append(several)
     apart = disjoint_needs(md, by_rank, extent)
     needs = [[k for k in n if k not in apart] for n in by_rank]
-    batches = assign_reads(md, needs, cover=extent, segment_bytes=segment_bytes(md, needs))
+    batches = assign_reads(md, needs, cover=extent, segment_bytes=segment_bytes(md, needs), loads=loads)
     mine: list[list[ReadBatch]] = [[] for _ in by_rank]
     for b in batches:
         mine[b.reader].append(b)

@@ -56,8 +56,11 @@ def assign_reads(
     max_batch_bytes: int = 64 << 20,
     cover: Cover | None = None,
     segment_bytes: int = 0,
+    loads: list[int] | None = None,
 ) -> list[ReadBatch]:
-    """Batches covering every needed shard exactly once, in a deterministic order."""
+    """Batches covering every needed shard exactly once, in a deterministic order. ``loads``:
+    bytes each rank reads already (shards it alone needs, assigned elsewhere), counted by the
+    balancing as if they were among ``needs``."""
     consumers: dict[ShardKey, list[int]] = defaultdict(list)
     for rank, keys in enumerate(needs):
         for k in dict.fromkeys(keys):
@@ -79,7 +82,7 @@ def assign_reads(
     def location(k: ShardKey) -> tuple[int, int]:
         return where[k][:2]
 
-    load = [0] * len(needs)
+    load = list(loads) if loads is not None else [0] * len(needs)
     reader: dict[ShardKey, int] = {}
     for k, cs in consumers.items():
         if len(cs) == 1:
