@@ -60,6 +60,11 @@ def test_split_shards_are_the_rows_a_writer_would_list(lay: SplitLayout) -> None
         got = SplitShards(lay, e)
         assert list(got) == want[fqn] and len(got) == lay.parts
         assert [got[i] for i in range(lay.parts)] == want[fqn]
+        # the lookups without records: location and bytes per row (of the hand-made rows)
+        isz = lay.entries[e][1]
+        for i, row in enumerate(want[fqn]):
+            assert got.location(i) == (row.file_index, row.byte_offset, row.byte_length)
+            assert got.row_bytes(i) == math.prod(row.lengths[1:]) * isz
     ends = lay.ends().tolist()
     for p in range(lay.parts):  # each file's layout bytes end where its last non-empty chunk ends
         held = [want[fqn][p] for fqn, *_ in lay.entries if want[fqn][p].byte_length]

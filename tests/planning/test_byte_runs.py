@@ -112,6 +112,10 @@ def test_chunk_cover_is_the_chunks_overlapping_a_range(sizes: list[int], chunk: 
     assert list(units.ends) == [min((k + 1) * chunk, sizes[f]) for k in want]
     if want:
         assert units.lo <= lo and hi <= units.hi
+        assert sums.extent(f, lo, hi) == (want[0] * chunk, min((want[-1] + 1) * chunk, sizes[f]))
+    else:
+        assert sums.extent(f, lo, hi) == (lo, hi)
+    assert sums.extent(f, lo, hi) == (units.lo, units.hi)  # what read assignments compare
     assert sums.file_crcs(f) == crcs[f]
     assert sums.problems() == [f"checksum chunk size {chunk} is not in [4096, 1073741824]"]  # too small to save
 

@@ -37,7 +37,7 @@ from ..errors import (
     SizeLimitError,
     TruncatedDataFileError,
 )
-from ..format.checksums import Units
+from ..format.checksums import ChunkChecksums, Units
 from ..format.codec import decode_metadata
 from ..format.dtypes import dtype_from_name, itemsize
 from ..format.records import DATA_DIR, METADATA_FILE, BlobRecord, Metadata
@@ -128,6 +128,8 @@ def _check_files(md: Metadata, storage: Storage, runs: list[Run], names: dict[in
 
 def _extent(md: Metadata, verify: bool) -> Callable[[int, int, int], tuple[int, int]]:
     """The bytes a read of ``[lo, hi)`` of a file covers (its checksum units)."""
+    if verify and isinstance(md.checksums, ChunkChecksums):
+        return md.checksums.extent  # chunk arithmetic, no unit list
     cover = _cover(md, verify)
 
     def extent(f: int, lo: int, hi: int) -> tuple[int, int]:

@@ -181,9 +181,14 @@ def disjoint_needs(md: Metadata, by_rank: list[dict[ShardKey, Rows]], extent: Ex
         if len(rs) < 2:
             continue
         rec = md.tensors[k[0]]
-        shard = rec.shards[k[1]]
-        rb = row_bytes(shard.lengths, itemsize(rec.dtype))
-        covers = sorted(extent(shard.file_index, shard.byte_offset + a * rb, shard.byte_offset + b * rb) for a, b in rs)
+        shards = rec.shards
+        if isinstance(shards, SplitShards):  # a regular layout: no record built
+            file_index, offset, _ = shards.location(k[1])
+            rb = shards.row_bytes(k[1])
+        else:
+            shard = shards[k[1]]
+            file_index, offset, rb = shard.file_index, shard.byte_offset, row_bytes(shard.lengths, itemsize(rec.dtype))
+        covers = sorted(extent(file_index, offset + a * rb, offset + b * rb) for a, b in rs)
         union, twice, end = 0, 0, -1
         for lo, hi in covers:
             twice += max(0, min(hi, end) - lo)

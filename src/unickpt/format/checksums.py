@@ -141,6 +141,14 @@ class ChunkChecksums:
         a, b = int(self._first[file_index]), int(self._first[file_index + 1])
         return self._crc[a:b].tolist()
 
+    def extent(self, file_index: int, lo: int, hi: int) -> tuple[int, int]:
+        """``cover(...)``'s ``(lo, hi)`` alone: the bytes a verified read of ``[lo, hi)`` covers
+        (what read assignments compare, for many shards: no unit list built)."""
+        if hi <= lo:
+            return lo, hi
+        c = self.chunk_size
+        return lo // c * c, min(_chunks(hi, c) * c, self.file_sizes[file_index])
+
     def cover(self, file_index: int, lo: int, hi: int) -> Units:
         if hi <= lo:
             return Units((), (), (), lo, hi)

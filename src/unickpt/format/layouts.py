@@ -200,6 +200,16 @@ class SplitShards(Sequence[ShardRecord]):
             raise IndexError(i)
         return self.layout.location(self.entry, i)
 
+    def row_bytes(self, i: int) -> int:
+        """Bytes of one row (one index of the first dimension) of shard ``i``'s box, as
+        ``planning.byte_runs.row_bytes`` of its lengths, without building its record."""
+        _, isz, shape, d = self.layout.entries[self.entry]
+        if d == 0:
+            return math.prod(shape[1:]) * isz
+        lengths = list(shape[1:])
+        lengths[d - 1] = chunk_rows(shape[d], self.layout.parts, i)[1]
+        return math.prod(lengths) * isz
+
     def overlapping(self, offsets: Shape, lengths: Shape) -> list[int]:
         """The parts whose box overlaps ``(offsets, lengths)``: those whose rows along the split
         dimension meet the box's (every other dimension is whole), in O(parts touched)."""
