@@ -22,8 +22,8 @@ Figures, per layout and world size (``--ranks``):
   TP 8 PP 8); the coordinator's read assignment (``engine.read_exchange.read_parts``: disjoint
   needs, ``assign_reads``, each rank's part) over the needs of 64 neighbouring ranks of the new
   job, and that time scaled to the whole job (the coordinator's pass grows with every rank's
-  needs), the bytes a rank sends (its needs) and receives (its part), and what the earlier
-  all_gather of every rank's needs delivered to each rank;
+  needs), the bytes a rank sends (its needs) and receives (its part), as compact JSON, and
+  what the earlier all_gather of every rank's needs delivered to each rank;
 - coordinator peak memory (the peak RSS of the process, which measures one world size).
 Growth exponents between consecutive world sizes: 0 = flat per rank, 1 = linear.
 
@@ -39,7 +39,6 @@ import argparse
 import gc
 import json
 import math
-import pickle
 import resource
 import subprocess
 import sys
@@ -155,6 +154,12 @@ def load_targets(layout: str, rank: int, world: int) -> list[ShardSpec]:
 # ------------------------------------------------------------------ measurement
 
 
+def _wire_bytes(value: Any) -> int:
+    """The size of a plain value (tuples, lists, strings, numbers, sets) as compact JSON: about
+    what the object collectives move for it."""
+    return len(json.dumps(value, separators=(",", ":"), default=sorted).encode())
+
+
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     t0 = time.perf_counter()
     out = fn()
@@ -218,8 +223,11 @@ def measure(layout: str, world: int, load_world: int, freeze_gc: bool = False, c
     # the coordinator: disjoint needs, the read assignment, each rank's part (engine.read_exchange)
     t_assign, parts = timed(lambda: read_parts(md2, reports, True, False, _extent(md2, True)))
     sampled = load_world // 2
-    sent = len(pickle.dumps(reports[sampled]))  # one rank's report, and the part it gets back
-    part_bytes = len(pickle.dumps(parts[sampled]))
+    sent = _wire_bytes(reports[sampled])  # one rank's report, and the part it gets back
+    part = parts[sampled]
+    part_bytes = _wire_bytes(
+        [[[b.batch_id, b.reader, b.consumers, b.keys, b.offsets, b.nbytes] for b in part.batches or ()], part.apart]
+    )
     return {
         "local plan s/rank": t_local,
         "local plan encode s": sample_encode_s,

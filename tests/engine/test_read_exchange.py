@@ -9,7 +9,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from support.one_file import one_file_metadata as _md
+from read_fixtures import one_file_metadata as _md
 from unickpt.engine.read_exchange import OWN_IDS, ReadPart, disjoint_needs, own_batches, read_parts, segment_bytes
 from unickpt.format.records import Metadata
 from unickpt.planning.read_assignment import assign_reads

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from support.one_file import one_file_metadata as _md
+from read_fixtures import one_file_metadata as _md
 from unickpt.format.records import Metadata, ShardRecord, TensorRecord, Topology
 from unickpt.planning.read_assignment import assign_reads
 
