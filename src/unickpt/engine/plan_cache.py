@@ -20,7 +20,7 @@ from ..coordination.base import Coordinator
 from ..errors import CheckpointError, PlanningError
 from ..planning.plan_codec import decode_rank_plan, encode_local_plan, encode_rank_rows
 from ..planning.regular_plan import RegularRankPlans
-from ..planning.save_plan import GlobalSavePlan, LocalSavePlan, RankSavePlan, WriteEntry, plan_save
+from ..planning.save_plan import GlobalSavePlan, LocalSavePlan, RankSavePlan, WriteEntry, plan_save, rank_plan_rows
 
 __all__ = ["PlanKey", "CachedPlan", "PlanCache", "plan_stage", "new_save_id"]
 
@@ -57,18 +57,17 @@ class _Columns:
 
     @classmethod
     def of(cls, rp: RankSavePlan) -> _Columns:
-        index: dict[str, int] = {}
-        entries = rp.entries
-        file_index = tuple(index.setdefault(e.file, len(index)) for e in entries)
+        files, rows, blobs = rank_plan_rows(rp)
+        items, file_index, offsets, lengths, blob_index = (tuple(c) for c in rows.T.tolist())
         return cls(
             rp.rank,
             rp.save_id,
-            tuple(index),
-            tuple(e.item_index for e in entries),
+            tuple(files),
+            items,
             file_index,
-            tuple(e.byte_offset for e in entries),
-            tuple(e.byte_length for e in entries),
-            tuple(e.blob_key for e in entries),
+            offsets,
+            lengths,
+            tuple(blobs[b] if b >= 0 else "" for b in blob_index),
         )
 
     def renamed(self, save_id: str) -> RankSavePlan:

@@ -27,9 +27,8 @@ from dataclasses import dataclass, replace
 from ..coordination.base import Coordinator
 from ..errors import CheckpointError, PlanningError
 from ..format.dtypes import itemsize
-from ..format.layouts import SplitShards
+from ..format.layouts import shard_location, shard_row_bytes
 from ..format.records import Metadata
-from ..planning.byte_runs import row_bytes
 from ..planning.read_assignment import ReadBatch, ShardKey, assign_reads
 
 __all__ = [
@@ -104,9 +103,7 @@ def report_needs(md: Metadata, rows: dict[ShardKey, Rows]) -> list[tuple[str, in
     out = []
     tensors = md.tensors
     for (fqn, i), (lo, hi) in rows.items():
-        shards = tensors[fqn].shards
-        nbytes = shards.location(i)[2] if isinstance(shards, SplitShards) else shards[i].byte_length
-        out.append((fqn, i, lo, hi, nbytes))
+        out.append((fqn, i, lo, hi, shard_location(tensors[fqn].shards, i)[2]))
     return out
 
 
@@ -181,13 +178,8 @@ def disjoint_needs(md: Metadata, by_rank: list[dict[ShardKey, Rows]], extent: Ex
         if len(rs) < 2:
             continue
         rec = md.tensors[k[0]]
-        shards = rec.shards
-        if isinstance(shards, SplitShards):  # a regular layout: no record built
-            file_index, offset, _ = shards.location(k[1])
-            rb = shards.row_bytes(k[1])
-        else:
-            shard = shards[k[1]]
-            file_index, offset, rb = shard.file_index, shard.byte_offset, row_bytes(shard.lengths, itemsize(rec.dtype))
+        file_index, offset, _ = shard_location(rec.shards, k[1])
+        rb = shard_row_bytes(rec.shards, k[1], itemsize(rec.dtype))
         covers = sorted(extent(file_index, offset + a * rb, offset + b * rb) for a, b in rs)
         union, twice, end = 0, 0, -1
         for lo, hi in covers:

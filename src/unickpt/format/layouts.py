@@ -222,3 +222,21 @@ class SplitShards(Sequence[ShardRecord]):
         if c == 0 or hi <= lo:
             return []
         return list(range(lo // c, min(self.layout.parts, -(-hi // c))))
+
+
+def shard_location(shards: Sequence[ShardRecord], i: int) -> tuple[int, int, int]:
+    """(file index, byte offset, byte length) of a tensor's shard ``i``, without building its
+    record when ``shards`` is a regular layout's (read assignments look up many shards)."""
+    if isinstance(shards, SplitShards):
+        return shards.location(i)
+    s = shards[i]
+    return s.file_index, s.byte_offset, s.byte_length
+
+
+def shard_row_bytes(shards: Sequence[ShardRecord], i: int, itemsize: int) -> int:
+    """Bytes of one row (one index of the first dimension) of a tensor's shard ``i``, as
+    ``planning.byte_runs.row_bytes`` of its lengths, without building a layout's record."""
+    if isinstance(shards, SplitShards):
+        return shards.row_bytes(i)
+    lengths = shards[i].lengths
+    return math.prod(lengths[1:]) * itemsize if lengths else itemsize

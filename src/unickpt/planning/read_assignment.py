@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..format.layouts import SplitShards
+from ..format.layouts import shard_location
 from ..format.records import Metadata
 
 __all__ = ["ShardKey", "ReadBatch", "assign_reads"]
@@ -69,12 +69,7 @@ def assign_reads(
     tensors = md.tensors
     where = {}  # key -> (file index, byte offset, byte length), looked up once
     for k in consumers:
-        shards = tensors[k[0]].shards
-        if isinstance(shards, SplitShards):  # a regular layout: no record built
-            where[k] = shards.location(k[1])
-        else:
-            sh = shards[k[1]]
-            where[k] = (sh.file_index, sh.byte_offset, sh.byte_length)
+        where[k] = shard_location(tensors[k[0]].shards, k[1])
 
     def size(k: ShardKey) -> int:
         return where[k][2]

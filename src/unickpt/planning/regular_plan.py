@@ -130,7 +130,8 @@ def _templates(
 @dataclass(frozen=True, eq=False)
 class _Split:
     """The split tensors (job tensor order): per tensor its dimension, extent along it, chunk
-    rows, bytes per row and file part; ``item``: per template, each tensor's row (-1: none)."""
+    rows, bytes per row and file part; ``item``: per template, each tensor's row (-1: none);
+    ``members``: each file part's tensors."""
 
     fqns: list[str]
     dims: np.ndarray
@@ -139,9 +140,11 @@ class _Split:
     row_bytes: np.ndarray
     part: np.ndarray
     item: np.ndarray  # (templates, tensors)
+    members: dict[int, np.ndarray]  # each part's tensors (indices, byte order)
 
-    def rows_of(self, rank: int) -> np.ndarray:
-        """Rows of each split tensor's chunk at ``rank`` (0: an empty chunk)."""
+    def rows_of(self, rank: int | np.ndarray) -> np.ndarray:
+        """Rows of each split tensor's chunk at ``rank`` (0: an empty chunk); for a column of
+        ranks, one row of the result per rank."""
         lo = np.minimum(self.extent, rank * self.chunk)
         return np.minimum(self.extent, lo + self.chunk) - lo
 
@@ -160,7 +163,6 @@ class RegularRankPlans(Sequence[RankSavePlan]):
         template_of: np.ndarray,
         explicit: dict[int, list[tuple[int, int, int, int, str]]],
         parts: list[tuple[int, ...]],
-        files_per_rank: int,
     ) -> None:
         self.save_id = save_id
         self.world = world
@@ -168,7 +170,6 @@ class RegularRankPlans(Sequence[RankSavePlan]):
         self.template_of = template_of
         self.explicit = explicit  # rank -> [(part, offset, nbytes, item, blob key)]
         self.parts = parts
-        self.files_per_rank = files_per_rank
 
     def __len__(self) -> int:
         return self.world
@@ -196,9 +197,7 @@ class RegularRankPlans(Sequence[RankSavePlan]):
     __hash__ = None  # type: ignore[assignment]
 
     def renamed(self, save_id: str) -> RegularRankPlans:
-        return RegularRankPlans(
-            save_id, self.world, self.split, self.template_of, self.explicit, self.parts, self.files_per_rank
-        )
+        return RegularRankPlans(save_id, self.world, self.split, self.template_of, self.explicit, self.parts)
 
     def files_of(self, rank: int) -> list[str]:
         return [data_file_name(self.save_id, rank, k) for k in self.parts[rank]]
@@ -217,9 +216,11 @@ class RegularRankPlans(Sequence[RankSavePlan]):
         blobs: list[str] = []
         extra = self.explicit.get(rank, [])
         for k in parts:
-            at = np.flatnonzero((s.part == k) & (nbytes > 0))
-            ends = np.cumsum(aligned[s.part == k])  # offsets count the empty chunks' zero bytes
-            starts = (ends - aligned[s.part == k])[nbytes[s.part == k] > 0]
+            members = s.members[k]  # the part's tensors in byte order
+            sizes = aligned[members]
+            kept = nbytes[members] > 0  # empty chunks take no bytes and get no entry
+            at = members[kept]
+            starts = (np.cumsum(sizes) - sizes)[kept]
             block = np.empty((len(at), 5), dtype=np.int64)
             block[:, 0], block[:, 1], block[:, 2], block[:, 3], block[:, 4] = (
                 items[at],
@@ -351,25 +352,21 @@ def _plan(
         load, k = heapq.heappop(heap)
         part[j] = k
         heapq.heappush(heap, (load + first[j], k))
-    split = _Split(split_fqns, dims, extent, chunk, row_bytes, part, item)
+    members = {k: np.flatnonzero(part == k) for k in range(parts)}
+    split = _Split(split_fqns, dims, extent, chunk, row_bytes, part, item, members)
 
     # each rank's split bytes per part: raw (what parts are balanced by) and aligned (offsets)
-    every = np.arange(world, dtype=np.int64)
-    lo = np.minimum(extent[None, :], every[:, None] * chunk[None, :])
-    rows = np.minimum(extent[None, :], lo + chunk[None, :]) - lo  # (world, tensors)
-    raw = rows * row_bytes[None, :]
+    raw = split.rows_of(np.arange(world, dtype=np.int64)[:, None]) * row_bytes  # (world, tensors)
     if float(raw.sum(dtype=np.float64)) > _MAX_BYTES:
         return None
     loads_by_part = np.zeros((world, parts), dtype=np.int64)
     ends_by_part = np.zeros((world, parts), dtype=np.int64)
-    for k in range(parts):
-        at = part == k
+    uses = np.zeros((world, parts), dtype=bool)
+    for k, at in members.items():
         loads_by_part[:, k] = raw[:, at].sum(axis=1)
         ends_by_part[:, k] = (-(-raw[:, at] // ENTRY_ALIGN) * ENTRY_ALIGN).sum(axis=1)
-    uses = np.zeros((world, parts), dtype=bool)
-    for k in range(parts):
-        uses[:, k] = (raw[:, part == k] > 0).any(axis=1)
-    del lo, rows, raw
+        uses[:, k] = (raw[:, at] > 0).any(axis=1)
+    del raw
 
     # 2. explicit boxes: holders, then writers
     writers = _choose(templates, template_of, explicit, tensors, sizes, loads_by_part.sum(axis=1))
@@ -411,7 +408,7 @@ def _plan(
         )
         for k in used
     )
-    plans = RegularRankPlans(save_id, world, split, template_of, placed, rank_parts, parts)
+    plans = RegularRankPlans(save_id, world, split, template_of, placed, rank_parts)
     return GlobalSavePlan(save_id, plans, files, tensors, tuple(writers), layouts)
 
 

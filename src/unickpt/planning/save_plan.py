@@ -29,6 +29,7 @@ import heapq
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -38,6 +39,9 @@ from ..format.validation import box_coverage_problem, overlap_problems
 from .boxes import numel
 from .shard_table import ShardTable
 from .specs import BlobSpec, Shape, ShardSpec
+
+if TYPE_CHECKING:
+    from .regular_plan import RegularRankPlans
 
 __all__ = ["LocalSavePlan", "WriteEntry", "RankSavePlan", "GlobalSavePlan", "plan_save", "data_file_name"]
 
@@ -79,7 +83,7 @@ class RankSavePlan:
 class GlobalSavePlan:
     save_id: str
     # every rank's part: a tuple, or (regular jobs: planning.regular_plan) computed when asked
-    rank_plans: Sequence[RankSavePlan]
+    rank_plans: tuple[RankSavePlan, ...] | RegularRankPlans
     files: tuple[str, ...]
     tensors: dict[str, tuple[str, Shape]]  # fqn -> (dtype, global shape)
     # (fqn, offsets, lengths, rank, item_index): which rank writes each kept box outside the layouts
@@ -93,20 +97,20 @@ class GlobalSavePlan:
         files, one row per entry (item index, file index, byte offset, byte length, blob index
         or -1), its blob keys."""
         if not isinstance(self.rank_plans, tuple):
-            return self.rank_plans.rank_rows(rank)  # type: ignore[attr-defined]
+            return self.rank_plans.rank_rows(rank)
         return rank_plan_rows(self.rank_plans[rank])
 
     def explicit_entries(self) -> Iterator[tuple[int, WriteEntry]]:
         """(rank, entry) of at least every entry outside the layouts (the metadata's rows and
         blobs; a tuple of rank plans lists all its entries)."""
         if not isinstance(self.rank_plans, tuple):
-            return self.rank_plans.explicit_entries()  # type: ignore[attr-defined]
+            return self.rank_plans.explicit_entries()
         return ((rp.rank, e) for rp in self.rank_plans for e in rp.entries)
 
     def file_ends(self) -> dict[str, tuple[int, int]]:
         """Every data file's planned size and the rank writing it."""
         if not isinstance(self.rank_plans, tuple):
-            return self.rank_plans.file_ends()  # type: ignore[attr-defined]
+            return self.rank_plans.file_ends()
         want: dict[str, tuple[int, int]] = {}
         for rp in self.rank_plans:
             for e in rp.entries:
