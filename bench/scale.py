@@ -19,11 +19,12 @@ Figures, per layout and world size (``--ranks``):
   re-plan (``CachedPlan.next``: the rename of its own entries);
 - metadata: ``build_metadata`` + encode time, size, decode time (every rank decodes it at load);
 - load: ``plan_local_load`` of one rank of a resharded job (FSDP at 4,800 ranks / Megatron at
-  TP 8 PP 8); the coordinator's read assignment (``engine.read_exchange.read_parts``: disjoint
-  needs, ``assign_reads``, each rank's part) over the needs of 64 neighbouring ranks of the new
-  job, and that time scaled to the whole job (the coordinator's pass grows with every rank's
-  needs), the bytes a rank sends (its needs) and receives (its part), as compact JSON, and
-  what the earlier all_gather of every rank's needs delivered to each rank;
+  TP 8 PP 8); every rank of the new job's needs (each rank plans its load; this takes the
+  simulation minutes: "needs s"), the coordinator's read assignment over all of them
+  (``engine.read_exchange.read_parts``: counts, disjoint rows, segments, readers, batches, each
+  rank's part, columnar), the bytes a rank sends (its needs) and receives (its part), the time
+  it decodes its part, and what the earlier all_gather of every rank's needs delivered to each
+  rank;
 - coordinator peak memory (the peak RSS of the process, which measures one world size).
 Growth exponents between consecutive world sizes: 0 = flat per rank, 1 = linear.
 
@@ -49,7 +50,7 @@ from typing import Any
 from unickpt.engine.commit import SaveSource, build_metadata
 from unickpt.engine.plan_cache import CachedPlan
 from unickpt.engine.read import _extent, _rows
-from unickpt.engine.read_exchange import read_parts, report_needs
+from unickpt.engine.read_exchange import decode_part, read_parts, report_needs, vectorized
 from unickpt.format.codec import decode_metadata, encode_metadata
 from unickpt.planning.load_plan import plan_local_load
 from unickpt.planning.plan_codec import decode_rank_plan, encode_local_plan, encode_rank_rows
@@ -154,10 +155,9 @@ def load_targets(layout: str, rank: int, world: int) -> list[ShardSpec]:
 # ------------------------------------------------------------------ measurement
 
 
-def _wire_bytes(value: Any) -> int:
-    """The size of a plain value (tuples, lists, strings, numbers, sets) as compact JSON: about
-    what the object collectives move for it."""
-    return len(json.dumps(value, separators=(",", ":"), default=sorted).encode())
+def _keys(md: Any, layout: str, r: int, world: int) -> list[tuple[str, int]]:
+    """The shards rank ``r`` of the new job reports, in its report's order."""
+    return [(x.fqn, x.shard_index) for x in plan_local_load(md, load_targets(layout, r, world))]
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -208,26 +208,26 @@ def measure(layout: str, world: int, load_world: int, freeze_gc: bool = False, c
         gc.freeze()
     targets = load_targets(layout, load_world // 2, load_world)
     t_load, reads = timed(lambda: plan_local_load(md2, targets))
-    # the needs of 64 neighbouring ranks stand for the job's (neighbours share boundary shards as
-    # in the whole job; every rank's needs would take ~0.05 s x load_world to compute here)
-    first = max(0, load_world // 2 - 32)
-    sample = range(first, min(load_world, first + 64))
+    # every rank of the new job plans its load and reports its needs (what it sends rank 0)
+    names = list(md2.tensors)
 
-    def report_of(r: int) -> tuple[str, list[tuple[str, int, int, int, int]]]:  # what rank r sends
-        if r not in sample:
-            return ("host", [])
+    def report_of(r: int) -> tuple[str, bytes]:
         found = plan_local_load(md2, load_targets(layout, r, load_world))
-        return ("host", report_needs(md2, {(x.fqn, x.shard_index): _rows(md2, x) for x in found}))
+        return ("host", report_needs(md2, {(x.fqn, x.shard_index): _rows(md2, x) for x in found}, names))
 
     t_needs, reports = timed(lambda: [report_of(r) for r in range(load_world)])
-    # the coordinator: disjoint needs, the read assignment, each rank's part (engine.read_exchange)
-    t_assign, parts = timed(lambda: read_parts(md2, reports, True, False, _extent(md2, True)))
+    # the coordinator: counts, disjoint rows, the read assignment, each rank's part (read_exchange)
+    extents = vectorized(_extent(md2, True))
+    t_assign, parts = timed(lambda: read_parts(md2, reports, True, False, extents))
+    load_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     sampled = load_world // 2
-    sent = _wire_bytes(reports[sampled])  # one rank's report, and the part it gets back
-    part = parts[sampled]
-    part_bytes = _wire_bytes(
-        [[[b.batch_id, b.reader, b.consumers, b.keys, b.offsets, b.nbytes] for b in part.batches or ()], part.apart]
-    )
+    sent = len(reports[sampled][1])  # one rank's report, and the part it gets back
+    batches, apart, shared = parts[sampled]
+    part_bytes = sum(len(k) + len(o) + 8 * (4 + len(c)) for _, _, c, k, o, _ in batches or ())
+    part_bytes += len(apart) + len(shared)  # its batches (ids, ranks, keys, offsets) and bit masks
+    needs_total = sum(len(n) for _, n in reports) // 24
+    keys = _keys(md2, layout, sampled, load_world)
+    t_decode, _ = timed(lambda: decode_part(parts[sampled], names, keys, sampled))
     return {
         "local plan s/rank": t_local,
         "local plan encode s": sample_encode_s,
@@ -242,13 +242,14 @@ def measure(layout: str, world: int, load_world: int, freeze_gc: bool = False, c
         "metadata MB": len(blob) / 1e6,
         "metadata decode s": t_dec,
         "load plan s/rank": t_load,
-        "read assignment s (64 ranks)": t_assign,
-        "read assignment s (whole job, est.)": t_assign * load_world / len(sample),
-        "needs (64 ranks)": sum(len(n) for _, n in reports),
+        "read assignment s (whole job)": t_assign,
+        "needs (whole job)": needs_total,
+        "part decode s/rank": t_decode,
         "load needs sent bytes/rank": sent,
         "load part received bytes/rank": part_bytes,
         "all_gather of needs bytes/rank (before)": sent * load_world,
         "coordinator peak GiB": peak / (1 << 30),
+        "coordinator peak GiB (load)": load_peak / (1 << 30),
         "shards": sum(len(t.shards) for t in md2.tensors.values()),
         "reads/rank": len(reads),
         "needs s": t_needs,
@@ -263,6 +264,7 @@ PER_RANK = (
     "load plan s/rank",
     "load needs sent bytes/rank",
     "load part received bytes/rank",
+    "part decode s/rank",
 )
 
 

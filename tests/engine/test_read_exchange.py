@@ -10,7 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from read_fixtures import one_file_metadata as _md
-from unickpt.engine.read_exchange import OWN_IDS, ReadPart, disjoint_needs, own_batches, read_parts, segment_bytes
+from read_fixtures import reference_disjoint as disjoint_needs
+from unickpt.engine import read_exchange
+from unickpt.engine.read_exchange import OWN_IDS, ReadPart, decode_part, own_batches, report_needs, segment_bytes
 from unickpt.format.records import Metadata
 from unickpt.planning.read_assignment import assign_reads
 
@@ -20,11 +22,16 @@ def _exact(f: int, lo: int, hi: int) -> tuple[int, int]:
 
 
 def _report(md: Metadata, needs: list[dict[str, tuple[int, int]]], host=lambda r: "h") -> list:
-    """What each rank sends: (fqn, shard, rows, the shard's bytes) per need."""
-    return [
-        (host(r), [(fqn, 0, a, b, md.tensors[fqn].shards[0].byte_length) for fqn, (a, b) in n.items()])
-        for r, n in enumerate(needs)
-    ]
+    """What each rank sends: its host and its needs (shard 0 of each tensor, rows)."""
+    return [(host(r), {(fqn, 0): rows for fqn, rows in n.items()}) for r, n in enumerate(needs)]
+
+
+def read_parts(md: Metadata, reports: list, dedup, page_cache, extent) -> list[ReadPart]:
+    """The coordinator's parts as each rank decodes them (through the wire form)."""
+    names = list(md.tensors)
+    gathered = [(h, report_needs(md, rows, names)) for h, rows in reports]
+    wires = read_exchange.read_parts(md, gathered, dedup, page_cache, read_exchange.vectorized(extent))
+    return [decode_part(w, names, list(rows), r) for r, (w, (_, rows)) in enumerate(zip(wires, reports))]
 
 
 @settings(max_examples=150, deadline=None)

@@ -3,19 +3,20 @@ its own part.
 
 Called by ``read.read_stage`` when reads are deduplicated across ranks (several ranks,
 ``LoadOptions.dedup_reads`` not False). Order: every rank sends the coordinator (rank 0; up the
-tree when the job's coordinator is a tree) its host name and the rows of each saved shard it
-needs (``exchange_needs``) -> the coordinator decides once for the job (``read_parts``): on one
-host over storage that shares its page cache (``dedup_reads=None``), nothing is forwarded and
-each rank learns which of its shards others read too; otherwise shards several ranks need in
-disjoint rows are read by each for its own rows (``disjoint_needs``) and every other shard
-several ranks need is assigned to one reader (``planning.read_assignment.assign_reads``,
-balanced with the bytes each rank reads alone) -> each rank receives only its ``ReadPart``: the
-batches of shared shards it reads and those it receives (a received batch names this rank as
-its only consumer), its shards read for its own rows, its shards read through the shared
-cache; the shards it alone needs it batches itself (``own_batches``). A rank's part grows with
-its own shared needs (and, for a batch it reads for others, their number), never with the
-job's; the coordinator's work is one pass over every need plus the assignment of the shared
-ones. A failure at the coordinator reaches every rank as the same error.
+tree when the job's coordinator is a tree) its host name and, as one ``NEED_DTYPE`` row each,
+the rows of each saved shard it needs (``report_needs``: 24 bytes a need) -> the coordinator
+decides once for the job (``read_parts``, columnar: ``planning.read_columns``): on one host over
+storage that shares its page cache (``dedup_reads=None``), nothing is forwarded and each rank
+learns which of its shards others read too; otherwise shards several ranks need in disjoint
+rows are read by each for its own rows, and every other shard several ranks need is assigned
+to one reader (``assign_reads``'s rule, balanced with the bytes each rank reads alone) -> each
+rank receives only its part (``PartWire``: the batches it reads or receives, a received batch
+naming it as its only consumer, keys as tensor numbers; bit masks over its own report for the
+shards it reads apart or through the shared cache) and decodes it (``decode_part``); the shards
+it alone needs it batches itself (``own_batches``). A rank's part grows with its own shared
+needs (and, for a batch it reads for others, their number), never with the job's; the
+coordinator's work is numpy passes over every need plus a Python step per segment and batch. A
+failure at the coordinator reaches every rank as the same error.
 """
 
 from __future__ import annotations
@@ -24,21 +25,24 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from ..coordination.base import Coordinator
 from ..errors import CheckpointError, PlanningError
-from ..format.dtypes import itemsize
-from ..format.layouts import shard_location, shard_row_bytes
+from ..format.checksums import ChunkChecksums
 from ..format.records import Metadata
 from ..planning.read_assignment import ReadBatch, ShardKey, assign_reads
+from ..planning.read_columns import NEED_DTYPE, Extents, JobNeeds, assign_columns, classify, shard_geometry
 
 __all__ = [
     "ReadPart",
     "exchange_needs",
     "report_needs",
     "read_parts",
+    "decode_part",
     "own_batches",
-    "disjoint_needs",
     "segment_bytes",
+    "vectorized",
 ]
 
 Rows = tuple[int, int]  # the rows of a saved shard a rank's copies touch
@@ -78,75 +82,139 @@ def exchange_needs(
     coord: Coordinator, md: Metadata, rows: dict[ShardKey, Rows], dedup: bool | None, page_cache: bool, extent: Extent
 ) -> ReadPart:
     """Collective (the checkpoint group): this rank's ``ReadPart`` (module docstring)."""
-    gathered = coord.gather_object((socket.gethostname(), report_needs(md, rows)))
+    names = list(md.tensors)
+    gathered = coord.gather_object((socket.gethostname(), report_needs(md, rows, names)))
     parts: list[object] | None = None
     if coord.rank == 0:
         assert gathered is not None
         try:
-            parts = list(read_parts(md, gathered, dedup, page_cache, extent))
+            parts = list(read_parts(md, gathered, dedup, page_cache, vectorized(extent)))
         except CheckpointError as e:
             parts = [e] * coord.world_size
         except Exception as e:  # every rank gets the same error, none waits for a part
             parts = [PlanningError(f"rank 0 could not assign the reads of this load: {type(e).__name__}: {e}")]
             parts *= coord.world_size
-    part = coord.scatter_object(parts)
-    if isinstance(part, CheckpointError):
-        raise part
-    if not isinstance(part, ReadPart):
-        raise PlanningError(f"rank {coord.rank} received no part of the load's reads ({type(part).__name__})")
-    return part
+    wire = coord.scatter_object(parts)
+    if isinstance(wire, CheckpointError):
+        raise wire
+    return decode_part(wire, names, list(rows), coord.rank)
 
 
-def report_needs(md: Metadata, rows: dict[ShardKey, Rows]) -> list[tuple[str, int, int, int, int]]:
-    """What a rank sends the coordinator of each saved shard it needs: its key, the rows its
-    copies touch, and the shard's bytes (what balancing counts)."""
-    out = []
-    tensors = md.tensors
-    for (fqn, i), (lo, hi) in rows.items():
-        out.append((fqn, i, lo, hi, shard_location(tensors[fqn].shards, i)[2]))
-    return out
+def report_needs(md: Metadata, rows: dict[ShardKey, Rows], names: list[str] | None = None) -> bytes:
+    """What a rank sends the coordinator: one ``NEED_DTYPE`` row per saved shard it needs (the
+    tensor's number in the metadata's order, the shard, the rows its copies touch), in the order
+    of ``rows`` (the order the answer's masks follow)."""
+    number = {n: i for i, n in enumerate(names if names is not None else md.tensors)}
+    out = np.empty(len(rows), dtype=NEED_DTYPE)
+    if rows:
+        out["tensor"] = [number[f] for f, _ in rows]
+        out["shard"] = [i for _, i in rows]
+        lo_hi = np.asarray(list(rows.values()), dtype=np.int64).reshape(-1, 2)
+        out["lo"], out["hi"] = lo_hi[:, 0], lo_hi[:, 1]
+    return out.tobytes()
 
 
-Report = tuple[str, list[tuple[str, int, int, int, int]]]  # host, [(fqn, shard, row lo, row hi, bytes)]
+Report = tuple[str, bytes]  # host, the rank's needs (report_needs)
+# a rank's part as sent: the batches (id, reader, consumers, keys as int32 (tensor, shard)
+# pairs, offsets as int64, bytes) or None, then bit masks over the rank's needs: read apart,
+# read through the shared page cache
+PartWire = tuple[list[tuple[int, int, tuple[int, ...], bytes, bytes, int]] | None, bytes, bytes]
 
 
 def read_parts(
-    md: Metadata, gathered: list[Report], dedup: bool | None, page_cache: bool, extent: Extent
-) -> list[ReadPart]:
-    """Every rank's ``ReadPart`` from every rank's report (the coordinator). Only shards several
-    ranks need are assigned here; the bytes each rank reads of the shards it alone needs count
-    in the balancing (``assign_reads(loads=...)``), so the readers are those an assignment of
-    every need would choose."""
+    md: Metadata,
+    gathered: list[Report],
+    dedup: bool | None,
+    page_cache: bool,
+    extents: Extents,
+    max_batch_bytes: int = 64 << 20,
+) -> list[PartWire]:
+    """Every rank's part from every rank's report (the coordinator; ``planning.read_columns``).
+    Only shards several ranks need are assigned here; the bytes each rank reads of the shards
+    it alone needs count in the balancing, so the readers are those an assignment of every need
+    would choose."""
+    world = len(gathered)
+    per_rank = []
+    for r, (_, blob) in enumerate(gathered):
+        if not isinstance(blob, bytes) or len(blob) % NEED_DTYPE.itemsize:
+            raise PlanningError(f"rank {r} sent the coordinator a report of its needs that is not whole rows")
+        per_rank.append(np.frombuffer(blob, dtype=NEED_DTYPE))
+    job = JobNeeds.of(md, per_rank)
+    bounds = np.concatenate([[0], np.cumsum([len(n) for n in per_rank])])
+    total_keys = sum(len(t.shards) for t in md.tensors.values())
+
+    def masks(mask: np.ndarray) -> list[bytes]:
+        return [np.packbits(mask[bounds[r] : bounds[r + 1]]).tobytes() for r in range(world)]
+
     hosts = {h for h, _ in gathered}
-    count: dict[ShardKey, int] = {}
-    for _, n in gathered:
-        for f, i, *_ in n:
-            k = (f, i)
-            count[k] = count.get(k, 0) + 1
     if dedup is None and len(hosts) == 1 and page_cache:
         # one host reading local files: its page cache already reads each byte from the device
         # once; forwarding pays off across hosts or for remote storage
-        return [ReadPart(None, shared=frozenset((f, i) for f, i, *_ in n if count[(f, i)] > 1)) for _, n in gathered]
-    loads = [0] * len(gathered)
-    by_rank: list[dict[ShardKey, Rows]] = []
-    for r, (_, n) in enumerate(gathered):
-        several = {}
-        for f, i, lo, hi, nbytes in n:
-            if count[(f, i)] > 1:
-                several[(f, i)] = (lo, hi)
-            else:
-                loads[r] += nbytes
-        by_rank.append(several)
-    apart = disjoint_needs(md, by_rank, extent)
-    needs = [[k for k in n if k not in apart] for n in by_rank]
-    batches = assign_reads(md, needs, cover=extent, segment_bytes=segment_bytes(md, needs), loads=loads)
-    mine: list[list[ReadBatch]] = [[] for _ in by_rank]
+        count = np.bincount(job.key, minlength=total_keys)[job.key]
+        return [(None, b"", m) for m in masks(count > 1)]
+    geometry = shard_geometry(md, job.needs)
+    found = classify(job, geometry, world, extents, total_keys)
+    shared = np.flatnonzero((found.count > 1) & ~found.apart)
+    least = 0
+    chunk = getattr(md.checksums, "chunk_size", 0)
+    if chunk:  # segment_bytes over the shared shards' bytes (each counted once)
+        first = np.zeros(total_keys, dtype=bool)
+        first[job.key[shared]] = True
+        key_bytes = np.zeros(total_keys, dtype=np.int64)
+        key_bytes[job.key[shared]] = geometry[2][shared]
+        least = max(4 * chunk, int(key_bytes[first].sum()) // (4 * max(1, world)))
+    batches, keys, offsets = assign_columns(job, geometry, shared, found.loads, extents, least, max_batch_bytes)
+    pairs = np.empty((len(keys), 2), dtype="<i4")
+    pairs[:, 0], pairs[:, 1] = job.needs["tensor"][keys], job.needs["shard"][keys]
+    mine: list[list[tuple[int, int, tuple[int, ...], bytes, bytes, int]]] = [[] for _ in range(world)]
     for b in batches:
-        mine[b.reader].append(b)
+        k, o = pairs[b.start : b.end].tobytes(), offsets[b.start : b.end].astype("<i8").tobytes()
+        mine[b.reader].append((b.batch_id, b.reader, b.consumers, k, o, b.nbytes))
         for c in b.consumers:
             if c != b.reader:  # a receiver needs the batch, not the names of the others
-                mine[c].append(replace(b, consumers=(c,)))
-    return [ReadPart(tuple(m), frozenset(k for k in n if k in apart)) for m, n in zip(mine, by_rank)]
+                mine[c].append((b.batch_id, b.reader, (c,), k, o, b.nbytes))
+    return [(m, a, b"") for m, a in zip(mine, masks(found.apart))]
+
+
+def decode_part(wire: object, names: list[str], keys: list[ShardKey], rank: int) -> ReadPart:
+    """A rank's ``ReadPart`` from what the coordinator sent it (``read_parts``); ``keys``: the
+    shards it reported, in its report's order."""
+    try:
+        if not isinstance(wire, tuple) or len(wire) != 3:
+            raise TypeError(f"a {type(wire).__name__}, not a part")
+        batches_wire, apart_bits, shared_bits = wire
+        apart = np.unpackbits(np.frombuffer(apart_bits, dtype=np.uint8), count=len(keys)) if apart_bits else None
+        shared = np.unpackbits(np.frombuffer(shared_bits, dtype=np.uint8), count=len(keys)) if shared_bits else None
+        batches = None
+        if batches_wire is not None:
+            batches = []
+            for batch_id, reader, consumers, k, o, nbytes in batches_wire:
+                pairs = np.frombuffer(k, dtype="<i4").reshape(-1, 2).tolist()
+                batch_keys = tuple((names[t], i) for t, i in pairs)
+                offs = tuple(np.frombuffer(o, dtype="<i8").tolist())
+                batches.append(ReadBatch(batch_id, reader, tuple(consumers), batch_keys, offs, nbytes))
+    except (TypeError, ValueError, IndexError) as e:
+        raise PlanningError(f"rank {rank} received no usable part of the load's reads ({type(e).__name__}: {e})") from e
+
+    def chosen(bits: np.ndarray | None) -> frozenset[ShardKey]:
+        return frozenset() if bits is None else frozenset(k for k, on in zip(keys, bits.tolist()) if on)
+
+    return ReadPart(None if batches is None else tuple(batches), chosen(apart), chosen(shared))
+
+
+def vectorized(extent: Extent) -> Extents:
+    """``extent`` over arrays: the checksums' own vectorised form where there is one
+    (``ChunkChecksums.extents``), else one call per range (per-shard checksums: small jobs)."""
+    owner = getattr(extent, "__self__", None)
+    if isinstance(owner, ChunkChecksums) and getattr(extent, "__name__", "") == "extent":
+        return owner.extents
+
+    def each(files: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        out = [extent(f, a, b) for f, a, b in zip(files.tolist(), lo.tolist(), hi.tolist())]
+        both = np.asarray(out, dtype=np.int64).reshape(-1, 2)
+        return both[:, 0], both[:, 1]
+
+    return each
 
 
 def segment_bytes(md: Metadata, needs: list[list[ShardKey]]) -> int:
@@ -162,30 +230,3 @@ def segment_bytes(md: Metadata, needs: list[list[ShardKey]]) -> int:
             count[k] = count.get(k, 0) + 1
     shared = sum(md.tensors[k[0]].shards[k[1]].byte_length for k, c in count.items() if c > 1)
     return max(4 * chunk, shared // (4 * max(1, len(needs))))
-
-
-def disjoint_needs(md: Metadata, by_rank: list[dict[ShardKey, Rows]], extent: Extent) -> set[ShardKey]:
-    """Shards several ranks need in different rows, where each rank reading its own rows reads
-    few bytes twice: the checksum chunks their reads cover overlap by at most an eighth of what
-    they cover together (a resharding load's boundary shards; not small tensors that fit in a
-    chunk or two, which are better read once and forwarded)."""
-    ranges: dict[ShardKey, list[Rows]] = {}
-    for n in by_rank:
-        for k, r in n.items():
-            ranges.setdefault(k, []).append(r)
-    out = set()
-    for k, rs in ranges.items():
-        if len(rs) < 2:
-            continue
-        rec = md.tensors[k[0]]
-        file_index, offset, _ = shard_location(rec.shards, k[1])
-        rb = shard_row_bytes(rec.shards, k[1], itemsize(rec.dtype))
-        covers = sorted(extent(file_index, offset + a * rb, offset + b * rb) for a, b in rs)
-        union, twice, end = 0, 0, -1
-        for lo, hi in covers:
-            twice += max(0, min(hi, end) - lo)
-            union += max(0, hi - max(lo, end))
-            end = max(end, hi)
-        if 8 * twice <= union and all(b[0] >= a[1] for a, b in zip(sorted(rs), sorted(rs)[1:])):
-            out.add(k)
-    return out

@@ -109,8 +109,10 @@ class ChunkChecksums:
     crcs: bytes
     _first: np.ndarray = field(init=False, repr=False, compare=False)  # index of each file's first chunk
     _crc: np.ndarray = field(init=False, repr=False, compare=False)
+    _sizes: np.ndarray = field(init=False, repr=False, compare=False)  # file_sizes as an array
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "_sizes", np.asarray(self.file_sizes, dtype=np.int64))
         counts = [_chunks(s, self.chunk_size) if self.chunk_size > 0 else 0 for s in self.file_sizes]
         object.__setattr__(self, "_first", np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]))
         object.__setattr__(self, "_crc", np.frombuffer(self.crcs, dtype="<u4"))
@@ -148,6 +150,14 @@ class ChunkChecksums:
             return lo, hi
         c = self.chunk_size
         return lo // c * c, min(_chunks(hi, c) * c, self.file_sizes[file_index])
+
+    def extents(self, files: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``extent`` of many ranges at once (arrays of file indices and byte bounds): what a
+        coordinator's read assignment over a whole job's needs compares."""
+        c = self.chunk_size
+        sizes = self._sizes[files]
+        some = hi > lo
+        return np.where(some, lo // c * c, lo), np.where(some, np.minimum(-(-hi // c) * c, sizes), hi)
 
     def cover(self, file_index: int, lo: int, hi: int) -> Units:
         if hi <= lo:

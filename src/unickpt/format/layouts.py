@@ -124,6 +124,32 @@ class SplitLayout:
         rows = min(max(n - p * c, 0), c)
         return self.files[p], int(self.offsets(p)[e]), rows * int(self._row[e])
 
+    def locations(self, e: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``location`` of many chunks at once (entries ``e``, parts ``p``, arrays of equal
+        length) and each chunk's bytes per row of its first dimension (``SplitShards.row_bytes``):
+        (file indices, byte offsets, byte lengths, row bytes). The byte offsets of each part
+        present are computed once (one pass over the entries per part)."""
+        n, c, row = self._n[e], self._c[e], self._row[e]
+        rows = np.clip(n - p * c, 0, c)
+        present = np.zeros(max(1, self.parts), dtype=bool)
+        present[p] = True
+        parts = np.flatnonzero(present)
+        index = np.cumsum(present) - 1  # part -> its row in the table below
+        sizes = np.clip(self._n[None, :] - parts[:, None] * self._c[None, :], 0, self._c[None, :]) * self._row[None, :]
+        aligned = -(-sizes // ALIGN) * ALIGN
+        table = np.cumsum(aligned, axis=1) - aligned  # byte offset of each entry, per part present
+        offsets = table.ravel()[index[p] * len(self.entries) + e]
+        # bytes of one index of dimension 0: whole rows when split along it, else the chunk's
+        # share of a row of the other dimensions
+        first = np.array([math.prod(shape[1:]) * isz for _, isz, shape, _ in self.entries], dtype=np.int64)
+        other = np.array(
+            [(math.prod(shape[1:]) // shape[d] if d and shape[d] else 0) * isz for _, isz, shape, d in self.entries],
+            dtype=np.int64,
+        )
+        dims = np.array([d for *_, d in self.entries], dtype=np.int64)
+        row_bytes = np.where(dims[e] == 0, first[e], other[e] * rows)
+        return np.asarray(self.files, dtype=np.int64)[p], offsets, rows * row, row_bytes
+
     def shard(self, e: int, p: int) -> ShardRecord:
         offs, lens = self.box(e, p)
         _, isz, _, _ = self.entries[e]

@@ -5,7 +5,9 @@ once), the same assignment: each needed shard is read from storage by exactly on
 by bytes (shards needed by one rank go to it; shared ones, in *segments*, largest first, to the
 least-loaded rank among the segment's consumers), and shards with the same reader and consumer
 set are grouped into batches of at most ``max_batch_bytes`` that the reader sends to the other
-consumers as one message. Called by ``engine.read`` after ``plan_local_load``.
+consumers as one message. Called by each rank for the shards it alone needs
+(``engine.read_exchange.own_batches``); the coordinator applies the same rule to a whole job's
+needs in columns (``planning.read_columns``), and tests check the two agree.
 
 Segments: shared shards are read in whole checksum units (``format.checksums``: file chunks from
 format version 3), so two readers of neighbouring small shards would both read the chunk they

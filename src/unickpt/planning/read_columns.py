@@ -1,0 +1,329 @@
+"""A distributed load's read assignment over the whole job's needs as columns (pure, numpy).
+
+Called by the coordinator (``engine.read_exchange.read_parts``) with every rank's needs, each an
+array of ``NEED_DTYPE`` rows (tensor number in the metadata's order, shard, first and end row of
+the shard its copies touch), concatenated in rank order. It decides what
+``planning.read_assignment.assign_reads`` decides over Python lists, with every pass over the
+needs vectorised, so the coordinator's work grows with the job's needs at numpy speed and its
+Python loops with the segments and batches only (a whole-job reshard of 4,096 FSDP ranks sends
+millions of needs):
+
+1. ``shard_geometry``: file, byte offset, length and row bytes of every need's shard (regular
+   layouts' chunks by arithmetic: ``SplitLayout.locations``; listed shards from their records).
+2. ``classify``: how many ranks need each shard; the bytes each rank reads alone (shards only it
+   needs); of the shards several ranks need, those read by each for its own rows (the same test
+   as ``disjoint_needs``: rows pairwise disjoint, and the checksum chunks their reads cover
+   overlapping by at most an eighth of what they cover together).
+3. ``assign_columns``: every other shared shard gets one reader, exactly as ``assign_reads``
+   with the alone bytes as ``loads``: shards in file order cut into segments, segments largest
+   first to the least-loaded consumer, batches per (reader, consumers) of at most
+   ``max_batch_bytes``. Batches come out as ``ColumnBatch`` (keys as arrays), so that a rank's
+   part is cut from them without a Python object per need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import PlanningError
+from ..format.dtypes import itemsize
+from ..format.layouts import SplitLayout, SplitShards
+from ..format.records import Metadata
+
+__all__ = ["NEED_DTYPE", "ColumnBatch", "Extents", "JobNeeds", "assign_columns", "classify", "shard_geometry"]
+
+# one need: (tensor number in ``Metadata.tensors`` order, shard index, first row, end row)
+NEED_DTYPE = np.dtype([("tensor", "<i4"), ("shard", "<i4"), ("lo", "<i8"), ("hi", "<i8")])
+Extents = Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]  # files, lo, hi
+_ALIGN = 64  # batch offsets (planning.read_assignment._ALIGN)
+
+
+@dataclass(frozen=True)
+class JobNeeds:
+    """Every rank's needs, concatenated in rank order: need ``j`` is ``needs[j]`` of rank
+    ``rank[j]``; ``key[j]``: its shard's number across the job (tensor-major)."""
+
+    needs: np.ndarray  # NEED_DTYPE
+    rank: np.ndarray  # int64
+    key: np.ndarray  # int64
+
+    @classmethod
+    def of(cls, md: Metadata, per_rank: Sequence[np.ndarray]) -> JobNeeds:
+        """From each rank's needs; a tensor or shard number out of range is a PlanningError."""
+        needs = np.concatenate(per_rank) if per_rank else np.zeros(0, NEED_DTYPE)
+        counts = np.fromiter((len(t.shards) for t in md.tensors.values()), dtype=np.int64, count=len(md.tensors))
+        tensor, shard = needs["tensor"].astype(np.int64), needs["shard"].astype(np.int64)
+        if len(needs) and (
+            tensor.min() < 0 or tensor.max() >= len(counts) or shard.min() < 0 or np.any(shard >= counts[tensor])
+        ):
+            raise PlanningError("a rank reported a need of a tensor or shard this checkpoint does not have")
+        if np.any(needs["lo"] > needs["hi"]) or (len(needs) and needs["lo"].min() < 0):
+            raise PlanningError("a rank reported a need of rows out of order")
+        base = np.concatenate([[0], np.cumsum(counts)])
+        rank = np.repeat(np.arange(len(per_rank), dtype=np.int64), [len(n) for n in per_rank])
+        return cls(needs, rank, base[tensor] + shard)
+
+
+def shard_geometry(md: Metadata, needs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(file index, byte offset, byte length, bytes per row of the first dimension) of each
+    need's shard: ``format.layouts.shard_location`` / ``shard_row_bytes``, for many at once."""
+    n = len(needs)
+    out = [np.zeros(n, dtype=np.int64) for _ in range(4)]
+    records = list(md.tensors.values())
+    tensor, shard = needs["tensor"], needs["shard"]
+    used = np.zeros(len(records) + 1, dtype=bool)
+    used[tensor] = True
+    layouts: dict[int, tuple[SplitLayout, list[int], list[int]]] = {}  # id -> (layout, tensors, entries)
+    listed: list[int] = []
+    for t in np.flatnonzero(used[:-1]).tolist():
+        shards = records[t].shards
+        if isinstance(shards, SplitShards):
+            _, ts, es = layouts.setdefault(id(shards.layout), (shards.layout, [], []))
+            ts.append(t)
+            es.append(shards.entry)
+        else:
+            listed.append(t)
+    for layout, ts, es in layouts.values():
+        entry_of = np.full(len(records), -1, dtype=np.int64)
+        entry_of[ts] = es
+        entries = entry_of[tensor]
+        if len(layouts) == 1 and not listed:  # every need is a chunk of this layout
+            return layout.locations(entries, shard.astype(np.int64))
+        sel = np.flatnonzero(entries >= 0)
+        found = layout.locations(entries[sel], shard[sel].astype(np.int64))
+        for column, values in zip(out, found):
+            column[sel] = values
+    if listed:
+        first = np.zeros(len(records), dtype=np.int64)
+        rows: list[tuple[int, int, int, int]] = []
+        for t in listed:
+            rec = records[t]
+            first[t] = len(rows)
+            isz = itemsize(rec.dtype)
+            for s in rec.shards:
+                rb = int(np.prod(s.lengths[1:], dtype=np.int64)) * isz if s.lengths else isz
+                rows.append((s.file_index, s.byte_offset, s.byte_length, rb))
+        table = np.asarray(rows, dtype=np.int64).reshape(-1, 4)
+        is_listed = np.zeros(len(records), dtype=bool)
+        is_listed[listed] = True
+        sel = np.flatnonzero(is_listed[tensor])
+        at = first[tensor[sel]] + shard[sel]
+        for i, column in enumerate(out):
+            column[sel] = table[at, i]
+    return out[0], out[1], out[2], out[3]
+
+
+@dataclass(frozen=True)
+class Classified:
+    """``classify``'s answer. Per need: ``count`` (ranks needing its shard), ``apart`` (read by
+    its rank for its own rows); per rank: ``loads`` (bytes of shards only it needs)."""
+
+    count: np.ndarray
+    apart: np.ndarray
+    loads: np.ndarray
+
+
+def classify(
+    job: JobNeeds, geometry: tuple[np.ndarray, ...], world: int, extents: Extents, total_keys: int
+) -> Classified:
+    """Counts, alone bytes and the disjoint-rows test (module docstring, step 2)."""
+    files, offsets, lengths, row_bytes = geometry
+    per_key = np.bincount(job.key, minlength=total_keys)
+    count = per_key[job.key]
+    alone = count == 1
+    loads = np.bincount(job.rank[alone], weights=lengths[alone], minlength=world).astype(np.int64)
+    apart = np.zeros(len(count), dtype=bool)
+    lo, hi = job.needs["lo"], job.needs["hi"]
+    # two ranks: exact, vectorised
+    pairs = np.flatnonzero(count == 2)
+    if len(pairs):
+        a, b = _first_and_last(job.key[pairs], pairs, total_keys)
+        swap = (lo[b] < lo[a]) | ((lo[b] == lo[a]) & (hi[b] < hi[a]))  # a, b in row order
+        a, b = np.where(swap, b, a), np.where(swap, a, b)
+        rows_apart = lo[b] >= hi[a]
+        ca = extents(files[a], offsets[a] + lo[a] * row_bytes[a], offsets[a] + hi[a] * row_bytes[a])
+        cb = extents(files[b], offsets[b] + lo[b] * row_bytes[b], offsets[b] + hi[b] * row_bytes[b])
+        swap = (cb[0] < ca[0]) | ((cb[0] == ca[0]) & (cb[1] < ca[1]))  # covers in order
+        l1, h1 = np.where(swap, cb[0], ca[0]), np.where(swap, cb[1], ca[1])
+        l2, h2 = np.where(swap, ca[0], cb[0]), np.where(swap, ca[1], cb[1])
+        twice = np.maximum(0, np.minimum(h2, h1) - l2)
+        union = np.maximum(0, h1 - l1) + np.maximum(0, h2 - np.maximum(l2, h1))
+        ok = rows_apart & (8 * twice <= union)
+        apart[a[ok]] = True
+        apart[b[ok]] = True
+    # three ranks or more: the same test over each shard's needs sorted by rows
+    many = np.flatnonzero(count > 2)
+    if len(many):  # first, rows whose lengths add up past their span overlap (replicated state)
+        keys = job.key[many]
+        span_lo = np.full(total_keys, np.iinfo(np.int64).max, dtype=np.int64)
+        span_hi = np.zeros(total_keys, dtype=np.int64)
+        np.minimum.at(span_lo, keys, lo[many])
+        np.maximum.at(span_hi, keys, hi[many])
+        summed = np.bincount(keys, weights=(hi[many] - lo[many]).astype(np.float64), minlength=total_keys)
+        many = many[summed[keys] <= span_hi[keys] - span_lo[keys]]
+    if len(many):
+        many = many[np.lexsort((hi[many], lo[many], job.key[many]))]
+        group = np.concatenate([[0], np.cumsum(job.key[many][1:] != job.key[many][:-1])])
+        first = np.concatenate([[True], group[1:] != group[:-1]])
+        m_lo, m_hi = lo[many], hi[many]
+        overlap = ~first & (m_lo < np.concatenate([[0], m_hi[:-1]]))  # rows meet the previous need's
+        rows_apart = np.bincount(group, weights=overlap.astype(np.float64)) == 0
+        # the covers in order, per shard: what each covers twice is what it shares with the
+        # covers before it (their running end)
+        m_off, m_rb = offsets[many], row_bytes[many]
+        c_lo, c_hi = extents(files[many], m_off + m_lo * m_rb, m_off + m_hi * m_rb)
+        by_cover = np.lexsort((c_hi, c_lo, group))
+        c_lo, c_hi = c_lo[by_cover], c_hi[by_cover]
+        span = int(c_hi.max()) + 2
+        lifted = np.maximum.accumulate(c_hi + group * span)
+        end = np.where(first, -1, np.concatenate([[0], lifted[:-1]]) - group * span)
+        twice = np.bincount(group, weights=np.maximum(0, np.minimum(c_hi, end) - c_lo).astype(np.float64))
+        union = np.bincount(group, weights=np.maximum(0, c_hi - np.maximum(c_lo, end)).astype(np.float64))
+        ok = rows_apart & (8 * twice <= union)
+        apart[many[ok[group]]] = True
+    return Classified(count, apart, loads)
+
+
+def _first_and_last(keys: np.ndarray, index: np.ndarray, total_keys: int) -> tuple[np.ndarray, np.ndarray]:
+    """For needs ``index`` whose shards two ranks need (``keys``): each need's first and last
+    need of its shard (the two, in need order), as need numbers."""
+    first = np.full(total_keys, np.iinfo(np.int64).max, dtype=np.int64)
+    last = np.full(total_keys, -1, dtype=np.int64)
+    np.minimum.at(first, keys, index)
+    np.maximum.at(last, keys, index)
+    mine = index == first[keys]
+    return index[mine], last[keys[mine]]
+
+
+@dataclass(frozen=True)
+class ColumnBatch:
+    """One batch of ``assign_reads`` with its keys as positions: ``keys[start:end]`` of the
+    ``assign_columns`` answer (each a need number whose shard it is), in the batch's order."""
+
+    batch_id: int
+    reader: int
+    consumers: tuple[int, ...]
+    start: int
+    end: int
+    nbytes: int
+
+
+def assign_columns(
+    job: JobNeeds,
+    geometry: tuple[np.ndarray, ...],
+    shared: np.ndarray,
+    loads: np.ndarray,
+    extents: Extents,
+    segment_bytes: int,
+    max_batch_bytes: int = 64 << 20,
+) -> tuple[list[ColumnBatch], np.ndarray, np.ndarray]:
+    """Readers and batches for the needs ``shared`` (need numbers of shards several ranks need,
+    none read apart): ``assign_reads(md, needs, max_batch_bytes, cover, segment_bytes, loads)``
+    over them. Returns the batches, each batch key's representative need (``keys``) and the
+    offsets of the keys in their batches, both in batch order."""
+    files, offsets, lengths, _ = geometry
+    if not len(shared):
+        return [], np.zeros(0, np.int64), np.zeros(0, np.int64)
+    order = shared[np.argsort(job.key[shared], kind="stable")]  # by shard, then rank
+    key = job.key[order]
+    starts = np.concatenate([[0], np.flatnonzero(np.diff(key)) + 1])
+    ends = np.concatenate([starts[1:], [len(order)]])
+    rep = order[starts]  # each shard's first need (the first rank that needs it)
+    cons = job.rank[order]  # each shard's consumers, ascending: cons[starts[i]:ends[i]]
+    k_file, k_off, k_len = files[rep], offsets[rep], lengths[rep]
+    # file order; ties by first appearance (the dict order assign_reads sorts stably)
+    by_loc = np.lexsort((rep, k_off, k_file))
+    c_lo, c_hi = extents(k_file[by_loc], k_off[by_loc], k_off[by_loc] + k_len[by_loc])
+    seg_of = _segments(k_file[by_loc], k_len[by_loc], c_lo, c_hi, segment_bytes)
+    n_seg = int(seg_of[-1]) + 1
+    seg_bytes = np.bincount(seg_of, weights=k_len[by_loc].astype(np.float64), minlength=n_seg).astype(np.int64)
+    seg_first = np.flatnonzero(np.concatenate([[True], np.diff(seg_of) != 0]))
+    seg_rank = np.lexsort((np.arange(n_seg), k_off[by_loc][seg_first], k_file[by_loc][seg_first], -seg_bytes))
+    # each key's consumers again, in file order, so that a segment's are one slice
+    width = ends - starts
+    w_loc = width[by_loc]
+    ptr = np.concatenate([[0], np.cumsum(w_loc)])
+    within = np.arange(int(ptr[-1]), dtype=np.int64) - np.repeat(ptr[:-1], w_loc)
+    cons_loc = cons[np.repeat(starts[by_loc], w_loc) + within]
+    load = loads.astype(np.int64).copy()
+    reader_of_seg = np.zeros(n_seg, dtype=np.int64)
+    seg_end = np.concatenate([seg_first[1:], [len(by_loc)]])
+    for seg in seg_rank.tolist():
+        who = cons_loc[ptr[seg_first[seg]] : ptr[seg_end[seg]]]
+        held = load[who]
+        r = int(who[held == held.min()].min())  # the least-loaded consumer, the lowest rank on ties
+        reader_of_seg[seg] = r
+        load[r] += seg_bytes[seg]
+    reader = np.empty(len(rep), dtype=np.int64)
+    reader[by_loc] = reader_of_seg[seg_of]
+    # batches: per (reader, consumers), in that order, keys in file order
+    sets: dict[tuple[int, ...], int] = {}
+    set_of = np.empty(len(rep), dtype=np.int64)
+    two = width == 2
+    pair = cons[starts] * (1 << 32) + np.where(two, cons[np.minimum(starts + 1, len(cons) - 1)], 0)
+    for i in np.flatnonzero(~two).tolist():
+        set_of[i] = sets.setdefault(tuple(cons[starts[i] : ends[i]].tolist()), len(sets))
+    if np.any(two):
+        uniq, inv = np.unique(pair[two], return_inverse=True)
+        ids = [sets.setdefault((int(u) >> 32, int(u) & 0xFFFFFFFF), len(sets)) for u in uniq.tolist()]
+        set_of[two] = np.asarray(ids, dtype=np.int64)[inv]
+    ranked = sorted(sets, key=lambda t: t)
+    set_rank = np.empty(len(sets), dtype=np.int64)
+    set_rank[[sets[t] for t in ranked]] = np.arange(len(ranked))
+    in_file_order = np.empty(len(rep), dtype=np.int64)
+    in_file_order[by_loc] = np.arange(len(rep))
+    final = np.lexsort((in_file_order, set_rank[set_of], reader))
+    f_reader, f_set, f_len = reader[final], set_rank[set_of][final], k_len[final]
+    group_start = np.flatnonzero(np.concatenate([[True], (np.diff(f_reader) != 0) | (np.diff(f_set) != 0)]))
+    group_end = np.concatenate([group_start[1:], [len(final)]])
+    aligned = -(-f_len // _ALIGN) * _ALIGN
+    pos = np.concatenate([[0], np.cumsum(aligned)])
+    reach = pos[:-1] + f_len  # a key fits while (its start in the batch) + its length <= max
+    batch_offsets = np.empty(len(final), dtype=np.int64)
+    batches: list[ColumnBatch] = []
+    for g0, g1 in zip(group_start.tolist(), group_end.tolist()):
+        consumers = ranked[int(f_set[g0])]
+        s = g0
+        while s < g1:
+            # the first key after s that would end past max_batch_bytes starts the next batch
+            e = min(g1, max(s + 1, int(np.searchsorted(reach, pos[s] + max_batch_bytes, side="right"))))
+            batch_offsets[s:e] = pos[s:e] - pos[s]
+            batches.append(ColumnBatch(len(batches), int(f_reader[s]), consumers, s, e, int(pos[e] - pos[s])))
+            s = e
+    return batches, rep[final], batch_offsets
+
+
+def _segments(files: np.ndarray, lengths: np.ndarray, c_lo: np.ndarray, c_hi: np.ndarray, least: int) -> np.ndarray:
+    """Segment number of each key (in file order): ``read_assignment._segments``. A cut goes
+    before key j where its file changes, or where the segment so far holds ``least`` bytes and
+    j's covered bytes start at or after the segment's end."""
+    n = len(files)
+    new_file = np.concatenate([[True], files[1:] != files[:-1]])
+    # what the keys before j in j's file cover, up to where: a running maximum per file (each
+    # file's values lifted above the previous files'); equal to the open segment's end, since a
+    # segment starts at a key whose covered bytes start past every earlier key's
+    file_no = np.cumsum(new_file) - 1
+    span = int(c_hi.max()) + 1
+    prev_end = np.concatenate([[-1], np.maximum.accumulate(c_hi + file_no * span)[:-1]]) - file_no * span
+    candidate = ~new_file & (c_lo >= prev_end)
+    # for every position: the next file change after it, the next possible cut at or after it
+    forced = np.append(np.flatnonzero(new_file), n)
+    next_forced = forced[np.searchsorted(forced, np.arange(n), side="right")]
+    cands = np.append(np.flatnonzero(candidate | new_file), n)
+    next_cand = np.append(cands[np.searchsorted(cands, np.arange(n + 1), side="left")], n)
+    prefix = np.concatenate([[0], np.cumsum(lengths)])
+    cut = [0]
+    s = 0
+    while True:
+        enough = int(np.searchsorted(prefix, prefix[s] + least, side="left"))  # bytes [s, j) >= least
+        nxt = min(int(next_forced[s]), int(next_cand[min(max(enough, s + 1), n)]))
+        if nxt >= n:
+            break
+        cut.append(nxt)
+        s = nxt
+    seg = np.zeros(n, dtype=np.int64)
+    seg[np.asarray(cut[1:], dtype=np.int64)] = 1
+    return np.cumsum(seg)
