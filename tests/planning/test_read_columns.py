@@ -202,3 +202,23 @@ def test_locations_of_many_chunks_are_the_hand_rows():
         rec = lay.shard(ei, pi)
         assert (files[j], offsets[j], lengths[j]) == (rec.file_index, rec.byte_offset, rec.byte_length)
         assert row_bytes[j] == math.prod(rec.lengths[1:]) * lay.entries[ei][1]
+
+
+@SETTINGS
+@given(jobs(), st.integers(1, 7))
+def test_geometry_in_blocks_is_each_shards_own(job, block):
+    """Every need's file, offset, length and row bytes, computed in blocks of a few needs, are
+    its shard's (``shard_location`` / ``shard_row_bytes``, one shard at a time)."""
+    from unickpt.format.dtypes import itemsize
+    from unickpt.format.layouts import shard_location, shard_row_bytes
+    from unickpt.planning.read_columns import NEED_DTYPE, shard_geometry
+
+    md, needs = job
+    names = list(md.tensors)
+    rows = [(names.index(f), i, lo, hi) for n in needs for (f, i), (lo, hi) in n.items()]
+    arr = np.array(rows, dtype=NEED_DTYPE) if rows else np.zeros(0, NEED_DTYPE)
+    got = [c.tolist() for c in shard_geometry(md, arr, block=block)]
+    for j, (t, i, _, _) in enumerate(rows):
+        rec = md.tensors[names[t]]
+        want = (*shard_location(rec.shards, i), shard_row_bytes(rec.shards, i, itemsize(rec.dtype)))
+        assert tuple(c[j] for c in got) == want

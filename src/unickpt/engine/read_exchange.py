@@ -154,7 +154,7 @@ def read_parts(
         return [(None, b"", m) for m in masks(count > 1)]
     geometry = shard_geometry(md, job.needs)
     found = classify(job, geometry, world, extents, total_keys)
-    shared = np.flatnonzero((found.count > 1) & ~found.apart)
+    shared = np.flatnonzero((found.count > 1) & ~found.apart)  # read once, forwarded
     least = 0
     chunk = getattr(md.checksums, "chunk_size", 0)
     if chunk:  # segment_bytes over the shared shards' bytes (each counted once)
@@ -163,7 +163,7 @@ def read_parts(
         key_bytes = np.zeros(total_keys, dtype=np.int64)
         key_bytes[job.key[shared]] = geometry[2][shared]
         least = max(4 * chunk, int(key_bytes[first].sum()) // (4 * max(1, world)))
-    batches, keys, offsets = assign_columns(job, geometry, shared, found.loads, extents, least, max_batch_bytes)
+    batches, keys, offsets = assign_columns(job, geometry, found, extents, least, max_batch_bytes)
     pairs = np.empty((len(keys), 2), dtype="<i4")
     pairs[:, 0], pairs[:, 1] = job.needs["tensor"][keys], job.needs["shard"][keys]
     mine: list[list[tuple[int, int, tuple[int, ...], bytes, bytes, int]]] = [[] for _ in range(world)]

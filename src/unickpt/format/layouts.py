@@ -58,6 +58,10 @@ class SplitLayout:
     _c: np.ndarray = field(init=False, repr=False)
     _row: np.ndarray = field(init=False, repr=False)
     _offsets: dict[int, np.ndarray] = field(init=False, repr=False)
+    _files: np.ndarray = field(init=False, repr=False)
+    # per entry, for ``locations``: bytes of one index of dimension 0 when split along it; per
+    # row of the split dimension otherwise; the split dimension
+    _dim0: tuple[np.ndarray, np.ndarray, np.ndarray] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         parts = max(1, len(self.files))
@@ -67,6 +71,11 @@ class SplitLayout:
         object.__setattr__(self, "_c", -(-np.array(n, dtype=np.int64) // parts))
         object.__setattr__(self, "_row", np.array(row, dtype=np.int64))
         object.__setattr__(self, "_offsets", {})
+        object.__setattr__(self, "_files", np.asarray(self.files, dtype=np.int64))
+        first = [math.prod(shape[1:]) * isz for _, isz, shape, _ in self.entries]
+        other = [(math.prod(shape[1:]) // shape[d] if d and shape[d] else 0) * isz for _, isz, shape, d in self.entries]
+        dims = [d for *_, d in self.entries]
+        object.__setattr__(self, "_dim0", tuple(np.array(x, dtype=np.int64) for x in (first, other, dims)))
 
     @property
     def parts(self) -> int:
@@ -124,31 +133,31 @@ class SplitLayout:
         rows = min(max(n - p * c, 0), c)
         return self.files[p], int(self.offsets(p)[e]), rows * int(self._row[e])
 
-    def locations(self, e: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def offset_table(self, parts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The byte offsets of every entry in each part of ``parts`` (part numbers, repeats
+        allowed), computed once for ``locations``: (the offsets, one row per part present; each
+        part's row number)."""
+        present = np.zeros(max(1, self.parts), dtype=bool)
+        present[parts] = True
+        rows = np.flatnonzero(present)
+        sizes = np.clip(self._n[None, :] - rows[:, None] * self._c[None, :], 0, self._c[None, :]) * self._row[None, :]
+        aligned = -(-sizes // ALIGN) * ALIGN
+        return np.cumsum(aligned, axis=1) - aligned, np.cumsum(present) - 1
+
+    def locations(
+        self, e: np.ndarray, p: np.ndarray, table: tuple[np.ndarray, np.ndarray] | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``location`` of many chunks at once (entries ``e``, parts ``p``, arrays of equal
         length) and each chunk's bytes per row of its first dimension (``SplitShards.row_bytes``):
-        (file indices, byte offsets, byte lengths, row bytes). The byte offsets of each part
-        present are computed once (one pass over the entries per part)."""
+        (file indices, byte offsets, byte lengths, row bytes). ``table``: ``offset_table`` of
+        parts that include ``p`` (a caller asking in blocks computes it once)."""
+        offsets_of, row_of = table if table is not None else self.offset_table(p)
         n, c, row = self._n[e], self._c[e], self._row[e]
         rows = np.clip(n - p * c, 0, c)
-        present = np.zeros(max(1, self.parts), dtype=bool)
-        present[p] = True
-        parts = np.flatnonzero(present)
-        index = np.cumsum(present) - 1  # part -> its row in the table below
-        sizes = np.clip(self._n[None, :] - parts[:, None] * self._c[None, :], 0, self._c[None, :]) * self._row[None, :]
-        aligned = -(-sizes // ALIGN) * ALIGN
-        table = np.cumsum(aligned, axis=1) - aligned  # byte offset of each entry, per part present
-        offsets = table.ravel()[index[p] * len(self.entries) + e]
-        # bytes of one index of dimension 0: whole rows when split along it, else the chunk's
-        # share of a row of the other dimensions
-        first = np.array([math.prod(shape[1:]) * isz for _, isz, shape, _ in self.entries], dtype=np.int64)
-        other = np.array(
-            [(math.prod(shape[1:]) // shape[d] if d and shape[d] else 0) * isz for _, isz, shape, d in self.entries],
-            dtype=np.int64,
-        )
-        dims = np.array([d for *_, d in self.entries], dtype=np.int64)
+        offsets = offsets_of.ravel()[row_of[p] * len(self.entries) + e]
+        first, other, dims = self._dim0
         row_bytes = np.where(dims[e] == 0, first[e], other[e] * rows)
-        return np.asarray(self.files, dtype=np.int64)[p], offsets, rows * row, row_bytes
+        return self._files[p], offsets, rows * row, row_bytes
 
     def shard(self, e: int, p: int) -> ShardRecord:
         offs, lens = self.box(e, p)

@@ -67,9 +67,12 @@ class JobNeeds:
         return cls(needs, rank, base[tensor] + shard)
 
 
-def shard_geometry(md: Metadata, needs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def shard_geometry(
+    md: Metadata, needs: np.ndarray, block: int = 1 << 20
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(file index, byte offset, byte length, bytes per row of the first dimension) of each
-    need's shard: ``format.layouts.shard_location`` / ``shard_row_bytes``, for many at once."""
+    need's shard: ``format.layouts.shard_location`` / ``shard_row_bytes``, for many at once, in
+    blocks of ``block`` needs (temporaries stay small; only the answer is allocated whole)."""
     n = len(needs)
     out = [np.zeros(n, dtype=np.int64) for _ in range(4)]
     records = list(md.tensors.values())
@@ -86,18 +89,19 @@ def shard_geometry(md: Metadata, needs: np.ndarray) -> tuple[np.ndarray, np.ndar
             es.append(shards.entry)
         else:
             listed.append(t)
+    plans = []
     for layout, ts, es in layouts.values():
         entry_of = np.full(len(records), -1, dtype=np.int64)
         entry_of[ts] = es
-        entries = entry_of[tensor]
-        if len(layouts) == 1 and not listed:  # every need is a chunk of this layout
-            return layout.locations(entries, shard.astype(np.int64))
-        sel = np.flatnonzero(entries >= 0)
-        found = layout.locations(entries[sel], shard[sel].astype(np.int64))
-        for column, values in zip(out, found):
-            column[sel] = values
+        parts = np.zeros(max(1, layout.parts), dtype=bool)
+        for a in range(0, n, block):
+            mine = entry_of[tensor[a : a + block]] >= 0
+            parts[shard[a : a + block][mine]] = True
+        plans.append((layout, entry_of, layout.offset_table(np.flatnonzero(parts))))
+    table = np.zeros((0, 4), dtype=np.int64)
+    first = np.zeros(len(records), dtype=np.int64)
+    is_listed = np.zeros(len(records), dtype=bool)
     if listed:
-        first = np.zeros(len(records), dtype=np.int64)
         rows: list[tuple[int, int, int, int]] = []
         for t in listed:
             rec = records[t]
@@ -107,12 +111,26 @@ def shard_geometry(md: Metadata, needs: np.ndarray) -> tuple[np.ndarray, np.ndar
                 rb = int(np.prod(s.lengths[1:], dtype=np.int64)) * isz if s.lengths else isz
                 rows.append((s.file_index, s.byte_offset, s.byte_length, rb))
         table = np.asarray(rows, dtype=np.int64).reshape(-1, 4)
-        is_listed = np.zeros(len(records), dtype=bool)
         is_listed[listed] = True
-        sel = np.flatnonzero(is_listed[tensor])
-        at = first[tensor[sel]] + shard[sel]
-        for i, column in enumerate(out):
-            column[sel] = table[at, i]
+    for a in range(0, n, block):  # each need's values from its layout or its listed shard
+        t, sh = tensor[a : a + block], shard[a : a + block].astype(np.int64)
+        found: tuple[np.ndarray, ...] | None = None
+        for layout, entry_of, offsets in plans:
+            entries = entry_of[t]
+            mine = entries >= 0
+            # the other needs ask a chunk that exists (part 0's of entry 0 when present, else
+            # any present part's), then keep their own values
+            some_part = int(np.argmax(offsets[1] >= 0))
+            got = layout.locations(np.maximum(entries, 0), np.where(mine, sh, some_part), offsets)
+            found = got if found is None else tuple(np.where(mine, x, y) for x, y in zip(got, found))
+        if listed:
+            mine = is_listed[t]
+            at = np.where(mine, first[t] + sh, 0)
+            got = tuple(table[:, i][at] for i in range(4))
+            found = got if found is None else tuple(np.where(mine, x, y) for x, y in zip(got, found))
+        assert found is not None
+        for column, values in zip(out, found):
+            column[a : a + len(t)] = values
     return out[0], out[1], out[2], out[3]
 
 
@@ -124,6 +142,9 @@ class Classified:
     count: np.ndarray
     apart: np.ndarray
     loads: np.ndarray
+    # shards two ranks need: their first and second need (in need order, so rank order)
+    first: np.ndarray
+    second: np.ndarray
 
 
 def classify(
@@ -134,13 +155,14 @@ def classify(
     per_key = np.bincount(job.key, minlength=total_keys)
     count = per_key[job.key]
     alone = count == 1
-    loads = np.bincount(job.rank[alone], weights=lengths[alone], minlength=world).astype(np.int64)
+    loads = np.bincount(job.rank, weights=np.where(alone, lengths, 0), minlength=world).astype(np.int64)
     apart = np.zeros(len(count), dtype=bool)
     lo, hi = job.needs["lo"], job.needs["hi"]
     # two ranks: exact, vectorised
     pairs = np.flatnonzero(count == 2)
+    first = second = np.zeros(0, dtype=np.int64)
     if len(pairs):
-        a, b = _first_and_last(job.key[pairs], pairs, total_keys)
+        a, b = first, second = _first_and_last(job.key[pairs], pairs, total_keys)
         swap = (lo[b] < lo[a]) | ((lo[b] == lo[a]) & (hi[b] < hi[a]))  # a, b in row order
         a, b = np.where(swap, b, a), np.where(swap, a, b)
         rows_apart = lo[b] >= hi[a]
@@ -167,9 +189,9 @@ def classify(
     if len(many):
         many = many[np.lexsort((hi[many], lo[many], job.key[many]))]
         group = np.concatenate([[0], np.cumsum(job.key[many][1:] != job.key[many][:-1])])
-        first = np.concatenate([[True], group[1:] != group[:-1]])
+        opens = np.concatenate([[True], group[1:] != group[:-1]])
         m_lo, m_hi = lo[many], hi[many]
-        overlap = ~first & (m_lo < np.concatenate([[0], m_hi[:-1]]))  # rows meet the previous need's
+        overlap = ~opens & (m_lo < np.concatenate([[0], m_hi[:-1]]))  # rows meet the previous need's
         rows_apart = np.bincount(group, weights=overlap.astype(np.float64)) == 0
         # the covers in order, per shard: what each covers twice is what it shares with the
         # covers before it (their running end)
@@ -179,12 +201,12 @@ def classify(
         c_lo, c_hi = c_lo[by_cover], c_hi[by_cover]
         span = int(c_hi.max()) + 2
         lifted = np.maximum.accumulate(c_hi + group * span)
-        end = np.where(first, -1, np.concatenate([[0], lifted[:-1]]) - group * span)
+        end = np.where(opens, -1, np.concatenate([[0], lifted[:-1]]) - group * span)
         twice = np.bincount(group, weights=np.maximum(0, np.minimum(c_hi, end) - c_lo).astype(np.float64))
         union = np.bincount(group, weights=np.maximum(0, c_hi - np.maximum(c_lo, end)).astype(np.float64))
         ok = rows_apart & (8 * twice <= union)
         apart[many[ok[group]]] = True
-    return Classified(count, apart, loads)
+    return Classified(count, apart, loads, first, second)
 
 
 def _first_and_last(keys: np.ndarray, index: np.ndarray, total_keys: int) -> tuple[np.ndarray, np.ndarray]:
@@ -214,25 +236,30 @@ class ColumnBatch:
 def assign_columns(
     job: JobNeeds,
     geometry: tuple[np.ndarray, ...],
-    shared: np.ndarray,
-    loads: np.ndarray,
+    found: Classified,
     extents: Extents,
     segment_bytes: int,
     max_batch_bytes: int = 64 << 20,
 ) -> tuple[list[ColumnBatch], np.ndarray, np.ndarray]:
-    """Readers and batches for the needs ``shared`` (need numbers of shards several ranks need,
-    none read apart): ``assign_reads(md, needs, max_batch_bytes, cover, segment_bytes, loads)``
-    over them. Returns the batches, each batch key's representative need (``keys``) and the
-    offsets of the keys in their batches, both in batch order."""
+    """Readers and batches for the shards several ranks need, none read apart:
+    ``assign_reads(md, needs, max_batch_bytes, cover, segment_bytes, loads)`` over them. Returns
+    the batches, each batch key's representative need (``keys``) and the offsets of the keys in
+    their batches, both in batch order."""
     files, offsets, lengths, _ = geometry
-    if not len(shared):
+    # each shard (any order: file order comes next): its first need and its consumers, ascending
+    # (cons[starts[i]:ends[i]]); shards of two ranks straight from classify's pairs
+    kept = ~found.apart[found.first]
+    pair_a, pair_b = found.first[kept], found.second[kept]
+    many = np.flatnonzero((found.count > 2) & ~found.apart)
+    many = many[np.argsort(job.key[many], kind="stable")]  # by shard, then rank
+    many_keys = job.key[many]
+    many_starts = np.flatnonzero(np.concatenate([[True], many_keys[1:] != many_keys[:-1]])) if len(many) else many
+    if not len(pair_a) and not len(many):
         return [], np.zeros(0, np.int64), np.zeros(0, np.int64)
-    order = shared[np.argsort(job.key[shared], kind="stable")]  # by shard, then rank
-    key = job.key[order]
-    starts = np.concatenate([[0], np.flatnonzero(np.diff(key)) + 1])
-    ends = np.concatenate([starts[1:], [len(order)]])
-    rep = order[starts]  # each shard's first need (the first rank that needs it)
-    cons = job.rank[order]  # each shard's consumers, ascending: cons[starts[i]:ends[i]]
+    rep = np.concatenate([pair_a, many[many_starts]])
+    cons = np.concatenate([np.stack([job.rank[pair_a], job.rank[pair_b]], axis=1).ravel(), job.rank[many]])
+    starts = np.concatenate([np.arange(0, 2 * len(pair_a), 2), 2 * len(pair_a) + many_starts]).astype(np.int64)
+    ends = np.concatenate([starts[1:], [len(cons)]])
     k_file, k_off, k_len = files[rep], offsets[rep], lengths[rep]
     # file order; ties by first appearance (the dict order assign_reads sorts stably)
     by_loc = np.lexsort((rep, k_off, k_file))
@@ -248,7 +275,7 @@ def assign_columns(
     ptr = np.concatenate([[0], np.cumsum(w_loc)])
     within = np.arange(int(ptr[-1]), dtype=np.int64) - np.repeat(ptr[:-1], w_loc)
     cons_loc = cons[np.repeat(starts[by_loc], w_loc) + within]
-    load = loads.astype(np.int64).copy()
+    load = found.loads.astype(np.int64).copy()
     reader_of_seg = np.zeros(n_seg, dtype=np.int64)
     seg_end = np.concatenate([seg_first[1:], [len(by_loc)]])
     for seg in seg_rank.tolist():
