@@ -113,24 +113,26 @@ def shard_geometry(
         table = np.asarray(rows, dtype=np.int64).reshape(-1, 4)
         is_listed[listed] = True
     for a in range(0, n, block):  # each need's values from its layout or its listed shard
-        t, sh = tensor[a : a + block], shard[a : a + block].astype(np.int64)
+        tb, sh = tensor[a : a + block], shard[a : a + block].astype(np.int64)
         found: tuple[np.ndarray, ...] | None = None
         for layout, entry_of, offsets in plans:
-            entries = entry_of[t]
+            entries = entry_of[tb]
             mine = entries >= 0
             # the other needs ask a chunk that exists (part 0's of entry 0 when present, else
             # any present part's), then keep their own values
             some_part = int(np.argmax(offsets[1] >= 0))
-            got = layout.locations(np.maximum(entries, 0), np.where(mine, sh, some_part), offsets)
+            got: tuple[np.ndarray, ...] = layout.locations(
+                np.maximum(entries, 0), np.where(mine, sh, some_part), offsets
+            )
             found = got if found is None else tuple(np.where(mine, x, y) for x, y in zip(got, found))
         if listed:
-            mine = is_listed[t]
-            at = np.where(mine, first[t] + sh, 0)
+            mine = is_listed[tb]
+            at = np.where(mine, first[tb] + sh, 0)
             got = tuple(table[:, i][at] for i in range(4))
             found = got if found is None else tuple(np.where(mine, x, y) for x, y in zip(got, found))
         assert found is not None
         for column, values in zip(out, found):
-            column[a : a + len(t)] = values
+            column[a : a + len(tb)] = values
     return out[0], out[1], out[2], out[3]
 
 
