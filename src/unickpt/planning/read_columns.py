@@ -339,10 +339,9 @@ def _segments(files: np.ndarray, lengths: np.ndarray, c_lo: np.ndarray, c_hi: np
     prev_end = np.concatenate([[-1], np.maximum.accumulate(c_hi + file_no * span)[:-1]]) - file_no * span
     candidate = ~new_file & (c_lo >= prev_end)
     # for every position: the next file change after it, the next possible cut at or after it
-    forced = np.append(np.flatnonzero(new_file), n)
-    next_forced = forced[np.searchsorted(forced, np.arange(n), side="right")]
-    cands = np.append(np.flatnonzero(candidate | new_file), n)
-    next_cand = np.append(cands[np.searchsorted(cands, np.arange(n + 1), side="left")], n)
+    index = np.arange(n + 1, dtype=np.int64)
+    next_forced = np.minimum.accumulate(np.where(np.append(new_file, True), index, n)[::-1])[::-1][1:]
+    next_cand = np.minimum.accumulate(np.where(np.append(candidate | new_file, True), index, n)[::-1])[::-1]
     prefix = np.concatenate([[0], np.cumsum(lengths)])
     cut = [0]
     s = 0
