@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from read_fixtures import one_file_metadata as _md
-from unickpt.engine.read_exchange import OWN_IDS, ReadPart, disjoint_needs, own_batches, read_parts, segment_bytes
+from unickpt.engine.read_exchange import ReadPart, disjoint_needs, own_keys, read_parts, segment_bytes
 from unickpt.format.records import Metadata
 from unickpt.planning.read_assignment import assign_reads
 
@@ -61,12 +61,11 @@ def test_parts_are_the_jobs_assignment_split_by_rank(sizes, world, data):
             for b in (b for b in p.batches if b.reader == r):
                 assert set(b.consumers) == {c for c, n in enumerate(by_rank) if b.keys[0] in n}
         # every shard this rank needs, exactly once: received/read shared, own rows, or alone
-        own = own_batches(md, r, world, list(by_rank[r]), p, _exact)
-        assert all(b.reader == r and b.consumers == (r,) and b.batch_id >= OWN_IDS for b in own)
-        got = [k for b in p.batches if r in b.consumers for k in b.keys] + [k for b in own for k in b.keys]
+        own = own_keys(r, list(by_rank[r]), p)
+        assert own == [k for k in by_rank[r] if k not in shared and k not in apart]  # in the rank's order
+        got = [k for b in p.batches if r in b.consumers for k in b.keys] + own
         got += list(p.apart)
         assert sorted(got) == sorted(by_rank[r])
-        assert {k for b in own for k in b.keys} == set(by_rank[r]) - shared - apart
 
 
 def test_a_ranks_part_does_not_grow_with_the_job():

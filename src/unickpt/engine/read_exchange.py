@@ -12,7 +12,7 @@ several ranks need is assigned to one reader (``planning.read_assignment.assign_
 balanced with the bytes each rank reads alone) -> each rank receives only its ``ReadPart``: the
 batches of shared shards it reads and those it receives (a received batch names this rank as
 its only consumer), its shards read for its own rows, its shards read through the shared
-cache; the shards it alone needs it batches itself (``own_batches``). A rank's part grows with
+cache; the shards it alone needs it reads itself, unbatched (``own_keys``). A rank's part grows with
 its own shared needs (and, for a batch it reads for others, their number), never with the
 job's; the coordinator's work is one pass over every need plus the assignment of the shared
 ones. A failure at the coordinator reaches every rank as the same error.
@@ -21,7 +21,7 @@ ones. A failure at the coordinator reaches every rank as the same error.
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from ..coordination.base import Coordinator
@@ -29,6 +29,7 @@ from ..errors import CheckpointError, PlanningError
 from ..format.dtypes import itemsize
 from ..format.layouts import shard_location, shard_row_bytes
 from ..format.records import Metadata
+from ..planning.load_plan import ShardRead
 from ..planning.read_assignment import ReadBatch, ShardKey, assign_reads
 
 __all__ = [
@@ -36,7 +37,7 @@ __all__ = [
     "exchange_needs",
     "report_needs",
     "read_parts",
-    "own_batches",
+    "own_keys",
     "disjoint_needs",
     "segment_bytes",
 ]
@@ -51,34 +52,30 @@ class ReadPart:
     too that it reads (for itself and others) or receives, or None when nothing is forwarded;
     ``apart``: shards others need too, in disjoint rows, that it reads its own rows of;
     ``shared``: shards others read too, through the shared page cache. Every other shard it
-    needs, no other rank needs: it reads those itself (``own_batches``)."""
+    needs, no other rank needs: it reads those itself (``own_keys``)."""
 
     batches: tuple[ReadBatch, ...] | None
     apart: frozenset[ShardKey] = frozenset()
     shared: frozenset[ShardKey] = frozenset()
 
 
-# ids of the batches a rank assigns itself start here (the coordinator's are 0, 1, ...)
-OWN_IDS = 1 << 40
-
-
-def own_batches(
-    md: Metadata, rank: int, world: int, mine: list[ShardKey], part: ReadPart, extent: Extent
-) -> list[ReadBatch]:
-    """The batches of the shards ``mine`` that ``part`` leaves to this rank alone (no batch of
-    the coordinator holds them, no other rank reads them in disjoint rows), read by itself."""
-    taken = {k for b in part.batches or () if rank in b.consumers for k in b.keys} | part.apart
-    needs: list[list[ShardKey]] = [[] for _ in range(world)]
-    needs[rank] = [k for k in mine if k not in taken]
-    own = assign_reads(md, needs, cover=extent, segment_bytes=segment_bytes(md, needs))
-    return [replace(b, batch_id=OWN_IDS + b.batch_id) for b in own]
+def own_keys(rank: int, mine: Iterable[ShardKey], part: ReadPart) -> list[ShardKey]:
+    """The shards of ``mine`` that ``part`` leaves to this rank alone (no batch of the
+    coordinator holds them, no other rank reads them in disjoint rows), in ``mine``'s order: it
+    reads them itself, for itself, so they need no batches (nothing is forwarded)."""
+    batches = part.batches or ()
+    if not batches and not part.apart:  # nothing taken: every shard (alone, or no exchange)
+        return list(mine)
+    taken = {k for b in batches if rank in b.consumers for k in b.keys} | part.apart
+    return [k for k in mine if k not in taken]
 
 
 def exchange_needs(
-    coord: Coordinator, md: Metadata, rows: dict[ShardKey, Rows], dedup: bool | None, page_cache: bool, extent: Extent
+    coord: Coordinator, md: Metadata, reads: Iterable[ShardRead], dedup: bool | None, page_cache: bool, extent: Extent
 ) -> ReadPart:
-    """Collective (the checkpoint group): this rank's ``ReadPart`` (module docstring)."""
-    gathered = coord.gather_object((socket.gethostname(), report_needs(md, rows)))
+    """Collective (the checkpoint group): this rank's ``ReadPart`` (module docstring) for the
+    saved shards it needs, ``reads``."""
+    gathered = coord.gather_object((socket.gethostname(), report_needs(reads)))
     parts: list[object] | None = None
     if coord.rank == 0:
         assert gathered is not None
@@ -97,14 +94,10 @@ def exchange_needs(
     return part
 
 
-def report_needs(md: Metadata, rows: dict[ShardKey, Rows]) -> list[tuple[str, int, int, int, int]]:
+def report_needs(reads: Iterable[ShardRead]) -> list[tuple[str, int, int, int, int]]:
     """What a rank sends the coordinator of each saved shard it needs: its key, the rows its
     copies touch, and the shard's bytes (what balancing counts)."""
-    out = []
-    tensors = md.tensors
-    for (fqn, i), (lo, hi) in rows.items():
-        out.append((fqn, i, lo, hi, shard_location(tensors[fqn].shards, i)[2]))
-    return out
+    return [(r.fqn, r.shard_index, *r.rows, r.shard.byte_length) for r in reads]
 
 
 Report = tuple[str, list[tuple[str, int, int, int, int]]]  # host, [(fqn, shard, row lo, row hi, bytes)]

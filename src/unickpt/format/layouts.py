@@ -210,6 +210,28 @@ class SplitShards(Sequence[ShardRecord]):
         lengths[d - 1] = chunk_rows(shape[d], self.layout.parts, i)[1]
         return math.prod(lengths) * isz
 
+    def exact_part(self, offsets: Shape, lengths: Shape) -> tuple[int, ShardRecord] | None:
+        """The part whose box is exactly ``(offsets, lengths)`` (non-empty: a target laid out as
+        the saving job's) and its record (what ``self[p]`` is), or None when no part's box is
+        (``overlapping`` then says which parts it touches). O(1): the part follows from the
+        offset along the split dimension; no other part's record is built."""
+        _, isz, shape, d = self.layout.entries[self.entry]
+        if len(offsets) != len(shape) or len(lengths) != len(shape):
+            return None
+        parts = self.layout.parts
+        c = -(-shape[d] // parts)
+        if c == 0 or offsets[d] % c:
+            return None
+        p = offsets[d] // c
+        if not 0 <= p < parts or lengths[d] <= 0 or lengths[d] != min(shape[d], offsets[d] + c) - offsets[d]:
+            return None
+        for k, (o, n, s) in enumerate(zip(offsets, lengths, shape)):
+            if k != d and (o != 0 or n != s or n <= 0):
+                return None
+        lay = self.layout
+        nbytes = math.prod(lengths) * isz
+        return p, ShardRecord(tuple(offsets), tuple(lengths), lay.files[p], int(lay.offsets(p)[self.entry]), nbytes)
+
     def overlapping(self, offsets: Shape, lengths: Shape) -> list[int]:
         """The parts whose box overlaps ``(offsets, lengths)``: those whose rows along the split
         dimension meet the box's (every other dimension is whole), in O(parts touched)."""
