@@ -163,6 +163,14 @@ LAY = SplitLayout((0, 1, 2), (("model.a", 4, (6, 4), 0), ("model.b", 4, (5,), 0)
         (lambda d: d["checksums"]["file_sizes"].__setitem__(0, 8), ["ends past", "data/s/r00000-00.bin"]),
         (lambda d: d["layouts"][0]["entries"].append(["model.a", 0]), ["listed twice"]),
         (lambda d: d["tensors"]["model.a"].__setitem__("shape", []), ["1 to 64 dimensions"]),
+        # what the decoder's inline check of plain entries passes on to the full parse
+        (lambda d: d["tensors"]["model.a"].__setitem__("layout", True), ["'model.a' layout", "True"]),
+        (lambda d: d["tensors"]["model.a"]["shape"].__setitem__(0, True), ["'model.a' shape", "True"]),
+        (lambda d: d["tensors"]["model.a"]["shape"].__setitem__(0, -3), ["'model.a' shape", "-3"]),
+        (lambda d: d["tensors"]["model.a"].__setitem__("dtype", 4), ["'model.a'", "dtype must be a string"]),
+        (lambda d: d["tensors"]["model.a"].__setitem__("dtype", "float99"), ["'model.a'", "unknown dtype"]),
+        (lambda d: d["layouts"][0]["entries"][0].__setitem__(1, True), ["layout 0: dimension", "True"]),
+        (lambda d: d["layouts"][0]["entries"][0].__setitem__(1, -1), ["layout 0: dimension", "-1"]),
     ],
 )
 def test_inconsistent_layouts_are_refused_by_name(mutate, words) -> None:

@@ -43,7 +43,7 @@ from ..format.dtypes import dtype_from_name, itemsize
 from ..format.records import DATA_DIR, METADATA_FILE, BlobRecord, Metadata
 from ..monitoring.events import NO_EVENTS, EventBus
 from ..planning.boxes import sub_box_is_contiguous
-from ..planning.byte_runs import Run, Span, plan_runs, row_bytes
+from ..planning.byte_runs import MERGE_GAP, Run, Span, plan_runs, row_bytes
 from ..planning.load_plan import CopyOp, ShardRead
 from ..planning.read_assignment import ReadBatch
 from ..planning.specs import LoadItem
@@ -273,7 +273,7 @@ def _need(
     else:  # small tensors are read with their neighbours into one temporary, then copied
         small = _direct_bytes(md, items, r, r0, r1) if forwarded is None else None
         if small is not None:  # the run copies the bytes there itself (Need.into): nothing to do after
-            return Need(name, lo, hi, None, key[0], None, small)
+            return Need(name, lo, hi, None, key[0], None, ((lo, small),))
         dest = None
     in_place = buf is None and dest is not None  # the bytes land where they belong: nothing to copy
 
@@ -304,10 +304,12 @@ def _read_runs(
     small needs into place (``Need.into``)."""
     cover = _cover(md, verify)
     index = {f: i for i, f in enumerate(md.files)}
+    names = {index[n.name]: n.what for n in wanted}
+    wanted, cached = _group_small(wanted, cached)
     tagged = [Span(index[n.name], n.lo, n.hi, t) for t, n in enumerate(wanted)]
 
     runs = plan_runs(tagged, _extent(md, verify))
-    _check_files(md, storage, runs, {index[n.name]: n.what for n in wanted}, rank)
+    _check_files(md, storage, runs, names, rank)
     lock = threading.Lock()
     jobs = []
     for run in runs:
@@ -337,6 +339,60 @@ def _read_runs(
     finally:  # after a failure: drop the pieces not started yet
         pool.shutdown(wait=True, cancel_futures=True)
     return sum(job.nbytes for job in jobs)
+
+
+_GROUP_BYTES = 1 << 20  # small needs are grouped up to this many bytes
+
+
+def _group_small(wanted: list[Need], cached: set[int]) -> tuple[list[Need], set[int]]:
+    """``wanted`` with each stretch of small needs (only copied as bytes: ``Need.into``) that
+    follow each other in the list and in one file, each starting at most ``MERGE_GAP`` bytes
+    after the previous one ends, as one need serving them all (up to ``_GROUP_BYTES``), and the
+    indices of the needs read through the shared page cache (a group is if one of its needs
+    is). Such needs share a run anyway (``plan_runs`` merges them), so the runs, the bytes read
+    and the units verified are the same; the runs only handle a need per group, not per tensor."""
+    out: list[Need] = []
+    out_cached: set[int] = set()
+    group: list[Need] = []
+    group_cached = False
+
+    def close() -> None:
+        if not group:
+            return
+        if group_cached:
+            out_cached.add(len(out))
+        if len(group) == 1:
+            out.append(group[0])
+        else:
+            first, last = group[0], group[-1]
+            into = tuple(piece for n in group for piece in n.into)
+            out.append(Need(first.name, first.lo, last.hi, None, first.what, None, into))
+        group.clear()
+
+    for t, need in enumerate(wanted):
+        small = need.done is None and need.dest is None and bool(need.into)
+        if not small:
+            close()
+            group_cached = False
+            if t in cached:
+                out_cached.add(len(out))
+            out.append(need)
+            continue
+        if group:
+            prev = group[-1]
+            joins = (
+                need.name == prev.name
+                and prev.hi <= need.lo <= prev.hi + MERGE_GAP
+                and need.hi - group[0].lo <= _GROUP_BYTES
+            )
+            if not joins:
+                close()
+        if not group:
+            group_cached = False
+        group.append(need)
+        group_cached = group_cached or t in cached
+    close()
+    return out, out_cached
 
 
 def _holders(md: Metadata, file_index: int, lo: int, hi: int) -> list[str]:
@@ -375,25 +431,29 @@ _DIRECT_MIN = 256 << 10  # needs at least this large are read straight into thei
 
 def _direct_copy(
     md: Metadata, items: list[LoadItem], r: ShardRead | None, r0: int, r1: int
-) -> tuple[torch.Tensor, CopyOp] | None:
-    """The destination and the one copy into it, when rows ``[r0, r1)`` of the saved shard land
-    whole in one contiguous CPU region of one destination without a dtype change."""
+) -> tuple[torch.Tensor, CopyOp, bool] | None:
+    """The destination, the one copy into it and whether that copy fills it, when rows
+    ``[r0, r1)`` of the saved shard land whole in one contiguous CPU region of one destination
+    without a dtype change."""
     if r is None or len(r.copies) != 1 or r1 <= r0:
         return None
     c = r.copies[0]
     lengths = r.shard.lengths
-    if lengths and (c.lengths[1:] != lengths[1:] or c.src_offsets[0] != r0 or c.lengths[0] != r1 - r0):
-        return None
-    if not lengths and c.lengths != ():
+    if c.lengths != lengths:  # some rows: each whole, the copy starting at row r0
+        if not lengths or c.lengths[1:] != lengths[1:] or c.src_offsets[0] != r0 or c.lengths[0] != r1 - r0:
+            return None
+    elif lengths and (c.src_offsets[0] != r0 or lengths[0] != r1 - r0):  # the whole box: all its rows
         return None
     dest = items[c.item_index].tensor
     if not dest.is_cpu or not dest.is_contiguous():
         return None
     if dest.dtype != dtype_from_name(md.tensors[r.fqn].dtype):  # cast while copying (cast_dtypes)
         return None
+    if c.lengths == dest.shape and not any(c.dst_offsets):  # fills the destination (contiguous)
+        return dest, c, True
     if not sub_box_is_contiguous(tuple(dest.shape), c.dst_offsets, c.lengths):
         return None
-    return dest, c
+    return dest, c, False
 
 
 def _direct_target(md: Metadata, items: list[LoadItem], r: ShardRead | None, r0: int, r1: int) -> torch.Tensor | None:
@@ -402,18 +462,18 @@ def _direct_target(md: Metadata, items: list[LoadItem], r: ShardRead | None, r0:
     found = _direct_copy(md, items, r, r0, r1)
     if found is None:
         return None
-    dest, c = found
+    dest, c, _ = found
     return sub_box(dest, c.dst_offsets, c.lengths).reshape(-1).view(torch.uint8)
 
 
 def _direct_bytes(md: Metadata, items: list[LoadItem], r: ShardRead | None, r0: int, r1: int) -> memoryview | None:
-    """``_direct_target`` as a byte view (what a small need's bytes are copied into); the whole
+    """``_direct_target`` as a byte view (what a small need's bytes are copied into); the
     destination's own bytes when the copy fills it (no tensor views made)."""
     found = _direct_copy(md, items, r, r0, r1)
     if found is None:
         return None
-    dest, c = found
-    if c.lengths == tuple(dest.shape) and not any(c.dst_offsets):
+    dest, c, whole = found
+    if whole:
         return tensor_bytes(dest)
     return tensor_bytes(sub_box(dest, c.dst_offsets, c.lengths).reshape(-1).view(torch.uint8))
 

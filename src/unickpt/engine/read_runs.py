@@ -9,9 +9,9 @@ tensor, or the buffer a batch is forwarded from), and temporaries for everything
 tensors read together, parts of shards that are copied elsewhere, chunk edges). Pieces are cut
 at 16 MiB lines of file offset and read by the reader pool in any order; the thread finishing
 the last piece of a checksum unit verifies it, and the thread verifying the last unit of a need
-hands it on: a small need with one contiguous destination (``Need.into``) is copied there as
-plain bytes, in a batch with the others that unit completes; any other is handed to
-``Need.done`` (copies into place). Temporaries are allocated when their first piece
+hands it on: the bytes of small tensors with contiguous destinations (``Need.into``) are
+copied there as plain bytes, in a batch with the others that unit completes; any other need is
+handed to ``Need.done`` (copies into place). Temporaries are allocated when their first piece
 starts and dropped when their last need is done, so memory stays near the bytes in flight.
 """
 
@@ -40,10 +40,11 @@ PIECE = 16 << 20  # runs are read as parallel ranged reads cut at multiples of t
 class Need:
     """Bytes ``[lo, hi)`` of file ``name`` that this rank reads; ``dest``: where they land when
     they have one contiguous destination (exactly ``hi - lo`` bytes), else a temporary; ``into``:
-    for a need read into a temporary (a small tensor read with its neighbours), its one
-    contiguous destination as bytes (exactly ``hi - lo``), which the run copies them into once
-    every unit covering them is verified; ``done`` (if any): called with the bytes (a uint8
-    tensor) after that; ``what``: names the need in errors (the tensor, the blob)."""
+    for a need read into a temporary, contiguous destinations the run copies bytes into itself
+    once every unit covering ``[lo, hi)`` is verified, as ``(file offset, byte view)`` pairs
+    inside ``[lo, hi)`` (small tensors read with their neighbours: one need may serve several);
+    ``done`` (if any): called with the bytes (a uint8 tensor) after that; ``what``: names the
+    need in errors (the tensor, the blob)."""
 
     name: str
     lo: int
@@ -51,7 +52,7 @@ class Need:
     done: Callable[[torch.Tensor], None] | None
     what: str
     dest: torch.Tensor | None = None
-    into: memoryview | None = None
+    into: tuple[tuple[int, memoryview], ...] = ()
     left: int = 0  # units still to verify (set by RunJob)
     segment: _Segment | None = field(default=None, repr=False)
 
@@ -250,10 +251,13 @@ class RunJob:
                 if need.done is not None:
                     need.done(torch.empty(0, dtype=torch.uint8))
                 continue
-            if need.into is not None:
-                assert seg.view is not None
-                need.into[:] = seg.view[need.lo - seg.lo : need.hi - seg.lo]
-                copied += need.hi - need.lo
+            if need.into:
+                view = seg.view
+                assert view is not None
+                for at, into in need.into:
+                    n = len(into)
+                    into[:] = view[at - seg.lo : at - seg.lo + n]
+                    copied += n
             if need.done is not None:
                 memory = seg.memory
                 assert memory is not None

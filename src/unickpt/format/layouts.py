@@ -215,20 +215,20 @@ class SplitShards(Sequence[ShardRecord]):
         the saving job's) and its record (what ``self[p]`` is), or None when no part's box is
         (``overlapping`` then says which parts it touches). O(1): the part follows from the
         offset along the split dimension; no other part's record is built."""
-        _, isz, shape, d = self.layout.entries[self.entry]
+        lay = self.layout
+        _, isz, shape, d = lay.entries[self.entry]
         if len(offsets) != len(shape) or len(lengths) != len(shape):
             return None
-        parts = self.layout.parts
-        c = -(-shape[d] // parts)
-        if c == 0 or offsets[d] % c:
+        o, n = offsets[d], shape[d]
+        c = -(-n // lay.parts)
+        if c == 0 or o < 0 or o % c or o // c >= lay.parts or lengths[d] != min(n, o + c) - o:
             return None
-        p = offsets[d] // c
-        if not 0 <= p < parts or lengths[d] <= 0 or lengths[d] != min(shape[d], offsets[d] + c) - offsets[d]:
+        # every other dimension whole, and the box not empty
+        if lengths[:d] != shape[:d] or lengths[d + 1 :] != shape[d + 1 :] or any(offsets[:d]) or any(offsets[d + 1 :]):
             return None
-        for k, (o, n, s) in enumerate(zip(offsets, lengths, shape)):
-            if k != d and (o != 0 or n != s or n <= 0):
-                return None
-        lay = self.layout
+        if 0 in lengths:
+            return None
+        p = o // c
         nbytes = math.prod(lengths) * isz
         return p, ShardRecord(tuple(offsets), tuple(lengths), lay.files[p], int(lay.offsets(p)[self.entry]), nbytes)
 
