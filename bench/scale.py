@@ -49,7 +49,7 @@ from typing import Any
 from unickpt.engine.commit import SaveSource, build_metadata
 from unickpt.engine.plan_cache import CachedPlan
 from unickpt.engine.read import _extent
-from unickpt.engine.read_exchange import read_parts, report_needs
+from unickpt.engine.read_exchange import NeedsReport, read_parts, report_needs
 from unickpt.format.codec import decode_metadata, encode_metadata
 from unickpt.planning.load_plan import plan_local_load
 from unickpt.planning.plan_codec import decode_rank_plan, encode_local_plan, encode_rank_rows
@@ -213,17 +213,17 @@ def measure(layout: str, world: int, load_world: int, freeze_gc: bool = False, c
     first = max(0, load_world // 2 - 32)
     sample = range(first, min(load_world, first + 64))
 
-    def report_of(r: int) -> tuple[str, list[tuple[str, int, int, int, int]]]:  # what rank r sends
+    def report_of(r: int) -> NeedsReport:  # what rank r sends
         if r not in sample:
-            return ("host", [])
+            return report_needs(md2, "host", [])
         found = plan_local_load(md2, load_targets(layout, r, load_world))
-        return ("host", report_needs(found))
+        return report_needs(md2, "host", [(x.fqn, x.shard_index, *x.rows, x.shard.byte_length) for x in found])
 
     t_needs, reports = timed(lambda: [report_of(r) for r in range(load_world)])
     # the coordinator: disjoint needs, the read assignment, each rank's part (engine.read_exchange)
     t_assign, parts = timed(lambda: read_parts(md2, reports, True, False, _extent(md2, True)))
     sampled = load_world // 2
-    sent = _wire_bytes(reports[sampled])  # one rank's report, and the part it gets back
+    sent = len(reports[sampled].host) + reports[sampled].needs.nbytes  # one rank's report, and the part it gets back
     part = parts[sampled]
     part_bytes = _wire_bytes(
         [[[b.batch_id, b.reader, b.consumers, b.keys, b.offsets, b.nbytes] for b in part.batches or ()], part.apart]
@@ -244,7 +244,7 @@ def measure(layout: str, world: int, load_world: int, freeze_gc: bool = False, c
         "load plan s/rank": t_load,
         "read assignment s (64 ranks)": t_assign,
         "read assignment s (whole job, est.)": t_assign * load_world / len(sample),
-        "needs (64 ranks)": sum(len(n) for _, n in reports),
+        "needs (64 ranks)": sum(len(n.needs) for n in reports),
         "load needs sent bytes/rank": sent,
         "load part received bytes/rank": part_bytes,
         "all_gather of needs bytes/rank (before)": sent * load_world,

@@ -6,11 +6,21 @@ shared page cache forwards nothing."""
 
 from __future__ import annotations
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from read_fixtures import one_file_metadata as _md
-from unickpt.engine.read_exchange import ReadPart, disjoint_needs, own_keys, read_parts, segment_bytes
+from unickpt.engine.read_exchange import (
+    NeedsReport,
+    ReadPart,
+    _counts,
+    disjoint_needs,
+    own_keys,
+    read_parts,
+    report_needs,
+    segment_bytes,
+)
 from unickpt.format.records import Metadata
 from unickpt.planning.read_assignment import assign_reads
 
@@ -19,10 +29,10 @@ def _exact(f: int, lo: int, hi: int) -> tuple[int, int]:
     return lo, hi
 
 
-def _report(md: Metadata, needs: list[dict[str, tuple[int, int]]], host=lambda r: "h") -> list:
+def _report(md: Metadata, needs: list[dict[str, tuple[int, int]]], host=lambda r: "h") -> list[NeedsReport]:
     """What each rank sends: (fqn, shard, rows, the shard's bytes) per need."""
     return [
-        (host(r), [(fqn, 0, a, b, md.tensors[fqn].shards[0].byte_length) for fqn, (a, b) in n.items()])
+        report_needs(md, host(r), [(fqn, 0, a, b, md.tensors[fqn].shards[0].byte_length) for fqn, (a, b) in n.items()])
         for r, n in enumerate(needs)
     ]
 
@@ -109,3 +119,11 @@ def test_disjoint_rows_stay_with_their_ranks():
     parts = read_parts(md, _report(md, needs), True, True, _exact)
     assert [p.apart for p in parts] == [frozenset({("t0", 0)})] * 2
     assert [p.batches for p in parts] == [(), ()]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3)), max_size=40))
+def test_counts_of_equal_rows(rows):
+    """``_counts``: for each (tensor, shard) row, how many rows equal it (a count by hand)."""
+    keys = np.array(rows, dtype=np.int64).reshape(len(rows), 2)
+    assert _counts(keys).tolist() == [rows.count(r) for r in rows]

@@ -24,6 +24,8 @@ import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from ..coordination.base import Coordinator
 from ..errors import CheckpointError, PlanningError
 from ..format.dtypes import itemsize
@@ -34,6 +36,7 @@ from ..planning.read_assignment import ReadBatch, ShardKey, assign_reads
 
 __all__ = [
     "ReadPart",
+    "NeedsReport",
     "exchange_needs",
     "report_needs",
     "read_parts",
@@ -75,7 +78,8 @@ def exchange_needs(
 ) -> ReadPart:
     """Collective (the checkpoint group): this rank's ``ReadPart`` (module docstring) for the
     saved shards it needs, ``reads``."""
-    gathered = coord.gather_object((socket.gethostname(), report_needs(reads)))
+    needs = [(r.fqn, r.shard_index, *r.rows, r.shard.byte_length) for r in reads]
+    gathered = coord.gather_object(report_needs(md, socket.gethostname(), needs))
     parts: list[object] | None = None
     if coord.rank == 0:
         assert gathered is not None
@@ -94,42 +98,44 @@ def exchange_needs(
     return part
 
 
-def report_needs(reads: Iterable[ShardRead]) -> list[tuple[str, int, int, int, int]]:
-    """What a rank sends the coordinator of each saved shard it needs: its key, the rows its
-    copies touch, and the shard's bytes (what balancing counts)."""
-    return [(r.fqn, r.shard_index, *r.rows, r.shard.byte_length) for r in reads]
+@dataclass(frozen=True, slots=True)
+class NeedsReport:
+    """What a rank sends the coordinator: its host name and, per saved shard it needs, one row
+    ``[position of the tensor in md.tensors, shard index, first row, end row, shard bytes]``
+    (the rows its copies touch; the bytes are what balancing counts) of an (n, 5) int64 array:
+    one message of numbers, whatever the tensors' names. Built by ``report_needs``."""
+
+    host: str
+    needs: np.ndarray
 
 
-Report = tuple[str, list[tuple[str, int, int, int, int]]]  # host, [(fqn, shard, row lo, row hi, bytes)]
+def report_needs(md: Metadata, host: str, needs: Iterable[tuple[str, int, int, int, int]]) -> NeedsReport:
+    """The report of a rank on ``host`` that needs ``(fqn, shard index, first row, end row,
+    shard bytes)`` of each saved shard (each shard once)."""
+    position = {fqn: i for i, fqn in enumerate(md.tensors)}
+    rows = [(position[f], i, lo, hi, n) for f, i, lo, hi, n in needs]
+    return NeedsReport(host, np.array(rows, dtype=np.int64).reshape(len(rows), 5))
 
 
 def read_parts(
-    md: Metadata, gathered: list[Report], dedup: bool | None, page_cache: bool, extent: Extent
+    md: Metadata, gathered: list[NeedsReport], dedup: bool | None, page_cache: bool, extent: Extent
 ) -> list[ReadPart]:
     """Every rank's ``ReadPart`` from every rank's report (the coordinator). Only shards several
     ranks need are assigned here; the bytes each rank reads of the shards it alone needs count
     in the balancing (``assign_reads(loads=...)``), so the readers are those an assignment of
     every need would choose."""
-    hosts = {h for h, _ in gathered}
-    count: dict[ShardKey, int] = {}
-    for _, n in gathered:
-        for f, i, *_ in n:
-            k = (f, i)
-            count[k] = count.get(k, 0) + 1
+    names = list(md.tensors)
+    hosts = {g.host for g in gathered}
+    counts = _split(_counts(np.concatenate([g.needs[:, :2] for g in gathered])), [len(g.needs) for g in gathered])
+    several = [g.needs[c > 1] for g, c in zip(gathered, counts)]  # the rows of shards other ranks need too
     if dedup is None and len(hosts) == 1 and page_cache:
         # one host reading local files: its page cache already reads each byte from the device
         # once; forwarding pays off across hosts or for remote storage
-        return [ReadPart(None, shared=frozenset((f, i) for f, i, *_ in n if count[(f, i)] > 1)) for _, n in gathered]
-    loads = [0] * len(gathered)
-    by_rank: list[dict[ShardKey, Rows]] = []
-    for r, (_, n) in enumerate(gathered):
-        several = {}
-        for f, i, lo, hi, nbytes in n:
-            if count[(f, i)] > 1:
-                several[(f, i)] = (lo, hi)
-            else:
-                loads[r] += nbytes
-        by_rank.append(several)
+        return [ReadPart(None, shared=frozenset((names[t], i) for t, i in rows[:, :2].tolist())) for rows in several]
+    loads = [int(g.needs[c == 1, 4].sum()) for g, c in zip(gathered, counts)]
+    by_rank: list[dict[ShardKey, Rows]] = [
+        {(names[t], i): (lo, hi) for t, i, lo, hi, _ in rows.tolist()} for rows in several
+    ]
     apart = disjoint_needs(md, by_rank, extent)
     needs = [[k for k in n if k not in apart] for n in by_rank]
     batches = assign_reads(md, needs, cover=extent, segment_bytes=segment_bytes(md, needs), loads=loads)
@@ -140,6 +146,26 @@ def read_parts(
             if c != b.reader:  # a receiver needs the batch, not the names of the others
                 mine[c].append(replace(b, consumers=(c,)))
     return [ReadPart(tuple(m), frozenset(k for k in n if k in apart)) for m, n in zip(mine, by_rank)]
+
+
+def _counts(keys: np.ndarray) -> np.ndarray:
+    """For each row of ``keys`` (an (n, 2) int64 array), how many rows equal it (a sort, then
+    the length of each run of equal rows)."""
+    if not len(keys):
+        return np.zeros(0, dtype=np.int64)
+    order = np.lexsort((keys[:, 1], keys[:, 0]))
+    ordered = keys[order]
+    starts = np.ones(len(keys), dtype=bool)
+    starts[1:] = (ordered[1:] != ordered[:-1]).any(axis=1)
+    run = np.cumsum(starts) - 1
+    out = np.empty(len(keys), dtype=np.int64)
+    out[order] = np.bincount(run)[run]
+    return out
+
+
+def _split(values: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
+    """``values`` cut into consecutive pieces of ``sizes``."""
+    return np.split(values, np.cumsum(sizes)[:-1]) if sizes else []
 
 
 def segment_bytes(md: Metadata, needs: list[list[ShardKey]]) -> int:
