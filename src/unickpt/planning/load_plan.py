@@ -92,6 +92,14 @@ def plan_local_load(md: Metadata, specs: list[ShardSpec], index: ShardIndex | No
         raise ValueError("plan_local_load: the ShardIndex was built for another Metadata object")
     tensors = md.tensors
     found: dict[tuple[str, int], tuple[ShardRecord, int, list[CopyOp]]] = {}  # key -> (record, itemsize, copies)
+
+    def add(fqn: str, sidx: int, shard: ShardRecord, rec: TensorRecord, op: CopyOp) -> None:
+        known = found.get((fqn, sidx))
+        if known is None:
+            found[(fqn, sidx)] = (shard, itemsize(rec.dtype), [op])
+        else:
+            known[2].append(op)
+
     for idx, spec in enumerate(specs):
         fqn = spec.fqn
         rec = tensors.get(fqn)
@@ -101,22 +109,15 @@ def plan_local_load(md: Metadata, specs: list[ShardSpec], index: ShardIndex | No
         if exact is not None:  # all of one saved shard into all of the target: no intersection
             sidx, shard = exact
             zeros = (0,) * len(shard.lengths)
-            hits = [(sidx, shard, CopyOp(idx, zeros, zeros, shard.lengths))]
-        else:
-            hits = []
-            for sidx in index.overlapping(fqn, spec.offsets, spec.lengths):
-                shard = rec.shards[sidx]
-                hit = intersect(spec.offsets, spec.lengths, shard.offsets, shard.lengths)
-                if hit is not None:
-                    offs, lens = hit
-                    src = tuple(o - s for o, s in zip(offs, shard.offsets))
-                    hits.append((sidx, shard, CopyOp(idx, src, tuple(o - t for o, t in zip(offs, spec.offsets)), lens)))
-        for sidx, shard, op in hits:
-            known = found.get((fqn, sidx))
-            if known is None:
-                found[(fqn, sidx)] = (shard, itemsize(rec.dtype), [op])
-            else:
-                known[2].append(op)
+            add(fqn, sidx, shard, rec, CopyOp(idx, zeros, zeros, shard.lengths))
+            continue
+        for sidx in index.overlapping(fqn, spec.offsets, spec.lengths):
+            shard = rec.shards[sidx]
+            hit = intersect(spec.offsets, spec.lengths, shard.offsets, shard.lengths)
+            if hit is not None:
+                offs, lens = hit
+                src = tuple(o - s for o, s in zip(offs, shard.offsets))
+                add(fqn, sidx, shard, rec, CopyOp(idx, src, tuple(o - t for o, t in zip(offs, spec.offsets)), lens))
     reads = [shard_read(f, i, shard, isz, tuple(ops)) for (f, i), (shard, isz, ops) in found.items()]
     reads.sort(key=_file_order)
     return reads
