@@ -49,7 +49,7 @@ from typing import Any
 
 from unickpt.engine.commit import SaveSource, build_metadata
 from unickpt.engine.plan_cache import CachedPlan
-from unickpt.engine.read import _extent, _rows
+from unickpt.engine.read import _extent
 from unickpt.engine.read_exchange import decode_part, read_parts, report_needs, vectorized
 from unickpt.format.codec import decode_metadata, encode_metadata
 from unickpt.planning.load_plan import plan_local_load
@@ -213,7 +213,7 @@ def measure(layout: str, world: int, load_world: int, freeze_gc: bool = False, c
 
     def report_of(r: int) -> tuple[str, bytes]:
         found = plan_local_load(md2, load_targets(layout, r, load_world))
-        return ("host", report_needs(md2, {(x.fqn, x.shard_index): _rows(md2, x) for x in found}, names))
+        return ("host", report_needs(md2, {(x.fqn, x.shard_index): x.rows for x in found}, names))
 
     t_needs, reports = timed(lambda: [report_of(r) for r in range(load_world)])
     # the coordinator: counts, disjoint rows, the read assignment, each rank's part (read_exchange)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from read_fixtures import one_file_metadata as _md
 from read_fixtures import reference_disjoint as disjoint_needs
 from unickpt.engine import read_exchange
-from unickpt.engine.read_exchange import OWN_IDS, ReadPart, decode_part, own_batches, report_needs, segment_bytes
+from unickpt.engine.read_exchange import ReadPart, decode_part, own_keys, report_needs
 from unickpt.format.records import Metadata
 from unickpt.planning.read_assignment import assign_reads
 
@@ -54,7 +54,7 @@ def test_parts_are_the_jobs_assignment_split_by_rank(sizes, world, data):
     by_rank = [{(f, 0): r for f, r in n.items()} for n in needs]
     apart = disjoint_needs(md, by_rank, _exact)
     job_needs = [[k for k in n if k not in apart] for n in by_rank]
-    job = assign_reads(md, job_needs, cover=_exact, segment_bytes=segment_bytes(md, job_needs))
+    job = assign_reads(md, job_needs, cover=_exact)  # no checksum chunks: every shard its own segment
     want_reader = {k: b.reader for b in job for k in b.keys}
     shared = {k for k in want_reader if sum(k in n for n in by_rank) > 1}
     for r, p in enumerate(parts):
@@ -68,12 +68,11 @@ def test_parts_are_the_jobs_assignment_split_by_rank(sizes, world, data):
             for b in (b for b in p.batches if b.reader == r):
                 assert set(b.consumers) == {c for c, n in enumerate(by_rank) if b.keys[0] in n}
         # every shard this rank needs, exactly once: received/read shared, own rows, or alone
-        own = own_batches(md, r, world, list(by_rank[r]), p, _exact)
-        assert all(b.reader == r and b.consumers == (r,) and b.batch_id >= OWN_IDS for b in own)
-        got = [k for b in p.batches if r in b.consumers for k in b.keys] + [k for b in own for k in b.keys]
+        own = own_keys(r, list(by_rank[r]), p)
+        assert own == [k for k in by_rank[r] if k not in shared and k not in apart]  # in the rank's order
+        got = [k for b in p.batches if r in b.consumers for k in b.keys] + own
         got += list(p.apart)
         assert sorted(got) == sorted(by_rank[r])
-        assert {k for b in own for k in b.keys} == set(by_rank[r]) - shared - apart
 
 
 def test_a_ranks_part_does_not_grow_with_the_job():

@@ -29,7 +29,9 @@ def layouts(draw):
         n = draw(st.integers(0, 90))
         if pos + n > size:
             break
-        spans.append((pos, pos + n, draw(st.booleans())))  # (lo, hi, lands in its destination)
+        lands = draw(st.sampled_from(["direct", "copied", "into"]))
+        cuts = sorted(draw(st.lists(st.integers(pos, pos + n), max_size=4)))  # "into": several destinations, gaps
+        spans.append((pos, pos + n, lands, list(zip([pos, *cuts], [*cuts, pos + n]))[:: draw(st.sampled_from([1, 2]))]))
         pos += n
     piece = draw(st.sampled_from([7, 64, 1 << 20]))
     return data, chunk, spans, piece, draw(st.randoms())
@@ -39,11 +41,16 @@ def _run_all(data: bytes, chunk: int, spans, piece: int, rnd, verify: bool = Tru
     sums = ChunkChecksums.from_files(chunk, [(len(data), chunk_crcs([data], chunk))])
     got: dict[int, list[bytes]] = {}
     dests: dict[int, torch.Tensor] = {}
+    intos: dict[int, list[tuple[int, bytearray]]] = {}
     needs = []
-    for i, (lo, hi, direct) in enumerate(spans):
-        dest = torch.zeros(hi - lo, dtype=torch.uint8) if direct else None
+    for i, (lo, hi, lands, parts) in enumerate(spans):
+        dest = torch.zeros(hi - lo, dtype=torch.uint8) if lands == "direct" else None
         if dest is not None:
             dests[i] = dest
+        if lands == "into":  # copied by the run itself, no callback: one destination per part
+            intos[i] = [(a, bytearray(b - a)) for a, b in parts]
+            needs.append(Need("f", lo, hi, None, f"t{i}", None, tuple((a, memoryview(d)) for a, d in intos[i])))
+            continue
         needs.append(Need("f", lo, hi, lambda b, i=i: got.setdefault(i, []).append(bytes(b.numpy())), f"t{i}", dest))
 
     def cover(f: int, lo: int, hi: int) -> tuple[int, int]:
@@ -54,7 +61,7 @@ def _run_all(data: bytes, chunk: int, spans, piece: int, rnd, verify: bool = Tru
         out[:] = data[offset : offset + len(out)]
 
     runs = plan_runs(
-        [Span(0, lo, hi, i) for i, (lo, hi, _) in enumerate(spans)], cover if verify else lambda f, a, b: (a, b)
+        [Span(0, lo, hi, i) for i, (lo, hi, *_) in enumerate(spans)], cover if verify else lambda f, a, b: (a, b)
     )
     jobs = []
     for run in runs:
@@ -65,16 +72,20 @@ def _run_all(data: bytes, chunk: int, spans, piece: int, rnd, verify: bool = Tru
     rnd.shuffle(jobs)  # any order, as the reader pool may run them
     for job, p in jobs:
         job.read_piece(p)
-    return got, dests, sum(j.nbytes for j in {j for j, _ in jobs})
+    return got, dests, intos
 
 
 @SETTINGS
 @given(layouts(), st.booleans())
 def test_every_need_gets_its_bytes_once_whatever_the_piece_order(case, verify: bool) -> None:
     data, chunk, spans, piece, rnd = case
-    got, dests, _ = _run_all(data, chunk, spans, piece, rnd, verify)
-    assert sorted(got) == list(range(len(spans)))
-    for i, (lo, hi, _direct) in enumerate(spans):
+    got, dests, intos = _run_all(data, chunk, spans, piece, rnd, verify)
+    assert sorted([*got, *intos]) == list(range(len(spans)))
+    for i, (lo, hi, _lands, _parts) in enumerate(spans):
+        if i in intos:
+            for a, d in intos[i]:
+                assert bytes(d) == data[a : a + len(d)], i  # copied into its destination by the run
+            continue
         assert got[i] == [data[lo:hi]], i  # exactly once, exactly its bytes
         if i in dests and hi > lo:
             assert bytes(dests[i].numpy()) == data[lo:hi]  # landed in place
@@ -87,7 +98,7 @@ def test_a_flipped_byte_is_caught_by_any_read_of_its_chunk(case, draw) -> None:
     spans = [s for s in spans if s[1] > s[0]]
     if not spans:
         return
-    lo, hi, _ = draw.draw(st.sampled_from(spans))
+    lo, hi, *_ = draw.draw(st.sampled_from(spans))
     at = draw.draw(st.integers(lo, hi - 1))
     bad = bytearray(data)
     bad[at] ^= 0x01
@@ -103,7 +114,7 @@ def test_a_flipped_byte_is_caught_by_any_read_of_its_chunk(case, draw) -> None:
 
 def _run_bad(bad: bytes, good: bytes, chunk: int, spans, piece: int, rnd):
     sums = ChunkChecksums.from_files(chunk, [(len(good), chunk_crcs([good], chunk))])
-    needs = [Need("f", lo, hi, lambda b: None, f"t{i}", None) for i, (lo, hi, _) in enumerate(spans)]
+    needs = [Need("f", lo, hi, lambda b: None, f"t{i}", None) for i, (lo, hi, *_) in enumerate(spans)]
 
     def cover(f: int, lo: int, hi: int) -> tuple[int, int]:
         u = sums.cover(f, lo, hi)
@@ -112,7 +123,7 @@ def _run_bad(bad: bytes, good: bytes, chunk: int, spans, piece: int, rnd):
     def read_into(name: str, offset: int, out: memoryview) -> None:
         out[:] = bad[offset : offset + len(out)]
 
-    for run in plan_runs([Span(0, lo, hi, i) for i, (lo, hi, _) in enumerate(spans)], cover):
+    for run in plan_runs([Span(0, lo, hi, i) for i, (lo, hi, *_) in enumerate(spans)], cover):
         job = RunJob(
             run, "f", [needs[t] for t in run.tags], sums.cover(0, run.lo, run.hi), read_into, True, "x", 0, None, piece
         )

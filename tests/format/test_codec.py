@@ -94,6 +94,9 @@ def test_total_tensor_bytes() -> None:
     assert sample().total_tensor_bytes == 36 + 24 + 4 + 8
 
 
+_STEP = "optimizer.state.w.step"
+
+
 def _shard(d: dict[str, Any], fqn: str = "model.w", i: int = 0) -> list[Any]:
     return d["tensors"][fqn]["shards"][i]
 
@@ -138,6 +141,13 @@ BAD: dict[str, tuple[Callable[[dict[str, Any]], None], list[str]]] = {
     "empty file name": (lambda d: d["files"].__setitem__(0, ""), ["''", "escapes"]),
     "world size zero": (lambda d: d["topology"].__setitem__("world_size", 0), ["world_size"]),
     "missing tensors": (lambda d: d.pop("tensors"), ["tensors"]),
+    # 0-d tensors take the decoder's scalar shortcut; the same rows are refused by name
+    "scalar file index": (lambda d: _shard(d, _STEP).__setitem__(0, 2), [_STEP, "file #2"]),
+    "scalar bool offset": (lambda d: _shard(d, _STEP).__setitem__(1, True), [_STEP, "True"]),
+    "scalar negative offset": (lambda d: _shard(d, _STEP).__setitem__(1, -4), [_STEP, "-4"]),
+    "scalar past the file's end": (lambda d: _shard(d, _STEP).__setitem__(1, 100), [_STEP, "ends past the 57 bytes"]),
+    "scalar row too long": (lambda d: _shard(d, _STEP).append(0), [_STEP, "wrong length"]),
+    "scalar with two rows": (lambda d: d["tensors"][_STEP]["shards"].append([1, 40]), [_STEP]),
 }
 
 

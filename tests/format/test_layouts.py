@@ -82,6 +82,28 @@ def test_parts_a_box_touches_are_the_scan(lay: SplitLayout, data) -> None:
     assert shards.overlapping(offs, lens) == scan_overlapping(list(shards), offs, lens)
 
 
+@SETTINGS
+@given(layouts(), st.data())
+def test_the_part_a_box_is_exactly_is_the_scan(lay: SplitLayout, data) -> None:
+    """``exact_part``: the one part whose (non-empty) box is the queried box, with the record a
+    writer would list for it; None when no part's is. Queried with every part's own box, and
+    with random boxes (in, out of and sticking out of the shape; of another rank)."""
+    e = data.draw(st.integers(0, len(lay.entries) - 1))
+    fqn, _, shape, _ = lay.entries[e]
+    rows = _hand_rows(lay.entries, lay.parts, lay.files)[fqn]
+    boxes = [(r.offsets, r.lengths) for r in rows]
+    for _ in range(4):
+        nd = data.draw(st.sampled_from([len(shape), len(shape), len(shape) + 1, max(0, len(shape) - 1)]))
+        offs = tuple(data.draw(st.integers(-1, 13)) for _ in range(nd))
+        lens = tuple(data.draw(st.integers(0, 13)) for _ in range(nd))
+        boxes.append((offs, lens))
+    shards = SplitShards(lay, e)
+    for offs, lens in boxes:
+        want = [(i, r) for i, r in enumerate(rows) if (r.offsets, r.lengths) == (offs, lens) and math.prod(lens) > 0]
+        got = shards.exact_part(offs, lens)
+        assert got == (want[0] if want else None)
+
+
 def _md(lay: SplitLayout, extra_rows: dict | None = None) -> Metadata:
     nfiles = max(lay.files) + 1
     files = tuple(f"data/s/r{i:05d}-00.bin" for i in range(nfiles))
@@ -141,6 +163,14 @@ LAY = SplitLayout((0, 1, 2), (("model.a", 4, (6, 4), 0), ("model.b", 4, (5,), 0)
         (lambda d: d["checksums"]["file_sizes"].__setitem__(0, 8), ["ends past", "data/s/r00000-00.bin"]),
         (lambda d: d["layouts"][0]["entries"].append(["model.a", 0]), ["listed twice"]),
         (lambda d: d["tensors"]["model.a"].__setitem__("shape", []), ["1 to 64 dimensions"]),
+        # what the decoder's inline check of plain entries passes on to the full parse
+        (lambda d: d["tensors"]["model.a"].__setitem__("layout", True), ["'model.a' layout", "True"]),
+        (lambda d: d["tensors"]["model.a"]["shape"].__setitem__(0, True), ["'model.a' shape", "True"]),
+        (lambda d: d["tensors"]["model.a"]["shape"].__setitem__(0, -3), ["'model.a' shape", "-3"]),
+        (lambda d: d["tensors"]["model.a"].__setitem__("dtype", 4), ["'model.a'", "dtype must be a string"]),
+        (lambda d: d["tensors"]["model.a"].__setitem__("dtype", "float99"), ["'model.a'", "unknown dtype"]),
+        (lambda d: d["layouts"][0]["entries"][0].__setitem__(1, True), ["layout 0: dimension", "True"]),
+        (lambda d: d["layouts"][0]["entries"][0].__setitem__(1, -1), ["layout 0: dimension", "-1"]),
     ],
 )
 def test_inconsistent_layouts_are_refused_by_name(mutate, words) -> None:

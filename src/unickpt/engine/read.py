@@ -43,8 +43,8 @@ from ..format.dtypes import dtype_from_name, itemsize
 from ..format.records import DATA_DIR, METADATA_FILE, BlobRecord, Metadata
 from ..monitoring.events import NO_EVENTS, EventBus
 from ..planning.boxes import sub_box_is_contiguous
-from ..planning.byte_runs import Run, Span, needed_rows, plan_runs, row_bytes
-from ..planning.load_plan import ShardRead
+from ..planning.byte_runs import MERGE_GAP, Run, Span, plan_runs, row_bytes
+from ..planning.load_plan import CopyOp, ShardRead
 from ..planning.read_assignment import ReadBatch
 from ..planning.specs import LoadItem
 from ..storage.base import METADATA_LIMIT, Storage
@@ -52,7 +52,7 @@ from ..storage.commit import publisher_for
 from .bytes_view import box_view, sub_box, tensor_bytes
 from .folder_hint import folder_hint
 from .forwarding import Transfer
-from .read_exchange import ReadPart, exchange_needs, own_batches
+from .read_exchange import ReadPart, exchange_needs, own_keys
 from .read_runs import Need, RunJob
 
 __all__ = ["read_metadata", "read_metadata_bytes", "read_stage", "read_blob", "BLOB_LIMIT"]
@@ -180,11 +180,10 @@ def read_stage(
     extent = _extent(md, verify)
     part = ReadPart(None)  # alone, or nothing forwarded: this rank reads all it needs
     if coord.world_size > 1 and dedup is not False:  # the coordinator assigns; each rank gets its part
-        rows = {k: _rows(md, r) for k, r in mine.items()}
-        part = exchange_needs(coord, md, rows, dedup, storage.capabilities.shared_page_cache, extent)
+        part = exchange_needs(coord, md, mine.values(), dedup, storage.capabilities.shared_page_cache, extent)
     shared, apart = part.shared, part.apart  # read through the shared cache / own rows only
-    # the coordinator's batches (shards others need too) and this rank's own
-    batches = [*(part.batches or ()), *own_batches(md, me, coord.world_size, list(mine), part, extent)]
+    batches = list(part.batches or ())  # the coordinator's: shards others need too
+    own = own_keys(me, mine, part)  # the shards this rank alone needs
     reading = [b for b in batches if b.reader == me]
     copies = _CopyClock()  # copies into place run on the reader threads, overlapping reads
     spans: dict[str, list[float]] = {}  # file -> [first piece start, last piece end, bytes]
@@ -201,7 +200,11 @@ def read_stage(
                 if key in shared:
                     cached.add(len(wanted))
                 wanted.append(_need(md, items, key, mine.get(key), out, off, copies, sent))
-        return _read_runs(md, storage, wanted, cached, threads, verify, me, spans)
+        for key in own:
+            if key in shared:
+                cached.add(len(wanted))
+            wanted.append(_need(md, items, key, mine[key], None, 0, copies))
+        return _read_runs(md, storage, wanted, cached, threads, verify, me, spans, copies)
 
     error: Exception | None = None
     total = 0
@@ -226,7 +229,7 @@ def read_stage(
         def place(b: ReadBatch, payload: torch.Tensor) -> None:
             t0 = time.perf_counter()
             for key, off in zip(b.keys, b.offsets):
-                _apply(md, items, mine[key], payload[off : off + md.tensors[key[0]].shards[key[1]].byte_length], 0)
+                _apply(md, items, mine[key], payload[off : off + mine[key].shard.byte_length], 0)
             copies.add(t0, time.perf_counter(), b.nbytes)
 
         received = transfer.apply(place)
@@ -235,12 +238,6 @@ def read_stage(
         detail = f"{copies.busy:.6f} thread-seconds of copying, overlapped with the reads"
         events.emit("load.copy", me, copies.first, end=copies.last, nbytes=copies.nbytes, detail=detail)
     return total
-
-
-def _rows(md: Metadata, r: ShardRead) -> tuple[int, int]:
-    """The rows of saved shard ``r`` that its copies touch."""
-    shard = md.tensors[r.fqn].shards[r.shard_index]
-    return needed_rows(shard.lengths, [(c.src_offsets, c.lengths) for c in r.copies])
 
 
 def _need(
@@ -257,33 +254,33 @@ def _need(
     forwarding buffer ``buf`` when it forwards it to other ranks (``forwarded()`` once it is
     verified and placed here); else only the rows its copies ``r`` touch, straight into the
     destination when they are one contiguous region of it."""
-    rec = md.tensors[key[0]]
-    shard = rec.shards[key[1]]
+    if r is not None:
+        shard, rb = r.shard, r.row_bytes
+    else:  # a shard this rank reads for others only
+        rec = md.tensors[key[0]]
+        shard = rec.shards[key[1]]
+        rb = row_bytes(shard.lengths, itemsize(rec.dtype))
     name = md.files[shard.file_index]
-    rb = row_bytes(shard.lengths, itemsize(rec.dtype))
     if buf is not None or r is None:
         r0, r1 = 0, (shard.lengths[0] if shard.lengths else 1)
     else:
-        r0, r1 = needed_rows(shard.lengths, [(c.src_offsets, c.lengths) for c in r.copies])
+        r0, r1 = r.rows
     lo, hi = shard.byte_offset + r0 * rb, shard.byte_offset + r1 * rb
-    small: memoryview | None = None  # a small tensor's whole destination, as bytes
     if buf is not None:
         dest: torch.Tensor | None = buf[buf_offset : buf_offset + (hi - lo)]
     elif hi - lo >= _DIRECT_MIN:
         dest = _direct_target(md, items, r, r0, r1)
     else:  # small tensors are read with their neighbours into one temporary, then copied
+        small = _direct_bytes(md, items, r, r0, r1) if forwarded is None else None
+        if small is not None:  # the run copies the bytes there itself (Need.into): nothing to do after
+            return Need(name, lo, hi, None, key[0], None, ((lo, small),))
         dest = None
-        whole = _direct_target(md, items, r, r0, r1)
-        small = tensor_bytes(whole) if whole is not None else None
     in_place = buf is None and dest is not None  # the bytes land where they belong: nothing to copy
 
     def done(region: torch.Tensor) -> None:
         if r is not None and not in_place:
             t0 = time.perf_counter()
-            if small is not None:  # one byte copy, no tensor views
-                small[:] = tensor_bytes(region)
-            else:
-                _apply(md, items, r, region, r0)
+            _apply(md, items, r, region, r0)
             copies.add(t0, time.perf_counter(), region.numel())
         if forwarded is not None:
             forwarded()
@@ -300,15 +297,19 @@ def _read_runs(
     verify: bool,
     rank: int,
     spans: dict[str, list[float]],
+    copies: _CopyClock,
 ) -> int:
     """Read every need of this rank: spans -> runs (``planning.byte_runs``) -> one reader pool
-    over the pieces of all runs; returns the bytes read."""
+    over the pieces of all runs; returns the bytes read. ``copies`` times the runs' copies of
+    small needs into place (``Need.into``)."""
     cover = _cover(md, verify)
     index = {f: i for i, f in enumerate(md.files)}
+    names = {index[n.name]: n.what for n in wanted}
+    wanted, cached = _group_small(wanted, cached)
     tagged = [Span(index[n.name], n.lo, n.hi, t) for t, n in enumerate(wanted)]
 
     runs = plan_runs(tagged, _extent(md, verify))
-    _check_files(md, storage, runs, {index[n.name]: n.what for n in wanted}, rank)
+    _check_files(md, storage, runs, names, rank)
     lock = threading.Lock()
     jobs = []
     for run in runs:
@@ -316,7 +317,8 @@ def _read_runs(
         units = cover(run.file_index, run.lo, run.hi)
         holders = functools.partial(_holders, md, run.file_index)
         needs = [wanted[t] for t in run.tags]
-        jobs.append(RunJob(run, md.files[run.file_index], needs, units, read, verify, storage.url, rank, holders))
+        name = md.files[run.file_index]
+        jobs.append(RunJob(run, name, needs, units, read, verify, storage.url, rank, holders, copied=copies.add))
 
     def piece(job: RunJob, p: int, n: int) -> None:
         t0 = time.perf_counter()
@@ -337,6 +339,60 @@ def _read_runs(
     finally:  # after a failure: drop the pieces not started yet
         pool.shutdown(wait=True, cancel_futures=True)
     return sum(job.nbytes for job in jobs)
+
+
+_GROUP_BYTES = 1 << 20  # small needs are grouped up to this many bytes
+
+
+def _group_small(wanted: list[Need], cached: set[int]) -> tuple[list[Need], set[int]]:
+    """``wanted`` with each stretch of small needs (only copied as bytes: ``Need.into``) that
+    follow each other in the list and in one file, each starting at most ``MERGE_GAP`` bytes
+    after the previous one ends, as one need serving them all (up to ``_GROUP_BYTES``), and the
+    indices of the needs read through the shared page cache (a group is if one of its needs
+    is). Such needs share a run anyway (``plan_runs`` merges them), so the runs, the bytes read
+    and the units verified are the same; the runs only handle a need per group, not per tensor."""
+    out: list[Need] = []
+    out_cached: set[int] = set()
+    group: list[Need] = []
+    group_cached = False
+
+    def close() -> None:
+        if not group:
+            return
+        if group_cached:
+            out_cached.add(len(out))
+        if len(group) == 1:
+            out.append(group[0])
+        else:
+            first, last = group[0], group[-1]
+            into = tuple(piece for n in group for piece in n.into)
+            out.append(Need(first.name, first.lo, last.hi, None, first.what, None, into))
+        group.clear()
+
+    for t, need in enumerate(wanted):
+        small = need.done is None and need.dest is None and bool(need.into)
+        if not small:
+            close()
+            group_cached = False
+            if t in cached:
+                out_cached.add(len(out))
+            out.append(need)
+            continue
+        if group:
+            prev = group[-1]
+            joins = (
+                need.name == prev.name
+                and prev.hi <= need.lo <= prev.hi + MERGE_GAP
+                and need.hi - group[0].lo <= _GROUP_BYTES
+            )
+            if not joins:
+                close()
+        if not group:
+            group_cached = False
+        group.append(need)
+        group_cached = group_cached or t in cached
+    close()
+    return out, out_cached
 
 
 def _holders(md: Metadata, file_index: int, lo: int, hi: int) -> list[str]:
@@ -373,38 +429,64 @@ class _CopyClock:
 _DIRECT_MIN = 256 << 10  # needs at least this large are read straight into their destination
 
 
-def _direct_target(md: Metadata, items: list[LoadItem], r: ShardRead | None, r0: int, r1: int) -> torch.Tensor | None:
-    """The destination memory itself (as bytes), when rows ``[r0, r1)`` of the saved shard land
-    whole in one contiguous CPU region of one destination without a dtype change."""
+def _direct_copy(
+    md: Metadata, items: list[LoadItem], r: ShardRead | None, r0: int, r1: int
+) -> tuple[torch.Tensor, CopyOp, bool] | None:
+    """The destination, the one copy into it and whether that copy fills it, when rows
+    ``[r0, r1)`` of the saved shard land whole in one contiguous CPU region of one destination
+    without a dtype change."""
     if r is None or len(r.copies) != 1 or r1 <= r0:
         return None
     c = r.copies[0]
-    rec = md.tensors[r.fqn]
-    shard = rec.shards[r.shard_index]
+    lengths = r.shard.lengths
+    if c.lengths != lengths:  # some rows: each whole, the copy starting at row r0
+        if not lengths or c.lengths[1:] != lengths[1:] or c.src_offsets[0] != r0 or c.lengths[0] != r1 - r0:
+            return None
+    elif lengths and (c.src_offsets[0] != r0 or lengths[0] != r1 - r0):  # the whole box: all its rows
+        return None
     dest = items[c.item_index].tensor
-    if shard.lengths and (c.lengths[1:] != shard.lengths[1:] or c.src_offsets[0] != r0 or c.lengths[0] != r1 - r0):
+    if not dest.is_cpu or not dest.is_contiguous():
         return None
-    if not shard.lengths and c.lengths != ():
+    if dest.dtype != dtype_from_name(md.tensors[r.fqn].dtype):  # cast while copying (cast_dtypes)
         return None
-    if dest.device.type != "cpu" or not dest.is_contiguous():
-        return None
-    if dest.dtype != dtype_from_name(rec.dtype):  # cast while copying (cast_dtypes)
-        return None
+    if c.lengths == dest.shape and not any(c.dst_offsets):  # fills the destination (contiguous)
+        return dest, c, True
     if not sub_box_is_contiguous(tuple(dest.shape), c.dst_offsets, c.lengths):
         return None
+    return dest, c, False
+
+
+def _direct_target(md: Metadata, items: list[LoadItem], r: ShardRead | None, r0: int, r1: int) -> torch.Tensor | None:
+    """The destination memory itself (as bytes), when rows ``[r0, r1)`` of the saved shard land
+    whole in one contiguous CPU region of one destination without a dtype change."""
+    found = _direct_copy(md, items, r, r0, r1)
+    if found is None:
+        return None
+    dest, c, _ = found
     return sub_box(dest, c.dst_offsets, c.lengths).reshape(-1).view(torch.uint8)
+
+
+def _direct_bytes(md: Metadata, items: list[LoadItem], r: ShardRead | None, r0: int, r1: int) -> memoryview | None:
+    """``_direct_target`` as a byte view (what a small need's bytes are copied into); the
+    destination's own bytes when the copy fills it (no tensor views made)."""
+    found = _direct_copy(md, items, r, r0, r1)
+    if found is None:
+        return None
+    dest, c, whole = found
+    if whole:
+        return tensor_bytes(dest)
+    return tensor_bytes(sub_box(dest, c.dst_offsets, c.lengths).reshape(-1).view(torch.uint8))
 
 
 def _apply(md: Metadata, items: list[LoadItem], r: ShardRead, region: torch.Tensor, row0: int) -> None:
     """Copy the pieces of one saved shard into their destinations; ``region``: the shard's raw
     bytes from row ``row0`` on (its first dimension), converting the dtype where the
     destination's differs (``LoadOptions.cast_dtypes``)."""
-    rec = md.tensors[r.fqn]
-    shard = rec.shards[r.shard_index]
-    dtype = dtype_from_name(rec.dtype)
-    if shard.lengths:
-        rows = region.numel() // max(1, row_bytes(shard.lengths, itemsize(rec.dtype)))
-        src = box_view(region, dtype, (rows, *shard.lengths[1:]))
+    dtype = dtype_from_name(md.tensors[r.fqn].dtype)
+    lengths = r.shard.lengths
+    if lengths:
+        rows = region.numel() // max(1, r.row_bytes)
+        src = box_view(region, dtype, (rows, *lengths[1:]))
     else:
         src = box_view(region, dtype, ())
     with torch.no_grad():

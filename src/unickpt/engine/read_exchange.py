@@ -13,7 +13,7 @@ to one reader (``assign_reads``'s rule, balanced with the bytes each rank reads 
 rank receives only its part (``PartWire``: the batches it reads or receives, a received batch
 naming it as its only consumer, keys as tensor numbers; bit masks over its own report for the
 shards it reads apart or through the shared cache) and decodes it (``decode_part``); the shards
-it alone needs it batches itself (``own_batches``). A rank's part grows with its own shared
+it alone needs it reads itself, unbatched (``own_keys``). A rank's part grows with its own shared
 needs (and, for a batch it reads for others, their number), never with the job's; the
 coordinator's work is numpy passes over every need plus a Python step per segment and batch. A
 failure at the coordinator reaches every rank as the same error.
@@ -22,8 +22,8 @@ failure at the coordinator reaches every rank as the same error.
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -31,7 +31,8 @@ from ..coordination.base import Coordinator
 from ..errors import CheckpointError, PlanningError
 from ..format.checksums import ChunkChecksums
 from ..format.records import Metadata
-from ..planning.read_assignment import ReadBatch, ShardKey, assign_reads
+from ..planning.load_plan import ShardRead
+from ..planning.read_assignment import ReadBatch, ShardKey
 from ..planning.read_columns import NEED_DTYPE, Extents, JobNeeds, assign_columns, classify, shard_geometry
 
 __all__ = [
@@ -40,8 +41,7 @@ __all__ = [
     "report_needs",
     "read_parts",
     "decode_part",
-    "own_batches",
-    "segment_bytes",
+    "own_keys",
     "vectorized",
 ]
 
@@ -55,33 +55,30 @@ class ReadPart:
     too that it reads (for itself and others) or receives, or None when nothing is forwarded;
     ``apart``: shards others need too, in disjoint rows, that it reads its own rows of;
     ``shared``: shards others read too, through the shared page cache. Every other shard it
-    needs, no other rank needs: it reads those itself (``own_batches``)."""
+    needs, no other rank needs: it reads those itself (``own_keys``)."""
 
     batches: tuple[ReadBatch, ...] | None
     apart: frozenset[ShardKey] = frozenset()
     shared: frozenset[ShardKey] = frozenset()
 
 
-# ids of the batches a rank assigns itself start here (the coordinator's are 0, 1, ...)
-OWN_IDS = 1 << 40
-
-
-def own_batches(
-    md: Metadata, rank: int, world: int, mine: list[ShardKey], part: ReadPart, extent: Extent
-) -> list[ReadBatch]:
-    """The batches of the shards ``mine`` that ``part`` leaves to this rank alone (no batch of
-    the coordinator holds them, no other rank reads them in disjoint rows), read by itself."""
-    taken = {k for b in part.batches or () if rank in b.consumers for k in b.keys} | part.apart
-    needs: list[list[ShardKey]] = [[] for _ in range(world)]
-    needs[rank] = [k for k in mine if k not in taken]
-    own = assign_reads(md, needs, cover=extent, segment_bytes=segment_bytes(md, needs))
-    return [replace(b, batch_id=OWN_IDS + b.batch_id) for b in own]
+def own_keys(rank: int, mine: Iterable[ShardKey], part: ReadPart) -> list[ShardKey]:
+    """The shards of ``mine`` that ``part`` leaves to this rank alone (no batch of the
+    coordinator holds them, no other rank reads them in disjoint rows), in ``mine``'s order: it
+    reads them itself, for itself, so they need no batches (nothing is forwarded)."""
+    batches = part.batches or ()
+    if not batches and not part.apart:  # nothing taken: every shard (alone, or no exchange)
+        return list(mine)
+    taken = {k for b in batches if rank in b.consumers for k in b.keys} | part.apart
+    return [k for k in mine if k not in taken]
 
 
 def exchange_needs(
-    coord: Coordinator, md: Metadata, rows: dict[ShardKey, Rows], dedup: bool | None, page_cache: bool, extent: Extent
+    coord: Coordinator, md: Metadata, reads: Iterable[ShardRead], dedup: bool | None, page_cache: bool, extent: Extent
 ) -> ReadPart:
-    """Collective (the checkpoint group): this rank's ``ReadPart`` (module docstring)."""
+    """Collective (the checkpoint group): this rank's ``ReadPart`` (module docstring) for the
+    saved shards it needs, ``reads``."""
+    rows = {(r.fqn, r.shard_index): r.rows for r in reads}
     names = list(md.tensors)
     gathered = coord.gather_object((socket.gethostname(), report_needs(md, rows, names)))
     parts: list[object] | None = None
@@ -157,12 +154,10 @@ def read_parts(
     shared = np.flatnonzero((found.count > 1) & ~found.apart)  # read once, forwarded
     least = 0
     chunk = getattr(md.checksums, "chunk_size", 0)
-    if chunk:  # segment_bytes over the shared shards' bytes (each counted once)
-        first = np.zeros(total_keys, dtype=bool)
-        first[job.key[shared]] = True
+    if chunk:  # segments of a quarter of the even share of the shared bytes (each shard once), 4 chunks at least
         key_bytes = np.zeros(total_keys, dtype=np.int64)
         key_bytes[job.key[shared]] = geometry[2][shared]
-        least = max(4 * chunk, int(key_bytes[first].sum()) // (4 * max(1, world)))
+        least = max(4 * chunk, int(key_bytes.sum()) // (4 * max(1, world)))
     batches, keys, offsets = assign_columns(job, geometry, found, extents, least, max_batch_bytes)
     pairs = np.empty((len(keys), 2), dtype="<i4")
     pairs[:, 0], pairs[:, 1] = job.needs["tensor"][keys], job.needs["shard"][keys]
@@ -215,18 +210,3 @@ def vectorized(extent: Extent) -> Extents:
         return both[:, 0], both[:, 1]
 
     return each
-
-
-def segment_bytes(md: Metadata, needs: list[list[ShardKey]]) -> int:
-    """How many bytes of shared shards one reader takes at least (``assign_reads``): a quarter
-    of the even share of the shared bytes, and at least four checksum chunks (so that chunks read
-    by two readers at a segment's edges stay a small part)."""
-    chunk = getattr(md.checksums, "chunk_size", 0)
-    if not chunk:
-        return 0
-    count: dict[ShardKey, int] = {}
-    for n in needs:
-        for k in n:
-            count[k] = count.get(k, 0) + 1
-    shared = sum(md.tensors[k[0]].shards[k[1]].byte_length for k, c in count.items() if c > 1)
-    return max(4 * chunk, shared // (4 * max(1, len(needs))))

@@ -9,7 +9,9 @@ tensor, or the buffer a batch is forwarded from), and temporaries for everything
 tensors read together, parts of shards that are copied elsewhere, chunk edges). Pieces are cut
 at 16 MiB lines of file offset and read by the reader pool in any order; the thread finishing
 the last piece of a checksum unit verifies it, and the thread verifying the last unit of a need
-hands it to ``Need.done`` (copies into place). Temporaries are allocated when their first piece
+hands it on: the bytes of small tensors with contiguous destinations (``Need.into``) are
+copied there as plain bytes, in a batch with the others that unit completes; any other need is
+handed to ``Need.done`` (copies into place). Temporaries are allocated when their first piece
 starts and dropped when their last need is done, so memory stays near the bytes in flight.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -36,16 +39,20 @@ PIECE = 16 << 20  # runs are read as parallel ranged reads cut at multiples of t
 @dataclass(eq=False)
 class Need:
     """Bytes ``[lo, hi)`` of file ``name`` that this rank reads; ``dest``: where they land when
-    they have one contiguous destination (exactly ``hi - lo`` bytes), else a temporary; ``done``:
-    called with the bytes (a uint8 tensor) once every unit covering them is verified; ``what``:
-    names the need in errors (the tensor, the blob)."""
+    they have one contiguous destination (exactly ``hi - lo`` bytes), else a temporary; ``into``:
+    for a need read into a temporary, contiguous destinations the run copies bytes into itself
+    once every unit covering ``[lo, hi)`` is verified, as ``(file offset, byte view)`` pairs
+    inside ``[lo, hi)`` (small tensors read with their neighbours: one need may serve several);
+    ``done`` (if any): called with the bytes (a uint8 tensor) after that; ``what``: names the
+    need in errors (the tensor, the blob)."""
 
     name: str
     lo: int
     hi: int
-    done: Callable[[torch.Tensor], None]
+    done: Callable[[torch.Tensor], None] | None
     what: str
     dest: torch.Tensor | None = None
+    into: tuple[tuple[int, memoryview], ...] = ()
     left: int = 0  # units still to verify (set by RunJob)
     segment: _Segment | None = field(default=None, repr=False)
 
@@ -67,7 +74,8 @@ class _Segment:
 
 class RunJob:
     """One run of one file: ``pieces()`` are read by the pool (``read_piece``), in any order and
-    in parallel; ``verify``: check the checksums (else units are only counted)."""
+    in parallel; ``verify``: check the checksums (else units are only counted); ``copied``
+    (monitoring): told ``(start, end, bytes)`` of each batch of copies into ``Need.into``."""
 
     def __init__(
         self,
@@ -81,11 +89,13 @@ class RunJob:
         rank: int,
         holders: Callable[[int, int], list[str]] | None = None,
         piece: int = PIECE,
+        copied: Callable[[float, float, int], None] | None = None,
     ) -> None:
         self.run, self.name, self.needs, self.units = run, name, list(needs), units
         self.read_into, self.verify, self.source, self.rank = read_into, verify, source, rank
         self.holders = holders  # what bytes [lo, hi) of the file hold (for errors)
         self.piece = piece
+        self.copied = copied
         self._lock = threading.Lock()
         self.segments = self._segments()
         self._seg_starts = [s.lo for s in self.segments]
@@ -194,15 +204,13 @@ class RunJob:
             ready = _count_down(self._piece_needs[p])
         for u in finished:
             self._unit_done(u)
-        for need in ready:
-            self._need_done(need)
+        self._needs_done(ready)
         self._release(self._segments_in(lo, hi))
 
     def start(self) -> None:
         """For a run with nothing to read (empty needs, unverified stretches): hand on its needs."""
         if not self._pieces:
-            for need in self.needs:
-                self._need_done(need)
+            self._needs_done(self.needs)
 
     def _unit_done(self, u: int) -> None:
         if self.verify:
@@ -210,8 +218,7 @@ class RunJob:
         lo, hi = self.units.starts[u], self.units.ends[u]
         with self._lock:
             ready = _count_down(self._unit_needs[u])
-        for need in ready:
-            self._need_done(need)
+        self._needs_done(ready)
         self._release(self._segments_in(lo, hi))
 
     def _check(self, u: int) -> None:
@@ -229,15 +236,36 @@ class RunJob:
                 f"(holding {holders or 'nothing named'}): stored {want:#010x}, read {crc:#010x} (the file is corrupt)"
             )
 
-    def _need_done(self, need: Need) -> None:
-        seg = need.segment
-        if seg is None:  # an empty need: nothing was read
-            need.done(torch.empty(0, dtype=torch.uint8))
+    def _needs_done(self, ready: Sequence[Need]) -> None:
+        """Hand on needs whose bytes are all read and verified: copy each into its ``into``
+        (plain byte copies, one clock reading for the batch), call its ``done``, then release
+        their segments (one lock for the batch)."""
+        if not ready:
             return
-        memory = seg.memory
-        assert memory is not None
-        need.done(memory[need.lo - seg.lo : need.hi - seg.lo])
-        self._release([seg])
+        held: list[_Segment] = []
+        t0 = time.perf_counter()
+        copied = 0
+        for need in ready:
+            seg = need.segment
+            if seg is None:  # an empty need: nothing was read
+                if need.done is not None:
+                    need.done(torch.empty(0, dtype=torch.uint8))
+                continue
+            if need.into:
+                view = seg.view
+                assert view is not None
+                for at, into in need.into:
+                    n = len(into)
+                    into[:] = view[at - seg.lo : at - seg.lo + n]
+                    copied += n
+            if need.done is not None:
+                memory = seg.memory
+                assert memory is not None
+                need.done(memory[need.lo - seg.lo : need.hi - seg.lo])
+            held.append(seg)
+        if copied and self.copied is not None:
+            self.copied(t0, time.perf_counter(), copied)
+        self._release(held)
 
     def _release(self, segments: Sequence[_Segment]) -> None:
         """One less thing pending in each of ``segments``; a temporary with nothing pending is

@@ -245,6 +245,28 @@ class SplitShards(Sequence[ShardRecord]):
         lengths[d - 1] = chunk_rows(shape[d], self.layout.parts, i)[1]
         return math.prod(lengths) * isz
 
+    def exact_part(self, offsets: Shape, lengths: Shape) -> tuple[int, ShardRecord] | None:
+        """The part whose box is exactly ``(offsets, lengths)`` (non-empty: a target laid out as
+        the saving job's) and its record (what ``self[p]`` is), or None when no part's box is
+        (``overlapping`` then says which parts it touches). O(1): the part follows from the
+        offset along the split dimension; no other part's record is built."""
+        lay = self.layout
+        _, isz, shape, d = lay.entries[self.entry]
+        if len(offsets) != len(shape) or len(lengths) != len(shape):
+            return None
+        o, n = offsets[d], shape[d]
+        c = -(-n // lay.parts)
+        if c == 0 or o < 0 or o % c or o // c >= lay.parts or lengths[d] != min(n, o + c) - o:
+            return None
+        # every other dimension whole, and the box not empty
+        if lengths[:d] != shape[:d] or lengths[d + 1 :] != shape[d + 1 :] or any(offsets[:d]) or any(offsets[d + 1 :]):
+            return None
+        if 0 in lengths:
+            return None
+        p = o // c
+        nbytes = math.prod(lengths) * isz
+        return p, ShardRecord(tuple(offsets), tuple(lengths), lay.files[p], int(lay.offsets(p)[self.entry]), nbytes)
+
     def overlapping(self, offsets: Shape, lengths: Shape) -> list[int]:
         """The parts whose box overlaps ``(offsets, lengths)``: those whose rows along the split
         dimension meet the box's (every other dimension is whole), in O(parts touched)."""

@@ -205,9 +205,12 @@ def _tensors(
     tensors: dict[str, TensorRecord] = {}
     split: dict[str, tuple[str, tuple[int, ...], int]] = {}  # tensors of a layout: dtype, shape, layout
     small = _SmallRows()
+    nlayouts = len(layouts)
     for fqn, entry in (raw or {}).items():
         if isinstance(entry, dict) and "layout" in entry:
-            got = _part(problems, f"tensor {fqn!r}", partial(_layout_tensor, fqn, entry, len(layouts)))
+            got = _plain_layout_tensor(entry, nlayouts)  # the common well-formed entry, checked inline
+            if got is None:  # anything else: parsed again, saying what is wrong
+                got = _part(problems, f"tensor {fqn!r}", partial(_layout_tensor, fqn, entry, nlayouts))
             if got is not None:
                 split[fqn] = got
             continue
@@ -259,6 +262,8 @@ class _SmallRows:
             return None
         if math.prod(shape) * isz > MAX_BYTES:
             return None
+        if nd == 0 and len(listed) == 1:  # a scalar (Adam's step): one row [file, offset]
+            return self._scalar(fqn, dtype, isz, listed[0], nfiles)
         width = 2 * nd + 2
         offs, lens, shards = [], [], []
         for row in listed:
@@ -283,6 +288,17 @@ class _SmallRows:
         self.owners.append(fqn)
         self.rows.extend((who, s.file_index, s.byte_offset, s.byte_length) for s in shards)
         return TensorRecord(fqn, dtype, tuple(shape), tuple(shards))
+
+    def _scalar(self, fqn: str, dtype: str, isz: int, row: Any, nfiles: int) -> TensorRecord | None:
+        """``take`` of a 0-d tensor's one row: the same checks, spelled out for two fields."""
+        if type(row) is not list or len(row) != 2:
+            return None
+        f, offset = row
+        if type(f) is not int or type(offset) is not int or not 0 <= f < nfiles or not 0 <= offset <= MAX_BYTES - isz:
+            return None
+        self.rows.append((len(self.owners), f, offset, isz))
+        self.owners.append(fqn)
+        return TensorRecord(fqn, dtype, (), (ShardRecord((), (), f, offset, isz),))
 
     def ranges(self) -> OwnedRanges:
         a = np.array(self.rows, dtype=np.int64).reshape(-1, 4)
@@ -344,8 +360,26 @@ def _layout(li: int, entry: Any, nfiles: int | None) -> _RawLayout:
     for row in listed:
         if not isinstance(row, list) or len(row) != 2 or not isinstance(row[0], str):
             raise _Bad(f"{head}each entry is [tensor name, dimension]")
-        entries.append((row[0], _int(row[1], f"{head}dimension", 0, MAX_NDIM - 1)))
+        d = row[1]
+        if type(d) is not int or not 0 <= d < MAX_NDIM:
+            d = _int(d, f"{head}dimension", 0, MAX_NDIM - 1)  # raises, saying why
+        entries.append((row[0], d))
     return files, entries
+
+
+def _plain_layout_tensor(t: dict[str, Any], nlayouts: int) -> tuple[str, tuple[int, ...], int] | None:
+    """``_layout_tensor``'s answer for an entry it accepts with plain JSON types (every entry a
+    writer makes), without building a problem text; None for anything else (then
+    ``_layout_tensor`` parses it and says what is wrong)."""
+    dtype, shape, li = t.get("dtype"), t.get("shape"), t.get("layout")
+    if type(dtype) is not str or type(shape) is not list or type(li) is not int or not 0 <= li < nlayouts:
+        return None
+    if not 1 <= len(shape) <= MAX_NDIM:
+        return None
+    for d in shape:
+        if type(d) is not int or not 0 <= d <= MAX_BYTES:
+            return None
+    return dtype, tuple(shape), li
 
 
 def _layout_tensor(fqn: str, t: Any, nlayouts: int) -> tuple[str, tuple[int, ...], int]:
@@ -377,19 +411,17 @@ def _split_tensors(
     for li, (files, entries) in enumerate(layouts):
         rows = []
         for fqn, d in entries:
-            head = f"layout {li}: tensor {fqn!r}"
             found = split.get(fqn)
             if found is None or found[2] != li or fqn in placed:
-                problems.add(f"{head} is not a tensor of this layout (or is listed twice)")
+                problems.add(f"layout {li}: tensor {fqn!r} is not a tensor of this layout (or is listed twice)")
                 continue
             placed[fqn] = li
             dtype, shape, _ = found
             if d >= len(shape):
-                problems.add(f"{head}: dimension {d} of a rank-{len(shape)} tensor")
+                problems.add(f"layout {li}: tensor {fqn!r}: dimension {d} of a rank-{len(shape)} tensor")
                 continue
-            try:
-                isz = itemsize(dtype)
-            except CorruptMetadataError:
+            isz = _ITEMSIZE.get(dtype)
+            if isz is None:
                 problems.add(f"tensor {fqn!r}: unknown dtype {dtype!r}")
                 continue
             if math.prod(shape) * isz > MAX_BYTES:

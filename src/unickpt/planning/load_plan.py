@@ -13,16 +13,27 @@ every saved shard).
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 
-from ..format.records import Metadata
+from ..format.dtypes import itemsize
+from ..format.layouts import SplitShards
+from ..format.records import Metadata, ShardRecord, TensorRecord
 from ..format.validation import KeyReport, Strictness, check_targets, keys_error
-from .boxes import intersect
+from .boxes import intersect, numel
+from .byte_runs import needed_rows, row_bytes
 from .shard_index import ShardIndex
 from .specs import Shape, ShardSpec
 
-__all__ = ["CopyOp", "ShardRead", "KeyReport", "Strictness", "check_targets", "keys_error", "plan_local_load"]
+__all__ = [
+    "CopyOp",
+    "ShardRead",
+    "KeyReport",
+    "Strictness",
+    "check_targets",
+    "keys_error",
+    "plan_local_load",
+    "shard_read",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,11 +49,31 @@ class CopyOp:
 
 @dataclass(frozen=True, slots=True)
 class ShardRead:
-    """One saved shard this rank needs, and what to copy out of it."""
+    """One saved shard this rank needs and what to copy out of it, with what the read engine
+    needs of it, so that it looks nothing up again: the shard's record (``shard``: its box and
+    bytes), the bytes of one row of its box (``row_bytes``, as ``planning.byte_runs.row_bytes``)
+    and the rows ``[r0, r1)`` of its box that the copies touch (``rows``, as
+    ``planning.byte_runs.needed_rows``). Built by ``shard_read``."""
 
     fqn: str
     shard_index: int
     copies: tuple[CopyOp, ...]
+    shard: ShardRecord
+    row_bytes: int
+    rows: tuple[int, int]
+
+
+def shard_read(fqn: str, shard_index: int, shard: ShardRecord, itemsize: int, copies: tuple[CopyOp, ...]) -> ShardRead:
+    """The ``ShardRead`` of ``copies`` out of saved shard ``shard`` (``fqn``'s shard
+    ``shard_index``, elements of ``itemsize`` bytes). One copy of the whole (non-empty) shard,
+    the common case, touches all its rows: what ``needed_rows`` says, without asking it."""
+    lengths = shard.lengths
+    one = copies[0] if len(copies) == 1 else None
+    if one is not None and one.lengths == lengths and not any(one.src_offsets) and all(lengths):
+        rows = (0, lengths[0]) if lengths else (0, 1)
+    else:
+        rows = needed_rows(lengths, [(c.src_offsets, c.lengths) for c in copies])
+    return ShardRead(fqn, shard_index, copies, shard, row_bytes(lengths, itemsize), rows)
 
 
 def plan_local_load(md: Metadata, specs: list[ShardSpec], index: ShardIndex | None = None) -> list[ShardRead]:
@@ -52,36 +83,59 @@ def plan_local_load(md: Metadata, specs: list[ShardSpec], index: ShardIndex | No
     calls on the same metadata (``engine.load_pipeline`` plans probes and items with one); a
     fresh one otherwise. The saved shards overlapping each target come from it in O(log N +
     overlaps) for the layouts jobs save, so a rank's planning cost does not grow with the number
-    of ranks that saved the checkpoint. Raises ValueError if ``index`` belongs to another
-    metadata object."""
+    of ranks that saved the checkpoint. A target that is exactly one saved shard (a load at the
+    saving job's layout: most targets) takes the shortcut of ``_exact``, which gives what the
+    intersection would. Raises ValueError if ``index`` belongs to another metadata object."""
     if index is None:
         index = ShardIndex(md)
     elif index.md is not md:
         raise ValueError("plan_local_load: the ShardIndex was built for another Metadata object")
-    copies: dict[tuple[str, int], list[CopyOp]] = defaultdict(list)
+    tensors = md.tensors
+    found: dict[tuple[str, int], tuple[ShardRecord, int, list[CopyOp]]] = {}  # key -> (record, itemsize, copies)
+
+    def add(fqn: str, sidx: int, shard: ShardRecord, rec: TensorRecord, op: CopyOp) -> None:
+        known = found.get((fqn, sidx))
+        if known is None:
+            found[(fqn, sidx)] = (shard, itemsize(rec.dtype), [op])
+        else:
+            known[2].append(op)
+
     for idx, spec in enumerate(specs):
-        rec = md.tensors.get(spec.fqn)
-        if rec is None or spec.numel == 0:
+        fqn = spec.fqn
+        rec = tensors.get(fqn)
+        if rec is None or numel(spec.lengths) == 0:
             continue
-        for sidx in index.overlapping(spec.fqn, spec.offsets, spec.lengths):
+        exact = _exact(rec, spec)
+        if exact is not None:  # all of one saved shard into all of the target: no intersection
+            sidx, shard = exact
+            zeros = (0,) * len(shard.lengths)
+            add(fqn, sidx, shard, rec, CopyOp(idx, zeros, zeros, shard.lengths))
+            continue
+        for sidx in index.overlapping(fqn, spec.offsets, spec.lengths):
             shard = rec.shards[sidx]
             hit = intersect(spec.offsets, spec.lengths, shard.offsets, shard.lengths)
-            if hit is None:
-                continue
-            offs, lens = hit
-            copies[(spec.fqn, sidx)].append(
-                CopyOp(
-                    idx,
-                    tuple(o - s for o, s in zip(offs, shard.offsets)),
-                    tuple(o - t for o, t in zip(offs, spec.offsets)),
-                    lens,
-                )
-            )
-    reads = [ShardRead(fqn, sidx, tuple(ops)) for (fqn, sidx), ops in copies.items()]
-
-    def order(r: ShardRead) -> tuple[int, int]:
-        s = md.tensors[r.fqn].shards[r.shard_index]
-        return (s.file_index, s.byte_offset)
-
-    reads.sort(key=order)
+            if hit is not None:
+                offs, lens = hit
+                src = tuple(o - s for o, s in zip(offs, shard.offsets))
+                add(fqn, sidx, shard, rec, CopyOp(idx, src, tuple(o - t for o, t in zip(offs, spec.offsets)), lens))
+    reads = [shard_read(f, i, shard, isz, tuple(ops)) for (f, i), (shard, isz, ops) in found.items()]
+    reads.sort(key=_file_order)
     return reads
+
+
+def _file_order(r: ShardRead) -> tuple[int, int]:
+    return (r.shard.file_index, r.shard.byte_offset)
+
+
+def _exact(rec: TensorRecord, spec: ShardSpec) -> tuple[int, ShardRecord] | None:
+    """The saved shard whose box is exactly ``spec``'s (non-empty; its index and record), when
+    that takes no search: a regular layout's part (``SplitShards.exact_part``), or a tensor
+    saved as one shard; else None (``ShardIndex.overlapping`` then finds the shards)."""
+    shards = rec.shards
+    if isinstance(shards, SplitShards):
+        return shards.exact_part(spec.offsets, spec.lengths)
+    if len(shards) == 1:
+        only = shards[0]
+        if only.offsets == spec.offsets and only.lengths == spec.lengths and type(only.lengths) is tuple:
+            return 0, only
+    return None

@@ -32,7 +32,7 @@ from ..coordination.single import SingleProcessCoordinator
 from ..engine.read import read_stage
 from ..errors import CheckpointError
 from ..format import Metadata, dtype_from_name
-from ..planning.load_plan import CopyOp, ShardRead
+from ..planning.load_plan import CopyOp, shard_read
 from ..planning.specs import LoadItem, ShardSpec
 from ..storage import Storage
 from .inspect import load_metadata
@@ -98,7 +98,7 @@ def read_full_tensor(md: Metadata, storage: Storage, fqn: str, threads: int = 4)
     zeros = (0,) * len(rec.shape)
     spec = ShardSpec(fqn, rec.dtype, rec.shape, zeros, tuple(rec.shape))
     reads = [
-        ShardRead(fqn, i, (CopyOp(0, (0,) * len(s.lengths), tuple(s.offsets), tuple(s.lengths)),))
+        shard_read(fqn, i, s, dtype.itemsize, (CopyOp(0, (0,) * len(s.lengths), tuple(s.offsets), tuple(s.lengths)),))
         for i, s in enumerate(rec.shards)
         if math.prod(s.lengths) > 0
     ]
