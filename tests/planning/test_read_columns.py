@@ -217,7 +217,7 @@ def test_geometry_in_blocks_is_each_shards_own(job, block):
     names = list(md.tensors)
     rows = [(names.index(f), i, lo, hi) for n in needs for (f, i), (lo, hi) in n.items()]
     arr = np.array(rows, dtype=NEED_DTYPE) if rows else np.zeros(0, NEED_DTYPE)
-    got = [c.tolist() for c in shard_geometry(md, arr, block=block)]
+    got = [c.tolist() for c in shard_geometry(md, arr["tensor"], arr["shard"], block=block)]
     for j, (t, i, _, _) in enumerate(rows):
         rec = md.tensors[names[t]]
         want = (*shard_location(rec.shards, i), shard_row_bytes(rec.shards, i, itemsize(rec.dtype)))

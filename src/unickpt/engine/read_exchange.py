@@ -33,7 +33,15 @@ from ..format.checksums import ChunkChecksums
 from ..format.records import Metadata
 from ..planning.load_plan import ShardRead
 from ..planning.read_assignment import ReadBatch, ShardKey
-from ..planning.read_columns import NEED_DTYPE, Extents, JobNeeds, assign_columns, classify, shard_geometry
+from ..planning.read_columns import (
+    NEED_DTYPE,
+    Classified,
+    Extents,
+    JobNeeds,
+    assign_columns,
+    classify,
+    shard_geometry,
+)
 
 __all__ = [
     "ReadPart",
@@ -149,18 +157,14 @@ def read_parts(
         # once; forwarding pays off across hosts or for remote storage
         count = np.bincount(job.key, minlength=total_keys)[job.key]
         return [(None, b"", m) for m in masks(count > 1)]
-    geometry = shard_geometry(md, job.needs)
+    geometry = shard_geometry(md, job.tensor, job.shard)
     found = classify(job, geometry, world, extents, total_keys)
-    shared = np.flatnonzero((found.count > 1) & ~found.apart)  # read once, forwarded
-    least = 0
-    chunk = getattr(md.checksums, "chunk_size", 0)
-    if chunk:  # segments of a quarter of the even share of the shared bytes (each shard once), 4 chunks at least
-        key_bytes = np.zeros(total_keys, dtype=np.int64)
-        key_bytes[job.key[shared]] = geometry[2][shared]
-        least = max(4 * chunk, int(key_bytes.sum()) // (4 * max(1, world)))
-    batches, keys, offsets = assign_columns(job, geometry, found, extents, least, max_batch_bytes)
+    least = _segment_bytes(md, job, geometry[2], found, total_keys)
+    located = geometry[:3]  # the rows' bytes were for the disjoint-rows test only
+    del geometry
+    batches, keys, offsets = assign_columns(job, located, found, extents, least, max_batch_bytes)
     pairs = np.empty((len(keys), 2), dtype="<i4")
-    pairs[:, 0], pairs[:, 1] = job.needs["tensor"][keys], job.needs["shard"][keys]
+    pairs[:, 0], pairs[:, 1] = job.tensor[keys], job.shard[keys]
     mine: list[list[tuple[int, int, tuple[int, ...], bytes, bytes, int]]] = [[] for _ in range(world)]
     for b in batches:
         k, o = pairs[b.start : b.end].tobytes(), offsets[b.start : b.end].astype("<i8").tobytes()
@@ -169,6 +173,19 @@ def read_parts(
             if c != b.reader:  # a receiver needs the batch, not the names of the others
                 mine[c].append((b.batch_id, b.reader, (c,), k, o, b.nbytes))
     return [(m, a, b"") for m, a in zip(mine, masks(found.apart))]
+
+
+def _segment_bytes(md: Metadata, job: JobNeeds, lengths: np.ndarray, found: Classified, total_keys: int) -> int:
+    """How many bytes of shared shards one reader takes at least (``assign_reads``'s
+    ``segment_bytes``): a quarter of the even share of the bytes of the shards read once and
+    forwarded (each shard once), and at least four checksum chunks; 0 without chunk checksums."""
+    chunk = getattr(md.checksums, "chunk_size", 0)
+    if not chunk:
+        return 0
+    shared = np.flatnonzero((found.count > 1) & ~found.apart)
+    key_bytes = np.zeros(total_keys, dtype=np.int64)
+    key_bytes[job.key[shared]] = lengths[shared]
+    return max(4 * chunk, int(key_bytes.sum()) // (4 * max(1, len(found.loads))))
 
 
 def decode_part(wire: object, names: list[str], keys: list[ShardKey], rank: int) -> ReadPart:

@@ -33,50 +33,82 @@ from ..format.dtypes import itemsize
 from ..format.layouts import SplitLayout, SplitShards
 from ..format.records import Metadata
 
-__all__ = ["NEED_DTYPE", "ColumnBatch", "Extents", "JobNeeds", "assign_columns", "classify", "shard_geometry"]
+__all__ = [
+    "NEED_DTYPE",
+    "Classified",
+    "ColumnBatch",
+    "Extents",
+    "JobNeeds",
+    "assign_columns",
+    "classify",
+    "shard_geometry",
+]
 
 # one need: (tensor number in ``Metadata.tensors`` order, shard index, first row, end row)
 NEED_DTYPE = np.dtype([("tensor", "<i4"), ("shard", "<i4"), ("lo", "<i8"), ("hi", "<i8")])
 Extents = Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]  # files, lo, hi
 _ALIGN = 64  # batch offsets (planning.read_assignment._ALIGN)
+_BLOCK = 1 << 20  # needs per block of a vectorised pass whose temporaries would be many
 
 
 @dataclass(frozen=True)
 class JobNeeds:
-    """Every rank's needs, concatenated in rank order: need ``j`` is ``needs[j]`` of rank
-    ``rank[j]``; ``key[j]``: its shard's number across the job (tensor-major)."""
+    """Every rank's needs as columns, concatenated in rank order: need ``j`` is rows
+    ``[lo[j], hi[j])`` of shard ``shard[j]`` of tensor ``tensor[j]`` (its number in the
+    metadata's order), needed by rank ``rank[j]``; ``key[j]``: its shard's number across the
+    job (tensor-major). Numbers that fit in 32 bits are kept in 32 (a whole-job reshard of
+    thousands of ranks has millions of needs)."""
 
-    needs: np.ndarray  # NEED_DTYPE
-    rank: np.ndarray  # int64
+    tensor: np.ndarray  # int32
+    shard: np.ndarray  # int32
+    lo: np.ndarray  # int64
+    hi: np.ndarray  # int64
+    rank: np.ndarray  # int32
     key: np.ndarray  # int64
+
+    def __len__(self) -> int:
+        return len(self.key)
 
     @classmethod
     def of(cls, md: Metadata, per_rank: Sequence[np.ndarray]) -> JobNeeds:
-        """From each rank's needs; a tensor or shard number out of range is a PlanningError."""
-        needs = np.concatenate(per_rank) if per_rank else np.zeros(0, NEED_DTYPE)
+        """From each rank's ``NEED_DTYPE`` rows; a tensor or shard number out of range, or rows
+        out of order, is a PlanningError."""
+        if len(per_rank) >= 1 << 31:
+            raise PlanningError(f"{len(per_rank)} ranks: more than the read assignment counts")
+
+        def column(name: str) -> np.ndarray:
+            return np.concatenate([n[name] for n in per_rank]) if per_rank else np.zeros(0, NEED_DTYPE[name])
+
+        tensor, shard, lo, hi = (column(name) for name in ("tensor", "shard", "lo", "hi"))
         counts = np.fromiter((len(t.shards) for t in md.tensors.values()), dtype=np.int64, count=len(md.tensors))
-        tensor, shard = needs["tensor"].astype(np.int64), needs["shard"].astype(np.int64)
-        if len(needs) and (
+        if len(tensor) and (
             tensor.min() < 0 or tensor.max() >= len(counts) or shard.min() < 0 or np.any(shard >= counts[tensor])
         ):
             raise PlanningError("a rank reported a need of a tensor or shard this checkpoint does not have")
-        if np.any(needs["lo"] > needs["hi"]) or (len(needs) and needs["lo"].min() < 0):
+        if len(lo) and (lo.min() < 0 or np.any(lo > hi)):
             raise PlanningError("a rank reported a need of rows out of order")
         base = np.concatenate([[0], np.cumsum(counts)])
-        rank = np.repeat(np.arange(len(per_rank), dtype=np.int64), [len(n) for n in per_rank])
-        return cls(needs, rank, base[tensor] + shard)
+        rank = np.repeat(np.arange(len(per_rank), dtype=np.int32), [len(n) for n in per_rank])
+        key = base[tensor] + shard
+        return cls(tensor.astype(np.int32), shard.astype(np.int32), _narrow(lo), _narrow(hi), rank, _narrow(key))
+
+
+def _narrow(values: np.ndarray) -> np.ndarray:
+    """``values`` (non-negative integers) as int32 when they all fit, else as int64."""
+    if not len(values) or int(values.max()) < 1 << 31:
+        return values.astype(np.int32)
+    return values.astype(np.int64)
 
 
 def shard_geometry(
-    md: Metadata, needs: np.ndarray, block: int = 1 << 20
+    md: Metadata, tensor: np.ndarray, shard: np.ndarray, block: int = 1 << 20
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(file index, byte offset, byte length, bytes per row of the first dimension) of each
     need's shard: ``format.layouts.shard_location`` / ``shard_row_bytes``, for many at once, in
     blocks of ``block`` needs (temporaries stay small; only the answer is allocated whole)."""
-    n = len(needs)
-    out = [np.zeros(n, dtype=np.int64) for _ in range(4)]
+    n = len(tensor)
+    out = [np.zeros(n, dtype=np.int32 if i == 0 else np.int64) for i in range(4)]  # file numbers fit 32 bits
     records = list(md.tensors.values())
-    tensor, shard = needs["tensor"], needs["shard"]
     used = np.zeros(len(records) + 1, dtype=bool)
     used[tensor] = True
     layouts: dict[int, tuple[SplitLayout, list[int], list[int]]] = {}  # id -> (layout, tensors, entries)
@@ -154,17 +186,22 @@ def classify(
 ) -> Classified:
     """Counts, alone bytes and the disjoint-rows test (module docstring, step 2)."""
     files, offsets, lengths, row_bytes = geometry
-    per_key = np.bincount(job.key, minlength=total_keys)
+    per_key = np.bincount(job.key, minlength=total_keys).astype(np.int32)  # ranks: fewer than 2**31
     count = per_key[job.key]
+    del per_key
     alone = count == 1
-    loads = np.bincount(job.rank, weights=np.where(alone, lengths, 0), minlength=world).astype(np.int64)
+    loads = np.bincount(job.rank[alone], weights=lengths[alone], minlength=world).astype(np.int64)
+    del alone
     apart = np.zeros(len(count), dtype=bool)
-    lo, hi = job.needs["lo"], job.needs["hi"]
-    # two ranks: exact, vectorised
+    lo, hi = job.lo, job.hi
+    # two ranks: exact, vectorised, in blocks (temporaries stay small)
     pairs = np.flatnonzero(count == 2)
     first = second = np.zeros(0, dtype=np.int64)
     if len(pairs):
-        a, b = first, second = _first_and_last(job.key[pairs], pairs, total_keys)
+        first, second = _first_and_last(job.key[pairs], pairs, total_keys)
+    del pairs
+    for s in range(0, len(first), _BLOCK):
+        a, b = first[s : s + _BLOCK], second[s : s + _BLOCK]
         swap = (lo[b] < lo[a]) | ((lo[b] == lo[a]) & (hi[b] < hi[a]))  # a, b in row order
         a, b = np.where(swap, b, a), np.where(swap, a, b)
         rows_apart = lo[b] >= hi[a]
@@ -214,8 +251,9 @@ def classify(
 def _first_and_last(keys: np.ndarray, index: np.ndarray, total_keys: int) -> tuple[np.ndarray, np.ndarray]:
     """For needs ``index`` whose shards two ranks need (``keys``): each need's first and last
     need of its shard (the two, in need order), as need numbers."""
-    first = np.full(total_keys, np.iinfo(np.int64).max, dtype=np.int64)
-    last = np.full(total_keys, -1, dtype=np.int64)
+    kind = np.int32 if len(index) and int(index.max()) < 1 << 31 else np.int64  # need numbers
+    first = np.full(total_keys, np.iinfo(kind).max, dtype=kind)
+    last = np.full(total_keys, -1, dtype=kind)
     np.minimum.at(first, keys, index)
     np.maximum.at(last, keys, index)
     mine = index == first[keys]
@@ -237,7 +275,7 @@ class ColumnBatch:
 
 def assign_columns(
     job: JobNeeds,
-    geometry: tuple[np.ndarray, ...],
+    located: tuple[np.ndarray, np.ndarray, np.ndarray],
     found: Classified,
     extents: Extents,
     segment_bytes: int,
@@ -247,7 +285,7 @@ def assign_columns(
     ``assign_reads(md, needs, max_batch_bytes, cover, segment_bytes, loads)`` over them. Returns
     the batches, each batch key's representative need (``keys``) and the offsets of the keys in
     their batches, both in batch order."""
-    files, offsets, lengths, _ = geometry
+    files, offsets, lengths = located  # each need's shard's file, byte offset, byte length
     # each shard (any order: file order comes next): its first need and its consumers, ascending
     # (cons[starts[i]:ends[i]]); shards of two ranks straight from classify's pairs
     kept = ~found.apart[found.first]
@@ -292,7 +330,7 @@ def assign_columns(
     sets: dict[tuple[int, ...], int] = {}
     set_of = np.empty(len(rep), dtype=np.int64)
     two = width == 2
-    pair = cons[starts] * (1 << 32) + np.where(two, cons[np.minimum(starts + 1, len(cons) - 1)], 0)
+    pair = cons[starts].astype(np.int64) * (1 << 32) + np.where(two, cons[np.minimum(starts + 1, len(cons) - 1)], 0)
     for i in np.flatnonzero(~two).tolist():
         set_of[i] = sets.setdefault(tuple(cons[starts[i] : ends[i]].tolist()), len(sets))
     if np.any(two):
