@@ -1,8 +1,15 @@
-"""Test metadata: 1-d uint8 tensors in one data file (read-assignment tests)."""
+"""Read-assignment test fixtures: metadata of 1-d uint8 tensors in one data file, and the
+read assignment written plainly over Python lists (``assign_reads``, ``reference_parts``): the
+oracle the coordinator's columnar assignment (``planning.read_columns``) is checked against."""
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Callable
+
+from unickpt.format.layouts import shard_location
 from unickpt.format.records import Metadata, ShardRecord, TensorRecord, Topology
+from unickpt.planning.read_assignment import ReadBatch, ShardKey
 
 
 def one_file_metadata(sizes: list[int]) -> Metadata:
@@ -26,7 +33,7 @@ def reference_disjoint(md, by_rank, extent):
     """Shards several ranks need in pairwise disjoint rows whose reads' checksum chunks overlap
     by at most an eighth of what they cover together."""
     from unickpt.format.dtypes import itemsize
-    from unickpt.format.layouts import shard_location, shard_row_bytes
+    from unickpt.format.layouts import shard_row_bytes
 
     ranges = {}
     for n in by_rank:
@@ -54,9 +61,6 @@ def reference_parts(md, by_rank, hosts, dedup, page_cache, extent, max_batch_byt
     """Each rank's (batches or None, apart keys, shared-cache keys) from every rank's needs
     (``by_rank[r]``: {shard key: rows}, in report order)."""
     from dataclasses import replace
-
-    from unickpt.format.layouts import shard_location
-    from unickpt.planning.read_assignment import assign_reads
 
     count = {}
     for n in by_rank:
@@ -90,3 +94,101 @@ def reference_parts(md, by_rank, hosts, dedup, page_cache, extent, max_batch_byt
             if c != b.reader:
                 mine[c].append(replace(b, consumers=(c,)))
     return [(tuple(m), frozenset(k for k in n if k in apart), frozenset()) for m, n in zip(mine, several)]
+
+
+# ---------------------------------------------------------------- the rule over Python lists
+# What the coordinator's columnar assignment (planning.read_columns) computes, written plainly:
+# every needed shard read once, by one of its consumers, balanced by bytes, in chunk-aligned
+# segments, batched per (reader, consumers).
+
+_ALIGN = 64
+
+
+Cover = Callable[[int, int, int], tuple[int, int]]  # (file, lo, hi) -> the bytes a read of [lo, hi) covers
+
+
+def assign_reads(
+    md: Metadata,
+    needs: list[list[ShardKey]],
+    max_batch_bytes: int = 64 << 20,
+    cover: Cover | None = None,
+    segment_bytes: int = 0,
+    loads: list[int] | None = None,
+) -> list[ReadBatch]:
+    """Batches covering every needed shard exactly once, in a deterministic order. ``loads``:
+    bytes each rank reads already (shards it alone needs, assigned elsewhere), counted by the
+    balancing as if they were among ``needs``."""
+    consumers: dict[ShardKey, list[int]] = defaultdict(list)
+    for rank, keys in enumerate(needs):
+        for k in dict.fromkeys(keys):
+            consumers[k].append(rank)
+
+    tensors = md.tensors
+    where = {}  # key -> (file index, byte offset, byte length), looked up once
+    for k in consumers:
+        where[k] = shard_location(tensors[k[0]].shards, k[1])
+
+    def size(k: ShardKey) -> int:
+        return where[k][2]
+
+    def location(k: ShardKey) -> tuple[int, int]:
+        return where[k][:2]
+
+    load = list(loads) if loads is not None else [0] * len(needs)
+    reader: dict[ShardKey, int] = {}
+    for k, cs in consumers.items():
+        if len(cs) == 1:
+            reader[k] = cs[0]
+            load[cs[0]] += size(k)
+    segments = _segments(
+        where, sorted((k for k, cs in consumers.items() if len(cs) > 1), key=location), cover, segment_bytes
+    )
+    segments.sort(key=lambda seg: (-sum(size(k) for k in seg), location(seg[0])))
+    for seg in segments:
+        r = min({c for k in seg for c in consumers[k]}, key=lambda c: (load[c], c))
+        for k in seg:
+            reader[k] = r
+            load[r] += size(k)
+
+    groups: dict[tuple[int, tuple[int, ...]], list[ShardKey]] = defaultdict(list)
+    for k in sorted(reader, key=location):
+        groups[(reader[k], tuple(consumers[k]))].append(k)
+    batches: list[ReadBatch] = []
+    for (r, cons), keys in sorted(groups.items()):
+        cur: list[ShardKey] = []
+        offs: list[int] = []
+        pos = 0
+        for k in keys:
+            n = size(k)
+            if cur and pos + n > max_batch_bytes:
+                batches.append(ReadBatch(len(batches), r, cons, tuple(cur), tuple(offs), pos))
+                cur, offs, pos = [], [], 0
+            cur.append(k)
+            offs.append(pos)
+            pos += -(-n // _ALIGN) * _ALIGN
+        if cur:
+            batches.append(ReadBatch(len(batches), r, cons, tuple(cur), tuple(offs), pos))
+    return batches
+
+
+def _segments(
+    where: dict[ShardKey, tuple[int, int, int]], keys: list[ShardKey], cover: Cover | None, segment_bytes: int
+) -> list[list[ShardKey]]:
+    """``keys`` (in file order) cut into runs of one file of at least ``segment_bytes`` bytes,
+    cut only where the next shard's covered bytes start after the current run's end
+    (``where``: each key's file index, byte offset and byte length)."""
+    out: list[list[ShardKey]] = []
+    cur: list[ShardKey] = []
+    cur_file, cur_bytes, cur_end = -1, 0, 0
+    for k in keys:
+        file_index, offset, length = where[k]
+        end = offset + length
+        lo, hi = cover(file_index, offset, end) if cover is not None else (offset, end)
+        if cur and (file_index != cur_file or (cur_bytes >= segment_bytes and lo >= cur_end)):
+            out.append(cur)
+            cur, cur_bytes, cur_end = [], 0, 0
+        cur.append(k)
+        cur_file, cur_bytes, cur_end = file_index, cur_bytes + length, max(cur_end, hi)
+    if cur:
+        out.append(cur)
+    return out

@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from read_fixtures import assign_reads
 from read_fixtures import one_file_metadata as _md
 from unickpt.format.records import Metadata, ShardRecord, TensorRecord, Topology
-from unickpt.planning.read_assignment import assign_reads
 
 
 @settings(max_examples=200, deadline=None)

@@ -13,13 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from read_fixtures import reference_parts
+from read_fixtures import _segments, reference_parts
 from unickpt.engine.read_exchange import decode_part, read_parts, report_needs, vectorized
 from unickpt.errors import PlanningError
 from unickpt.format import Metadata, ShardRecord, TensorRecord, Topology
 from unickpt.format.checksums import ChunkChecksums
 from unickpt.format.layouts import SplitLayout, SplitShards
-from unickpt.planning.read_assignment import _segments
 from unickpt.planning.read_columns import _segments as column_segments
 
 SETTINGS = settings(max_examples=200, deadline=None, derandomize=True, database=None)

@@ -164,7 +164,7 @@ def read_stage(
 
     Each rank reads, of each saved shard it needs, the rows its copies touch. With ``dedup``
     (and several ranks), a shard whose needed rows several ranks share is read by one of them
-    only, whole, and forwarded over the process group to the others (``assign_reads``); shards
+    only, whole, and forwarded over the process group to the others (``read_exchange``); shards
     several ranks need in disjoint rows (a resharding load to another world size) are not
     forwarded: each rank reads its own rows. ``dedup=None`` forwards nothing when all ranks run
     on one host over storage that shares its page cache (local files): shared bytes are read

@@ -9,7 +9,7 @@ decides once for the job (``read_parts``, columnar: ``planning.read_columns``): 
 storage that shares its page cache (``dedup_reads=None``), nothing is forwarded and each rank
 learns which of its shards others read too; otherwise shards several ranks need in disjoint
 rows are read by each for its own rows, and every other shard several ranks need is assigned
-to one reader (``assign_reads``'s rule, balanced with the bytes each rank reads alone) -> each
+to one reader (``planning.read_assignment``'s rule, balanced with the bytes each rank reads alone) -> each
 rank receives only its part (``PartWire``: the batches it reads or receives, a received batch
 naming it as its only consumer, keys as tensor numbers; bit masks over its own report for the
 shards it reads apart or through the shared cache) and decodes it (``decode_part``); the shards
@@ -176,9 +176,9 @@ def read_parts(
 
 
 def _segment_bytes(md: Metadata, job: JobNeeds, lengths: np.ndarray, found: Classified, total_keys: int) -> int:
-    """How many bytes of shared shards one reader takes at least (``assign_reads``'s
-    ``segment_bytes``): a quarter of the even share of the bytes of the shards read once and
-    forwarded (each shard once), and at least four checksum chunks; 0 without chunk checksums."""
+    """How many bytes of shared shards one reader takes at least (the rule's segment size): a
+    quarter of the even share of the bytes of the shards read once and forwarded (each shard
+    once), and at least four checksum chunks; 0 without chunk checksums."""
     chunk = getattr(md.checksums, "chunk_size", 0)
     if not chunk:
         return 0

@@ -3,7 +3,8 @@
 Called by the coordinator (``engine.read_exchange.read_parts``) with every rank's needs, each an
 array of ``NEED_DTYPE`` rows (tensor number in the metadata's order, shard, first and end row of
 the shard its copies touch), concatenated in rank order. It decides what
-``planning.read_assignment.assign_reads`` decides over Python lists, with every pass over the
+the read assignment's rule (``planning.read_assignment``) decides over Python lists (the tests'
+reference, ``tests/read_fixtures.py``), with every pass over the
 needs vectorised, so the coordinator's work grows with the job's needs at numpy speed and its
 Python loops with the segments and batches only (a whole-job reshard of 4,096 FSDP ranks sends
 millions of needs):
@@ -14,8 +15,8 @@ millions of needs):
    needs); of the shards several ranks need, those read by each for its own rows (the same test
    as ``disjoint_needs``: rows pairwise disjoint, and the checksum chunks their reads cover
    overlapping by at most an eighth of what they cover together).
-3. ``assign_columns``: every other shared shard gets one reader, exactly as ``assign_reads``
-   with the alone bytes as ``loads``: shards in file order cut into segments, segments largest
+3. ``assign_columns``: every other shared shard gets one reader, by the rule, the alone bytes
+   counted in the balancing: shards in file order cut into segments, segments largest
    first to the least-loaded consumer, batches per (reader, consumers) of at most
    ``max_batch_bytes``. Batches come out as ``ColumnBatch`` (keys as arrays), so that a rank's
    part is cut from them without a Python object per need.
@@ -262,7 +263,7 @@ def _first_and_last(keys: np.ndarray, index: np.ndarray, total_keys: int) -> tup
 
 @dataclass(frozen=True)
 class ColumnBatch:
-    """One batch of ``assign_reads`` with its keys as positions: ``keys[start:end]`` of the
+    """One batch of the assignment with its keys as positions: ``keys[start:end]`` of the
     ``assign_columns`` answer (each a need number whose shard it is), in the batch's order."""
 
     batch_id: int
@@ -282,7 +283,7 @@ def assign_columns(
     max_batch_bytes: int = 64 << 20,
 ) -> tuple[list[ColumnBatch], np.ndarray, np.ndarray]:
     """Readers and batches for the shards several ranks need, none read apart:
-    ``assign_reads(md, needs, max_batch_bytes, cover, segment_bytes, loads)`` over them. Returns
+    the rule (``planning.read_assignment``) over them, with ``found.loads`` counted. Returns
     the batches, each batch key's representative need (``keys``) and the offsets of the keys in
     their batches, both in batch order."""
     files, offsets, lengths = located  # each need's shard's file, byte offset, byte length
@@ -301,7 +302,7 @@ def assign_columns(
     starts = np.concatenate([np.arange(0, 2 * len(pair_a), 2), 2 * len(pair_a) + many_starts]).astype(np.int64)
     ends = np.concatenate([starts[1:], [len(cons)]])
     k_file, k_off, k_len = files[rep], offsets[rep], lengths[rep]
-    # file order; ties by first appearance (the dict order assign_reads sorts stably)
+    # file order; ties by first appearance (the order the rule over Python lists sorts stably)
     by_loc = np.lexsort((rep, k_off, k_file))
     c_lo, c_hi = extents(k_file[by_loc], k_off[by_loc], k_off[by_loc] + k_len[by_loc])
     seg_of = _segments(k_file[by_loc], k_len[by_loc], c_lo, c_hi, segment_bytes)
@@ -364,7 +365,7 @@ def assign_columns(
 
 
 def _segments(files: np.ndarray, lengths: np.ndarray, c_lo: np.ndarray, c_hi: np.ndarray, least: int) -> np.ndarray:
-    """Segment number of each key (in file order): ``read_assignment._segments``. A cut goes
+    """Segment number of each key (in file order), as the rule cuts them. A cut goes
     before key j where its file changes, or where the segment so far holds ``least`` bytes and
     j's covered bytes start at or after the segment's end."""
     n = len(files)
