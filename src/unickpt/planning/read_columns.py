@@ -82,16 +82,17 @@ class JobNeeds:
 
         tensor, shard, lo, hi = (column(name) for name in ("tensor", "shard", "lo", "hi"))
         counts = np.fromiter((len(t.shards) for t in md.tensors.values()), dtype=np.int64, count=len(md.tensors))
-        if len(tensor) and (
-            tensor.min() < 0 or tensor.max() >= len(counts) or shard.min() < 0 or np.any(shard >= counts[tensor])
-        ):
-            raise PlanningError("a rank reported a need of a tensor or shard this checkpoint does not have")
-        if len(lo) and (lo.min() < 0 or np.any(lo > hi)):
-            raise PlanningError("a rank reported a need of rows out of order")
         base = np.concatenate([[0], np.cumsum(counts)])
+        kind = np.int32 if int(base[-1]) < 1 << 31 else np.int64  # shard numbers across the job
+        key = np.zeros(0, dtype=kind)
+        if len(tensor):
+            if tensor.min() < 0 or tensor.max() >= len(counts) or shard.min() < 0 or np.any(shard >= counts[tensor]):
+                raise PlanningError("a rank reported a need of a tensor or shard this checkpoint does not have")
+            key = base.astype(kind)[tensor] + shard.astype(kind, copy=False)  # below base[-1]: no overflow
+            if lo.min() < 0 or np.any(lo > hi):
+                raise PlanningError("a rank reported a need of rows out of order")
         rank = np.repeat(np.arange(len(per_rank), dtype=np.int32), [len(n) for n in per_rank])
-        key = base[tensor] + shard
-        return cls(tensor.astype(np.int32), shard.astype(np.int32), _narrow(lo), _narrow(hi), rank, _narrow(key))
+        return cls(tensor, shard, _narrow(lo), _narrow(hi), rank, key)
 
 
 def _narrow(values: np.ndarray) -> np.ndarray:
@@ -220,8 +221,8 @@ def classify(
     many = np.flatnonzero(count > 2)
     if len(many):  # first, rows whose lengths add up past their span overlap (replicated state)
         keys = job.key[many]
-        span_lo = np.full(total_keys, np.iinfo(np.int64).max, dtype=np.int64)
-        span_hi = np.zeros(total_keys, dtype=np.int64)
+        span_lo = np.full(total_keys, np.iinfo(lo.dtype).max, dtype=lo.dtype)  # types alike: ufunc.at's fast path
+        span_hi = np.zeros(total_keys, dtype=hi.dtype)
         np.minimum.at(span_lo, keys, lo[many])
         np.maximum.at(span_hi, keys, hi[many])
         summed = np.bincount(keys, weights=(hi[many] - lo[many]).astype(np.float64), minlength=total_keys)
@@ -255,8 +256,9 @@ def _first_and_last(keys: np.ndarray, index: np.ndarray, total_keys: int) -> tup
     kind = np.int32 if len(index) and int(index.max()) < 1 << 31 else np.int64  # need numbers
     first = np.full(total_keys, np.iinfo(kind).max, dtype=kind)
     last = np.full(total_keys, -1, dtype=kind)
-    np.minimum.at(first, keys, index)
-    np.maximum.at(last, keys, index)
+    index_kind = index.astype(kind)  # the same type as the table: ufunc.at's fast path
+    np.minimum.at(first, keys, index_kind)
+    np.maximum.at(last, keys, index_kind)
     mine = index == first[keys]
     return index[mine], last[keys[mine]]
 
