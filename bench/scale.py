@@ -50,8 +50,8 @@ from typing import Any
 from unickpt.engine.commit import SaveSource, build_metadata
 from unickpt.engine.gc_pause import gc_paused
 from unickpt.engine.plan_cache import CachedPlan
-from unickpt.engine.read import _extent
-from unickpt.engine.read_exchange import decode_part, read_parts, report_needs, vectorized
+from unickpt.engine.read import _extents
+from unickpt.engine.read_exchange import decode_part, read_parts, report_needs
 from unickpt.format.codec import decode_metadata, encode_metadata
 from unickpt.planning.load_plan import plan_local_load
 from unickpt.planning.plan_codec import decode_rank_plan, encode_local_plan, encode_rank_rows
@@ -218,7 +218,7 @@ def measure(layout: str, world: int, load_world: int, freeze_gc: bool = False, c
 
     t_needs, reports = timed(lambda: [report_of(r) for r in range(load_world)])
     # the coordinator: counts, disjoint rows, the read assignment, each rank's part (read_exchange)
-    extents = vectorized(_extent(md2, True))
+    extents = _extents(md2, True)
     with gc_paused():  # as the load pipeline runs it (engine.load_pipeline)
         t_assign, parts = timed(lambda: read_parts(md2, reports, True, False, extents))
     load_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

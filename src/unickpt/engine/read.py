@@ -46,13 +46,14 @@ from ..planning.boxes import sub_box_is_contiguous
 from ..planning.byte_runs import MERGE_GAP, Run, Span, plan_runs, row_bytes
 from ..planning.load_plan import CopyOp, ShardRead
 from ..planning.read_assignment import ReadBatch
+from ..planning.read_columns import Extents
 from ..planning.specs import LoadItem
 from ..storage.base import METADATA_LIMIT, Storage
 from ..storage.commit import publisher_for
 from .bytes_view import box_view, sub_box, tensor_bytes
 from .folder_hint import folder_hint
 from .forwarding import Transfer
-from .read_exchange import ReadPart, exchange_needs, own_keys
+from .read_exchange import ReadPart, exchange_needs, own_keys, vectorized
 from .read_runs import Need, RunJob
 
 __all__ = ["read_metadata", "read_metadata_bytes", "read_stage", "read_blob", "BLOB_LIMIT"]
@@ -139,6 +140,14 @@ def _extent(md: Metadata, verify: bool) -> Callable[[int, int, int], tuple[int, 
     return extent
 
 
+def _extents(md: Metadata, verify: bool) -> Extents:
+    """``_extent`` over arrays (the coordinator's read assignment): the chunk checksums' own
+    vectorised arithmetic, else ``_extent`` one range at a time."""
+    if verify and isinstance(md.checksums, ChunkChecksums):
+        return md.checksums.extents
+    return vectorized(_extent(md, verify))
+
+
 def _cover(md: Metadata, verify: bool) -> Callable[[int, int, int], Units]:
     """The checksum units covering a byte range (none when not verifying, or for metadata
     without checksums: then exactly the range is read)."""
@@ -177,10 +186,11 @@ def read_stage(
     place."""
     me = coord.rank
     mine = {(r.fqn, r.shard_index): r for r in reads}
-    extent = _extent(md, verify)
     part = ReadPart(None)  # alone, or nothing forwarded: this rank reads all it needs
     if coord.world_size > 1 and dedup is not False:  # the coordinator assigns; each rank gets its part
-        part = exchange_needs(coord, md, mine.values(), dedup, storage.capabilities.shared_page_cache, extent)
+        part = exchange_needs(
+            coord, md, mine.values(), dedup, storage.capabilities.shared_page_cache, _extents(md, verify)
+        )
     shared, apart = part.shared, part.apart  # read through the shared cache / own rows only
     batches = list(part.batches or ())  # the coordinator's: shards others need too
     own = own_keys(me, mine, part)  # the shards this rank alone needs

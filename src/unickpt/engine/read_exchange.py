@@ -29,7 +29,6 @@ import numpy as np
 
 from ..coordination.base import Coordinator
 from ..errors import CheckpointError, PlanningError
-from ..format.checksums import ChunkChecksums
 from ..format.records import Metadata
 from ..planning.load_plan import ShardRead
 from ..planning.read_assignment import ReadBatch, ShardKey
@@ -82,7 +81,7 @@ def own_keys(rank: int, mine: Iterable[ShardKey], part: ReadPart) -> list[ShardK
 
 
 def exchange_needs(
-    coord: Coordinator, md: Metadata, reads: Iterable[ShardRead], dedup: bool | None, page_cache: bool, extent: Extent
+    coord: Coordinator, md: Metadata, reads: Iterable[ShardRead], dedup: bool | None, page_cache: bool, extents: Extents
 ) -> ReadPart:
     """Collective (the checkpoint group): this rank's ``ReadPart`` (module docstring) for the
     saved shards it needs, ``reads``."""
@@ -93,7 +92,7 @@ def exchange_needs(
     if coord.rank == 0:
         assert gathered is not None
         try:
-            parts = list(read_parts(md, gathered, dedup, page_cache, vectorized(extent)))
+            parts = list(read_parts(md, gathered, dedup, page_cache, extents))
         except CheckpointError as e:
             parts = [e] * coord.world_size
         except Exception as e:  # every rank gets the same error, none waits for a part
@@ -146,7 +145,7 @@ def read_parts(
         per_rank.append(np.frombuffer(blob, dtype=NEED_DTYPE))
     job = JobNeeds.of(md, per_rank)
     bounds = np.concatenate([[0], np.cumsum([len(n) for n in per_rank])])
-    total_keys = sum(len(t.shards) for t in md.tensors.values())
+    total_keys = job.total_keys
 
     def masks(mask: np.ndarray) -> list[bytes]:
         return [np.packbits(mask[bounds[r] : bounds[r + 1]]).tobytes() for r in range(world)]
@@ -215,11 +214,8 @@ def decode_part(wire: object, names: list[str], keys: list[ShardKey], rank: int)
 
 
 def vectorized(extent: Extent) -> Extents:
-    """``extent`` over arrays: the checksums' own vectorised form where there is one
-    (``ChunkChecksums.extents``), else one call per range (per-shard checksums: small jobs)."""
-    owner = getattr(extent, "__self__", None)
-    if isinstance(owner, ChunkChecksums) and getattr(extent, "__name__", "") == "extent":
-        return owner.extents
+    """``extent`` over arrays, one call per range: for checksums without a vectorised form
+    (per-shard checksums of format versions 1 and 2: small jobs)."""
 
     def each(files: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         out = [extent(f, a, b) for f, a, b in zip(files.tolist(), lo.tolist(), hi.tolist())]

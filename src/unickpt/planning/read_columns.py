@@ -66,6 +66,7 @@ class JobNeeds:
     hi: np.ndarray  # int64
     rank: np.ndarray  # int32
     key: np.ndarray  # int64
+    total_keys: int  # shards across the job (every key is below it)
 
     def __len__(self) -> int:
         return len(self.key)
@@ -92,7 +93,7 @@ class JobNeeds:
             if lo.min() < 0 or np.any(lo > hi):
                 raise PlanningError("a rank reported a need of rows out of order")
         rank = np.repeat(np.arange(len(per_rank), dtype=np.int32), [len(n) for n in per_rank])
-        return cls(tensor, shard, _narrow(lo), _narrow(hi), rank, key)
+        return cls(tensor, shard, _narrow(lo), _narrow(hi), rank, key, int(base[-1]))
 
 
 def _narrow(values: np.ndarray) -> np.ndarray:
