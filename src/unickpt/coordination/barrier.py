@@ -31,7 +31,10 @@ reached (its host died) -> ``CollectiveError``. Failures travel as ``outcomes.Ou
 the safe value encoding (``format.values``); payloads are never decoded here.
 
 Cleanup: each rank counts itself out in ``done`` once it knows the outcome; the last one deletes
-the keys. A barrier that a rank never finishes (it died) leaves its keys behind.
+the keys. A barrier that a rank never finishes (it died) leaves its keys behind. After a failed
+barrier rank 0, the store's host, waits (a few seconds at most) for the ranks that reported to
+count out before raising, so that its process ending cannot take the store away from a rank
+still reading the decision.
 
 Without a store (``coord.store_scope()`` None: one process) the same contract runs on
 collectives: ``run_stage`` on the reports, a gather of the payloads, ``run_stage`` on the commit.
@@ -59,6 +62,7 @@ _FRAME = struct.Struct("<IBQ")  # rank, 1 = success / 0 = failure, length of the
 _COMMIT = b"C"
 _SUCCESS = b"S"
 _FAILED = b"F"
+_LINGER = 5.0  # seconds rank 0 keeps the store up for the others after a failed barrier, at most
 
 
 def commit_barrier(
@@ -102,6 +106,7 @@ class _StoreBarrier:
         base = f"{scope.prefix}/{key}"
         self.k_reports, self.k_count, self.k_all = f"{base}/reports", f"{base}/count", f"{base}/all"
         self.k_decision, self.k_outcome, self.k_done = f"{base}/decision", f"{base}/outcome", f"{base}/done"
+        self._decision = b""  # rank 0: the decision it read back after its claim
 
     # ------------------------------------------------------------------ the barrier
 
@@ -121,14 +126,20 @@ class _StoreBarrier:
             body = _encode_outcome(pack(e))
             frame = _FRAME.pack(self.rank, 0, len(body)) + body
         t0 = time.monotonic()
+        failed = True
         try:
             self._store("report", self._report, frame)
             if self.rank == 0:
-                return self._lead(t0, local, commit, commit_stage, on_decided)
-            self._follow(t0, local, on_decided)
-            return None
+                result = self._lead(t0, local, commit, commit_stage, on_decided)
+            else:
+                self._follow(t0, local, on_decided)
+                result = None
+            failed = False
+            return result
         finally:
             self._count_out()
+            if failed and self.rank == 0:
+                self._linger()
 
     def _report(self, frame: bytes) -> None:
         self.store.append(self.k_reports, frame)
@@ -147,6 +158,7 @@ class _StoreBarrier:
         frames = self._store("read the reports", self._frames)
         claim = self._verdict(frames, leader_late=False)
         decision = self._store("claim the decision", self.store.compare_set, self.k_decision, "", claim)
+        self._decision = decision
         if decision != _COMMIT:
             raise self._error(decision, local) from local
         if on_decided is not None:
@@ -265,6 +277,24 @@ class _StoreBarrier:
                 (),
                 self.scope.timeout,
             ) from e
+
+    def _linger(self) -> None:
+        """Rank 0 hosts the job's store, and its error may end its process (and the store with
+        it): after a failed barrier it waits, at most ``_LINGER`` seconds, until every rank that
+        reported has counted out (read the decision), so that none of them finds the store gone
+        and raises a different error than the others."""
+        expected = self.world_size
+        try:
+            if self._decision.startswith(_FAILED):
+                expected -= len(loads_value(self._decision[1:], "commit barrier record")["missing"] or ())
+        except Exception:  # an unreadable record: wait for every rank, still at most _LINGER
+            pass
+        deadline = time.monotonic() + min(_LINGER, self.scope.timeout)
+        try:
+            while self.store.add(self.k_done, 0) < expected and time.monotonic() < deadline:
+                time.sleep(0.01)  # a bounded poll: the store has no wait for a counter's value
+        except Exception:  # the store is gone: nobody to wait for
+            pass
 
     def _count_out(self) -> None:
         """This rank knows the outcome; the last rank to know deletes the barrier's keys."""
