@@ -7,6 +7,7 @@ reports are refused by name."""
 from __future__ import annotations
 
 import math
+from unittest.mock import patch
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from unickpt.errors import PlanningError
 from unickpt.format import Metadata, ShardRecord, TensorRecord, Topology
 from unickpt.format.checksums import ChunkChecksums
 from unickpt.format.layouts import SplitLayout, SplitShards
+from unickpt.planning import read_columns
 from unickpt.planning.read_columns import _segments as column_segments
 
 SETTINGS = settings(max_examples=200, deadline=None, derandomize=True, database=None)
@@ -97,14 +99,61 @@ def _parts(md, needs, hosts, dedup, page_cache, extent, max_batch_bytes=64 << 20
 
 
 @SETTINGS
-@given(jobs(), st.sampled_from(["one host", "two hosts", "dedup"]), st.sampled_from([64, 500, 64 << 20]))
-def test_each_ranks_part_is_the_references(job, mode, max_batch):
+@given(
+    jobs(),
+    st.sampled_from(["one host", "two hosts", "dedup"]),
+    st.sampled_from([64, 500, 64 << 20]),
+    st.sampled_from([1 << 20, 1, 3]),
+)
+def test_each_ranks_part_is_the_references(job, mode, max_batch, block):
+    """... with the passes over the needs in blocks of ``block`` needs (the default, and blocks
+    of one and three needs, so that every block boundary is crossed)."""
     md, needs = job
     hosts = ["h0"] * len(needs) if mode != "two hosts" else [f"h{r % 2}" for r in range(len(needs))]
     dedup = True if mode == "dedup" else None
     for extent in (md.checksums.extent, lambda f, lo, hi: (lo, hi)):  # verified reads, or not
-        got = _parts(md, needs, hosts, dedup, True, extent, max_batch)
+        with patch.object(read_columns, "BLOCK", block):
+            got = _parts(md, needs, hosts, dedup, True, extent, max_batch)
         want = reference_parts(md, needs, hosts, dedup, True, extent, max_batch)
+        assert [(p.batches, p.apart, p.shared) for p in got] == want
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@given(st.integers(3, 9), st.randoms(use_true_random=False), st.sampled_from([1 << 20, 2]))
+def test_shards_every_rank_needs_are_the_references(world, rnd, block):
+    """FSDP2-like state: a 0-d step and a small tensor every rank needs whole (replicated
+    state: the assignment lists no consumers for them, all ranks are), a tensor every rank
+    needs a disjoint piece of (its rows are tested), and sharded tensors some ranks need;
+    each rank's part equals the reference's."""
+    lay = SplitLayout((0, 1, 2), (("w", 4, (30, 8), 0), ("v", 4, (7,), 0)))
+    tensors = {
+        "w": TensorRecord("w", "float32", (30, 8), SplitShards(lay, 0)),
+        "v": TensorRecord("v", "float32", (7,), SplitShards(lay, 1)),
+        "step": TensorRecord("step", "float32", (), (ShardRecord((), (), 3, 0, 4),)),
+        "bias": TensorRecord("bias", "float32", (6,), (ShardRecord((0,), (6,), 3, 64, 24),)),
+        "row": TensorRecord("row", "float32", (90,), (ShardRecord((0,), (90,), 4, 0, 360),)),
+    }
+    files = tuple(f"data/s/f{i}.bin" for i in range(5))
+    md = Metadata(
+        3, "s", 1.0, Topology("fsdp2", 3), files, tensors, checksums=chunk_sums(files, tensors.values(), chunk=64)
+    )
+    needs = []
+    for r in range(world):
+        mine = {("step", 0): (0, 1), ("bias", 0): (0, 6)}
+        lo, hi = r * 90 // world, (r + 1) * 90 // world
+        mine[("row", 0)] = (lo, hi)
+        for i in range(3):
+            if rnd.random() < 0.6:
+                a = rnd.randrange(0, 10)
+                mine[("w", i)] = (a, rnd.randrange(a + 1, 11))
+            if rnd.random() < 0.5 and i < 3:
+                mine[("v", i)] = (0, min(3, 7 - 3 * i))
+        needs.append(mine)
+    hosts = [f"h{r % 2}" for r in range(world)]
+    for dedup in (True, None):
+        with patch.object(read_columns, "BLOCK", block):
+            got = _parts(md, needs, hosts, dedup, True, md.checksums.extent)
+        want = reference_parts(md, needs, hosts, dedup, True, md.checksums.extent, 64 << 20)
         assert [(p.batches, p.apart, p.shared) for p in got] == want
 
 
@@ -212,7 +261,8 @@ def test_geometry_in_blocks_is_each_shards_own(job, block):
     its shard's (``shard_location`` / ``shard_row_bytes``, one shard at a time)."""
     from unickpt.format.dtypes import itemsize
     from unickpt.format.layouts import shard_location, shard_row_bytes
-    from unickpt.planning.read_columns import NEED_DTYPE, shard_geometry
+    from unickpt.planning.read_columns import NEED_DTYPE
+    from unickpt.planning.shard_lookup import shard_geometry
 
     md, needs = job
     names = list(md.tensors)

@@ -32,15 +32,7 @@ from ..errors import CheckpointError, PlanningError
 from ..format.records import Metadata
 from ..planning.load_plan import ShardRead
 from ..planning.read_assignment import ReadBatch, ShardKey
-from ..planning.read_columns import (
-    NEED_DTYPE,
-    Classified,
-    Extents,
-    JobNeeds,
-    assign_columns,
-    classify,
-    shard_geometry,
-)
+from ..planning.read_columns import NEED_DTYPE, Extents, JobNeeds, assign_columns, classify
 
 __all__ = [
     "ReadPart",
@@ -156,12 +148,9 @@ def read_parts(
         # once; forwarding pays off across hosts or for remote storage
         count = np.bincount(job.key, minlength=total_keys)[job.key]
         return [(None, b"", m) for m in masks(count > 1)]
-    geometry = shard_geometry(md, job.tensor, job.shard)
-    found = classify(job, geometry, world, extents, total_keys)
-    least = _segment_bytes(md, job, geometry[2], found, total_keys)
-    located = geometry[:3]  # the rows' bytes were for the disjoint-rows test only
-    del geometry
-    batches, keys, offsets = assign_columns(job, located, found, extents, least, max_batch_bytes)
+    found = classify(md, job, world, extents)
+    chunk = getattr(md.checksums, "chunk_size", 0)
+    batches, keys, offsets = assign_columns(job, found, extents, chunk, max_batch_bytes)
     pairs = np.empty((len(keys), 2), dtype="<i4")
     pairs[:, 0], pairs[:, 1] = job.tensor[keys], job.shard[keys]
     mine: list[list[tuple[int, int, tuple[int, ...], bytes, bytes, int]]] = [[] for _ in range(world)]
@@ -172,19 +161,6 @@ def read_parts(
             if c != b.reader:  # a receiver needs the batch, not the names of the others
                 mine[c].append((b.batch_id, b.reader, (c,), k, o, b.nbytes))
     return [(m, a, b"") for m, a in zip(mine, masks(found.apart))]
-
-
-def _segment_bytes(md: Metadata, job: JobNeeds, lengths: np.ndarray, found: Classified, total_keys: int) -> int:
-    """How many bytes of shared shards one reader takes at least (the rule's segment size): a
-    quarter of the even share of the bytes of the shards read once and forwarded (each shard
-    once), and at least four checksum chunks; 0 without chunk checksums."""
-    chunk = getattr(md.checksums, "chunk_size", 0)
-    if not chunk:
-        return 0
-    shared = np.flatnonzero((found.count > 1) & ~found.apart)
-    key_bytes = np.zeros(total_keys, dtype=np.int64)
-    key_bytes[job.key[shared]] = lengths[shared]
-    return max(4 * chunk, int(key_bytes.sum()) // (4 * max(1, len(found.loads))))
 
 
 def decode_part(wire: object, names: list[str], keys: list[ShardKey], rank: int) -> ReadPart:

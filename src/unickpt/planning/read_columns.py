@@ -24,15 +24,16 @@ millions of needs):
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import PlanningError
-from ..format.dtypes import itemsize
-from ..format.layouts import SplitLayout, SplitShards
 from ..format.records import Metadata
+from .shard_lookup import BLOCK, ShardLookup
 
 __all__ = [
     "NEED_DTYPE",
@@ -42,14 +43,15 @@ __all__ = [
     "JobNeeds",
     "assign_columns",
     "classify",
-    "shard_geometry",
+    "segment_bytes",
 ]
 
 # one need: (tensor number in ``Metadata.tensors`` order, shard index, first row, end row)
 NEED_DTYPE = np.dtype([("tensor", "<i4"), ("shard", "<i4"), ("lo", "<i8"), ("hi", "<i8")])
 Extents = Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]  # files, lo, hi
+Where = tuple[np.ndarray, np.ndarray, np.ndarray]  # per shard: file, byte offset, byte length
 _ALIGN = 64  # batch offsets (planning.read_assignment._ALIGN)
-_BLOCK = 1 << 20  # needs per block of a vectorised pass whose temporaries would be many
+_THREADS = min(4, os.cpu_count() or 1)  # classify's workers
 
 
 @dataclass(frozen=True)
@@ -62,10 +64,10 @@ class JobNeeds:
 
     tensor: np.ndarray  # int32
     shard: np.ndarray  # int32
-    lo: np.ndarray  # int64
-    hi: np.ndarray  # int64
+    lo: np.ndarray  # int32 or int64
+    hi: np.ndarray  # int32 or int64
     rank: np.ndarray  # int32
-    key: np.ndarray  # int64
+    key: np.ndarray  # intp
     total_keys: int  # shards across the job (every key is below it)
 
     def __len__(self) -> int:
@@ -74,194 +76,220 @@ class JobNeeds:
     @classmethod
     def of(cls, md: Metadata, per_rank: Sequence[np.ndarray]) -> JobNeeds:
         """From each rank's ``NEED_DTYPE`` rows; a tensor or shard number out of range, or rows
-        out of order, is a PlanningError."""
-        if len(per_rank) >= 1 << 31:
-            raise PlanningError(f"{len(per_rank)} ranks: more than the read assignment counts")
-
-        def column(name: str) -> np.ndarray:
-            return np.concatenate([n[name] for n in per_rank]) if per_rank else np.zeros(0, NEED_DTYPE[name])
-
-        tensor, shard, lo, hi = (column(name) for name in ("tensor", "shard", "lo", "hi"))
+        out of order, is a PlanningError. Each field goes straight into its column and the
+        checks run in blocks (the columns are the only whole-job allocations)."""
+        world = len(per_rank)
+        if world >= 1 << 31:
+            raise PlanningError(f"{world} ranks: more than the read assignment counts")
+        sizes = [len(n) for n in per_rank]
+        n = sum(sizes)
+        ends = np.cumsum(sizes)
         counts = np.fromiter((len(t.shards) for t in md.tensors.values()), dtype=np.int64, count=len(md.tensors))
         base = np.concatenate([[0], np.cumsum(counts)])
-        kind = np.int32 if int(base[-1]) < 1 << 31 else np.int64  # shard numbers across the job
-        key = np.zeros(0, dtype=kind)
-        if len(tensor):
-            if tensor.min() < 0 or tensor.max() >= len(counts) or shard.min() < 0 or np.any(shard >= counts[tensor]):
-                raise PlanningError("a rank reported a need of a tensor or shard this checkpoint does not have")
-            key = base.astype(kind)[tensor] + shard.astype(kind, copy=False)  # below base[-1]: no overflow
-            if lo.min() < 0 or np.any(lo > hi):
-                raise PlanningError("a rank reported a need of rows out of order")
-        rank = np.repeat(np.arange(len(per_rank), dtype=np.int32), [len(n) for n in per_rank])
-        return cls(tensor, shard, _narrow(lo), _narrow(hi), rank, key, int(base[-1]))
-
-
-def _narrow(values: np.ndarray) -> np.ndarray:
-    """``values`` (non-negative integers) as int32 when they all fit, else as int64."""
-    if not len(values) or int(values.max()) < 1 << 31:
-        return values.astype(np.int32)
-    return values.astype(np.int64)
-
-
-def shard_geometry(
-    md: Metadata, tensor: np.ndarray, shard: np.ndarray, block: int = 1 << 20
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(file index, byte offset, byte length, bytes per row of the first dimension) of each
-    need's shard: ``format.layouts.shard_location`` / ``shard_row_bytes``, for many at once, in
-    blocks of ``block`` needs (temporaries stay small; only the answer is allocated whole)."""
-    n = len(tensor)
-    out = [np.zeros(n, dtype=np.int32 if i == 0 else np.int64) for i in range(4)]  # file numbers fit 32 bits
-    records = list(md.tensors.values())
-    used = np.zeros(len(records) + 1, dtype=bool)
-    used[tensor] = True
-    layouts: dict[int, tuple[SplitLayout, list[int], list[int]]] = {}  # id -> (layout, tensors, entries)
-    listed: list[int] = []
-    for t in np.flatnonzero(used[:-1]).tolist():
-        shards = records[t].shards
-        if isinstance(shards, SplitShards):
-            _, ts, es = layouts.setdefault(id(shards.layout), (shards.layout, [], []))
-            ts.append(t)
-            es.append(shards.entry)
-        else:
-            listed.append(t)
-    plans = []
-    for layout, ts, es in layouts.values():
-        entry_of = np.full(len(records), -1, dtype=np.int64)
-        entry_of[ts] = es
-        parts = np.zeros(max(1, layout.parts), dtype=bool)
+        kind = np.intp  # shard numbers across the job (the type bincount and lookups take as they are)
+        wide = any(len(x) and (int(x["lo"].min()) < -(1 << 31) or int(x["hi"].max()) >= 1 << 31) for x in per_rank)
+        rows = np.int64 if wide else np.int32
+        tensor, shard = np.empty(n, dtype=np.int32), np.empty(n, dtype=np.int32)
+        lo: np.ndarray = np.empty(n, dtype=rows)
+        hi: np.ndarray = np.empty(n, dtype=rows)
+        for x, end, size in zip(per_rank, ends.tolist(), sizes):
+            at = slice(end - size, end)
+            tensor[at], shard[at], lo[at], hi[at] = x["tensor"], x["shard"], x["lo"], x["hi"]
+        key = np.empty(n, dtype=kind)
+        base_k = base[:-1].astype(kind)
+        block = BLOCK
         for a in range(0, n, block):
-            mine = entry_of[tensor[a : a + block]] >= 0
-            parts[shard[a : a + block][mine]] = True
-        plans.append((layout, entry_of, layout.offset_table(np.flatnonzero(parts))))
-    table = np.zeros((0, 4), dtype=np.int64)
-    first = np.zeros(len(records), dtype=np.int64)
-    is_listed = np.zeros(len(records), dtype=bool)
-    if listed:
-        rows: list[tuple[int, int, int, int]] = []
-        for t in listed:
-            rec = records[t]
-            first[t] = len(rows)
-            isz = itemsize(rec.dtype)
-            for s in rec.shards:
-                rb = int(np.prod(s.lengths[1:], dtype=np.int64)) * isz if s.lengths else isz
-                rows.append((s.file_index, s.byte_offset, s.byte_length, rb))
-        table = np.asarray(rows, dtype=np.int64).reshape(-1, 4)
-        is_listed[listed] = True
-    for a in range(0, n, block):  # each need's values from its layout or its listed shard
-        tb, sh = tensor[a : a + block], shard[a : a + block].astype(np.int64)
-        found: tuple[np.ndarray, ...] | None = None
-        for layout, entry_of, offsets in plans:
-            entries = entry_of[tb]
-            mine = entries >= 0
-            # the other needs ask a chunk that exists (part 0's of entry 0 when present, else
-            # any present part's), then keep their own values
-            some_part = int(np.argmax(offsets[1] >= 0))
-            got: tuple[np.ndarray, ...] = layout.locations(
-                np.maximum(entries, 0), np.where(mine, sh, some_part), offsets
-            )
-            found = got if found is None else tuple(np.where(mine, x, y) for x, y in zip(got, found))
-        if listed:
-            mine = is_listed[tb]
-            at = np.where(mine, first[tb] + sh, 0)
-            got = tuple(table[:, i][at] for i in range(4))
-            found = got if found is None else tuple(np.where(mine, x, y) for x, y in zip(got, found))
-        assert found is not None
-        for column, values in zip(out, found):
-            column[a : a + len(tb)] = values
-    return out[0], out[1], out[2], out[3]
+            t, sh = tensor[a : a + block], shard[a : a + block]
+            if t.min() < 0 or t.max() >= len(counts) or sh.min() < 0 or np.any(sh >= counts[t]):
+                raise PlanningError("a rank reported a need of a tensor or shard this checkpoint does not have")
+            key[a : a + block] = base_k[t] + sh  # below base[-1]: no overflow
+            r0, r1 = lo[a : a + block], hi[a : a + block]
+            if r0.min() < 0 or np.any(r0 > r1):
+                raise PlanningError("a rank reported a need of rows out of order")
+        rank = np.repeat(np.arange(world, dtype=np.int32), sizes)
+        return cls(tensor, shard, lo, hi, rank, key, int(base[-1]))
 
 
 @dataclass(frozen=True)
 class Classified:
-    """``classify``'s answer. Per need: ``count`` (ranks needing its shard), ``apart`` (read by
-    its rank for its own rows); per rank: ``loads`` (bytes of shards only it needs)."""
+    """``classify``'s answer. Per need: ``apart`` (read by its rank for its own rows); per rank:
+    ``loads`` (bytes of shards only it needs). The shards several ranks need: two ranks'
+    (``pair_first``, ``pair_second``: their needs, in need order) and three or more ranks'
+    (groups, in shard order: ``group_first``, each one's first need; ``everyone``: the groups of
+    shards every rank needs in overlapping rows (replicated state), whose consumers are all
+    ranks; the other groups' needs ``members[starts[i]:starts[i + 1]]``, in need order, for the
+    ``i``-th of them); for each, its shard's (file, byte offset, byte length) (``pair_where``,
+    ``group_where``) and whether its needs are read apart (``pair_apart``, ``group_apart``)."""
 
-    count: np.ndarray
     apart: np.ndarray
     loads: np.ndarray
-    # shards two ranks need: their first and second need (in need order, so rank order)
-    first: np.ndarray
-    second: np.ndarray
+    pair_first: np.ndarray
+    pair_second: np.ndarray
+    pair_where: tuple[np.ndarray, np.ndarray, np.ndarray]
+    pair_apart: np.ndarray
+    group_first: np.ndarray
+    everyone: np.ndarray
+    members: np.ndarray
+    starts: np.ndarray
+    group_where: tuple[np.ndarray, np.ndarray, np.ndarray]
+    group_apart: np.ndarray
 
 
-def classify(
-    job: JobNeeds, geometry: tuple[np.ndarray, ...], world: int, extents: Extents, total_keys: int
-) -> Classified:
-    """Counts, alone bytes and the disjoint-rows test (module docstring, step 2)."""
-    files, offsets, lengths, row_bytes = geometry
-    per_key = np.bincount(job.key, minlength=total_keys).astype(np.int32)  # ranks: fewer than 2**31
-    count = per_key[job.key]
-    del per_key
-    alone = count == 1
-    loads = np.bincount(job.rank[alone], weights=lengths[alone], minlength=world).astype(np.int64)
-    del alone
-    apart = np.zeros(len(count), dtype=bool)
+def classify(md: Metadata, job: JobNeeds, world: int, extents: Extents) -> Classified:
+    """Counts, alone bytes and the disjoint-rows test (module docstring, step 2). Shard
+    geometry is looked up once per shard several ranks need (``ShardLookup.geometry``), and
+    only the byte length of a shard one rank needs (``ShardLookup.lengths``). The blocks of
+    needs, then the shards of two ranks and those of more, are worked on by a few threads at
+    once (numpy's loops release the GIL); each writes only its own answer."""
+    per_key = np.bincount(job.key, minlength=job.total_keys)
+    table = ShardLookup(md, job.tensor, BLOCK)
+    with ThreadPoolExecutor(_THREADS, thread_name_prefix="unickpt-assign") as pool:
+        split = list(pool.map(lambda a: _split(job, per_key, table, world, a), range(0, len(job), BLOCK)))
+        loads = np.sum([x[0] for x in split], axis=0) if split else np.zeros(world)
+        pairs, many = (np.concatenate([x[i] for x in split]) if split else np.zeros(0, np.int64) for i in (1, 2))
+        del split
+        paired = pool.submit(_pairs, table, job, pairs, extents)
+        groups = _groups(table, job, many, np.flatnonzero(per_key > 2), world, extents)
+        first, second, where_pairs, pair_apart = paired.result()
+    apart = np.zeros(len(job), dtype=bool)
+    apart[first[pair_apart]] = True
+    apart[second[pair_apart]] = True
+    first_of, everyone, members, starts, where, group_apart = groups
+    listed = np.flatnonzero(~everyone)  # the groups with members, in members' order
+    apart[members[np.repeat(group_apart[listed], np.diff(np.append(starts, len(members))))]] = True
+    return Classified(
+        apart,
+        loads.astype(np.int64),
+        first,
+        second,
+        where_pairs,
+        pair_apart,
+        first_of,
+        everyone,
+        members,
+        starts,
+        where,
+        group_apart,
+    )
+
+
+def _split(
+    job: JobNeeds, per_key: np.ndarray, table: ShardLookup, world: int, a: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One block of needs from need ``a``: the bytes each rank needs alone there, and the
+    needs of shards two ranks need and of those more need."""
+    count = per_key[job.key[a : a + BLOCK]]
+    alone = np.flatnonzero(count == 1)
+    loads: np.ndarray = np.zeros(world)
+    if len(alone):
+        t, sh = job.tensor[a : a + BLOCK][alone], job.shard[a : a + BLOCK][alone]
+        loads = np.bincount(job.rank[a : a + BLOCK][alone], weights=table.lengths(t, sh), minlength=world)
+    return loads, np.flatnonzero(count == 2) + a, np.flatnonzero(count > 2) + a
+
+
+def _pairs(
+    table: ShardLookup, job: JobNeeds, pairs: np.ndarray, extents: Extents
+) -> tuple[np.ndarray, np.ndarray, Where, np.ndarray]:
+    """The shards two ranks need (``pairs``: their needs): each one's first and second need,
+    its (file, byte offset, byte length), and whether the two read their rows apart (exact,
+    vectorised, in blocks: temporaries stay small)."""
     lo, hi = job.lo, job.hi
-    # two ranks: exact, vectorised, in blocks (temporaries stay small)
-    pairs = np.flatnonzero(count == 2)
-    first = second = np.zeros(0, dtype=np.int64)
-    if len(pairs):
-        first, second = _first_and_last(job.key[pairs], pairs, total_keys)
+    first, second = _first_and_last(job.key[pairs], pairs, job.total_keys)
     del pairs
-    for s in range(0, len(first), _BLOCK):
-        a, b = first[s : s + _BLOCK], second[s : s + _BLOCK]
+    files, offsets, lengths, row_bytes = table.geometry(job.tensor[first], job.shard[first])
+    pair_apart = np.zeros(len(first), dtype=bool)
+    for s in range(0, len(first), BLOCK):
+        a, b = first[s : s + BLOCK], second[s : s + BLOCK]
+        f, off, rb = files[s : s + BLOCK], offsets[s : s + BLOCK], row_bytes[s : s + BLOCK]
         swap = (lo[b] < lo[a]) | ((lo[b] == lo[a]) & (hi[b] < hi[a]))  # a, b in row order
         a, b = np.where(swap, b, a), np.where(swap, a, b)
         rows_apart = lo[b] >= hi[a]
-        ca = extents(files[a], offsets[a] + lo[a] * row_bytes[a], offsets[a] + hi[a] * row_bytes[a])
-        cb = extents(files[b], offsets[b] + lo[b] * row_bytes[b], offsets[b] + hi[b] * row_bytes[b])
+        ca = extents(f, off + lo[a] * rb, off + hi[a] * rb)
+        cb = extents(f, off + lo[b] * rb, off + hi[b] * rb)
         swap = (cb[0] < ca[0]) | ((cb[0] == ca[0]) & (cb[1] < ca[1]))  # covers in order
         l1, h1 = np.where(swap, cb[0], ca[0]), np.where(swap, cb[1], ca[1])
         l2, h2 = np.where(swap, ca[0], cb[0]), np.where(swap, ca[1], cb[1])
         twice = np.maximum(0, np.minimum(h2, h1) - l2)
         union = np.maximum(0, h1 - l1) + np.maximum(0, h2 - np.maximum(l2, h1))
-        ok = rows_apart & (8 * twice <= union)
-        apart[a[ok]] = True
-        apart[b[ok]] = True
-    # three ranks or more: the same test over each shard's needs sorted by rows
-    many = np.flatnonzero(count > 2)
-    if len(many):  # first, rows whose lengths add up past their span overlap (replicated state)
-        keys = job.key[many]
-        span_lo = np.full(total_keys, np.iinfo(lo.dtype).max, dtype=lo.dtype)  # types alike: ufunc.at's fast path
-        span_hi = np.zeros(total_keys, dtype=hi.dtype)
-        np.minimum.at(span_lo, keys, lo[many])
-        np.maximum.at(span_hi, keys, hi[many])
-        summed = np.bincount(keys, weights=(hi[many] - lo[many]).astype(np.float64), minlength=total_keys)
-        many = many[summed[keys] <= span_hi[keys] - span_lo[keys]]
-    if len(many):
-        many = many[np.lexsort((hi[many], lo[many], job.key[many]))]
-        group = np.concatenate([[0], np.cumsum(job.key[many][1:] != job.key[many][:-1])])
+        pair_apart[s : s + BLOCK] = rows_apart & (8 * twice <= union)
+    return first, second, (files, offsets, lengths), pair_apart
+
+
+def _groups(
+    table: ShardLookup, job: JobNeeds, many: np.ndarray, keys: np.ndarray, world: int, extents: Extents
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, Where, np.ndarray]:
+    """The shards three or more ranks need (``keys``, ascending; ``many``: their needs, in need
+    order): each group's first need; which are shards every rank needs in overlapping rows
+    (their consumers are all ranks: their needs are not listed); the other groups' needs,
+    grouped by shard (members, each group's start); each group's (file, byte offset, byte
+    length) and whether its needs are read apart. Per-group sums run over a table of the
+    groups (a few per tensor), so only the listed groups' needs are sorted."""
+    empty = np.zeros(0, dtype=np.int64)
+    none = np.zeros(0, dtype=bool)
+    if not len(keys):
+        return empty, none, empty, empty, (empty.astype(np.int32), empty, empty), none
+    number = np.zeros(job.total_keys, dtype=np.intp)  # a group number per shard
+    number[keys] = np.arange(len(keys))
+    g = number[job.key[many]]
+    del number
+    lo, hi = job.lo[many], job.hi[many]
+    # rows whose lengths add up past their span overlap (replicated state): only the others are tested
+    span_lo = np.full(len(keys), np.iinfo(lo.dtype).max, dtype=lo.dtype)  # types alike: ufunc.at's fast path
+    span_hi = np.zeros(len(keys), dtype=hi.dtype)
+    np.minimum.at(span_lo, g, lo)
+    np.maximum.at(span_hi, g, hi)
+    summed = np.bincount(g, weights=(hi - lo).astype(np.float64), minlength=len(keys))
+    candidate = summed <= span_hi.astype(np.int64) - span_lo
+    first_of = np.full(len(keys), len(job), dtype=np.int64)
+    np.minimum.at(first_of, g, many)
+    everyone = ~candidate & (np.bincount(g, minlength=len(keys)) == world)
+    files, offsets, lengths, row_bytes = table.geometry(job.tensor[first_of], job.shard[first_of])
+    # the listed groups' needs: by shard, then need order (stable); a counting sort when the
+    # group numbers fit 16 bits
+    listed = np.flatnonzero(~everyone[g])
+    g, members = g[listed], many[listed]
+    order = np.argsort(g.astype(np.uint16) if len(keys) <= 1 << 16 else g, kind="stable")
+    members, g = members[order], g[order]
+    lo, hi = job.lo[members], job.hi[members]
+    starts = np.flatnonzero(np.concatenate([[True], g[1:] != g[:-1]])) if len(g) else empty
+    group_apart = np.zeros(len(keys), dtype=bool)
+    tested = np.flatnonzero(candidate[g])
+    if len(tested):
+        tested = tested[np.lexsort((hi[tested], lo[tested], g[tested]))]
+        owner = g[tested]  # each tested need's group
+        group = np.concatenate([[0], np.cumsum(owner[1:] != owner[:-1])])
         opens = np.concatenate([[True], group[1:] != group[:-1]])
-        m_lo, m_hi = lo[many], hi[many]
+        m_lo, m_hi = lo[tested], hi[tested]
         overlap = ~opens & (m_lo < np.concatenate([[0], m_hi[:-1]]))  # rows meet the previous need's
         rows_apart = np.bincount(group, weights=overlap.astype(np.float64)) == 0
         # the covers in order, per shard: what each covers twice is what it shares with the
         # covers before it (their running end)
-        m_off, m_rb = offsets[many], row_bytes[many]
-        c_lo, c_hi = extents(files[many], m_off + m_lo * m_rb, m_off + m_hi * m_rb)
+        m_off, m_rb = offsets[owner], row_bytes[owner]
+        c_lo, c_hi = extents(files[owner], m_off + m_lo * m_rb, m_off + m_hi * m_rb)
         by_cover = np.lexsort((c_hi, c_lo, group))
         c_lo, c_hi = c_lo[by_cover], c_hi[by_cover]
-        span = int(c_hi.max()) + 2
-        lifted = np.maximum.accumulate(c_hi + group * span)
-        end = np.where(opens, -1, np.concatenate([[0], lifted[:-1]]) - group * span)
+        top = int(c_hi.max()) + 2
+        lifted = np.maximum.accumulate(c_hi + group * top)
+        end = np.where(opens, -1, np.concatenate([[0], lifted[:-1]]) - group * top)
         twice = np.bincount(group, weights=np.maximum(0, np.minimum(c_hi, end) - c_lo).astype(np.float64))
         union = np.bincount(group, weights=np.maximum(0, c_hi - np.maximum(c_lo, end)).astype(np.float64))
         ok = rows_apart & (8 * twice <= union)
-        apart[many[ok[group]]] = True
-    return Classified(count, apart, loads, first, second)
+        group_apart[np.unique(owner)[ok]] = True
+    return first_of, everyone, members, starts, (files, offsets, lengths), group_apart
 
 
 def _first_and_last(keys: np.ndarray, index: np.ndarray, total_keys: int) -> tuple[np.ndarray, np.ndarray]:
     """For needs ``index`` whose shards two ranks need (``keys``): each need's first and last
     need of its shard (the two, in need order), as need numbers."""
     kind = np.int32 if len(index) and int(index.max()) < 1 << 31 else np.int64  # need numbers
-    first = np.full(total_keys, np.iinfo(kind).max, dtype=kind)
-    last = np.full(total_keys, -1, dtype=kind)
-    index_kind = index.astype(kind)  # the same type as the table: ufunc.at's fast path
-    np.minimum.at(first, keys, index_kind)
-    np.maximum.at(last, keys, index_kind)
-    mine = index == first[keys]
-    return index[mine], last[keys[mine]]
+    # each shard's table entry ends up holding one of its two needs (whichever write lands
+    # last: numpy does not say, and nothing here depends on it); the other need sees a value
+    # not its own, and the pair is (that need, the entry's) in need order
+    written = np.empty(total_keys, dtype=kind)
+    written[keys] = index
+    other = np.flatnonzero(written[keys] != index)
+    a, b = index[other], written[keys[other]].astype(index.dtype)
+    return np.minimum(a, b), np.maximum(a, b)
 
 
 @dataclass(frozen=True)
@@ -279,42 +307,51 @@ class ColumnBatch:
 
 def assign_columns(
     job: JobNeeds,
-    located: tuple[np.ndarray, np.ndarray, np.ndarray],
     found: Classified,
     extents: Extents,
-    segment_bytes: int,
+    chunk: int,
     max_batch_bytes: int = 64 << 20,
 ) -> tuple[list[ColumnBatch], np.ndarray, np.ndarray]:
     """Readers and batches for the shards several ranks need, none read apart:
-    the rule (``planning.read_assignment``) over them, with ``found.loads`` counted. Returns
-    the batches, each batch key's representative need (``keys``) and the offsets of the keys in
-    their batches, both in batch order."""
-    files, offsets, lengths = located  # each need's shard's file, byte offset, byte length
+    the rule (``planning.read_assignment``) over them, with ``found.loads`` counted; ``chunk``:
+    the checksum chunk (``segment_bytes``). Returns the batches, each batch key's
+    representative need (``keys``) and the offsets of the keys in their batches, both in batch
+    order."""
     # each shard (any order: file order comes next): its first need and its consumers, ascending
     # (cons[starts[i]:ends[i]]); shards of two ranks straight from classify's pairs
-    kept = ~found.apart[found.first]
-    pair_a, pair_b = found.first[kept], found.second[kept]
-    many = np.flatnonzero((found.count > 2) & ~found.apart)
-    many = many[np.argsort(job.key[many], kind="stable")]  # by shard, then rank
-    many_keys = job.key[many]
-    many_starts = np.flatnonzero(np.concatenate([[True], many_keys[1:] != many_keys[:-1]])) if len(many) else many
-    if not len(pair_a) and not len(many):
+    # (cons[starts[i]:ends[i]]; none listed for a shard every rank needs: ``everyone``)
+    kept = ~found.pair_apart
+    pair_a, pair_b = found.pair_first[kept], found.pair_second[kept]
+    world = len(found.loads)
+    listed = np.flatnonzero(~found.everyone)  # the groups with members, in members' order
+    sizes = np.diff(np.append(found.starts, len(found.members)))
+    listed_kept = ~found.group_apart[listed]
+    many = found.members[np.repeat(listed_kept, sizes)]  # the kept listed groups' needs, still grouped
+    kept_sizes = np.zeros(len(found.everyone), dtype=np.int64)  # consumers listed per group (kept ones)
+    kept_sizes[listed[listed_kept]] = sizes[listed_kept]
+    groups = np.flatnonzero(~found.group_apart)  # the kept groups, in shard order
+    if not len(pair_a) and not len(groups):
         return [], np.zeros(0, np.int64), np.zeros(0, np.int64)
-    rep = np.concatenate([pair_a, many[many_starts]])
+    g_width = kept_sizes[groups]
+    rep = np.concatenate([pair_a, found.group_first[groups]])
     cons = np.concatenate([np.stack([job.rank[pair_a], job.rank[pair_b]], axis=1).ravel(), job.rank[many]])
-    starts = np.concatenate([np.arange(0, 2 * len(pair_a), 2), 2 * len(pair_a) + many_starts]).astype(np.int64)
-    ends = np.concatenate([starts[1:], [len(cons)]])
-    k_file, k_off, k_len = files[rep], offsets[rep], lengths[rep]
+    width = np.concatenate([np.full(len(pair_a), 2, dtype=np.int64), g_width])
+    starts = np.cumsum(width) - width
+    ends = starts + width
+    all_ranks = np.concatenate([np.zeros(len(pair_a), dtype=bool), found.everyone[groups]])
+    k_file, k_off, k_len = (np.concatenate([p[kept], g[groups]]) for p, g in zip(found.pair_where, found.group_where))
+    segment = segment_bytes(chunk, int(k_len.sum()), len(found.loads))
     # file order; ties by first appearance (the order the rule over Python lists sorts stably)
     by_loc = np.lexsort((rep, k_off, k_file))
     c_lo, c_hi = extents(k_file[by_loc], k_off[by_loc], k_off[by_loc] + k_len[by_loc])
-    seg_of = _segments(k_file[by_loc], k_len[by_loc], c_lo, c_hi, segment_bytes)
+    seg_of = _segments(k_file[by_loc], k_len[by_loc], c_lo, c_hi, segment)
     n_seg = int(seg_of[-1]) + 1
     seg_bytes = np.bincount(seg_of, weights=k_len[by_loc].astype(np.float64), minlength=n_seg).astype(np.int64)
     seg_first = np.flatnonzero(np.concatenate([[True], np.diff(seg_of) != 0]))
     seg_rank = np.lexsort((np.arange(n_seg), k_off[by_loc][seg_first], k_file[by_loc][seg_first], -seg_bytes))
-    # each key's consumers again, in file order, so that a segment's are one slice
-    width = ends - starts
+    # each key's consumers again, in file order, so that a segment's are one slice (a segment
+    # with a shard every rank needs: all ranks)
+    seg_all = np.bincount(seg_of, weights=all_ranks[by_loc], minlength=n_seg) > 0
     w_loc = width[by_loc]
     ptr = np.concatenate([[0], np.cumsum(w_loc)])
     within = np.arange(int(ptr[-1]), dtype=np.int64) - np.repeat(ptr[:-1], w_loc)
@@ -323,6 +360,11 @@ def assign_columns(
     reader_of_seg = np.zeros(n_seg, dtype=np.int64)
     seg_end = np.concatenate([seg_first[1:], [len(by_loc)]])
     for seg in seg_rank.tolist():
+        if seg_all[seg]:
+            r = int(np.argmin(load))  # the least-loaded rank, the lowest on ties
+            reader_of_seg[seg] = r
+            load[r] += seg_bytes[seg]
+            continue
         who = cons_loc[ptr[seg_first[seg]] : ptr[seg_end[seg]]]
         held = load[who]
         r = int(who[held == held.min()].min())  # the least-loaded consumer, the lowest rank on ties
@@ -333,38 +375,64 @@ def assign_columns(
     # batches: per (reader, consumers), in that order, keys in file order
     sets: dict[tuple[int, ...], int] = {}
     set_of = np.empty(len(rep), dtype=np.int64)
-    two = width == 2
-    pair = cons[starts].astype(np.int64) * (1 << 32) + np.where(two, cons[np.minimum(starts + 1, len(cons) - 1)], 0)
-    for i in np.flatnonzero(~two).tolist():
+    two = (width == 2) & ~all_ranks
+    if np.any(all_ranks):
+        set_of[all_ranks] = sets.setdefault(tuple(range(world)), len(sets))
+    for i in np.flatnonzero(~two & ~all_ranks).tolist():
         set_of[i] = sets.setdefault(tuple(cons[starts[i] : ends[i]].tolist()), len(sets))
     if np.any(two):
-        uniq, inv = np.unique(pair[two], return_inverse=True)
+        at = starts[two]
+        uniq, inv = _factorize(cons[at].astype(np.int64) * (1 << 32) + cons[at + 1])
         ids = [sets.setdefault((int(u) >> 32, int(u) & 0xFFFFFFFF), len(sets)) for u in uniq.tolist()]
         set_of[two] = np.asarray(ids, dtype=np.int64)[inv]
     ranked = sorted(sets, key=lambda t: t)
     set_rank = np.empty(len(sets), dtype=np.int64)
     set_rank[[sets[t] for t in ranked]] = np.arange(len(ranked))
-    in_file_order = np.empty(len(rep), dtype=np.int64)
-    in_file_order[by_loc] = np.arange(len(rep))
-    final = np.lexsort((in_file_order, set_rank[set_of], reader))
+    # (a stable sort of the keys in file order: equal (reader, set) keep file order)
+    final = by_loc[np.argsort(reader[by_loc] * len(sets) + set_rank[set_of][by_loc], kind="stable")]
     f_reader, f_set, f_len = reader[final], set_rank[set_of][final], k_len[final]
     group_start = np.flatnonzero(np.concatenate([[True], (np.diff(f_reader) != 0) | (np.diff(f_set) != 0)]))
     group_end = np.concatenate([group_start[1:], [len(final)]])
     aligned = -(-f_len // _ALIGN) * _ALIGN
     pos = np.concatenate([[0], np.cumsum(aligned)])
     reach = pos[:-1] + f_len  # a key fits while (its start in the batch) + its length <= max
-    batch_offsets = np.empty(len(final), dtype=np.int64)
+    # a group whose last key ends within max_batch_bytes of its start is one batch
+    batch_offsets = pos[:-1] - np.repeat(pos[group_start], group_end - group_start)
+    whole = (reach[group_end - 1] - pos[group_start] <= max_batch_bytes).tolist()
     batches: list[ColumnBatch] = []
-    for g0, g1 in zip(group_start.tolist(), group_end.tolist()):
-        consumers = ranked[int(f_set[g0])]
+    rows = zip(group_start.tolist(), group_end.tolist(), f_reader[group_start].tolist(), f_set[group_start].tolist())
+    for (g0, g1, reader_id, set_id), one in zip(rows, whole):
+        consumers = ranked[set_id]
+        if one:
+            batches.append(ColumnBatch(len(batches), reader_id, consumers, g0, g1, int(pos[g1] - pos[g0])))
+            continue
         s = g0
         while s < g1:
             # the first key after s that would end past max_batch_bytes starts the next batch
             e = min(g1, max(s + 1, int(np.searchsorted(reach, pos[s] + max_batch_bytes, side="right"))))
             batch_offsets[s:e] = pos[s:e] - pos[s]
-            batches.append(ColumnBatch(len(batches), int(f_reader[s]), consumers, s, e, int(pos[e] - pos[s])))
+            batches.append(ColumnBatch(len(batches), reader_id, consumers, s, e, int(pos[e] - pos[s])))
             s = e
     return batches, rep[final], batch_offsets
+
+
+def segment_bytes(chunk: int, shared: int, world: int) -> int:
+    """How many bytes of shared shards one reader takes at least (the rule's segment size): a
+    quarter of the even share of ``shared`` (the bytes of the shards read once and forwarded,
+    each shard once), and at least four checksum chunks; 0 without chunk checksums."""
+    if not chunk:
+        return 0
+    return max(4 * chunk, shared // (4 * max(1, world)))
+
+
+def _factorize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)``, sorting only the first value of each run of
+    equal neighbours (a job's pairs of consumers come in long runs)."""
+    if not len(values):
+        return values, np.zeros(0, dtype=np.int64)
+    heads = np.flatnonzero(np.concatenate([[True], values[1:] != values[:-1]]))
+    uniq, inv = np.unique(values[heads], return_inverse=True)
+    return uniq, np.repeat(inv.ravel(), np.diff(np.append(heads, len(values))))
 
 
 def _segments(files: np.ndarray, lengths: np.ndarray, c_lo: np.ndarray, c_hi: np.ndarray, least: int) -> np.ndarray:
@@ -385,15 +453,17 @@ def _segments(files: np.ndarray, lengths: np.ndarray, c_lo: np.ndarray, c_hi: np
     next_forced = np.minimum.accumulate(np.where(np.append(new_file, True), index, n)[::-1])[::-1][1:]
     next_cand = np.minimum.accumulate(np.where(np.append(candidate | new_file, True), index, n)[::-1])[::-1]
     prefix = np.concatenate([[0], np.cumsum(lengths)])
+    # a segment starting at s ends at the next file change, or at the first possible cut once
+    # it holds least bytes: computed for every position a segment can start at (0, a file
+    # change, a possible cut), then followed from 0
+    can_start = np.flatnonzero(candidate | new_file)
+    enough = np.searchsorted(prefix, prefix[can_start] + least, side="left")  # bytes [s, j) >= least
+    ends = np.minimum(next_forced[can_start], next_cand[np.minimum(np.maximum(enough, can_start + 1), n)])
+    jump = dict(zip(can_start.tolist(), ends.tolist()))
     cut = [0]
     s = 0
-    while True:
-        enough = int(np.searchsorted(prefix, prefix[s] + least, side="left"))  # bytes [s, j) >= least
-        nxt = min(int(next_forced[s]), int(next_cand[min(max(enough, s + 1), n)]))
-        if nxt >= n:
-            break
-        cut.append(nxt)
-        s = nxt
+    while (s := jump[s]) < n:
+        cut.append(s)
     seg = np.zeros(n, dtype=np.int64)
     seg[np.asarray(cut[1:], dtype=np.int64)] = 1
     return np.cumsum(seg)
