@@ -228,13 +228,21 @@ def test_reports_out_of_range_are_refused():
     names = ["a"]
     ok = report_needs(md, {("a", 0): (0, 4)}, names)
     bad_shard = report_needs(md, {("a", 0): (0, 4)}, names)[:4] + (5).to_bytes(4, "little") + ok[8:]
-    for gathered, words in [
+    negative = report_needs(md, {("a", 1): (-2, 1)}, names)
+    huge = report_needs(md, {("a", 1): (0, 1 << 40)}, names)  # rows past 32 bits: kept in 64, no wrap
+    cases = [
         ([("h", ok), ("h", ok[:-1])], "not whole rows"),
         ([("h", ok), ("h", bad_shard)], "tensor or shard"),
         ([("h", ok), ("h", report_needs(md, {("a", 1): (3, 1)}, names))], "out of order"),
-    ]:
-        with pytest.raises(PlanningError, match=words):
-            read_parts(md, gathered, True, False, vectorized(lambda f, lo, hi: (lo, hi)))
+        ([("h", ok), ("h", negative)], "out of order"),
+        ([("h", ok), ("h", ok), ("h", ok + bad_shard)], "tensor or shard"),  # in a later block
+    ]
+    for block in (1 << 20, 1):
+        for gathered, words in cases:
+            with patch.object(read_columns, "BLOCK", block), pytest.raises(PlanningError, match=words):
+                read_parts(md, gathered, True, False, vectorized(lambda f, lo, hi: (lo, hi)))
+    wire = read_parts(md, [("h", ok), ("h", huge)], True, False, vectorized(lambda f, lo, hi: (lo, hi)))
+    assert len(wire) == 2  # accepted: the rows are only compared, never used as sizes here
     with pytest.raises(PlanningError, match="rank 1 received no usable part"):
         decode_part(["not", "a part"], names, [("a", 0)], 1)
 

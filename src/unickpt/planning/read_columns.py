@@ -448,18 +448,18 @@ def _segments(files: np.ndarray, lengths: np.ndarray, c_lo: np.ndarray, c_hi: np
     span = int(c_hi.max()) + 1
     prev_end = np.concatenate([[-1], np.maximum.accumulate(c_hi + file_no * span)[:-1]]) - file_no * span
     candidate = ~new_file & (c_lo >= prev_end)
-    # for every position: the next file change after it, the next possible cut at or after it
-    index = np.arange(n + 1, dtype=np.int64)
-    next_forced = np.minimum.accumulate(np.where(np.append(new_file, True), index, n)[::-1])[::-1][1:]
-    next_cand = np.minimum.accumulate(np.where(np.append(candidate | new_file, True), index, n)[::-1])[::-1]
+    del file_no, prev_end
     prefix = np.concatenate([[0], np.cumsum(lengths)])
-    # a segment starting at s ends at the next file change, or at the first possible cut once
-    # it holds least bytes: computed for every position a segment can start at (0, a file
-    # change, a possible cut), then followed from 0
-    can_start = np.flatnonzero(candidate | new_file)
+    # a segment starting at s ends at the next file change after s, or at the first possible
+    # cut (a file change or a candidate) once it holds least bytes: computed for every position
+    # a segment can start at (a file change or a candidate), then followed from 0
+    changes = np.flatnonzero(new_file)  # ascending, changes[0] == 0
+    can_start = np.flatnonzero(candidate | new_file)  # ascending, can_start[0] == 0
+    del new_file, candidate
     enough = np.searchsorted(prefix, prefix[can_start] + least, side="left")  # bytes [s, j) >= least
-    ends = np.minimum(next_forced[can_start], next_cand[np.minimum(np.maximum(enough, can_start + 1), n)])
-    jump = dict(zip(can_start.tolist(), ends.tolist()))
+    forced = np.append(changes, n)[np.searchsorted(changes, can_start, side="right")]
+    reach = np.append(can_start, n)[np.searchsorted(can_start, np.minimum(np.maximum(enough, can_start + 1), n))]
+    jump = dict(zip(can_start.tolist(), np.minimum(forced, reach).tolist()))
     cut = [0]
     s = 0
     while (s := jump[s]) < n:
