@@ -7,9 +7,16 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 
-from unickpt.format.layouts import shard_location
+from unickpt.format.layouts import SplitLayout, SplitShards, shard_location
 from unickpt.format.records import Metadata, ShardRecord, TensorRecord, Topology
 from unickpt.planning.read_assignment import ReadBatch, ShardKey
+
+
+def split_metadata() -> Metadata:
+    """One 8 x 2 float32 tensor ``a`` split in two parts over files ``f0`` and ``f1``."""
+    lay = SplitLayout((0, 1), (("a", 4, (8, 2), 0),))
+    tensors = {"a": TensorRecord("a", "float32", (8, 2), SplitShards(lay, 0))}
+    return Metadata(3, "s", 1.0, Topology("fsdp2", 2), ("f0", "f1"), tensors)
 
 
 def one_file_metadata(sizes: list[int]) -> Metadata:

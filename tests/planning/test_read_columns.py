@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from read_fixtures import _segments, reference_parts
+from read_fixtures import _segments, reference_parts, split_metadata
 from unickpt.engine.read_exchange import decode_part, read_parts, report_needs, vectorized
 from unickpt.errors import PlanningError
 from unickpt.format import Metadata, ShardRecord, TensorRecord, Topology
@@ -106,8 +106,9 @@ def _parts(md, needs, hosts, dedup, page_cache, extent, max_batch_bytes=64 << 20
     st.sampled_from([1 << 20, 1, 3]),
 )
 def test_each_ranks_part_is_the_references(job, mode, max_batch, block):
-    """... with the passes over the needs in blocks of ``block`` needs (the default, and blocks
-    of one and three needs, so that every block boundary is crossed)."""
+    """Every rank's part equals the reference's, with the passes over the needs in blocks of
+    ``block`` needs (the default, and blocks of one and three needs, so that every block
+    boundary is crossed)."""
     md, needs = job
     hosts = ["h0"] * len(needs) if mode != "two hosts" else [f"h{r % 2}" for r in range(len(needs))]
     dedup = True if mode == "dedup" else None
@@ -216,15 +217,7 @@ def test_segments_cut_where_the_reference_cuts(raw, least, chunk):
 
 
 def test_reports_out_of_range_are_refused():
-    lay = SplitLayout((0, 1), (("a", 4, (8, 2), 0),))
-    md = Metadata(
-        3,
-        "s",
-        1.0,
-        Topology("fsdp2", 2),
-        ("f0", "f1"),
-        {"a": TensorRecord("a", "float32", (8, 2), SplitShards(lay, 0))},
-    )
+    md = split_metadata()
     names = ["a"]
     ok = report_needs(md, {("a", 0): (0, 4)}, names)
     bad_shard = report_needs(md, {("a", 0): (0, 4)}, names)[:4] + (5).to_bytes(4, "little") + ok[8:]

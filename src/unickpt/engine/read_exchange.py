@@ -33,6 +33,7 @@ from ..format.records import Metadata
 from ..planning.load_plan import ShardRead
 from ..planning.read_assignment import ReadBatch, ShardKey
 from ..planning.read_columns import NEED_DTYPE, Extents, JobNeeds, assign_columns, classify
+from .page_advice import huge_pages_off
 
 __all__ = [
     "ReadPart",
@@ -128,7 +129,19 @@ def read_parts(
     """Every rank's part from every rank's report (the coordinator; ``planning.read_columns``).
     Only shards several ranks need are assigned here; the bytes each rank reads of the shards
     it alone needs count in the balancing, so the readers are those an assignment of every need
-    would choose."""
+    would choose. Runs with numpy's huge-page advice off (``page_advice``)."""
+    with huge_pages_off():
+        return _read_parts(md, gathered, dedup, page_cache, extents, max_batch_bytes)
+
+
+def _read_parts(
+    md: Metadata,
+    gathered: list[Report],
+    dedup: bool | None,
+    page_cache: bool,
+    extents: Extents,
+    max_batch_bytes: int,
+) -> list[PartWire]:
     world = len(gathered)
     per_rank = []
     for r, (_, blob) in enumerate(gathered):
