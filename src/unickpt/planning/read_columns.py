@@ -154,9 +154,9 @@ def classify(md: Metadata, job: JobNeeds, world: int, extents: Extents) -> Class
         loads = np.sum([x[0] for x in split], axis=0) if split else np.zeros(world)
         pairs, many = (np.concatenate([x[i] for x in split]) if split else np.zeros(0, np.int64) for i in (1, 2))
         del split
-        paired = pool.submit(_pairs, table, job, pairs, extents)
-        groups = _groups(table, job, many, np.flatnonzero(per_key > 2), world, extents)
-        first, second, where_pairs, pair_apart = paired.result()
+        grouped = pool.submit(_groups, table, job, many, np.flatnonzero(per_key > 2), world, extents)
+        first, second, where_pairs, pair_apart = _pairs(table, job, pairs, extents, pool)
+        groups = grouped.result()
     apart = np.zeros(len(job), dtype=bool)
     apart[first[pair_apart]] = True
     apart[second[pair_apart]] = True
@@ -194,31 +194,53 @@ def _split(
 
 
 def _pairs(
-    table: ShardLookup, job: JobNeeds, pairs: np.ndarray, extents: Extents
+    table: ShardLookup, job: JobNeeds, pairs: np.ndarray, extents: Extents, pool: ThreadPoolExecutor
 ) -> tuple[np.ndarray, np.ndarray, Where, np.ndarray]:
     """The shards two ranks need (``pairs``: their needs): each one's first and second need,
     its (file, byte offset, byte length), and whether the two read their rows apart (exact,
-    vectorised, in blocks: temporaries stay small)."""
-    lo, hi = job.lo, job.hi
+    vectorised, in blocks on ``pool``: temporaries stay small)."""
     first, second = _first_and_last(job.key[pairs], pairs, job.total_keys)
     del pairs
-    files, offsets, lengths, row_bytes = table.geometry(job.tensor[first], job.shard[first])
-    pair_apart = np.zeros(len(first), dtype=bool)
-    for s in range(0, len(first), BLOCK):
-        a, b = first[s : s + BLOCK], second[s : s + BLOCK]
-        f, off, rb = files[s : s + BLOCK], offsets[s : s + BLOCK], row_bytes[s : s + BLOCK]
-        swap = (lo[b] < lo[a]) | ((lo[b] == lo[a]) & (hi[b] < hi[a]))  # a, b in row order
-        a, b = np.where(swap, b, a), np.where(swap, a, b)
-        rows_apart = lo[b] >= hi[a]
-        ca = extents(f, off + lo[a] * rb, off + hi[a] * rb)
-        cb = extents(f, off + lo[b] * rb, off + hi[b] * rb)
-        swap = (cb[0] < ca[0]) | ((cb[0] == ca[0]) & (cb[1] < ca[1]))  # covers in order
-        l1, h1 = np.where(swap, cb[0], ca[0]), np.where(swap, cb[1], ca[1])
-        l2, h2 = np.where(swap, ca[0], cb[0]), np.where(swap, ca[1], cb[1])
-        twice = np.maximum(0, np.minimum(h2, h1) - l2)
-        union = np.maximum(0, h1 - l1) + np.maximum(0, h2 - np.maximum(l2, h1))
-        pair_apart[s : s + BLOCK] = rows_apart & (8 * twice <= union)
+    tensor, shard = job.tensor[first], job.shard[first]
+    tables = table.tables(tensor, shard)
+
+    def block(s: int) -> tuple[np.ndarray, ...]:
+        at = slice(s, s + BLOCK)
+        f, off, length, rb = table.located(tensor[at], shard[at], tables)
+        return f, off, length, _apart_pairs(job, first[at], second[at], f, off, rb, extents)
+
+    done = list(pool.map(block, range(0, len(first), BLOCK)))
+    if not done:
+        empty = np.zeros(0, dtype=np.int64)
+        return first, second, (empty.astype(np.int32), empty, empty), np.zeros(0, dtype=bool)
+    files, offsets, lengths, pair_apart = (np.concatenate([d[i] for d in done]) for i in range(4))
     return first, second, (files, offsets, lengths), pair_apart
+
+
+def _apart_pairs(
+    job: JobNeeds,
+    a: np.ndarray,
+    b: np.ndarray,
+    f: np.ndarray,
+    off: np.ndarray,
+    rb: np.ndarray,
+    extents: Extents,
+) -> np.ndarray:
+    """For pairs of needs ``a``, ``b`` of one shard each (its file, byte offset and row bytes):
+    whether the two read their rows apart (rows disjoint, and the checksum chunks their reads
+    cover overlapping by at most an eighth of what they cover together)."""
+    lo, hi = job.lo, job.hi
+    swap = (lo[b] < lo[a]) | ((lo[b] == lo[a]) & (hi[b] < hi[a]))  # a, b in row order
+    a, b = np.where(swap, b, a), np.where(swap, a, b)
+    rows_apart = lo[b] >= hi[a]
+    ca = extents(f, off + lo[a] * rb, off + hi[a] * rb)
+    cb = extents(f, off + lo[b] * rb, off + hi[b] * rb)
+    swap = (cb[0] < ca[0]) | ((cb[0] == ca[0]) & (cb[1] < ca[1]))  # covers in order
+    l1, h1 = np.where(swap, cb[0], ca[0]), np.where(swap, cb[1], ca[1])
+    l2, h2 = np.where(swap, ca[0], cb[0]), np.where(swap, ca[1], cb[1])
+    twice = np.maximum(0, np.minimum(h2, h1) - l2)
+    union = np.maximum(0, h1 - l1) + np.maximum(0, h2 - np.maximum(l2, h1))
+    return rows_apart & (8 * twice <= union)
 
 
 def _groups(

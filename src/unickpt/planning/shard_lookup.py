@@ -19,6 +19,8 @@ from ..format.records import Metadata
 __all__ = ["ShardLookup", "shard_geometry", "BLOCK"]
 
 BLOCK = 1 << 20  # needs per block of a vectorised pass: its temporaries stay small and are reused
+Geometry = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # files, offsets, lengths, row bytes
+Tables = list[tuple[np.ndarray, np.ndarray] | None]  # per layout: SplitLayout.offset_table, or None
 
 
 class ShardLookup:
@@ -66,10 +68,15 @@ class ShardLookup:
         """The byte length of each need's shard."""
         return self._each(tensor, shard, None)[0]
 
-    def geometry(self, tensor: np.ndarray, shard: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def geometry(self, tensor: np.ndarray, shard: np.ndarray) -> Geometry:
         """(file index, byte offset, byte length, bytes per row of the first dimension) of each
         need's shard. Each layout's byte offsets are computed once, for the parts asked."""
-        tables = []
+        return self.located(tensor, shard, self.tables(tensor, shard))
+
+    def tables(self, tensor: np.ndarray, shard: np.ndarray) -> Tables:
+        """Each layout's byte offsets of the parts the needs ``(tensor, shard)`` ask (None for
+        a layout they do not ask), for ``located`` on those needs or any part of them."""
+        tables: Tables = []
         for layout, entry_of in self._layouts:
             parts = np.zeros(max(1, layout.parts), dtype=bool)
             for a in range(0, len(tensor), self._block):
@@ -77,12 +84,14 @@ class ShardLookup:
                 parts[shard[a : a + self._block][mine]] = True
             asked = np.flatnonzero(parts)
             tables.append(layout.offset_table(asked) if len(asked) else None)  # None: no need of it here
+        return tables
+
+    def located(self, tensor: np.ndarray, shard: np.ndarray, tables: Tables) -> Geometry:
+        """``geometry`` with the offset ``tables`` of needs that include these."""
         out = self._each(tensor, shard, tables)
         return out[0], out[1], out[2], out[3]
 
-    def _each(
-        self, tensor: np.ndarray, shard: np.ndarray, tables: list[tuple[np.ndarray, np.ndarray] | None] | None
-    ) -> list[np.ndarray]:
+    def _each(self, tensor: np.ndarray, shard: np.ndarray, tables: Tables | None) -> list[np.ndarray]:
         """Lengths (``tables`` None) or the whole geometry, in blocks (only the answer is
         allocated whole)."""
         n = len(tensor)
