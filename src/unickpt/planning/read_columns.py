@@ -9,12 +9,16 @@ needs vectorised, so the coordinator's work grows with the job's needs at numpy 
 Python loops with the segments and batches only (a whole-job reshard of 4,096 FSDP ranks sends
 millions of needs):
 
-1. ``shard_geometry``: file, byte offset, length and row bytes of every need's shard (regular
-   layouts' chunks by arithmetic: ``SplitLayout.locations``; listed shards from their records).
+1. ``JobNeeds.of``: the columns (each rank's fields copied straight in; the checks and the
+   shard numbers across the job computed in blocks of ``BLOCK`` needs).
 2. ``classify``: how many ranks need each shard; the bytes each rank reads alone (shards only it
-   needs); of the shards several ranks need, those read by each for its own rows (the same test
-   as ``disjoint_needs``: rows pairwise disjoint, and the checksum chunks their reads cover
-   overlapping by at most an eighth of what they cover together).
+   needs: their byte lengths alone, ``ShardLookup.lengths``); of the shards several ranks need
+   (their geometry looked up once per shard: ``ShardLookup.geometry``), those read by each for
+   its own rows (the same test as ``disjoint_needs``: rows pairwise disjoint, and the checksum
+   chunks their reads cover overlapping by at most an eighth of what they cover together).
+   Shards every rank needs in overlapping rows (replicated state) keep no list of their needs:
+   all ranks are their consumers. The blocks, the pairs and the groups of three or more ranks
+   are worked on by a few threads (numpy's loops release the GIL).
 3. ``assign_columns``: every other shared shard gets one reader, by the rule, the alone bytes
    counted in the balancing: shards in file order cut into segments, segments largest
    first to the least-loaded consumer, batches per (reader, consumers) of at most
