@@ -81,7 +81,8 @@ class JobNeeds:
     def of(cls, md: Metadata, per_rank: Sequence[np.ndarray]) -> JobNeeds:
         """From each rank's ``NEED_DTYPE`` rows; a tensor or shard number out of range, or rows
         out of order, is a PlanningError. Each field goes straight into its column and the
-        checks run in blocks (the columns are the only whole-job allocations)."""
+        checks run in blocks, on a few threads (the columns are the only whole-job
+        allocations)."""
         world = len(per_rank)
         if world >= 1 << 31:
             raise PlanningError(f"{world} ranks: more than the read assignment counts")
@@ -108,7 +109,8 @@ class JobNeeds:
         key = np.empty(n, dtype=kind)
         base_k = base[:-1].astype(kind)
         block = BLOCK
-        for a in range(0, n, block):
+
+        def check(a: int) -> None:  # one block: its checks, its shard numbers
             t, sh = tensor[a : a + block], shard[a : a + block]
             if t.min() < 0 or t.max() >= len(counts) or sh.min() < 0 or np.any(sh >= counts[t]):
                 raise PlanningError("a rank reported a need of a tensor or shard this checkpoint does not have")
@@ -116,6 +118,10 @@ class JobNeeds:
             r0, r1 = lo[a : a + block], hi[a : a + block]
             if r0.min() < 0 or np.any(r0 > r1):
                 raise PlanningError("a rank reported a need of rows out of order")
+
+        with ThreadPoolExecutor(_THREADS, thread_name_prefix="unickpt-assign") as pool:
+            for _ in pool.map(check, range(0, n, block)):  # the first failing block's error, as in order
+                pass
         rank = np.repeat(np.arange(world, dtype=np.int32), sizes)
         return cls(tensor, shard, lo, hi, rank, key, int(base[-1]))
 
@@ -151,9 +157,10 @@ def classify(md: Metadata, job: JobNeeds, world: int, extents: Extents) -> Class
     only the byte length of a shard one rank needs (``ShardLookup.lengths``). The blocks of
     needs, then the shards of two ranks and those of more, are worked on by a few threads at
     once (numpy's loops release the GIL); each writes only its own answer."""
-    per_key = np.bincount(job.key, minlength=job.total_keys)
-    table = ShardLookup(md, job.tensor, BLOCK)
     with ThreadPoolExecutor(_THREADS, thread_name_prefix="unickpt-assign") as pool:
+        prepared = pool.submit(ShardLookup, md, job.tensor, BLOCK)  # while the shards are counted
+        per_key = np.bincount(job.key, minlength=job.total_keys)
+        table = prepared.result()
         split = list(pool.map(lambda a: _split(job, per_key, table, world, a), range(0, len(job), BLOCK)))
         loads = np.sum([x[0] for x in split], axis=0) if split else np.zeros(world)
         pairs, many = (np.concatenate([x[i] for x in split]) if split else np.zeros(0, np.int64) for i in (1, 2))
@@ -350,8 +357,8 @@ def assign_columns(
     representative need (``keys``) and the offsets of the keys in their batches, both in batch
     order."""
     # each shard (any order: file order comes next): its first need and its consumers, ascending
-    # (cons[starts[i]:ends[i]]); shards of two ranks straight from classify's pairs
-    # (cons[starts[i]:ends[i]]; none listed for a shard every rank needs: ``everyone``)
+    # (cons[starts[i]:ends[i]]; none listed for a shard every rank needs: ``everyone``); shards
+    # of two ranks straight from classify's pairs
     kept = ~found.pair_apart
     pair_a, pair_b = found.pair_first[kept], found.pair_second[kept]
     world = len(found.loads)
