@@ -21,8 +21,10 @@ failure at the coordinator reaches every rank as the same error.
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Callable, Iterable
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,6 +49,7 @@ __all__ = [
 
 Rows = tuple[int, int]  # the rows of a saved shard a rank's copies touch
 Extent = Callable[[int, int, int], tuple[int, int]]  # (file, lo, hi) -> the bytes a read covers
+_THREADS = min(4, os.cpu_count() or 1)  # the coordinator's threads for the read assignment
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,9 +132,10 @@ def read_parts(
     """Every rank's part from every rank's report (the coordinator; ``planning.read_columns``).
     Only shards several ranks need are assigned here; the bytes each rank reads of the shards
     it alone needs count in the balancing, so the readers are those an assignment of every need
-    would choose. Runs with numpy's huge-page advice off (``page_advice``)."""
-    with huge_pages_off():
-        return _read_parts(md, gathered, dedup, page_cache, extents, max_batch_bytes)
+    would choose. Runs with numpy's huge-page advice off (``page_advice``), on a few threads
+    (numpy's loops release the GIL)."""
+    with huge_pages_off(), ThreadPoolExecutor(_THREADS, thread_name_prefix="unickpt-assign") as pool:
+        return _read_parts(md, gathered, dedup, page_cache, extents, max_batch_bytes, pool)
 
 
 def _read_parts(
@@ -141,6 +145,7 @@ def _read_parts(
     page_cache: bool,
     extents: Extents,
     max_batch_bytes: int,
+    pool: Executor,
 ) -> list[PartWire]:
     world = len(gathered)
     per_rank = []
@@ -148,7 +153,7 @@ def _read_parts(
         if not isinstance(blob, bytes) or len(blob) % NEED_DTYPE.itemsize:
             raise PlanningError(f"rank {r} sent the coordinator a report of its needs that is not whole rows")
         per_rank.append(np.frombuffer(blob, dtype=NEED_DTYPE))
-    job = JobNeeds.of(md, per_rank)
+    job = JobNeeds.of(md, per_rank, pool)
     bounds = np.concatenate([[0], np.cumsum([len(n) for n in per_rank])])
     total_keys = job.total_keys
 
@@ -161,7 +166,7 @@ def _read_parts(
         # once; forwarding pays off across hosts or for remote storage
         count = np.bincount(job.key, minlength=total_keys)[job.key]
         return [(None, b"", m) for m in masks(count > 1)]
-    found = classify(md, job, world, extents)
+    found = classify(md, job, world, extents, pool)
     chunk = getattr(md.checksums, "chunk_size", 0)
     batches, keys, offsets = assign_columns(job, found, extents, chunk, max_batch_bytes)
     pairs = np.empty((len(keys), 2), dtype="<i4")

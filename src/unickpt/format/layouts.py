@@ -158,17 +158,20 @@ class SplitLayout:
         (file indices, byte offsets, byte lengths, row bytes). ``table``: ``offset_table`` of
         parts that include ``p`` (a caller asking in blocks computes it once)."""
         offsets_of, row_of = table if table is not None else self.offset_table(p)
-        n, c, row = self._n[e], self._c[e], self._row[e]
-        rows = np.clip(n - p * c, 0, c)
+        rows = self._rows(e, p)
         offsets = offsets_of.ravel()[row_of[p] * len(self.entries) + e]
         first, other, dims = self._dim0
         row_bytes = np.where(dims[e] == 0, first[e], other[e] * rows)
-        return self._files[p], offsets, rows * row, row_bytes
+        return self._files[p], offsets, rows * self._row[e], row_bytes
 
     def lengths(self, e: np.ndarray, p: np.ndarray) -> np.ndarray:
         """The byte length of many chunks at once (``locations``' third column, alone)."""
+        return self._rows(e, p) * self._row[e]
+
+    def _rows(self, e: np.ndarray, p: np.ndarray) -> np.ndarray:
+        """Rows along the split dimension of part ``p`` of entry ``e`` (``torch.chunk``'s)."""
         c = self._c[e]
-        return np.clip(self._n[e] - p * c, 0, c) * self._row[e]
+        return np.clip(self._n[e] - p * c, 0, c)
 
     def shard(self, e: int, p: int) -> ShardRecord:
         offs, lens = self.box(e, p)

@@ -18,7 +18,7 @@ millions of needs):
    chunks their reads cover overlapping by at most an eighth of what they cover together).
    Shards every rank needs in overlapping rows (replicated state) keep no list of their needs:
    all ranks are their consumers. The blocks, the pairs and the groups of three or more ranks
-   are worked on by a few threads (numpy's loops release the GIL).
+   are worked on by the caller's threads (numpy's loops release the GIL).
 3. ``assign_columns``: every other shared shard gets one reader, by the rule, the alone bytes
    counted in the balancing: shards in file order cut into segments, segments largest
    first to the least-loaded consumer, batches per (reader, consumers) of at most
@@ -28,9 +28,8 @@ millions of needs):
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,7 +54,6 @@ NEED_DTYPE = np.dtype([("tensor", "<i4"), ("shard", "<i4"), ("lo", "<i8"), ("hi"
 Extents = Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]  # files, lo, hi
 Where = tuple[np.ndarray, np.ndarray, np.ndarray]  # per shard: file, byte offset, byte length
 _ALIGN = 64  # batch offsets (planning.read_assignment._ALIGN)
-_THREADS = min(4, os.cpu_count() or 1)  # classify's workers
 
 
 @dataclass(frozen=True)
@@ -78,10 +76,10 @@ class JobNeeds:
         return len(self.key)
 
     @classmethod
-    def of(cls, md: Metadata, per_rank: Sequence[np.ndarray]) -> JobNeeds:
+    def of(cls, md: Metadata, per_rank: Sequence[np.ndarray], pool: Executor | None = None) -> JobNeeds:
         """From each rank's ``NEED_DTYPE`` rows; a tensor or shard number out of range, or rows
         out of order, is a PlanningError. Each field goes straight into its column and the
-        checks run in blocks, on a few threads (the columns are the only whole-job
+        checks run in blocks, on ``pool`` when given (the columns are the only whole-job
         allocations)."""
         world = len(per_rank)
         if world >= 1 << 31:
@@ -90,7 +88,6 @@ class JobNeeds:
         n = sum(sizes)
         counts = np.fromiter((len(t.shards) for t in md.tensors.values()), dtype=np.int64, count=len(md.tensors))
         base = np.concatenate([[0], np.cumsum(counts)])
-        kind = np.intp  # shard numbers across the job (the type bincount and lookups take as they are)
         wide = any(len(x) and (int(x["lo"].min()) < -(1 << 31) or int(x["hi"].max()) >= 1 << 31) for x in per_rank)
         rows = np.int64 if wide else np.int32
         tensor, shard = np.empty(n, dtype=np.int32), np.empty(n, dtype=np.int32)
@@ -106,8 +103,8 @@ class JobNeeds:
                 x["hi"],
             )
             at += m
-        key = np.empty(n, dtype=kind)
-        base_k = base[:-1].astype(kind)
+        key = np.empty(n, dtype=np.intp)  # shard numbers across the job: the type bincount and lookups take
+        base_k = base[:-1].astype(np.intp)
         block = BLOCK
 
         def check(a: int) -> None:  # one block: its checks, its shard numbers
@@ -119,9 +116,8 @@ class JobNeeds:
             if r0.min() < 0 or np.any(r0 > r1):
                 raise PlanningError("a rank reported a need of rows out of order")
 
-        with ThreadPoolExecutor(_THREADS, thread_name_prefix="unickpt-assign") as pool:
-            for _ in pool.map(check, range(0, n, block)):  # the first failing block's error, as in order
-                pass
+        for _ in (pool.map if pool is not None else map)(check, range(0, n, block)):
+            pass  # the first failing block's error, as in order
         rank = np.repeat(np.arange(world, dtype=np.int32), sizes)
         return cls(tensor, shard, lo, hi, rank, key, int(base[-1]))
 
@@ -133,9 +129,10 @@ class Classified:
     (``pair_first``, ``pair_second``: their needs, in need order) and three or more ranks'
     (groups, in shard order: ``group_first``, each one's first need; ``everyone``: the groups of
     shards every rank needs in overlapping rows (replicated state), whose consumers are all
-    ranks; the other groups' needs ``members[starts[i]:starts[i + 1]]``, in need order, for the
-    ``i``-th of them); for each, its shard's (file, byte offset, byte length) (``pair_where``,
-    ``group_where``) and whether its needs are read apart (``pair_apart``, ``group_apart``)."""
+    ranks and whose needs are not listed; ``members``: the other groups' needs, group after
+    group, each in need order, ``listed[g]`` of them for group ``g``); for each, its shard's
+    (file, byte offset, byte length) (``pair_where``, ``group_where``) and whether its needs
+    are read apart (``pair_apart``, ``group_apart``)."""
 
     apart: np.ndarray
     loads: np.ndarray
@@ -146,34 +143,32 @@ class Classified:
     group_first: np.ndarray
     everyone: np.ndarray
     members: np.ndarray
-    starts: np.ndarray
+    listed: np.ndarray
     group_where: tuple[np.ndarray, np.ndarray, np.ndarray]
     group_apart: np.ndarray
 
 
-def classify(md: Metadata, job: JobNeeds, world: int, extents: Extents) -> Classified:
+def classify(md: Metadata, job: JobNeeds, world: int, extents: Extents, pool: Executor) -> Classified:
     """Counts, alone bytes and the disjoint-rows test (module docstring, step 2). Shard
     geometry is looked up once per shard several ranks need (``ShardLookup.geometry``), and
     only the byte length of a shard one rank needs (``ShardLookup.lengths``). The blocks of
-    needs, then the shards of two ranks and those of more, are worked on by a few threads at
-    once (numpy's loops release the GIL); each writes only its own answer."""
-    with ThreadPoolExecutor(_THREADS, thread_name_prefix="unickpt-assign") as pool:
-        prepared = pool.submit(ShardLookup, md, job.tensor, BLOCK)  # while the shards are counted
-        per_key = np.bincount(job.key, minlength=job.total_keys)
-        table = prepared.result()
-        split = list(pool.map(lambda a: _split(job, per_key, table, world, a), range(0, len(job), BLOCK)))
-        loads = np.sum([x[0] for x in split], axis=0) if split else np.zeros(world)
-        pairs, many = (np.concatenate([x[i] for x in split]) if split else np.zeros(0, np.int64) for i in (1, 2))
-        del split
-        grouped = pool.submit(_groups, table, job, many, np.flatnonzero(per_key > 2), world, extents)
-        first, second, where_pairs, pair_apart = _pairs(table, job, pairs, extents, pool)
-        groups = grouped.result()
+    needs, then the shards of two ranks and those of more, are worked on by ``pool``'s threads
+    at once (numpy's loops release the GIL); each writes only its own answer."""
+    prepared = pool.submit(ShardLookup, md, job.tensor, BLOCK)  # while the shards are counted
+    per_key = np.bincount(job.key, minlength=job.total_keys)
+    table = prepared.result()
+    split = list(pool.map(lambda a: _split(job, per_key, table, world, a), range(0, len(job), BLOCK)))
+    loads = np.sum([x[0] for x in split], axis=0) if split else np.zeros(world)
+    pairs, many = (np.concatenate([x[i] for x in split]) if split else np.zeros(0, np.int64) for i in (1, 2))
+    del split
+    grouped = pool.submit(_groups, table, job, many, np.flatnonzero(per_key > 2), world, extents)
+    first, second, where_pairs, pair_apart = _pairs(table, job, pairs, extents, pool)
+    groups = grouped.result()
     apart = np.zeros(len(job), dtype=bool)
     apart[first[pair_apart]] = True
     apart[second[pair_apart]] = True
-    first_of, everyone, members, starts, where, group_apart = groups
-    listed = np.flatnonzero(~everyone)  # the groups with members, in members' order
-    apart[members[np.repeat(group_apart[listed], np.diff(np.append(starts, len(members))))]] = True
+    first_of, everyone, members, listed, where, group_apart = groups
+    apart[members[np.repeat(group_apart, listed)]] = True
     return Classified(
         apart,
         loads.astype(np.int64),
@@ -184,7 +179,7 @@ def classify(md: Metadata, job: JobNeeds, world: int, extents: Extents) -> Class
         first_of,
         everyone,
         members,
-        starts,
+        listed,
         where,
         group_apart,
     )
@@ -205,7 +200,7 @@ def _split(
 
 
 def _pairs(
-    table: ShardLookup, job: JobNeeds, pairs: np.ndarray, extents: Extents, pool: ThreadPoolExecutor
+    table: ShardLookup, job: JobNeeds, pairs: np.ndarray, extents: Extents, pool: Executor
 ) -> tuple[np.ndarray, np.ndarray, Where, np.ndarray]:
     """The shards two ranks need (``pairs``: their needs): each one's first and second need,
     its (file, byte offset, byte length), and whether the two read their rows apart (exact,
@@ -222,10 +217,15 @@ def _pairs(
 
     done = list(pool.map(block, range(0, len(first), BLOCK)))
     if not done:
-        empty = np.zeros(0, dtype=np.int64)
-        return first, second, (empty.astype(np.int32), empty, empty), np.zeros(0, dtype=bool)
+        return first, second, _nowhere(), np.zeros(0, dtype=bool)
     files, offsets, lengths, pair_apart = (np.concatenate([d[i] for d in done]) for i in range(4))
     return first, second, (files, offsets, lengths), pair_apart
+
+
+def _nowhere() -> Where:
+    """The (file, byte offset, byte length) columns of no shard."""
+    empty = np.zeros(0, dtype=np.int64)
+    return empty.astype(np.int32), empty, empty
 
 
 def _apart_pairs(
@@ -260,13 +260,12 @@ def _groups(
     """The shards three or more ranks need (``keys``, ascending; ``many``: their needs, in need
     order): each group's first need; which are shards every rank needs in overlapping rows
     (their consumers are all ranks: their needs are not listed); the other groups' needs,
-    grouped by shard (members, each group's start); each group's (file, byte offset, byte
-    length) and whether its needs are read apart. Per-group sums run over a table of the
+    grouped by shard (members), and how many each group lists; each group's (file, byte
+    offset, byte length) and whether its needs are read apart. Per-group sums run over a table of the
     groups (a few per tensor), so only the listed groups' needs are sorted."""
-    empty = np.zeros(0, dtype=np.int64)
-    none = np.zeros(0, dtype=bool)
     if not len(keys):
-        return empty, none, empty, empty, (empty.astype(np.int32), empty, empty), none
+        empty, none = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
+        return empty, none, empty, empty, _nowhere(), none
     number = np.zeros(job.total_keys, dtype=np.intp)  # a group number per shard
     number[keys] = np.arange(len(keys))
     g = number[job.key[many]]
@@ -290,7 +289,7 @@ def _groups(
     order = np.argsort(g.astype(np.uint16) if len(keys) <= 1 << 16 else g, kind="stable")
     members, g = members[order], g[order]
     lo, hi = job.lo[members], job.hi[members]
-    starts = np.flatnonzero(np.concatenate([[True], g[1:] != g[:-1]])) if len(g) else empty
+    listed_count = np.bincount(g, minlength=len(keys))  # 0 for the groups of every rank
     group_apart = np.zeros(len(keys), dtype=bool)
     tested = np.flatnonzero(candidate[g])
     if len(tested):
@@ -314,7 +313,7 @@ def _groups(
         union = np.bincount(group, weights=np.maximum(0, c_hi - np.maximum(c_lo, end)).astype(np.float64))
         ok = rows_apart & (8 * twice <= union)
         group_apart[np.unique(owner)[ok]] = True
-    return first_of, everyone, members, starts, (files, offsets, lengths), group_apart
+    return first_of, everyone, members, listed_count, (files, offsets, lengths), group_apart
 
 
 def _first_and_last(keys: np.ndarray, index: np.ndarray, total_keys: int) -> tuple[np.ndarray, np.ndarray]:
@@ -362,16 +361,11 @@ def assign_columns(
     kept = ~found.pair_apart
     pair_a, pair_b = found.pair_first[kept], found.pair_second[kept]
     world = len(found.loads)
-    listed = np.flatnonzero(~found.everyone)  # the groups with members, in members' order
-    sizes = np.diff(np.append(found.starts, len(found.members)))
-    listed_kept = ~found.group_apart[listed]
-    many = found.members[np.repeat(listed_kept, sizes)]  # the kept listed groups' needs, still grouped
-    kept_sizes = np.zeros(len(found.everyone), dtype=np.int64)  # consumers listed per group (kept ones)
-    kept_sizes[listed[listed_kept]] = sizes[listed_kept]
+    many = found.members[np.repeat(~found.group_apart, found.listed)]  # the kept groups' needs, still grouped
     groups = np.flatnonzero(~found.group_apart)  # the kept groups, in shard order
     if not len(pair_a) and not len(groups):
         return [], np.zeros(0, np.int64), np.zeros(0, np.int64)
-    g_width = kept_sizes[groups]
+    g_width = found.listed[groups]
     rep = np.concatenate([pair_a, found.group_first[groups]])
     cons = np.concatenate([np.stack([job.rank[pair_a], job.rank[pair_b]], axis=1).ravel(), job.rank[many]])
     width = np.concatenate([np.full(len(pair_a), 2, dtype=np.int64), g_width])
