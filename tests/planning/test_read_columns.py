@@ -274,3 +274,19 @@ def test_geometry_in_blocks_is_each_shards_own(job, block):
         rec = md.tensors[names[t]]
         want = (*shard_location(rec.shards, i), shard_row_bytes(rec.shards, i, itemsize(rec.dtype)))
         assert tuple(c[j] for c in got) == want
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@given(st.lists(st.integers(0, 9), max_size=12))
+def test_shard_numbers_are_one_each_and_like_shards_adjacent(counts):
+    """The job's shard numbering (``_numbering``) gives every (tensor, shard) a number of its
+    own in [0, total); of tensors with equal shard counts, shard s of one tensor and shard s of
+    the next such tensor are numbered one apart (one rank's needs fall together)."""
+    first, stride = read_columns._numbering(np.asarray(counts, dtype=np.int64))
+    numbers = [int(first[t] + s * stride[t]) for t, c in enumerate(counts) for s in range(c)]
+    assert sorted(numbers) == list(range(sum(counts)))
+    for t, u in zip(range(len(counts)), range(1, len(counts))):
+        later = [v for v in range(u, len(counts)) if counts[v] == counts[t]]
+        if later and counts[t]:
+            for s in range(counts[t]):
+                assert first[later[0]] + s * stride[later[0]] == first[t] + s * stride[t] + 1

@@ -61,7 +61,7 @@ class JobNeeds:
     """Every rank's needs as columns, concatenated in rank order: need ``j`` is rows
     ``[lo[j], hi[j])`` of shard ``shard[j]`` of tensor ``tensor[j]`` (its number in the
     metadata's order), needed by rank ``rank[j]``; ``key[j]``: its shard's number across the
-    job (tensor-major). Numbers that fit in 32 bits are kept in 32 (a whole-job reshard of
+    job (``_numbering``: like-numbered shards of tensors with as many shards together). Numbers that fit in 32 bits are kept in 32 (a whole-job reshard of
     thousands of ranks has millions of needs)."""
 
     tensor: np.ndarray  # int32
@@ -87,7 +87,7 @@ class JobNeeds:
         sizes = [len(n) for n in per_rank]
         n = sum(sizes)
         counts = np.fromiter((len(t.shards) for t in md.tensors.values()), dtype=np.int64, count=len(md.tensors))
-        base = np.concatenate([[0], np.cumsum(counts)])
+        first_key, stride = _numbering(counts)
         wide = any(len(x) and (int(x["lo"].min()) < -(1 << 31) or int(x["hi"].max()) >= 1 << 31) for x in per_rank)
         rows = np.int64 if wide else np.int32
         tensor, shard = np.empty(n, dtype=np.int32), np.empty(n, dtype=np.int32)
@@ -104,14 +104,13 @@ class JobNeeds:
             )
             at += m
         key = np.empty(n, dtype=np.intp)  # shard numbers across the job: the type bincount and lookups take
-        base_k = base[:-1].astype(np.intp)
         block = BLOCK
 
         def check(a: int) -> None:  # one block: its checks, its shard numbers
             t, sh = tensor[a : a + block], shard[a : a + block]
             if t.min() < 0 or t.max() >= len(counts) or sh.min() < 0 or np.any(sh >= counts[t]):
                 raise PlanningError("a rank reported a need of a tensor or shard this checkpoint does not have")
-            key[a : a + block] = base_k[t] + sh  # below base[-1]: no overflow
+            key[a : a + block] = first_key[t] + sh * stride[t]  # below counts.sum(): no overflow
             r0, r1 = lo[a : a + block], hi[a : a + block]
             if r0.min() < 0 or np.any(r0 > r1):
                 raise PlanningError("a rank reported a need of rows out of order")
@@ -119,7 +118,26 @@ class JobNeeds:
         for _ in (pool.map if pool is not None else map)(check, range(0, n, block)):
             pass  # the first failing block's error, as in order
         rank = np.repeat(np.arange(world, dtype=np.int32), sizes)
-        return cls(tensor, shard, lo, hi, rank, key, int(base[-1]))
+        return cls(tensor, shard, lo, hi, rank, key, int(counts.sum()))
+
+
+def _numbering(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each tensor's first shard number across the job and the step between its shards'
+    numbers (``counts``: shards per tensor): tensors with as many shards as each other are
+    numbered shard by shard (shard 0 of each, then shard 1 of each, ...), so that one rank's
+    needs, which hold like-numbered shards of many tensors (a sharding's rank-th piece), fall
+    close together in the per-shard tables (a tensor by tensor numbering puts them a whole
+    tensor's shards apart: a cache miss each)."""
+    order = np.argsort(counts, kind="stable")
+    c = counts[order]
+    heads = np.flatnonzero(np.concatenate([[True], c[1:] != c[:-1]])) if len(c) else np.zeros(0, np.intp)
+    size = np.diff(np.append(heads, len(c)))  # tensors per count
+    group_base = np.concatenate([[0], np.cumsum(c[heads] * size)])[:-1]
+    within = np.arange(len(c)) - np.repeat(heads, size)
+    first_key, stride = np.empty(len(c), dtype=np.intp), np.empty(len(c), dtype=np.intp)
+    first_key[order] = np.repeat(group_base, size) + within
+    stride[order] = np.repeat(size, size)
+    return first_key, stride
 
 
 @dataclass(frozen=True)
