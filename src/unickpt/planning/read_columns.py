@@ -61,8 +61,9 @@ class JobNeeds:
     """Every rank's needs as columns, concatenated in rank order: need ``j`` is rows
     ``[lo[j], hi[j])`` of shard ``shard[j]`` of tensor ``tensor[j]`` (its number in the
     metadata's order), needed by rank ``rank[j]``; ``key[j]``: its shard's number across the
-    job (``_numbering``: like-numbered shards of tensors with as many shards together). Numbers that fit in 32 bits are kept in 32 (a whole-job reshard of
-    thousands of ranks has millions of needs)."""
+    job (``_numbering``: like-numbered shards of tensors with as many shards together). Numbers
+    that fit in 32 bits are kept in 32 (a whole-job reshard of thousands of ranks has millions
+    of needs)."""
 
     tensor: np.ndarray  # int32
     shard: np.ndarray  # int32
