@@ -2,11 +2,13 @@
 
 The model is ``--params`` small parameters (each ``--rows`` x 50 fp32) in groups of 100 per
 ``fully_shard`` unit, trained one AdamW step: parameters + ``exp_avg`` + ``exp_avg_sq`` (+ a 0-d
-``step`` per parameter) are ~20,000 tensors. Per round, interleaved: unickpt save (the first
-save of a fresh Checkpointer, then a second one with the cached plan), unickpt load (first load,
-cold page cache), DCP save and load (``get_state_dict`` + ``dcp.save`` / ``dcp.load`` +
-``set_state_dict``). Loads are checked against the saved values once. Prints medians, the
-per-tensor cost and the DCP/unickpt ratio.
+``step`` per parameter) are ~20,000 tensors. Per round, interleaved, each library in two fresh
+rank processes of its own (run in one process, what one library leaves in the heap slowed the
+other: unickpt's load took 0.08-0.1 s longer right after a DCP save): unickpt save (the first
+save of a fresh Checkpointer, then a second one with the cached plan) and load (first load, cold
+page cache); then DCP save and load (``get_state_dict`` + ``dcp.save`` / ``dcp.load`` +
+``set_state_dict``), cold page cache too. Loads are checked against the saved values once.
+Prints medians, the per-tensor cost and the DCP/unickpt ratio.
 
     python bench/many_small.py [--params 6700] [--rounds 3]
 """
@@ -68,6 +70,9 @@ def _fingerprint(model, optim) -> float:
 
 
 def rank_main(rank: int, ws: int, cfg: dict) -> dict:
+    """One round of one library (``cfg["lib"]``) in processes of its own: unickpt's first
+    save (a fresh Checkpointer), its cached save and its first load (cold page cache), or
+    DCP's save and load; the load checked against the saved values on round 0."""
     import torch
     import torch.distributed as dist
 
@@ -78,38 +83,34 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict:
     want = _fingerprint(model, optim)
     fresh_model, fresh_optim = _build(cfg["params"], cfg["rows"], seed=2)
     tensors = sum(1 for _ in model.parameters()) + sum(len(s) for s in optim.state.values())
-    times: dict[str, list[float]] = {k: [] for k in ("first save", "cached save", "first load", "dcp save", "dcp load")}
-    for r in range(cfg["rounds"]):
-        base = os.path.join(cfg["tmp"], f"r{r}")
+    times: dict[str, float] = {}
+    base = os.path.join(cfg["tmp"], f"r{cfg['round']}")
+    state = {"model": model, "optimizer": optim}
+    if cfg["lib"] == "unickpt":
         with unickpt.Checkpointer() as ck:  # a fresh one: no cached plan
-            state = {"model": model, "optimizer": optim}
-            t, _ = timed(lambda b=base, s=state: ck.save(b + "-u", s).wait())
-            times["first save"].append(t)
-            t, _ = timed(lambda b=base, s=state: ck.save(b + "-u2", s).wait())
-            times["cached save"].append(t)
-        t, _ = timed(lambda b=base: dcp_save(model, optim, b + "-d"))
-        times["dcp save"].append(t)
-        dist.barrier()
-        if rank == 0:
-            evict([base + "-u", base + "-d"])
-        dist.barrier()
+            times["first save"], _ = timed(lambda: ck.save(base + "-u", state).wait())
+            times["cached save"], _ = timed(lambda: ck.save(base + "-u2", state).wait())
+        written = [base + "-u", base + "-u2"]
+    else:
+        times["dcp save"], _ = timed(lambda: dcp_save(model, optim, base + "-d"))
+        written = [base + "-d"]
+    dist.barrier()
+    if rank == 0:
+        evict(written)
+    dist.barrier()
+    if cfg["lib"] == "unickpt":
         with unickpt.Checkpointer() as ck:
             into = {"model": fresh_model, "optimizer": fresh_optim}
-            t, _ = timed(lambda b=base, s=into: ck.load(b + "-u", s))
-            times["first load"].append(t)
-        if r == 0 and abs(_fingerprint(fresh_model, fresh_optim) - want) > 0:
-            raise AssertionError("unickpt load differs from the saved state")
-        fresh_model, fresh_optim = _build(cfg["params"], cfg["rows"], seed=3 + r)
-        t, _ = timed(lambda b=base, m=fresh_model, o=fresh_optim: dcp_load(m, o, b + "-d"))
-        times["dcp load"].append(t)
-        if r == 0 and abs(_fingerprint(fresh_model, fresh_optim) - want) > 0:
-            raise AssertionError("DCP load differs from the saved state")
-        fresh_model, fresh_optim = _build(cfg["params"], cfg["rows"], seed=10 + r)
-        dist.barrier()
-        if rank == 0:
-            for suffix in ("-u", "-u2", "-d"):
-                rmtree(base + suffix)
-        dist.barrier()
+            times["first load"], _ = timed(lambda: ck.load(base + "-u", into))
+    else:
+        times["dcp load"], _ = timed(lambda: dcp_load(fresh_model, fresh_optim, base + "-d"))
+    if cfg["round"] == 0 and abs(_fingerprint(fresh_model, fresh_optim) - want) > 0:
+        raise AssertionError(f"{cfg['lib']} load differs from the saved state")
+    dist.barrier()
+    if rank == 0:
+        for path in written:
+            rmtree(path)
+    dist.barrier()
     nbytes = sum(p.numel() * 4 * 3 for p in model.parameters())
     return {"times": times, "tensors": tensors, "bytes": nbytes}
 
@@ -125,12 +126,16 @@ def main() -> None:
     tmp = make_tmp(args.dir, 4 * nbytes)
     print(f"many small tensors: {args.params} params ({args.rows}x50 fp32) + AdamW, FSDP2 ws=2, {nbytes / 1e6:.0f} MB")
     print(machine_line())
+    t: dict[str, list[float]] = {k: [] for k in ("first save", "cached save", "first load", "dcp save", "dcp load")}
     try:
-        res = spawn(rank_main, 2, {"tmp": tmp, "params": args.params, "rows": args.rows, "rounds": args.rounds})
+        for r in range(args.rounds):  # each library in fresh processes, interleaved round by round
+            for lib in ("unickpt", "dcp"):
+                cfg = {"tmp": tmp, "params": args.params, "rows": args.rows, "round": r, "lib": lib}
+                r0 = spawn(rank_main, 2, cfg)[0]
+                for op, seconds in r0["times"].items():
+                    t[op].append(seconds)
     finally:
         rmtree(tmp)
-    r0 = res[0]
-    t = r0["times"]
     n = r0["tensors"]  # keys: every rank holds a shard of each
     rows = []
     for op, dcp_op in (("first save", "dcp save"), ("cached save", "dcp save"), ("first load", "dcp load")):
