@@ -49,7 +49,7 @@ from typing import Any
 
 from unickpt.engine.commit import SaveSource, build_metadata
 from unickpt.engine.gc_pause import gc_paused
-from unickpt.engine.plan_cache import CachedPlan
+from unickpt.engine.plan_cache import CachedPlan, checksum_chunk_of
 from unickpt.engine.read import _extents
 from unickpt.engine.read_exchange import decode_part, read_parts, report_needs
 from unickpt.format.codec import decode_metadata, encode_metadata
@@ -167,7 +167,7 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t0, out
 
 
-def measure(layout: str, world: int, load_world: int, freeze_gc: bool = False, chunk_mib: int = 1) -> dict[str, float]:
+def measure(layout: str, world: int, load_world: int, freeze_gc: bool = False, chunk_mib: int = 0) -> dict[str, float]:
     make = LAYOUTS[layout]
     mid = world // 2
     # every rank builds and encodes its local plan (its own shards); the coordinator gets bytes
@@ -188,9 +188,11 @@ def measure(layout: str, world: int, load_world: int, freeze_gc: bool = False, c
     received = len(parts[mid])
     parts = None
     mine = decode_rank_plan(encode_rank_rows(mid, gplan.save_id, *gplan.rank_rows(mid)))
-    cached = CachedPlan(mine_local, mine, None, gplan.save_id)
+    # the checksum chunk (the save's default: by the checkpoint's size, 1 MiB up to 2 TiB); each
+    # rank reports its files' sizes and chunk sums
+    chunk = checksum_chunk_of(gplan, (chunk_mib << 20) or None)
+    cached = CachedPlan(mine_local, mine, None, gplan.save_id, chunk)
     t_replan, _ = timed(lambda: cached.next("feedfacecafe"))
-    chunk = chunk_mib << 20  # the checksum chunk (default 1 MiB): each rank reports its files' sizes and chunk sums
     by_rank: dict[int, dict[str, tuple[int, list[int]]]] = {r: {} for r in range(world)}
     for f, (n, r) in gplan.file_ends().items():
         by_rank[r][f] = (n, [0] * -(-n // chunk))
@@ -242,6 +244,7 @@ def measure(layout: str, world: int, load_world: int, freeze_gc: bool = False, c
         "metadata build s": t_md,
         "metadata encode s": t_enc,
         "metadata MB": len(blob) / 1e6,
+        "checksum chunk MiB": chunk / (1 << 20),
         "metadata decode s": t_dec,
         "load plan s/rank": t_load,
         "read assignment s (whole job)": t_assign,
@@ -282,8 +285,8 @@ def main() -> None:
     ap.add_argument(
         "--checksum-chunk-mib",
         type=int,
-        default=1,
-        help="SaveOptions.checksum_chunk_bytes in MiB (metadata holds 4 bytes per chunk of data)",
+        default=0,
+        help="SaveOptions.checksum_chunk_bytes in MiB (metadata holds 4 bytes per chunk of data); 0: auto",
     )
     ap.add_argument("--one", nargs=3, metavar=("LAYOUT", "WORLD", "LOAD_WORLD"), help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .coordination.topology import CoordinationOptions
-from .format.checksums import DEFAULT_CHUNK, MAX_CHUNK, MIN_CHUNK
+from .format.checksums import MAX_CHUNK, MIN_CHUNK
 from .format.transforms import RowsTensor
 from .storage.base import METADATA_LIMIT
 from .storage.options import StorageOptions
@@ -34,14 +34,17 @@ class SaveOptions:
     storage: StorageOptions = field(default_factory=StorageOptions)
     # every data file is checksummed (CRC32C) per chunk of this many bytes (format.checksums): a
     # load reads and verifies whole chunks, so at most one chunk more than it needs at each end of
-    # a range; the metadata holds 4 bytes per chunk
-    checksum_chunk_bytes: int = DEFAULT_CHUNK
+    # a range; the metadata holds 4 bytes per chunk. None: 1 MiB, doubled for checkpoints over
+    # 2 TiB so that the metadata holds at most 2 Mi checksums (format.checksums.auto_chunk); the
+    # save's coordinator decides, and every rank writes with its choice
+    checksum_chunk_bytes: int | None = None
 
     def __post_init__(self) -> None:
         _check_timeout(self.timeout)
-        if type(self.checksum_chunk_bytes) is not int or not MIN_CHUNK <= self.checksum_chunk_bytes <= MAX_CHUNK:
+        chunk = self.checksum_chunk_bytes
+        if chunk is not None and (type(chunk) is not int or not MIN_CHUNK <= chunk <= MAX_CHUNK):
             raise ValueError(
-                f"checksum_chunk_bytes must be an int in [{MIN_CHUNK}, {MAX_CHUNK}], got {self.checksum_chunk_bytes!r}"
+                f"checksum_chunk_bytes must be None or an int in [{MIN_CHUNK}, {MAX_CHUNK}], got {chunk!r}"
             )
 
 

@@ -12,17 +12,20 @@ all_gather and a rename of the rank's own entries.
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from dataclasses import dataclass, field, replace
 
 from ..coordination.base import Coordinator
 from ..errors import CheckpointError, PlanningError
+from ..format.checksums import MAX_CHUNK, MIN_CHUNK, auto_chunk
+from ..format.dtypes import itemsize
 from ..planning.plan_codec import decode_rank_plan, encode_local_plan, encode_rank_rows
 from ..planning.regular_plan import RegularRankPlans
 from ..planning.save_plan import GlobalSavePlan, LocalSavePlan, RankSavePlan, WriteEntry, plan_save, rank_plan_rows
 
-__all__ = ["PlanKey", "CachedPlan", "PlanCache", "plan_stage", "new_save_id"]
+__all__ = ["PlanKey", "CachedPlan", "PlanCache", "plan_stage", "new_save_id", "checksum_chunk_of"]
 
 
 def new_save_id() -> str:
@@ -32,13 +35,15 @@ def new_save_id() -> str:
 @dataclass(frozen=True, slots=True)
 class PlanKey:
     """What a cached plan was made for, beside the local plans themselves: the role, the adapter
-    and every option that changes the layout of the files. Today that is only
-    ``SaveOptions.files_per_rank`` (``io_threads``, ``cleanup_previous``, ``background_snapshot``
-    and ``timeout`` do not change the plan); a new layout option must be added here."""
+    and every option that changes the layout of the files or what the plan decides. Today that
+    is ``SaveOptions.files_per_rank`` and ``SaveOptions.checksum_chunk_bytes`` (``io_threads``,
+    ``cleanup_previous``, ``background_snapshot`` and ``timeout`` do not change the plan); a new
+    such option must be added here."""
 
     role: str | None
     framework: str
     files_per_rank: int
+    checksum_chunk_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +102,7 @@ class CachedPlan:
     mine: RankSavePlan
     coordinator: GlobalSavePlan | None
     base: str
+    chunk: int  # the checksum chunk every rank writes with (the coordinator's choice: plan_stage)
     seq: int = 0
     columns: tuple[_Columns, tuple[_Columns, ...]] | None = field(default=None, compare=False, repr=False)
 
@@ -104,7 +110,9 @@ class CachedPlan:
         seq = self.seq + 1
         save_id = f"{self.base}-{seq:06d}-{token}"
         columns = self._columns()
-        return CachedPlan(self.local, columns[0].renamed(save_id), self.coordinator, self.base, seq, columns)
+        return CachedPlan(
+            self.local, columns[0].renamed(save_id), self.coordinator, self.base, self.chunk, seq, columns
+        )
 
     def _columns(self) -> tuple[_Columns, tuple[_Columns, ...]]:
         if self.columns is not None:
@@ -152,11 +160,18 @@ class PlanCache:
 
 
 def plan_stage(
-    coord: Coordinator, local: LocalSavePlan, files_per_rank: int, cached: CachedPlan | None = None
+    coord: Coordinator,
+    local: LocalSavePlan,
+    files_per_rank: int,
+    cached: CachedPlan | None = None,
+    checksum_chunk: int | None = None,
 ) -> CachedPlan:
     """Collective (foreground group): this save's global plan, from the cache when every rank's
     local plan is unchanged (one tiny all_gather, which also carries rank 0's fresh random save
-    id), else gathered and computed by rank 0."""
+    id), else gathered and computed by rank 0, which also decides the checksum chunk every rank
+    writes with (``checksum_chunk``, rank 0's ``SaveOptions.checksum_chunk_bytes``; None: by the
+    size of the checkpoint's tensors, ``format.checksums.auto_chunk``) and sends it with each
+    rank's part."""
     unchanged = cached is not None and cached.local == local
     save_id = new_save_id()
     if coord.world_size > 1:
@@ -172,7 +187,7 @@ def plan_stage(
     # (planning.shard_table) and keeps its own part as it is
     if coord.world_size == 1:
         gplan = plan_save([local], save_id, files_per_rank)
-        return CachedPlan(local, gplan.rank_plans[0], gplan, save_id)
+        return CachedPlan(local, gplan.rank_plans[0], gplan, save_id, checksum_chunk_of(gplan, checksum_chunk))
     encoded = coord.gather_object(encode_local_plan(local))
     parts: list[object] | None = None
     coordinator: GlobalSavePlan | None = None
@@ -181,18 +196,36 @@ def plan_stage(
         try:
             # bytes as gathered: a regular job is planned reading them one rank at a time
             coordinator = plan_save(encoded, save_id, files_per_rank)  # type: ignore[arg-type]
+            chunk = checksum_chunk_of(coordinator, checksum_chunk)
             parts = [
-                b"",
-                *(encode_rank_rows(r, save_id, *coordinator.rank_rows(r)) for r in range(1, coord.world_size)),
+                (chunk, b""),
+                *((chunk, encode_rank_rows(r, save_id, *coordinator.rank_rows(r))) for r in range(1, coord.world_size)),
             ]
         except CheckpointError as e:
             parts = [e] * coord.world_size
     received = coord.scatter_object(parts)
     if isinstance(received, CheckpointError):
         raise received
+    if (
+        not isinstance(received, tuple)
+        or len(received) != 2
+        or type(received[0]) is not int
+        or not MIN_CHUNK <= received[0] <= MAX_CHUNK
+        or not isinstance(received[1], bytes)
+    ):
+        raise PlanningError(f"rank {coord.rank} received no usable part of the save plan ({type(received).__name__})")
+    chunk, rows = received
     if coordinator is not None:
-        return CachedPlan(local, coordinator.rank_plans[0], coordinator, save_id)
-    mine = decode_rank_plan(received)  # type: ignore[arg-type]
+        return CachedPlan(local, coordinator.rank_plans[0], coordinator, save_id, chunk)
+    mine = decode_rank_plan(rows)
     if mine.rank != coord.rank:
         raise PlanningError(f"rank {coord.rank} received the save plan of rank {mine.rank}")
-    return CachedPlan(local, mine, None, save_id)
+    return CachedPlan(local, mine, None, save_id, chunk)
+
+
+def checksum_chunk_of(gplan: GlobalSavePlan, asked: int | None) -> int:
+    """The checksum chunk of this save: the one asked for, else ``auto_chunk`` of the bytes of
+    the checkpoint's tensors (each saved once; blobs are small and not counted)."""
+    if asked is not None:
+        return asked
+    return auto_chunk(sum(math.prod(shape) * itemsize(dtype) for dtype, shape in gplan.tensors.values()))

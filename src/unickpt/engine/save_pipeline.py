@@ -128,9 +128,15 @@ class SavePipeline:
             tuple(i.spec for i in d.view.items),
             tuple(BlobSpec(k, len(v)) for k, v in d.blobs.items()),
         )
-        key = PlanKey(self.role, d.adapter.name, self.options.files_per_rank)
+        key = PlanKey(self.role, d.adapter.name, self.options.files_per_rank, self.options.checksum_chunk_bytes)
         with self.res.events.phase("save.plan", self.coord.rank, path=self.storage.url):
-            cached = plan_stage(self.coord, local, self.options.files_per_rank, self.res.plans.get(key))
+            cached = plan_stage(
+                self.coord,
+                local,
+                self.options.files_per_rank,
+                self.res.plans.get(key),
+                self.options.checksum_chunk_bytes,
+            )
         self.res.plans.put(key, cached)
         return cached
 
@@ -185,7 +191,7 @@ class SavePipeline:
             if snap.staged is not None:
                 snap.staged.wait_ready()
             with events.phase("save.write", rank, path=url, save_id=plan.save_id) as p:
-                chunk = self.options.checksum_chunk_bytes
+                chunk = cached.chunk
                 files = write_stage(
                     self.storage, plan, snap.entry_bytes, snap.file_parts, self.options.io_threads, events, chunk
                 )

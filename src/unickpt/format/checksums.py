@@ -38,13 +38,30 @@ __all__ = [
     "DEFAULT_CHUNK",
     "MIN_CHUNK",
     "MAX_CHUNK",
+    "AUTO_MAX_CHUNKS",
+    "auto_chunk",
 ]
 
 Buffer = bytes | bytearray | memoryview  # as storage.base.Buffer (format imports no other layer)
 
-DEFAULT_CHUNK = 1 << 20  # SaveOptions.checksum_chunk_bytes default
+DEFAULT_CHUNK = 1 << 20  # the chunk of checkpoints up to AUTO_MAX_CHUNKS MiB (auto_chunk)
 MIN_CHUNK = 4 << 10
 MAX_CHUNK = 1 << 30
+AUTO_MAX_CHUNKS = 1 << 21  # chunks (4 bytes of metadata each) an automatic chunk size keeps to
+
+
+def auto_chunk(data_bytes: int, most: int | None = None) -> int:
+    """The checksum chunk of a checkpoint of ``data_bytes`` when the save names none
+    (``SaveOptions.checksum_chunk_bytes=None``; decided by the save's coordinator,
+    ``engine.plan_cache.plan_stage``): ``DEFAULT_CHUNK``, doubled until the data is at most
+    ``most`` chunks (2 Mi: 8 MiB of checksums in the metadata; 1 MiB chunks up to 2 TiB), and
+    ``MAX_CHUNK`` at most (``most``: ``AUTO_MAX_CHUNKS`` when None). Reads verify whole chunks,
+    so larger chunks only for larger data."""
+    most = AUTO_MAX_CHUNKS if most is None else most
+    chunk = DEFAULT_CHUNK
+    while chunk < MAX_CHUNK and -(-max(0, data_bytes) // chunk) > most:
+        chunk *= 2
+    return chunk
 
 
 @dataclass(frozen=True, slots=True)
