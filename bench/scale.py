@@ -205,12 +205,14 @@ def measure(layout: str, world: int, load_world: int, freeze_gc: bool = False, c
     encoded.clear()  # the coordinator keeps only the encoded metadata from here on
     crcs.clear()
     md = None  # type: ignore[assignment]
-    t_dec, md2 = timed(lambda: decode_metadata(blob))
+    with gc_paused():  # as a load decodes it (engine.load_pipeline runs the whole load so)
+        t_dec, md2 = timed(lambda: decode_metadata(blob))
     if freeze_gc:  # the decoded metadata (millions of records) leaves the collector's view
         gc.collect()
         gc.freeze()
     targets = load_targets(layout, load_world // 2, load_world)
-    t_load, reads = timed(lambda: plan_local_load(md2, targets))
+    with gc_paused():  # as the load pipeline runs it (engine.load_pipeline: the whole load)
+        t_load, reads = timed(lambda: plan_local_load(md2, targets))
     # every rank of the new job plans its load and reports its needs (what it sends rank 0)
     names = list(md2.tensors)
 
