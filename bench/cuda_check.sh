@@ -15,5 +15,7 @@ export PYTHONPATH=$PWD/src:$PWD/tests:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" | tee -a "$OUT/gpu.txt"
 timeout 150 python3 -m pytest -q -p no:cacheprovider -rs tests/engine/test_async_save.py tests/test_resume_single.py 2>&1 | tail -n 25 | tee "$OUT/cuda_tests.log"
-timeout 200 python3 -m pytest -q -p no:cacheprovider -n 12 tests/engine tests/planning tests/distributed tests/frameworks 2>&1 | tail -n 25 | tee "$OUT/suite.log"
+# ~250 tests: 200 s ran ~217 of them on an H100 machine (16 cores); a stop by the limit is said
+timeout 260 python3 -m pytest -q -p no:cacheprovider -n 12 tests/engine tests/planning tests/distributed tests/frameworks 2>&1 | tail -n 25 | tee "$OUT/suite.log" \
+  || echo "suite stopped (exit ${PIPESTATUS[0]}: 124 is the time limit)" | tee -a "$OUT/suite.log"
 timeout 200 python3 bench/cuda_async.py --gib 2 --repeats 3 --dir /dev/shm 2>&1 | tee "$OUT/cuda_async.log"
