@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from .coordination.topology import CoordinationOptions
-from .format.checksums import MAX_CHUNK, MIN_CHUNK
+from .format.checksums import MAX_CHUNK, MIN_CHUNK, is_chunk_size
 from .format.transforms import RowsTensor
 from .storage.base import METADATA_LIMIT
 from .storage.options import StorageOptions
@@ -42,7 +42,7 @@ class SaveOptions:
     def __post_init__(self) -> None:
         _check_timeout(self.timeout)
         chunk = self.checksum_chunk_bytes
-        if chunk is not None and (type(chunk) is not int or not MIN_CHUNK <= chunk <= MAX_CHUNK):
+        if chunk is not None and not is_chunk_size(chunk):
             raise ValueError(
                 f"checksum_chunk_bytes must be None or an int in [{MIN_CHUNK}, {MAX_CHUNK}], got {chunk!r}"
             )

@@ -78,3 +78,16 @@ def test_auto_chunk_of_known_sizes():
     assert auto_chunk((2 << 40) + 1) == 2 * MIB
     assert auto_chunk(4 * 10**12) == 2 * MIB  # the 405B job's 4 TB: 1.86 Mi chunks of 2 MiB
     assert auto_chunk(1 << 62) == MAX_CHUNK
+
+
+def test_save_options_take_none_or_a_chunk_size():
+    """A careless chunk (zero, under 4 KiB, over 1 GiB, a bool, a float, a string) is refused
+    when the options are made, before any rank writes."""
+    import unickpt
+
+    assert unickpt.SaveOptions().checksum_chunk_bytes is None
+    for ok in (4096, MIB, MAX_CHUNK):
+        assert unickpt.SaveOptions(checksum_chunk_bytes=ok).checksum_chunk_bytes == ok
+    for bad in (0, 4095, MAX_CHUNK + 1, True, 1.5, "1MiB", -MIB):
+        with pytest.raises(ValueError, match="checksum_chunk_bytes must be None or an int"):
+            unickpt.SaveOptions(checksum_chunk_bytes=bad)

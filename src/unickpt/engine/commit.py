@@ -131,7 +131,10 @@ def _checksums(gplan: GlobalSavePlan, sums_by_rank: list[RankSums]) -> ChunkChec
     """Every data file's size and chunk checksums, in the order of ``gplan.files``."""
     chunks = {c for c, _ in sums_by_rank}
     if len(chunks) > 1:
-        raise PlanningError(f"ranks checksum their files in chunks of different sizes {sorted(chunks)} (SaveOptions)")
+        raise PlanningError(
+            f"ranks checksum their files in chunks of different sizes {sorted(chunks)} "
+            "(each writes with the chunk its part of the save plan names)"
+        )
     found: FileSums = {}
     for rank, (_, files) in enumerate(sums_by_rank):
         for name, got in files.items():

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 
 from ..coordination.base import Coordinator
 from ..errors import CheckpointError, PlanningError
-from ..format.checksums import MAX_CHUNK, MIN_CHUNK, auto_chunk
+from ..format.checksums import auto_chunk, is_chunk_size
 from ..format.dtypes import itemsize
 from ..planning.plan_codec import decode_rank_plan, encode_local_plan, encode_rank_rows
 from ..planning.regular_plan import RegularRankPlans
@@ -209,8 +209,7 @@ def plan_stage(
     if (
         not isinstance(received, tuple)
         or len(received) != 2
-        or type(received[0]) is not int
-        or not MIN_CHUNK <= received[0] <= MAX_CHUNK
+        or not is_chunk_size(received[0])
         or not isinstance(received[1], bytes)
     ):
         raise PlanningError(f"rank {coord.rank} received no usable part of the save plan ({type(received).__name__})")

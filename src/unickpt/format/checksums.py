@@ -40,6 +40,7 @@ __all__ = [
     "MAX_CHUNK",
     "AUTO_MAX_CHUNKS",
     "auto_chunk",
+    "is_chunk_size",
 ]
 
 Buffer = bytes | bytearray | memoryview  # as storage.base.Buffer (format imports no other layer)
@@ -48,6 +49,13 @@ DEFAULT_CHUNK = 1 << 20  # the chunk of checkpoints up to AUTO_MAX_CHUNKS MiB (a
 MIN_CHUNK = 4 << 10
 MAX_CHUNK = 1 << 30
 AUTO_MAX_CHUNKS = 1 << 21  # chunks (4 bytes of metadata each) an automatic chunk size keeps to
+
+
+def is_chunk_size(value: object) -> bool:
+    """Whether ``value`` is a checksum chunk size unickpt writes and reads: an int (not a bool)
+    in [``MIN_CHUNK``, ``MAX_CHUNK``] (``SaveOptions``, the chunk a rank receives with its part
+    of the save plan, the metadata's ``ChunkChecksums``)."""
+    return type(value) is int and MIN_CHUNK <= value <= MAX_CHUNK
 
 
 def auto_chunk(data_bytes: int, most: int | None = None) -> int:
@@ -143,7 +151,7 @@ class ChunkChecksums:
     def problems(self) -> list[str]:
         """Everything inconsistent (chunk size out of bounds, a checksum count that does not
         match the file sizes); empty when readers may use it."""
-        if type(self.chunk_size) is not int or not MIN_CHUNK <= self.chunk_size <= MAX_CHUNK:
+        if not is_chunk_size(self.chunk_size):
             return [f"checksum chunk size {self.chunk_size!r} is not in [{MIN_CHUNK}, {MAX_CHUNK}]"]
         if len(self.crcs) % 4:
             return ["chunk checksums are not whole 32-bit values"]
