@@ -39,6 +39,8 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -302,3 +304,116 @@ def test_cli_layout_flag(tmp_path, capsys):
     r = from_dcp(str(tmp_path / "out"), str(tmp_path / "ck2"))
     assert "torchtitan" in r.layout
     _assert_restored(model, optim, *_unickpt_load(tmp_path / "ck2", scheduler=True))
+
+
+# ------------------------------------------------------------------- the mapping rule, property-tested
+
+_SEGMENTS = st.sampled_from(["0", "1", "12", "layers", "state", "attn", "w"])
+_LEAVES = st.sampled_from(["weight", "bias", "0", "scale"])
+_NAMES = [("model", "optimizer"), ("model", "optim"), ("module", "opt"), ("app.model", "app.optim"),
+          ("model", "optimizer_0")]  # fmt: skip
+
+
+def _no_nesting(fqns: list[str]) -> bool:
+    """No parameter is a module of another (``a`` and ``a.b`` cannot both be parameters)."""
+    return not any(g.startswith(f + ".") for f in fqns for g in fqns)
+
+
+@st.composite
+def _optimizer_cases(draw: Any) -> dict[str, Any]:
+    """A model's FQNs (numeric and ``state`` segments included), a partition into param groups
+    with distinct hyper-parameters, per-parameter state (tensors and plain values), and a layout."""
+    paths = st.lists(_SEGMENTS, max_size=3).map(".".join)
+    fqns = draw(
+        st.lists(st.tuples(paths, _LEAVES).map(lambda t: f"{t[0]}.{t[1]}".lstrip(".")), min_size=2, max_size=7,
+                 unique=True).filter(_no_nesting)
+    )  # fmt: skip
+    trained = fqns[1:]  # fqns[0]: a tensor of the model no optimizer updates
+    labels = draw(st.lists(st.integers(0, 2), min_size=len(trained), max_size=len(trained)))
+    order = list(dict.fromkeys(labels))
+    groups: list[dict[str, Any]] = []
+    for gi, label in enumerate(order):
+        groups.append({
+            "lr": (gi + 1) / 1000, "betas": (draw(st.floats(0, 1)), 0.999), "weight_decay": draw(st.floats(0, 1)),
+            "amsgrad": draw(st.booleans()), "foreach": None,
+            "params": [f for f, lab in zip(trained, labels) if lab == label],
+        })  # fmt: skip
+    counter = iter(range(1 << 20))
+    state: dict[str, dict[str, Any]] = {}
+    for f in trained:
+        names = draw(st.sets(st.sampled_from(["step", "exp_avg", "momentum_buffer"])))
+        plain_step = draw(st.booleans())
+        st_f = {}
+        for n in sorted(names):
+            if n == "momentum_buffer":
+                st_f[n] = None
+            elif n == "step" and plain_step:
+                st_f[n] = float(next(counter))
+            else:
+                st_f[n] = torch.tensor([float(next(counter))])
+        if st_f:
+            state[f] = st_f
+    model = {f: torch.tensor([-1.0 - i]) for i, f in enumerate(fqns)}
+    return {"model": model, "groups": groups, "state": state, "layout": draw(st.sampled_from([*_NAMES, "titan"]))}
+
+
+def _split(flat: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    return {k: v for k, v in flat.items() if isinstance(v, torch.Tensor)}, {
+        k: v for k, v in flat.items() if not isinstance(v, torch.Tensor)
+    }
+
+
+def _nest(name: str, value: Any) -> dict[str, Any]:
+    head, _, tail = name.partition(".")
+    return {head: _nest(tail, value) if tail else value}
+
+
+def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if k in out and isinstance(v, dict) else v
+    return out
+
+
+@settings(max_examples=80, deadline=None)
+@given(_optimizer_cases())
+def test_every_layout_maps_onto_unickpt_keys_and_back(case):
+    """For any FQNs (digits and ``state`` segments where DCP puts indices and state), param groups
+    and state: the model, every state entry and every param group come out under unickpt's keys,
+    and exporting them (both layouts) then importing again gives the same."""
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict  # what dcp.save flattens with
+
+    from unickpt.tools.dcp_layouts import SavedUnickpt, export_state, map_import
+
+    model, groups, state = case["model"], case["groups"], case["state"]
+    if case["layout"] == "titan":  # torchtitan: FQNs at the top level, the optimizer flattened by FQN
+        flat_optim = {f"state.{f}.{n}": v for f, s in state.items() for n, v in s.items()}
+        flat_optim |= {
+            f"param_groups.{f}.{k}": v for g in groups for f in g["params"] for k, v in g.items() if k != "params"
+        }
+        sd = {**model, "optimizer": flat_optim, "train_state": {"step": 3}}
+    else:
+        m, o = case["layout"]
+        sd = _merge(_nest(m, model), _nest(o, {"state": state, "param_groups": groups}))
+    want_tensors = {f"model.{f}": t for f, t in model.items()}
+    want_tensors |= {
+        f"optimizer.state.{f}.{n}": v
+        for f, s in state.items()
+        for n, v in s.items()
+        if v is not None and not isinstance(v, float)
+    }
+    want_values = {f: {n: v for n, v in s.items() if v is None or isinstance(v, float)} for f, s in state.items()}
+    want_values = {f: v for f, v in want_values.items() if v}
+
+    def check(imported):
+        assert imported.skipped == ()
+        assert imported.tensors.keys() == want_tensors.keys()
+        assert all(imported.tensors[k] is t for k, t in want_tensors.items())
+        assert imported.objects["optimizer"] == {"param_groups": groups, "state_values": want_values}
+
+    imported = map_import(*_split(flatten_state_dict(sd)[0]))
+    check(imported)
+    saved = SavedUnickpt(imported.tensors, imported.objects["optimizer"], imported.extra_state, None, ())
+    for layout in ("state_dict", "torchtitan"):
+        out, _ = export_state(saved, layout)
+        check(map_import(*_split(flatten_state_dict(out)[0])))

@@ -165,8 +165,10 @@ def _natural(name: str) -> list[Any]:
     return [int(s) if s.isdigit() else s for s in re.split(r"(\d+)", name)]
 
 
-def _read_optimizer(prefix: str, entries: dict[str, Any]) -> _Optimizer | str:
-    """The optimizer under ``prefix``, or why it cannot be imported."""
+def _read_optimizer(prefix: str, entries: dict[str, Any]) -> _Optimizer | str | None:
+    """The optimizer under ``prefix``, why it cannot be imported, or None when ``prefix`` holds
+    none (a module named ``param_groups``: flattened param groups without ``state`` entries count
+    only when they hold no tensors)."""
     head = _head(prefix)
     groups_head, state_head = f"{head}{_GROUPS}.", f"{head}{_STATE}."
     grouped = {k[len(groups_head) :]: k for k in entries if k.startswith(groups_head)}
@@ -186,12 +188,15 @@ def _read_optimizer(prefix: str, entries: dict[str, Any]) -> _Optimizer | str:
                 return f"entry {key!r} belongs to no param group"
             opt.groups[int(index)][name] = entries[key]
     else:  # flattened (torchtitan): param_groups.<fqn>.<hyper>, one hyper-parameter set per parameter
+        if any("." not in rest for rest in grouped):
+            return None
+        if not any(k.startswith(state_head) for k in entries):
+            if any(isinstance(entries[k], torch.Tensor) for k in grouped.values()):
+                return None
         opt.flattened = True
         per_param: dict[str, dict[str, Any]] = {}
         for rest, key in grouped.items():
             fqn, _, name = rest.rpartition(".")
-            if not fqn:
-                return f"entry {key!r} names no parameter"
             per_param.setdefault(fqn, {})[name] = entries[key]
         for fqn, hyper in per_param.items():
             same = next((g for g in opt.groups if _same_hyper(g, hyper)), None)
@@ -261,6 +266,8 @@ def map_import(tensors: dict[str, torch.Tensor], values: dict[str, Any]) -> Impo
     optimizers: list[_Optimizer] = []
     for prefix in _optimizer_prefixes(list(entries)):
         found = _read_optimizer(prefix, entries)
+        if found is None:
+            continue
         if isinstance(found, str):
             skipped.append(f"{prefix or '<top level>'} (an optimizer state dict that is not importable: {found})")
             head = _head(prefix)
