@@ -264,6 +264,31 @@ def test_unickpt_checkpoint_exports_as_torchtitan_resumes_it(tmp_path):
     _assert_restored(model, optim, fresh, fresh_optim)
 
 
+@pytest.mark.parametrize("layout", ["state_dict", "torchtitan"])
+def test_optimizer_built_from_named_parameters_exports_in_both_layouts(tmp_path, layout):
+    """Param groups of an optimizer built from ``named_parameters()`` carry ``param_names``, which
+    torch's own (flattened) optimizer state dict asks for: the export writes it."""
+    model = _model(0)
+    optim = torch.optim.AdamW(model.named_parameters(), lr=0.02, betas=(0.7, 0.9), weight_decay=0.3)
+    for s in range(2):
+        _step(model, optim, s)
+    unickpt.save(str(tmp_path / "ck"), {"model": model, "optimizer": optim})
+    to_dcp(str(tmp_path / "ck"), str(tmp_path / "dcp"), layout=layout)
+    fresh = _model(1)
+    fresh_optim = torch.optim.AdamW(fresh.named_parameters())
+    if layout == "torchtitan":
+        sd = {**get_model_state_dict(fresh), "optimizer": _TitanOptimizers(fresh, fresh_optim)}
+        _dcp_load(sd, tmp_path / "dcp")
+        set_model_state_dict(fresh, {k: v for k, v in sd.items() if isinstance(v, torch.Tensor)})
+    else:
+        msd, osd = get_state_dict(fresh, fresh_optim)
+        sd = {"model": msd, "optimizer": osd}
+        _dcp_load(sd, tmp_path / "dcp")
+        set_state_dict(fresh, fresh_optim, model_state_dict=sd["model"], optim_state_dict=sd["optimizer"])
+    assert fresh_optim.param_groups[0]["param_names"] == [n for n, _ in model.named_parameters()]
+    _assert_restored(model, optim, fresh, fresh_optim)
+
+
 # ------------------------------------------------------------------- Lightning and Accelerate
 
 

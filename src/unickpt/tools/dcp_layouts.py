@@ -417,7 +417,7 @@ def export_state(saved: SavedUnickpt, layout: str) -> tuple[dict[str, Any], list
     for g in groups:
         for fqn in g["params"]:
             for k, v in g.items():
-                if k not in ("params", "param_names"):  # as torchtitan's flattening drops them
+                if k != "params":  # param_names kept: torch's flattening has it, torchtitan's ignores it
                     flat[f"{_GROUPS}.{fqn}.{k}"] = v
     names: dict[str, Any] = {}
     if flat:
