@@ -55,7 +55,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 import unickpt
 from unickpt.tools.convert import from_dcp, to_dcp
-from unickpt.tools.dcp_layouts import LoaderState
+from unickpt.tools.dcp_layouts import ImportedLoaderState
 
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 LOADER = {"version": 1, "dp_world_size": 1, "dp_rank_0": b"\x80\x04opaque iterator state"}
@@ -230,7 +230,7 @@ def test_torchtitan_layout_round_trips_with_hyper_parameters_and_training_state(
     _dcp_save(_titan_states(model, optim, 3, 3, LOADER), tmp_path / "step-3")
     r = from_dcp(str(tmp_path / "step-3"), str(tmp_path / "ck"))
     fresh, fresh_optim = _fresh(scheduler=True)
-    loader = LoaderState(None)
+    loader = ImportedLoaderState(None)
     state = {"model": fresh, "optimizer": fresh_optim, "extra_state": None, "dataloader": loader}
     unickpt.load(str(tmp_path / "ck"), state)  # strict
     assert not r.skipped, r.skipped
@@ -253,7 +253,7 @@ def test_torchtitan_layout_round_trips_with_hyper_parameters_and_training_state(
 def test_unickpt_checkpoint_exports_as_torchtitan_resumes_it(tmp_path):
     model, optim, _ = _trained(scheduler=True)
     extra = {"train_state": {"step": 3, "ntokens_seen": 45}, "lr_scheduler": {"last_epoch": 3}}
-    loader = LoaderState(dict(LOADER))
+    loader = ImportedLoaderState(dict(LOADER))
     unickpt.save(str(tmp_path / "ck"), {"model": model, "optimizer": optim, "extra_state": extra, "dataloader": loader})
     to_dcp(str(tmp_path / "ck"), str(tmp_path / "step-3"), layout="torchtitan")
     fresh, fresh_optim = _fresh(scheduler=True)
@@ -315,6 +315,20 @@ def test_accelerate_sharded_fsdp_layout_imports_with_hyper_parameters(tmp_path):
     r = from_dcp(str(root), str(tmp_path / "ck"))
     _assert_restored(*_trained()[:2], *_unickpt_load(tmp_path / "ck"))
     assert sorted(s.split()[0] for s in r.skipped) == ["random_states_0.pkl", "scheduler.bin"], r.skipped
+
+
+def test_a_linked_sub_folder_is_not_followed(tmp_path):
+    """A folder of DCP checkpoints whose ``optimizer_0`` is a link to another folder: listed, not read."""
+    model, optim, _ = _trained()
+    msd, osd = get_state_dict(model, optim)
+    _dcp_save({"model": msd}, tmp_path / "root" / "pytorch_model_fsdp_0")
+    _dcp_save({"optimizer": osd}, tmp_path / "elsewhere")
+    (tmp_path / "root" / "optimizer_0").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    r = from_dcp(str(tmp_path / "root"), str(tmp_path / "ck"))
+    assert r.skipped == ("optimizer_0 (a link: not followed)",)
+    fresh = _model(1)
+    unickpt.load(str(tmp_path / "ck"), {"model": fresh})  # strict: the checkpoint holds the model only
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), fresh.parameters()))
 
 
 def test_cli_layout_flag(tmp_path, capsys):

@@ -110,7 +110,7 @@ def _save_flat(
 ) -> None:
     import unickpt
 
-    from .dcp_layouts import LoaderState
+    from .dcp_layouts import ImportedLoaderState
 
     if os.path.exists(out) and os.listdir(out):
         raise CheckpointError(f"convert: {out} is not empty; convert writes a new checkpoint only")
@@ -118,7 +118,7 @@ def _save_flat(
     if extra_state is not None:
         state["extra_state"] = extra_state
     if dataloader is not None:
-        state["dataloader"] = LoaderState(dataloader)
+        state["dataloader"] = ImportedLoaderState(dataloader)
     unickpt.save(out, state, framework="tensors")
 
 

@@ -57,7 +57,7 @@ __all__ = [
     "map_import",
     "read_unickpt",
     "export_state",
-    "LoaderState",
+    "ImportedLoaderState",
 ]
 
 EXPORT_LAYOUTS = ("state_dict", "torchtitan")
@@ -89,7 +89,7 @@ class Imported:
     layout: str  # what was recognised, for the CLI's summary line
 
 
-class LoaderState:
+class ImportedLoaderState:
     """Carries imported dataloader state into ``unickpt.save`` (a loader with ``state_dict``)."""
 
     def __init__(self, state: Any) -> None:
@@ -113,9 +113,12 @@ def find_parts(folder: str) -> tuple[list[DcpPart], list[str]]:
     if not os.path.isdir(folder):
         raise CheckpointError(f"no DCP checkpoint at {folder} (it is not a folder)")
     names = sorted(os.listdir(folder))
-    if os.path.isfile(os.path.join(folder, ".metadata")):
+    if os.path.isfile(os.path.join(folder, ".metadata")):  # its files: checked by the reader
         skipped = [f"{n} (Lightning's trainer state: a pickle, not imported)" for n in names if n == "meta.pt"]
         return [DcpPart(folder)], skipped
+    links = [n for n in names if os.path.islink(os.path.join(folder, n))]  # sub-folders: never through a link
+    names = [n for n in names if n not in links]
+    linked = [f"{n} (a link: not followed)" for n in links]
     dcp_dirs = {n for n in names if os.path.isfile(os.path.join(folder, n, ".metadata"))}
     accelerate = {n: m for n in dcp_dirs if (m := _ACCELERATE.fullmatch(n))}
     if accelerate:
@@ -124,10 +127,10 @@ def find_parts(folder: str) -> tuple[list[DcpPart], list[str]]:
             f"{n} (a second model or optimizer: unickpt converts index 0)" for n, m in accelerate.items() if m[2] != "0"
         ]
         skipped += [f"{n} (not a DCP checkpoint: not imported)" for n in names if n not in accelerate]
-        return parts, skipped
+        return parts, skipped + linked
     byte = [DcpPart(os.path.join(folder, p), f"{p}.") for p in ("model", "optimizer") if p in dcp_dirs]
     if byte:
-        return byte, [f"{n}/ (not imported)" for n in names if n not in ("model", "optimizer")]
+        return byte, [f"{n}/ (not imported)" for n in names if n not in ("model", "optimizer")] + linked
     raise CheckpointError(
         f"{folder} is neither a DCP checkpoint (.metadata) nor a folder of DCP checkpoints (Accelerate's "
         "pytorch_model_fsdp_0/ and optimizer_0/, ByteCheckpoint's model/ and optimizer/)"
