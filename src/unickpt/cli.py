@@ -111,15 +111,18 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     if (args.from_format is None) == (args.to_format is None):
         print("unickpt convert: error: give exactly one of --from {hf,dcp} or --to dcp", file=sys.stderr)
         return EXIT_ERROR
+    if args.layout is not None and args.to_format is None:
+        print("unickpt convert: error: --layout applies to --to dcp (imports detect theirs)", file=sys.stderr)
+        return EXIT_ERROR
     if args.to_format == "dcp":
-        result = cv.to_dcp(args.src, args.out)
+        result = cv.to_dcp(args.src, args.out, layout=args.layout or "state_dict")
     elif args.from_format == "hf":
         result = cv.from_hf(args.src, args.out)
     else:
         result = cv.from_dcp(args.src, args.out)
-    print(f"converted {result.tensors} tensors into {result.out}")
+    print(f"converted {result.tensors} tensors into {result.out}" + (f" ({result.layout})" if result.layout else ""))
     if result.skipped:
-        print(f"skipped {len(result.skipped)} non-tensor entries (e.g. {list(result.skipped[:5])})")
+        print(f"not converted: {len(result.skipped)} entries (e.g. {list(result.skipped[:5])})")
     return EXIT_OK
 
 
@@ -323,6 +326,13 @@ def build_parser() -> argparse.ArgumentParser:
     cv.add_argument("out", help="new output folder")
     cv.add_argument("--from", dest="from_format", choices=("hf", "dcp"), default=None)
     cv.add_argument("--to", dest="to_format", choices=("dcp",), default=None)
+    cv.add_argument(
+        "--layout",
+        choices=("state_dict", "torchtitan"),
+        default=None,
+        help="with --to dcp: state_dict (default) writes {model, optimizer} as get_state_dict lays them out; "
+        "torchtitan writes model FQNs at the top level and the flattened optimizer, as torchtitan resumes from",
+    )
     cv.set_defaults(func=_cmd_convert)
 
     rp = sub.add_parser(

@@ -5,20 +5,19 @@ into any framework at any world size):
 - ``from_hf(folder, out)``: a Hugging Face safetensors folder (``model.safetensors`` or shards
   with ``model.safetensors.index.json``) -> ``model.<name>`` tensors, so a pre-trained model can
   start an FSDP / DTensor run with ``unickpt.load``.
-- ``from_dcp(folder, out)``: a PyTorch DCP checkpoint (``.metadata`` + ``*.distcp``), also the
-  layout of ByteCheckpoint (a folder with ``model/``, ``optimizer/``, ``extra_state/``, each a
-  DCP checkpoint: ``model`` and ``optimizer`` are imported). DCP's metadata is a pickle: it is
-  read with ``SafeDCPUnpickler``, which builds only DCP's metadata classes, ``torch.Size``,
-  dtypes and layouts, and refuses everything else before anything runs. Tensor keys are kept;
-  torch's ``get_state_dict`` optimizer keys ``optim.state.<fqn>.<name>`` become unickpt's
-  ``optimizer.state.<fqn>.<name>``, and its param groups (``optim.param_groups``, stored by DCP
-  as a ``torch.save`` of plain values) unickpt's: read with ``torch.load(weights_only=True)``,
-  which rebuilds plain values only (DCP's own loader would unpickle anything), so the imported
-  checkpoint loads into a live optimizer with its hyper-parameters. Other non-tensor entries are
-  listed as skipped.
+- ``from_dcp(folder, out)``: a PyTorch DCP checkpoint (``.metadata`` + ``*.distcp``) or a folder
+  of them, in the layouts of ``dcp_layouts`` (``get_state_dict`` under any top-level names,
+  torchtitan, Lightning, Accelerate, ByteCheckpoint): model weights, optimizer state and param
+  groups (so a strict ``unickpt.load`` restores lr, betas, weight decay ...), training state as
+  ``extra_state`` / dataloader state. DCP's metadata is a pickle: it is read with
+  ``SafeDCPUnpickler``, which builds only DCP's metadata classes, ``torch.Size``, dtypes and
+  layouts, and refuses everything else before anything runs. Non-tensor entries (stored by DCP
+  as a ``torch.save`` of plain values) are read with ``torch.load(weights_only=True)``, which
+  rebuilds plain values only (DCP's own loader would unpickle anything).
 Export:
-- ``to_dcp(path, out)``: every tensor of a unickpt checkpoint, whole, written by DCP itself
-  (``torch.distributed.checkpoint.save`` in one process), under unickpt's keys.
+- ``to_dcp(path, out, layout=...)``: a unickpt checkpoint written by DCP itself
+  (``torch.distributed.checkpoint.save`` in one process) as ``get_state_dict`` lays out
+  ``{"model", "optimizer"}`` (default), or as torchtitan's checkpointer does.
 Imports and exports hold the checkpoint's tensors in memory once (the formats are written in one
 call); ``merge`` is the streaming path to safetensors.
 """
@@ -65,6 +64,7 @@ class ConvertResult:
     out: str
     tensors: int
     skipped: tuple[str, ...] = field(default_factory=tuple)
+    layout: str = ""  # the DCP layout recognised (import) or written (export)
 
 
 class SafeDCPUnpickler(pickle.Unpickler):
@@ -101,12 +101,25 @@ def read_dcp_metadata(folder: str) -> Any:
     return md
 
 
-def _save_flat(tensors: dict[str, torch.Tensor], out: str, objects: dict[str, Any] | None = None) -> None:
+def _save_flat(
+    tensors: dict[str, torch.Tensor],
+    out: str,
+    objects: dict[str, Any] | None = None,
+    extra_state: Any = None,
+    dataloader: Any = None,
+) -> None:
     import unickpt
+
+    from .dcp_layouts import ImportedLoaderState
 
     if os.path.exists(out) and os.listdir(out):
         raise CheckpointError(f"convert: {out} is not empty; convert writes a new checkpoint only")
-    unickpt.save(out, {"model": FlatTensors(tensors, objects)}, framework="tensors")
+    state: dict[str, Any] = {"model": FlatTensors(tensors, objects)}
+    if extra_state is not None:
+        state["extra_state"] = extra_state
+    if dataloader is not None:
+        state["dataloader"] = ImportedLoaderState(dataloader)
+    unickpt.save(out, state, framework="tensors")
 
 
 def from_hf(folder: str, out: str) -> ConvertResult:
@@ -202,84 +215,42 @@ def _checkpoint_error(e: BaseException) -> CheckpointError | None:
     return None
 
 
-def _param_groups(values: dict[str, Any], part: str | None) -> tuple[list[dict[str, Any]] | None, set[str]]:
-    """The optimizer's param groups among a DCP checkpoint's plain values, and the keys they
-    came from. DCP flattens ``get_state_dict``'s ``optim["param_groups"]`` (a list of dicts) into
-    ``optim.param_groups.<i>.<name>`` entries (ByteCheckpoint's ``optimizer/``:
-    ``param_groups.<i>.<name>``); each group is a dict of hyper-parameters with ``params``, the
-    parameters' fqns."""
-    head = "param_groups." if part == "optimizer" else "optim.param_groups."
-    groups: dict[int, dict[str, Any]] = {}
-    used = set()
-    for key, value in values.items():
-        if not key.startswith(head):
-            continue
-        index, _, name = key[len(head) :].partition(".")
-        if not index.isdigit() or not name:
-            continue
-        groups.setdefault(int(index), {})[name] = value
-        used.add(key)
-    ordered = [groups[i] for i in sorted(groups)]
-    ok = (
-        bool(ordered)
-        and list(sorted(groups)) == list(range(len(ordered)))
-        and all(isinstance(g.get("params"), list) and all(isinstance(p, str) for p in g["params"]) for g in ordered)
-    )
-    return (ordered, used) if ok else (None, set())
-
-
-def _unickpt_key(key: str, part: str | None) -> str:
-    if key.startswith("optim.state."):
-        return "optimizer.state." + key[len("optim.state.") :]
-    if part == "model":  # ByteCheckpoint's model/ holds the model's own fqns
-        return f"model.{key}"
-    if part == "optimizer" and key.startswith("state."):
-        return f"optimizer.{key}"
-    return key
-
-
 def from_dcp(folder: str, out: str) -> ConvertResult:
-    """Import a DCP (or ByteCheckpoint) checkpoint (module docstring)."""
-    parts: list[tuple[str, str | None]]
-    if os.path.isfile(os.path.join(folder, ".metadata")):
-        parts = [(folder, None)]
-    else:
-        parts = [(os.path.join(folder, p), p) for p in ("model", "optimizer") if os.path.isdir(os.path.join(folder, p))]
-        if not parts:
-            raise CheckpointError(
-                f"{folder} is neither a DCP checkpoint (.metadata) nor a ByteCheckpoint folder (model/, optimizer/)"
-            )
+    """Import a DCP checkpoint in any layout of ``dcp_layouts`` (get_state_dict under any names,
+    torchtitan, Lightning, Accelerate, ByteCheckpoint): weights, optimizer state and param groups,
+    training state into ``extra_state`` / dataloader state."""
+    from . import dcp_layouts
+
+    parts, skipped = dcp_layouts.find_parts(folder)
     tensors: dict[str, torch.Tensor] = {}
-    skipped: list[str] = []
-    groups: list[dict[str, Any]] | None = None
-    for sub, part in parts:
-        state, values = _dcp_tensors(sub)
-        found, used = _param_groups(values, part)
-        if found is not None:
-            groups = found
-        skipped += [f"{part}/{k}" if part else k for k in values if k not in used]
-        for k, v in state.items():
-            name = _unickpt_key(k, part)
-            if name in tensors:
-                raise CheckpointError(f"convert: two DCP entries map to {name!r}")
-            tensors[name] = v
-    if not tensors:
+    values: dict[str, Any] = {}
+    for part in parts:
+        state, plain = _dcp_tensors(part.folder)
+        for k, v in (*state.items(), *plain.items()):
+            key = part.prefix + k
+            if key in tensors or key in values:
+                raise CheckpointError(f"convert: two DCP entries are named {key!r}")
+            (tensors if isinstance(v, torch.Tensor) else values)[key] = v
+    imported = dcp_layouts.map_import(tensors, values)
+    if not imported.tensors:
         raise CheckpointError(f"{folder}: no tensors to import")
-    objects = {}
-    if groups is not None:  # as the optimizer adapters save them (frameworks.module_state)
-        objects["optimizer"] = encode_value({"param_groups": groups, "state_values": {}}, "optimizer")
-    _save_flat(tensors, out, objects)
-    return ConvertResult(out, len(tensors), tuple(skipped))
+    objects = {k: encode_value(v, k) for k, v in imported.objects.items()}  # as the optimizer adapters save them
+    _save_flat(imported.tensors, out, objects, imported.extra_state, imported.dataloader)
+    return ConvertResult(out, len(imported.tensors), (*skipped, *imported.skipped), imported.layout)
 
 
-def to_dcp(path: str, out: str, *, role: str | None = None) -> ConvertResult:
-    """Export every tensor of the unickpt checkpoint at ``path`` as a DCP checkpoint in ``out``."""
+def to_dcp(path: str, out: str, *, role: str | None = None, layout: str = "state_dict") -> ConvertResult:
+    """Export the unickpt checkpoint at ``path`` as a DCP checkpoint in ``out`` in ``layout``
+    (``dcp_layouts.EXPORT_LAYOUTS``: get_state_dict's ``{"model", "optimizer"}``, or torchtitan's)."""
     import torch.distributed.checkpoint as dcp
 
-    from .merge import iter_full_tensors
+    from . import dcp_layouts
 
+    if layout not in dcp_layouts.EXPORT_LAYOUTS:
+        raise CheckpointError(f"unknown DCP layout {layout!r}: one of {', '.join(dcp_layouts.EXPORT_LAYOUTS)}")
     if os.path.exists(out) and os.listdir(out):
         raise CheckpointError(f"convert: {out} is not empty")
-    state = dict(iter_full_tensors(path, role=role))
+    saved = dcp_layouts.read_unickpt(path, role)
+    state, skipped = dcp_layouts.export_state(saved, layout)
     dcp.save(state, storage_writer=dcp.FileSystemWriter(out), no_dist=True)
-    return ConvertResult(out, len(state))
+    return ConvertResult(out, len(saved.tensors), tuple(skipped), layout)
