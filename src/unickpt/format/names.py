@@ -23,6 +23,7 @@ from ..errors import UnsafeNameError
 __all__ = ["UNSAFE_CATEGORIES", "unsafe_char", "printable", "check_names", "check_save_names"]
 
 UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+_ASCII_PRINTABLE = bytes(range(0x20, 0x7F))  # ASCII outside it: the control characters (Cc)
 
 
 class _Item(Protocol):
@@ -32,6 +33,8 @@ class _Item(Protocol):
 
 def unsafe_char(name: str) -> str | None:
     """The first character of ``name`` a checkpoint name may not hold, or None."""
+    if name.isprintable():  # in C: every unsafe category is unprintable (a save checks every fqn)
+        return None
     for c in name:
         if unicodedata.category(c) in UNSAFE_CATEGORIES:
             return c
@@ -58,9 +61,11 @@ def printable(name: str) -> str:
 def check_names(what: str, names: Iterable[str]) -> None:
     """``UnsafeNameError`` for the first of ``names`` (``what``: "tensor", "extra_state key" ...)
     holding an unsafe character."""
-    for name in names:
-        if not isinstance(name, str):
-            continue  # not a name this module judges (int keys of a dict value, ...)
+    strs = [n for n in names if isinstance(n, str)]  # others (int keys ...) are no names judged here
+    joined = "".join(strs)
+    if joined.isascii() and not joined.encode("ascii").translate(None, _ASCII_PRINTABLE):
+        return  # the usual case, in C over all names at once (a save checks every fqn)
+    for name in strs:
         c = unsafe_char(name)
         if c is not None:
             raise UnsafeNameError(
