@@ -41,15 +41,15 @@ def shm_base(options: StorageOptions | None = None) -> str:
 def private_base(base: str) -> None:
     """Make ``base`` (mode 0700) unless it exists, then check that it is a folder (not a link)
     of this user that no one else may enter; ``UnsafePathError`` naming it and the fix if not."""
-    os.makedirs(os.path.dirname(base), exist_ok=True)
     try:
+        os.makedirs(os.path.dirname(base), exist_ok=True)
         os.mkdir(base, 0o700)
     except FileExistsError:
         pass
     except OSError as e:
         raise StorageError(e.errno, f"cannot create the shm:// folder {base}: {e.strerror or e}") from None
     st = os.lstat(base)
-    problem = None
+    problem, fix = None, ""
     if stat.S_ISLNK(st.st_mode):
         problem = "is a symbolic link"
     elif not stat.S_ISDIR(st.st_mode):
@@ -57,13 +57,13 @@ def private_base(base: str) -> None:
     elif st.st_uid != os.getuid():
         problem = f"belongs to another user (uid {st.st_uid}, you are uid {os.getuid()})"
     elif st.st_mode & 0o077:
-        problem = f"has mode {stat.S_IMODE(st.st_mode):04o}: other users may enter it (it must be 0700)"
+        problem = f"has mode {stat.S_IMODE(st.st_mode):04o}: other users may enter it"
+        fix = f" (or, if nothing of another user's is in it, chmod 700 {base})"
     if problem is not None:
         raise UnsafePathError(
             errno.EPERM,
             f"{base} {problem}: shm:// keeps this user's checkpoints there, so it must be a folder of "
-            f"yours with mode 0700; remove it (if it is yours: chmod 700 {base}) or set {SHM_ROOT_ENV} "
-            "to a folder of your own",
+            f"yours with mode 0700; remove it{fix} or set {SHM_ROOT_ENV} to a folder of your own",
         )
 
 
