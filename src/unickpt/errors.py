@@ -42,6 +42,8 @@ __all__ = [
     "RankDisagreementError",
     "CollectiveError",
     "CollectiveTimeoutError",
+    "NoProcessGroupError",
+    "UnsafeNameError",
     "RankFailures",
     "RemoteRankError",
     "AsyncSaveFailures",
@@ -202,6 +204,16 @@ class CollectiveTimeoutError(CollectiveError, TimeoutError):
     """A collective did not complete within the timeout (the job's ``init_process_group``
     timeout, or ``SaveOptions.timeout`` / ``LoadOptions.timeout``): ``missing_ranks`` did not
     call the same unickpt save/load (or are still busy before it)."""
+
+
+class UnsafeNameError(CheckpointError, ValueError):
+    """A tensor, blob or ``extra_state`` key name holds a control character, NUL or invisible
+    format character (bidi marks ...): refused at save, before anything is written."""
+
+
+class NoProcessGroupError(CheckpointError, RuntimeError):
+    """A save or load in one of several launched ranks (``WORLD_SIZE`` > 1, as ``torchrun`` sets)
+    before ``torch.distributed.init_process_group``: each rank would act alone on one folder."""
 
 
 class RankFailures(CheckpointError):

@@ -92,8 +92,8 @@ def test_killed_rank_leaves_previous_checkpoint(tmp_path, fault, victim, same_pa
         assert target in msg
         if isinstance(ei.value, unickpt.IncompleteCheckpointError):
             assert "interrupted" in msg and METADATA_FILE in msg
-        else:
-            assert "not a unickpt checkpoint" in msg
+        else:  # the folder may not exist yet (issue 26 item 11 says so)
+            assert "not a unickpt checkpoint" in msg or "(it does not exist)" in msg
 
     # recovery in a new job (this process): the save succeeds (breaking a stale lock of the dead
     # coordinator if it left one), and retention removes the incomplete step 2

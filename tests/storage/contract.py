@@ -518,6 +518,11 @@ class StorageContract:
             lambda: s.write("file-link.bin", [b"x"]),
             lambda: s.write("dir-link/new.bin", [b"x"]),
             lambda: s.put("file-link.bin", b"x"),
+            # issue 26 item 5: a folder link is refused for reads too, not only the file's own link
+            lambda: s.read("dir-link/secret.bin"),
+            lambda: s.read_into("dir-link/secret.bin", 0, memoryview(bytearray(1))),
+            lambda: s.read_into_cached("dir-link/secret.bin", 0, memoryview(bytearray(1))),
+            lambda: s.size("dir-link/secret.bin"),
         ):
             with pytest.raises(UnsafePathError):
                 call()

@@ -104,7 +104,13 @@ def test_large_reads_bypass_the_page_cache_unless_cached(tmp_path, monkeypatch):
     s.write("f.bin", [bytes(3 << 20)])
     flags: list[int] = []
     real_open = os.open
-    monkeypatch.setattr(local.os, "open", lambda p, f, *a: (flags.append(f), real_open(p, f, *a))[1])
+
+    def spy(p, f, *a, **k):
+        if not f & os.O_DIRECTORY:  # the file's open, not its folders'
+            flags.append(f)
+        return real_open(p, f, *a, **k)
+
+    monkeypatch.setattr(local.os, "open", spy)
     s.read_into("f.bin", 0, memoryview(bytearray(2 << 20)))  # large: direct
     s.read_into("f.bin", 0, memoryview(bytearray(1000)))  # small: buffered
     s.read_into_cached("f.bin", 0, memoryview(bytearray(2 << 20)))  # shared bytes: buffered
@@ -143,3 +149,75 @@ def test_direct_write_in_parallel_segments(tmp_path, monkeypatch):
         3,
         4,
     ]
+
+
+# ---------------------------------------------------------------- issue 26 item 5: folder links on load
+
+
+def _saved(path) -> dict:
+    import torch
+
+    import unickpt
+
+    torch.manual_seed(3)
+    model = torch.nn.Linear(4, 3)
+    unickpt.save(str(path), {"model": model}, framework="torch")
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _load(path) -> dict:
+    import torch
+
+    import unickpt
+
+    fresh = torch.nn.Linear(4, 3)
+    with torch.no_grad():
+        for p in fresh.parameters():
+            p.zero_()
+    unickpt.load(str(path), {"model": fresh}, framework="torch")
+    return fresh.state_dict()
+
+
+def test_issue26_load_refuses_a_data_folder_that_is_a_link(tmp_path):
+    """``data/<save_id>`` replaced by a link to a copy elsewhere: refused like a file link,
+    naming the folder, never read through."""
+    import shutil
+
+    from unickpt.errors import UnsafePathError
+
+    ckpt = tmp_path / "ck"
+    _saved(ckpt)
+    (save_folder,) = (ckpt / "data").iterdir()
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(save_folder, elsewhere)
+    shutil.rmtree(save_folder)
+    os.symlink(elsewhere, save_folder)
+    with pytest.raises(UnsafePathError) as ei:
+        _load(ckpt)
+    msg = str(ei.value)
+    assert str(save_folder) in msg and "symbolic link" in msg, msg
+    # the data folder itself as a link: refused the same way
+    os.unlink(save_folder)
+    shutil.move(str(ckpt / "data"), tmp_path / "data-elsewhere")
+    os.symlink(tmp_path / "data-elsewhere", ckpt / "data")
+    shutil.copytree(elsewhere, tmp_path / "data-elsewhere" / save_folder.name)
+    with pytest.raises(UnsafePathError, match="symbolic link") as ei:
+        _load(ckpt)
+    assert str(ckpt / "data") in str(ei.value)
+
+
+def test_issue26_links_above_the_checkpoint_are_the_users_and_followed(tmp_path):
+    """The user's own path may go through links (``runs/latest -> run_7``, a linked parent):
+    only links inside the checkpoint are refused."""
+    import torch
+
+    real = tmp_path / "real_runs"
+    real.mkdir()
+    os.symlink(real, tmp_path / "runs")  # a linked parent folder
+    want = _saved(tmp_path / "runs" / "ck")
+    assert (real / "ck" / "data").is_dir()
+    got = _load(tmp_path / "runs" / "ck")
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    os.symlink(real / "ck", tmp_path / "latest")  # the checkpoint folder itself named by a link
+    got = _load(tmp_path / "latest")
+    assert all(torch.equal(got[k], want[k]) for k in want)

@@ -27,7 +27,13 @@ def test_a4_direct_reads_env_default_is_resolved_when_the_backend_is_created(tmp
     s.write("f.bin", [bytes(3 << 20)])
     flags: list[int] = []
     real_open = os.open
-    monkeypatch.setattr(local.os, "open", lambda p, f, *a, **k: (flags.append(f), real_open(p, f, *a, **k))[1])
+
+    def spy(p, f, *a, **k):
+        if not f & os.O_DIRECTORY:  # the file's open, not its folders'
+            flags.append(f)
+        return real_open(p, f, *a, **k)
+
+    monkeypatch.setattr(local.os, "open", spy)
 
     def direct_flags(storage: LocalStorage) -> list[bool]:
         flags.clear()

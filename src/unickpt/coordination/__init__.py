@@ -3,8 +3,11 @@ a world size (``CoordinationOptions``), or a single process; the commit barrier 
 
 from __future__ import annotations
 
+import os
+
 import torch.distributed as dist
 
+from ..errors import NoProcessGroupError
 from .barrier import commit_barrier
 from .base import Coordinator, Settle, run_stage
 from .single import SingleProcessCoordinator
@@ -49,4 +52,21 @@ def make_coordinator(
         return TreeCoordinator(
             tree.layout, flat.rank, tree.links, flat, guard=flat, timeout=flat.timeout.total_seconds()
         )
+    _refuse_launched_ranks_without_group(label)
     return SingleProcessCoordinator()
+
+
+def _refuse_launched_ranks_without_group(label: str) -> None:
+    """``NoProcessGroupError`` when this process is one of several launched ranks (``WORLD_SIZE``
+    > 1, set by ``torchrun`` and other launchers) but no process group is initialised: as one
+    process each rank would save (or plan a load) alone, racing the others on one folder."""
+    world = os.environ.get("WORLD_SIZE", "").strip()
+    if not world.isdigit() or int(world) <= 1:
+        return
+    rank = os.environ.get("RANK", "?")
+    raise NoProcessGroupError(
+        f"{label}: this process is rank {rank} of WORLD_SIZE={world} (set by torchrun or another "
+        "launcher) but torch.distributed's process group is not initialised, so every rank would "
+        "act alone on the same checkpoint; call torch.distributed.init_process_group() on every rank "
+        "before saving or loading (or unset WORLD_SIZE for a single-process job)"
+    )

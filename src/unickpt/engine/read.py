@@ -48,6 +48,7 @@ from ..planning.load_plan import CopyOp, ShardRead
 from ..planning.read_assignment import ReadBatch
 from ..planning.read_columns import Extents
 from ..planning.specs import LoadItem
+from ..storage import absence
 from ..storage.base import METADATA_LIMIT, Storage
 from ..storage.commit import publisher_for
 from .bytes_view import box_view, sub_box, tensor_bytes
@@ -80,6 +81,9 @@ def read_metadata_bytes(storage: Storage, limit: int = METADATA_LIMIT) -> bytes:
             f"{storage.url} is an incomplete checkpoint: data files exist but {METADATA_FILE} was "
             "never committed (the save was interrupted); it cannot be loaded"
         )
+    missing = absence(storage)
+    if missing is not None:
+        raise NotACheckpointError(f"no checkpoint at {storage.url} ({missing})")
     raise NotACheckpointError(f"{storage.url} is not a unickpt checkpoint (no {METADATA_FILE}){folder_hint(storage)}")
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from ..coordination import Coordinator, Settle, run_stage
 from ..errors import CheckpointError, FrameworkError, UnsupportedValueError
+from ..format.names import check_save_names
 from ..format.records import Metadata
 from ..format.values import dumps_value
 from ..frameworks import FrameworkAdapter, SaveView, get_framework, supports_step_hooks
@@ -110,6 +111,7 @@ class SavePipeline:
             with self.res.events.phase("save.serialize", coord.rank, path=self.storage.url) as p:
                 blobs = _blobs_to_save(self.state, coord.rank)  # extra / loader state: the safe encoding
                 p.nbytes = sum(len(b) for b in blobs.values())
+            check_save_names(view.items, view.objects, blobs, self.state.get("extra_state"))
             return Described(adapter, view, blobs)
 
         unseen = Settle(lambda: worker.finished(self.owner), lambda n: worker.raise_failures(self.owner, self.what, n))

@@ -4,11 +4,13 @@ metadata sections, validation, safe value encoding.
 Modules: ``records`` (what a checkpoint says), ``codec`` (bytes <-> records, dispatching on the
 format version to ``v1`` / ``v2``), ``sections`` (feature sections, format version 2 on),
 ``validation`` (every check, shared with ``planning``), ``tiling`` (the coverage algorithm),
-``values`` / ``dtypes`` / ``npdtype`` (plain values, tensors and dtypes by stable names).
+``values`` / ``dtypes`` / ``npdtype`` (plain values, tensors and dtypes by stable names), ``names``
+(the characters a name may hold; ``printable`` for printing any name).
 """
 
 from .codec import DEFAULT_CODEC, READERS, WRITERS, MetadataCodec, decode_metadata, encode_metadata
 from .dtypes import dtype_from_name, dtype_name
+from .names import printable
 from .records import (
     DATA_DIR,
     FORMAT_VERSION,
@@ -51,4 +53,5 @@ __all__ = [
     "dtype_name",
     "dumps_value",
     "loads_value",
+    "printable",
 ]

@@ -9,11 +9,13 @@ against it. Atomic publication (metadata commit, pointers, locks) is ``commit.pu
 
 from __future__ import annotations
 
+import os
+
 from .base import Buffer, Storage, StorageCapabilities
 from .commit import Publisher, publisher_for
 from .options import StorageOptions
 from .registry import DEFAULT_REGISTRY, Factory, StorageRegistry
-from .retry import RetryPolicy
+from .retry import RetryPolicy, unwrap
 
 __all__ = [
     "Storage",
@@ -29,6 +31,7 @@ __all__ = [
     "open_storage",
     "register_storage",
     "registered_schemes",
+    "absence",
 ]
 
 
@@ -47,3 +50,21 @@ def register_storage(scheme: str, factory: str | Factory, *, extra: str | None =
 
 def registered_schemes() -> list[str]:
     return DEFAULT_REGISTRY.schemes()
+
+
+def absence(storage: Storage) -> str | None:
+    """Why nothing can be read at ``storage`` at all, as a parenthesis for an error ("it does not
+    exist"), or None when it exists (a local folder, or a prefix holding objects). Called only on
+    the error paths of loads and tools: it lists or stats the location once."""
+    from .local import LocalStorage
+
+    inner = unwrap(storage)
+    if isinstance(inner, LocalStorage):
+        try:
+            os.stat(inner.root)
+        except (FileNotFoundError, NotADirectoryError):
+            return "it does not exist"
+        except OSError as e:
+            return f"it cannot be read: {e.strerror or e}"
+        return None
+    return None if storage.list("") else "it does not exist: nothing is stored under it"

@@ -1,10 +1,12 @@
 """Path walking that never follows a symbolic link inside a checkpoint root (LocalStorage only).
 
-The root folder is opened as the user named it (it may be a link: ``ckpts/latest -> step_100``);
-every folder below it is opened relative to its parent's descriptor with O_NOFOLLOW|O_DIRECTORY,
-and files are created, renamed and unlinked relative to their folder's descriptor. A link (or a
-FIFO, a device ...) where unickpt expects a folder raises ``UnsafePathError`` for writes; the
-readers of names (``walk_names``, ``open_chain`` for deletes) skip it, never descending into it.
+The root folder is opened as the user named it (it may be a link: ``ckpts/latest -> step_100``,
+and so may the folders above it); every folder below it is opened relative to its parent's
+descriptor with O_NOFOLLOW|O_DIRECTORY, and files are created, opened, stat'ed, renamed and
+unlinked relative to their folder's descriptor. A link (or a FIFO, a device ...) where unickpt
+expects a folder raises ``UnsafePathError`` for writes and reads (``open_dir``, ``open_regular``,
+``stat_in``: a load never reads ``data/<save_id>/...`` through a folder link); the readers of
+names (``walk_names``, ``open_chain`` for deletes) skip it, never descending into it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,18 @@ from contextlib import contextmanager
 
 from ..errors import UnsafePathError
 
-__all__ = ["DIR_FLAGS", "open_root", "open_dir", "open_chain", "walk_names", "kind_of", "unsafe", "read_at_most"]
+__all__ = [
+    "DIR_FLAGS",
+    "open_root",
+    "open_dir",
+    "open_regular",
+    "stat_in",
+    "open_chain",
+    "walk_names",
+    "kind_of",
+    "unsafe",
+    "read_at_most",
+]
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 _NOFOLLOW_DIR = DIR_FLAGS | os.O_NOFOLLOW
@@ -47,45 +60,84 @@ def unsafe(path: str, what: str, code: int = errno.ELOOP) -> UnsafePathError:
     )
 
 
-def _describe(dirfd: int, name: str, path: str) -> UnsafePathError:
+def _kind_at(dirfd: int, name: str) -> str:
+    """What ``name`` in the folder ``dirfd`` is, in words (not following a link)."""
     try:
-        what = kind_of(os.stat(name, dir_fd=dirfd, follow_symlinks=False).st_mode)
+        return kind_of(os.stat(name, dir_fd=dirfd, follow_symlinks=False).st_mode)
     except OSError:
-        what = "not a folder"
-    return unsafe(path, what if what != "a regular file" else "a regular file where a folder belongs")
+        return "not a folder"
 
 
-def open_root(root: str, create: bool) -> int:
-    """A descriptor of the checkpoint root (created first when ``create``)."""
+def open_root(root: str, create: bool, mode: int = 0o777) -> int:
+    """A descriptor of the checkpoint root (created first, with ``mode``, when ``create``)."""
     if create:
-        os.makedirs(root, exist_ok=True)
+        os.makedirs(root, mode=mode, exist_ok=True)
     return os.open(root, DIR_FLAGS)
 
 
 @contextmanager
-def open_dir(root: str, parts: Sequence[str], create: bool) -> Iterator[int]:
+def open_dir(
+    root: str, parts: Sequence[str], create: bool, mode: int = 0o755, *, reading: bool = False
+) -> Iterator[int]:
     """A descriptor of ``root/parts[0]/.../parts[-1]``, each folder opened (and, with ``create``,
-    made) relative to its parent without following a link. Raises ``UnsafePathError`` when one
-    of them is a link or no folder, FileNotFoundError when one is missing (without ``create``)."""
-    fd = open_root(root, create)
+    made with ``mode``) relative to its parent without following a link. Raises ``UnsafePathError``
+    when one of them is a link or no folder, FileNotFoundError when one is missing (without
+    ``create``), NotADirectoryError when the root is no folder (and, with ``reading``, when one
+    of them is a regular file: nothing to read there, nothing unsafe either)."""
+    fd = open_root(root, create, mode)
     try:
         for i, comp in enumerate(parts):
             if create:
                 try:
-                    os.mkdir(comp, 0o755, dir_fd=fd)
+                    os.mkdir(comp, mode, dir_fd=fd)
                 except FileExistsError:
                     pass
             try:
                 nfd = os.open(comp, _NOFOLLOW_DIR, dir_fd=fd)
             except OSError as e:
                 if e.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise _describe(fd, comp, os.path.join(root, *parts[: i + 1])) from None
+                    path = os.path.join(root, *parts[: i + 1])
+                    what = _kind_at(fd, comp)
+                    if what != "a regular file":
+                        raise unsafe(path, what) from None
+                    if reading:  # no folder: nothing to read there, nothing unsafe either
+                        raise NotADirectoryError(errno.ENOTDIR, "not a folder", path) from None
+                    raise unsafe(path, "a regular file where a folder belongs") from None
                 raise
             os.close(fd)
             fd = nfd
         yield fd
     finally:
         os.close(fd)
+
+
+def open_regular(root: str, parts: Sequence[str], flags: int) -> int:
+    """A descriptor of the regular file ``root/parts...`` opened with ``flags`` (which include
+    O_NOFOLLOW): its folders as ``open_dir`` opens them, the file relative to the last one.
+    ``UnsafePathError`` for a link (folder or file) or a file that is not regular;
+    IsADirectoryError for a folder; FileNotFoundError / NotADirectoryError pass through."""
+    path = os.path.join(root, *parts)
+    with open_dir(root, parts[:-1], create=False, reading=True) as dfd:
+        try:
+            fd = os.open(parts[-1], flags, dir_fd=dfd)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise unsafe(path, "a symbolic link") from None
+            raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "is a folder", path)
+        raise unsafe(path, kind_of(mode), errno.EINVAL)
+    return fd
+
+
+def stat_in(root: str, parts: Sequence[str]) -> os.stat_result:
+    """``lstat`` of ``root/parts...`` with its folders opened as ``open_dir`` opens them (a
+    folder link on the way raises ``UnsafePathError``); OSError passes through."""
+    with open_dir(root, parts[:-1], create=False, reading=True) as dfd:
+        return os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
 
 
 def open_chain(rootfd: int, parts: Sequence[str]) -> list[int] | None:

@@ -52,7 +52,7 @@ from ..errors import (
     StorageError,
     TruncatedDataFileError,
 )
-from ._nofollow import kind_of, open_chain, open_dir, open_root, read_at_most, unsafe, walk_names
+from ._nofollow import kind_of, open_chain, open_dir, open_regular, open_root, read_at_most, stat_in, unsafe, walk_names
 from .aligned import ALIGN, BOUNCE_POOL, address_of, is_aligned
 from .base import (
     METADATA_LIMIT,
@@ -252,10 +252,12 @@ class LocalStorage:
     """Files under the folder ``root`` (see the module docstring)."""
 
     capabilities = CAPABILITIES
+    file_mode = 0o644  # of the files it creates (before the umask); ShmStorage: 0o600
+    folder_mode = 0o755  # of the folders it creates below the root; ShmStorage: 0o700
 
     def __init__(self, root: str, options: StorageOptions | None = None) -> None:
         options = options if options is not None else StorageOptions()
-        self.root = os.path.abspath(root)
+        self.root = os.path.abspath(os.path.expanduser(root))  # "~/ckpts": the home folder's, not "./~"
         self.url = self.root
         self.direct_io = options.resolved_direct_writes()  # O_DIRECT writes of files >= 1 MiB
         self.direct_reads = options.resolved_direct_reads()  # O_DIRECT reads of ranges >= 1 MiB
@@ -280,9 +282,9 @@ class LocalStorage:
         views = [memoryview(p).cast("B") for p in parts if len(p)]
         total = sum(len(v) for v in views)
         try:
-            with open_dir(self.root, folders, create=True) as dfd:
+            with open_dir(self.root, folders, create=True, mode=self.folder_mode) as dfd:
                 try:
-                    fd = os.open(base, _CREATE, 0o644, dir_fd=dfd)
+                    fd = os.open(base, _CREATE, self.file_mode, dir_fd=dfd)
                 except FileExistsError:
                     raise exists_error(self._path(name)) from None
                 try:
@@ -315,22 +317,10 @@ class LocalStorage:
         self._read(name, offset, memoryview(out).cast("B"), direct=False)
 
     def _open_regular(self, name: str, flags: int) -> int:
-        """Open ``name`` for reading: never through a final link, never blocking (a FIFO), and
-        only when it is a regular file (``UnsafePathError`` otherwise). OSError passes through."""
-        path = self._path(name)
-        try:
-            fd = os.open(path, flags | _READ)
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise unsafe(path, "a symbolic link") from None
-            raise
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            os.close(fd)
-            if stat.S_ISDIR(mode):
-                raise IsADirectoryError(errno.EISDIR, "is a folder", path)
-            raise unsafe(path, kind_of(mode), errno.EINVAL)
-        return fd
+        """Open ``name`` for reading: never through a link (the file's or a folder's inside the
+        root), never blocking (a FIFO), and only when it is a regular file (``UnsafePathError``
+        otherwise). OSError passes through."""
+        return open_regular(self.root, self._parts(name), flags | _READ)
 
     def _read(self, name: str, offset: int, view: memoryview, direct: bool) -> None:
         path = self._path(name)
@@ -387,9 +377,11 @@ class LocalStorage:
     def size(self, name: str) -> int | None:
         path = self._path(name)
         try:
-            st = os.stat(path, follow_symlinks=False)
+            st = stat_in(self.root, self._parts(name))  # never through a folder link inside the root
         except (FileNotFoundError, NotADirectoryError):
             return None
+        except CheckpointError:
+            raise
         except OSError as e:
             raise self._oserror("stat", name, e) from None
         if stat.S_ISDIR(st.st_mode):
@@ -464,9 +456,9 @@ class LocalStorage:
         *folders, base = self._parts(name)
         flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
-            with open_dir(self.root, folders, create=True) as dfd:
+            with open_dir(self.root, folders, create=True, mode=self.folder_mode) as dfd:
                 try:
-                    fd = os.open(base, flags, 0o644, dir_fd=dfd)
+                    fd = os.open(base, flags, self.file_mode, dir_fd=dfd)
                 except OSError as e:
                     if e.errno == errno.ELOOP:
                         raise unsafe(self._path(name), "a symbolic link") from None
@@ -495,7 +487,10 @@ class LocalStorage:
         *sfolders, sbase = self._parts(src)
         *dfolders, dbase = self._parts(dst)
         try:
-            with open_dir(self.root, sfolders, create=False) as sfd, open_dir(self.root, dfolders, create=True) as dfd:
+            with (
+                open_dir(self.root, sfolders, create=False) as sfd,
+                open_dir(self.root, dfolders, create=True, mode=self.folder_mode) as dfd,
+            ):
                 os.replace(sbase, dbase, src_dir_fd=sfd, dst_dir_fd=dfd)
         except CheckpointError:
             raise
@@ -521,9 +516,9 @@ class LocalStorage:
         O_NOFOLLOW, atomic on POSIX and NFSv3+); durable when it returns. False if it exists."""
         *folders, base = self._parts(name)
         try:
-            with open_dir(self.root, folders, create=True) as dfd:
+            with open_dir(self.root, folders, create=True, mode=self.folder_mode) as dfd:
                 try:
-                    fd = os.open(base, _CREATE, 0o644, dir_fd=dfd)
+                    fd = os.open(base, _CREATE, self.file_mode, dir_fd=dfd)
                 except FileExistsError:
                     return False
                 try:

@@ -8,19 +8,26 @@ unickpt's files deleted). They survive the processes (not a reboot) until delete
 ``CheckpointManager``'s retention. Use it for in-memory checkpoints between the ranks of one node
 and for fast multi-process tests. The ``UNICKPT_SHM_ROOT`` variable (read when a backend is
 created) moves it to another tmpfs.
+
+``/dev/shm`` is shared by every user of the machine, so the base folder ``unickpt-<uid>`` must be
+this user's own: ``private_base`` creates it exclusively with mode 0700, and refuses one that is
+a link, is owned by another user or lets the group or others in (``UnsafePathError`` naming the
+folder and the fix), since whoever controls it could read, move, delete or redirect the
+checkpoints below. Files are created 0600 and folders 0700 below it.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import stat
 
-from ..errors import StorageError
+from ..errors import StorageError, UnsafePathError
 from .base import check_name
 from .local import CAPABILITIES, LocalStorage
 from .options import StorageOptions
 
-__all__ = ["ShmStorage", "shm_base"]
+__all__ = ["ShmStorage", "shm_base", "private_base"]
 
 SHM_ROOT_ENV = "UNICKPT_SHM_ROOT"
 
@@ -31,10 +38,41 @@ def shm_base(options: StorageOptions | None = None) -> str:
     return os.path.join(root, f"unickpt-{os.getuid()}")
 
 
+def private_base(base: str) -> None:
+    """Make ``base`` (mode 0700) unless it exists, then check that it is a folder (not a link)
+    of this user that no one else may enter; ``UnsafePathError`` naming it and the fix if not."""
+    try:
+        os.makedirs(os.path.dirname(base), exist_ok=True)
+        os.mkdir(base, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise StorageError(e.errno, f"cannot create the shm:// folder {base}: {e.strerror or e}") from None
+    st = os.lstat(base)
+    problem, fix = None, ""
+    if stat.S_ISLNK(st.st_mode):
+        problem = "is a symbolic link"
+    elif not stat.S_ISDIR(st.st_mode):
+        problem = "is not a folder"
+    elif st.st_uid != os.getuid():
+        problem = f"belongs to another user (uid {st.st_uid}, you are uid {os.getuid()})"
+    elif st.st_mode & 0o077:
+        problem = f"has mode {stat.S_IMODE(st.st_mode):04o}: other users may enter it"
+        fix = f" (or, if nothing of another user's is in it, chmod 700 {base})"
+    if problem is not None:
+        raise UnsafePathError(
+            errno.EPERM,
+            f"{base} {problem}: shm:// keeps this user's checkpoints there, so it must be a folder of "
+            f"yours with mode 0700; remove it{fix} or set {SHM_ROOT_ENV} to a folder of your own",
+        )
+
+
 class ShmStorage(LocalStorage):
     """The files of ``shm://<path>`` (see the module docstring)."""
 
     capabilities = CAPABILITIES
+    file_mode = 0o600  # /dev/shm is shared by every user of the machine
+    folder_mode = 0o700
 
     def __init__(self, path: str, options: StorageOptions | None = None) -> None:
         name = path.strip("/")
@@ -42,9 +80,7 @@ class ShmStorage(LocalStorage):
             raise StorageError(errno.EINVAL, "shm:// needs a name, e.g. shm://job1/step_10")
         check_name(name, "shm://")
         base = shm_base(options)
-        os.makedirs(base, mode=0o700, exist_ok=True)
-        if os.path.islink(base) or not os.path.isdir(base):
-            raise StorageError(errno.EINVAL, f"{base} must be a folder (not a link) for shm:// checkpoints")
+        private_base(base)
         plain = StorageOptions(retry=(options or StorageOptions()).retry, direct_writes=False, direct_reads=False)
         super().__init__(os.path.join(base, name), plain)  # tmpfs: no O_DIRECT, the page cache *is* the data
         self.url = f"shm://{name}"
