@@ -418,11 +418,14 @@ class CheckpointManager:
     def _warn_kept(self, kept: list[StepState]) -> None:
         if not kept:
             return
-        shown = "; ".join(f"{_folder(st.step)} ({st.status}: {st.reason})" for st in kept[:5])
-        more = f"; and {len(kept) - 5} more" if len(kept) > 5 else ""
+        # every folder by name; the reasons of the first few (each can be a long error message)
+        shown = "; ".join(
+            f"{_folder(st.step)} ({st.status}: {st.reason})" if i < 3 else f"{_folder(st.step)} ({st.status})"
+            for i, st in enumerate(kept)
+        )
         warnings.warn(
             f"retention under {self.root} kept {len(kept)} step folder(s) it cannot prove are complete "
-            f"checkpoints of its own: {shown}{more}. They are never deleted by unickpt "
+            f"checkpoints of its own: {shown}. They are never deleted by unickpt "
             "(`unickpt ls` lists them): load, repair or delete them by hand",
             stacklevel=3,
         )
