@@ -1,11 +1,17 @@
 """``CheckpointManager``: numbered checkpoints for a training loop, a ``latest`` pointer, retention.
 
     manager = unickpt.CheckpointManager("ckpts", keep_last=3)
-    start = manager.load_latest(state, framework="fsdp2")     # None on a fresh start
-    for step in range(start or 0, steps):
-        train_step(...)
-        if step % 100 == 0:
-            manager.save(step, state, framework="fsdp2", async_save=True)
+    done = manager.load_latest(state, framework="fsdp2") or 0  # steps already trained; 0 on a fresh start
+    for step in range(done, steps):
+        train_step(step)
+        if (step + 1) % 100 == 0:  # numbered by the steps done: training resumes there
+            manager.save(step + 1, state, framework="fsdp2", async_save=True)
+    manager.wait()
+
+The step a checkpoint is saved as is what ``load_latest`` returns: number checkpoints by the
+steps completed when they were taken (as above), and the value is where training resumes. A
+checkpoint numbered by the index of the step it was taken after (``save(step)``) must resume at
+``load_latest(...) + 1``, or that step is trained twice.
 
 Layout under ``root`` (any storage URL): ``step_<step:08d>/`` holds one checkpoint (with ``role``:
 ``step_<step:08d>/<role>/``, so managers of several models can share a root); the pointer file
@@ -21,13 +27,23 @@ Who calls what, in order (every rank calls ``save`` / ``load_latest`` with the s
                put), then applies retention (which also deletes the publisher's own leftovers).
                The returned handle completes after the post-commit job. A failed save never
                reaches the pointer: ``latest`` only ever names a committed checkpoint.
-  retention    (rank 0) deletes complete checkpoints beyond the ``keep_last`` newest steps,
-               oldest first, never the one ``latest`` names (metadata first, so a crash half-way
-               leaves an incomplete folder, never a complete-looking one with missing data), and
-               incomplete leftovers of steps older than ``latest`` whose save lock is not live.
+  retention    (rank 0) sorts the step folders of its role (``step_states``) into complete
+               (metadata decoded and every data file it names present with its recorded size),
+               incomplete (no metadata; unickpt's lock or marker), and kept-unproven (damaged:
+               metadata without its data, e.g. a copied metadata file; unreadable: metadata this
+               version cannot decode, e.g. a newer format; foreign: nothing unickpt writes). It
+               deletes complete checkpoints beyond the ``keep_last`` newest *complete* ones,
+               oldest first, never the one ``latest`` names, and the incomplete folders of
+               saves older than ``latest`` whose lock is not live; in both only the files
+               unickpt's metadata and markers prove it wrote (the metadata first, so a crash
+               half-way leaves an incomplete folder, never a complete-looking one with missing
+               data; then the data files of unickpt's form under ``data/<save_id>/`` of the
+               metadata's and the marked saves, the markers, stale lock generations, publication
+               temporaries). A user's file anywhere stays; kept-unproven folders are never
+               deleted and are named in a warning at each retention (and by ``unickpt ls``).
   ``load_latest`` rank 0 reads the pointer (falling back to the newest complete checkpoint when
                it is missing or names an unusable one), broadcasts the step, all ranks load it.
-``list_checkpoints`` reports only complete checkpoints: metadata present and decodable.
+``list_checkpoints`` reports only complete checkpoints; ``latest_step`` falls back only to one.
 """
 
 from __future__ import annotations
@@ -366,8 +382,10 @@ class CheckpointManager:
         strict: bool = True,
         options: LoadOptions | None = None,
     ) -> int | None:
-        """Load the latest complete checkpoint into ``state`` (every rank); return its step, or
-        None (state untouched) when there is none. Rank 0 picks the step for all ranks."""
+        """Load the latest complete checkpoint into ``state`` (every rank); return its step (the
+        number it was saved as: save ``step + 1`` after training step ``step`` and this is the
+        first step to train; see the module docstring), or None (state untouched) when there is
+        none. Rank 0 picks the step for all ranks."""
         self.wait()
         timeout = options.timeout if options is not None else None
         coord = self._ckpt.resources.coordinator("foreground", timeout, f"load_latest of {self.root}")
