@@ -71,7 +71,7 @@ from .storage.base import SMALL_FILE_LIMIT
 from .storage.commit import publisher_for
 from .storage.registry import split_url
 
-__all__ = ["CheckpointManager", "CheckpointInfo", "LatestPointer", "StepState", "STEP_STATUSES"]
+__all__ = ["CheckpointManager", "CheckpointInfo", "LatestPointer", "RetentionPlan", "StepState", "STEP_STATUSES"]
 
 _STEP_RE = re.compile(r"step_(\d{8,})")
 _LOCK_NAME = re.compile(re.escape(LOCK_FILE) + r"(?:\.\d{1,18})?")  # engine.lock's generations
@@ -105,6 +105,21 @@ class StepState:
     status: str
     metadata: Metadata | None = None
     reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionPlan:
+    """What retention deletes (``CheckpointManager.plan_retention``): per step, the names under
+    the root in the groups and order they are deleted; the step folders it keeps without proof
+    (named in its warning); the ``latest`` pointer's publication leftovers."""
+
+    deletions: tuple[tuple[int, tuple[tuple[str, ...], ...]], ...]
+    kept: tuple[StepState, ...]
+    pointer_leftovers: tuple[str, ...] = ()
+
+    @property
+    def steps(self) -> list[int]:
+        return sorted(step for step, _ in self.deletions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,10 +422,9 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------ retention
 
-    def apply_retention(self) -> list[int]:
-        """Delete what retention allows (rank 0 only; see the module docstring); warn naming every
-        step folder kept because it is not provably a complete checkpoint of unickpt's (damaged,
-        unreadable, foreign). Returns the steps whose files were deleted."""
+    def plan_retention(self) -> RetentionPlan:
+        """What ``apply_retention`` would delete now, deleting nothing (rank 0; ``unickpt prune
+        --dry-run``)."""
         pointer = self.read_pointer()
         latest = pointer.step if pointer is not None else None
         folders = self._scan()
@@ -419,18 +433,34 @@ class CheckpointManager:
         keep = set(complete if self.keep_last is None else complete[-self.keep_last :])
         if latest is not None:
             keep.add(latest)
-        deleted = []
-        for step in complete:  # oldest first
-            if step not in keep and self._delete_checkpoint(step, folders[step]):
-                deleted.append(step)
+        targets = [step for step in complete if step not in keep]  # oldest first
         if latest is not None:  # abandoned saves: unickpt's own files only
-            for st in states:
-                if st.status == INCOMPLETE and st.step < latest and self._delete_checkpoint(st.step, folders[st.step]):
-                    deleted.append(st.step)
-        self._warn_kept([st for st in states if st.status in (DAMAGED, UNREADABLE, FOREIGN)])
-        leftovers = self._publisher.leftovers(self.pointer_name)
-        if leftovers:
-            self._storage.delete(leftovers)
+            targets += [st.step for st in states if st.status == INCOMPLETE and st.step < latest]
+        deletions = []
+        for step in targets:
+            groups = self._owned_files(step, folders[step])
+            if any(groups):
+                deletions.append((step, groups))
+        kept = tuple(st for st in states if st.status in (DAMAGED, UNREADABLE, FOREIGN))
+        return RetentionPlan(tuple(deletions), kept, tuple(self._publisher.leftovers(self.pointer_name)))
+
+    def apply_retention(self, plan: RetentionPlan | None = None) -> list[int]:
+        """Delete what retention allows (rank 0 only; see the module docstring): ``plan``, or
+        ``plan_retention()`` now; warn naming every step folder kept because it is not provably
+        a complete checkpoint of unickpt's (damaged, unreadable, foreign). Returns the steps
+        whose files were deleted."""
+        plan = plan if plan is not None else self.plan_retention()
+        deleted = []
+        for step, groups in plan.deletions:
+            if self._lock_is_live(step):  # a save started there meanwhile
+                continue
+            for group in groups:  # the metadata first
+                if group:
+                    self._storage.delete(list(group))
+            deleted.append(step)
+        self._warn_kept(list(plan.kept))
+        if plan.pointer_leftovers:
+            self._storage.delete(list(plan.pointer_leftovers))
         return sorted(deleted)
 
     def _warn_kept(self, kept: list[StepState]) -> None:
@@ -455,14 +485,25 @@ class CheckpointManager:
             return True
 
     def _delete_checkpoint(self, step: int, names: list[str]) -> bool:
-        """Delete the files of ``step`` that unickpt provably wrote, unless a save holds its lock:
-        the metadata first (the checkpoint turns incomplete before its data goes), then the data
-        files of unickpt's form under ``data/<save_id>/`` of the metadata's save and of every
-        marked save, their markers, the save lock's generations and the metadata's publication
-        temporaries. Anything else (a user's file, a data file no marker or metadata proves
-        unickpt's) stays. True when something was deleted."""
-        if self._lock_is_live(step):
+        """Delete the files of ``step`` that unickpt provably wrote (``_owned_files``), the
+        metadata first, unless a save holds its lock. True when something was deleted."""
+        groups = self._owned_files(step, names)
+        if not any(groups):
             return False
+        for group in groups:
+            if group:
+                self._storage.delete(list(group))
+        return True
+
+    def _owned_files(self, step: int, names: list[str]) -> tuple[tuple[str, ...], ...]:
+        """The files of ``step`` (``names``: its names from ``_scan``) that unickpt provably wrote,
+        in the order to delete them (nothing while a save holds its lock): the metadata (the
+        checkpoint turns incomplete before its data goes), the data files of unickpt's form under
+        ``data/<save_id>/`` of the metadata's save and of every marked save, their markers, then
+        the save lock's generations and the metadata's publication temporaries. Anything else (a
+        user's file, a data file no marker or metadata proves unickpt's) is never named."""
+        if self._lock_is_live(step):
+            return ()
         prefix = self._prefix(step)
         rests = [n[len(prefix) :] for n in names if n.startswith(prefix)]
         top = [r for r in rests if "/" not in r]
@@ -473,14 +514,13 @@ class CheckpointManager:
         data = [r for r in rests if _is_data_file_of(r, save_ids)]
         locks = [r for r in top if _LOCK_NAME.fullmatch(r)]
         temps = [r for r in top if self._publisher.is_leftover(r, METADATA_FILE)]
-        ordered = [[METADATA_FILE] if md is not None else [], data, [marker_name(s) for s in sorted(marked)]]
-        ordered.append(locks + temps)
-        done = False
-        for group in ordered:
-            if group:
-                self._storage.delete([prefix + r for r in group])
-                done = True
-        return done
+        groups = (
+            [METADATA_FILE] if md is not None else [],
+            data,
+            [marker_name(s) for s in sorted(marked)],
+            locks + temps,
+        )
+        return tuple(tuple(prefix + r for r in g) for g in groups)
 
 
 def _is_data_file_of(rest: str, save_ids: set[str]) -> bool:
