@@ -177,10 +177,13 @@ def test_retention_deletes_exactly_what_the_rule_allows(template, folders, keep_
         expected = before - {n for s in gone for n in root.ours[s]}
 
         m = unickpt.CheckpointManager(path, keep_last=keep_last, role=role)
+        plan = m.plan_retention()  # what `unickpt prune --dry-run` lists; deletes nothing
+        assert _files(path) == before
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             deleted = m.apply_retention()
         assert _files(path) == expected, (kinds, keep_last, latest, role)
+        assert {n for _, groups in plan.deletions for g in groups for n in g} == before - expected
         assert deleted == sorted(gone)
         said = " ".join(str(w.message) for w in caught)
         for s, k in enumerate(kinds):

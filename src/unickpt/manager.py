@@ -316,8 +316,11 @@ class CheckpointManager:
             except CheckpointError:  # e.g. a link in its place: not the file the metadata names
                 return None
 
-        with ThreadPoolExecutor(max(1, min(threads, len(names))), thread_name_prefix="unickpt-stat") as pool:
-            sizes = list(pool.map(size, names))
+        if len(names) <= 4:
+            sizes = [size(n) for n in names]
+        else:
+            with ThreadPoolExecutor(min(threads, len(names)), thread_name_prefix="unickpt-stat") as pool:
+                sizes = list(pool.map(size, names))
         exact = [md.checksums.file_size(i) if md.checksums is not None else None for i in range(len(md.files))]
         least = [0] * len(md.files)
         if any(e is None for e in exact):
