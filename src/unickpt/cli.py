@@ -182,9 +182,14 @@ def _cmd_diff(args: argparse.Namespace) -> int:
 
 
 def _manager(args: argparse.Namespace, keep_last: int | None = None):  # -> CheckpointManager
+    """The manager of ``args.root``; ``NotACheckpointError`` when the root does not exist."""
+    from .errors import NotACheckpointError
     from .manager import CheckpointManager
 
-    return CheckpointManager(args.root, keep_last=keep_last, role=args.role)
+    manager = CheckpointManager(args.root, keep_last=keep_last, role=args.role)
+    if not manager.root_exists():
+        raise NotACheckpointError(f"no checkpoint at {args.root} (it does not exist)")
+    return manager
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
@@ -194,14 +199,15 @@ def _cmd_ls(args: argparse.Namespace) -> int:
 
     manager = _manager(args)
     pointer = manager.read_pointer()
-    created = {c.step: c.created_unix for c in manager.list_checkpoints()}
-    rows = manager.list_steps()
-    for step, complete, nbytes in rows:
-        mark = " <- latest" if pointer is not None and pointer.step == step else ""
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(created[step])) if step in created else "-" * 19
-        state = f"{human_bytes(nbytes):>10}" if complete else "incomplete"
-        print(f"step {step:>10}  {when}  {state}  {manager.path_for(step)}{mark}")
-    if not rows:
+    states = manager.step_states()
+    for st in states:
+        mark = " <- latest" if pointer is not None and pointer.step == st.step else ""
+        md = st.metadata if st.status == "complete" else None
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(md.created_unix)) if md else "-" * 19
+        shown = f"{human_bytes(md.total_tensor_bytes):>10}" if md else f"{st.status:>10}"
+        why = f"  ({st.reason[:200]})" if st.status not in ("complete", "incomplete") else ""
+        print(f"step {st.step:>10}  {when}  {shown}  {manager.path_for(st.step)}{mark}{why}")
+    if not states:
         print(f"no checkpoint under {args.root}")
     return EXIT_OK
 
@@ -217,8 +223,28 @@ def _cmd_latest(args: argparse.Namespace) -> int:
 
 
 def _cmd_prune(args: argparse.Namespace) -> int:
+    import warnings
+
     manager = _manager(args, keep_last=args.keep_last)
-    deleted = manager.apply_retention()
+    if args.dry_run:
+        plan = manager.plan_retention()
+        for step, groups in plan.deletions:
+            print(f"would delete step {step}: {sum(len(g) for g in groups)} file(s) unickpt wrote")
+            for group in groups:
+                for name in group:
+                    print(f"  {manager.root}/{name}")
+        for st in plan.kept:
+            print(f"would keep step {st.step} ({st.status}: {st.reason[:200]})")
+        print(
+            f"would delete {len(plan.steps)} checkpoint(s): steps {plan.steps}" if plan.steps else "nothing to delete"
+        )
+        return EXIT_OK
+    plan = manager.plan_retention()
+    with warnings.catch_warnings():  # its warning names the kept folders: one line each below
+        warnings.filterwarnings("ignore", message="retention under")
+        deleted = manager.apply_retention(plan)
+    for st in plan.kept:
+        print(f"kept step {st.step} ({st.status}: {st.reason[:200]})")
     print(f"deleted {len(deleted)} checkpoint(s): steps {deleted}" if deleted else "nothing to delete")
     return EXIT_OK
 
@@ -371,16 +397,21 @@ def build_parser() -> argparse.ArgumentParser:
     df.add_argument("--threads", type=_positive, default=4, help="reader threads (4)")
     df.set_defaults(func=_cmd_diff)
 
-    for name, func, text in (
-        ("ls", _cmd_ls, "list the complete checkpoints of a CheckpointManager root"),
-        ("latest", _cmd_latest, "print the path of the latest complete checkpoint of a root"),
-        ("prune", _cmd_prune, "apply retention to a root: keep the newest --keep-last and the latest"),
-    ):
-        sp = sub.add_parser(name, help=text, description=text + " (only files unickpt wrote are deleted).")
+    for name, func, text, more in (
+        ("ls", _cmd_ls, "list the step folders of a CheckpointManager root", "; a folder that is not a complete "
+         "checkpoint is shown as incomplete (a save in progress or interrupted), damaged (data missing), "
+         "unreadable (metadata this version cannot decode) or foreign (not unickpt's)"),
+        ("latest", _cmd_latest, "print the path of the latest complete checkpoint of a root", " (the one the "
+         "latest pointer names, else the newest complete one)"),
+        ("prune", _cmd_prune, "apply retention to a root: keep the newest --keep-last and the latest", "; only "
+         "complete checkpoints and the files unickpt wrote are deleted, folders it cannot prove are its own stay"),
+    ):  # fmt: skip
+        sp = sub.add_parser(name, help=text, description=text + more + ".")
         sp.add_argument("root", help="the CheckpointManager root (local path or URL)")
         sp.add_argument("--role", type=_role, default=None, help="the manager's role")
         if name == "prune":
             sp.add_argument("--keep-last", type=_positive, required=True, help="complete checkpoints to keep")
+            sp.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
         sp.set_defaults(func=func)
 
     d = sub.add_parser(

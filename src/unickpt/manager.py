@@ -1,11 +1,17 @@
 """``CheckpointManager``: numbered checkpoints for a training loop, a ``latest`` pointer, retention.
 
     manager = unickpt.CheckpointManager("ckpts", keep_last=3)
-    start = manager.load_latest(state, framework="fsdp2")     # None on a fresh start
-    for step in range(start or 0, steps):
-        train_step(...)
-        if step % 100 == 0:
-            manager.save(step, state, framework="fsdp2", async_save=True)
+    done = manager.load_latest(state, framework="fsdp2") or 0  # steps already trained; 0 on a fresh start
+    for step in range(done, steps):
+        train_step(step)
+        if (step + 1) % 100 == 0:  # numbered by the steps done: training resumes there
+            manager.save(step + 1, state, framework="fsdp2", async_save=True)
+    manager.wait()
+
+The step a checkpoint is saved as is what ``load_latest`` returns: number checkpoints by the
+steps completed when they were taken (as above), and the value is where training resumes. A
+checkpoint numbered by the index of the step it was taken after (``save(step)``) must resume at
+``load_latest(...) + 1``, or that step is trained twice.
 
 Layout under ``root`` (any storage URL): ``step_<step:08d>/`` holds one checkpoint (with ``role``:
 ``step_<step:08d>/<role>/``, so managers of several models can share a root); the pointer file
@@ -21,26 +27,39 @@ Who calls what, in order (every rank calls ``save`` / ``load_latest`` with the s
                put), then applies retention (which also deletes the publisher's own leftovers).
                The returned handle completes after the post-commit job. A failed save never
                reaches the pointer: ``latest`` only ever names a committed checkpoint.
-  retention    (rank 0) deletes complete checkpoints beyond the ``keep_last`` newest steps,
-               oldest first, never the one ``latest`` names (metadata first, so a crash half-way
-               leaves an incomplete folder, never a complete-looking one with missing data), and
-               incomplete leftovers of steps older than ``latest`` whose save lock is not live.
+  retention    (rank 0) sorts the step folders of its role (``step_states``) into complete
+               (metadata decoded and every data file it names present with its recorded size),
+               incomplete (no metadata; unickpt's lock or marker), and kept-unproven (damaged:
+               metadata without its data, e.g. a copied metadata file; unreadable: metadata this
+               version cannot decode, e.g. a newer format; foreign: nothing unickpt writes). It
+               deletes complete checkpoints beyond the ``keep_last`` newest *complete* ones,
+               oldest first, never the one ``latest`` names, and the incomplete folders of
+               saves older than ``latest`` whose lock is not live; in both only the files
+               unickpt's metadata and markers prove it wrote (the metadata first, so a crash
+               half-way leaves an incomplete folder, never a complete-looking one with missing
+               data; then the data files of unickpt's form under ``data/<save_id>/`` of the
+               metadata's and the marked saves, the markers, stale lock generations, publication
+               temporaries). A user's file anywhere stays; kept-unproven folders are never
+               deleted and are named in a warning at each retention (and by ``unickpt ls``).
   ``load_latest`` rank 0 reads the pointer (falling back to the newest complete checkpoint when
                it is missing or names an unusable one), broadcasts the step, all ranks load it.
-``list_checkpoints`` reports only complete checkpoints: metadata present and decodable.
+``list_checkpoints`` reports only complete checkpoints; ``latest_step`` falls back only to one.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import warnings
 from collections.abc import MutableMapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from .checkpointer import Checkpointer, default_checkpointer
-from .engine.lock import lock_is_live
+from .engine.lock import LOCK_FILE, lock_is_live
+from .engine.ownership import MARKER_PREFIX, is_data_file_name, is_save_id, is_unickpt_name, marker_name
 from .engine.target import check_role
 from .engine.worker import SaveHandle
 from .errors import CheckpointError, IncompleteCheckpointError
@@ -50,10 +69,19 @@ from .options import LoadOptions, SaveOptions
 from .storage import Storage, open_storage
 from .storage.base import SMALL_FILE_LIMIT
 from .storage.commit import publisher_for
+from .storage.registry import split_url
 
-__all__ = ["CheckpointManager", "CheckpointInfo", "LatestPointer"]
+__all__ = ["CheckpointManager", "CheckpointInfo", "LatestPointer", "RetentionPlan", "StepState", "STEP_STATUSES"]
 
 _STEP_RE = re.compile(r"step_(\d{8,})")
+_LOCK_NAME = re.compile(re.escape(LOCK_FILE) + r"(?:\.\d{1,18})?")  # engine.lock's generations
+
+COMPLETE = "complete"  # metadata decoded, every data file present with its recorded size
+INCOMPLETE = "incomplete"  # no metadata, unickpt's lock / marker: a save in progress or interrupted
+DAMAGED = "damaged"  # metadata decoded, a data file it names missing or of another size
+UNREADABLE = "unreadable"  # metadata this unickpt cannot decode: a newer format, corrupt, too large
+FOREIGN = "foreign"  # no metadata and no file unickpt writes: only another program's files
+STEP_STATUSES = (COMPLETE, INCOMPLETE, DAMAGED, UNREADABLE, FOREIGN)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +92,34 @@ class CheckpointInfo:
     path: str  # the URL/path to pass to unickpt.load (with the manager's role)
     save_id: str
     created_unix: float
+
+
+@dataclass(frozen=True, slots=True)
+class StepState:
+    """What one step folder of a manager's role holds (``CheckpointManager.step_states``).
+
+    ``status``: one of ``STEP_STATUSES``; ``metadata``: the decoded metadata (complete and
+    damaged folders); ``reason``: why it is not complete, for warnings and ``unickpt ls``."""
+
+    step: int
+    status: str
+    metadata: Metadata | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionPlan:
+    """What retention deletes (``CheckpointManager.plan_retention``): per step, the names under
+    the root in the groups and order they are deleted; the step folders it keeps without proof
+    (named in its warning); the ``latest`` pointer's publication leftovers."""
+
+    deletions: tuple[tuple[int, tuple[tuple[str, ...], ...]], ...]
+    kept: tuple[StepState, ...]
+    pointer_leftovers: tuple[str, ...] = ()
+
+    @property
+    def steps(self) -> list[int]:
+        return sorted(step for step, _ in self.deletions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,23 +282,91 @@ class CheckpointManager:
         except CheckpointError:
             return None
 
+    def _inspect(self, step: int, names: list[str] | None = None) -> StepState:
+        """What ``step``'s folder holds (``names``: its names from ``_scan``, listed when None)."""
+        prefix = self._prefix(step)
+        where = f"{self.root}/{prefix}{METADATA_FILE}"
+        try:
+            data = self._publisher.read(prefix + METADATA_FILE)
+            md = None if data is None else decode_metadata(data, where)
+        except CheckpointError as e:  # a newer format version, corrupt, too large, a link
+            return StepState(step, UNREADABLE, None, f"{type(e).__name__}: {e}")
+        if md is None:
+            if names is None:
+                names = self._scan().get(step, [])
+            top = [n[len(prefix) :] for n in names if n.startswith(prefix) and "/" not in n[len(prefix) :]]
+            if any(is_unickpt_name(n, self._publisher) for n in top):
+                return StepState(step, INCOMPLETE, None, "no metadata: a save in progress or interrupted")
+            return StepState(step, FOREIGN, None, f"no {METADATA_FILE} and no file unickpt writes")
+        problem = self._data_problem(prefix, md)
+        if problem is not None:
+            return StepState(step, DAMAGED, md, problem)
+        return StepState(step, COMPLETE, md)
+
+    def _data_problem(self, prefix: str, md: Metadata, threads: int = 16) -> str | None:
+        """None when every data file ``md`` names is under ``prefix`` with its recorded size (format
+        3: the exact size; earlier versions: at least the end of the last range it holds)."""
+        if not md.files:
+            return None
+        names = [prefix + f for f in md.files]
+
+        def size(name: str) -> int | None:
+            try:
+                return self._storage.size(name)
+            except CheckpointError:  # e.g. a link in its place: not the file the metadata names
+                return None
+
+        if len(names) <= 4:
+            sizes = [size(n) for n in names]
+        else:
+            with ThreadPoolExecutor(min(threads, len(names)), thread_name_prefix="unickpt-stat") as pool:
+                sizes = list(pool.map(size, names))
+        exact = [md.checksums.file_size(i) if md.checksums is not None else None for i in range(len(md.files))]
+        least = [0] * len(md.files)
+        if any(e is None for e in exact):
+            for t in md.tensors.values():
+                for sh in t.shards:
+                    least[sh.file_index] = max(least[sh.file_index], sh.byte_offset + sh.byte_length)
+            for b in md.blobs.values():
+                least[b.file_index] = max(least[b.file_index], b.byte_offset + b.byte_length)
+        for i, (name, got) in enumerate(zip(md.files, sizes)):
+            want = exact[i]
+            if got is None:
+                return f"data file {name} is missing"
+            if (want is not None and got != want) or (want is None and got < least[i]):
+                return f"data file {name} has {got} bytes, not the {want if want is not None else least[i]} recorded"
+        return None
+
+    def step_states(self) -> list[StepState]:
+        """Every step folder of this manager's role and what it holds, by increasing step."""
+        folders = self._scan()
+        return [self._inspect(step, folders[step]) for step in sorted(folders)]
+
     def list_checkpoints(self) -> list[CheckpointInfo]:
-        """Complete checkpoints (metadata present and decodable), by increasing step."""
+        """Complete checkpoints (metadata decoded, every data file present with its recorded
+        size), by increasing step."""
         out = []
-        for step in sorted(self._scan()):
-            md = self._metadata(step)
-            if md is not None:
-                out.append(CheckpointInfo(step, self.path_for(step), md.save_id, md.created_unix))
+        for st in self.step_states():
+            if st.status == COMPLETE and st.metadata is not None:
+                md = st.metadata
+                out.append(CheckpointInfo(st.step, self.path_for(st.step), md.save_id, md.created_unix))
         return out
 
     def list_steps(self) -> list[tuple[int, bool, int]]:
         """Every step folder of this manager's role: ``(step, complete, tensor bytes)`` by
-        increasing step (incomplete: no decodable metadata, e.g. an interrupted save; bytes 0)."""
+        increasing step (bytes 0 unless complete; ``step_states`` says why one is not)."""
         out = []
-        for step in sorted(self._scan()):
-            md = self._metadata(step)
-            out.append((step, md is not None, md.total_tensor_bytes if md is not None else 0))
+        for st in self.step_states():
+            ok = st.status == COMPLETE and st.metadata is not None
+            out.append((st.step, ok, st.metadata.total_tensor_bytes if ok and st.metadata is not None else 0))
         return out
+
+    def root_exists(self) -> bool:
+        """Whether the root exists: a local root's folder, anything stored under another URL's."""
+        scheme, rest = split_url(self.root)
+        if scheme == "file":
+            return os.path.isdir(os.path.expanduser(rest))
+        return bool(self._storage.list(""))
 
     def read_pointer(self) -> LatestPointer | None:
         """The ``latest`` pointer as written, or None when missing or malformed."""
@@ -254,7 +378,7 @@ class CheckpointManager:
         warning when a pointer exists); None when there is no complete checkpoint."""
         raw = self._publisher.read(self.pointer_name, SMALL_FILE_LIMIT)
         pointer = None if raw is None else LatestPointer.decode(raw)
-        if pointer is not None and self._metadata(pointer.step) is not None:
+        if pointer is not None and self._inspect(pointer.step).status == COMPLETE:
             return pointer.step
         complete = self.list_checkpoints()
         newest = complete[-1].step if complete else None
@@ -276,8 +400,10 @@ class CheckpointManager:
         strict: bool = True,
         options: LoadOptions | None = None,
     ) -> int | None:
-        """Load the latest complete checkpoint into ``state`` (every rank); return its step, or
-        None (state untouched) when there is none. Rank 0 picks the step for all ranks."""
+        """Load the latest complete checkpoint into ``state`` (every rank); return its step (the
+        number it was saved as: save ``step + 1`` after training step ``step`` and this is the
+        first step to train; see the module docstring), or None (state untouched) when there is
+        none. Rank 0 picks the step for all ranks."""
         self.wait()
         timeout = options.timeout if options is not None else None
         coord = self._ckpt.resources.coordinator("foreground", timeout, f"load_latest of {self.root}")
@@ -299,38 +425,114 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------ retention
 
-    def apply_retention(self) -> list[int]:
-        """Delete what retention allows (rank 0 only; see the module docstring). Returns the
-        steps whose files were deleted."""
+    def plan_retention(self) -> RetentionPlan:
+        """What ``apply_retention`` would delete now, deleting nothing (rank 0; ``unickpt prune
+        --dry-run``)."""
         pointer = self.read_pointer()
         latest = pointer.step if pointer is not None else None
         folders = self._scan()
-        complete = [s for s in sorted(folders) if self._metadata(s) is not None]
+        states = [self._inspect(step, folders[step]) for step in sorted(folders)]
+        complete = [st.step for st in states if st.status == COMPLETE]
         keep = set(complete if self.keep_last is None else complete[-self.keep_last :])
         if latest is not None:
             keep.add(latest)
+        targets = [step for step in complete if step not in keep]  # oldest first
+        if latest is not None:  # abandoned saves: unickpt's own files only
+            targets += [st.step for st in states if st.status == INCOMPLETE and st.step < latest]
+        deletions = []
+        for step in targets:
+            groups = self._owned_files(step, folders[step])
+            if any(groups):
+                deletions.append((step, groups))
+        kept = tuple(st for st in states if st.status in (DAMAGED, UNREADABLE, FOREIGN))
+        return RetentionPlan(tuple(deletions), kept, tuple(self._publisher.leftovers(self.pointer_name)))
+
+    def apply_retention(self, plan: RetentionPlan | None = None) -> list[int]:
+        """Delete what retention allows (rank 0 only; see the module docstring): ``plan``, or
+        ``plan_retention()`` now; warn naming every step folder kept because it is not provably
+        a complete checkpoint of unickpt's (damaged, unreadable, foreign). Returns the steps
+        whose files were deleted."""
+        plan = plan if plan is not None else self.plan_retention()
         deleted = []
-        for step in complete:  # oldest first
-            if step not in keep:
-                self._delete_checkpoint(step, folders[step])
-                deleted.append(step)
-        if latest is not None:
-            for step in sorted(set(folders) - set(complete)):
-                if step < latest and not self._lock_is_live(step):
-                    self._delete_checkpoint(step, folders[step])
-                    deleted.append(step)
-        leftovers = self._publisher.leftovers(self.pointer_name)
-        if leftovers:
-            self._storage.delete(leftovers)
+        for step, groups in plan.deletions:
+            if self._lock_is_live(step):  # a save started there meanwhile
+                continue
+            for group in groups:  # the metadata first
+                if group:
+                    self._storage.delete(list(group))
+            deleted.append(step)
+        self._warn_kept(list(plan.kept))
+        if plan.pointer_leftovers:
+            self._storage.delete(list(plan.pointer_leftovers))
         return sorted(deleted)
 
-    def _lock_is_live(self, step: int) -> bool:
-        return lock_is_live(self._storage, self._prefix(step), self._ckpt.resources.locks)
+    def _warn_kept(self, kept: list[StepState]) -> None:
+        if not kept:
+            return
+        # every folder by name; the reasons of the first few (each can be a long error message)
+        shown = "; ".join(
+            f"{_folder(st.step)} ({st.status}: {st.reason})" if i < 3 else f"{_folder(st.step)} ({st.status})"
+            for i, st in enumerate(kept)
+        )
+        warnings.warn(
+            f"retention under {self.root} kept {len(kept)} step folder(s) it cannot prove are complete "
+            f"checkpoints of its own: {shown}. They are never deleted by unickpt "
+            "(`unickpt ls` lists them): load, repair or delete them by hand",
+            stacklevel=3,
+        )
 
-    def _delete_checkpoint(self, step: int, names: list[str]) -> None:
-        meta = self._prefix(step) + METADATA_FILE
-        if meta in names:  # first: the checkpoint turns incomplete before its data goes
-            self._storage.delete([meta])
-        rest = [n for n in names if n != meta]
-        if rest:
-            self._storage.delete(rest)
+    def _lock_is_live(self, step: int) -> bool:
+        try:
+            return lock_is_live(self._storage, self._prefix(step), self._ckpt.resources.locks)
+        except CheckpointError:  # a lock file unickpt cannot read (not a small regular file): keep
+            return True
+
+    def _delete_checkpoint(self, step: int, names: list[str]) -> bool:
+        """Delete the files of ``step`` that unickpt provably wrote (``_owned_files``), the
+        metadata first, unless a save holds its lock. True when something was deleted."""
+        groups = self._owned_files(step, names)
+        if not any(groups):
+            return False
+        for group in groups:
+            if group:
+                self._storage.delete(list(group))
+        return True
+
+    def _owned_files(self, step: int, names: list[str]) -> tuple[tuple[str, ...], ...]:
+        """The files of ``step`` (``names``: its names from ``_scan``) that unickpt provably wrote,
+        in the order to delete them (nothing while a save holds its lock): the metadata (the
+        checkpoint turns incomplete before its data goes), the data files of unickpt's form under
+        ``data/<save_id>/`` of the metadata's save and of every marked save, their markers, then
+        the save lock's generations and the metadata's publication temporaries. Anything else (a
+        user's file, a data file no marker or metadata proves unickpt's) is never named."""
+        if self._lock_is_live(step):
+            return ()
+        prefix = self._prefix(step)
+        rests = [n[len(prefix) :] for n in names if n.startswith(prefix)]
+        top = [r for r in rests if "/" not in r]
+        md = self._metadata(step) if METADATA_FILE in top else None
+        marked = {r[len(MARKER_PREFIX) :] for r in top if r.startswith(MARKER_PREFIX)}
+        marked = {sid for sid in marked if is_save_id(sid)}
+        save_ids = marked | ({md.save_id} if md is not None and is_save_id(md.save_id) else set())
+        data = [r for r in rests if _is_data_file_of(r, save_ids)]
+        locks = [r for r in top if _LOCK_NAME.fullmatch(r)]
+        temps = [r for r in top if self._publisher.is_leftover(r, METADATA_FILE)]
+        groups = (
+            [METADATA_FILE] if md is not None else [],
+            data,
+            [marker_name(s) for s in sorted(marked)],
+            locks + temps,
+        )
+        return tuple(tuple(prefix + r for r in g) for g in groups)
+
+
+def _is_data_file_of(rest: str, save_ids: set[str]) -> bool:
+    """Whether ``rest`` (a name inside a checkpoint folder) is a data file of unickpt's form under
+    ``data/<save_id>/`` of one of ``save_ids``."""
+    head, sep, base = rest.rpartition("/")
+    return (
+        bool(sep)
+        and head.startswith(f"{DATA_DIR}/")
+        and head[len(DATA_DIR) + 1 :] in save_ids
+        and is_data_file_name(base)
+    )

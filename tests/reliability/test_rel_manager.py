@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import socket
 import time
 import warnings
@@ -120,6 +121,7 @@ def test_retention_removes_old_leftovers_but_not_live_saves(tmp_path):
         d = tmp_path / f"step_{s:08d}"
         os.makedirs(d / "data" / "x")
         open(d / "data" / "x" / "r00000-00.bin", "wb").write(b"partial")
+        open(d / "unickpt.data.x", "w").write("{}")  # the marker every save writes before its data
         if owner is not None:  # another save in progress there
             open(d / LOCK_FILE, "wb").write(owner.encode())
     m.save(4, st, framework="torch")
@@ -204,3 +206,89 @@ def test_issue10_item4_manager_reports_every_failed_async_save(tmp_path):
     assert m.path_for(1) in msg and m.path_for(2) in msg and msg.count("injected EACCES") == 2, msg
     m.save(3, st, framework="torch")  # reported once: the next save goes through
     assert _steps(m) == [3]
+
+
+def _bump_format_version(folder, version: int = 99) -> None:
+    """Make ``folder``'s metadata look written by a newer unickpt (a format version this one
+    does not read)."""
+    path = os.path.join(folder, METADATA_FILE)
+    doc = json.loads(open(path).read())
+    doc["format_version"] = version
+    open(path, "w").write(json.dumps(doc))
+
+
+def _files(root) -> list[str]:
+    return data_files(str(root))
+
+
+def _saves_warning(m, st, steps) -> list[str]:
+    """Save ``steps`` with ``m``; the texts of the warnings they gave."""
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        for s in steps:
+            m.save(s, st, framework="torch")
+    return [str(w.message) for w in got]
+
+
+def test_issue26_item1_undecodable_checkpoint_inside_keep_last_is_kept(tmp_path):
+    """A checkpoint whose metadata this version cannot decode (a newer format version, or bytes
+    it cannot parse) is not an incomplete leftover: retention keeps it and says so."""
+    m = unickpt.CheckpointManager(str(tmp_path), keep_last=3)
+    st = _state()
+    for s in (1, 2):
+        m.save(s, st, framework="torch")
+    _bump_format_version(tmp_path / "step_00000001")
+    open(tmp_path / "step_00000002" / METADATA_FILE, "w").write("{written by something else")
+    before = _files(tmp_path)
+    said = _saves_warning(m, st, [3])
+    after = _files(tmp_path)
+    assert [f for f in before if f.startswith(("step_00000001/", "step_00000002/"))] == [
+        f for f in after if f.startswith(("step_00000001/", "step_00000002/"))
+    ]
+    assert any(re.search(r"step_00000001 \(unreadable: .*format version 99", w) for w in said), said
+    assert any("step_00000002 (unreadable" in w for w in said), said
+    assert _steps(m) == [3]
+    states = {s.step: s.status for s in m.step_states()}
+    assert states == {1: "unreadable", 2: "unreadable", 3: "complete"}
+
+
+def test_issue26_item1_folder_named_like_a_step_keeps_the_users_files(tmp_path):
+    """``step_00000000/notes.txt`` and ``step_00000000/data/x.bin`` are the user's: no save,
+    and no retention, ever deletes them (nothing there is unickpt's)."""
+    user = tmp_path / "step_00000000"
+    os.makedirs(user / "data")
+    open(user / "notes.txt", "w").write("mine")
+    open(user / "data" / "x.bin", "wb").write(b"mine too")
+    m = unickpt.CheckpointManager(str(tmp_path), keep_last=1)
+    st = _state()
+    said = _saves_warning(m, st, [1, 2, 3])
+    assert sorted(os.listdir(user)) == ["data", "notes.txt"] and os.listdir(user / "data") == ["x.bin"]
+    assert any("step_00000000 (foreign" in w for w in said), said
+    assert open(user / "notes.txt").read() == "mine" and _steps(m) == [3]
+    assert {s.step: s.status for s in m.step_states()} == {0: "foreign", 3: "complete"}
+
+
+def test_issue26_item1_copied_metadata_without_data_is_not_a_checkpoint(tmp_path):
+    """A step folder holding only a copy of a metadata file (no data) is not complete: it
+    neither counts among the ``keep_last`` newest nor pushes a real checkpoint out, ``latest``
+    never falls back to it, and retention keeps it (it cannot prove it wrote it)."""
+    m = unickpt.CheckpointManager(str(tmp_path), keep_last=2)
+    st = _state()
+    for s in (1, 2):
+        step(st["model"], st["optimizer"], s)
+        m.save(s, st, framework="torch")
+    want = snapshot(st["model"], st["optimizer"])
+    os.makedirs(tmp_path / "step_00000099")
+    open(tmp_path / "step_00000099" / METADATA_FILE, "wb").write(
+        open(tmp_path / "step_00000002" / METADATA_FILE, "rb").read()
+    )
+    said = _saves_warning(m, st, [3])
+    assert _steps(m) == [2, 3]  # 2 is still one of the two newest complete checkpoints
+    assert os.listdir(tmp_path / "step_00000099") == [METADATA_FILE]
+    assert any(re.search(r"step_00000099 \(damaged: data file .* is missing", w) for w in said), said
+    os.unlink(tmp_path / "latest")
+    os.unlink(tmp_path / "step_00000003" / METADATA_FILE)  # 3 is gone: the newest complete one is 2
+    assert m.latest_step() == 2
+    fresh = _state(seed=5)
+    assert m.load_latest(fresh, framework="torch") == 2
+    assert not mismatches(snapshot(fresh["model"], fresh["optimizer"]), want)

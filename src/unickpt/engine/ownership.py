@@ -41,6 +41,7 @@ __all__ = [
     "mark_save",
     "marked_save_ids",
     "delete_save_data",
+    "is_data_file_name",
 ]
 
 LOCK_FILE = "unickpt.save.lock"  # the lock's generations are LOCK_FILE + ".<n>" (engine.lock)
@@ -52,6 +53,11 @@ _DATA_FILE = re.compile(r"r\d{5,}-\d{2,}\.bin")  # planning.save_plan.data_file_
 def is_save_id(text: str) -> bool:
     """Whether ``text`` can be a unickpt save id (no '/', no '.', nothing that leaves a folder)."""
     return _SAVE_ID.fullmatch(text) is not None
+
+
+def is_data_file_name(base: str) -> bool:
+    """Whether ``base`` (a name inside ``data/<save_id>/``) has the form unickpt gives its data files."""
+    return _DATA_FILE.fullmatch(base) is not None
 
 
 def is_unickpt_name(name: str, publisher: Publisher) -> bool:
