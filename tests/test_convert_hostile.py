@@ -22,7 +22,7 @@ import threading
 import tracemalloc
 import warnings
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PosixPath
 from typing import Any
 
 import pytest
@@ -141,6 +141,16 @@ def test_dcp_links_out_of_the_folder_are_refused(case):
     os.symlink(case / "other", src / "sub")
     _edit(src, lambda md: setattr(_info(md, "w", (0, 0)), "relative_path", "sub/__0_0.distcp"))
     _refused(case, UnsafePathError, "sub", "symbolic link")
+
+
+def test_bytecheckpoint_part_that_is_a_link_is_refused(case):
+    """ByteCheckpoint's ``model/`` as a link to another checkpoint was followed and imported."""
+    bcp = case / "bcp"
+    bcp.mkdir()
+    os.symlink(case / "other", bcp / "model")
+    with pytest.raises(UnsafePathError, match="model is a symbolic link"):
+        from_dcp(str(bcp), str(case / "ck"))
+    assert not (case / "ck").exists()
 
 
 def test_dcp_fifo_entry_is_refused_without_blocking(case):
@@ -315,6 +325,11 @@ def test_dcp_pickle_gives_records_only_their_own_fields_of_their_types(case):
     shutil.copy(case / "other" / ".metadata", src / ".metadata")  # a valid file again
     _edit(src, lambda md: setattr(md.state_dict_metadata["w"], "size", [3, "4"]))
     _refused(case, CorruptMetadataError, "tensor 'w'", "size")
+    cycle: list[Any] = []
+    cycle.append(cycle)
+    _edit(src, lambda md: setattr(md.state_dict_metadata["w"], "size", torch.Size((3, 4))))
+    _edit(src, lambda md: setattr(md, "planner_data", {"w": cycle, "x": [cycle, PosixPath("/")]}))
+    _refused(case, CorruptMetadataError, "planner_data")  # a cycle is walked once, not forever
 
 
 def test_cli_prints_a_dcp_refusal_as_one_line(case):

@@ -39,6 +39,7 @@ from ..format.values import encode_value
 from ..frameworks.flat import FlatTensors
 from .dcp_read import SafeDCPUnpickler, read_dcp_metadata, read_dcp_state
 from .hf_read import hf_shard_names, load_shard
+from .source_files import is_subfolder
 
 __all__ = ["ConvertResult", "SafeDCPUnpickler", "read_dcp_metadata", "from_hf", "from_dcp", "to_dcp"]
 
@@ -117,7 +118,7 @@ def from_dcp(folder: str, out: str) -> ConvertResult:
     if os.path.isfile(os.path.join(folder, ".metadata")):
         parts = [(folder, None)]
     else:
-        parts = [(os.path.join(folder, p), p) for p in ("model", "optimizer") if os.path.isdir(os.path.join(folder, p))]
+        parts = [(os.path.join(folder, p), p) for p in ("model", "optimizer") if is_subfolder(folder, p)]
         if not parts:
             raise CheckpointError(
                 f"{folder} is neither a DCP checkpoint (.metadata) nor a ByteCheckpoint folder (model/, optimizer/)"

@@ -251,13 +251,14 @@ def _is_coords(value: Any) -> bool:
 
 
 def _is_plain(value: Any) -> bool:
-    """None, str, int, float, bool, and tuples, lists and dicts of those (iterative: any depth)."""
-    todo, seen = [value], 0
+    """None, str, int, float, bool, and tuples, lists and dicts of those: iterative, each container
+    visited once (a pickle can build cycles and shared children: no endless or exponential walk)."""
+    todo, visited = [value], set()
     while todo:
         x = todo.pop()
-        seen += 1
-        if x is None or type(x) in (str, int, float, bool):
+        if x is None or type(x) in (str, int, float, bool) or id(x) in visited:
             continue
+        visited.add(id(x))
         if type(x) in (tuple, list):
             todo.extend(x)
         elif type(x) is dict:

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from ..errors import MissingDataFileError, SizeLimitError, TruncatedDataFileError, UnsafePathError
 from ..storage._nofollow import DIR_FLAGS, kind_of, read_at_most, unsafe
 
-__all__ = ["check_relative_name", "open_regular", "read_range", "read_small_file"]
+__all__ = ["check_relative_name", "is_subfolder", "open_regular", "read_range", "read_small_file"]
 
 _DIR_NOFOLLOW = DIR_FLAGS | os.O_NOFOLLOW
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # never through a link, never blocks
@@ -83,6 +83,21 @@ def open_regular(folder: str, name: str, where: str) -> Iterator[tuple[int, int]
         yield ffd, st.st_size
     finally:
         os.close(ffd)
+
+
+def is_subfolder(folder: str, name: str) -> bool:
+    """True if ``folder/name`` is a real folder, False if nothing is there; ``UnsafePathError``
+    for a link (even to a folder) or a non-folder: how an importer decides which parts of a layout
+    (ByteCheckpoint's ``model/``, ``optimizer/`` ...) to read, without leaving ``folder``."""
+    check_relative_name(name, folder, f"the layout of {folder}")
+    path = os.path.join(folder, name)
+    try:
+        mode = os.lstat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    if stat.S_ISDIR(mode):
+        return True
+    raise unsafe(path, kind_of(mode) if not stat.S_ISREG(mode) else "a regular file where a folder belongs")
 
 
 def _unsafe_at(dirfd: int, name: str, path: str, where: str) -> UnsafePathError:
