@@ -16,6 +16,7 @@ import os
 import pathlib
 import pickle
 import shutil
+import stat
 import subprocess
 import sys
 import threading
@@ -141,6 +142,9 @@ def test_dcp_links_out_of_the_folder_are_refused(case):
     os.symlink(case / "other", src / "sub")
     _edit(src, lambda md: setattr(_info(md, "w", (0, 0)), "relative_path", "sub/__0_0.distcp"))
     _refused(case, UnsafePathError, "sub", "symbolic link")
+    os.replace(src / ".metadata", src / "kept.metadata")
+    os.symlink(case / "other" / ".metadata", src / ".metadata")
+    _refused(case, UnsafePathError, ".metadata", "symbolic link")
 
 
 def test_bytecheckpoint_part_that_is_a_link_is_refused(case):
@@ -176,6 +180,13 @@ def test_dcp_reads_are_bounded_by_the_file_size_before_allocating(case):
         os.symlink("/dev/zero", src / "zero.distcp")
         _edit(src, lambda md: setattr(_info(md, "w", (0, 0)), "relative_path", "zero.distcp"))
         _refused(case, UnsafePathError, "zero.distcp", "symbolic link")
+        try:  # a device node inside the folder (needs CAP_MKNOD)
+            os.mknod(src / "dev.distcp", stat.S_IFCHR | 0o600, os.makedev(1, 5))
+        except OSError:
+            pass
+        else:
+            _edit(src, lambda md: setattr(_info(md, "w", (0, 0)), "relative_path", "dev.distcp"))
+            _refused(case, UnsafePathError, "dev.distcp", "a character device")
         _edit(src, lambda md: setattr(_info(md, "w", (0, 0)), "relative_path", "__0_0.distcp"))
         _refused(case, TruncatedDataFileError, "'w'", "__0_0.distcp", "which holds")
         _, peak = tracemalloc.get_traced_memory()
