@@ -36,6 +36,7 @@ from unickpt.errors import (
     CheckpointError,
     CorruptMetadataError,
     SizeLimitError,
+    StorageError,
     TruncatedDataFileError,
     UnsafePathError,
 )
@@ -145,6 +146,15 @@ def test_dcp_links_out_of_the_folder_are_refused(case):
     os.replace(src / ".metadata", src / "kept.metadata")
     os.symlink(case / "other" / ".metadata", src / ".metadata")
     _refused(case, UnsafePathError, ".metadata", "symbolic link")
+
+
+def test_dcp_entry_that_cannot_be_opened_is_a_checkpoint_error(case):
+    """A name the OS refuses to open (too long) or that goes through a file: a named error, not
+    a raw OSError."""
+    _edit(case / "src", lambda md: setattr(_info(md, "w", (0, 0)), "relative_path", "x" * 300))
+    _refused(case, StorageError, "cannot open", "named by")
+    _edit(case / "src", lambda md: setattr(_info(md, "w", (0, 0)), "relative_path", "__0_0.distcp/x"))
+    _refused(case, UnsafePathError, "__0_0.distcp is a regular file where a folder belongs")
 
 
 def test_bytecheckpoint_part_that_is_a_link_is_refused(case):

@@ -21,7 +21,14 @@ import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ..errors import MissingDataFileError, SizeLimitError, TruncatedDataFileError, UnsafePathError
+from ..errors import (
+    CheckpointError,
+    MissingDataFileError,
+    SizeLimitError,
+    StorageError,
+    TruncatedDataFileError,
+    UnsafePathError,
+)
 from ..storage._nofollow import DIR_FLAGS, kind_of, read_at_most, unsafe
 
 __all__ = ["check_relative_name", "is_subfolder", "open_regular", "read_range", "read_small_file"]
@@ -50,32 +57,17 @@ def open_regular(folder: str, name: str, where: str) -> Iterator[tuple[int, int]
     """``(fd, size)`` of the regular file ``folder/name`` (module docstring), closed on exit.
 
     Raises ``UnsafePathError`` (a bad name, a link on the way, a non-regular file),
-    ``MissingDataFileError`` (missing) or OSError."""
+    ``MissingDataFileError`` (missing) or ``StorageError`` (any other failure to open it)."""
     parts = check_relative_name(name, folder, where)
     path = os.path.join(folder, *parts)
-    fd = os.open(folder, DIR_FLAGS)
     try:
-        for i, comp in enumerate(parts[:-1]):
-            try:
-                nfd = os.open(comp, _DIR_NOFOLLOW, dir_fd=fd)
-            except FileNotFoundError:
-                raise MissingDataFileError(f"{path} (named by {where}) is missing") from None
-            except OSError as e:
-                if e.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise _unsafe_at(fd, comp, os.path.join(folder, *parts[: i + 1]), where) from None
-                raise
-            os.close(fd)
-            fd = nfd
-        try:
-            ffd = os.open(parts[-1], _READ, dir_fd=fd)
-        except FileNotFoundError:
-            raise MissingDataFileError(f"{path} (named by {where}) is missing") from None
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise _unsafe_at(fd, parts[-1], path, where) from None
-            raise
-    finally:
-        os.close(fd)
+        ffd = _open_below(folder, parts, path, where)
+    except CheckpointError:
+        raise
+    except FileNotFoundError:
+        raise MissingDataFileError(f"{path} (named by {where}) is missing") from None
+    except OSError as e:
+        raise StorageError(e.errno, f"cannot open {path} (named by {where}): {e.strerror}") from None
     try:
         st = os.fstat(ffd)
         if not stat.S_ISREG(st.st_mode):
@@ -83,6 +75,29 @@ def open_regular(folder: str, name: str, where: str) -> Iterator[tuple[int, int]
         yield ffd, st.st_size
     finally:
         os.close(ffd)
+
+
+def _open_below(folder: str, parts: list[str], path: str, where: str) -> int:
+    """A read descriptor of ``folder/parts...``, each part opened without following a link."""
+    fd = os.open(folder, DIR_FLAGS)
+    try:
+        for i, comp in enumerate(parts[:-1]):
+            try:
+                nfd = os.open(comp, _DIR_NOFOLLOW, dir_fd=fd)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise _unsafe_at(fd, comp, os.path.join(folder, *parts[: i + 1]), where) from None
+                raise
+            os.close(fd)
+            fd = nfd
+        try:
+            return os.open(parts[-1], _READ, dir_fd=fd)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise _unsafe_at(fd, parts[-1], path, where) from None
+            raise
+    finally:
+        os.close(fd)
 
 
 def is_subfolder(folder: str, name: str) -> bool:
@@ -105,6 +120,8 @@ def _unsafe_at(dirfd: int, name: str, path: str, where: str) -> UnsafePathError:
         what = kind_of(os.stat(name, dir_fd=dirfd, follow_symlinks=False).st_mode)
     except OSError:
         what = "not a folder"
+    if what == "a regular file":
+        what = "a regular file where a folder belongs"
     return _with_where(unsafe(path, what), where)
 
 
@@ -121,7 +138,10 @@ def read_range(fd: int, size: int, offset: int, length: int, path: str, what: st
         )
     pieces, got = [], 0
     while got < length:  # one piece unless the range is over the 2 GiB a single read returns
-        piece = os.pread(fd, min(length - got, 1 << 30), offset + got)
+        try:
+            piece = os.pread(fd, min(length - got, 1 << 30), offset + got)
+        except OSError as e:
+            raise StorageError(e.errno, f"cannot read {what} from {path}: {e.strerror}") from None
         if not piece:
             raise TruncatedDataFileError(f"{path} ended at byte {offset + got} while reading {what}")
         pieces.append(piece)
@@ -134,7 +154,10 @@ def read_small_file(folder: str, name: str, limit: int, where: str) -> bytes:
     ``SizeLimitError`` (checked on ``fstat`` before reading, and again on what was read)."""
     path = os.path.join(folder, name)
     with open_regular(folder, name, where) as (fd, size):
-        data = b"" if size > limit else read_at_most(fd, limit)
+        try:
+            data = b"" if size > limit else read_at_most(fd, limit)
+        except OSError as e:
+            raise StorageError(e.errno, f"cannot read {path}: {e.strerror}") from None
     if size > limit or len(data) > limit:
         raise SizeLimitError(
             f"{path} holds {max(size, len(data))} bytes or more, over the cap of {limit} bytes "
