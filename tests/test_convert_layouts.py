@@ -54,6 +54,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.stateful import Stateful
 
 import unickpt
+from unickpt.errors import UnsafePathError
 from unickpt.tools.convert import from_dcp, to_dcp
 from unickpt.tools.dcp_layouts import ImportedLoaderState
 
@@ -317,18 +318,23 @@ def test_accelerate_sharded_fsdp_layout_imports_with_hyper_parameters(tmp_path):
     assert sorted(s.split()[0] for s in r.skipped) == ["random_states_0.pkl", "scheduler.bin"], r.skipped
 
 
-def test_a_linked_sub_folder_is_not_followed(tmp_path):
-    """A folder of DCP checkpoints whose ``optimizer_0`` is a link to another folder: listed, not read."""
+def test_a_linked_sub_folder_is_refused(tmp_path):
+    """A folder of DCP checkpoints whose ``optimizer_0`` is a link to another folder: refused, not read
+    (a part of the layout is never read through a link); a link that is no part of it is listed."""
     model, optim, _ = _trained()
     msd, osd = get_state_dict(model, optim)
     _dcp_save({"model": msd}, tmp_path / "root" / "pytorch_model_fsdp_0")
     _dcp_save({"optimizer": osd}, tmp_path / "elsewhere")
-    (tmp_path / "root" / "optimizer_0").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (tmp_path / "root" / "notes").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
     r = from_dcp(str(tmp_path / "root"), str(tmp_path / "ck"))
-    assert r.skipped == ("optimizer_0 (a link: not followed)",)
+    assert r.skipped == ("notes (a link: not followed)",)
     fresh = _model(1)
     unickpt.load(str(tmp_path / "ck"), {"model": fresh})  # strict: the checkpoint holds the model only
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), fresh.parameters()))
+    (tmp_path / "root" / "optimizer_0").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    with pytest.raises(UnsafePathError, match="optimizer_0 is a symbolic link"):
+        from_dcp(str(tmp_path / "root"), str(tmp_path / "ck2"))
+    assert not (tmp_path / "ck2").exists()
 
 
 def test_cli_layout_flag(tmp_path, capsys):

@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError
+from .source_files import is_subfolder
 
 __all__ = [
     "EXPORT_LAYOUTS",
@@ -116,7 +117,10 @@ def find_parts(folder: str) -> tuple[list[DcpPart], list[str]]:
     if os.path.isfile(os.path.join(folder, ".metadata")):  # its files: checked by the reader
         skipped = [f"{n} (Lightning's trainer state: a pickle, not imported)" for n in names if n == "meta.pt"]
         return [DcpPart(folder)], skipped
-    links = [n for n in names if os.path.islink(os.path.join(folder, n))]  # sub-folders: never through a link
+    for n in names:  # a part of a layout that is a link (or not a folder) is refused, never followed
+        if n in ("model", "optimizer") or _ACCELERATE.fullmatch(n):
+            is_subfolder(folder, n)
+    links = [n for n in names if os.path.islink(os.path.join(folder, n))]  # other links: listed, not followed
     names = [n for n in names if n not in links]
     linked = [f"{n} (a link: not followed)" for n in links]
     dcp_dirs = {n for n in names if os.path.isfile(os.path.join(folder, n, ".metadata"))}
