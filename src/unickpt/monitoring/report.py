@@ -21,6 +21,7 @@ from ..errors import CheckpointError
 
 __all__ = [
     "PHASE_COLUMNS",
+    "WAITING_PHASES",
     "Report",
     "load_records",
     "to_sqlite",
@@ -43,6 +44,11 @@ PHASE_COLUMNS = (
     "load.transfer",
     "load.apply",
 )
+# time a rank spends waiting for the others, not working: the commit barrier (its report until
+# every rank reported), the forwarding of a load (until other ranks' batches arrive), and the
+# finalize phase of ranks other than 0 (they wait for rank 0's commit; rank 0 commits in it)
+WAITING_PHASES = ("save.barrier", "load.transfer")
+_WAITING_EXCEPT_RANK0 = ("save.finalize",)
 _MAX_LINE = 1 << 16
 _FIELDS = ("phase", "rank", "start_unix", "seconds", "bytes")
 
@@ -98,8 +104,18 @@ class Report:
                     rep.stragglers.append((phase, rank, v, med))
         return rep
 
+    def own_work(self, rank: int) -> dict[str, float]:
+        """``rank``'s seconds per phase without the phases it spent waiting for other ranks
+        (``WAITING_PHASES``): the rank that finished its work first waits longest there."""
+        return {
+            p: s
+            for p, s in self.table[rank].items()
+            if p not in WAITING_PHASES and (rank == 0 or p not in _WAITING_EXCEPT_RANK0)
+        }
+
     def slowest_rank(self) -> int:
-        return max(self.ranks, key=lambda r: sum(self.table[r].values()))
+        """The rank slowest in its own work (waiting phases excluded; ties: the lowest rank)."""
+        return max(self.ranks, key=lambda r: (sum(self.own_work(r).values()), -r))
 
 
 def format_text(rep: Report, k: float = 1.5) -> str:
@@ -112,8 +128,9 @@ def format_text(rep: Report, k: float = 1.5) -> str:
         cells = "  ".join(f"{rep.table[r].get(c, 0.0):13.4f}" for c in cols)
         lines.append(f"{r:4d}  {cells}  {total:8.4f}  {gbps:5.2f}")
     slow = rep.slowest_rank()
-    parts = ", ".join(f"{c} {s:.4f} s" for c, s in sorted(rep.table[slow].items(), key=lambda kv: -kv[1]))
-    lines.append(f"slowest rank: {slow} ({parts})")
+    own = rep.own_work(slow)
+    parts = ", ".join(f"{c} {s:.4f} s" for c, s in sorted(own.items(), key=lambda kv: -kv[1]))
+    lines.append(f"slowest rank: {slow} in its own work, {sum(own.values()):.4f} s ({parts}; waiting excluded)")
     if rep.stragglers:
         for phase, r, v, med in rep.stragglers:
             lines.append(
