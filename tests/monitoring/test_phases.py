@@ -103,6 +103,18 @@ def test_issue26_item14_records_go_with_their_save_data(tmp_path):
     assert torch.equal(fresh.weight, model.weight)
 
 
+def test_issue26_item14_durable_tier_copy_keeps_the_records(tmp_path, capsys):
+    from unickpt.storage import open_storage
+    from unickpt.tiering import copy_checkpoint
+
+    fast, durable = str(tmp_path / "fast"), str(tmp_path / "durable")
+    unickpt.save(fast, {"model": nn.Linear(4, 3)})
+    copy_checkpoint(open_storage(fast), open_storage(durable))
+    sid = _save_id(durable)
+    assert main(["report", durable]) == 0
+    assert f"phases of save {sid} at {durable} (1 rank(s)" in capsys.readouterr().out
+
+
 def test_issue26_item14_malformed_records_are_refused_precisely():
     good = encode_phases("s1", [[["save.write", 1.5, 0.25, 10, ""]], []])
     assert decode_phases(good, "x") == [
