@@ -19,8 +19,9 @@ from __future__ import annotations
 import bisect
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 __all__ = [
     "CoordinationOptions",
@@ -38,6 +39,7 @@ __all__ = [
 TREE_MIN_WORLD_SIZE_ENV = "UNICKPT_TREE_MIN_WORLD_SIZE"
 TREE_FAN_OUT_ENV = "UNICKPT_TREE_FAN_OUT"
 RANKS_PER_HOST_ENV = "UNICKPT_RANKS_PER_HOST"
+T = TypeVar("T")
 DEFAULT_TREE_MIN_WORLD_SIZE = 512
 DEFAULT_FAN_OUT = 16
 WAIT_WARNING_ENV = "UNICKPT_WAIT_WARNING_S"
@@ -78,15 +80,9 @@ class CoordinationOptions:
         ``$UNICKPT_WAIT_WARNING_S``, else ``DEFAULT_WAIT_WARNING_S``."""
         value = self.wait_warning_s
         if value is None:
-            text = os.environ.get(WAIT_WARNING_ENV, "").strip()
-            if not text:
-                return DEFAULT_WAIT_WARNING_S
-            try:
-                value = float(text)
-            except ValueError:
-                value = -1.0
-            if not _is_interval(value):
-                raise ValueError(f"${WAIT_WARNING_ENV} must be a number of seconds >= 0, got {text!r}")
+            value = _from_env(WAIT_WARNING_ENV, float, _is_interval, "a number of seconds >= 0")
+        if value is None:
+            return DEFAULT_WAIT_WARNING_S
         return float(value) if value > 0 else None
 
     def resolved(self) -> TreeShape:
@@ -125,16 +121,21 @@ def _pick(value: int | None, env: str, low: int) -> int | None:
     """``value``, else the integer in ``$env``, else None."""
     if value is not None:
         return value
+    return _from_env(env, int, lambda v: v >= low, f"an integer >= {low}")
+
+
+def _from_env(env: str, parse: Callable[[str], T], valid: Callable[[T], bool], rule: str) -> T | None:
+    """The value of ``$env`` (None: unset or blank); ``ValueError`` saying ``rule`` if it is not one."""
     text = os.environ.get(env, "").strip()
     if not text:
         return None
     try:
-        parsed = int(text)
+        value = parse(text)
     except ValueError:
-        parsed = low - 1
-    if parsed < low:
-        raise ValueError(f"${env} must be an integer >= {low}, got {text!r}")
-    return parsed
+        raise ValueError(f"${env} must be {rule}, got {text!r}") from None
+    if not valid(value):
+        raise ValueError(f"${env} must be {rule}, got {text!r}")
+    return value
 
 
 def host_sizes(world_size: int, ranks_per_host: int | None = None, names: Sequence[str] | None = None) -> list[int]:

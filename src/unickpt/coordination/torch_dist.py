@@ -122,27 +122,17 @@ class Channel:
         self.warn_every = warn_every  # seconds between the warnings of a wait (None: none)
         self.seq = 0
         self.tree: TreeGroups | None = None
-        self._barrier_store: Any = None
-        self._watch_store: Any = None
+        self._barrier_store = _Clone(store)
+        self._watch_store = _Clone(store)
 
     def barrier_store(self) -> Any:
         """A connection of its own to the job's store (None: none can be made)."""
-        if self._barrier_store is None and self.store is not None:
-            try:
-                self._barrier_store = self.store.clone()
-            except Exception:
-                return None
-        return self._barrier_store
+        return self._barrier_store.get()
 
     def watch_store(self) -> Any:
         """The connection the wait warnings read arrivals over (``waits``: their own thread, never
         blocked behind a caller's request); None: none can be made."""
-        if self._watch_store is None and self.store is not None:
-            try:
-                self._watch_store = self.store.clone()
-            except Exception:
-                return None
-        return self._watch_store
+        return self._watch_store.get()
 
     def arrive(self, rank: int) -> int:
         """Count the next collective and record this rank's arrival at it (best effort)."""
@@ -268,7 +258,10 @@ class _Clone:
 
     def get(self) -> Any:
         if self._clone is None and self.store is not None:
-            self._clone = self.store.clone()
+            try:
+                self._clone = self.store.clone()
+            except Exception:
+                return None
         return self._clone
 
 
