@@ -87,3 +87,35 @@ def test_issue26_item12_waiting_ranks_warn_and_every_collective_failure_is_a_col
     for got in res[0]["rounds"]:
         assert set(got) == {"all_gather_object", "broadcast_object", "barrier", "isend", "irecv", "save"}
         assert all(v.startswith("CollectiveError:") for v in got.values()), got
+
+
+def test_issue26_item12_barrier_warning_names_missing_reports_from_low_ranks_only():
+    """Ranks below NAMING_RANKS name the ranks whose report is missing; the others count them
+    (one store request, not the whole reports), at any world size."""
+    from unickpt.coordination.barrier import _FRAME, _StoreBarrier
+    from unickpt.coordination.store import MemoryStore, StoreScope
+    from unickpt.coordination.waits import NAMING_RANKS
+
+    store = MemoryStore()
+    scope = StoreScope(store, "p", 30.0, "save of /x", 60.0)
+    ws = NAMING_RANKS + 4
+    barriers = {r: _StoreBarrier(scope, "k", r, ws, "save (write)") for r in (0, 3, NAMING_RANKS, ws - 1)}
+    for r in (3, ws - 1):  # two ranks reported
+        barriers[r]._report(_FRAME.pack(r, 1, 0))
+    late = [r for r in range(ws) if r not in (3, ws - 1)]
+    for r in (0, 3):
+        assert (
+            barriers[r]._waiting_for(barriers[r].k_all)
+            == f"rank(s) {late} have not reported the end of save (write) yet"
+        )
+    for r in (NAMING_RANKS, ws - 1):
+        text = barriers[r]._waiting_for(barriers[r].k_decision)
+        assert text.startswith(
+            f"{ws - 2} rank(s) have not reported the end of save (write) yet (the warnings of ranks 0 to"
+        )
+    for r in range(ws):
+        if r not in (3, ws - 1):
+            barriers[0]._report(_FRAME.pack(r, 1, 0))
+    b = barriers[NAMING_RANKS]
+    assert b._waiting_for(b.k_decision).endswith("waiting for rank 0 to decide the commit")
+    assert b._waiting_for(b.k_outcome).endswith("waiting for rank 0 to finish the commit")
