@@ -131,8 +131,13 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     from .monitoring import report as rp
 
-    records = rp.load_records(args.folder)
+    try:
+        title, records = rp.source_records(args.folder, args.role)
+    except rp.NoPhaseRecords as e:
+        print(str(e))
+        return EXIT_FAILED
     rep = rp.Report.build(records, k=args.k)
+    print(title)
     print(rp.format_text(rep, k=args.k))
     print("\n".join(rp.storage_lines(records)))
     if args.png:
@@ -363,10 +368,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     rp = sub.add_parser(
         "report",
-        help="per-rank, per-phase view of recorded checkpoint metrics (heat map, trace, stragglers)",
-        description="Read the rank<r>.jsonl files a unickpt.monitoring.JsonlSink wrote into FOLDER.",
+        help="per-rank, per-phase view of a checkpoint's save, or of recorded metrics (heat map, trace, stragglers)",
+        description="Read the phase records a checkpoint keeps of its save (every save keeps them unless "
+        "SaveOptions(record_phases=False)), or the rank<r>.jsonl files a unickpt.monitoring.JsonlSink wrote "
+        "into a folder. Exit 1 when the checkpoint keeps none.",
     )
-    rp.add_argument("folder", help="folder of rank<r>.jsonl metric files")
+    rp.add_argument("folder", metavar="PATH", help="a checkpoint, or a folder of rank<r>.jsonl metric files")
+    rp.add_argument("--role", default=None, help="the checkpoint's role sub-checkpoint")
     rp.add_argument("--png", default=None, help="write a rank x phase heat map PNG here")
     rp.add_argument("--trace", default=None, help="write a Chrome/Perfetto trace JSON here")
     rp.add_argument("--sqlite", default=None, help="also write every record into this SQLite file")

@@ -38,6 +38,10 @@ class SaveOptions:
     # 2 TiB so that the metadata holds at most 2 Mi checksums (format.checksums.auto_chunk); the
     # save's coordinator decides, and every rank writes with its choice
     checksum_chunk_bytes: int | None = None
+    # keep every rank's phase records of this save (plan, stage, write, barrier, ...: a few
+    # hundred bytes a rank) inside the checkpoint, data/<save_id>/phases.json, for
+    # `unickpt report CKPT` (monitoring.phases); False: none are kept
+    record_phases: bool = True
 
     def __post_init__(self) -> None:
         _check_timeout(self.timeout)

@@ -36,6 +36,7 @@ from .errors import AsyncSaveFailures, CheckpointError, ChecksumMismatchError
 from .format.codec import decode_metadata
 from .format.records import METADATA_FILE, Metadata
 from .manager import CheckpointManager
+from .monitoring.phases import MAX_PHASES_BYTES, phases_name
 from .options import LoadOptions
 from .storage import Storage, open_storage
 from .storage.base import METADATA_LIMIT
@@ -48,7 +49,8 @@ _CHUNK = 64 << 20
 
 def copy_checkpoint(src: Storage, dst: Storage) -> Metadata:
     """Copy the committed checkpoint at ``src`` to the empty location ``dst``: marker, data files,
-    a CRC32C check of every shard and blob read back from ``dst``, then the metadata (last)."""
+    the save's phase records if any (``monitoring.phases``; best effort), a CRC32C check of every
+    shard and blob read back from ``dst``, then the metadata (last)."""
     from .tools.inspect import verify
 
     raw = src.read(METADATA_FILE, METADATA_LIMIT)
@@ -68,6 +70,12 @@ def copy_checkpoint(src: Storage, dst: Storage) -> Metadata:
             src.read_into(name, at, view[at : min(size, at + _CHUNK)])
         dst.write(name, [view])
         del view, buf
+    try:
+        phases = src.read(phases_name(md.save_id), MAX_PHASES_BYTES)
+        if phases is not None:
+            dst.write(phases_name(md.save_id), [phases])
+    except Exception:  # records are for diagnosis only: a copy without them is complete
+        pass
     report = verify(md, dst)
     if not report.ok:
         raise ChecksumMismatchError(f"the durable copy at {dst.url} failed verification: {report.failures[:3]}")

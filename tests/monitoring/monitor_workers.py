@@ -30,3 +30,12 @@ def save_and_load_recorded(rank: int, ws: int, path: str, folder: str) -> dict:
     ckpt.events.remove_listener(sink)
     sink.close()
     return {"save": t_save, "load": t_load}
+
+
+def save_with_and_without_phases(rank: int, ws: int, base: str) -> None:
+    """Two saves of a small model by every rank: ``base/on`` with the default options (phase
+    records kept), ``base/off`` with ``record_phases=False``."""
+    torch.manual_seed(rank)
+    model = nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 8))
+    unickpt.save(f"{base}/on", {"model": model}, framework="ddp")
+    unickpt.save(f"{base}/off", {"model": model}, framework="ddp", options=unickpt.SaveOptions(record_phases=False))

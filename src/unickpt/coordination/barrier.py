@@ -30,6 +30,10 @@ the stage; a failed commit -> ``stage_error(commit_stage, {0: ...})``; a store t
 reached (its host died) -> ``CollectiveError``. Failures travel as ``outcomes.Outcome`` fields in
 the safe value encoding (``format.values``); payloads are never decoded here.
 
+Waiting ranks warn every ``scope.warn_every`` seconds (``coordination.waits``): while reports are
+missing, naming the ranks whose report is missing; then (the others) naming rank 0, deciding or
+committing.
+
 Cleanup: each rank counts itself out in ``done`` once it knows the outcome; the last one deletes
 the keys. A barrier that a rank never finishes (it died) leaves its keys behind. After a failed
 barrier rank 0, the store's host, waits (a few seconds at most) for the ranks that reported to
@@ -53,6 +57,7 @@ from ..format.values import dumps_value, loads_value
 from .base import Coordinator, run_stage
 from .outcomes import Outcome, pack, stage_error
 from .store import StoreScope
+from .waits import OTHERS_NAME_THEM, WAITS, names_missing
 
 __all__ = ["commit_barrier"]
 
@@ -204,15 +209,7 @@ class _StoreBarrier:
     # ------------------------------------------------------------------ records
 
     def _frames(self) -> dict[int, tuple[bool, bytes]]:
-        data = self.store.get(self.k_reports)
-        out: dict[int, tuple[bool, bytes]] = {}
-        pos = 0
-        while pos + _FRAME.size <= len(data):
-            rank, ok, n = _FRAME.unpack_from(data, pos)
-            pos += _FRAME.size
-            out.setdefault(rank, (bool(ok), bytes(data[pos : pos + n])))
-            pos += n
-        return out
+        return _frames_of(self.store.get(self.k_reports))
 
     def _verdict(self, frames: dict[int, tuple[bool, bytes]], leader_late: bool) -> bytes:
         """The decision these reports make: commit, or the failure record."""
@@ -257,13 +254,35 @@ class _StoreBarrier:
     # ------------------------------------------------------------------ store access
 
     def _wait(self, key: str, since: float) -> bool:
-        """Whether ``key`` appeared within the timeout counted from ``since``."""
+        """Whether ``key`` appeared within the timeout counted from ``since``; while it waits, a
+        warning every ``scope.warn_every`` seconds says whom for (``coordination.waits``)."""
         remaining = max(0.001, self.scope.timeout - (time.monotonic() - since))
+        what = f"{self.scope.label}: the commit barrier after {self.stage}"
+        ticket = WAITS.watch(what, self.scope.warn_every, self.scope.timeout, lambda: self._waiting_for(key), self.rank)
         try:
             self.store.wait([key], timedelta(seconds=remaining))
             return True
         except Exception:
             return self._store("check the barrier", self.store.check, [key])
+        finally:
+            WAITS.done(ticket)
+
+    def _waiting_for(self, key: str) -> str:
+        """Whom a rank waiting for ``key`` waits for: the ranks whose report is missing (ranks
+        below ``waits.NAMING_RANKS``; the others count them), else rank 0. Read over the scope's
+        watch store: the barrier's own connection is waiting."""
+        store = self.scope.watch_store or self.store
+        if key != self.k_outcome and names_missing(self.rank):
+            data = store.get(self.k_reports) if store.check([self.k_reports]) else b""
+            missing = [r for r in range(self.world_size) if r not in _frames_of(data)]
+            if missing:
+                return f"rank(s) {missing} have not reported the end of {self.stage} yet"
+        elif key != self.k_outcome:
+            late = self.world_size - store.add(self.k_count, 0)
+            if late > 0:
+                return f"{late} rank(s) have not reported the end of {self.stage} yet ({OTHERS_NAME_THEM})"
+        doing = "finish the commit" if key == self.k_outcome else "decide the commit"
+        return f"every rank reported the end of {self.stage}; waiting for rank 0 to {doing}"
 
     def _store(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         try:
@@ -304,6 +323,19 @@ class _StoreBarrier:
                     self.store.delete_key(k)
         except Exception:  # the keys stay behind; the outcome is known
             pass
+
+
+def _frames_of(data: bytes) -> dict[int, tuple[bool, bytes]]:
+    """The report frames appended to the ``reports`` key: rank -> (success, bytes); the first
+    frame of a rank counts."""
+    out: dict[int, tuple[bool, bytes]] = {}
+    pos = 0
+    while pos + _FRAME.size <= len(data):
+        rank, ok, n = _FRAME.unpack_from(data, pos)
+        pos += _FRAME.size
+        out.setdefault(rank, (bool(ok), bytes(data[pos : pos + n])))
+        pos += n
+    return out
 
 
 def _encode_record(

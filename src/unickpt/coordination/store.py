@@ -45,12 +45,16 @@ class KeyValueStore(Protocol):
 class StoreScope:
     """Where a coordinator's ranks report: ``store``, under keys starting with ``prefix``
     (unique to its group in the job), waiting at most ``timeout`` seconds; ``label`` names the
-    save in errors."""
+    save in errors; ``warn_every``: seconds between the warnings of a rank that waits there
+    (``coordination.waits``; None: none), which read the reports over ``watch_store`` (a
+    connection of their own; None: ``store``, which must then serve concurrent requests)."""
 
     store: KeyValueStore
     prefix: str
     timeout: float
     label: str
+    warn_every: float | None = None
+    watch_store: KeyValueStore | None = None
 
 
 def _bytes(value: bytes | str) -> bytes:

@@ -9,15 +9,19 @@ scatter hands each member one slice of its list.
 
 ``CoordinationOptions`` says when the tree is used (a world size of at least
 ``tree_min_world_size``) and how it is shaped; fields left at None take their environment
-defaults when unickpt's process groups are created (``resolved``).
+defaults when unickpt's process groups are created (``resolved``). It also says how often a rank
+waiting in a collective warns about the ranks that have not arrived (``wait_warning_s``,
+``coordination.waits``; read when the ``Checkpointer`` is created).
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 __all__ = [
     "CoordinationOptions",
@@ -28,13 +32,18 @@ __all__ = [
     "TREE_MIN_WORLD_SIZE_ENV",
     "TREE_FAN_OUT_ENV",
     "RANKS_PER_HOST_ENV",
+    "WAIT_WARNING_ENV",
+    "DEFAULT_WAIT_WARNING_S",
 ]
 
 TREE_MIN_WORLD_SIZE_ENV = "UNICKPT_TREE_MIN_WORLD_SIZE"
 TREE_FAN_OUT_ENV = "UNICKPT_TREE_FAN_OUT"
 RANKS_PER_HOST_ENV = "UNICKPT_RANKS_PER_HOST"
+T = TypeVar("T")
 DEFAULT_TREE_MIN_WORLD_SIZE = 512
 DEFAULT_FAN_OUT = 16
+WAIT_WARNING_ENV = "UNICKPT_WAIT_WARNING_S"
+DEFAULT_WAIT_WARNING_S = 60.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,16 +54,36 @@ class CoordinationOptions:
     ``$UNICKPT_TREE_MIN_WORLD_SIZE``, else 512; a value above the world size keeps them flat);
     ``fan_out``: leaders per group above the hosts (None: ``$UNICKPT_TREE_FAN_OUT``, else 16);
     ``ranks_per_host``: consecutive ranks per host (None: ``$UNICKPT_RANKS_PER_HOST``, else
-    detected from the ranks' host names)."""
+    detected from the ranks' host names);
+    ``wait_warning_s``: while a rank waits in one of unickpt's collectives (or its commit
+    barrier), it logs a warning naming the ranks that have not arrived every this many seconds
+    (None: ``$UNICKPT_WAIT_WARNING_S``, else 60; 0: never). The deadline is unchanged
+    (``SaveOptions.timeout``); this one may differ between ranks."""
 
     tree_min_world_size: int | None = None
     fan_out: int | None = None
     ranks_per_host: int | None = None
+    wait_warning_s: float | None = None
 
     def __post_init__(self) -> None:
         _check("tree_min_world_size", self.tree_min_world_size, 2)
         _check("fan_out", self.fan_out, 2)
         _check("ranks_per_host", self.ranks_per_host, 1)
+        if self.wait_warning_s is not None and not _is_interval(self.wait_warning_s):
+            raise ValueError(
+                "CoordinationOptions.wait_warning_s must be a number of seconds >= 0 or None, "
+                f"got {self.wait_warning_s!r}"
+            )
+
+    def wait_warning_interval(self) -> float | None:
+        """Seconds between the warnings of a waiting rank (None: no warnings): the field, else
+        ``$UNICKPT_WAIT_WARNING_S``, else ``DEFAULT_WAIT_WARNING_S``."""
+        value = self.wait_warning_s
+        if value is None:
+            value = _from_env(WAIT_WARNING_ENV, float, _is_interval, "a number of seconds >= 0")
+        if value is None:
+            return DEFAULT_WAIT_WARNING_S
+        return float(value) if value > 0 else None
 
     def resolved(self) -> TreeShape:
         """The shape now: each field, or its environment default."""
@@ -84,20 +113,29 @@ def _check(name: str, value: int | None, low: int) -> None:
         raise ValueError(f"CoordinationOptions.{name} must be an integer >= {low} or None, got {value!r}")
 
 
+def _is_interval(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
 def _pick(value: int | None, env: str, low: int) -> int | None:
     """``value``, else the integer in ``$env``, else None."""
     if value is not None:
         return value
+    return _from_env(env, int, lambda v: v >= low, f"an integer >= {low}")
+
+
+def _from_env(env: str, parse: Callable[[str], T], valid: Callable[[T], bool], rule: str) -> T | None:
+    """The value of ``$env`` (None: unset or blank); ``ValueError`` saying ``rule`` if it is not one."""
     text = os.environ.get(env, "").strip()
     if not text:
         return None
     try:
-        parsed = int(text)
+        value = parse(text)
     except ValueError:
-        parsed = low - 1
-    if parsed < low:
-        raise ValueError(f"${env} must be an integer >= {low}, got {text!r}")
-    return parsed
+        raise ValueError(f"${env} must be {rule}, got {text!r}") from None
+    if not valid(value):
+        raise ValueError(f"${env} must be {rule}, got {text!r}")
+    return value
 
 
 def host_sizes(world_size: int, ranks_per_host: int | None = None, names: Sequence[str] | None = None) -> list[int]:

@@ -15,7 +15,12 @@ store how many collectives it has entered on that group (``unickpt/<parent>/<gro
 one key per rank, overwritten). When a collective fails, the ranks whose count is behind are
 the ones that did not arrive: every rank that did arrive raises the same
 ``CollectiveTimeoutError`` naming them (``CollectiveError`` for other failures: a dead peer, a
-destroyed group). Group creation is marked the same way (``.../setup/<rank>``).
+destroyed group). Group creation is marked the same way (``.../setup/<rank>``). While a rank waits in a
+collective, or in the creation, it warns every ``CoordinationOptions.wait_warning_s`` (60 s)
+naming the ranks whose count is behind (``coordination.waits``; read over a store connection of
+its own). Every failure of torch.distributed inside unickpt's collectives (the collective, a
+point-to-point transfer posted or waited for, the groups' creation) is raised as one of those two
+errors, never as torch's own exception (chained as the cause).
 
 Tree coordination (``coordination.tree``). When the parent group has at least
 ``CoordinationOptions.tree_min_world_size`` ranks, the first use also creates, for each channel,
@@ -48,6 +53,7 @@ from ..errors import CheckpointError, CollectiveError, CollectiveTimeoutError, R
 from . import _torch_private as private
 from .store import StoreScope
 from .topology import CoordinationOptions, TreeLayout, TreeShape, host_sizes
+from .waits import OTHERS_NAME_THEM, WAITS, names_missing
 
 __all__ = ["TorchDistCoordinator", "CheckpointGroups", "GroupLink", "TreeGroups"]
 
@@ -102,21 +108,31 @@ class Channel:
     tree groups, when the tree is used. Used by one thread at a time (foreground: the caller's;
     background: the save worker)."""
 
-    def __init__(self, group: dist.ProcessGroup, name: str, key: str, store: Any, timeout: timedelta) -> None:
+    def __init__(
+        self,
+        group: dist.ProcessGroup,
+        name: str,
+        key: str,
+        store: Any,
+        timeout: timedelta,
+        warn_every: float | None = None,
+    ) -> None:
         self.group, self.name, self.key, self.store = group, name, key, store
         self.timeout = timeout  # what the group's collectives use now
+        self.warn_every = warn_every  # seconds between the warnings of a wait (None: none)
         self.seq = 0
         self.tree: TreeGroups | None = None
-        self._barrier_store: Any = None
+        self._barrier_store = _Clone(store)
+        self._watch_store = _Clone(store)
 
     def barrier_store(self) -> Any:
         """A connection of its own to the job's store (None: none can be made)."""
-        if self._barrier_store is None and self.store is not None:
-            try:
-                self._barrier_store = self.store.clone()
-            except Exception:
-                return None
-        return self._barrier_store
+        return self._barrier_store.get()
+
+    def watch_store(self) -> Any:
+        """The connection the wait warnings read arrivals over (``waits``: their own thread, never
+        blocked behind a caller's request); None: none can be made."""
+        return self._watch_store.get()
 
     def arrive(self, rank: int) -> int:
         """Count the next collective and record this rank's arrival at it (best effort)."""
@@ -129,9 +145,10 @@ class Channel:
             private.set_group_timeout(self.group, timeout)
             self.timeout = timeout
 
-    def missing(self, seq: int, world_size: int) -> list[int] | None:
-        """Ranks (of this group) that have not arrived at collective ``seq``; None if unknown."""
-        return _missing(self.store, self.key, world_size, lambda v: int(v) >= seq)
+    def missing(self, seq: int, world_size: int, store: Any = None) -> list[int] | None:
+        """Ranks (of this group) that have not arrived at collective ``seq``; None if unknown.
+        ``store``: the connection to read over (default: the channel's)."""
+        return _missing(store or self.store, self.key, world_size, lambda v: int(v) >= seq)
 
 
 def _mark(store: Any, key: str, value: str) -> None:
@@ -164,6 +181,7 @@ class CheckpointGroups:
 
     def __init__(self, options: CoordinationOptions | None = None) -> None:
         self.options = options or CoordinationOptions()
+        self.warn_every = self.options.wait_warning_interval()  # read once, at the checkpointer's creation
         self._lock = threading.Lock()
         self._sets: dict[int, tuple[dist.ProcessGroup, dict[str, Channel]]] = {}
 
@@ -183,35 +201,68 @@ class CheckpointGroups:
             return found[1][name]
 
     def _create(self, parent: dist.ProcessGroup, timeout: timedelta | None, label: str) -> dict[str, Channel]:
-        ranks = dist.get_process_group_ranks(parent)
         tag = f"unickpt/{getattr(parent, 'group_name', 'world')}"
         try:
             store = private.default_store()
         except Exception:
             store = None
-        job = private.job_timeout(parent) or _TORCH_DEFAULT_TIMEOUT
-        first = timeout or job
-        rank, size = dist.get_rank(parent), dist.get_world_size(parent)
         shape = self.options.resolved()
-        _mark(store, f"{tag}/setup/{rank}", "1")
-        out = {}
+        first = timeout or _TORCH_DEFAULT_TIMEOUT
+        size = 0
+        out: dict[str, Channel] = {}
         t0 = time.monotonic()
+        ticket = 0
         try:
+            ranks = dist.get_process_group_ranks(parent)
+            job = private.job_timeout(parent) or _TORCH_DEFAULT_TIMEOUT
+            first = timeout or job
+            rank, size = dist.get_rank(parent), dist.get_world_size(parent)
+            _mark(store, f"{tag}/setup/{rank}", "1")
+            watcher = _Clone(store)
+            ticket = WAITS.watch(
+                f"{label}: creating unickpt's process groups",
+                self.warn_every,
+                first.total_seconds(),
+                _named(rank, lambda: _missing(watcher.get(), f"{tag}/setup", size, lambda v: True)),
+                rank,
+            )
             for ch in CHANNELS:
                 group = dist.new_group(ranks=ranks, backend="gloo", timeout=first)
-                out[ch] = Channel(group, ch, f"{tag}/{ch}", store, first)
+                out[ch] = Channel(group, ch, f"{tag}/{ch}", store, first, self.warn_every)
             if shape.uses_tree(size):
                 layout = _layout(out["foreground"].group, size, shape, label)
                 for ch in CHANNELS:
                     out[ch].tree = _tree_groups(ranks, rank, layout, first)
+            for c in out.values():
+                c.apply_timeout(job)  # later calls without their own timeout use the job's
         except CheckpointError:
             raise
         except Exception as e:
-            missing = _missing(store, f"{tag}/setup", size, lambda v: True)
+            missing = _missing(store, f"{tag}/setup", size, lambda v: True) if size else None
             raise _failure(label, "creating unickpt's process groups", e, time.monotonic() - t0, first, missing) from e
-        for c in out.values():
-            c.apply_timeout(job)  # later calls without their own timeout use the job's
+        finally:
+            WAITS.done(ticket)
         return out
+
+
+def _named(rank: int, missing: Callable[[], list[int] | None]) -> Callable[[], list[int] | str | None]:
+    """What ``rank``'s wait warnings say about the missing ranks (``waits.NAMING_RANKS``)."""
+    return missing if names_missing(rank) else (lambda: OTHERS_NAME_THEM)
+
+
+class _Clone:
+    """A connection of its own to ``store``, made on first use (None: none can be made)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store, self._clone = store, None
+
+    def get(self) -> Any:
+        if self._clone is None and self.store is not None:
+            try:
+                self._clone = self.store.clone()
+            except Exception:
+                return None
+        return self._clone
 
 
 def _layout(group: dist.ProcessGroup, size: int, shape: TreeShape, label: str) -> TreeLayout:
@@ -273,27 +324,43 @@ class TorchDistCoordinator:
     def channel(self) -> Channel:
         return self._channel
 
-    def begin(self, op: str) -> tuple[str, int, float]:
-        """Record this rank's arrival at the next collective (``op``) and apply the deadline;
-        the token ``failure`` takes (``tree.TreeGuard``)."""
+    def begin(self, op: str) -> tuple[str, int, float, int]:
+        """Record this rank's arrival at the next collective (``op``), apply the deadline and
+        start the wait warnings (``waits``); the token ``failure`` and ``end`` take
+        (``tree.TreeGuard``)."""
         ch = self._channel
-        token = (op, ch.arrive(self.rank), time.monotonic())
+        seq = ch.arrive(self.rank)
+        ticket = WAITS.watch(
+            f"{self.label}: {self._what(op, seq)}",
+            ch.warn_every,
+            self.timeout.total_seconds(),
+            _named(self.rank, lambda: ch.missing(seq, self.world_size, ch.watch_store())),
+            self.rank,
+        )
+        token = (op, seq, time.monotonic(), ticket)
         try:
             ch.apply_timeout(self.timeout)
         except Exception as e:
+            self.end(token)
             raise self.failure(token, e) from e
         return token
+
+    def end(self, token: object) -> None:
+        """Collective ``token`` returned or failed: no more warnings about it."""
+        WAITS.done(cast("tuple[str, int, float, int]", token)[3])
+
+    def _what(self, op: str, seq: int) -> str:
+        ch = self._channel
+        return f"{op} (collective #{seq} on its {ch.name} group{'s' if ch.tree is not None else ''})"
 
     def failure(self, token: object, e: BaseException, among: Sequence[int] | None = None) -> CheckpointError:
         """The error every rank that arrived raises for collective ``token`` failing with ``e``
         (``among``: the members of the tree group that failed, see ``_failure``)."""
         if isinstance(e, CheckpointError):
             return e
-        op, seq, t0 = cast("tuple[str, int, float]", token)
-        ch = self._channel
-        missing = ch.missing(seq, self.world_size)
-        what = f"{op} (collective #{seq} on its {ch.name} group{'s' if ch.tree is not None else ''})"
-        return _failure(self.label, what, e, time.monotonic() - t0, self.timeout, missing, among)
+        op, seq, t0, _ = cast("tuple[str, int, float, int]", token)
+        missing = self._channel.missing(seq, self.world_size)
+        return _failure(self.label, self._what(op, seq), e, time.monotonic() - t0, self.timeout, missing, among)
 
     def _run(self, op: str, fn: Callable[[], T]) -> T:
         token = self.begin(op)
@@ -303,13 +370,18 @@ class TorchDistCoordinator:
             raise
         except Exception as e:
             raise self.failure(token, e) from e
+        finally:
+            self.end(token)
 
     def store_scope(self) -> StoreScope | None:
         store = self._channel.barrier_store()
         if store is None:
             return None
         name = getattr(self.group, "group_name", None) or self._channel.key
-        return StoreScope(store, f"unickpt/barrier/{name}", self.timeout.total_seconds(), self.label)
+        ch = self._channel
+        limit = self.timeout.total_seconds()
+        watch = ch.watch_store() if ch.warn_every is not None else None
+        return StoreScope(store, f"unickpt/barrier/{name}", limit, self.label, ch.warn_every, watch)
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         out: list[Any] = [None] * self.world_size
@@ -342,30 +414,49 @@ class TorchDistCoordinator:
         self._run("barrier", lambda: dist.barrier(group=self.group))
 
     def isend(self, tensor: torch.Tensor, dst: int, tag: int) -> _Work:
+        what = f"send to rank {dst} (tag {tag})"
         # None only for a rank outside ``group``; this rank is always in its own group
-        work = cast("dist.Work", dist.isend(tensor, dst=self._global_ranks[dst], group=self.group, tag=tag))
-        return _Work(work, self, f"send to rank {dst}")
+        post = lambda: dist.isend(tensor, dst=self._global_ranks[dst], group=self.group, tag=tag)  # noqa: E731
+        return _Work(self._post(what, post), self, what, dst)
 
     def irecv(self, tensor: torch.Tensor, src: int, tag: int) -> _Work:
-        work = cast("dist.Work", dist.irecv(tensor, src=self._global_ranks[src], group=self.group, tag=tag))
-        return _Work(work, self, f"receive from rank {src}")
+        what = f"receive from rank {src} (tag {tag})"
+        post = lambda: dist.irecv(tensor, src=self._global_ranks[src], group=self.group, tag=tag)  # noqa: E731
+        return _Work(self._post(what, post), self, what, src)
+
+    def _post(self, what: str, post: Callable[[], Any]) -> dist.Work:
+        """Post a transfer; torch's failure to (a closed connection, a destroyed group) as
+        ``CollectiveError`` like a failed ``wait``."""
+        t0 = time.monotonic()
+        try:
+            return cast("dist.Work", post())
+        except CheckpointError:
+            raise
+        except Exception as e:
+            raise _failure(self.label, what, e, time.monotonic() - t0, self.timeout, None) from e
 
 
 class _Work:
-    """A point-to-point transfer whose failure surfaces as a ``CollectiveError``."""
+    """A point-to-point transfer whose failure surfaces as a ``CollectiveError``; waiting for it
+    warns like a collective (``waits``), naming the peer."""
 
-    def __init__(self, work: dist.Work, coord: TorchDistCoordinator, what: str) -> None:
-        self._work, self._coord, self._what = work, coord, what
+    def __init__(self, work: dist.Work, coord: TorchDistCoordinator, what: str, peer: int) -> None:
+        self._work, self._coord, self._what, self._peer = work, coord, what, peer
         self._t0 = time.monotonic()
 
     def wait(self) -> bool:
+        c = self._coord
+        ticket = WAITS.watch(
+            f"{c.label}: {self._what}", c.channel.warn_every, c.timeout.total_seconds(), lambda: [self._peer], c.rank
+        )
         try:
             return bool(self._work.wait())
         except CheckpointError:
             raise
         except Exception as e:
-            c = self._coord
             raise _failure(c.label, self._what, e, time.monotonic() - self._t0, c.timeout, None) from e
+        finally:
+            WAITS.done(ticket)
 
 
 def _failure(

@@ -28,9 +28,10 @@ order down in place of the result, so that every rank it reaches raises the same
 ``CollectiveTimeoutError`` / ``CollectiveError``. Groups where the failure happened are not used
 again within that collective (their members meet their own deadline instead).
 
-``guard`` (``TreeGuard``): what each collective records before it starts and how a local failure
-becomes a ``CheckpointError``; ``TorchDistCoordinator`` is one (arrival counts in the job's store
-name the missing ranks), ``PlainGuard`` (thread-ranks) keeps the links' own errors.
+``guard`` (``TreeGuard``): what each collective records before it starts (and as it ends: its
+wait warnings stop) and how a local failure becomes a ``CheckpointError``;
+``TorchDistCoordinator`` is one (arrival counts in the job's store name the missing ranks),
+``PlainGuard`` (thread-ranks) keeps the links' own errors.
 """
 
 from __future__ import annotations
@@ -77,6 +78,10 @@ class TreeGuard(Protocol):
         group's members; a peer that died is one of them, ranks elsewhere merely not there yet)."""
         ...
 
+    def end(self, token: object) -> None:
+        """Called on every rank as the collective of ``token`` returns or fails."""
+        ...
+
 
 class PlainGuard:
     """Keeps the ``CheckpointError`` the links raise; wraps anything else in ``CollectiveError``."""
@@ -88,6 +93,9 @@ class PlainGuard:
         if isinstance(error, CheckpointError):
             return error
         return CollectiveError(f"{token}: {type(error).__name__}: {error}")
+
+    def end(self, token: object) -> None:
+        pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +218,8 @@ class TreeCoordinator:
             raise
         except Exception as e:  # not from a link (those are caught where they happen)
             raise self._guard.failure(call.token, e) from e
+        finally:
+            self._guard.end(call.token)
         if isinstance(out, _Failed):
             raise out.error() from call.cause
         return out

@@ -11,6 +11,8 @@ file it names is on storage in full (``check_written_files``) and that the save 
 lock, publishes the metadata atomically (``storage.commit.publisher_for``: the commit), then
 removes the data of unickpt's own older saves
 (``remove_stale_data``; a failure there is only a warning: the checkpoint is committed).
+With ``phases`` (``SaveOptions.record_phases``) each rank's phase records ride along with its
+report, and rank 0 writes them all into the committed checkpoint (``monitoring.phases``).
 A failure on any rank surfaces on every rank as the same error (``run_stage``).
 """
 
@@ -22,6 +24,7 @@ import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from ..coordination.barrier import commit_barrier
 from ..coordination.base import Coordinator
@@ -42,6 +45,7 @@ from ..format.records import (
     Topology,
 )
 from ..monitoring.events import EventBus
+from ..monitoring.phases import PhaseRecorder, encode_phases, phases_name
 from ..planning.objects import merge_rank_objects
 from ..planning.save_plan import GlobalSavePlan
 from ..state.loader import LOADER_SECTION, loader_index
@@ -159,14 +163,18 @@ def commit_stage(
     cleanup_previous: bool,
     events: EventBus,
     still_locked: Callable[[], None] | None = None,
+    phases: PhaseRecorder | None = None,
 ) -> Metadata | None:
     """Every rank reports its write, then rank 0 commits. Returns the metadata on rank 0.
     ``gplan``: the global plan, on rank 0 only (the other ranks know only ``save_id``).
 
     Before publishing, rank 0 checks every data file (``check_written_files``) and calls
-    ``still_locked`` (``SaveLock.verify_holder``), which raises if the save lost its lock."""
+    ``still_locked`` (``SaveLock.verify_holder``), which raises if the save lost its lock.
+    ``phases``: this save's phase records on this rank, kept in the checkpoint (rank 0 writes
+    every rank's once the metadata is published; None: none)."""
 
     times = {"barrier": time.perf_counter()}
+    reported: list[list[list[Any]]] = []  # rank 0: every rank's phase records, from its report
 
     def report() -> bytes:  # this rank's part of the commit: its file checksums and objects
         if error is not None:
@@ -174,8 +182,10 @@ def commit_stage(
         assert sums is not None
         events.emit("save.commit.begin", coord.rank, save_id=save_id, path=storage.url)
         times["barrier"] = time.perf_counter()
-        # the objects (already JSON: encoded values) ride along; plain JSON, never pickle
-        return json.dumps([sums, objects], separators=(",", ":"), allow_nan=False).encode()
+        # the objects (already JSON: encoded values) and the phase records ride along; plain
+        # JSON, never pickle
+        part = [sums, objects] if phases is None else [sums, objects, phases.rows()]
+        return json.dumps(part, separators=(",", ":"), allow_nan=False).encode()
 
     def decided() -> None:  # every rank wrote; rank 0 commits now
         events.emit("save.barrier", coord.rank, times["barrier"], save_id=save_id, path=storage.url)
@@ -184,8 +194,9 @@ def commit_stage(
     def finalize(payloads: list[bytes]) -> Metadata:
         assert gplan is not None
         gathered = [json.loads(p) for p in payloads]
-        merged = merge_rank_objects([o for _, o in gathered])
-        md = build_metadata(gplan, [c for c, _ in gathered], source, coord.world_size, merged)
+        reported.extend(g[2] if len(g) > 2 else [] for g in gathered)
+        merged = merge_rank_objects([g[1] for g in gathered])
+        md = build_metadata(gplan, [g[0] for g in gathered], source, coord.world_size, merged)
         if storage.capabilities.needs_sync:  # the data files' names, before the metadata names them
             for d in dict.fromkeys(f.rsplit("/", 1)[0] for f in gplan.files):
                 storage.sync(d)
@@ -209,7 +220,22 @@ def commit_stage(
         coord, save_id, report, finalize, stage="save (write)", commit_stage="save (commit)", on_decided=decided
     )
     events.emit("save.finalize", coord.rank, times.get("finalize"), save_id=save_id, path=storage.url)
+    if committed is not None and phases is not None:  # rank 0: its own records are complete now
+        _keep_phases(storage, committed.save_id, [phases.rows(), *reported[1:]])
     return committed
+
+
+def _keep_phases(storage: Storage, save_id: str, ranks: list[list[list[Any]]]) -> None:
+    """Rank 0, after the commit: every rank's phase records into the checkpoint
+    (``monitoring.phases``); a failure is a warning (the checkpoint is committed)."""
+    try:
+        storage.write(phases_name(save_id), [encode_phases(save_id, ranks)])
+    except Exception as e:
+        warnings.warn(
+            f"checkpoint {storage.url} (save {save_id}) is committed, but its phase records could not be "
+            f"written ({type(e).__name__}: {e}); `unickpt report` will find none for it",
+            stacklevel=3,
+        )
 
 
 def _warn_cleanup_failed(storage: Storage, keep: tuple[str | None, ...], error: Exception) -> None:

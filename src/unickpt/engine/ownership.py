@@ -14,8 +14,8 @@ Who calls what, in order:
      names the save, so that an interrupted save is recognisable and cleaned later.
   3. after the commit ``engine.commit.remove_stale_data`` deletes, for every *marked* save id
      other than the committed one and the one it replaced, the data files of that save
-     (``delete_save_data``: names of the form unickpt gives its data files, under
-     ``data/<save_id>/``) and then its marker. A failed save discards its own (``engine.lock``).
+     (``delete_save_data``: names of the form unickpt gives its data files, and the save's
+     ``phases.json``, under ``data/<save_id>/``) and then its marker. A failed save discards its own (``engine.lock``).
 Nothing else is ever deleted: a file of the user's under ``data/`` (or next to unickpt's files
 in ``data/<save_id>/``) stays, whatever its name.
 """
@@ -47,7 +47,8 @@ __all__ = [
 LOCK_FILE = "unickpt.save.lock"  # the lock's generations are LOCK_FILE + ".<n>" (engine.lock)
 MARKER_PREFIX = "unickpt.data."
 _SAVE_ID = re.compile(r"[0-9A-Za-z][0-9A-Za-z_-]{0,127}")
-_DATA_FILE = re.compile(r"r\d{5,}-\d{2,}\.bin")  # planning.save_plan.data_file_name
+# planning.save_plan.data_file_name, and the save's phase records (monitoring.phases.PHASES_FILE)
+_DATA_FILE = re.compile(r"r\d{5,}-\d{2,}\.bin|phases\.json")
 
 
 def is_save_id(text: str) -> bool:

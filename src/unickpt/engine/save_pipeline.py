@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, MutableMapping
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..coordination import Coordinator, Settle, run_stage
@@ -32,6 +32,7 @@ from ..format.names import check_save_names
 from ..format.records import Metadata
 from ..format.values import dumps_value
 from ..frameworks import FrameworkAdapter, SaveView, get_framework, supports_step_hooks
+from ..monitoring.phases import PhaseRecorder, RecordingBus
 from ..options import SaveOptions
 from ..planning.save_plan import LocalSavePlan, RankSavePlan
 from ..planning.specs import BlobSpec, SaveItem
@@ -93,6 +94,10 @@ class SavePipeline:
         self.res, self.storage, self.state = res, storage, state
         self.framework, self.role, self.options = framework, role, options
         self.owner, self.what = owner, what
+        # this save's phase records, kept in the checkpoint (monitoring.phases)
+        self.phases = PhaseRecorder() if options.record_phases else None
+        if self.phases is not None:
+            self.res = res = replace(res, events=RecordingBus(res.events, self.phases))
         label = f"save of {storage.url}"
         self.coord: Coordinator = res.coordinator("foreground", options.timeout, label)
         self.background: Coordinator = res.coordinator("background", options.timeout, label)
@@ -217,6 +222,7 @@ class SavePipeline:
                 self.options.cleanup_previous,
                 events,
                 still_locked=lock.verify_holder,
+                phases=self.phases,
             )
         events.emit("save.end", rank, self.t0, path=url, save_id=plan.save_id, nbytes=nbytes)
         return md

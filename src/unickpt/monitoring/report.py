@@ -1,8 +1,10 @@
-"""``unickpt report``: which rank, which phase. Reads the ``JsonlSink`` files of a folder and
-builds a rank x phase table, stragglers, per-rank throughput, a heat map PNG, a Perfetto /
-Chrome trace and, on request, a SQLite database of every record.
+"""``unickpt report``: which rank, which phase. Reads the ``JsonlSink`` files of a folder, or the
+phase records a checkpoint keeps of its save (``monitoring.phases``), and builds a rank x phase
+table, stragglers, per-rank throughput, a heat map PNG, a Perfetto / Chrome trace and, on
+request, a SQLite database of every record.
 
-Who calls what: ``load_records(folder)`` -> ``Report.build(records, k)`` (pure) ->
+Who calls what: ``load_records(folder)`` or ``checkpoint_records(path)`` (``source_records``
+picks by what ``path`` holds) -> ``Report.build(records, k)`` (pure) ->
 ``format_text`` / ``heatmap_png`` (matplotlib, headless Agg backend) / ``chrome_trace`` /
 ``to_sqlite``.
 """
@@ -21,8 +23,12 @@ from ..errors import CheckpointError
 
 __all__ = [
     "PHASE_COLUMNS",
+    "WAITING_PHASES",
     "Report",
     "load_records",
+    "checkpoint_records",
+    "source_records",
+    "NoPhaseRecords",
     "to_sqlite",
     "chrome_trace",
     "heatmap_png",
@@ -43,6 +49,11 @@ PHASE_COLUMNS = (
     "load.transfer",
     "load.apply",
 )
+# time a rank spends waiting for the others, not working: the commit barrier (its report until
+# every rank reported), the forwarding of a load (until other ranks' batches arrive), and the
+# finalize phase of ranks other than 0 (they wait for rank 0's commit; rank 0 commits in it)
+WAITING_PHASES = ("save.barrier", "load.transfer")
+_WAITING_EXCEPT_RANK0 = ("save.finalize",)
 _MAX_LINE = 1 << 16
 _FIELDS = ("phase", "rank", "start_unix", "seconds", "bytes")
 
@@ -68,6 +79,37 @@ def load_records(folder: str) -> list[dict[str, Any]]:
     if not out:
         raise CheckpointError(f"{folder} holds no unickpt metrics records")
     return out
+
+
+class NoPhaseRecords(CheckpointError):
+    """The checkpoint keeps no phase records (saved with ``SaveOptions(record_phases=False)`` or
+    by a unickpt before they were kept)."""
+
+
+def checkpoint_records(path: str, role: str | None = None) -> tuple[str, list[dict[str, Any]]]:
+    """The phase records the checkpoint at ``path`` keeps of its save: (a title line, records).
+    ``NoPhaseRecords`` when it keeps none; the errors of ``tools.inspect.load_metadata`` when
+    ``path`` is no readable checkpoint."""
+    from ..tools.inspect import load_metadata
+    from .phases import read_phases
+
+    storage, md, _ = load_metadata(path, role)
+    records = read_phases(storage, md.save_id)
+    if not records:
+        raise NoPhaseRecords(
+            f"{storage.url}: no phase records in this checkpoint (save {md.save_id}); they are kept by "
+            "default since this unickpt version, unless saved with SaveOptions(record_phases=False)"
+        )
+    ranks = len({int(r["rank"]) for r in records})
+    return f"phases of save {md.save_id} at {storage.url} ({ranks} rank(s), kept in the checkpoint)", records
+
+
+def source_records(path: str, role: str | None = None) -> tuple[str, list[dict[str, Any]]]:
+    """A folder of ``rank<r>.jsonl`` files (``JsonlSink``) or a checkpoint: (title, records)."""
+    if role is None and os.path.isdir(path):
+        if any(n.startswith("rank") and n.endswith(".jsonl") for n in os.listdir(path)):
+            return f"metrics in {path}", load_records(path)
+    return checkpoint_records(path, role)
 
 
 @dataclass
@@ -98,8 +140,18 @@ class Report:
                     rep.stragglers.append((phase, rank, v, med))
         return rep
 
+    def own_work(self, rank: int) -> dict[str, float]:
+        """``rank``'s seconds per phase without the phases it spent waiting for other ranks
+        (``WAITING_PHASES``): the rank that finished its work first waits longest there."""
+        return {
+            p: s
+            for p, s in self.table[rank].items()
+            if p not in WAITING_PHASES and (rank == 0 or p not in _WAITING_EXCEPT_RANK0)
+        }
+
     def slowest_rank(self) -> int:
-        return max(self.ranks, key=lambda r: sum(self.table[r].values()))
+        """The rank slowest in its own work (waiting phases excluded; ties: the lowest rank)."""
+        return max(self.ranks, key=lambda r: (sum(self.own_work(r).values()), -r))
 
 
 def format_text(rep: Report, k: float = 1.5) -> str:
@@ -112,8 +164,9 @@ def format_text(rep: Report, k: float = 1.5) -> str:
         cells = "  ".join(f"{rep.table[r].get(c, 0.0):13.4f}" for c in cols)
         lines.append(f"{r:4d}  {cells}  {total:8.4f}  {gbps:5.2f}")
     slow = rep.slowest_rank()
-    parts = ", ".join(f"{c} {s:.4f} s" for c, s in sorted(rep.table[slow].items(), key=lambda kv: -kv[1]))
-    lines.append(f"slowest rank: {slow} ({parts})")
+    own = rep.own_work(slow)
+    parts = ", ".join(f"{c} {s:.4f} s" for c, s in sorted(own.items(), key=lambda kv: -kv[1]))
+    lines.append(f"slowest rank: {slow} in its own work, {sum(own.values()):.4f} s ({parts}; waiting excluded)")
     if rep.stragglers:
         for phase, r, v, med in rep.stragglers:
             lines.append(

@@ -1,0 +1,46 @@
+"""``unickpt report``'s headline names the rank slowest in its own work, not the rank that
+waited longest for the others (issue 26, item 13). Synthetic phase records, one process."""
+
+from __future__ import annotations
+
+from unickpt.monitoring.report import Report, format_text
+
+
+def _rec(phase: str, rank: int, seconds: float) -> dict:
+    return {"phase": phase, "rank": rank, "start_unix": 0.0, "seconds": seconds, "bytes": 0}
+
+
+def test_issue26_item13_slowest_rank_excludes_waiting_phases():
+    # rank 2 writes for 4 s; ranks 0 and 1 finish in 1 s and then wait 3+ s in the barrier, and
+    # rank 1 also waits for rank 0's commit (its save.finalize): their totals are the longest
+    records = [
+        _rec("save.plan", 0, 0.2), _rec("save.write", 0, 1.0), _rec("save.barrier", 0, 3.5),
+        _rec("save.finalize", 0, 0.3),
+        _rec("save.plan", 1, 0.2), _rec("save.write", 1, 1.0), _rec("save.barrier", 1, 3.4),
+        _rec("save.finalize", 1, 2.0),
+        _rec("save.plan", 2, 0.2), _rec("save.write", 2, 4.0), _rec("save.barrier", 2, 0.01),
+        _rec("save.finalize", 2, 0.3),
+    ]  # fmt: skip
+    rep = Report.build(records)
+    totals = {r: sum(rep.table[r].values()) for r in rep.ranks}
+    assert totals[2] < totals[0] and totals[2] < totals[1]  # the waiting ranks have the longest totals
+    assert rep.slowest_rank() == 2
+    text = format_text(rep)
+    headline = [line for line in text.splitlines() if line.startswith("slowest rank:")]
+    # its save.finalize is waiting for rank 0's commit: excluded too
+    assert headline == [
+        "slowest rank: 2 in its own work, 4.2000 s (save.write 4.0000 s, save.plan 0.2000 s; waiting excluded)"
+    ]
+    # the straggler line agrees: rank 2 in its write
+    assert "straggler: rank 2 in save.write" in text
+
+
+def test_issue26_item13_rank0_commit_counts_as_its_own_work():
+    # rank 0 commits in save.finalize (its own work); rank 1 only waits for it there
+    records = [
+        _rec("save.write", 0, 1.0), _rec("save.finalize", 0, 2.0),
+        _rec("save.write", 1, 1.5), _rec("save.finalize", 1, 2.1), _rec("load.transfer", 1, 9.0),
+    ]  # fmt: skip
+    rep = Report.build(records)
+    assert rep.slowest_rank() == 0
+    assert rep.own_work(1) == {"save.write": 1.5}
