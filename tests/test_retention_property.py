@@ -74,7 +74,8 @@ def template() -> Template:
     save_id = json.loads(files[METADATA_FILE])["save_id"]
     data = [n for n in files if n.startswith("data/")]
     assert sorted(files) == sorted([METADATA_FILE, f"unickpt.data.{save_id}", *data]) and data
-    return Template(files, save_id, sorted(data)[0])
+    recorded = json.loads(files[METADATA_FILE])["files"]  # the data files (not the save's phase records)
+    return Template(files, save_id, sorted(recorded)[0])
 
 
 def _lock(live: bool) -> bytes:
