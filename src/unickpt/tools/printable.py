@@ -1,0 +1,39 @@
+"""Names from a checkpoint (tensor keys, blob keys, file names, object names) made safe to print
+on a terminal: every tool that prints a name read from a checkpoint passes it through
+``printable`` (``inspect``, ``verify``, ``diff``, ``merge``'s messages, ``ls``; ``cli.main``
+passes each error line through it too).
+
+A checkpoint is data someone else may have written: a key holding ``ESC [ 31 m`` would recolour
+the terminal, ``U+202E`` (right-to-left override) would display ``weight.gpj`` for
+``weight.jpg``, a newline would forge a line of the report. ``printable`` replaces each control
+character (C0, C1, DEL), Unicode format character (bidi marks and overrides, zero-width
+characters), line/paragraph separator, and lone surrogate (a non-UTF-8 byte of a file name,
+decoded with ``surrogateescape``) by its escape (``\\x1b``, ``\\u202e``, ``\\udcff``), as
+Python's ``repr`` would write it. Other text, non-ASCII letters included, is left as it is.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+__all__ = ["printable"]
+
+_UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
+
+
+def printable(text: object) -> str:
+    """``str(text)`` with every unsafe character escaped (module docstring); unchanged when all
+    of it is safe (the common case costs one ``isprintable`` check)."""
+    s = str(text)
+    if s.isprintable():
+        return s
+    return "".join(_escape(ch) if unicodedata.category(ch) in _UNSAFE_CATEGORIES else ch for ch in s)
