@@ -19,7 +19,7 @@ import torch
 from ..format import Metadata, dtype_from_name
 from ..storage import Storage
 from .pieces import PIECE_BYTES, check_data_files, iter_pieces
-from .printable import printable
+from .printable import printable, quoted
 
 __all__ = ["rank_bytes_lines", "shard_lines", "value_lines", "state_lines", "key_filter"]
 
@@ -60,7 +60,7 @@ def rank_bytes_lines(md: Metadata) -> list[str]:
 def shard_lines(md: Metadata, key: str) -> list[str]:
     rec = md.tensors.get(key)
     if rec is None:
-        return [f"no tensor {printable(key)!r} (see the tensor table)"]
+        return [f"no tensor {quoted(key)} (see the tensor table)"]
     lines = ["", f"shards of {printable(key)} ({rec.dtype}, shape {list(rec.shape)}, {len(rec.shards)} shards):"]
     head = "  OFFSETS                LENGTHS                FILE                              BYTE OFFSET   BYTES"
     lines.append(head + "  CHECKSUMS")
@@ -86,7 +86,7 @@ def value_lines(md: Metadata, storage: Storage, key: str, first: int = 10, piece
     a piece whatever size the metadata claims. The mean and standard deviation are combined
     across pieces (Chan et al.'s pairwise update, in float64)."""
     if key not in md.tensors:
-        return [f"no tensor {printable(key)!r} (see the tensor table)"]
+        return [f"no tensor {quoted(key)} (see the tensor table)"]
     rec = md.tensors[key]
     check_data_files(storage, md, [key])
     dtype = dtype_from_name(rec.dtype)

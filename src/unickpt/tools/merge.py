@@ -46,7 +46,7 @@ from ..planning.specs import LoadItem, ShardSpec
 from ..storage import Storage
 from .inspect import human_bytes, load_metadata
 from .pieces import PIECE_BYTES, check_data_files, iter_pieces
-from .printable import printable
+from .printable import quoted
 
 __all__ = [
     "MergeResult",
@@ -104,7 +104,7 @@ def read_full_tensor(md: Metadata, storage: Storage, fqn: str, threads: int = 4)
     verified). Allocates exactly the tensor."""
     rec = md.tensors.get(fqn)
     if rec is None:
-        raise CheckpointError(f"{storage.url} has no tensor {printable(fqn)!r}")
+        raise CheckpointError(f"{storage.url} has no tensor {quoted(fqn)}")
     dtype = dtype_from_name(rec.dtype)
     out = torch.empty(tuple(rec.shape), dtype=dtype)
     zeros = (0,) * len(rec.shape)
@@ -143,8 +143,7 @@ def select(
             continue
         if name in seen:
             raise CheckpointError(
-                f"merge: {printable(seen[name])!r} and {printable(key)!r} both map to the output name "
-                f"{printable(name)!r}"
+                f"merge: {quoted(seen[name])} and {quoted(key)} both map to the output name {quoted(name)}"
             )
         seen[name] = key
         chosen[key] = name
@@ -207,7 +206,7 @@ def _write_safetensors_file(
         rec = md.tensors[key]
         dtype = _out_dtype(dtype_from_name(rec.dtype), cast)
         if dtype not in SAFETENSORS_DTYPES:
-            raise CheckpointError(f"merge: {printable(key)!r} has dtype {rec.dtype}, which safetensors cannot hold")
+            raise CheckpointError(f"merge: {quoted(key)} has dtype {rec.dtype}, which safetensors cannot hold")
         n = math.prod(rec.shape) * dtype.itemsize
         header[names[key]] = {
             "dtype": SAFETENSORS_DTYPES[dtype],

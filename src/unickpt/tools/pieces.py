@@ -38,7 +38,7 @@ from ..planning.load_plan import plan_local_load
 from ..planning.shard_index import ShardIndex
 from ..planning.specs import LoadItem, ShardSpec
 from ..storage import Storage
-from .printable import printable
+from .printable import printable, quoted
 
 __all__ = ["PIECE_BYTES", "slabs", "check_data_files", "iter_pieces", "claimed_bytes"]
 
@@ -95,14 +95,14 @@ def check_data_files(storage: Storage, md: Metadata, keys: Iterable[str], thread
         where = f"{storage.url}/{printable(md.files[f])}"
         size = sizes[f]
         if size is None:
-            raise MissingDataFileError(f"data file {where} (holding {printable(key)!r}) is missing")
+            raise MissingDataFileError(f"data file {where} (holding {quoted(key)}) is missing")
         recorded = sums.file_size(f) if sums is not None else None
         want = max(end, recorded or 0)
         if size < want:
             raise TruncatedDataFileError(
                 f"data file {where} has {size} bytes, the metadata "
                 f"{'records' if recorded is not None and recorded >= end else 'needs'} {want} "
-                f"(holding {printable(key)!r}): truncated, or the metadata claims more than was saved"
+                f"(holding {quoted(key)}): truncated, or the metadata claims more than was saved"
             )
 
 
@@ -120,7 +120,7 @@ def iter_pieces(
     asked for (copy it to keep it). ``index``: a ShardIndex of ``md`` to share across tensors."""
     rec = md.tensors.get(fqn)
     if rec is None:
-        raise CheckpointError(f"{storage.url} has no tensor {printable(fqn)!r}")
+        raise CheckpointError(f"{storage.url} has no tensor {quoted(fqn)}")
     dtype = dtype_from_name(rec.dtype)
     shape = tuple(rec.shape)
     index = index if index is not None else ShardIndex(md)

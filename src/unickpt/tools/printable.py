@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import unicodedata
 
-__all__ = ["printable"]
+__all__ = ["printable", "quoted"]
 
 _UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 
@@ -37,3 +37,9 @@ def printable(text: object) -> str:
     if s.isprintable():
         return s
     return "".join(_escape(ch) if unicodedata.category(ch) in _UNSAFE_CATEGORIES else ch for ch in s)
+
+
+def quoted(text: object) -> str:
+    """``'text'`` with ``printable``'s escapes (for messages that quote a name, as ``!r`` would,
+    without doubling the escapes' backslashes)."""
+    return f"'{printable(text)}'"
