@@ -249,3 +249,31 @@ def test_diff_over_pieces_counts_every_difference(tmp_path: Path) -> None:
         and d.detail
         == f"{n} of {a.numel()} elements differ, max |a-b| {float((a.double() - b.double()).abs().max()):.6g}"
     )
+
+
+def test_merge_reports_progress(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
+    """Item 15: not a terminal: one stderr line per output file written, then the summary on
+    stdout; a terminal: a tqdm bar on stderr that reaches the total."""
+    import io
+
+    from unickpt import cli
+
+    src = os.path.join(GOLDEN, "v1_fsdp2_ws3")
+    assert cli.main(["merge", src, str(tmp_path / "a"), "--max-shard-size", "100B"]) == 0
+    out, err = capsys.readouterr()
+    files = sorted(f for f in os.listdir(tmp_path / "a") if f.endswith(".safetensors"))
+    lines = err.strip().splitlines()
+    assert len(files) >= 2 and [x.split()[3] for x in lines] == files, err
+    assert all(x.startswith("unickpt merge: wrote ") for x in lines) and f"of {len(files)}:" in lines[-1], err
+    assert out.startswith(f"merged {len(expected_fsdp2_ws3())} tensors into "), out
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    term = Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    assert cli.main(["merge", src, str(tmp_path / "b")]) == 0
+    total = sum(t.numel() * t.element_size() for t in expected_fsdp2_ws3().values())
+    assert "merge: 100%" in term.getvalue() and f"{total}/{total}" in term.getvalue(), term.getvalue()
+    assert "wrote" not in term.getvalue()
