@@ -321,7 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
         "verify",
         help="check a checkpoint: every tensor covered, every file present and complete, every checksum",
         description="Exit 0 when the checkpoint is complete and every shard's and blob's CRC32C matches, "
-        "1 (naming each problem) otherwise, 2 when it is no (complete) checkpoint.",
+        "1 (naming each problem) otherwise; 1 with one error line when it is no (complete) checkpoint.",
     )
     v.add_argument("path", help="checkpoint folder or URL (local path, memory://, s3://, ...)")
     v.add_argument("--role", type=_role, default=None, help="verify the sub-checkpoint of this role")

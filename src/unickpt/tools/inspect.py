@@ -13,7 +13,7 @@ Who calls what, in order (``cli.main`` -> ``run_inspect``):
      metadata claims; it reports the first failures;
   5. ``format_text(summary)`` or ``to_json(summary)`` renders the result; every name from the
      checkpoint is passed through ``printable`` (text) or escaped by ``json.dumps`` (JSON).
-Errors are unickpt ``CheckpointError``s; the CLI prints them and exits with code 2.
+Errors are unickpt ``CheckpointError``s; the CLI prints each as one line and exits with code 1.
 """
 
 from __future__ import annotations

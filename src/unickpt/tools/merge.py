@@ -101,7 +101,8 @@ def parse_size(text: str) -> int:
 
 def read_full_tensor(md: Metadata, storage: Storage, fqn: str, threads: int = 4) -> torch.Tensor:
     """The whole tensor ``fqn`` of the checkpoint, assembled from every saved shard (checksums
-    verified). Allocates exactly the tensor."""
+    verified). Allocates exactly the tensor: callers check the data files first
+    (``pieces.check_data_files``) so that a claim larger than the files allocates nothing."""
     rec = md.tensors.get(fqn)
     if rec is None:
         raise CheckpointError(f"{storage.url} has no tensor {quoted(fqn)}")
@@ -153,9 +154,13 @@ def select(
 def iter_full_tensors(
     path: str, keys: list[str] | None = None, *, role: str | None = None, threads: int = 4
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(key, full tensor)`` one at a time (each read only when asked for)."""
+    """``(key, full tensor)`` one at a time (each read only when asked for; the data files are
+    checked first, ``pieces.check_data_files``, so a claim larger than the files allocates
+    nothing). Each tensor is allocated whole: ``pieces.iter_pieces`` reads in bounded pieces."""
     storage, md, _ = load_metadata(path, role)
-    for key in keys if keys is not None else list(md.tensors):
+    wanted = keys if keys is not None else list(md.tensors)
+    check_data_files(storage, md, [k for k in wanted if k in md.tensors])
+    for key in wanted:
         yield key, read_full_tensor(md, storage, key, threads)
 
 
