@@ -167,8 +167,9 @@ def _check(code: int, out: str, err: str, args: tuple[str, ...], path: Path, dat
     assert "Traceback" not in err and "Traceback" not in out, what
     assert code == BAD_INPUT, what
     lines = [x for x in err.splitlines() if x.strip()]
-    if not lines:  # a report: inspect's WARNING / verify's FAILED list, naming the data file
-        assert args[0] in ("inspect", "verify") and any(p.name in out for p in data), what
+    if not lines:  # a report: inspect's WARNING / verify's FAILED list / report's "no records", naming the file
+        assert args[0] in ("inspect", "verify", "report"), what
+        assert any(p.name in out for p in data) or _names(out, path), what
         return
     assert len(lines) == 1, what
     line = lines[0]
