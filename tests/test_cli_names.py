@@ -58,6 +58,8 @@ def test_printable_escapes_controls_bidi_and_surrogates_only() -> None:
     assert printable("a\nb\tc\x00d\x7fe\u200bf\u2066g\u2028h") == "a\\x0ab\\x09c\\x00d\\x7fe\\u200bf\\u2066g\\u2028h"
     assert printable(os.fsdecode(b"ck\xff")) == "ck\\udcff"
     assert printable("x\U000e0001y") == "x\\U000e0001y"  # a tag character (format)
+    assert printable("a\\b") == "a\\b"  # a safe name is shown as it is, backslash included
+    assert printable("a\\x1b\x1b") == "a\\\\x1b\\x1b"  # else backslashes are escaped too: no look-alike
 
 
 def test_every_command_prints_forged_names_escaped(

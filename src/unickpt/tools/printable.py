@@ -9,7 +9,9 @@ the terminal, ``U+202E`` (right-to-left override) would display ``weight.gpj`` f
 character (C0, C1, DEL), Unicode format character (bidi marks and overrides, zero-width
 characters), line/paragraph separator, and lone surrogate (a non-UTF-8 byte of a file name,
 decoded with ``surrogateescape``) by its escape (``\\x1b``, ``\\u202e``, ``\\udcff``), as
-Python's ``repr`` would write it. Other text, non-ASCII letters included, is left as it is.
+Python's ``repr`` would write it, and every backslash too (``\\\\``). Other text, non-ASCII
+letters included, is left as it is; a name with no unsafe character is printed unchanged. The
+same rule as ``format.names.printable`` (the save-time check's), where that module exists.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ _UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 
 def _escape(ch: str) -> str:
     code = ord(ch)
+    if ch == "\\":
+        return "\\\\"
     if code < 0x100:
         return f"\\x{code:02x}"
     if code < 0x10000:
@@ -31,12 +35,13 @@ def _escape(ch: str) -> str:
 
 
 def printable(text: object) -> str:
-    """``str(text)`` with every unsafe character escaped (module docstring); unchanged when all
-    of it is safe (the common case costs one ``isprintable`` check)."""
+    """``str(text)`` unchanged when it holds no unsafe character (the common case costs one
+    ``isprintable`` check), else with every unsafe character and every backslash escaped (so
+    that an escape shown cannot be confused with the same text in the name)."""
     s = str(text)
-    if s.isprintable():
+    if s.isprintable() or not any(unicodedata.category(ch) in _UNSAFE_CATEGORIES for ch in s):
         return s
-    return "".join(_escape(ch) if unicodedata.category(ch) in _UNSAFE_CATEGORIES else ch for ch in s)
+    return "".join(_escape(ch) if ch == "\\" or unicodedata.category(ch) in _UNSAFE_CATEGORIES else ch for ch in s)
 
 
 def quoted(text: object) -> str:
