@@ -277,3 +277,56 @@ def test_merge_reports_progress(tmp_path: Path, capsys: pytest.CaptureFixture[st
     total = sum(t.numel() * t.element_size() for t in expected_fsdp2_ws3().values())
     assert "merge: 100%" in term.getvalue() and f"{total}/{total}" in term.getvalue(), term.getvalue()
     assert "wrote" not in term.getvalue()
+
+
+def _as_format_v1(path: Path) -> None:
+    """Rewrite the metadata of a one-tensor checkpoint as format version 1 writes it: one
+    checksum per saved shard (CRC32C of the shard's bytes, computed here with ``crc32c``)."""
+    import crc32c
+
+    md = json.loads((path / METADATA_FILE).read_text())
+    ((key, rec),) = md["tensors"].items()
+    nd = len(rec["shape"])
+    rows = []
+    for row in rec["shards"]:
+        lengths, f, offset = row[nd : 2 * nd], row[2 * nd], row[2 * nd + 1]
+        nbytes = math.prod(lengths) * 4  # float32
+        with open(path / md["files"][f], "rb") as fh:
+            fh.seek(offset)
+            rows.append([*row[: 2 * nd], f, offset, nbytes, crc32c.crc32c(fh.read(nbytes))])
+    doc = {k: md[k] for k in ("magic", "save_id", "created_unix", "role", "topology", "files", "objects", "blobs")}
+    doc.update(format_version=1, tensors={key: {"dtype": rec["dtype"], "shape": rec["shape"], "shards": rows}})
+    (path / METADATA_FILE).write_text(json.dumps(doc))
+
+
+def test_per_shard_checksums_are_checked_once_not_per_piece(tmp_path: Path, monkeypatch) -> None:
+    """A format-version-1 checkpoint (one checksum per saved shard) of a 1 MiB tensor merged in
+    16 KiB pieces reads each byte at most twice (a streamed check, then the pieces), not the
+    whole shard for each of the 64 pieces; a flipped byte is still refused."""
+    from unickpt.errors import ChecksumMismatchError
+    from unickpt.storage.local import LocalStorage
+
+    read = 0
+    plain = LocalStorage.read_into
+
+    def counting(self, name: str, offset: int, out: memoryview) -> None:
+        nonlocal read
+        read += len(out)
+        plain(self, name, offset, out)
+
+    monkeypatch.setattr(LocalStorage, "read_into", counting)
+    monkeypatch.setattr(LocalStorage, "read_into_cached", counting)
+    torch.manual_seed(3)
+    t = torch.randn(256, 1024)
+    src = tmp_path / "v1"
+    unickpt.save(str(src), {"model": torch.nn.ParameterDict({"w": torch.nn.Parameter(t)})})
+    _as_format_v1(src)
+    mg.merge(str(src), str(tmp_path / "a"), piece_bytes=16 << 10)
+    assert 0 < read <= 2 * t.numel() * 4, read
+    assert torch.equal(_read_safetensors(tmp_path / "a")["model.w"], t)
+    victim = next(p for p in (src / "data").rglob("*") if p.is_file())
+    raw = bytearray(victim.read_bytes())
+    raw[len(raw) - 5] ^= 0xFF  # in the last piece: refused before the first piece is written
+    victim.write_bytes(bytes(raw))
+    with pytest.raises(ChecksumMismatchError):
+        mg.merge(str(src), str(tmp_path / "b"), piece_bytes=16 << 10)

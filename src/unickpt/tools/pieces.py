@@ -19,6 +19,12 @@ the rows of each saved shard the piece touches (a row is one index of the shard'
 dimension) and the checksum chunks around them. For a piece cut along the first dimension that
 is the piece's own size again; a saved shard whose single row is larger than a piece (a
 ``[1, N]`` tensor of N elements larger than a piece) is read a whole row at a time.
+
+Checkpoints of format versions 1 and 2 hold one checksum per saved shard, not per file chunk:
+verifying any part of a shard means reading all of it. For a tensor larger than a piece there,
+``iter_pieces`` first checks every shard's checksum by streaming its bytes through one buffer of
+at most a piece (``_check_shard_units``), then reads the pieces without checking again: memory
+stays bounded, and each byte is read twice instead of a whole shard per piece.
 """
 
 from __future__ import annotations
@@ -32,8 +38,9 @@ import torch
 
 from ..coordination.single import SingleProcessCoordinator
 from ..engine.read import read_stage
-from ..errors import CheckpointError, MissingDataFileError, TruncatedDataFileError
+from ..errors import CheckpointError, ChecksumMismatchError, MissingDataFileError, TruncatedDataFileError
 from ..format import Metadata, dtype_from_name
+from ..format.checksums import ChunkChecksums
 from ..planning.load_plan import plan_local_load
 from ..planning.shard_index import ShardIndex
 from ..planning.specs import LoadItem, ShardSpec
@@ -125,6 +132,14 @@ def iter_pieces(
     shape = tuple(rec.shape)
     index = index if index is not None else ShardIndex(md)
     numel = math.prod(shape)
+    verify = True
+    if (
+        md.checksums is not None
+        and not isinstance(md.checksums, ChunkChecksums)
+        and numel * dtype.itemsize > piece_bytes
+    ):
+        _check_shard_units(md, storage, fqn, piece_bytes)  # per-shard checksums: checked once, streamed
+        verify = False
     buffer = torch.empty(max(1, min(numel, max(1, piece_bytes // dtype.itemsize))), dtype=dtype)
     for offsets, lengths in slabs(shape, dtype.itemsize, piece_bytes):
         n = math.prod(lengths)
@@ -139,7 +154,27 @@ def iter_pieces(
                 items=[LoadItem(spec, piece)],
                 reads=reads,
                 threads=threads,
-                verify=True,
+                verify=verify,
                 dedup=False,
             )
         yield piece
+
+
+def _check_shard_units(md: Metadata, storage: Storage, fqn: str, buffer_bytes: int) -> None:
+    """Check the checksum units (format versions 1 and 2: one per saved shard) covering the
+    shards of ``fqn``, each streamed through one buffer of at most ``buffer_bytes``
+    (``verify._check_units``); raises ChecksumMismatchError (or the read's error) for the first
+    bad one."""
+    from .verify import _check_units, _Held
+
+    assert md.checksums is not None
+    problems: list[str] = []
+    for s in md.tensors[fqn].shards:
+        if not s.byte_length:
+            continue
+        lo, hi = s.byte_offset, s.byte_offset + s.byte_length
+        units = md.checksums.cover(s.file_index, lo, hi)
+        held = [_Held(lo, hi, f"{quoted(fqn)} shard offsets={s.offsets} lengths={s.lengths}", False)]
+        _check_units(storage, md.files[s.file_index], units, buffer_bytes, lambda a, b, m: problems.append(m), held)
+        if problems:
+            raise ChecksumMismatchError(problems[0])
