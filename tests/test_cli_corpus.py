@@ -91,6 +91,12 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Corpus:
         (root / name).mkdir()
         (root / name / ".metadata").write_bytes(payload)
         c[name] = root / name
+    # a DCP checkpoint (written by DCP itself) whose data file is garbage: DCP raises its
+    # CheckpointException, a BaseException whose text embeds a traceback per rank
+    assert cli.main(["convert", "--to", "dcp", str(good), str(root / "dcp_bad_data")]) == 0
+    for f in (root / "dcp_bad_data").glob("*.distcp"):
+        f.write_bytes(b"garbage, not a torch.save archive")
+    c["dcp_bad_data"] = root / "dcp_bad_data"
     # monitoring: a folder of garbage rank files
     (root / "metrics").mkdir()
     (root / "metrics" / "rank0.jsonl").write_bytes(b"\xff\xfe{garbage\n[1,2]\n")
@@ -196,12 +202,35 @@ def test_convert_from_hf_on_broken_folders(
     _check(*_run(capsys, args), args, corpus[case], [corpus[case] / "model.safetensors"])
 
 
-@pytest.mark.parametrize("case", ["dcp_garbage", "dcp_empty", "a_file", "empty", "missing"])
+@pytest.mark.parametrize("case", ["dcp_garbage", "dcp_empty", "dcp_bad_data", "a_file", "empty", "missing"])
 def test_convert_from_dcp_on_broken_folders(
     corpus: Corpus, case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     args = ("convert", "--from", "dcp", str(corpus[case]), str(tmp_path / "out"))
     _check(*_run(capsys, args), args, corpus[case], [corpus[case] / ".metadata"])
+
+
+def test_warnings_are_one_line_each(corpus: Corpus, capsys: pytest.CaptureFixture[str], monkeypatch) -> None:
+    """A warning raised while a command runs is one line naming the command; DCP's note that it
+    runs without a process group (convert runs it in one process on purpose) is not shown."""
+    import warnings
+
+    from unickpt.tools import inspect as ins
+
+    plain = ins.file_sizes
+
+    def warn_then(*a: object, **k: object) -> object:
+        warnings.warn("torch.distributed is disabled, unavailable or uninitialized", UserWarning, stacklevel=1)
+        warnings.warn("something odd\nacross lines \x1b[31m", RuntimeWarning, stacklevel=1)
+        return plain(*a, **k)
+
+    monkeypatch.setattr(ins, "file_sizes", warn_then)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        code, _, err = _run(capsys, ("inspect", str(corpus["good"])))
+    assert code == 0 and err.splitlines() == [
+        "unickpt inspect: warning: RuntimeWarning: something odd across lines \\x1b[31m"
+    ], err
 
 
 @pytest.mark.parametrize("case", ["metrics_garbage", "missing", "a_file"])

@@ -27,6 +27,7 @@ import argparse
 import os
 import re
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 
 from .errors import CheckpointError
@@ -452,10 +453,27 @@ _INPUTS = ("path", "src", "a", "b", "root", "folder")  # the arguments naming wh
 _OUTPUTS = ("out", "png", "trace", "sqlite", "hf_config")
 
 
+_MAX_LINE = 2000  # characters of one error line (a library's message may hold a whole report)
+
+
+def _unwrap(e: BaseException) -> BaseException:
+    """The error a library's wrapper stands for: DCP's ``CheckpointException`` (a BaseException
+    whose text embeds each rank's traceback) -> the first rank's own exception."""
+    failures = getattr(e, "failures", None)
+    if type(e).__name__ == "CheckpointException" and isinstance(failures, dict) and failures:
+        first = next(iter(failures.values()))
+        if isinstance(first, tuple) and first and isinstance(first[0], BaseException):
+            return first[0]
+    return e
+
+
 def _error_line(command: str, args: argparse.Namespace, e: BaseException, expected: bool) -> str:
     """The one stderr line for ``e`` (module docstring): the file it is about first unless the
     message names it, the message's lines joined, every character printable."""
+    e = _unwrap(e)
     text = " ".join(part.strip() for part in str(e).splitlines() if part.strip()) or repr(e)
+    if len(text) > _MAX_LINE:
+        text = text[:_MAX_LINE] + " ..."
     named = [getattr(args, a) for a in _INPUTS + _OUTPUTS if isinstance(getattr(args, a, None), str)]
     if isinstance(e, OSError) and e.filename is not None:
         subject: str | None = os.fsdecode(e.filename)
@@ -486,19 +504,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = bool(args.debug) or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     func: Callable[[argparse.Namespace], int] = args.func
     try:
-        return func(args)
+        with warnings.catch_warnings():  # restores the process's warning settings afterwards
+            warnings.showwarning = _warning_printer(args.command)
+            # DCP's note that it runs without a process group: convert runs it in one process on purpose
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+            return func(args)
     except KeyboardInterrupt:
         print(f"unickpt {args.command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `unickpt inspect ... | head`: stop quietly, as other CLI tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit flush
         return EXIT_OK
-    except Exception as e:
-        expected = _expected(e)
+    except (SystemExit, GeneratorExit):
+        raise
+    except BaseException as e:  # also libraries' BaseException subclasses (DCP's CheckpointException)
         if debug:
             raise
-        print(_error_line(args.command, args, e, expected), file=sys.stderr)
+        print(_error_line(args.command, args, e, _expected(e)), file=sys.stderr)
         return EXIT_ERROR
+
+
+def _warning_printer(command: str) -> Callable[..., None]:
+    """``warnings.showwarning`` for the CLI: one line per warning, ``unickpt <command>: warning:
+    <Category>: <message>`` (printable), instead of the message and its source line."""
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int, *rest: object) -> None:
+        text = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
+        print(printable(f"unickpt {command}: warning: {category.__name__}: {text}"), file=sys.stderr)
+
+    return show
 
 
 if __name__ == "__main__":
