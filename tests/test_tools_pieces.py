@@ -328,5 +328,5 @@ def test_per_shard_checksums_are_checked_once_not_per_piece(tmp_path: Path, monk
     raw = bytearray(victim.read_bytes())
     raw[len(raw) - 5] ^= 0xFF  # in the last piece: refused before the first piece is written
     victim.write_bytes(bytes(raw))
-    with pytest.raises(ChecksumMismatchError):
+    with pytest.raises(ChecksumMismatchError, match=r"^checksum mismatch in .*'model\.w' shard"):
         mg.merge(str(src), str(tmp_path / "b"), piece_bytes=16 << 10)

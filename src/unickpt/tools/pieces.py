@@ -47,7 +47,7 @@ from ..planning.specs import LoadItem, ShardSpec
 from ..storage import Storage
 from .printable import printable, quoted
 
-__all__ = ["PIECE_BYTES", "slabs", "check_data_files", "iter_pieces", "claimed_bytes"]
+__all__ = ["PIECE_BYTES", "slabs", "check_data_files", "iter_pieces"]
 
 PIECE_BYTES = 64 << 20  # the largest piece of a tensor held at once (merge, diff, inspect --values)
 _ONE = SingleProcessCoordinator()
@@ -74,11 +74,6 @@ def slabs(shape: tuple[int, ...], itemsize: int, piece_bytes: int = PIECE_BYTES)
         for start in range(0, shape[d], step):
             n = min(step, shape[d] - start)
             yield (*lead, start, *(0,) * len(tail)), (*(1,) * d, n, *tail)
-
-
-def claimed_bytes(md: Metadata, keys: Iterable[str]) -> int:
-    """The bytes the metadata says the tensors ``keys`` hold (their shapes times item sizes)."""
-    return sum(math.prod(md.tensors[k].shape) * dtype_from_name(md.tensors[k].dtype).itemsize for k in keys)
 
 
 def check_data_files(storage: Storage, md: Metadata, keys: Iterable[str], threads: int = 16) -> None:
@@ -163,8 +158,9 @@ def iter_pieces(
 def _check_shard_units(md: Metadata, storage: Storage, fqn: str, buffer_bytes: int) -> None:
     """Check the checksum units (format versions 1 and 2: one per saved shard) covering the
     shards of ``fqn``, each streamed through one buffer of at most ``buffer_bytes``
-    (``verify._check_units``); raises ChecksumMismatchError (or the read's error) for the first
-    bad one."""
+    (``verify._check_units``, which reports ``"<ErrorType>: <message>"``); raises that error
+    (ChecksumMismatchError, or the read's: TruncatedDataFileError ...) for the first bad one."""
+    from .. import errors
     from .verify import _check_units, _Held
 
     assert md.checksums is not None
@@ -177,4 +173,8 @@ def _check_shard_units(md: Metadata, storage: Storage, fqn: str, buffer_bytes: i
         held = [_Held(lo, hi, f"{quoted(fqn)} shard offsets={s.offsets} lengths={s.lengths}", False)]
         _check_units(storage, md.files[s.file_index], units, buffer_bytes, lambda a, b, m: problems.append(m), held)
         if problems:
-            raise ChecksumMismatchError(problems[0])
+            name, _, message = problems[0].partition(": ")
+            cls = getattr(errors, name, None)
+            if not (isinstance(cls, type) and issubclass(cls, CheckpointError)):
+                cls, message = ChecksumMismatchError, problems[0]
+            raise cls(message)
