@@ -1,13 +1,15 @@
-"""Peak memory of ``unickpt merge``: it must stay near the largest tensor, not the checkpoint.
+"""Peak memory of ``unickpt merge``: bounded by its piece size (``--piece-size``, default 64 MiB),
+not by the largest tensor nor the checkpoint.
 
     python bench/merge_memory.py --tensors 8 --mib-each 128
+    python bench/merge_memory.py --tensors 1 --mib-each 1024 --piece-size 64MiB
 
 Saves ``--tensors`` fp32 tensors of ``--mib-each`` MiB with unickpt, then runs ``unickpt merge``
 (safetensors) in a fresh process and reads that process's peak resident set size
 (``ru_maxrss`` of that child alone, from ``os.wait4``); a child that only imports unickpt and
 torch gives the baseline. This process stays small (no torch here: a forked child's
 ``ru_maxrss`` starts at its parent's size), and the checkpoint is written by a child too.
-Prints peak - baseline against the largest tensor and against the checkpoint size.
+Prints peak - baseline against the piece size, the largest tensor and the checkpoint size.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tensors", type=int, default=8)
     ap.add_argument("--mib-each", type=int, default=128)
+    ap.add_argument("--piece-size", default="64MiB", help="merge's --piece-size (64MiB)")
     args = ap.parse_args()
     n = args.mib_each * MiB // 4
     with tempfile.TemporaryDirectory(prefix="unickpt-merge-mem-") as tmp:
@@ -47,15 +50,24 @@ def main() -> None:
         subprocess.run([sys.executable, "-c", save, str(n), str(args.tensors), os.path.join(tmp, "ck")], check=True)
         base = child_peak([sys.executable, "-c", "import torch, unickpt.cli, unickpt.tools.merge"])
         peak = child_peak(
-            [sys.executable, "-m", "unickpt.cli", "merge", os.path.join(tmp, "ck"), os.path.join(tmp, "out")]
+            [
+                sys.executable,
+                "-m",
+                "unickpt.cli",
+                "merge",
+                os.path.join(tmp, "ck"),
+                os.path.join(tmp, "out"),
+                "--piece-size",
+                args.piece_size,
+            ]
         )
         total = args.tensors * args.mib_each * MiB
         extra = peak - base
         print(f"checkpoint {total / MiB:.0f} MiB in {args.tensors} tensors of {args.mib_each} MiB")
         print(f"merge peak RSS {peak / MiB:.0f} MiB, import-only baseline {base / MiB:.0f} MiB")
         print(
-            f"extra {extra / MiB:.0f} MiB = {extra / (args.mib_each * MiB):.2f}x the largest tensor, "
-            f"{extra / total:.2f}x the checkpoint"
+            f"extra {extra / MiB:.0f} MiB (piece size {args.piece_size}) = "
+            f"{extra / (args.mib_each * MiB):.2f}x the largest tensor, {extra / total:.2f}x the checkpoint"
         )
 
 

@@ -94,7 +94,7 @@ def test_issue15_malicious_dcp_metadata_is_refused_before_it_runs(tmp_path):
     _dcp_save({k: v.clone() for k, v in model.state_dict().items()}, str(folder))
     (folder / ".metadata").write_bytes(pickle.dumps(_Boom()))
     r = _cli("convert", "--from", "dcp", str(folder), str(tmp_path / "ck"), cwd=tmp_path)
-    assert r.returncode == 2 and "CorruptMetadataError" in r.stderr and "posix.system" in r.stderr, r.stderr
+    assert r.returncode == 1 and "CorruptMetadataError" in r.stderr and "posix.system" in r.stderr, r.stderr
     assert not (tmp_path / "BOOM_RAN").exists()
     assert not (tmp_path / "ck").exists()
 
@@ -143,5 +143,5 @@ def test_issue15_malicious_dcp_value_is_refused_not_unpickled(tmp_path):
     state["optim.param_groups.0.lr"] = _Boom()
     _dcp_save(state, str(folder))
     r = _cli("convert", "--from", "dcp", str(folder), str(tmp_path / "ck"), cwd=tmp_path)
-    assert r.returncode == 2 and "CorruptMetadataError" in r.stderr and "not plain values" in r.stderr, r.stderr
+    assert r.returncode == 1 and "CorruptMetadataError" in r.stderr and "not plain values" in r.stderr, r.stderr
     assert not (tmp_path / "BOOM_RAN").exists()

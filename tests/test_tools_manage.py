@@ -81,7 +81,7 @@ def test_issue15_every_subcommand_has_help_and_a_clear_error_on_a_wrong_path(tmp
         ("report", nowhere),
     ):
         r = _cli(*args)
-        assert r.returncode == 2 and "error:" in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+        assert r.returncode == 1 and "error:" in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
 
 
 def test_issue15_ls_shows_sizes_and_incomplete_steps(tmp_path):

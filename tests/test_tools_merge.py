@@ -82,7 +82,7 @@ def test_issue15_merge_refuses_a_non_empty_output_folder(tmp_path):
     out.mkdir()
     (out / "mine.txt").write_text("keep")
     r = _cli("merge", src, str(out))
-    assert r.returncode == 2 and "not empty" in r.stderr, r.stderr
+    assert r.returncode == 1 and "not empty" in r.stderr, r.stderr
     assert os.listdir(out) == ["mine.txt"] and (out / "mine.txt").read_text() == "keep"
 
 
@@ -101,7 +101,7 @@ def test_issue15_verify_exit_codes_name_each_problem(tmp_path):
     assert "ChecksumMismatchError" in bad.stdout and "MissingDataFileError" in bad.stdout, bad.stdout
     assert os.path.basename(files[1]) in bad.stdout
     nothing = _cli("verify", str(tmp_path / "nope"))
-    assert nothing.returncode == 2
+    assert nothing.returncode == 1
 
 
 def test_issue15_merge_hf_folder_loads_with_transformers(tmp_path):
@@ -141,4 +141,4 @@ def test_issue15_verify_catches_truncation_and_a_missing_metadata_file(tmp_path)
     assert os.path.basename(files[2]) in bad.stdout
     os.unlink(os.path.join(src, "unickpt.metadata.json"))
     gone = _cli("verify", src)
-    assert gone.returncode == 2 and "IncompleteCheckpointError" in gone.stderr, gone.stderr
+    assert gone.returncode == 1 and "IncompleteCheckpointError" in gone.stderr, gone.stderr

@@ -2,14 +2,23 @@
 
 Who calls what: ``main(argv)`` parses the arguments (argparse, one subcommand each) and dispatches
 to the subcommand's ``_cmd_*`` function, which calls the logic in ``unickpt.tools`` (``inspect``,
-``verify`` via inspect, ``merge``, ``demo``) and renders the result. Every expected failure is a
-unickpt ``CheckpointError``: it is printed on stderr as
-``unickpt <command>: error: <ErrorType>: <message>`` (no traceback).
+``verify`` via inspect, ``merge``, ``demo``) and renders the result; every name read from a
+checkpoint is printed through ``tools.printable.printable`` (control characters and bidi marks
+escaped).
 
-Exit codes: 0 success; 1 the check the command ran failed (``inspect`` found data files missing
-or shorter than the metadata says, ``inspect --verify`` / ``verify`` found corrupt or missing data, ``demo``
-found a mismatch; the report is printed either way); 2 bad input (not a checkpoint, incomplete or corrupt
-checkpoint, unsupported format version, usage errors); 130 interrupted.
+Errors: ``main`` is the one place that turns a failure into a message. Any exception a command
+raises is printed as ONE line on stderr, ``unickpt <command>: error: [<path>: ]<ErrorType>:
+<message>`` (the path the command was given is put first when the message does not name the file
+itself; the message's own line breaks are joined), never a traceback. A unickpt
+``CheckpointError`` or an ``OSError`` naming its file is an expected failure; anything else
+(a library's error on a file it could not parse) is printed the same way with a hint to rerun with
+``--debug`` (or ``UNICKPT_DEBUG=1``), which re-raises it with its traceback.
+
+Exit codes: 0 success; 1 failure: the check the command ran failed (``inspect`` found data files
+missing or shorter than the metadata says, ``inspect --verify`` / ``verify`` found corrupt or missing
+data, ``diff`` found differences, ``demo`` found a mismatch; the report is printed either way), or
+the input is bad (not a checkpoint, incomplete or corrupt checkpoint, unsupported format version,
+unreadable file); 2 usage errors (argparse's, a bad regular expression or size); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -18,15 +27,19 @@ import argparse
 import os
 import re
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 
 from .errors import CheckpointError
+from .tools.printable import printable
 
-__all__ = ["main", "build_parser", "EXIT_OK", "EXIT_FAILED", "EXIT_ERROR"]
+__all__ = ["main", "build_parser", "EXIT_OK", "EXIT_FAILED", "EXIT_ERROR", "EXIT_USAGE"]
 
 EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_ERROR = 2
+EXIT_FAILED = 1  # the check failed
+EXIT_ERROR = 1  # bad input: no (complete, readable) checkpoint, a file that cannot be read
+EXIT_USAGE = 2  # bad arguments
+DEBUG_ENV = "UNICKPT_DEBUG"
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
@@ -66,14 +79,15 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     report = ins.verify(md, storage, sizes=sizes, threads=args.threads, max_failures=args.max_failures)
     if report.ok:
         print(
-            f"{storage.url}: OK: {len(md.tensors)} tensors fully covered, {len(md.files)} data files present, "
+            f"{printable(storage.url)}: OK: {len(md.tensors)} tensors fully covered, "
+            f"{len(md.files)} data files present, "
             f"{report.shards_checked} shards and {report.blobs_checked} blobs checksummed "
             f"({report.bytes_checked} bytes in {report.seconds:.2f} s)"
         )
         return EXIT_OK
-    print(f"{storage.url}: FAILED: {report.failures_total} problem(s)")
+    print(f"{printable(storage.url)}: FAILED: {report.failures_total} problem(s)")
     for line in report.failures:
-        print(f"  {line}")
+        print(f"  {printable(line)}")
     if report.failures_total > len(report.failures):
         print(f"  ... and {report.failures_total - len(report.failures)} more")
     return EXIT_FAILED
@@ -82,25 +96,24 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 def _cmd_merge(args: argparse.Namespace) -> int:
     from .tools import merge as mg
 
-    try:
-        max_shard = mg.parse_size(args.max_shard_size)
-    except ValueError as e:
-        print(f"unickpt merge: error: {e}", file=sys.stderr)
-        return EXIT_ERROR
+    terminal = sys.stderr.isatty()
     result = mg.merge(
         args.path,
         args.out,
         fmt=args.format,
         model_only=args.model_only,
         dtype=args.dtype,
-        max_shard_bytes=max_shard,
+        max_shard_bytes=args.max_shard_size,
         hf_config=args.hf_config,
         role=args.role,
         threads=args.threads,
-        progress=sys.stderr.isatty(),
+        piece_bytes=args.piece_size,
+        progress=terminal,  # a tqdm bar on a terminal, a line per output file otherwise
+        report=None if terminal else (lambda line: print(f"unickpt merge: {printable(line)}", file=sys.stderr)),
     )
     print(
-        f"merged {result.tensors} tensors into {result.out}: {', '.join(result.files)} ({result.bytes_written} bytes)"
+        f"merged {result.tensors} tensors into {printable(result.out)}: {', '.join(result.files)} "
+        f"({result.bytes_written} bytes in {result.seconds:.1f} s)"
     )
     return EXIT_OK
 
@@ -110,19 +123,20 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
     if (args.from_format is None) == (args.to_format is None):
         print("unickpt convert: error: give exactly one of --from {hf,dcp} or --to dcp", file=sys.stderr)
-        return EXIT_ERROR
+        return EXIT_USAGE
     if args.layout is not None and args.to_format is None:
         print("unickpt convert: error: --layout applies to --to dcp (imports detect theirs)", file=sys.stderr)
-        return EXIT_ERROR
+        return EXIT_USAGE
     if args.to_format == "dcp":
         result = cv.to_dcp(args.src, args.out, layout=args.layout or "state_dict")
     elif args.from_format == "hf":
         result = cv.from_hf(args.src, args.out)
     else:
         result = cv.from_dcp(args.src, args.out)
-    print(f"converted {result.tensors} tensors into {result.out}" + (f" ({result.layout})" if result.layout else ""))
+    layout = f" ({result.layout})" if result.layout else ""
+    print(f"converted {result.tensors} tensors into {printable(result.out)}{layout}")
     if result.skipped:
-        print(f"not converted: {len(result.skipped)} entries (e.g. {list(result.skipped[:5])})")
+        print(f"not converted: {len(result.skipped)} entries (e.g. {printable(list(result.skipped[:5]))})")
     return EXIT_OK
 
 
@@ -155,14 +169,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
 def _cmd_modify(args: argparse.Namespace) -> int:
     from .tools import modify as md
 
-    try:
-        renames = [md.parse_rename(r) for r in args.rename]
-        drops = [re.compile(d) for d in args.drop]
-    except (ValueError, re.error) as e:
-        print(f"unickpt modify: error: {e}", file=sys.stderr)
-        return EXIT_ERROR
-    r = md.modify(args.src, args.out, renames=renames, drops=drops, dtype=args.dtype)
-    print(f"wrote {r.out}: {r.kept} tensors ({r.renamed} renamed), {r.dropped} dropped")
+    r = md.modify(args.src, args.out, renames=args.rename, drops=args.drop, dtype=args.dtype)
+    print(f"wrote {printable(r.out)}: {r.kept} tensors ({r.renamed} renamed), {r.dropped} dropped")
     return EXIT_OK
 
 
@@ -171,13 +179,13 @@ def _cmd_diff(args: argparse.Namespace) -> int:
 
     report = diff(args.a, args.b, keys=args.key, threads=args.threads)
     for k in report.only_a:
-        print(f"only in A: {k}")
+        print(f"only in A: {printable(k)}")
     for k in report.only_b:
-        print(f"only in B: {k}")
+        print(f"only in B: {printable(k)}")
     for d in report.differ:
-        print(f"differs ({d.what}): {d.key}: {d.detail}")
+        print(f"differs ({d.what}): {printable(d.key)}: {d.detail}")
     for name in report.objects_differ:
-        print(f"differs (object): {name}")
+        print(f"differs (object): {printable(name)}")
     verdict = "identical" if report.identical else "different"
     print(
         f"{verdict}: {report.same} tensors equal bit for bit, {len(report.differ)} differ, "
@@ -281,6 +289,31 @@ def _positive(text: str) -> int:
     return value
 
 
+def _regex(text: str) -> re.Pattern[str]:
+    try:
+        return re.compile(text)
+    except re.error as e:
+        raise argparse.ArgumentTypeError(f"bad regular expression {text!r}: {e}") from None
+
+
+def _rename(text: str) -> tuple[re.Pattern[str], str]:
+    from .tools.modify import parse_rename
+
+    try:
+        return parse_rename(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _size(text: str) -> int:
+    from .tools.merge import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _role(text: str) -> str:
     if not text or "/" in text or text.startswith("."):
         raise argparse.ArgumentTypeError(f"invalid role {text!r} (a plain folder name)")
@@ -306,7 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--role", type=_role, default=None, help="inspect the sub-checkpoint of this role")
     p.add_argument("--summary", action="store_true", help="text output without per-tensor/file tables")
-    p.add_argument("--key", default=None, metavar="PATTERN", help="only tensors whose key matches (regex)")
+    p.add_argument(
+        "--key", type=_regex, default=None, metavar="PATTERN", help="only tensors whose key matches (regex, re.search)"
+    )
     p.add_argument("--shards", action="append", default=[], metavar="KEY", help="the shard layout of KEY")
     p.add_argument("--values", action="append", default=[], metavar="KEY", help="statistics and first elements of KEY")
     p.add_argument("--threads", type=_positive, default=4, help="reader threads for --verify (4)")
@@ -322,7 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
         "verify",
         help="check a checkpoint: every tensor covered, every file present and complete, every checksum",
         description="Exit 0 when the checkpoint is complete and every shard's and blob's CRC32C matches, "
-        "1 (naming each problem) otherwise, 2 when it is no (complete) checkpoint.",
+        "1 (naming each problem) otherwise; 1 with one error line when it is no (complete) checkpoint.",
     )
     v.add_argument("path", help="checkpoint folder or URL (local path, memory://, s3://, ...)")
     v.add_argument("--role", type=_role, default=None, help="verify the sub-checkpoint of this role")
@@ -333,15 +368,22 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser(
         "merge",
         help="consolidate into one full state dict (safetensors / Hugging Face folder, or torch)",
-        description="Read every tensor whole (any saved parallelism) and write it to a new folder: sharded "
-        "safetensors with model.safetensors.index.json, or one torch.save file. Streams tensor by tensor.",
+        description="Read every tensor (any saved parallelism) and write it to a new folder: sharded "
+        "safetensors with model.safetensors.index.json, streamed in pieces of at most --piece-size, or one "
+        "torch.save file (held in memory). Progress: a bar on a terminal, a line per output file otherwise.",
     )
     m.add_argument("path", help="checkpoint folder or URL")
     m.add_argument("out", help="new (or empty) output folder")
     m.add_argument("--format", choices=("safetensors", "torch"), default="safetensors")
     m.add_argument("--model-only", action="store_true", help="only model tensors, named as state_dict() names them")
     m.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default=None, help="cast floating-point tensors")
-    m.add_argument("--max-shard-size", default="5GB", help="largest safetensors file (5GB; e.g. 500MiB)")
+    m.add_argument("--max-shard-size", type=_size, default="5GB", help="largest safetensors file (5GB; e.g. 500MiB)")
+    m.add_argument(
+        "--piece-size",
+        type=_size,
+        default="64MiB",
+        help="largest piece of a tensor read and held at once (64MiB): memory stays near a few pieces",
+    )
     m.add_argument("--hf-config", default=None, help="a Hugging Face config.json to place next to the weights")
     m.add_argument("--role", type=_role, default=None, help="merge the sub-checkpoint of this role")
     m.add_argument("--threads", type=_positive, default=4, help="reader threads (4)")
@@ -388,8 +430,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     mo.add_argument("src", help="source checkpoint")
     mo.add_argument("out", help="new (or empty) output folder")
-    mo.add_argument("--rename", action="append", default=[], metavar="PATTERN=REPL", help="re.sub on every key")
-    mo.add_argument("--drop", action="append", default=[], metavar="PATTERN", help="drop keys matching (re.search)")
+    mo.add_argument(
+        "--rename", type=_rename, action="append", default=[], metavar="PATTERN=REPL", help="re.sub on every key"
+    )
+    mo.add_argument(
+        "--drop", type=_regex, action="append", default=[], metavar="PATTERN", help="drop keys matching (re.search)"
+    )
     mo.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default=None, help="cast floating-point tensors")
     mo.set_defaults(func=_cmd_modify)
 
@@ -401,7 +447,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     df.add_argument("a", help="first checkpoint")
     df.add_argument("b", help="second checkpoint")
-    df.add_argument("--key", default=None, help="only keys containing this text")
+    df.add_argument(
+        "--key", type=_regex, default=None, metavar="PATTERN", help="only keys that match (regex, re.search)"
+    )
     df.add_argument("--threads", type=_positive, default=4, help="reader threads (4)")
     df.set_defaults(func=_cmd_diff)
 
@@ -444,7 +492,57 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--layers", type=_positive, default=4, help="transformer blocks (4)")
     d.add_argument("--timeout", type=float, default=300.0, help="seconds each phase may take (300)")
     d.set_defaults(func=_cmd_demo)
+    debug_help = f"on an unexpected error, show the Python traceback (also: {DEBUG_ENV}=1)"
+    parser.add_argument("--debug", action="store_true", help=debug_help)
+    for command in sub.choices.values():  # `unickpt inspect X --debug` works as well as `unickpt --debug inspect X`
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
     return parser
+
+
+_INPUTS = ("path", "src", "a", "b", "root", "folder")  # the arguments naming what a command reads
+_OUTPUTS = ("out", "png", "trace", "sqlite", "hf_config")
+
+
+_MAX_LINE = 2000  # characters of one error line (a library's message may hold a whole report)
+
+
+def _unwrap(e: BaseException) -> BaseException:
+    """The error a library's wrapper stands for: DCP's ``CheckpointException`` (a BaseException
+    whose text embeds each rank's traceback) -> the first rank's own exception."""
+    failures = getattr(e, "failures", None)
+    if type(e).__name__ == "CheckpointException" and isinstance(failures, dict) and failures:
+        first = next(iter(failures.values()))
+        if isinstance(first, tuple) and first and isinstance(first[0], BaseException):
+            return first[0]
+    return e
+
+
+def _error_line(command: str, args: argparse.Namespace, e: BaseException, expected: bool) -> str:
+    """The one stderr line for ``e`` (module docstring): the file it is about first unless the
+    message names it, the message's lines joined, every character printable."""
+    e = _unwrap(e)
+    text = " ".join(part.strip() for part in str(e).splitlines() if part.strip()) or repr(e)
+    if len(text) > _MAX_LINE:
+        text = text[:_MAX_LINE] + " ..."
+    named = [getattr(args, a) for a in _INPUTS + _OUTPUTS if isinstance(getattr(args, a, None), str)]
+    if isinstance(e, OSError) and e.filename is not None:
+        subject: str | None = os.fsdecode(e.filename)
+        if e.strerror:  # "[Errno 2] No such file or directory: 'x'" -> "No such file or directory"
+            text = e.strerror + (f" (and {os.fsdecode(e.filename2)})" if e.filename2 is not None else "")
+    else:
+        inputs = [getattr(args, a) for a in _INPUTS if isinstance(getattr(args, a, None), str)]
+        subject = inputs[0] if inputs else None
+        forms = {f for p in named for f in (p, os.path.abspath(p), p.rstrip("/"))}
+        if any(f and f in text for f in forms):
+            subject = None  # the message names the file itself
+    where = f"{subject}: " if subject is not None else ""
+    hint = "" if expected else f" (unexpected: rerun with --debug or {DEBUG_ENV}=1 for the traceback)"
+    return printable(f"unickpt {command}: error: {where}{type(e).__name__}: {text}{hint}")
+
+
+def _expected(e: BaseException) -> bool:
+    """A failure the message alone explains: unickpt's own errors, and a file the system refused."""
+    return isinstance(e, CheckpointError) or (isinstance(e, OSError) and e.filename is not None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -453,18 +551,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "demo" and args.save_every > args.steps:
         parser.error(f"--save-every {args.save_every} is larger than --steps {args.steps}: nothing to resume")
+    debug = bool(args.debug) or os.environ.get(DEBUG_ENV, "") not in ("", "0")
     func: Callable[[argparse.Namespace], int] = args.func
     try:
-        return func(args)
-    except CheckpointError as e:
-        print(f"unickpt {args.command}: error: {type(e).__name__}: {e}", file=sys.stderr)
-        return EXIT_ERROR
+        with warnings.catch_warnings():  # restores the process's warning settings afterwards
+            warnings.showwarning = _warning_printer(args.command)
+            # DCP's note that it runs without a process group: convert runs it in one process on purpose
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+            return func(args)
     except KeyboardInterrupt:
         print(f"unickpt {args.command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `unickpt inspect ... | head`: stop quietly, as other CLI tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit flush
         return EXIT_OK
+    except (SystemExit, GeneratorExit):
+        raise
+    except BaseException as e:  # also libraries' BaseException subclasses (DCP's CheckpointException)
+        if debug:
+            raise
+        print(_error_line(args.command, args, e, _expected(e)), file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _warning_printer(command: str) -> Callable[..., None]:
+    """``warnings.showwarning`` for the CLI: one line per warning, ``unickpt <command>: warning:
+    <Category>: <message>`` (printable), instead of the message and its source line."""
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int, *rest: object) -> None:
+        text = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
+        print(printable(f"unickpt {command}: warning: {category.__name__}: {text}"), file=sys.stderr)
+
+    return show
 
 
 if __name__ == "__main__":

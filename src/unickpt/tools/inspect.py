@@ -11,8 +11,9 @@ Who calls what, in order (``cli.main`` -> ``run_inspect``):
   4. optional ``verify(md, storage)`` (``tools.verify``)  reads every byte the metadata names and
      checks every checksum through reusable buffers, so memory stays fixed whatever sizes the
      metadata claims; it reports the first failures;
-  5. ``format_text(summary)`` or ``to_json(summary)`` renders the result.
-Errors are unickpt ``CheckpointError``s; the CLI prints them and exits with code 2.
+  5. ``format_text(summary)`` or ``to_json(summary)`` renders the result; every name from the
+     checkpoint is passed through ``printable`` (text) or escaped by ``json.dumps`` (JSON).
+Errors are unickpt ``CheckpointError``s; the CLI prints each as one line and exits with code 1.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ..engine.read import read_metadata_bytes
 from ..format import METADATA_FILE, Metadata, decode_metadata
 from ..storage import Storage, open_storage
 from ..storage.base import METADATA_LIMIT
+from .printable import printable
 from .verify import VerifyReport, verify
 
 __all__ = [
@@ -216,40 +218,42 @@ def format_text(s: Summary, *, tensors: bool = True) -> str:
     mesh = " x ".join(f"{n}={size}" for n, size in s.mesh) or "-"
     t = s.totals
     out = [
-        f"unickpt checkpoint {s.path}",
+        f"unickpt checkpoint {printable(s.path)}",
         f"  format version  {s.format_version}",
-        f"  save id         {s.save_id}",
+        f"  save id         {printable(s.save_id)}",
         f"  created         {_iso(s.created_unix)}",
-        f"  role            {s.role if s.role is not None else '-'}",
-        f"  source          framework {s.framework}, world size {s.world_size}, mesh {mesh}",
+        f"  role            {printable(s.role) if s.role is not None else '-'}",
+        f"  source          framework {printable(s.framework)}, world size {s.world_size}, mesh {printable(mesh)}",
         f"  totals          {_n(t.tensors, 'tensor')}, {_n(t.shards, 'shard')}, {human_bytes(t.tensor_bytes)} "
         f"tensor data ({t.tensor_bytes} bytes)",
         f"                  {_n(t.blobs, 'blob')} ({t.blob_bytes} bytes), {_n(t.files, 'file')} "
         f"({human_bytes(t.file_bytes)}, {t.file_bytes} bytes), metadata {t.metadata_bytes} bytes",
-        f"  objects         {', '.join(s.objects) or '-'}",
+        f"  objects         {', '.join(map(printable, s.objects)) or '-'}",
     ]
     if tensors:
         out += ["", f"tensors ({t.tensors}):"]
         out += _table(
             ("FQN", "DTYPE", "SHAPE", "SHARDS", "BYTES"),
             [
-                (x.fqn, x.dtype, "[" + ", ".join(map(str, x.shape)) + "]", str(x.shards), str(x.bytes))
+                (printable(x.fqn), x.dtype, "[" + ", ".join(map(str, x.shape)) + "]", str(x.shards), str(x.bytes))
                 for x in s.tensors
             ],
             {3, 4},
         )
         out += ["", f"files ({t.files}):"]
         if s.sizes_checked:
-            out += _table(("NAME", "BYTES", "ON DISK"), [(f.name, str(f.bytes), _disk(f)) for f in s.files], {1, 2})
+            rows: list[tuple[str, ...]] = [(printable(f.name), str(f.bytes), _disk(f)) for f in s.files]
+            out += _table(("NAME", "BYTES", "ON DISK"), rows, {1, 2})
         else:
-            out += _table(("NAME", "BYTES"), [(f.name, str(f.bytes)) for f in s.files], {1})
+            out += _table(("NAME", "BYTES"), [(printable(f.name), str(f.bytes)) for f in s.files], {1})
         if s.blobs:
             out += ["", f"blobs ({t.blobs}):"]
-            out += _table(("KEY", "FILE", "BYTES"), [(b.key, b.file, str(b.bytes)) for b in s.blobs], {2})
+            blob_rows: list[tuple[str, ...]] = [(printable(b.key), printable(b.file), str(b.bytes)) for b in s.blobs]
+            out += _table(("KEY", "FILE", "BYTES"), blob_rows, {2})
     problems = short_files(s)
     if problems:
         out += ["", f"WARNING: {len(problems)} data file(s) missing or shorter than the metadata says:"]
-        out += [f"  {f.name}: {_disk(f)}, needs {f.bytes} bytes" for f in problems[:20]]
+        out += [f"  {printable(f.name)}: {_disk(f)}, needs {f.bytes} bytes" for f in problems[:20]]
     if s.verify is not None:
         v = s.verify
         out.append("")
@@ -258,7 +262,7 @@ def format_text(s: Summary, *, tensors: bool = True) -> str:
             f"verify: {status}: {_n(v.shards_checked, 'shard')} and {_n(v.blobs_checked, 'blob')} checked, "
             f"{human_bytes(v.bytes_checked)} in {v.seconds:.2f} s"
         )
-        out += [f"  {m}" for m in v.failures]
+        out += [f"  {printable(m)}" for m in v.failures]
         if v.failures_total > len(v.failures):
             out.append(f"  ... and {v.failures_total - len(v.failures)} more")
     return "\n".join(out)

@@ -7,13 +7,20 @@ Who calls what, in order (``cli._cmd_merge`` or a user -> ``merge``):
   2. ``select(md, model_only, key_map)`` picks the tensors and their output names (pure);
   3. ``plan_files(...)`` assigns them to output files of at most ``max_shard_bytes`` (pure; a
      tensor larger than that gets a file of its own);
-  4. safetensors: each output file's header is built from the metadata alone, then every tensor
-     is read with ``read_full_tensor`` (the load engine's ``read_stage``: parallel ranged reads,
-     CRC32C verified, each saved shard copied into its box of one full tensor), cast, appended,
-     and dropped: peak memory is about the largest tensor (twice with a dtype cast), never the
-     checkpoint. Files are written under a temporary name and renamed when complete; the index
-     is written last. torch: the whole dict is built in memory, then saved (``torch.save``).
+  4. ``pieces.check_data_files`` stats the data files: a file missing or shorter than the
+     metadata says (a metadata claiming more than was saved) is refused before anything is
+     allocated or written;
+  5. safetensors: each output file's header is built from the metadata alone, then every tensor
+     is streamed into it piece by piece (``pieces.iter_pieces``: boxes of at most
+     ``pieces.PIECE_BYTES`` contiguous in the output, each read through the load engine's
+     ``read_stage``, CRC32C verified), cast piece by piece: peak memory is bounded by a few
+     pieces (see ``pieces``), whatever the size of the tensors or of the checkpoint. Files are
+     written under a temporary name and renamed when complete; the index is written last.
+     torch: the whole dict is built in memory, then saved (``torch.save``): memory is the
+     checkpoint's size.
 Output goes to a new or empty folder only (files of an earlier merge are never overwritten).
+Progress: a tqdm bar when ``progress`` (the CLI: stderr is a terminal), and ``report(line)``
+after each output file (the CLI: stderr is not a terminal).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import math
 import os
 import re
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -33,9 +41,12 @@ from ..engine.read import read_stage
 from ..errors import CheckpointError
 from ..format import Metadata, dtype_from_name
 from ..planning.load_plan import CopyOp, shard_read
+from ..planning.shard_index import ShardIndex
 from ..planning.specs import LoadItem, ShardSpec
 from ..storage import Storage
-from .inspect import load_metadata
+from .inspect import human_bytes, load_metadata
+from .pieces import PIECE_BYTES, check_data_files, iter_pieces
+from .printable import quoted
 
 __all__ = [
     "MergeResult",
@@ -74,6 +85,7 @@ class MergeResult:
     files: tuple[str, ...]
     tensors: int
     bytes_written: int
+    seconds: float = 0.0
 
 
 def parse_size(text: str) -> int:
@@ -89,10 +101,11 @@ def parse_size(text: str) -> int:
 
 def read_full_tensor(md: Metadata, storage: Storage, fqn: str, threads: int = 4) -> torch.Tensor:
     """The whole tensor ``fqn`` of the checkpoint, assembled from every saved shard (checksums
-    verified). Allocates exactly the tensor."""
+    verified). Allocates exactly the tensor: callers check the data files first
+    (``pieces.check_data_files``) so that a claim larger than the files allocates nothing."""
     rec = md.tensors.get(fqn)
     if rec is None:
-        raise CheckpointError(f"{storage.url} has no tensor {fqn!r}")
+        raise CheckpointError(f"{storage.url} has no tensor {quoted(fqn)}")
     dtype = dtype_from_name(rec.dtype)
     out = torch.empty(tuple(rec.shape), dtype=dtype)
     zeros = (0,) * len(rec.shape)
@@ -130,7 +143,9 @@ def select(
         if name is None:
             continue
         if name in seen:
-            raise CheckpointError(f"merge: {seen[name]!r} and {key!r} both map to the output name {name!r}")
+            raise CheckpointError(
+                f"merge: {quoted(seen[name])} and {quoted(key)} both map to the output name {quoted(name)}"
+            )
         seen[name] = key
         chosen[key] = name
     return chosen
@@ -139,9 +154,13 @@ def select(
 def iter_full_tensors(
     path: str, keys: list[str] | None = None, *, role: str | None = None, threads: int = 4
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(key, full tensor)`` one at a time (each read only when asked for)."""
+    """``(key, full tensor)`` one at a time (each read only when asked for; the data files are
+    checked first, ``pieces.check_data_files``, so a claim larger than the files allocates
+    nothing). Each tensor is allocated whole: ``pieces.iter_pieces`` reads in bounded pieces."""
     storage, md, _ = load_metadata(path, role)
-    for key in keys if keys is not None else list(md.tensors):
+    wanted = keys if keys is not None else list(md.tensors)
+    check_data_files(storage, md, [k for k in wanted if k in md.tensors])
+    for key in wanted:
         yield key, read_full_tensor(md, storage, key, threads)
 
 
@@ -181,14 +200,18 @@ def _write_safetensors_file(
     cast: torch.dtype | None,
     threads: int,
     progress: Callable[[int], None],
+    index: ShardIndex,
+    piece_bytes: int,
 ) -> int:
+    """One safetensors file holding ``keys``: the header from the metadata, then each tensor's
+    bytes streamed piece by piece (module docstring); returns the file's size."""
     header: dict[str, object] = {"__metadata__": {"format": "pt", "producer": "unickpt merge"}}
     at = 0
     for key in keys:
         rec = md.tensors[key]
         dtype = _out_dtype(dtype_from_name(rec.dtype), cast)
         if dtype not in SAFETENSORS_DTYPES:
-            raise CheckpointError(f"merge: {key!r} has dtype {rec.dtype}, which safetensors cannot hold")
+            raise CheckpointError(f"merge: {quoted(key)} has dtype {rec.dtype}, which safetensors cannot hold")
         n = math.prod(rec.shape) * dtype.itemsize
         header[names[key]] = {
             "dtype": SAFETENSORS_DTYPES[dtype],
@@ -205,12 +228,12 @@ def _write_safetensors_file(
             f.write(len(raw).to_bytes(8, "little"))
             f.write(raw)
             for key in keys:
-                t = read_full_tensor(md, storage, key, threads)
-                t = t.to(_out_dtype(t.dtype, cast)).contiguous()
-                if t.numel():
-                    f.write(t.reshape(-1).view(torch.uint8).numpy().data)
-                progress(t.numel() * t.element_size())
-                del t
+                for piece in iter_pieces(md, storage, key, threads=threads, piece_bytes=piece_bytes, index=index):
+                    t = piece.to(_out_dtype(piece.dtype, cast)).contiguous()
+                    if t.numel():
+                        f.write(t.reshape(-1).view(torch.uint8).numpy().data)
+                    progress(t.numel() * t.element_size())
+                    del t
             f.flush()
             os.fsync(f.fileno())
         os.rename(tmp, final)
@@ -234,12 +257,17 @@ def merge(
     role: str | None = None,
     threads: int = 4,
     progress: bool = False,
+    report: Callable[[str], None] | None = None,
+    piece_bytes: int = PIECE_BYTES,
 ) -> MergeResult:
     """Consolidate the checkpoint at ``path`` into the new folder ``out`` (module docstring).
 
     ``fmt``: ``"safetensors"`` or ``"torch"``; ``dtype``: ``"fp32"``/``"fp16"``/``"bf16"`` casts
     floating-point tensors; ``hf_config``: a ``config.json`` copied next to the weights (implies
-    ``model_only``), so ``transformers``' ``from_pretrained(out)`` loads the folder."""
+    ``model_only``), so ``transformers``' ``from_pretrained(out)`` loads the folder.
+    ``progress``: a tqdm bar; ``report(line)``: called after each output file is complete;
+    ``piece_bytes``: the largest piece of a tensor read at once (``pieces.PIECE_BYTES``)."""
+    t0 = time.perf_counter()
     if fmt not in ("safetensors", "torch"):
         raise ValueError(f"merge: unknown format {fmt!r} (safetensors or torch)")
     if dtype is not None and dtype not in CAST_DTYPES:
@@ -253,7 +281,9 @@ def merge(
     names = select(md, model_only, key_map)
     if not names:
         raise CheckpointError(f"merge: {storage.url} has no tensors to merge (model_only={model_only})")
+    check_data_files(storage, md, names)
     _check_out(out)
+    say = report if report is not None else (lambda line: None)
     sizes = {
         k: math.prod(md.tensors[k].shape) * _out_dtype(dtype_from_name(md.tensors[k].dtype), cast).itemsize
         for k in names
@@ -262,7 +292,7 @@ def merge(
     files: list[str] = []
     written = 0
     try:
-        if fmt == "torch":
+        if fmt == "torch":  # torch.save takes the whole dict: held in memory (data files checked above)
             full = {}
             for key, name in names.items():
                 t = read_full_tensor(md, storage, key, threads)
@@ -272,16 +302,23 @@ def merge(
             torch.save(full, target)
             files.append(os.path.basename(target))
             written = os.path.getsize(target)
+            say(f"wrote {target} ({len(full)} tensors, {human_bytes(written)})")
         else:
             groups = _plan_files(sizes, max_shard_bytes)
             single = len(groups) == 1
             weight_map: dict[str, str] = {}
+            shard_index = ShardIndex(md)
             for i, group in enumerate(groups):
                 fname = "model.safetensors" if single else f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
-                written += _write_safetensors_file(
-                    os.path.join(out, fname), group, names, md, storage, cast, threads, bar
+                size = _write_safetensors_file(
+                    os.path.join(out, fname), group, names, md, storage, cast, threads, bar, shard_index, piece_bytes
                 )
+                written += size
                 files.append(fname)
+                say(
+                    f"wrote {fname} ({i + 1} of {len(groups)}: {len(group)} tensors, {human_bytes(size)}; "
+                    f"{time.perf_counter() - t0:.1f} s so far)"
+                )
                 weight_map.update({names[k]: fname for k in group})
             if not single:
                 index = {"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map}
@@ -293,7 +330,7 @@ def merge(
             files.append("config.json")
     finally:
         bar(None)
-    return MergeResult(out, tuple(files), len(names), written)
+    return MergeResult(out, tuple(files), len(names), written, time.perf_counter() - t0)
 
 
 def _progress_bar(total: int, enabled: bool) -> Callable[[int | None], None]:

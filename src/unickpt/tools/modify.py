@@ -5,7 +5,9 @@ Who calls what: ``modify`` decodes the source's metadata, builds the key map (dr
 renames, in the order given; ``format.keymap.remap`` also renames the optimizer's parameter
 names), reads every kept tensor whole (``merge.read_full_tensor``, CRC32C checked), casts, and
 saves all of them with the ``optimizer`` object through ``framework="tensors"`` into ``OUT``
-(new or empty). The tensors are held in memory once (one save).
+(new or empty). The tensors are held in memory once (one save): memory is the size of the kept
+tensors, so the data files are checked first (``pieces.check_data_files``): a metadata claiming
+more bytes than its files hold is refused before anything is allocated.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ..format.keymap import remap
 from ..frameworks.flat import FlatTensors
 from .inspect import load_metadata
 from .merge import CAST_DTYPES, read_full_tensor
+from .pieces import check_data_files
 
 __all__ = ["ModifyResult", "modify", "parse_rename"]
 
@@ -52,8 +55,11 @@ def modify(
     dtype: str | None = None,
     threads: int = 4,
 ) -> ModifyResult:
-    if os.path.exists(out) and os.listdir(out):
-        raise CheckpointError(f"modify: {out} is not empty; modify writes a new checkpoint only")
+    if os.path.lexists(out):
+        if os.path.islink(out) or not os.path.isdir(out):
+            raise CheckpointError(f"modify: {out} exists and is not a folder; modify writes a new checkpoint only")
+        if os.listdir(out):
+            raise CheckpointError(f"modify: {out} is not empty; modify writes a new checkpoint only")
     cast = CAST_DTYPES[dtype] if dtype is not None else None
     storage, md, _ = load_metadata(src)
 
@@ -66,6 +72,7 @@ def modify(
 
     mapped = remap(md, key_map)
     origin = {key_map(k): k for k in md.tensors if key_map(k) is not None}
+    check_data_files(storage, md, [origin[new] for new in mapped.tensors])  # before allocating any tensor
     tensors = {}
     for new in mapped.tensors:
         t = read_full_tensor(md, storage, origin[new], threads)
