@@ -1,0 +1,358 @@
+"""The kinds of value a ``state`` dict holds, one class each: how a value of that kind is described
+for planning, saved, validated and applied. ``state.layout`` picks the kind of every key; the
+pipelines call these methods and decide nothing about a kind themselves.
+
+A kind is added here (a ``StateItem`` subclass) and in ``layout.item_for``; nothing else changes.
+
+=============  ============================================================================
+kind           described / saved / validated / applied
+=============  ============================================================================
+module         an ``nn.Module`` or a list of them (model parts): described by the framework
+               adapter (``layout.StateLayout.framework_state``; checkpoint keys ``model.<fqn>``
+               or ``<key>.<fqn>``), loaded in place by the adapter's view
+optimizer      an optimizer, a list of them, a wrapper (``frameworks.parts``): described and
+               loaded by the adapter, state keyed by the parameter names of the state's modules
+stateful       an object with ``state_dict()`` / ``load_state_dict()`` (LR scheduler,
+               ``GradScaler``, a user's train state): its ``state_dict()`` saved once, by rank
+               0, as blob ``<key>/replicated``; every rank must have the same (checked at save
+               by a digest in the describe collective); loaded on every rank
+per_rank       ``unickpt.PerRank(obj)``: a stateful object whose state differs per rank: blob
+               ``<key>/rank<r>`` per rank; after a change of world size
+               ``LoadOptions.extra_state_on_resize`` decides (as for extra state)
+value          anything else (plain values, tensors, numpy values; ``extra_state``): blob
+               ``<key>/rank<r>`` per rank, restored into the dict (``state[key] = value``);
+               None at load is a placeholder to be filled
+dataloader     ``state["dataloader"]``: the ``unickpt.data`` protocol or a per-rank
+               ``state_dict`` loader (``state.loader``)
+=============  ============================================================================
+
+Who calls what, in order, per item, on every rank:
+  save  ``encode(rank)`` in the describe stage: blobs (safe value encoding; an unsupported value
+        raises ``UnsupportedValueError`` naming its path) and claims (values every rank must
+        share); ``kind`` goes into the metadata objects (``layout``).
+  load  ``choose(ctx)`` in the validate stage: which blobs this rank reads, which keys are
+        missing (raising for what cannot be restored) -> the blobs are read -> ``apply(state,
+        values)`` in the apply stage, after the adapter's view applied the tensors.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import warnings
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from ..errors import CheckpointError, ExtraStateResizeError, FrameworkError, LoaderStateError, UnsupportedValueError
+from ..format.records import Metadata
+from ..format.values import dumps_value
+from .extra import extra_blob_key, pick_extra_blob
+from .loader import LEGACY_PREFIX, LOADER_SECTION, LoaderIndex, is_reshardable, loader_blobs
+
+__all__ = [
+    "Kind",
+    "PerRank",
+    "LoadContext",
+    "Encoded",
+    "StateItem",
+    "ModuleItem",
+    "OptimizerItem",
+    "StatefulItem",
+    "PerRankItem",
+    "ValueItem",
+    "LoaderItem",
+    "encode_value",
+]
+
+
+class Kind(enum.Enum):
+    MODULE = "module"
+    OPTIMIZER = "optimizer"
+    STATEFUL = "stateful"
+    PER_RANK = "per_rank"
+    VALUE = "value"
+    DATALOADER = "dataloader"
+
+
+@dataclass(frozen=True, slots=True)
+class PerRank:
+    """Marks a stateful object whose state is per rank (saved by every rank, restored by rank
+    under ``LoadOptions.extra_state_on_resize`` after a change of world size):
+    ``state["rng_gen"] = unickpt.PerRank(my_generator_state)``."""
+
+    obj: Any
+
+    def __post_init__(self) -> None:
+        if not _is_stateful(self.obj):
+            raise FrameworkError(
+                "unickpt.PerRank needs an object with state_dict() and load_state_dict(), "
+                f"got {type(self.obj).__name__}"
+            )
+
+
+def _is_stateful(obj: object) -> bool:
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+
+
+@dataclass(frozen=True, slots=True)
+class LoadContext:
+    """What ``choose`` needs of a load: the metadata, this rank and the world, the resize policies."""
+
+    md: Metadata
+    rank: int
+    world_size: int
+    extra_on_resize: str = "modulo"
+    loader_on_resize: str = "error"
+    blob_keys: frozenset[str] = field(default_factory=frozenset)
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """What an item saves on one rank: blobs (key -> encoded bytes) and claims (what every rank
+    must pass alike -> a digest)."""
+
+    blobs: dict[str, bytes] = field(default_factory=dict)
+    claims: dict[str, str] = field(default_factory=dict)
+
+
+def encode_value(value: Any, where: str) -> bytes:
+    """``dumps_value``, its refusals as ``UnsupportedValueError`` naming ``where``."""
+    try:
+        return dumps_value(value, where)
+    except CheckpointError:
+        raise
+    except (TypeError, ValueError, OverflowError, RecursionError) as e:
+        raise UnsupportedValueError(f"cannot save {where}: {e}") from e
+
+
+def _state_dict(key: str, obj: Any) -> Any:
+    try:
+        return obj.state_dict()
+    except CheckpointError:
+        raise
+    except Exception as e:
+        raise FrameworkError(f"state[{key!r}].state_dict() failed: {e!r}") from e
+
+
+@dataclass(frozen=True, eq=False)
+class StateItem:
+    """One key of ``state`` (see the module docstring for the order of calls)."""
+
+    key: str
+    value: Any
+    kind: ClassVar[Kind]
+    by_adapter: ClassVar[bool] = False  # described and loaded by the framework adapter
+
+    def encode(self, rank: int) -> Encoded:
+        return Encoded()
+
+    def choose(self, ctx: LoadContext) -> tuple[dict[str, str], list[str]]:
+        """(what -> blob key to read, missing keys); raises for what cannot be restored."""
+        return {}, []
+
+    def apply(self, state: MutableMapping[str, Any], values: Mapping[str, Any]) -> None:
+        """Make the read ``values`` (what -> decoded value) the live state."""
+
+
+@dataclass(frozen=True, eq=False)
+class ModuleItem(StateItem):
+    kind: ClassVar[Kind] = Kind.MODULE
+    by_adapter: ClassVar[bool] = True
+
+
+@dataclass(frozen=True, eq=False)
+class OptimizerItem(StateItem):
+    """``optimizers``: what ``value`` stands for (``frameworks.parts.unwrap_optimizer``)."""
+
+    optimizers: tuple[Any, ...] = ()
+    kind: ClassVar[Kind] = Kind.OPTIMIZER
+    by_adapter: ClassVar[bool] = True
+
+
+def _per_rank_choice(key: str, ctx: LoadContext) -> tuple[dict[str, str], list[str]]:
+    """The per-rank blob of ``key`` this rank restores (``LoadOptions.extra_state_on_resize``)."""
+    saved = ctx.md.topology.world_size
+    if saved == ctx.world_size:
+        blob = pick_extra_blob(set(ctx.blob_keys), ctx.rank, saved, key)
+    elif ctx.extra_on_resize == "error":
+        raise ExtraStateResizeError(
+            f"the checkpoint's {key} was saved per rank by {saved} ranks and this job has {ctx.world_size}; "
+            "choose LoadOptions(extra_state_on_resize='modulo' | 'rank0' | 'skip')"
+        )
+    elif ctx.extra_on_resize == "skip":
+        if ctx.rank == 0:
+            warnings.warn(
+                f"{key} not restored: saved by {saved} ranks, loading on {ctx.world_size} "
+                "(LoadOptions(extra_state_on_resize='skip'))",
+                stacklevel=6,
+            )
+        return {}, []
+    else:
+        blob = pick_extra_blob(set(ctx.blob_keys), 0 if ctx.extra_on_resize == "rank0" else ctx.rank, saved, key)
+        if ctx.rank == 0 and ctx.extra_on_resize == "modulo" and ctx.world_size > saved:
+            warnings.warn(
+                f"{key} saved by {saved} ranks restored on {ctx.world_size}: rank r gets saved rank "
+                f"r % {saved}'s values, so ranks share RNG states (LoadOptions(extra_state_on_resize=...) to choose)",
+                stacklevel=6,
+            )
+    return ({"value": blob}, []) if blob is not None else ({}, [key])
+
+
+def _has_per_rank(key: str, ctx: LoadContext) -> bool:
+    return extra_blob_key(0, key) in ctx.blob_keys
+
+
+def replicated_blob_key(key: str) -> str:
+    return f"{key}/replicated"
+
+
+@dataclass(frozen=True, eq=False)
+class ValueItem(StateItem):
+    kind: ClassVar[Kind] = Kind.VALUE
+
+    def encode(self, rank: int) -> Encoded:
+        if self.value is None:
+            return Encoded()
+        return Encoded({extra_blob_key(rank, self.key): encode_value(self.value, self.key)})
+
+    def choose(self, ctx: LoadContext) -> tuple[dict[str, str], list[str]]:
+        return _per_rank_choice(self.key, ctx)
+
+    def apply(self, state: MutableMapping[str, Any], values: Mapping[str, Any]) -> None:
+        if "value" in values:
+            state[self.key] = values["value"]
+
+
+@dataclass(frozen=True, eq=False)
+class StatefulItem(StateItem):
+    """Replicated: saved once (rank 0), the same on every rank (claimed by digest)."""
+
+    kind: ClassVar[Kind] = Kind.STATEFUL
+
+    def encode(self, rank: int) -> Encoded:
+        data = encode_value(_state_dict(self.key, self.value), f"state[{self.key!r}].state_dict()")
+        digest = hashlib.blake2b(data, digest_size=12).hexdigest()
+        blobs = {replicated_blob_key(self.key): data} if rank == 0 else {}
+        return Encoded(blobs, {claim_name(self.key): digest})
+
+    def choose(self, ctx: LoadContext) -> tuple[dict[str, str], list[str]]:
+        blob = replicated_blob_key(self.key)
+        if blob in ctx.blob_keys:
+            return {"value": blob}, []
+        if _has_per_rank(self.key, ctx):  # saved as unickpt.PerRank
+            return _per_rank_choice(self.key, ctx)
+        return {}, [self.key]
+
+    def apply(self, state: MutableMapping[str, Any], values: Mapping[str, Any]) -> None:
+        if "value" in values:
+            self.value.load_state_dict(values["value"])
+
+
+@dataclass(frozen=True, eq=False)
+class PerRankItem(StateItem):
+    """``unickpt.PerRank(obj)``: ``value`` is the ``PerRank``."""
+
+    kind: ClassVar[Kind] = Kind.PER_RANK
+
+    def encode(self, rank: int) -> Encoded:
+        data = encode_value(_state_dict(self.key, self.value.obj), f"state[{self.key!r}].state_dict()")
+        return Encoded({extra_blob_key(rank, self.key): data})
+
+    def choose(self, ctx: LoadContext) -> tuple[dict[str, str], list[str]]:
+        if replicated_blob_key(self.key) in ctx.blob_keys and not _has_per_rank(self.key, ctx):
+            return {"value": replicated_blob_key(self.key)}, []
+        return _per_rank_choice(self.key, ctx)
+
+    def apply(self, state: MutableMapping[str, Any], values: Mapping[str, Any]) -> None:
+        if "value" in values:
+            self.value.obj.load_state_dict(values["value"])
+
+
+CLAIM_PREFIX = "replicated state "
+
+
+def claim_name(key: str) -> str:
+    return f"{CLAIM_PREFIX}{key!r}"
+
+
+_REPLICATED, _PART = "replicated", "part."
+
+
+@dataclass(frozen=True, eq=False)
+class LoaderItem(StateItem):
+    """``state["dataloader"]`` (``state.loader``): protocol loaders or per-rank ``state_dict``."""
+
+    kind: ClassVar[Kind] = Kind.DATALOADER
+
+    def encode(self, rank: int) -> Encoded:
+        loader = self.value
+        if is_reshardable(loader):  # the unickpt.data protocol: replicated state + numbered parts
+            return Encoded({k: encode_value(v, k) for k, v in loader_blobs(loader).items()})
+        if not hasattr(loader, "state_dict"):
+            raise FrameworkError(
+                'state["dataloader"] must implement the unickpt.data protocol or have state_dict()/load_state_dict()'
+            )
+        return Encoded({f"{LEGACY_PREFIX}{rank}": encode_value(loader.state_dict(), "dataloader")})
+
+    def choose(self, ctx: LoadContext) -> tuple[dict[str, str], list[str]]:
+        loader, md = self.value, ctx.md
+        if is_reshardable(loader):
+            if LOADER_SECTION in md.sections:
+                return _protocol_loader_keys(md, loader), []
+            if any(k.startswith(LEGACY_PREFIX) for k in ctx.blob_keys):
+                raise LoaderStateError(
+                    f"the checkpoint holds per-rank state of a loader without the unickpt.data protocol; this "
+                    f"{type(loader).__name__} cannot take it: load without state['dataloader'] and start it fresh"
+                )
+            return {}, [self.key]
+        key = _legacy_loader_key(ctx)
+        if key is None:
+            return {}, [self.key] if ctx.loader_on_resize == "error" else []
+        return {"legacy": key}, []
+
+    def apply(self, state: MutableMapping[str, Any], values: Mapping[str, Any]) -> None:
+        loader = self.value
+        if _REPLICATED in values:
+            replicated = values[_REPLICATED]
+            parts = {int(k[len(_PART) :]): v for k, v in values.items() if k.startswith(_PART)}
+            loader.load_unickpt_state(replicated["state"], parts, int(replicated["dp_size"]))
+        if "legacy" in values:
+            loader.load_state_dict(values["legacy"])
+
+
+def _protocol_loader_keys(md: Metadata, loader: Any) -> dict[str, str]:
+    """Every blob of the saved loader state (replicated + all parts) for a protocol loader."""
+    index = md.sections[LOADER_SECTION]
+    assert isinstance(index, LoaderIndex)
+    own = getattr(loader, "num_parts", index.num_parts)
+    if own != index.num_parts:
+        raise LoaderStateError(
+            f"the checkpoint's loader state has {index.num_parts} parts, this {type(loader).__name__} has {own}: "
+            "build the loader with the same num_parts to resume without losing or repeating data"
+        )
+    out = {_REPLICATED: index.replicated}
+    out.update({f"{_PART}{p}": k for p, k in enumerate(index.parts)})
+    return out
+
+
+def _legacy_loader_key(ctx: LoadContext) -> str | None:
+    """This rank's own per-rank blob of a loader without the protocol (same world size only)."""
+    saved = ctx.md.topology.world_size
+    if saved != ctx.world_size:
+        if ctx.loader_on_resize == "skip":
+            if ctx.rank == 0:
+                warnings.warn(
+                    f"dataloader state not restored: saved by {saved} ranks, loading on {ctx.world_size} "
+                    "(LoadOptions(loader_on_resize='skip')); the loaders start where they are",
+                    stacklevel=6,
+                )
+            return None
+        raise LoaderStateError(
+            f"the checkpoint holds per-rank dataloader state of {saved} ranks and this job has "
+            f"{ctx.world_size}: a loader without the unickpt.data protocol cannot be split or merged "
+            "without repeating or dropping data. Implement the protocol (unickpt.data, e.g. "
+            "TokenPackingLoader), or pass LoadOptions(loader_on_resize='skip') to start the loaders fresh"
+        )
+    key = f"{LEGACY_PREFIX}{ctx.rank}"
+    return key if key in ctx.blob_keys else None
