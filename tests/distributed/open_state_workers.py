@@ -37,17 +37,24 @@ class Part(nn.Module):
 
 
 class TrainState:
-    """A user's train state: an int and a tensor."""
+    """A user's train state: an int, a tensor, and a running sum sharded over the ranks (a DTensor
+    when a process group exists, which reshards like model tensors)."""
 
     def __init__(self) -> None:
         self.step = 0
         self.tokens = torch.zeros(3, dtype=torch.int64)
+        self.sums = torch.zeros(5)
+        if dist.is_initialized():
+            from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+
+            mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+            self.sums = distribute_tensor(self.sums, mesh, [Shard(0)])
 
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "tokens": self.tokens.clone()}
+        return {"step": self.step, "tokens": self.tokens.clone(), "running": {"sums": self.sums}}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        self.step, self.tokens = sd["step"], sd["tokens"]
+        self.step, self.tokens, self.sums = sd["step"], sd["tokens"], sd["running"]["sums"]
 
 
 def build_parts(sharded: bool) -> tuple[list[nn.Module], nn.Module]:
@@ -118,6 +125,7 @@ def train_step(state: dict[str, Any], step: int) -> float:
         ts = state["train_state"]
         ts.step += 1
         ts.tokens = ts.tokens + torch.tensor([step, 1, 2])
+        ts.sums = ts.sums + 0.25 * (step + 1)
     return float(loss.detach())
 
 
@@ -142,7 +150,8 @@ def snapshot(state: dict[str, Any]) -> dict[str, Any]:
         if key in state:
             out[key] = (state[key].last_epoch, list(state[key].get_last_lr()))
     if "train_state" in state:
-        out["train_state"] = (state["train_state"].step, state["train_state"].tokens.clone())
+        ts = state["train_state"]
+        out["train_state"] = (ts.step, ts.tokens.clone(), _full(ts.sums))
     if "extra_state" in state:
         out["extra_state"] = state["extra_state"]
     return out

@@ -152,8 +152,14 @@ def _load_once(
     source = storage.url
     layout, adapter = described
 
+    own: dict[tuple[str, str], Any] = {}
+
     def validate() -> tuple[LoadView, list[ShardRead], dict[tuple[str, str], str], list[str], list[str]]:
         view = adapter.load_view(layout.framework_state, md, strict)
+        own_items, own_tensors, own_prefixes = layout.destinations(md)  # a Stateful's tensors
+        view.items.extend(own_items)
+        view.prefixes = (*view.prefixes, *own_prefixes)
+        own.update(own_tensors)
         ckpt_keys = {k for k in md.tensors if k.startswith(view.prefixes)} if view.prefixes else set()
         specs = [i.spec for i in view.items] + [i.spec for i in view.probes]
         report = check_targets(
@@ -222,7 +228,7 @@ def _load_once(
                     if live is not stage:
                         live.tensor.copy_(stage.tensor)
         view.apply()
-        layout.apply(state, values)
+        layout.apply(state, {**values, **own})
 
     with events.phase("load.apply", coord.rank, path=source):
         run_stage(coord, "load (apply)", apply)

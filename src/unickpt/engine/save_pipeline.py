@@ -114,6 +114,7 @@ class SavePipeline:
             with self.res.events.phase("save.serialize", coord.rank, path=self.storage.url) as p:
                 encoded = layout.encode(coord.rank)  # the other items' blobs: the safe encoding
                 p.nbytes = sum(len(b) for b in encoded.blobs.values())
+            view.items.extend(encoded.tensors)  # a Stateful's tensors: saved as checkpoint tensors
             return Described(layout, adapter, view, encoded.blobs, encoded.claims)
 
         def agree(d: Described) -> dict[str, object]:

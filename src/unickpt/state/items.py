@@ -14,8 +14,9 @@ optimizer      an optimizer, a list of them, a wrapper (``frameworks.parts``): d
                loaded by the adapter, state keyed by the parameter names of the state's modules
 stateful       an object with ``state_dict()`` / ``load_state_dict()`` (LR scheduler,
                ``GradScaler``, a user's train state): its ``state_dict()`` saved once, by rank
-               0, as blob ``<key>/replicated``; every rank must have the same (checked at save
-               by a digest in the describe collective); loaded on every rank
+               0, as blob ``<key>/replicated``, its tensors (DTensors too) as checkpoint
+               tensors ``<key>.<path>`` that reshard; every rank must have the same (checked
+               at save by a digest in the describe collective); loaded on every rank
 per_rank       ``unickpt.PerRank(obj)``: a stateful object whose state differs per rank: blob
                ``<key>/rank<r>`` per rank; after a change of world size
                ``LoadOptions.extra_state_on_resize`` decides (as for extra state)
@@ -28,9 +29,9 @@ dataloader     ``state["dataloader"]``: the ``unickpt.data`` protocol or a per-r
 
 Who calls what, in order, per item, on every rank:
   save  ``encode(rank)`` in the describe stage: blobs (safe value encoding; an unsupported value
-        raises ``UnsupportedValueError`` naming its path) and claims (values every rank must
-        share); ``kind`` goes into the metadata objects (``layout``).
-  load  ``choose(ctx)`` in the validate stage: which blobs this rank reads, which keys are
+        raises ``UnsupportedValueError`` naming its path), claims (values every rank must
+        share) and tensor shards; ``kind`` goes into the metadata objects (``layout``).
+  load  ``destinations(md)`` and ``choose(ctx)`` in the validate stage: which blobs this rank reads, which keys are
         missing (raising for what cannot be restored) -> the blobs are read -> ``apply(state,
         values)`` in the apply stage, after the adapter's view applied the tensors.
 """
@@ -44,9 +45,22 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ..errors import CheckpointError, ExtraStateResizeError, FrameworkError, LoaderStateError, UnsupportedValueError
+import torch
+from torch.distributed.tensor import DTensor
+
+from ..errors import (
+    CheckpointError,
+    CorruptMetadataError,
+    ExtraStateResizeError,
+    FrameworkError,
+    LoaderStateError,
+    UnsupportedValueError,
+)
+from ..format.dtypes import dtype_from_name
 from ..format.records import Metadata
 from ..format.values import dumps_value
+from ..frameworks.module_state import tensor_piece
+from ..planning.specs import LoadItem, SaveItem
 from .extra import extra_blob_key, pick_extra_blob
 from .loader import LEGACY_PREFIX, LOADER_SECTION, LoaderIndex, is_reshardable, loader_blobs
 
@@ -114,6 +128,7 @@ class Encoded:
 
     blobs: dict[str, bytes] = field(default_factory=dict)
     claims: dict[str, str] = field(default_factory=dict)
+    tensors: list[SaveItem] = field(default_factory=list)  # shards of tensors saved as tensors
 
 
 def encode_value(value: Any, where: str) -> bytes:
@@ -150,6 +165,11 @@ class StateItem:
     def choose(self, ctx: LoadContext) -> tuple[dict[str, str], list[str]]:
         """(what -> blob key to read, missing keys); raises for what cannot be restored."""
         return {}, []
+
+    def destinations(self, md: Metadata) -> tuple[list[LoadItem], dict[str, torch.Tensor]]:
+        """Tensors this item loads through the tensor path: (destinations for the engine, checkpoint
+        key -> the tensor ``apply`` receives); nothing changes in the job."""
+        return [], {}
 
     def apply(self, state: MutableMapping[str, Any], values: Mapping[str, Any]) -> None:
         """Make the read ``values`` (what -> decoded value) the live state."""
@@ -226,15 +246,46 @@ class ValueItem(StateItem):
 
 @dataclass(frozen=True, eq=False)
 class StatefulItem(StateItem):
-    """Replicated: saved once (rank 0), the same on every rank (claimed by digest)."""
+    """Replicated: saved once (rank 0), the same on every rank (claimed by digest). Its tensors
+    (DTensors and plain tensors, at any depth of dicts, lists and tuples) are saved as checkpoint
+    tensors ``<key>.<path>``, so they reshard like model tensors; the blob holds a placeholder
+    for each."""
 
     kind: ClassVar[Kind] = Kind.STATEFUL
 
     def encode(self, rank: int) -> Encoded:
-        data = encode_value(_state_dict(self.key, self.value), f"state[{self.key!r}].state_dict()")
-        digest = hashlib.blake2b(data, digest_size=12).hexdigest()
+        plain, tensors = split_tensors(self.key, _state_dict(self.key, self.value))
+        data = encode_value(plain, f"state[{self.key!r}].state_dict()")
+        digest = hashlib.blake2b(data, digest_size=12)
+        items = []
+        with torch.no_grad():
+            for ckey, t in tensors.items():
+                if not isinstance(t, DTensor):  # replicated: the same bytes on every rank
+                    digest.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+                piece = tensor_piece(ckey, t)
+                items.append(SaveItem(piece.spec, piece.tensor))
         blobs = {replicated_blob_key(self.key): data} if rank == 0 else {}
-        return Encoded(blobs, {claim_name(self.key): digest})
+        return Encoded(blobs, {claim_name(self.key): digest.hexdigest()}, items)
+
+    def destinations(self, md: Metadata) -> tuple[list[LoadItem], dict[str, torch.Tensor]]:
+        prefix = f"{self.key}."
+        saved = {k: r for k, r in md.tensors.items() if k.startswith(prefix)}
+        if not saved:
+            return [], {}
+        _, live = split_tensors(self.key, _state_dict(self.key, self.value))
+        items: list[LoadItem] = []
+        fresh: dict[str, torch.Tensor] = {}
+        with torch.no_grad():
+            for ckey, rec in saved.items():
+                like = live.get(ckey)
+                if like is not None and tuple(like.shape) == tuple(rec.shape):
+                    t = torch.empty_like(like, dtype=dtype_from_name(rec.dtype))
+                else:  # no live tensor of that shape: a whole one, as saved
+                    t = torch.empty(tuple(rec.shape), dtype=dtype_from_name(rec.dtype))
+                piece = tensor_piece(ckey, t)
+                items.append(LoadItem(piece.spec, piece.tensor, True))
+                fresh[ckey] = t
+        return items, fresh
 
     def choose(self, ctx: LoadContext) -> tuple[dict[str, str], list[str]]:
         blob = replicated_blob_key(self.key)
@@ -246,7 +297,51 @@ class StatefulItem(StateItem):
 
     def apply(self, state: MutableMapping[str, Any], values: Mapping[str, Any]) -> None:
         if "value" in values:
-            self.value.load_state_dict(values["value"])
+            tensors = {k[len(TENSOR_VALUE) :]: v for k, v in values.items() if k.startswith(TENSOR_VALUE)}
+            self.value.load_state_dict(join_tensors(values["value"], tensors, self.key))
+
+
+_MARK = "__unickpt_tensor__"
+TENSOR_VALUE = "tensor:"  # + checkpoint key: a loaded tensor of a Stateful, in ``apply``'s values
+
+
+def split_tensors(key: str, value: Any) -> tuple[Any, dict[str, torch.Tensor]]:
+    """``value`` with every tensor (at any depth of dicts, lists, tuples) replaced by a placeholder
+    ``{"__unickpt_tensor__": "<key>.<path>"}``, and those tensors by checkpoint key."""
+    found: dict[str, torch.Tensor] = {}
+
+    def walk(v: Any, path: str) -> Any:
+        if isinstance(v, torch.Tensor):
+            ckey = f"{key}.{path}" if path else key
+            if ckey in found:
+                raise FrameworkError(f"state[{key!r}].state_dict(): two tensors are both named {ckey!r}")
+            found[ckey] = v
+            return {_MARK: ckey}
+        if type(v) is dict:
+            return {k: walk(x, f"{path}.{k}" if path else str(k)) for k, x in v.items()}
+        if type(v) in (list, tuple):
+            return type(v)(walk(x, f"{path}.{i}" if path else str(i)) for i, x in enumerate(v))
+        return v
+
+    return walk(value, ""), found
+
+
+def join_tensors(value: Any, tensors: Mapping[str, torch.Tensor], key: str) -> Any:
+    """The inverse of ``split_tensors``: placeholders replaced by the loaded tensors."""
+
+    def walk(v: Any) -> Any:
+        if type(v) is dict:
+            if len(v) == 1 and _MARK in v:
+                t = tensors.get(v[_MARK])
+                if t is None:
+                    raise CorruptMetadataError(f"state[{key!r}]: tensor {v[_MARK]!r} is not in the checkpoint")
+                return t
+            return {k: walk(x) for k, x in v.items()}
+        if type(v) in (list, tuple):
+            return type(v)(walk(x) for x in v)
+        return v
+
+    return walk(value)
 
 
 @dataclass(frozen=True, eq=False)

@@ -37,8 +37,10 @@ from ..errors import FrameworkError, RankDisagreementError
 from ..format.records import JSONValue, Metadata
 from ..frameworks.base import OPTIM_PREFIX, is_optimizer_like
 from ..frameworks.parts import MODEL_KEY, ModelParts, OptimizerChain, part_prefix, unwrap_optimizer
+from ..planning.specs import LoadItem, SaveItem
 from .items import (
     CLAIM_PREFIX,
+    TENSOR_VALUE,
     Encoded,
     Kind,
     LoadContext,
@@ -133,14 +135,16 @@ class StateLayout:
         """Every item's blobs and claims on this rank (``UnsupportedValueError`` naming a path)."""
         blobs: dict[str, bytes] = {}
         claims: dict[str, str] = {}
+        tensors: list[SaveItem] = []
         for item in self.items:
             if not item.by_adapter:
                 enc = item.encode(rank)
                 blobs.update(enc.blobs)
                 claims.update(enc.claims)
+                tensors += enc.tensors
         replicated = sorted(i.key for i in self.items if i.kind is Kind.STATEFUL)
         claims["replicated state keys"] = repr(replicated)
-        return Encoded(blobs, claims)
+        return Encoded(blobs, claims, tensors)
 
     def objects(self) -> dict[str, JSONValue]:
         """The metadata objects recording each key and its kind."""
@@ -162,6 +166,20 @@ class StateLayout:
             chosen.update({(item.key, what): blob for what, blob in picked.items()})
             missing += absent
         return chosen, missing
+
+    def destinations(self, md: Metadata) -> tuple[list[LoadItem], dict[tuple[str, str], Any], tuple[str, ...]]:
+        """The items' tensors loaded through the tensor path: (destinations, (item key,
+        ``tensor:<checkpoint key>``) -> the tensor ``apply`` receives, the key prefixes they cover)."""
+        items: list[LoadItem] = []
+        values: dict[tuple[str, str], Any] = {}
+        prefixes: list[str] = []
+        for item in self.items:
+            if item.kind is Kind.STATEFUL:
+                prefixes.append(f"{item.key}.")
+                dest, fresh = item.destinations(md)
+                items += dest
+                values.update({(item.key, f"{TENSOR_VALUE}{k}"): t for k, t in fresh.items()})
+        return items, values, tuple(prefixes)
 
     def keys_against(self, md: Metadata) -> tuple[list[str], list[str]]:
         """Top-level keys: (live keys the checkpoint lacks, checkpoint keys the live state lacks);
@@ -192,12 +210,15 @@ def _framework_state(items: tuple[StateItem, ...]) -> dict[str, Any]:
         out[MODEL_KEY] = modules[0].value
     elif modules:
         prefixes = {i.key: part_prefix(i.key) for i in modules}
+        prefixes.update({i.key: f"{i.key}." for i in items if i.kind is Kind.STATEFUL})
         for a, pa in prefixes.items():
             if pa.startswith(OPTIM_PREFIX):
                 raise FrameworkError(f"state key {a!r}: a module's key cannot start with 'optimizer.'")
             clash = [b for b, pb in prefixes.items() if b != a and pb.startswith(pa)]
             if clash:
-                raise FrameworkError(f"state keys {a!r} and {clash[0]!r}: one module key is a prefix of another's")
+                raise FrameworkError(
+                    f"state keys {a!r} and {clash[0]!r}: the checkpoint keys of one would be among the other's"
+                )
         parts = []
         for i in modules:
             values = i.value if isinstance(i.value, (list, tuple)) else [i.value]
