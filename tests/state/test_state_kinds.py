@@ -176,7 +176,7 @@ def test_wrapper_optimizer_is_unwrapped_and_a_hiding_one_refused(tmp_path):
 
 @pytest.mark.parametrize(
     "case",
-    ["two_parts_one_name", "optimizer_outside_the_modules", "unsupported_stateful_value", "invalid_key"],
+    ["two_parts_one_name", "optimizer_outside_the_modules", "unsupported_stateful_value", "invalid_key", "nested_keys"],
 )
 def test_refused_before_anything_is_written(tmp_path, case):
     model = nn.Linear(2, 2)
@@ -194,6 +194,8 @@ def test_refused_before_anything_is_written(tmp_path, case):
 
         state = {"model": model, "bad": Bad()}
         match = r"state\['bad'\]\.state_dict\(\)"
+    elif case == "nested_keys":  # model.ema.* would be among model.*
+        state, match = {"model": model, "model.ema": nn.Linear(2, 2)}, "'model' and 'model.ema'"
     else:
         state, match = {"model": model, "no spaces": 1}, "invalid state key 'no spaces'"
     path = str(tmp_path / "c")

@@ -202,23 +202,28 @@ class StateLayout:
                 item.apply(state, mine)
 
 
+def _check_prefixes(items: tuple[StateItem, ...]) -> None:
+    """The checkpoint tensor keys of the items that have some (modules, Stateful objects) stay
+    apart: no key's prefix inside another's, none inside ``optimizer.``."""
+    prefixes = {i.key: part_prefix(i.key) for i in items if i.kind in (Kind.MODULE, Kind.STATEFUL)}
+    for a, pa in prefixes.items():
+        if pa.startswith(OPTIM_PREFIX):
+            raise FrameworkError(f"state key {a!r}: the key of a module or Stateful cannot start with 'optimizer.'")
+        clash = [b for b, pb in prefixes.items() if b != a and pb.startswith(pa)]
+        if clash:
+            raise FrameworkError(
+                f"state keys {a!r} and {clash[0]!r}: the checkpoint keys of one would be among the other's"
+            )
+
+
 def _framework_state(items: tuple[StateItem, ...]) -> dict[str, Any]:
     """``{"model": ..., "optimizer": ...}`` for the adapter (see the module docstring)."""
+    _check_prefixes(items)
     modules = [i for i in items if isinstance(i, ModuleItem)]
     out: dict[str, Any] = {}
     if len(modules) == 1 and modules[0].key == MODEL_KEY:
         out[MODEL_KEY] = modules[0].value
     elif modules:
-        prefixes = {i.key: part_prefix(i.key) for i in modules}
-        prefixes.update({i.key: f"{i.key}." for i in items if i.kind is Kind.STATEFUL})
-        for a, pa in prefixes.items():
-            if pa.startswith(OPTIM_PREFIX):
-                raise FrameworkError(f"state key {a!r}: a module's key cannot start with 'optimizer.'")
-            clash = [b for b, pb in prefixes.items() if b != a and pb.startswith(pa)]
-            if clash:
-                raise FrameworkError(
-                    f"state keys {a!r} and {clash[0]!r}: the checkpoint keys of one would be among the other's"
-                )
         parts = []
         for i in modules:
             values = i.value if isinstance(i.value, (list, tuple)) else [i.value]
