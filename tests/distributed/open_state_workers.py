@@ -183,8 +183,9 @@ def save_ws2(rank: int, ws: int, root: str) -> dict[str, Any]:
 
 
 def load_ws3(rank: int, ws: int, root: str) -> dict[str, Any]:
-    """Load the ws=2 checkpoint into the same structure at ws=3 (FSDP2); then an uninterrupted
-    run at ws=3 from the start for reference."""
+    """Load the ws=2 checkpoint into the same structure at ws=3 (FSDP2); the one-module checkpoint
+    (``whole``, saved by the test at ws=1) into the two parts; an uninterrupted run at ws=3 from
+    the start for reference."""
     del rank, ws
     state = loop_state(sharded=True)
     for o in state["optimizer"]:
@@ -195,6 +196,9 @@ def load_ws3(rank: int, ws: int, root: str) -> dict[str, Any]:
     out = {"loaded": snapshot(state)}
     out["next_loss"] = train_step(state, STEPS)
     out["after_loss"] = float(loss_of(state["model"], STEPS + 1).detach())
+    back = loop_state(sharded=True)  # and back: the one-module checkpoint into two FSDP2 parts
+    unickpt.load(os.path.join(root, "whole"), back, strict=False)
+    out["from_whole"] = snapshot(back)
     ref = loop_state(sharded=True)
     for step in range(STEPS + 1):
         loss = train_step(ref, step)

@@ -41,9 +41,26 @@ def saved(tmp_path_factory) -> tuple[str, list[dict[str, Any]]]:
     return root, run_ranks(save_ws2, 2, root)
 
 
+def _whole() -> tuple[Part, torch.optim.AdamW]:
+    """One module with all layers and one AdamW with two param groups (layers 0-1, 2-3)."""
+    torch.manual_seed(5)
+    whole = Part(range(0, 4))
+    params = list(whole.named_parameters())
+    groups = [
+        {"params": [p for n, p in params if n.split(".")[1] in "01"], "lr": 9.0},
+        {"params": [p for n, p in params if n.split(".")[1] in "23"], "lr": 9.0},
+    ]
+    return whole, torch.optim.AdamW(groups)
+
+
 @pytest.fixture(scope="module")
 def ws3(saved) -> list[dict[str, Any]]:
     root, _ = saved
+    whole, opt = _whole()  # the ws=2 checkpoint through one module, saved at ws=1 for the way back
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        unickpt.load(os.path.join(root, "ckpt"), {"model": whole, "optimizer": opt}, strict=False)
+    unickpt.save(os.path.join(root, "whole"), {"model": whole, "optimizer": opt})
     return run_ranks(load_ws3, 3, root)
 
 
@@ -61,6 +78,14 @@ def test_saved_at_ws2_loads_bit_exact_at_ws3_fsdp2(saved, ws3):
     assert [lr for lr in want["lrs"].values()] != [LRS[0]] * 2  # the schedulers moved them
     for r in ws3:
         _same(want, r["loaded"], "ws3")
+
+
+def test_one_module_checkpoint_loads_back_into_two_fsdp2_parts_at_ws3(saved, ws3):
+    _, out = saved
+    want = out[0]["saved"]
+    for r in ws3:
+        for what in ("params", "optim", "lrs"):  # two AdamW again, each with its group's lr
+            _same(want[what], r["from_whole"][what], f"from_whole.{what}")
 
 
 def test_next_step_at_ws3_equals_an_uninterrupted_run(saved, ws3):
@@ -89,14 +114,8 @@ def test_saved_at_ws2_loads_at_ws1_plain_torch_same_structure(saved):
 
 def test_saved_at_ws2_loads_into_one_module_with_one_optimizer_of_two_groups(saved):
     root, out = saved
-    torch.manual_seed(5)
-    whole = Part(range(0, 4))
-    params = list(whole.named_parameters())
-    groups = [
-        {"params": [p for n, p in params if n.split(".")[1] in "01"], "lr": 9.0},
-        {"params": [p for n, p in params if n.split(".")[1] in "23"], "lr": 9.0},
-    ]
-    state: dict[str, Any] = {"model": whole, "optimizer": torch.optim.AdamW(groups)}
+    whole, opt = _whole()
+    state: dict[str, Any] = {"model": whole, "optimizer": opt}
     with pytest.raises(unickpt.UnexpectedKeysError, match="ema.*lr_scheduler.*lr_scheduler_1.*train_state"):
         unickpt.load(os.path.join(root, "ckpt"), state)
     with warnings.catch_warnings(record=True) as caught:
