@@ -55,10 +55,11 @@ class Counter:
         self.shape = (n, "x")
 
     def state_dict(self) -> dict[str, Any]:
-        return {"n": self.n, "t": self.t, "shape": self.shape, "ratio": self.n / 3}
+        return {"n": self.n, "t": self.t, "shape": self.shape, "ratio": self.n / 3, "scalar": torch.tensor(self.n)}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         self.n, self.t, self.shape, self.ratio = sd["n"], sd["t"], sd["shape"], sd["ratio"]
+        self.scalar = sd["scalar"]
 
 
 def test_one_module_with_two_groups_loads_into_two_parts_with_two_optimizers(tmp_path):
@@ -114,6 +115,7 @@ def test_stateful_objects_round_trip_with_their_types(tmp_path):
     assert scaler2.get_scale() == 1024.0
     assert user.n == 7 and type(user.n) is int and user.shape == (7, "x") and user.ratio == 7 / 3
     assert user.t.dtype == torch.int16 and torch.equal(user.t, torch.arange(4, dtype=torch.int16) * 7)
+    assert user.scalar.shape == () and int(user.scalar) == 7
 
 
 def test_per_rank_state_is_saved_per_rank(tmp_path):

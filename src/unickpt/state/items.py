@@ -261,7 +261,7 @@ class StatefulItem(StateItem):
         with torch.no_grad():
             for ckey, t in tensors.items():
                 if not isinstance(t, DTensor):  # replicated: the same bytes on every rank
-                    digest.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+                    digest.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
                 piece = tensor_piece(ckey, t)
                 items.append(SaveItem(piece.spec, piece.tensor))
         blobs = {replicated_blob_key(self.key): data} if rank == 0 else {}
