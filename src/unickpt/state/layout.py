@@ -16,12 +16,12 @@ Keys: a name of letters, digits, ``_``, ``-`` and ``.`` (at most 128). ``"model"
 adapter as they are when they are the only module / optimizer, so every adapter sees what it
 saw before); any other key's kind follows from its value (``layout.item_for``).
 
-The metadata records every saved key as an object ``state-key:<key>`` = its kind (identical on
-every rank that has the key; the objects of older checkpoints lack them). Strict per key: a key
-of a checkpoint that records its keys and that the live state lacks is unexpected (except
-``model``, ``optimizer`` and ``extra_state``: a state may load the weights alone); a live key
-the checkpoint lacks is missing (blob kinds through ``choose``; modules and optimizers through
-their tensors and param groups, plus the key itself when the checkpoint records its keys).
+The metadata records the saved keys in the object ``state_keys`` (key -> kind; the union of the
+ranks', ``planning.objects``; older checkpoints lack it). Strict per key: a key of a checkpoint
+that records its keys and that the live state lacks is unexpected (except ``model``,
+``optimizer`` and ``extra_state``: a state may load the weights alone); a live key the
+checkpoint lacks is missing (blob kinds through ``choose``; modules and optimizers through their
+tensors and param groups).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from ..errors import FrameworkError, RankDisagreementError
 from ..format.records import JSONValue, Metadata
 from ..frameworks.base import OPTIM_PREFIX, is_optimizer_like
 from ..frameworks.parts import MODEL_KEY, ModelParts, OptimizerChain, part_prefix, unwrap_optimizer
+from ..planning.objects import STATE_KEYS_OBJECT
 from ..planning.specs import LoadItem, SaveItem
 from .items import (
     CLAIM_PREFIX,
@@ -56,9 +57,8 @@ from .items import (
 )
 from .loader import LEGACY_PREFIX, LOADER_SECTION
 
-__all__ = ["StateLayout", "item_for", "check_key", "saved_keys", "replicated_disagreement", "KEY_OBJECT_PREFIX"]
+__all__ = ["StateLayout", "item_for", "check_key", "saved_keys", "replicated_disagreement"]
 
-KEY_OBJECT_PREFIX = "state-key:"
 _KEY = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
 OPTIMIZER_KEY, LOADER_KEY = "optimizer", "dataloader"
 # keys a live state may leave out without the checkpoint's being unexpected (a load of the weights
@@ -148,7 +148,7 @@ class StateLayout:
 
     def objects(self) -> dict[str, JSONValue]:
         """The metadata objects recording each key and its kind."""
-        return {f"{KEY_OBJECT_PREFIX}{i.key}": i.kind.value for i in self.items}
+        return {STATE_KEYS_OBJECT: {i.key: i.kind.value for i in self.items}}
 
     @property
     def optimizer(self) -> Any:
@@ -190,8 +190,8 @@ class StateLayout:
         if recorded is None:
             has_loader = LOADER_SECTION in md.sections or any(k.startswith(LEGACY_PREFIX) for k in md.blobs)
             return [], [LOADER_KEY] if has_loader and LOADER_KEY not in live else []
-        missing = sorted(i.key for i in self.items if i.by_adapter and i.key not in recorded)
-        return missing, sorted(recorded - live - OPTIONAL_KEYS)
+        # a module or optimizer the checkpoint lacks shows as its missing tensors and param groups
+        return [], sorted(recorded - live - OPTIONAL_KEYS)
 
     def apply(self, state: MutableMapping[str, Any], values: Mapping[tuple[str, str], Any]) -> None:
         """Every blob-saved item's values into the live state (the loader first: it can still refuse)."""
@@ -239,8 +239,10 @@ def _framework_state(items: tuple[StateItem, ...]) -> dict[str, Any]:
 
 def saved_keys(md: Metadata) -> set[str] | None:
     """The top-level keys a checkpoint records (None: saved by a release that did not record them)."""
-    keys = {k[len(KEY_OBJECT_PREFIX) :] for k in md.objects if k.startswith(KEY_OBJECT_PREFIX)}
-    return keys or None
+    keys = md.objects.get(STATE_KEYS_OBJECT)
+    if not isinstance(keys, dict):
+        return None
+    return {k for k in keys if isinstance(k, str)}
 
 
 def replicated_disagreement(err: RankDisagreementError) -> RankDisagreementError | None:
