@@ -225,3 +225,13 @@ def test_strict_per_key(tmp_path):
     # a state may load the weights alone (as every release allowed): model/optimizer/extra_state optional
     unickpt.save(path + "2", {"model": nn.Linear(2, 2), "extra_state": {"a": 1}})
     unickpt.load(path + "2", {"model": nn.Linear(2, 2)})
+
+
+def test_state_keys_object_is_the_union_of_the_ranks():
+    from unickpt.errors import PlanningError
+    from unickpt.planning.objects import merge_rank_objects
+
+    ranks = [{"state_keys": {"model": "module", "dataloader": "dataloader"}}, {"state_keys": {"model": "module"}}]
+    assert merge_rank_objects(ranks)["state_keys"] == {"dataloader": "dataloader", "model": "module"}
+    with pytest.raises(PlanningError, match=r"state\['x'\] is a value on rank 0 and a stateful on rank 1"):
+        merge_rank_objects([{"state_keys": {"x": "value"}}, {"state_keys": {"x": "stateful"}}])
