@@ -124,7 +124,11 @@ def test_per_rank_state_is_saved_per_rank(tmp_path):
     assert "gen/rank0" in _metadata(path)["blobs"]
     got = Counter()
     unickpt.load(path, {"model": nn.Linear(2, 2), "gen": unickpt.PerRank(got)})
-    assert got.n == 3
+    assert got.n == 3 and torch.equal(got.t, Counter(3).t)
+    unickpt.save(path + "r", {"model": nn.Linear(2, 2), "gen": Counter(5)})  # saved replicated, tensors apart
+    got = Counter()
+    unickpt.load(path + "r", {"model": nn.Linear(2, 2), "gen": unickpt.PerRank(got)})
+    assert got.n == 5 and torch.equal(got.t, Counter(5).t) and int(got.scalar) == 5
     with pytest.raises(FrameworkError, match="state_dict"):
         unickpt.PerRank(object())
 

@@ -253,8 +253,13 @@ class StatefulItem(StateItem):
 
     kind: ClassVar[Kind] = Kind.STATEFUL
 
+    @property
+    def obj(self) -> Any:
+        """The object with ``state_dict()`` / ``load_state_dict()``."""
+        return self.value
+
     def encode(self, rank: int) -> Encoded:
-        plain, tensors = split_tensors(self.key, _state_dict(self.key, self.value))
+        plain, tensors = split_tensors(self.key, _state_dict(self.key, self.obj))
         data = encode_value(plain, f"state[{self.key!r}].state_dict()")
         digest = hashlib.blake2b(data, digest_size=12)
         items = []
@@ -272,7 +277,7 @@ class StatefulItem(StateItem):
         saved = {k: r for k, r in md.tensors.items() if k.startswith(prefix)}
         if not saved:
             return [], {}
-        _, live = split_tensors(self.key, _state_dict(self.key, self.value))
+        _, live = split_tensors(self.key, _state_dict(self.key, self.obj))
         items: list[LoadItem] = []
         fresh: dict[str, torch.Tensor] = {}
         with torch.no_grad():
@@ -298,7 +303,7 @@ class StatefulItem(StateItem):
     def apply(self, state: MutableMapping[str, Any], values: Mapping[str, Any]) -> None:
         if "value" in values:
             tensors = {k[len(TENSOR_VALUE) :]: v for k, v in values.items() if k.startswith(TENSOR_VALUE)}
-            self.value.load_state_dict(join_tensors(values["value"], tensors, self.key))
+            self.obj.load_state_dict(join_tensors(values["value"], tensors, self.key))
 
 
 _MARK = "__unickpt_tensor__"
@@ -345,23 +350,24 @@ def join_tensors(value: Any, tensors: Mapping[str, torch.Tensor], key: str) -> A
 
 
 @dataclass(frozen=True, eq=False)
-class PerRankItem(StateItem):
-    """``unickpt.PerRank(obj)``: ``value`` is the ``PerRank``."""
+class PerRankItem(StatefulItem):
+    """``unickpt.PerRank(obj)``: ``value`` is the ``PerRank``; each rank's ``state_dict()``,
+    tensors included, in its per-rank blob. Loads a replicated save too (its tensors resharded)."""
 
     kind: ClassVar[Kind] = Kind.PER_RANK
 
+    @property
+    def obj(self) -> Any:
+        return self.value.obj
+
     def encode(self, rank: int) -> Encoded:
-        data = encode_value(_state_dict(self.key, self.value.obj), f"state[{self.key!r}].state_dict()")
+        data = encode_value(_state_dict(self.key, self.obj), f"state[{self.key!r}].state_dict()")
         return Encoded({extra_blob_key(rank, self.key): data})
 
     def choose(self, ctx: LoadContext) -> tuple[dict[str, str], list[str]]:
         if replicated_blob_key(self.key) in ctx.blob_keys and not _has_per_rank(self.key, ctx):
             return {"value": replicated_blob_key(self.key)}, []
         return _per_rank_choice(self.key, ctx)
-
-    def apply(self, state: MutableMapping[str, Any], values: Mapping[str, Any]) -> None:
-        if "value" in values:
-            self.value.obj.load_state_dict(values["value"])
 
 
 CLAIM_PREFIX = "replicated state "

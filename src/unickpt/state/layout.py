@@ -174,7 +174,7 @@ class StateLayout:
         values: dict[tuple[str, str], Any] = {}
         prefixes: list[str] = []
         for item in self.items:
-            if item.kind is Kind.STATEFUL:
+            if item.kind in (Kind.STATEFUL, Kind.PER_RANK):
                 prefixes.append(f"{item.key}.")
                 dest, fresh = item.destinations(md)
                 items += dest
@@ -205,7 +205,7 @@ class StateLayout:
 def _check_prefixes(items: tuple[StateItem, ...]) -> None:
     """The checkpoint tensor keys of the items that have some (modules, Stateful objects) stay
     apart: no key's prefix inside another's, none inside ``optimizer.``."""
-    prefixes = {i.key: part_prefix(i.key) for i in items if i.kind in (Kind.MODULE, Kind.STATEFUL)}
+    prefixes = {i.key: part_prefix(i.key) for i in items if i.kind in (Kind.MODULE, Kind.STATEFUL, Kind.PER_RANK)}
     for a, pa in prefixes.items():
         if pa.startswith(OPTIM_PREFIX):
             raise FrameworkError(f"state key {a!r}: the key of a module or Stateful cannot start with 'optimizer.'")
