@@ -4,7 +4,9 @@
 ``{"name", "code", "kind"}``; every snippet runs with ``exec`` in a fresh namespace that defines
 the names the examples use (a tiny FSDP2 model on a one-rank gloo group, its optimizer,
 ``state``, ``step``, ``steps``, ``train_step(step)``, ``actor_group``, ``actor_state``,
-``my_listener``), in a fresh working folder. ``kind == "resume"``: a training-loop example with a
+``my_listener``; for the "What can be in state" example two FSDP2 model parts, an optimizer and
+a scheduler each, a gradient scaler, an EMA module, a train-state and an RNG ``Stateful``, a
+stateful data loader, ``path``), in a fresh working folder. ``kind == "resume"``: a training-loop example with a
 ``CheckpointManager``, run three times: uninterrupted for ``RESUME_STEPS`` steps; in another
 folder, stopped after ``STOP_AT`` steps; then resumed there with a model built from another
 seed; the resumed run's final weights and optimizer state must equal the uninterrupted run's,
@@ -30,6 +32,54 @@ STOP_AT = 250  # the interrupted run stops here: its newest checkpoint is the on
 
 def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+class _TrainState:
+    """A user's own ``Stateful``: an int and a tensor."""
+
+    def __init__(self) -> None:
+        self.step, self.tokens = 7, torch.arange(3)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "tokens": self.tokens}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.step, self.tokens = sd["step"], sd["tokens"]
+
+
+class _RngTracker:
+    """A per-rank ``Stateful``."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"cpu": torch.get_rng_state()}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        torch.set_rng_state(sd["cpu"])
+
+
+def _parts() -> dict[str, Any]:
+    """The names the "What can be in state" example uses."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    stage0, stage1 = torch.nn.Linear(6, 8), torch.nn.Linear(8, 3)
+    stage1 = torch.nn.Sequential(stage1)  # parts name their parameters apart (weight vs 0.weight)
+    for part in (stage0, stage1):
+        fully_shard(part)
+    opt0, opt1 = torch.optim.AdamW(stage0.parameters(), lr=1e-2), torch.optim.AdamW(stage1.parameters(), lr=1e-3)
+    return {
+        "stage0": stage0,
+        "stage1": stage1,
+        "opt0": opt0,
+        "opt1": opt1,
+        "sched0": torch.optim.lr_scheduler.CosineAnnealingLR(opt0, 10),
+        "sched1": torch.optim.lr_scheduler.CosineAnnealingLR(opt1, 10),
+        "grad_scaler": torch.amp.GradScaler("cpu"),
+        "ema_model": torch.nn.Linear(6, 8),
+        "train_state": _TrainState(),
+        "rng_tracker": _RngTracker(),
+        "loader": StatefulDataLoader(list(range(10)), batch_size=2),
+        "path": "ckpts/whole_state",
+    }
 
 
 def _namespace(seed: int, steps: int) -> dict[str, Any]:
@@ -62,6 +112,7 @@ def _namespace(seed: int, steps: int) -> dict[str, Any]:
         "actor_group": dist.new_group([0]),
         "actor_state": {"model": model, "optimizer": optimizer},
         "my_listener": lambda event: None,
+        **_parts(),
     }
 
 

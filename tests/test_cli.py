@@ -77,7 +77,7 @@ def test_summary_matches_metadata(saved: tuple[Path, Metadata]) -> None:
     assert [f.name for f in s.files] == list(md.files)
     assert s.totals.file_bytes >= md.total_tensor_bytes + s.totals.blob_bytes  # may hold alignment padding
     assert (s.framework, s.world_size, s.mesh) == ("torch", 1, ())
-    assert s.objects == ["optimizer"] and not s.sizes_checked
+    assert s.objects == ["optimizer", "state_keys"] and not s.sizes_checked  # state_keys: issue 27
 
 
 def test_inspect_text(saved: tuple[Path, Metadata], capsys: pytest.CaptureFixture[str]) -> None:

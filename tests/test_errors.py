@@ -305,9 +305,13 @@ def test_framework_error_unknown_framework(ckpt: tuple[Path, dict[str, torch.Ten
     assert "'jax'" in str(info.value) and "fsdp2" in str(info.value)
 
 
-def test_framework_error_unknown_state_key(tmp_path: Path) -> None:
-    with pytest.raises(FrameworkError, match="modle"):
-        unickpt.save(str(tmp_path / "c"), {"modle": Tiny()}, framework="torch")
+def test_framework_error_invalid_state_key(tmp_path: Path) -> None:
+    # any name is a key (issue 27); a key that is no name is refused, and a misspelt one is caught at load
+    with pytest.raises(FrameworkError, match="'mod le'"):
+        unickpt.save(str(tmp_path / "c"), {"mod le": Tiny()}, framework="torch")
+    unickpt.save(str(tmp_path / "d"), {"modle": Tiny()}, framework="torch")
+    with pytest.raises(MissingKeysError, match="modle"):
+        unickpt.load(str(tmp_path / "d"), {"model": Tiny()}, framework="torch")
 
 
 def test_all_errors_are_checkpoint_errors() -> None:

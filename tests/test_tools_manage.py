@@ -36,7 +36,10 @@ def test_issue15_diff_names_what_differs(tmp_path):
     changed = _cli("diff", a, c)
     assert changed.returncode == 1, changed.stdout
     lines = [ln for ln in changed.stdout.splitlines() if ln.startswith("differs")]
-    assert lines == ["differs (values): model.2.bias: 1 of 3 elements differ, max |a-b| 0.5"], changed.stdout
+    assert lines == [  # c also saved the key extra_state: the state_keys object differs (issue 27)
+        "differs (values): model.2.bias: 1 of 3 elements differ, max |a-b| 0.5",
+        "differs (object): state_keys",
+    ], changed.stdout
 
 
 def test_issue15_ls_latest_prune(tmp_path):

@@ -49,6 +49,7 @@ from .frameworks.flat import FlatTensors
 from .manager import CheckpointManager
 from .options import CoordinationOptions, LoadOptions, SaveOptions, StorageOptions
 from .state.extra import rng_state, set_rng_state
+from .state.items import PerRank
 from .tiering import TieredCheckpointManager
 
 __version__ = "0.1.0"
@@ -67,6 +68,7 @@ __all__ = [
     "CoordinationOptions",
     "rng_state",
     "set_rng_state",
+    "PerRank",
     "CheckpointError",
     "ChecksumMismatchError",
     "ConcurrentSaveError",

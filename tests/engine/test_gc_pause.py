@@ -90,7 +90,7 @@ def test_saves_and_loads_pause_the_collector_and_restore_it(tmp_path, async_save
 
 def test_a_failed_save_restores_the_collector(tmp_path):
     with pytest.raises(FrameworkError):
-        unickpt.Checkpointer().save(str(tmp_path / "a"), {"model": nn.Linear(2, 2), "bogus": 1})
+        unickpt.Checkpointer().save(str(tmp_path / "a"), {"model": nn.Linear(2, 2), "bad key": 1})  # invalid key
     assert gc.isenabled()
     state = {"model": nn.Linear(2, 2).to("meta")}  # refused in the describe stage, inside the pause
     with pytest.raises(FrameworkError, match="meta device"):

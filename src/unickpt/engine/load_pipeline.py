@@ -3,24 +3,25 @@
 ``Checkpointer.load`` creates a ``LoadPipeline`` and calls ``run``. Stages, every rank
 (* = collective on the checkpointer's foreground group):
 
-  describe*  the state dict is valid and every rank loads the same path, framework and role
-             (before anything is read);
+  describe*  the state dict is valid (``state.layout``: every key and its kind) and every rank
+             loads the same path, framework and role (before anything is read);
   metadata*  rank 0 reads the metadata (bounded), every rank decodes the same bytes;
   validate*  ``adapter.load_view(state, md, strict)`` (destinations; fresh tensors for optimizer
              state the live optimizer lacks, nothing installed), ``check_targets`` (shapes,
              dtypes), probes read (FSDP1 flat steps, into scratch), ``view.validate()``
-             (param groups, hyper-parameter types, flat steps agree), blob presence; then every
+             (param groups, hyper-parameter types, flat steps agree), the other items' blobs
+             (``StateLayout.choose``) and the top-level keys (``keys_against``); then every
              rank's missing and unexpected keys are combined (a key is unexpected only if no
              rank responsible for it wants it: pipeline stages hold different parameters), so
              every rank raises the same error under ``strict``. Nothing in the job changed yet.
   read*      ``engine.read.read_stage`` fills the destinations: live tensors in place (a failure
              then says plainly that live tensors were partly overwritten), or with
              ``LoadOptions(stage_before_apply=True)`` staging buffers, every checksum verified
-             on every rank before anything live is touched; extra state / dataloader blobs read
-             and decoded.
+             on every rank before anything live is touched; the other items' blobs read and
+             decoded.
   apply*     staging copied into the live tensors, ``view.apply()`` (optimizer state installed,
-             state the checkpoint does not have removed, param groups set), extra state and
-             dataloader state set.
+             state the checkpoint does not have removed, param groups set), then every other
+             item applied (``StateLayout.apply``: dataloader, values, stateful objects).
 If another job re-commits the checkpoint while this load reads (its data goes away), the load
 starts over from ``metadata`` on the new metadata (never a mix: every byte is re-read).
 A load changes the live state, so it is blocking by nature: ``run`` returns when it is applied.
@@ -29,7 +30,6 @@ A load changes the live state, so it is blocking by nature: ``run`` returns when
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import MutableMapping
 from typing import Any
 
@@ -39,8 +39,6 @@ from ..coordination import Coordinator, SingleProcessCoordinator, run_stage
 from ..errors import (
     CheckpointError,
     ChecksumMismatchError,
-    ExtraStateResizeError,
-    LoaderStateError,
     MissingDataFileError,
     RankFailures,
     TruncatedDataFileError,
@@ -55,21 +53,19 @@ from ..options import LoadOptions
 from ..planning.load_plan import ShardRead, check_targets, keys_error, plan_local_load
 from ..planning.shard_index import ShardIndex
 from ..planning.specs import LoadItem
-from ..state.extra import pick_extra_blob
-from ..state.loader import LEGACY_PREFIX, LOADER_SECTION, LoaderIndex, is_reshardable
+from ..state.items import LoadContext
+from ..state.layout import StateLayout
 from ..storage import Storage
 from .gc_pause import gc_paused
 from .lock import checkpoint_replaced
 from .read import read_blob, read_metadata, read_stage
 from .resources import Resources
-from .target import check_state, claims
+from .target import claims
 
 __all__ = ["LoadPipeline"]
 
 _LOAD_ATTEMPTS = 3
 
-_EXTRA, _LOADER = "extra_state", "dataloader"
-_LOADER_REPLICATED, _LOADER_PART = "dataloader.replicated", "dataloader.part"
 _ONE = SingleProcessCoordinator()  # probes: each rank reads its own, no collective
 
 
@@ -92,18 +88,18 @@ class LoadPipeline:
         self.framework, self.strict, self.role, self.options = framework, strict, role, options
         self.coord: Coordinator = res.coordinator("foreground", options.timeout, f"load of {storage.url}")
 
-    def describe(self) -> FrameworkAdapter:
+    def describe(self) -> tuple[StateLayout, FrameworkAdapter]:
         """Collective: every rank has a valid state and agrees on what it loads."""
 
-        def local() -> FrameworkAdapter:
-            check_state(self.state)
-            return get_framework(self.framework, self.state)
+        def local() -> tuple[StateLayout, FrameworkAdapter]:
+            layout = StateLayout.of(self.state)
+            return layout, get_framework(self.framework, layout.framework_state)
 
         return run_stage(
             self.coord,
             "load (describe state)",
             local,
-            agree=lambda a: claims("load", self.storage.url, a.name, self.role),
+            agree=lambda d: claims("load", self.storage.url, d[1].name, self.role),
         )
 
     @instrumented("load.metadata")
@@ -118,19 +114,19 @@ class LoadPipeline:
         coord, storage = self.coord, self.storage
         t0 = time.perf_counter()
         self.res.events.emit("load.begin", coord.rank, path=storage.url)
-        adapter = self.describe()
+        layout, adapter = self.describe()
         with gc_paused():  # a record per shard and tensor: full collections would walk them all, finding nothing
-            skipped = self._attempts(adapter)
+            skipped = self._attempts(layout, adapter)
         self.res.events.emit("load.end", coord.rank, t0, path=storage.url)
         return skipped
 
-    def _attempts(self, adapter: FrameworkAdapter) -> tuple[list[str], list[str]]:
+    def _attempts(self, layout: StateLayout, adapter: FrameworkAdapter) -> tuple[list[str], list[str]]:
         coord, storage = self.coord, self.storage
         for attempt in range(_LOAD_ATTEMPTS):
             md = self.metadata()
             try:
                 skipped = _load_once(
-                    self.res.events, md, storage, coord, adapter, self.state, self.strict, self.options
+                    self.res.events, md, storage, coord, (layout, adapter), self.state, self.strict, self.options
                 )
                 break
             except (MissingDataFileError, TruncatedDataFileError, ChecksumMismatchError, RankFailures):
@@ -146,7 +142,7 @@ def _load_once(
     md: Metadata,
     storage: Storage,
     coord: Coordinator,
-    adapter: FrameworkAdapter,
+    described: tuple[StateLayout, FrameworkAdapter],
     state: MutableMapping[str, Any],
     strict: bool,
     options: LoadOptions,
@@ -154,9 +150,16 @@ def _load_once(
     """Validate, read and apply ``md`` into ``state`` (one attempt; the caller, ``run``, keeps
     the cyclic collector paused throughout)."""
     source = storage.url
+    layout, adapter = described
 
-    def validate() -> tuple[LoadView, list[ShardRead], dict[str, str], list[str], list[str]]:
-        view = adapter.load_view(state, md, strict)
+    own: dict[tuple[str, str], Any] = {}
+
+    def validate() -> tuple[LoadView, list[ShardRead], dict[tuple[str, str], str], list[str], list[str]]:
+        view = adapter.load_view(layout.framework_state, md, strict)
+        own_items, own_tensors, own_prefixes = layout.destinations(md)  # a Stateful's tensors
+        view.items.extend(own_items)
+        view.prefixes = (*view.prefixes, *own_prefixes)
+        own.update(own_tensors)
         ckpt_keys = {k for k in md.tensors if k.startswith(view.prefixes)} if view.prefixes else set()
         specs = [i.spec for i in view.items] + [i.spec for i in view.probes]
         report = check_targets(
@@ -167,16 +170,24 @@ def _load_once(
             reads = plan_local_load(md, [i.spec for i in view.probes], index)
             read_stage(md, storage, _ONE, view.probes, reads, 1, options.verify_checksums, False)
         missing, unexpected = view.validate()
-        blobs, absent = _blob_keys(md, state, coord, options.loader_on_resize, options.extra_state_on_resize)
-        # loader state nobody takes: unexpected only if *no* rank has a loader (_agree_keys), since
-        # ranks that own no loader (TP ranks > 0 in Megatron jobs) are normal
-        unused = [_LOADER] if state.get(_LOADER) is None and _has_loader_state(md) else []
+        ctx = LoadContext(
+            md,
+            coord.rank,
+            coord.world_size,
+            options.extra_state_on_resize,
+            options.loader_on_resize,
+            frozenset(md.blobs),
+        )
+        blobs, absent = layout.choose(ctx)
+        # top-level keys; a key no view covers (loader state, a scheduler) is unexpected only if
+        # *no* rank has it (_agree_keys), since ranks that own no loader (TP ranks > 0) are normal
+        top_missing, top_unexpected = layout.keys_against(md)
         return (
             view,
             plan_local_load(md, [i.spec for i in view.items], index),
             blobs,
-            list(report.missing) + missing + absent,
-            list(report.unexpected) + unexpected + unused,
+            list(report.missing) + missing + absent + top_missing,
+            list(report.unexpected) + unexpected + top_unexpected,
         )
 
     with events.phase("load.plan", coord.rank, path=source):
@@ -217,15 +228,7 @@ def _load_once(
                     if live is not stage:
                         live.tensor.copy_(stage.tensor)
         view.apply()
-        if _LOADER_REPLICATED in values:  # first: the step that can still refuse (LoaderStateError)
-            replicated = values[_LOADER_REPLICATED]
-            prefix = f"{_LOADER_PART}."
-            parts = {int(k[len(prefix) :]): v for k, v in values.items() if k.startswith(prefix)}
-            state[_LOADER].load_unickpt_state(replicated["state"], parts, int(replicated["dp_size"]))
-        if _EXTRA in values:
-            state[_EXTRA] = values[_EXTRA]
-        if _LOADER in values:
-            state[_LOADER].load_state_dict(values[_LOADER])
+        layout.apply(state, {**values, **own})
 
     with events.phase("load.apply", coord.rank, path=source):
         run_stage(coord, "load (apply)", apply)
@@ -270,113 +273,7 @@ def _agree_keys(
     return all_missing, sorted(k for k in candidates if unwanted(k))
 
 
-def _has_loader_state(md: Metadata) -> bool:
-    return LOADER_SECTION in md.sections or any(k.startswith(LEGACY_PREFIX) for k in md.blobs)
-
-
-def _blob_keys(
-    md: Metadata,
-    state: MutableMapping[str, Any],
-    coord: Coordinator,
-    on_resize: str = "error",
-    extra_on_resize: str = "modulo",
-) -> tuple[dict[str, str], list[str]]:
-    """Which blobs to read for extra state / dataloader state (what -> blob key), and which the
-    checkpoint lacks. Raises ``LoaderStateError`` where loader state cannot be restored exactly."""
-    keys = set(md.blobs)
-    chosen: dict[str, str] = {}
-    absent = []
-    if _EXTRA in state:
-        key = _extra_key(md, keys, coord, extra_on_resize)
-        if key is None and not (extra_on_resize == "skip" and md.topology.world_size != coord.world_size):
-            absent.append(_EXTRA)
-        elif key is not None:
-            chosen[_EXTRA] = key
-    loader = state.get(_LOADER)
-    if loader is not None:
-        if is_reshardable(loader):
-            if LOADER_SECTION in md.sections:
-                chosen.update(_protocol_loader_keys(md, loader))
-            elif any(k.startswith(LEGACY_PREFIX) for k in keys):
-                raise LoaderStateError(
-                    f"the checkpoint holds per-rank state of a loader without the unickpt.data protocol; this "
-                    f"{type(loader).__name__} cannot take it: load without state['dataloader'] and start it fresh"
-                )
-            else:
-                absent.append(_LOADER)
-        else:
-            key = _legacy_loader_key(md, keys, coord, on_resize)
-            if key is None and on_resize == "error":
-                absent.append(_LOADER)
-            elif key is not None:
-                chosen[_LOADER] = key
-    return chosen, absent
-
-
-def _extra_key(md: Metadata, keys: set[str], coord: Coordinator, on_resize: str) -> str | None:
-    """The extra_state blob this rank restores (``LoadOptions.extra_state_on_resize``)."""
-    saved = md.topology.world_size
-    if saved == coord.world_size:
-        return pick_extra_blob(keys, coord.rank, saved)
-    if on_resize == "error":
-        raise ExtraStateResizeError(
-            f"the checkpoint's extra_state was saved per rank by {saved} ranks and this job has {coord.world_size}; "
-            "choose LoadOptions(extra_state_on_resize='modulo' | 'rank0' | 'skip')"
-        )
-    if on_resize == "skip":
-        if coord.rank == 0:
-            warnings.warn(
-                f"extra_state not restored: saved by {saved} ranks, loading on {coord.world_size} "
-                "(LoadOptions(extra_state_on_resize='skip'))",
-                stacklevel=4,
-            )
-        return None
-    key = pick_extra_blob(keys, 0 if on_resize == "rank0" else coord.rank, saved)
-    if coord.rank == 0 and on_resize == "modulo" and coord.world_size > saved:
-        warnings.warn(
-            f"extra_state saved by {saved} ranks restored on {coord.world_size}: rank r gets saved rank "
-            f"r % {saved}'s values, so ranks share RNG states (LoadOptions(extra_state_on_resize=...) to choose)",
-            stacklevel=4,
-        )
-    return key
-
-
-def _protocol_loader_keys(md: Metadata, loader: Any) -> dict[str, str]:
-    """Every blob of the saved loader state (replicated + all parts) for a protocol loader."""
-    index = md.sections[LOADER_SECTION]
-    assert isinstance(index, LoaderIndex)
-    own = getattr(loader, "num_parts", index.num_parts)
-    if own != index.num_parts:
-        raise LoaderStateError(
-            f"the checkpoint's loader state has {index.num_parts} parts, this {type(loader).__name__} has {own}: "
-            "build the loader with the same num_parts to resume without losing or repeating data"
-        )
-    out = {_LOADER_REPLICATED: index.replicated}
-    out.update({f"{_LOADER_PART}.{p}": k for p, k in enumerate(index.parts)})
-    return out
-
-
-def _legacy_loader_key(md: Metadata, keys: set[str], coord: Coordinator, on_resize: str) -> str | None:
-    """This rank's own per-rank blob of a loader without the protocol (same world size only)."""
-    saved = md.topology.world_size
-    if saved != coord.world_size:
-        if on_resize == "skip":
-            if coord.rank == 0:
-                warnings.warn(
-                    f"dataloader state not restored: saved by {saved} ranks, loading on {coord.world_size} "
-                    "(LoadOptions(loader_on_resize='skip')); the loaders start where they are",
-                    stacklevel=4,
-                )
-            return None
-        raise LoaderStateError(
-            f"the checkpoint holds per-rank dataloader state of {saved} ranks and this job has "
-            f"{coord.world_size}: a loader without the unickpt.data protocol cannot be split or merged "
-            "without repeating or dropping data. Implement the protocol (unickpt.data, e.g. "
-            "TokenPackingLoader), or pass LoadOptions(loader_on_resize='skip') to start the loaders fresh"
-        )
-    key = f"{LEGACY_PREFIX}{coord.rank}"
-    return key if key in keys else None
-
-
-def _read_blobs(md: Metadata, storage: Storage, chosen: dict[str, str], rank: int, cap: int) -> dict[str, Any]:
+def _read_blobs(
+    md: Metadata, storage: Storage, chosen: dict[tuple[str, str], str], rank: int, cap: int
+) -> dict[tuple[str, str], Any]:
     return {what: loads_value(read_blob(md, storage, md.blobs[key], rank, cap), key) for what, key in chosen.items()}

@@ -3,9 +3,11 @@
 ``Checkpointer.save`` creates a ``SavePipeline`` and calls ``start``; a blocking save is the
 same pipeline and then ``handle.wait()``. Stages, in order, on every rank (* = collective):
 
-  describe*  (caller's thread, foreground group) the adapter's save view and the encoded extra
-             and dataloader state; the one all_gather also checks that every rank passes the same
-             path, framework and role, and reports the unseen failures of async saves that
+  describe*  (caller's thread, foreground group) the state's layout (``state.layout``: every key
+             and the kind of its value, checked before anything is written), the adapter's save
+             view of its model and optimizer, and the other items' encoded blobs; the one
+             all_gather also checks that every rank passes the same path, framework and role and
+             the same replicated state, and reports the unseen failures of async saves that
              finished on every rank;
   plan*      (foreground) ``plan_cache.plan_stage``: the cached global plan, or a new one;
   stage      (caller) the snapshot: a blocking save binds the live tensors (zero copy); an async
@@ -27,17 +29,15 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..coordination import Coordinator, Settle, run_stage
-from ..errors import CheckpointError, FrameworkError, UnsupportedValueError
+from ..errors import RankDisagreementError
 from ..format.names import check_save_names
 from ..format.records import Metadata
-from ..format.values import dumps_value
 from ..frameworks import FrameworkAdapter, SaveView, get_framework, supports_step_hooks
 from ..monitoring.phases import PhaseRecorder, RecordingBus
 from ..options import SaveOptions
 from ..planning.save_plan import LocalSavePlan, RankSavePlan
 from ..planning.specs import BlobSpec, SaveItem
-from ..state.extra import extra_blob_key
-from ..state.loader import LEGACY_PREFIX, is_reshardable, loader_blobs
+from ..state.layout import StateLayout, replicated_disagreement
 from ..storage import Buffer, Storage
 from .commit import SaveSource, commit_stage
 from .gc_pause import GCHold, gc_paused
@@ -46,7 +46,7 @@ from .plan_cache import CachedPlan, PlanKey, plan_stage
 from .resources import Resources
 from .staging import StagedFiles, live_parts, on_device
 from .step_guard import protected_storages, storage_key
-from .target import check_state, claims
+from .target import claims
 from .worker import SaveHandle
 from .write import write_stage
 
@@ -55,11 +55,14 @@ __all__ = ["SavePipeline", "Described", "Snapshot"]
 
 @dataclass(frozen=True, slots=True)
 class Described:
-    """The describe stage's result: the adapter, its view of the state, the encoded blobs."""
+    """The describe stage's result: the state's layout, the adapter, its view of the state, the
+    encoded blobs and the claims every rank must share."""
 
+    layout: StateLayout
     adapter: FrameworkAdapter
     view: SaveView
     blobs: dict[str, bytes]
+    claims: dict[str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,23 +113,28 @@ class SavePipeline:
         coord, worker = self.coord, self.res.worker
 
         def local() -> Described:
-            check_state(self.state)
-            adapter = get_framework(self.framework, self.state)
-            view = adapter.save_view(self.state)
+            layout = StateLayout.of(self.state)
+            adapter = get_framework(self.framework, layout.framework_state)
+            view = adapter.save_view(layout.framework_state)
+            view.objects.update(layout.objects())
             with self.res.events.phase("save.serialize", coord.rank, path=self.storage.url) as p:
-                blobs = _blobs_to_save(self.state, coord.rank)  # extra / loader state: the safe encoding
-                p.nbytes = sum(len(b) for b in blobs.values())
-            check_save_names(view.items, view.objects, blobs, self.state.get("extra_state"))
-            return Described(adapter, view, blobs)
+                encoded = layout.encode(coord.rank)  # the other items' blobs: the safe encoding
+                p.nbytes = sum(len(b) for b in encoded.blobs.values())
+            view.items.extend(encoded.tensors)  # a Stateful's tensors: saved as checkpoint tensors
+            check_save_names(view.items, view.objects, encoded.blobs, self.state.get("extra_state"))
+            return Described(layout, adapter, view, encoded.blobs, encoded.claims)
+
+        def agree(d: Described) -> dict[str, object]:
+            return {**claims("save", self.storage.url, d.adapter.name, self.role), **d.claims}
 
         unseen = Settle(lambda: worker.finished(self.owner), lambda n: worker.raise_failures(self.owner, self.what, n))
-        return run_stage(
-            coord,
-            "save (describe state)",
-            local,
-            agree=lambda d: claims("save", self.storage.url, d.adapter.name, self.role),
-            settle=unseen,
-        )
+        try:
+            return run_stage(coord, "save (describe state)", local, agree=agree, settle=unseen)
+        except RankDisagreementError as e:
+            clearer = replicated_disagreement(e)
+            if clearer is None:
+                raise
+            raise clearer from None
 
     def plan(self, d: Described) -> CachedPlan:
         """Collective: this save's global plan (cached while the layout is unchanged)."""
@@ -158,7 +166,7 @@ class SavePipeline:
                 staged = self.res.staging.stage(d.view.items, plan, d.blobs)
                 p.nbytes = staged.nbytes
             return self._snapshot(plan, staged, None)
-        later = self._copied_later()
+        later = self._copied_later(d.layout.optimizer)
         with self.res.events.phase("save.stage", self.coord.rank, path=self.storage.url, save_id=plan.save_id) as p:
             staged = run_stage(
                 self.coord, "save (stage)", lambda: self.res.staging.stage(d.view.items, plan, d.blobs, later)
@@ -166,7 +174,7 @@ class SavePipeline:
             p.nbytes = staged.nbytes
         copied = staged.copied
         if copied is not None:
-            self.res.guard.guard(self.state["optimizer"], copied)
+            self.res.guard.guard(d.layout.optimizer, copied)
         return self._snapshot(plan, staged, copied)
 
     @staticmethod
@@ -175,10 +183,9 @@ class SavePipeline:
         entries: list[Buffer] = [images[e.file][e.byte_offset : e.byte_offset + e.byte_length] for e in plan.entries]
         return Snapshot(staged.parts, entries, staged, copied)
 
-    def _copied_later(self) -> Callable[[SaveItem], bool] | None:
+    def _copied_later(self, optimizer: object) -> Callable[[SaveItem], bool] | None:
         """Which save items an async save may copy after returning: those only optimizer.step()
         changes (it waits for the copy; see engine.step_guard). None: copy everything now."""
-        optimizer = self.state.get("optimizer")
         if not self.options.background_snapshot or not supports_step_hooks(optimizer):
             return None
         protected = protected_storages(optimizer)
@@ -261,31 +268,3 @@ class SavePipeline:
         else:
             future.add_done_callback(hold.release)
         return SaveHandle(future, snap.copied, self.storage.url)
-
-
-def _blobs_to_save(state: MutableMapping[str, Any], rank: int) -> dict[str, bytes]:
-    blobs = {}
-    if state.get("extra_state") is not None:
-        blobs[extra_blob_key(rank)] = _encode(state["extra_state"], "extra_state")
-    loader = state.get("dataloader")
-    if loader is not None:
-        if is_reshardable(loader):  # the unickpt.data protocol: replicated state + numbered parts
-            for key, value in loader_blobs(loader).items():
-                blobs[key] = _encode(value, key)
-        elif not hasattr(loader, "state_dict"):
-            raise FrameworkError(
-                'state["dataloader"] must implement the unickpt.data protocol or have state_dict()/load_state_dict()'
-            )
-        else:
-            blobs[f"{LEGACY_PREFIX}{rank}"] = _encode(loader.state_dict(), "dataloader")
-    return blobs
-
-
-def _encode(value: Any, where: str) -> bytes:
-    """``dumps_value``, its refusals as ``UnsupportedValueError`` (a ``CheckpointError``)."""
-    try:
-        return dumps_value(value, where)
-    except CheckpointError:
-        raise
-    except (TypeError, ValueError, OverflowError, RecursionError) as e:
-        raise UnsupportedValueError(f"cannot save {where}: {e}") from e

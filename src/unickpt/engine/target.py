@@ -1,4 +1,5 @@
-"""What a save or load is about: the checkpoint's storage (path + role) and the ``state`` dict.
+"""What a save or load is about: the checkpoint's storage (path + role); the ``state`` dict is
+``state.layout``'s.
 
 Used first by both pipelines (``SavePipeline``, ``LoadPipeline``), and by ``CheckpointManager``
 for roles. ``claims`` is what every rank must pass alike; the pipelines check it in their first
@@ -7,16 +8,10 @@ collective (``run_stage(agree=...)``) before anything is written or read.
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
-from typing import Any
-
-from ..errors import FrameworkError
 from ..format.records import DATA_DIR
 from ..storage import Storage, StorageOptions, open_storage
 
-__all__ = ["KNOWN_KEYS", "check_role", "open_target", "check_state", "claims"]
-
-KNOWN_KEYS = frozenset({"model", "optimizer", "extra_state", "dataloader"})
+__all__ = ["check_role", "open_target", "claims"]
 
 
 def check_role(role: str | None) -> None:
@@ -37,14 +32,6 @@ def open_target(path: str, role: str | None, options: StorageOptions | None = No
     if role is not None:
         path = f"{str(path).rstrip('/')}/{role}"
     return open_storage(str(path), options)
-
-
-def check_state(state: MutableMapping[str, Any]) -> None:
-    if not isinstance(state, MutableMapping):
-        raise FrameworkError(f"state must be a dict, got {type(state).__name__}")
-    unknown = set(state) - KNOWN_KEYS
-    if unknown:
-        raise FrameworkError(f"unknown state keys {sorted(unknown)}; expected some of {sorted(KNOWN_KEYS)}")
 
 
 def claims(operation: str, url: str, framework: str, role: str | None) -> dict[str, object]:

@@ -197,11 +197,14 @@ class StateDescription:
     ``model``: the pieces of live tensors filled in place (parameters and persistent buffers
     under ``model.``; an adapter may add other live tensors it owns, under ``optimizer.``).
     ``optimizer``: the optimizer and its parameters' layouts (None: no optimizer in ``state``).
-    ``mesh``: the device mesh, recorded in the checkpoint as information."""
+    ``mesh``: the device mesh, recorded in the checkpoint as information.
+    ``prefixes``: the checkpoint key prefixes of ``model`` (``model.``; ``<key>.`` for a module
+    under another state key, ``frameworks.parts``): the keys a load of this view answers for."""
 
     model: tuple[Piece, ...]
     optimizer: OptimizerDescription | None = None
     mesh: tuple[tuple[str, int], ...] = ()
+    prefixes: tuple[str, ...] = (MODEL_PREFIX,)
 
 
 @dataclass

@@ -14,7 +14,7 @@ recorded in the checkpoint.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -24,8 +24,9 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import FrameworkError
-from .base import MODEL_PREFIX, OptimizerDescription, ParamState, StateDescription
-from .module_state import BoxMemo, TensorState, model_tensors, module_of, optimizer_of, param_fqns, tensor_piece
+from .base import OptimizerDescription, ParamState, Piece, StateDescription
+from .module_state import BoxMemo, TensorState, model_tensors, optimizer_of, param_fqns, tensor_piece
+from .parts import model_parts, part_name, part_prefix
 from .views import DescribedAdapter
 
 __all__ = ["ModuleAdapter", "TorchAdapter", "DDPAdapter", "FSDP2Adapter", "DTensorAdapter", "buffer_source"]
@@ -72,32 +73,61 @@ class ModuleAdapter(DescribedAdapter):
             raise FrameworkError(f"framework={self.name!r} got an FSDP1 model; use framework='fsdp'")
 
     def describe(self, state: Mapping[str, Any]) -> StateDescription | None:
-        module = module_of(state)
+        parts = _parts_of(state)
         optim = optimizer_of(state)
-        if module is None:
+        if parts is None:
             return None
-        self.check(module)
-        buffers = {id(b) for b in module.buffers()}
-        source = buffer_source(module) if buffers else None
         memo = BoxMemo()
-        with torch.no_grad():
-            model = tuple(
-                tensor_piece(MODEL_PREFIX + fqn, t, source if id(t) in buffers else None, memo)
-                for fqn, t in model_tensors(module, self.strip_module)
-            )
+        model: list[Piece] = []
+        names: dict[int, str] = {}
+        seen: dict[str, int] = {}  # checkpoint key -> the part that named it
+        for i, (key, module) in enumerate(parts):
+            self.check(module)
+            buffers = {id(b) for b in module.buffers()}
+            source = buffer_source(module) if buffers else None
+            prefix = part_prefix(key)
+            with torch.no_grad():
+                for fqn, t in model_tensors(module, self.strip_module):
+                    if seen.setdefault(prefix + fqn, i) != i:
+                        raise FrameworkError(
+                            f"two model parts of state[{key!r}] (numbers {seen[prefix + fqn]} and {i}) both name "
+                            f"{fqn!r}; the parts of a model must have distinct parameter and buffer names"
+                        )
+                    model.append(tensor_piece(prefix + fqn, t, source if id(t) in buffers else None, memo))
+            names.update({pid: part_name(key, fqn) for pid, fqn in param_fqns(module, self.strip_module).items()})
+        prefixes = tuple(dict.fromkeys(part_prefix(key) for key, _ in parts))
+        mesh = next((m for _, module in parts if (m := _mesh_of(module))), ())
         if optim is None:
-            return StateDescription(model, None, _mesh_of(module))
-        names = param_fqns(module, self.strip_module)
+            return StateDescription(tuple(model), None, mesh, prefixes)
         params: dict[int, ParamState] = {}
         for gi, g in enumerate(optim.param_groups):
             for p in g["params"]:
                 if id(p) not in names:
                     raise FrameworkError(
-                        f"optimizer param group {gi} holds a parameter (shape {tuple(p.shape)}) that is not in "
-                        "the model; every parameter the optimizer updates must be a parameter of state['model']"
+                        f"optimizer param group {gi} holds a parameter (shape {tuple(p.shape)}) that is not in the "
+                        "model: no module in the state owns it; every parameter an optimizer updates must be a "
+                        "parameter of a module in the state (state['model'] or another module key)"
                     )
                 params[id(p)] = TensorState(names[id(p)], p, memo)
-        return StateDescription(model, OptimizerDescription(optim, params), _mesh_of(module))
+        return StateDescription(tuple(model), OptimizerDescription(optim, params), mesh, prefixes)
+
+
+def _parts_of(state: Mapping[str, Any]) -> list[tuple[str, nn.Module]] | None:
+    """The (state key, module) parts of ``state["model"]`` (None: no model)."""
+    model = state.get("model")
+    if model is None:
+        return None
+    parts = model_parts(model)
+    if parts is None:
+        raise FrameworkError(
+            f'state["model"] must be an nn.Module or a list of them (model parts), got {type(model).__name__}'
+        )
+    return parts
+
+
+def _any_module(state: Mapping[str, Any], test: Callable[[nn.Module], bool]) -> bool:
+    parts = model_parts(state.get("model"))
+    return parts is not None and any(test(m) for _, m in parts)
 
 
 class TorchAdapter(ModuleAdapter):
@@ -108,8 +138,7 @@ class DDPAdapter(ModuleAdapter):
     name = "ddp"
 
     def matches(self, state: Mapping[str, Any]) -> bool:
-        model = state.get("model")
-        return isinstance(model, nn.Module) and _ddp_of(model) is not None
+        return _any_module(state, lambda m: _ddp_of(m) is not None)
 
 
 class FSDP2Adapter(ModuleAdapter):
@@ -118,13 +147,11 @@ class FSDP2Adapter(ModuleAdapter):
     def matches(self, state: Mapping[str, Any]) -> bool:
         from torch.distributed.fsdp import FSDPModule
 
-        model = state.get("model")
-        return isinstance(model, nn.Module) and any(isinstance(m, FSDPModule) for m in model.modules())
+        return _any_module(state, lambda model: any(isinstance(m, FSDPModule) for m in model.modules()))
 
 
 class DTensorAdapter(ModuleAdapter):
     name = "dtensor"
 
     def matches(self, state: Mapping[str, Any]) -> bool:
-        model = state.get("model")
-        return isinstance(model, nn.Module) and any(isinstance(p, DTensor) for p in model.parameters())
+        return _any_module(state, lambda model: any(isinstance(p, DTensor) for p in model.parameters()))

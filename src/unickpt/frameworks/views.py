@@ -17,7 +17,7 @@ from typing import Any
 
 from ..format.records import Metadata
 from ..planning.specs import SaveItem
-from .base import MODEL_PREFIX, OPTIM_PREFIX, LoadView, Role, SaveView, StateDescription
+from .base import OPTIM_PREFIX, LoadView, Role, SaveView, StateDescription
 from .module_state import optimizer_save, refuse_meta
 from .optim_state import OptimizerLoad, read_saved
 from .targets import LoadTargets
@@ -51,7 +51,7 @@ def load_view(desc: StateDescription | None, md: Metadata | None = None, strict:
     if desc.optimizer is None:
         return LoadView(
             items=targets.items,
-            prefixes=(MODEL_PREFIX,),
+            prefixes=desc.prefixes,
             probes=targets.probes,
             validate=lambda: _checked(targets, ([], [])),
             apply=targets.apply_shared,
@@ -64,7 +64,7 @@ def load_view(desc: StateDescription | None, md: Metadata | None = None, strict:
 
     return LoadView(
         items=targets.items,
-        prefixes=(MODEL_PREFIX, OPTIM_PREFIX),
+        prefixes=(*desc.prefixes, OPTIM_PREFIX),
         probes=targets.probes,
         validate=lambda: _checked(targets, optim.validate()),
         apply=apply,

@@ -9,6 +9,9 @@ merged here into the one ``Metadata.objects``:
   the parameters (fqns) that use it, so identical objects of data-parallel replicas do not
   multiply the metadata. Ranks that hold the same parameter must agree on its hyper-parameters
   and non-tensor state values, else ``PlanningError`` names both ranks.
+* ``state_keys`` (the ``state`` keys each rank saved -> their kind, ``state.layout``) is the
+  union of the ranks' (ranks may hold different keys: a loader on some ranks only); a key saved
+  with two kinds is a ``PlanningError``.
 * any other object must be identical on every rank that has it.
 
 The merged ``optimizer`` object keeps the layout that earlier checkpoints already have
@@ -24,9 +27,10 @@ from typing import Any
 from ..errors import PlanningError
 from ..format.records import JSONValue
 
-__all__ = ["merge_rank_objects", "OPTIMIZER_OBJECT"]
+__all__ = ["merge_rank_objects", "OPTIMIZER_OBJECT", "STATE_KEYS_OBJECT"]
 
 OPTIMIZER_OBJECT = "optimizer"
+STATE_KEYS_OBJECT = "state_keys"
 
 
 def _canonical(v: Any) -> str:
@@ -100,8 +104,20 @@ def merge_rank_objects(per_rank: list[dict[str, JSONValue]]) -> dict[str, JSONVa
     first: dict[str, tuple[str, int]] = {}
     optim: _OptimizerMerge | None = None
     seen_texts: set[str] = set()  # identical optimizer objects (DP replicas) are merged once
+    keys: dict[str, tuple[JSONValue, int]] | None = None
     for rank, objects in enumerate(per_rank):
         for key, value in objects.items():
+            if key == STATE_KEYS_OBJECT:
+                if not isinstance(value, dict):
+                    raise PlanningError(f"rank {rank}: malformed {STATE_KEYS_OBJECT} object")
+                keys = {} if keys is None else keys
+                for k, kind in value.items():
+                    seen = keys.setdefault(k, (kind, rank))
+                    if seen[0] != kind:
+                        raise PlanningError(
+                            f"state[{k!r}] is a {seen[0]} on rank {seen[1]} and a {kind} on rank {rank}"
+                        )
+                continue
             if key == OPTIMIZER_OBJECT:
                 text = _canonical(value)
                 if text in seen_texts:
@@ -118,4 +134,6 @@ def merge_rank_objects(per_rank: list[dict[str, JSONValue]]) -> dict[str, JSONVa
                 raise PlanningError(f"object {key!r} differs between rank {first[key][1]} and rank {rank}")
     if optim is not None:
         merged[OPTIMIZER_OBJECT] = optim.result()
+    if keys is not None:
+        merged[STATE_KEYS_OBJECT] = {k: kind for k, (kind, _) in sorted(keys.items())}
     return merged

@@ -40,13 +40,15 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(list(state["cuda"]))
 
 
-def extra_blob_key(rank: int) -> str:
-    return f"extra_state/rank{rank}"
+def extra_blob_key(rank: int, key: str = "extra_state") -> str:
+    """The blob of state key ``key``'s per-rank value saved by ``rank`` (``extra_state/rank<r>``)."""
+    return f"{key}/rank{rank}"
 
 
-def pick_extra_blob(blob_keys: set[str], rank: int, saved_world_size: int) -> str | None:
+def pick_extra_blob(blob_keys: set[str], rank: int, saved_world_size: int, key: str = "extra_state") -> str | None:
+    """The per-rank blob of ``key`` that ``rank`` restores: its own, else saved rank ``rank % saved``."""
     for r in (rank, rank % max(saved_world_size, 1)):
-        key = extra_blob_key(r)
-        if key in blob_keys:
-            return key
+        blob = extra_blob_key(r, key)
+        if blob in blob_keys:
+            return blob
     return None

@@ -1,0 +1,459 @@
+"""The kinds of value a ``state`` dict holds, one class each: how a value of that kind is described
+for planning, saved, validated and applied. ``state.layout`` picks the kind of every key; the
+pipelines call these methods and decide nothing about a kind themselves.
+
+A kind is added here (a ``StateItem`` subclass) and in ``layout.item_for``; nothing else changes.
+
+=============  ============================================================================
+kind           described / saved / validated / applied
+=============  ============================================================================
+module         an ``nn.Module`` or a list of them (model parts): described by the framework
+               adapter (``layout.StateLayout.framework_state``; checkpoint keys ``model.<fqn>``
+               or ``<key>.<fqn>``), loaded in place by the adapter's view
+optimizer      an optimizer, a list of them, a wrapper (``frameworks.parts``): described and
+               loaded by the adapter, state keyed by the parameter names of the state's modules
+stateful       an object with ``state_dict()`` / ``load_state_dict()`` (LR scheduler,
+               ``GradScaler``, a user's train state): its ``state_dict()`` saved once, by rank
+               0, as blob ``<key>/replicated``, its tensors (DTensors too) as checkpoint
+               tensors ``<key>.<path>`` that reshard; every rank must have the same (checked
+               at save by a digest in the describe collective); loaded on every rank
+per_rank       ``unickpt.PerRank(obj)``: a stateful object whose state differs per rank: blob
+               ``<key>/rank<r>`` per rank; after a change of world size
+               ``LoadOptions.extra_state_on_resize`` decides (as for extra state)
+value          anything else (plain values, tensors, numpy values; ``extra_state``): blob
+               ``<key>/rank<r>`` per rank, restored into the dict (``state[key] = value``);
+               None at load is a placeholder to be filled
+dataloader     ``state["dataloader"]``: the ``unickpt.data`` protocol or a per-rank
+               ``state_dict`` loader (``state.loader``)
+=============  ============================================================================
+
+Who calls what, in order, per item, on every rank:
+  save  ``encode(rank)`` in the describe stage: blobs (safe value encoding; an unsupported value
+        raises ``UnsupportedValueError`` naming its path), claims (values every rank must
+        share) and tensor shards; ``kind`` goes into the metadata objects (``layout``).
+  load  ``destinations(md)`` and ``choose(ctx)`` in the validate stage: which blobs this rank reads, which keys are
+        missing (raising for what cannot be restored) -> the blobs are read -> ``apply(state,
+        values)`` in the apply stage, after the adapter's view applied the tensors.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import warnings
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from ..errors import (
+    CheckpointError,
+    CorruptMetadataError,
+    ExtraStateResizeError,
+    FrameworkError,
+    LoaderStateError,
+    UnsupportedValueError,
+)
+from ..format.dtypes import dtype_from_name
+from ..format.records import Metadata
+from ..format.values import dumps_value
+from ..frameworks.module_state import tensor_piece
+from ..planning.specs import LoadItem, SaveItem
+from .extra import extra_blob_key, pick_extra_blob
+from .loader import LEGACY_PREFIX, LOADER_SECTION, LoaderIndex, is_reshardable, loader_blobs
+
+__all__ = [
+    "Kind",
+    "PerRank",
+    "LoadContext",
+    "Encoded",
+    "StateItem",
+    "ModuleItem",
+    "OptimizerItem",
+    "StatefulItem",
+    "PerRankItem",
+    "ValueItem",
+    "LoaderItem",
+    "encode_value",
+]
+
+
+class Kind(enum.Enum):
+    MODULE = "module"
+    OPTIMIZER = "optimizer"
+    STATEFUL = "stateful"
+    PER_RANK = "per_rank"
+    VALUE = "value"
+    DATALOADER = "dataloader"
+
+
+@dataclass(frozen=True, slots=True)
+class PerRank:
+    """Marks a stateful object whose state is per rank (saved by every rank, restored by rank
+    under ``LoadOptions.extra_state_on_resize`` after a change of world size):
+    ``state["rng_gen"] = unickpt.PerRank(my_generator_state)``."""
+
+    obj: Any
+
+    def __post_init__(self) -> None:
+        if not _is_stateful(self.obj):
+            raise FrameworkError(
+                "unickpt.PerRank needs an object with state_dict() and load_state_dict(), "
+                f"got {type(self.obj).__name__}"
+            )
+
+
+def _is_stateful(obj: object) -> bool:
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+
+
+@dataclass(frozen=True, slots=True)
+class LoadContext:
+    """What ``choose`` needs of a load: the metadata, this rank and the world, the resize policies."""
+
+    md: Metadata
+    rank: int
+    world_size: int
+    extra_on_resize: str = "modulo"
+    loader_on_resize: str = "error"
+    blob_keys: frozenset[str] = field(default_factory=frozenset)
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """What an item saves on one rank: blobs (key -> encoded bytes) and claims (what every rank
+    must pass alike -> a digest)."""
+
+    blobs: dict[str, bytes] = field(default_factory=dict)
+    claims: dict[str, str] = field(default_factory=dict)
+    tensors: list[SaveItem] = field(default_factory=list)  # shards of tensors saved as tensors
+
+
+def encode_value(value: Any, where: str) -> bytes:
+    """``dumps_value``, its refusals as ``UnsupportedValueError`` naming ``where``."""
+    try:
+        return dumps_value(value, where)
+    except CheckpointError:
+        raise
+    except (TypeError, ValueError, OverflowError, RecursionError) as e:
+        raise UnsupportedValueError(f"cannot save {where}: {e}") from e
+
+
+def _state_dict(key: str, obj: Any) -> Any:
+    try:
+        return obj.state_dict()
+    except CheckpointError:
+        raise
+    except Exception as e:
+        raise FrameworkError(f"state[{key!r}].state_dict() failed: {e!r}") from e
+
+
+@dataclass(frozen=True, eq=False)
+class StateItem:
+    """One key of ``state`` (see the module docstring for the order of calls)."""
+
+    key: str
+    value: Any
+    kind: ClassVar[Kind]
+    by_adapter: ClassVar[bool] = False  # described and loaded by the framework adapter
+
+    def encode(self, rank: int) -> Encoded:
+        return Encoded()
+
+    def choose(self, ctx: LoadContext) -> tuple[dict[str, str], list[str]]:
+        """(what -> blob key to read, missing keys); raises for what cannot be restored."""
+        return {}, []
+
+    def destinations(self, md: Metadata) -> tuple[list[LoadItem], dict[str, torch.Tensor]]:
+        """Tensors this item loads through the tensor path: (destinations for the engine, checkpoint
+        key -> the tensor ``apply`` receives); nothing changes in the job."""
+        return [], {}
+
+    def apply(self, state: MutableMapping[str, Any], values: Mapping[str, Any]) -> None:
+        """Make the read ``values`` (what -> decoded value) the live state."""
+
+
+@dataclass(frozen=True, eq=False)
+class ModuleItem(StateItem):
+    kind: ClassVar[Kind] = Kind.MODULE
+    by_adapter: ClassVar[bool] = True
+
+
+@dataclass(frozen=True, eq=False)
+class OptimizerItem(StateItem):
+    """``optimizers``: what ``value`` stands for (``frameworks.parts.unwrap_optimizer``)."""
+
+    optimizers: tuple[Any, ...] = ()
+    kind: ClassVar[Kind] = Kind.OPTIMIZER
+    by_adapter: ClassVar[bool] = True
+
+
+def _per_rank_choice(key: str, ctx: LoadContext) -> tuple[dict[str, str], list[str]]:
+    """The per-rank blob of ``key`` this rank restores (``LoadOptions.extra_state_on_resize``)."""
+    saved = ctx.md.topology.world_size
+    if saved == ctx.world_size:
+        blob = pick_extra_blob(set(ctx.blob_keys), ctx.rank, saved, key)
+    elif ctx.extra_on_resize == "error":
+        raise ExtraStateResizeError(
+            f"the checkpoint's {key} was saved per rank by {saved} ranks and this job has {ctx.world_size}; "
+            "choose LoadOptions(extra_state_on_resize='modulo' | 'rank0' | 'skip')"
+        )
+    elif ctx.extra_on_resize == "skip":
+        if ctx.rank == 0:
+            warnings.warn(
+                f"{key} not restored: saved by {saved} ranks, loading on {ctx.world_size} "
+                "(LoadOptions(extra_state_on_resize='skip'))",
+                stacklevel=6,
+            )
+        return {}, []
+    else:
+        blob = pick_extra_blob(set(ctx.blob_keys), 0 if ctx.extra_on_resize == "rank0" else ctx.rank, saved, key)
+        if ctx.rank == 0 and ctx.extra_on_resize == "modulo" and ctx.world_size > saved:
+            warnings.warn(
+                f"{key} saved by {saved} ranks restored on {ctx.world_size}: rank r gets saved rank "
+                f"r % {saved}'s values, so ranks share RNG states (LoadOptions(extra_state_on_resize=...) to choose)",
+                stacklevel=6,
+            )
+    return ({"value": blob}, []) if blob is not None else ({}, [key])
+
+
+def _has_per_rank(key: str, ctx: LoadContext) -> bool:
+    return extra_blob_key(0, key) in ctx.blob_keys
+
+
+def replicated_blob_key(key: str) -> str:
+    return f"{key}/replicated"
+
+
+@dataclass(frozen=True, eq=False)
+class ValueItem(StateItem):
+    kind: ClassVar[Kind] = Kind.VALUE
+
+    def encode(self, rank: int) -> Encoded:
+        if self.value is None:
+            return Encoded()
+        return Encoded({extra_blob_key(rank, self.key): encode_value(self.value, self.key)})
+
+    def choose(self, ctx: LoadContext) -> tuple[dict[str, str], list[str]]:
+        return _per_rank_choice(self.key, ctx)
+
+    def apply(self, state: MutableMapping[str, Any], values: Mapping[str, Any]) -> None:
+        if "value" in values:
+            state[self.key] = values["value"]
+
+
+@dataclass(frozen=True, eq=False)
+class StatefulItem(StateItem):
+    """Replicated: saved once (rank 0), the same on every rank (claimed by digest). Its tensors
+    (DTensors and plain tensors, at any depth of dicts, lists and tuples) are saved as checkpoint
+    tensors ``<key>.<path>``, so they reshard like model tensors; the blob holds a placeholder
+    for each."""
+
+    kind: ClassVar[Kind] = Kind.STATEFUL
+
+    @property
+    def obj(self) -> Any:
+        """The object with ``state_dict()`` / ``load_state_dict()``."""
+        return self.value
+
+    def encode(self, rank: int) -> Encoded:
+        plain, tensors = split_tensors(self.key, _state_dict(self.key, self.obj))
+        data = encode_value(plain, f"state[{self.key!r}].state_dict()")
+        digest = hashlib.blake2b(data, digest_size=12)
+        items = []
+        with torch.no_grad():
+            for ckey, t in tensors.items():
+                if not isinstance(t, DTensor):  # replicated: the same bytes on every rank
+                    digest.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+                piece = tensor_piece(ckey, t)
+                items.append(SaveItem(piece.spec, piece.tensor))
+        blobs = {replicated_blob_key(self.key): data} if rank == 0 else {}
+        return Encoded(blobs, {claim_name(self.key): digest.hexdigest()}, items)
+
+    def destinations(self, md: Metadata) -> tuple[list[LoadItem], dict[str, torch.Tensor]]:
+        prefix = f"{self.key}."
+        saved = {k: r for k, r in md.tensors.items() if k.startswith(prefix)}
+        if not saved:
+            return [], {}
+        _, live = split_tensors(self.key, _state_dict(self.key, self.obj))
+        items: list[LoadItem] = []
+        fresh: dict[str, torch.Tensor] = {}
+        with torch.no_grad():
+            for ckey, rec in saved.items():
+                like = live.get(ckey)
+                if like is not None and tuple(like.shape) == tuple(rec.shape):
+                    t = torch.empty_like(like, dtype=dtype_from_name(rec.dtype))
+                else:  # no live tensor of that shape: a whole one, as saved
+                    t = torch.empty(tuple(rec.shape), dtype=dtype_from_name(rec.dtype))
+                piece = tensor_piece(ckey, t)
+                items.append(LoadItem(piece.spec, piece.tensor, True))
+                fresh[ckey] = t
+        return items, fresh
+
+    def choose(self, ctx: LoadContext) -> tuple[dict[str, str], list[str]]:
+        blob = replicated_blob_key(self.key)
+        if blob in ctx.blob_keys:
+            return {"value": blob}, []
+        if _has_per_rank(self.key, ctx):  # saved as unickpt.PerRank
+            return _per_rank_choice(self.key, ctx)
+        return {}, [self.key]
+
+    def apply(self, state: MutableMapping[str, Any], values: Mapping[str, Any]) -> None:
+        if "value" in values:
+            tensors = {k[len(TENSOR_VALUE) :]: v for k, v in values.items() if k.startswith(TENSOR_VALUE)}
+            self.obj.load_state_dict(join_tensors(values["value"], tensors, self.key))
+
+
+_MARK = "__unickpt_tensor__"
+TENSOR_VALUE = "tensor:"  # + checkpoint key: a loaded tensor of a Stateful, in ``apply``'s values
+
+
+def split_tensors(key: str, value: Any) -> tuple[Any, dict[str, torch.Tensor]]:
+    """``value`` with every tensor (at any depth of dicts, lists, tuples) replaced by a placeholder
+    ``{"__unickpt_tensor__": "<key>.<path>"}``, and those tensors by checkpoint key."""
+    found: dict[str, torch.Tensor] = {}
+
+    def walk(v: Any, path: str) -> Any:
+        if isinstance(v, torch.Tensor):
+            ckey = f"{key}.{path}" if path else key
+            if ckey in found:
+                raise FrameworkError(f"state[{key!r}].state_dict(): two tensors are both named {ckey!r}")
+            found[ckey] = v
+            return {_MARK: ckey}
+        if type(v) is dict:
+            return {k: walk(x, f"{path}.{k}" if path else str(k)) for k, x in v.items()}
+        if type(v) in (list, tuple):
+            return type(v)(walk(x, f"{path}.{i}" if path else str(i)) for i, x in enumerate(v))
+        return v
+
+    return walk(value, ""), found
+
+
+def join_tensors(value: Any, tensors: Mapping[str, torch.Tensor], key: str) -> Any:
+    """The inverse of ``split_tensors``: placeholders replaced by the loaded tensors."""
+
+    def walk(v: Any) -> Any:
+        if type(v) is dict:
+            if len(v) == 1 and _MARK in v:
+                t = tensors.get(v[_MARK])
+                if t is None:
+                    raise CorruptMetadataError(f"state[{key!r}]: tensor {v[_MARK]!r} is not in the checkpoint")
+                return t
+            return {k: walk(x) for k, x in v.items()}
+        if type(v) in (list, tuple):
+            return type(v)(walk(x) for x in v)
+        return v
+
+    return walk(value)
+
+
+@dataclass(frozen=True, eq=False)
+class PerRankItem(StatefulItem):
+    """``unickpt.PerRank(obj)``: ``value`` is the ``PerRank``; each rank's ``state_dict()``,
+    tensors included, in its per-rank blob. Loads a replicated save too (its tensors resharded)."""
+
+    kind: ClassVar[Kind] = Kind.PER_RANK
+
+    @property
+    def obj(self) -> Any:
+        return self.value.obj
+
+    def encode(self, rank: int) -> Encoded:
+        data = encode_value(_state_dict(self.key, self.obj), f"state[{self.key!r}].state_dict()")
+        return Encoded({extra_blob_key(rank, self.key): data})
+
+    def choose(self, ctx: LoadContext) -> tuple[dict[str, str], list[str]]:
+        if replicated_blob_key(self.key) in ctx.blob_keys and not _has_per_rank(self.key, ctx):
+            return {"value": replicated_blob_key(self.key)}, []
+        return _per_rank_choice(self.key, ctx)
+
+
+CLAIM_PREFIX = "replicated state "
+
+
+def claim_name(key: str) -> str:
+    return f"{CLAIM_PREFIX}{key!r}"
+
+
+_REPLICATED, _PART = "replicated", "part."
+
+
+@dataclass(frozen=True, eq=False)
+class LoaderItem(StateItem):
+    """``state["dataloader"]`` (``state.loader``): protocol loaders or per-rank ``state_dict``."""
+
+    kind: ClassVar[Kind] = Kind.DATALOADER
+
+    def encode(self, rank: int) -> Encoded:
+        loader = self.value
+        if is_reshardable(loader):  # the unickpt.data protocol: replicated state + numbered parts
+            return Encoded({k: encode_value(v, k) for k, v in loader_blobs(loader).items()})
+        if not hasattr(loader, "state_dict"):
+            raise FrameworkError(
+                'state["dataloader"] must implement the unickpt.data protocol or have state_dict()/load_state_dict()'
+            )
+        return Encoded({f"{LEGACY_PREFIX}{rank}": encode_value(loader.state_dict(), "dataloader")})
+
+    def choose(self, ctx: LoadContext) -> tuple[dict[str, str], list[str]]:
+        loader, md = self.value, ctx.md
+        if is_reshardable(loader):
+            if LOADER_SECTION in md.sections:
+                return _protocol_loader_keys(md, loader), []
+            if any(k.startswith(LEGACY_PREFIX) for k in ctx.blob_keys):
+                raise LoaderStateError(
+                    f"the checkpoint holds per-rank state of a loader without the unickpt.data protocol; this "
+                    f"{type(loader).__name__} cannot take it: load without state['dataloader'] and start it fresh"
+                )
+            return {}, [self.key]
+        key = _legacy_loader_key(ctx)
+        if key is None:
+            return {}, [self.key] if ctx.loader_on_resize == "error" else []
+        return {"legacy": key}, []
+
+    def apply(self, state: MutableMapping[str, Any], values: Mapping[str, Any]) -> None:
+        loader = self.value
+        if _REPLICATED in values:
+            replicated = values[_REPLICATED]
+            parts = {int(k[len(_PART) :]): v for k, v in values.items() if k.startswith(_PART)}
+            loader.load_unickpt_state(replicated["state"], parts, int(replicated["dp_size"]))
+        if "legacy" in values:
+            loader.load_state_dict(values["legacy"])
+
+
+def _protocol_loader_keys(md: Metadata, loader: Any) -> dict[str, str]:
+    """Every blob of the saved loader state (replicated + all parts) for a protocol loader."""
+    index = md.sections[LOADER_SECTION]
+    assert isinstance(index, LoaderIndex)
+    own = getattr(loader, "num_parts", index.num_parts)
+    if own != index.num_parts:
+        raise LoaderStateError(
+            f"the checkpoint's loader state has {index.num_parts} parts, this {type(loader).__name__} has {own}: "
+            "build the loader with the same num_parts to resume without losing or repeating data"
+        )
+    out = {_REPLICATED: index.replicated}
+    out.update({f"{_PART}{p}": k for p, k in enumerate(index.parts)})
+    return out
+
+
+def _legacy_loader_key(ctx: LoadContext) -> str | None:
+    """This rank's own per-rank blob of a loader without the protocol (same world size only)."""
+    saved = ctx.md.topology.world_size
+    if saved != ctx.world_size:
+        if ctx.loader_on_resize == "skip":
+            if ctx.rank == 0:
+                warnings.warn(
+                    f"dataloader state not restored: saved by {saved} ranks, loading on {ctx.world_size} "
+                    "(LoadOptions(loader_on_resize='skip')); the loaders start where they are",
+                    stacklevel=6,
+                )
+            return None
+        raise LoaderStateError(
+            f"the checkpoint holds per-rank dataloader state of {saved} ranks and this job has "
+            f"{ctx.world_size}: a loader without the unickpt.data protocol cannot be split or merged "
+            "without repeating or dropping data. Implement the protocol (unickpt.data, e.g. "
+            "TokenPackingLoader), or pass LoadOptions(loader_on_resize='skip') to start the loaders fresh"
+        )
+    key = f"{LEGACY_PREFIX}{ctx.rank}"
+    return key if key in ctx.blob_keys else None
