@@ -87,26 +87,26 @@ def _fit(kind: str, backend: str, ws: int, dirpath: str, epochs: int, ckpt_path:
 
 
 def train(rank: int, ws: int, root: str) -> dict[str, Any]:
-    """ws=2: 3 epochs, a checkpoint per epoch (and the newest-only callback), per kind and backend."""
+    """ws=2: 2 epochs, a checkpoint per epoch (and the newest-only callback), per kind and backend."""
     out: dict[str, Any] = {}
     for kind in KINDS:
         for backend in BACKENDS:
-            model = _fit(kind, backend, ws, os.path.join(root, kind, backend), 3, None)
+            model = _fit(kind, backend, ws, os.path.join(root, kind, backend), 2, None)
             out[f"{kind}/{backend}"] = model.losses
     return out
 
 
 def resume(rank: int, ws: int, root: str, which: str) -> dict[str, Any]:
-    """``which="epoch0"``: fit(ckpt_path=<epoch=0 checkpoint>) to 3 epochs, saving elsewhere;
-    ``"last"``: fit(ckpt_path="last") in the same folders to 4 epochs."""
+    """``which="epoch0"``: fit(ckpt_path=<epoch=0 checkpoint>) to 2 epochs, saving elsewhere;
+    ``"last"``: fit(ckpt_path="last") in the same folders to 3 epochs."""
     out: dict[str, Any] = {}
     for kind in KINDS:
         for backend in BACKENDS:
             saved = os.path.join(root, kind, backend)
             if which == "last":
-                model = _fit(kind, backend, ws, saved, 4, "last")
+                model = _fit(kind, backend, ws, saved, 3, "last")
             else:
                 ckpt = os.path.join(saved, "epoch=0.ckpt")
-                model = _fit(kind, backend, ws, os.path.join(saved, f"ws{ws}"), 3, ckpt)
+                model = _fit(kind, backend, ws, os.path.join(saved, f"ws{ws}"), 2, ckpt)
             out[f"{kind}/{backend}"] = model.losses
     return out

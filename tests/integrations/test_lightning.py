@@ -35,20 +35,21 @@ def test_trainer_checkpoints_and_resumes_on_1_and_3_processes_like_stock_lightni
         # checkpointing does not change training; both backends train alike
         assert _per_rank(trained, kind, "unickpt") == _per_rank(trained, kind, "stock"), kind
         ours = os.path.join(root, kind, "unickpt")
-        for name in ("epoch=0.ckpt", "epoch=1.ckpt", "epoch=2.ckpt", "last.ckpt"):
+        for name in ("epoch=0.ckpt", "epoch=1.ckpt", "last.ckpt"):
             assert os.path.isfile(os.path.join(ours, name, METADATA_FILE)), name  # a unickpt checkpoint
-        # the newest-only callback removed steps 3 and 6, as it does with Lightning's own files
-        assert os.listdir(os.path.join(ours, "latest")) == ["step=9.ckpt"]
-        assert os.listdir(os.path.join(root, kind, "stock", "latest")) == ["step=9.ckpt"]
+        # the newest-only callback removed step 3 (DDP: while step 6 was being saved asynchronously),
+        # as it does with Lightning's own files
+        assert os.listdir(os.path.join(ours, "latest")) == ["step=6.ckpt"]
+        assert os.listdir(os.path.join(root, kind, "stock", "latest")) == ["step=6.ckpt"]
 
     on3 = run_ranks(resume, 3, root, "epoch0", timeout=500)
     on1 = run_ranks(resume, 1, root, "last", timeout=500)
     for kind in KINDS:
-        for results, steps in ((on3, 4), (on1, 6)):  # epochs 1-2 at 2 steps each; epoch 3 at 6 steps
+        for results, steps in ((on3, 2), (on1, 6)):  # epoch 1 at 2 steps; epoch 2 at 6 steps
             ours, stock = _per_rank(results, kind, "unickpt"), _per_rank(results, kind, "stock")
             assert all(len(losses) == steps for losses in stock), (kind, stock)
             assert ours == stock, kind
-        assert os.path.isfile(os.path.join(root, kind, "unickpt", "epoch=3.ckpt", METADATA_FILE))
+        assert os.path.isfile(os.path.join(root, kind, "unickpt", "epoch=2.ckpt", METADATA_FILE))
 
 
 def test_delete_checkpoint_removes_only_unickpts_files(tmp_path) -> None:
