@@ -1,7 +1,8 @@
 """Rank functions of tests/integrations/test_lightning.py: a tiny LightningModule trained by a real
-``lightning.Trainer`` (DDP, or FSDP2 through ``ModelParallelStrategy``) on gloo ranks spawned by
-the harness (Lightning sees ``LOCAL_RANK`` / ``WORLD_SIZE`` and launches nothing itself), with
-unickpt's strategies or with stock Lightning's own checkpointing, side by side in one spawn."""
+``lightning.Trainer`` (DDP, or FSDP2 through ``ModelParallelStrategy``), then a Fabric loop
+(``fabric_workers``), on gloo ranks spawned by the harness (Lightning sees ``LOCAL_RANK`` /
+``WORLD_SIZE`` and launches nothing itself), with unickpt's strategies or with stock
+Lightning's own checkpointing, side by side in one spawn."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
+from fabric_workers import fabric_run
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -87,18 +89,26 @@ def _fit(kind: str, backend: str, ws: int, dirpath: str, epochs: int, ckpt_path:
 
 
 def train(rank: int, ws: int, root: str) -> dict[str, Any]:
-    """ws=2: 2 epochs, a checkpoint per epoch (and the newest-only callback), per kind and backend."""
+    """ws=2: 2 epochs, a checkpoint per epoch (and the newest-only callback), per kind and backend;
+    then the Fabric loop: 3 steps and ``fabric.save``."""
     out: dict[str, Any] = {}
     for kind in KINDS:
         for backend in BACKENDS:
             model = _fit(kind, backend, ws, os.path.join(root, kind, backend), 2, None)
             out[f"{kind}/{backend}"] = model.losses
+            path = _fabric(root, kind, backend)
+            out[f"fabric-{kind}/{backend}"] = fabric_run(kind, backend, rank, ws, path, False, 3)
     return out
+
+
+def _fabric(root: str, kind: str, backend: str) -> str:
+    return os.path.join(root, "fabric", kind, backend, "step3")
 
 
 def resume(rank: int, ws: int, root: str, which: str) -> dict[str, Any]:
     """``which="epoch0"``: fit(ckpt_path=<epoch=0 checkpoint>) to 2 epochs, saving elsewhere;
-    ``"last"``: fit(ckpt_path="last") in the same folders to 3 epochs."""
+    ``"last"``: fit(ckpt_path="last") in the same folders to 3 epochs. Then the Fabric loop
+    resumes from its step-3 checkpoint for 2 steps."""
     out: dict[str, Any] = {}
     for kind in KINDS:
         for backend in BACKENDS:
@@ -109,4 +119,5 @@ def resume(rank: int, ws: int, root: str, which: str) -> dict[str, Any]:
                 ckpt = os.path.join(saved, "epoch=0.ckpt")
                 model = _fit(kind, backend, ws, os.path.join(saved, f"ws{ws}"), 2, ckpt)
             out[f"{kind}/{backend}"] = model.losses
+            out[f"fabric-{kind}/{backend}"] = fabric_run(kind, backend, rank, ws, _fabric(root, kind, backend), True, 2)
     return out

@@ -4,7 +4,9 @@
 ``save_last``, and a newest-only callback whose older checkpoints are removed), then resumes on
 3 processes from the first epoch's checkpoint and on 1 process with ``ckpt_path="last"``. The
 expected losses are stock Lightning's: the same Trainer with Lightning's own strategy and
-checkpoints, saved and resumed the same way in the same spawns. One spawn per world size."""
+checkpoints, saved and resumed the same way in the same spawns. The same spawns run a Fabric
+loop saved with ``fabric.save`` and resumed with ``fabric.load`` through unickpt's Fabric
+strategies, against stock Fabric. One spawn per world size."""
 
 from __future__ import annotations
 
@@ -50,6 +52,16 @@ def test_trainer_checkpoints_and_resumes_on_1_and_3_processes_like_stock_lightni
             assert all(len(losses) == steps for losses in stock), (kind, stock)
             assert ours == stock, kind
         assert os.path.isfile(os.path.join(root, kind, "unickpt", "epoch=2.ckpt", METADATA_FILE))
+
+    # Fabric: fabric.save after 3 steps at ws=2, fabric.load on 3 and on 1 process, 2 more steps
+    for kind in KINDS:
+        fab = f"fabric-{kind}"
+        assert _per_rank(trained, fab, "unickpt") == _per_rank(trained, fab, "stock"), fab
+        assert os.path.isfile(os.path.join(root, "fabric", kind, "unickpt", "step3", METADATA_FILE))
+        for results in (on3, on1):
+            ours, stock = _per_rank(results, fab, "unickpt"), _per_rank(results, fab, "stock")
+            assert all(losses[-1] == 5.0 for losses in stock), stock  # the step counter restored: 3 + 2
+            assert ours == stock, fab
 
 
 def test_delete_checkpoint_removes_only_unickpts_files(tmp_path) -> None:

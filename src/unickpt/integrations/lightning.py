@@ -22,6 +22,12 @@ checkpoint hooks are the place, and Lightning calls them in this order:
 * ``remove_checkpoint`` (``ModelCheckpoint``'s top-k): waits for this rank's pending saves, then
   rank 0 deletes the unickpt checkpoint at that path (only unickpt's files, ``_delete``).
 * ``teardown``: waits for pending saves and closes the checkpointer.
+
+Fabric: ``UnickptFabricDDPStrategy`` / ``UnickptFabricModelParallelStrategy`` are Fabric's
+strategies of those names; ``fabric.save(path, state)`` hands the live objects of ``state``
+(modules, optimizers, any ``Stateful``, plain values: unickpt's open state) to
+``Checkpointer.save`` on every rank, and ``fabric.load(path, state)`` loads them in place
+(``strict`` per key) and returns an empty remainder: unickpt restores into live objects only.
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from lightning.fabric.strategies import DDPStrategy as FabricDDPStrategy
+from lightning.fabric.strategies import ModelParallelStrategy as FabricModelParallelStrategy
+from lightning.fabric.strategies import ParallelStrategy as FabricParallelStrategy
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, ParallelStrategy
 from typing_extensions import override
@@ -39,7 +48,13 @@ from ..errors import UnsupportedValueError
 from ..format.values import dumps_value, loads_value
 from ._delete import delete_checkpoint
 
-__all__ = ["UnickptDDPStrategy", "UnickptModelParallelStrategy", "LIGHTNING_KEY"]
+__all__ = [
+    "UnickptDDPStrategy",
+    "UnickptModelParallelStrategy",
+    "UnickptFabricDDPStrategy",
+    "UnickptFabricModelParallelStrategy",
+    "LIGHTNING_KEY",
+]
 
 LIGHTNING_KEY = "lightning"  # the state key of Lightning's own dict
 _TENSOR_KEYS = ("state_dict", "optimizer_states")  # saved from the live objects instead
@@ -62,10 +77,12 @@ class _LightningDict:
         self.data = data
 
 
-if TYPE_CHECKING:  # what the mixin is mixed into
+if TYPE_CHECKING:  # what the mixins are mixed into
     _Base = ParallelStrategy
+    _FabricBase = FabricParallelStrategy
 else:
     _Base = object
+    _FabricBase = object
 
 
 class _UnickptCheckpointing(_Base):
@@ -135,11 +152,11 @@ class _UnickptCheckpointing(_Base):
         state: dict[str, Any] = {"model": module, LIGHTNING_KEY: holder}
         if self.optimizers:
             state["optimizer"] = self._unickpt_optimizers()
-        self.checkpointer.load(path, state, strict=module.strict_loading)
+        self.checkpointer.load(path, state, strict=self._unickpt_lightning_module().strict_loading)
         checkpoint = loads_value(holder.data, f"{path}: the Lightning checkpoint dict")
         if not isinstance(checkpoint, dict):
             raise UnsupportedValueError(f"{path}: the Lightning checkpoint dict is a {type(checkpoint).__name__}")
-        checkpoint["state_dict"] = module.state_dict()  # for on_load_checkpoint hooks; already loaded
+        checkpoint["state_dict"] = self._unickpt_loaded_state_dict()  # for on_load_checkpoint hooks
         return checkpoint
 
     @override
@@ -151,18 +168,27 @@ class _UnickptCheckpointing(_Base):
 
     @override
     def teardown(self) -> None:
-        if self._unickpt is not None:
-            self._unickpt.close()
-            self._unickpt = None
-        super().teardown()
+        ckpt, self._unickpt = self._unickpt, None
+        try:
+            if ckpt is not None:
+                ckpt.close()  # drains pending saves; raises a failed one
+        finally:
+            super().teardown()
 
     # ---------------------------------------------------------------- helpers
 
-    def _unickpt_module(self) -> Any:
+    def _unickpt_lightning_module(self) -> Any:
         module = self.lightning_module
         if module is None:
             raise RuntimeError(f"{type(self).__name__}: no LightningModule attached")
         return module
+
+    def _unickpt_module(self) -> Any:
+        """What unickpt saves as ``"model"``: the LightningModule (DDP, FSDP2: names as it reports them)."""
+        return self._unickpt_lightning_module()
+
+    def _unickpt_loaded_state_dict(self) -> dict[str, Any]:
+        return dict(self._unickpt_lightning_module().state_dict())  # no collective for DDP / FSDP2
 
     def _unickpt_optimizers(self) -> list[Any]:
         opts = self.optimizers
@@ -192,3 +218,58 @@ class UnickptModelParallelStrategy(_UnickptCheckpointing, ModelParallelStrategy)
     """Lightning's ``ModelParallelStrategy`` (FSDP2 / tensor parallel) whose checkpoints are unickpt
     checkpoints (module docstring); ``save_distributed_checkpoint`` has no effect: every rank
     always saves its own shards."""
+
+
+class _UnickptFabricCheckpointing(_FabricBase):
+    """Fabric's ``save_checkpoint`` / ``load_checkpoint`` through unickpt (module docstring)."""
+
+    def __init__(self, *args: Any, async_save: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.async_save = async_save
+        self._unickpt: Checkpointer | None = None
+
+    @property
+    def checkpointer(self) -> Checkpointer:
+        """This strategy's ``unickpt.Checkpointer``; ``checkpointer.wait()`` before the job exits
+        when ``async_save=True`` (Fabric has no teardown hook of its own at the end)."""
+        if self._unickpt is None or self._unickpt.closed:
+            self._unickpt = Checkpointer()
+        return self._unickpt
+
+    @override
+    def save_checkpoint(
+        self, path: Any, state: dict[str, Any], storage_options: Any = None, filter: Any = None
+    ) -> None:
+        if storage_options is not None or filter:
+            raise TypeError(f"{type(self).__name__}.save_checkpoint: storage_options and filter are not supported")
+        target = str(self.broadcast(str(path)))
+        self.checkpointer.save(target, dict(state), async_save=self.async_save)
+
+    @override
+    def load_checkpoint(
+        self, path: Any, state: Any = None, strict: bool = True, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        if not isinstance(state, dict) or not state:
+            raise TypeError(
+                f"{type(self).__name__}.load_checkpoint needs the dict of live objects to load into "
+                "(fabric.load(path, state)); unickpt does not return a checkpoint's contents"
+            )
+        self.checkpointer.load(str(self.broadcast(str(path))), state, strict=strict)
+        return {}
+
+    @override
+    def teardown(self) -> None:
+        ckpt, self._unickpt = self._unickpt, None
+        try:
+            if ckpt is not None:
+                ckpt.close()  # drains pending saves; raises a failed one
+        finally:
+            super().teardown()
+
+
+class UnickptFabricDDPStrategy(_UnickptFabricCheckpointing, FabricDDPStrategy):
+    """Fabric's ``DDPStrategy`` whose ``fabric.save`` / ``fabric.load`` go through unickpt."""
+
+
+class UnickptFabricModelParallelStrategy(_UnickptFabricCheckpointing, FabricModelParallelStrategy):
+    """Fabric's ``ModelParallelStrategy`` (FSDP2) whose ``fabric.save`` / ``fabric.load`` go through unickpt."""
