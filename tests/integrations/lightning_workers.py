@@ -58,6 +58,35 @@ class Tiny(L.LightningModule):
         return DataLoader(TensorDataset(x, y), batch_size=BATCH, shuffle=False)
 
 
+class TinyVal(Tiny):
+    """``Tiny`` with a validation loop (only for ``trainer.validate``: ``fit`` runs none)."""
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y = batch
+        self.losses.append(F.mse_loss(self.net(x), y).item())
+
+    def val_dataloader(self) -> DataLoader:
+        return self.train_dataloader()
+
+
+def validate(kind: str, backend: str, ws: int, ckpt: str) -> list[float]:
+    """``trainer.validate(ckpt_path=ckpt)`` with a fresh module: its losses."""
+    torch.manual_seed(1)  # not the trained weights: they must come from the checkpoint
+    model = TinyVal(kind == "fsdp2")
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=ws,
+        num_nodes=1,
+        strategy=_strategy(kind, backend, ws),
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+    )
+    trainer.validate(model, ckpt_path=ckpt)
+    return model.losses
+
+
 def _strategy(kind: str, backend: str, ws: int) -> Any:
     if kind == "ddp":
         return UnickptDDPStrategy(async_save=True) if backend == "unickpt" else L.pytorch.strategies.DDPStrategy()
@@ -115,6 +144,7 @@ def resume(rank: int, ws: int, root: str, which: str) -> dict[str, Any]:
             saved = os.path.join(root, kind, backend)
             if which == "last":
                 model = _fit(kind, backend, ws, saved, 3, "last")
+                out[f"validate-{kind}/{backend}"] = validate(kind, backend, ws, os.path.join(saved, "epoch=2.ckpt"))
             else:
                 ckpt = os.path.join(saved, "epoch=0.ckpt")
                 model = _fit(kind, backend, ws, os.path.join(saved, f"ws{ws}"), 2, ckpt)

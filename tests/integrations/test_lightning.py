@@ -52,6 +52,10 @@ def test_trainer_checkpoints_and_resumes_on_1_and_3_processes_like_stock_lightni
             assert all(len(losses) == steps for losses in stock), (kind, stock)
             assert ours == stock, kind
         assert os.path.isfile(os.path.join(root, kind, "unickpt", "epoch=2.ckpt", METADATA_FILE))
+        # trainer.validate(ckpt_path=...) on 1 process: the module alone, no optimizer exists
+        val = f"validate-{kind}"
+        assert len(_per_rank(on1, val, "stock")[0]) == 6
+        assert _per_rank(on1, val, "unickpt") == _per_rank(on1, val, "stock"), val
 
     # Fabric: fabric.save after 3 steps at ws=2, fabric.load on 3 and on 1 process, 2 more steps
     for kind in KINDS:
