@@ -1,0 +1,275 @@
+"""PyTorch Lightning strategies that checkpoint through unickpt: every rank saves its own shards,
+and a checkpoint saved by N processes resumes on any number of processes.
+
+``UnickptDDPStrategy`` and ``UnickptModelParallelStrategy`` (FSDP2) are Lightning's
+``DDPStrategy`` / ``ModelParallelStrategy`` with the same constructor arguments plus
+``async_save=False``. Lightning's ``CheckpointIO`` writes one dict from rank 0, so the strategy's
+checkpoint hooks are the place, and Lightning calls them in this order:
+
+* ``Trainer.save_checkpoint`` (``ModelCheckpoint`` included) builds Lightning's dict on every
+  rank (``lightning_module_state_dict`` / ``optimizer_state`` return nothing here: the live
+  module and optimizers are saved instead), then calls ``save_checkpoint`` on every rank: rank 0
+  encodes the rest of the dict (loops, callbacks, LR schedulers, hyper-parameters, epoch,
+  global step, precision plugin, datamodule, whatever ``on_save_checkpoint`` added) with
+  unickpt's safe value encoding and broadcasts it, and every rank calls ``Checkpointer.save``
+  with ``{"model": lightning_module, "optimizer": [optimizers], "lightning": that dict}``
+  (a replicated ``Stateful``, saved once). The path is a unickpt checkpoint folder.
+* ``fit(ckpt_path=...)``: these strategies restore after ``strategy.setup``
+  (``restore_checkpoint_after_setup``), when the optimizers exist, so ``load_checkpoint`` loads
+  the model and the optimizers in place (resharded to this job's world size and layout) and
+  returns Lightning's dict, from which Lightning restores loops, callbacks and schedulers;
+  ``load_model_state_dict`` / ``load_optimizer_state_dict`` then have nothing left to do.
+* ``remove_checkpoint`` (``ModelCheckpoint``'s top-k): waits for this rank's pending saves, then
+  rank 0 deletes the unickpt checkpoint at that path (only unickpt's files, ``_delete``).
+* ``teardown``: waits for pending saves and closes the checkpointer.
+
+Fabric: ``UnickptFabricDDPStrategy`` / ``UnickptFabricModelParallelStrategy`` are Fabric's
+strategies of those names; ``fabric.save(path, state)`` hands the live objects of ``state``
+(modules, optimizers, any ``Stateful``, plain values: unickpt's open state) to
+``Checkpointer.save`` on every rank, and ``fabric.load(path, state)`` loads them in place
+(``strict`` per key) and returns an empty remainder: unickpt restores into live objects only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lightning.fabric.strategies import DDPStrategy as FabricDDPStrategy
+from lightning.fabric.strategies import ModelParallelStrategy as FabricModelParallelStrategy
+from lightning.fabric.strategies import ParallelStrategy as FabricParallelStrategy
+from lightning.pytorch.core.optimizer import LightningOptimizer
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, ParallelStrategy
+from typing_extensions import override
+
+from ..checkpointer import Checkpointer
+from ..errors import UnsupportedValueError
+from ..format.values import dumps_value, loads_value
+from ._delete import delete_checkpoint
+
+__all__ = [
+    "UnickptDDPStrategy",
+    "UnickptModelParallelStrategy",
+    "UnickptFabricDDPStrategy",
+    "UnickptFabricModelParallelStrategy",
+    "LIGHTNING_KEY",
+]
+
+LIGHTNING_KEY = "lightning"  # the state key of Lightning's own dict
+_TENSOR_KEYS = ("state_dict", "optimizer_states")  # saved from the live objects instead
+
+
+class _LightningDict:
+    """Lightning's checkpoint dict (less model and optimizer states) as a replicated ``Stateful``:
+    the bytes of its safe encoding, the same on every rank (rank 0's, broadcast)."""
+
+    def __init__(self, data: bytes = b"") -> None:
+        self.data = data
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"checkpoint": self.data}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        data = state.get("checkpoint")
+        if not isinstance(data, bytes):
+            raise UnsupportedValueError(f"state[{LIGHTNING_KEY!r}] holds no Lightning checkpoint dict")
+        self.data = data
+
+
+if TYPE_CHECKING:  # what the mixins are mixed into
+    _Base = ParallelStrategy
+    _FabricBase = FabricParallelStrategy
+else:
+    _Base = object
+    _FabricBase = object
+
+
+class _UnickptCheckpointing(_Base):
+    """The checkpoint hooks shared by the strategies (see the module docstring)."""
+
+    def __init__(self, *args: Any, async_save: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.async_save = async_save
+        self._unickpt: Checkpointer | None = None
+
+    @property
+    def checkpointer(self) -> Checkpointer:
+        """This strategy's ``unickpt.Checkpointer`` (made at the first save or load, on the world)."""
+        if self._unickpt is None or self._unickpt.closed:
+            self._unickpt = Checkpointer()
+        return self._unickpt
+
+    # ---------------------------------------------------------------- what Lightning asks
+
+    @property
+    @override
+    def restore_checkpoint_after_setup(self) -> bool:
+        return True  # the optimizers exist: one load restores the model and them
+
+    @property
+    @override
+    def lightning_restore_optimizer(self) -> bool:
+        return False  # restored by load_checkpoint
+
+    @override
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        return {}  # the live module is saved, by every rank, in save_checkpoint
+
+    @override
+    def optimizer_state(self, optimizer: Any) -> dict[str, Any]:
+        return {}
+
+    @override
+    def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
+        pass  # loaded in load_checkpoint
+
+    @override
+    def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
+        pass
+
+    # ---------------------------------------------------------------- save / load / remove
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__}.save_checkpoint(storage_options=...) is not supported")
+        path = str(self.broadcast(str(filepath)))
+        rest = {k: v for k, v in checkpoint.items() if k not in _TENSOR_KEYS}
+        state: dict[str, Any] = {
+            "model": self._unickpt_module(),
+            LIGHTNING_KEY: _LightningDict(self._unickpt_rank0_encoding(rest)),
+        }
+        if "optimizer_states" in checkpoint and self.optimizers:
+            state["optimizer"] = self._unickpt_optimizers()
+        self.checkpointer.save(path, state, async_save=self.async_save)
+
+    @override
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        path = str(self.broadcast(str(checkpoint_path)))
+        holder = _LightningDict()
+        module = self._unickpt_module()
+        state: dict[str, Any] = {"model": module, LIGHTNING_KEY: holder}
+        if self.optimizers:
+            state["optimizer"] = self._unickpt_optimizers()
+        self.checkpointer.load(path, state, strict=self._unickpt_lightning_module().strict_loading)
+        checkpoint = loads_value(holder.data, f"{path}: the Lightning checkpoint dict")
+        if not isinstance(checkpoint, dict):
+            raise UnsupportedValueError(f"{path}: the Lightning checkpoint dict is a {type(checkpoint).__name__}")
+        checkpoint["state_dict"] = self._unickpt_loaded_state_dict()  # for on_load_checkpoint hooks
+        return checkpoint
+
+    @override
+    def remove_checkpoint(self, filepath: Any) -> None:
+        if self._unickpt is not None:
+            self._unickpt.wait()  # a pending save may be the one being removed
+        if self.is_global_zero:
+            delete_checkpoint(str(Path(filepath)))
+
+    @override
+    def teardown(self) -> None:
+        ckpt, self._unickpt = self._unickpt, None
+        try:
+            if ckpt is not None:
+                ckpt.close()  # drains pending saves; raises a failed one
+        finally:
+            super().teardown()
+
+    # ---------------------------------------------------------------- helpers
+
+    def _unickpt_lightning_module(self) -> Any:
+        module = self.lightning_module
+        if module is None:
+            raise RuntimeError(f"{type(self).__name__}: no LightningModule attached")
+        return module
+
+    def _unickpt_module(self) -> Any:
+        """What unickpt saves as ``"model"``: the LightningModule (DDP, FSDP2: names as it reports them)."""
+        return self._unickpt_lightning_module()
+
+    def _unickpt_loaded_state_dict(self) -> dict[str, Any]:
+        return dict(self._unickpt_lightning_module().state_dict())  # no collective for DDP / FSDP2
+
+    def _unickpt_optimizers(self) -> list[Any]:
+        opts = self.optimizers
+        return [o._optimizer if isinstance(o, LightningOptimizer) else o for o in opts]
+
+    def _unickpt_rank0_encoding(self, rest: dict[str, Any]) -> bytes:
+        """Rank 0's dict in the safe value encoding, on every rank; an unsupported value is raised
+        on every rank with rank 0's message."""
+        outcome: tuple[str, Any] = ("ok", b"")
+        if self.is_global_zero:
+            try:
+                outcome = ("ok", dumps_value(rest, "the Lightning checkpoint dict"))
+            except (TypeError, ValueError, OverflowError, RecursionError) as e:
+                outcome = ("error", f"{e}")
+        kind, value = self.broadcast(outcome)
+        if kind != "ok":
+            raise UnsupportedValueError(f"cannot save the Lightning checkpoint dict with unickpt: {value}")
+        return value
+
+
+class UnickptDDPStrategy(_UnickptCheckpointing, DDPStrategy):
+    """Lightning's ``DDPStrategy`` whose checkpoints are unickpt checkpoints (module docstring);
+    ``async_save=True``: ``save_checkpoint`` returns once the snapshot is taken."""
+
+
+class UnickptModelParallelStrategy(_UnickptCheckpointing, ModelParallelStrategy):
+    """Lightning's ``ModelParallelStrategy`` (FSDP2 / tensor parallel) whose checkpoints are unickpt
+    checkpoints (module docstring); ``save_distributed_checkpoint`` has no effect: every rank
+    always saves its own shards."""
+
+
+class _UnickptFabricCheckpointing(_FabricBase):
+    """Fabric's ``save_checkpoint`` / ``load_checkpoint`` through unickpt (module docstring)."""
+
+    def __init__(self, *args: Any, async_save: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.async_save = async_save
+        self._unickpt: Checkpointer | None = None
+
+    @property
+    def checkpointer(self) -> Checkpointer:
+        """This strategy's ``unickpt.Checkpointer``; ``checkpointer.wait()`` before the job exits
+        when ``async_save=True`` (Fabric has no teardown hook of its own at the end)."""
+        if self._unickpt is None or self._unickpt.closed:
+            self._unickpt = Checkpointer()
+        return self._unickpt
+
+    @override
+    def save_checkpoint(
+        self, path: Any, state: dict[str, Any], storage_options: Any = None, filter: Any = None
+    ) -> None:
+        if storage_options is not None or filter:
+            raise TypeError(f"{type(self).__name__}.save_checkpoint: storage_options and filter are not supported")
+        target = str(self.broadcast(str(path)))
+        self.checkpointer.save(target, dict(state), async_save=self.async_save)
+
+    @override
+    def load_checkpoint(
+        self, path: Any, state: Any = None, strict: bool = True, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        if not isinstance(state, dict) or not state:
+            raise TypeError(
+                f"{type(self).__name__}.load_checkpoint needs the dict of live objects to load into "
+                "(fabric.load(path, state)); unickpt does not return a checkpoint's contents"
+            )
+        self.checkpointer.load(str(self.broadcast(str(path))), state, strict=strict)
+        return {}
+
+    @override
+    def teardown(self) -> None:
+        ckpt, self._unickpt = self._unickpt, None
+        try:
+            if ckpt is not None:
+                ckpt.close()  # drains pending saves; raises a failed one
+        finally:
+            super().teardown()
+
+
+class UnickptFabricDDPStrategy(_UnickptFabricCheckpointing, FabricDDPStrategy):
+    """Fabric's ``DDPStrategy`` whose ``fabric.save`` / ``fabric.load`` go through unickpt."""
+
+
+class UnickptFabricModelParallelStrategy(_UnickptFabricCheckpointing, FabricModelParallelStrategy):
+    """Fabric's ``ModelParallelStrategy`` (FSDP2) whose ``fabric.save`` / ``fabric.load`` go through unickpt."""
