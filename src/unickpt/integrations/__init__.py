@@ -1,0 +1,6 @@
+"""Trainer integrations: unickpt as the checkpoint backend of a training framework.
+
+One module per framework (``unickpt.integrations.torchtitan`` ...), each importing its framework
+only when it is imported itself, so ``import unickpt`` imports none of them. Each is an extra
+(``pip install 'unickpt[torchtitan]'``) and has a page under ``docs/integrations/``.
+"""
