@@ -109,7 +109,7 @@ class UnickptCheckpointManager(BaseCheckpointManager):
             if self.last_save_in_hf or self.initial_load_in_hf:
                 raise ValueError(
                     "UnickptCheckpointManager does not read or write Hugging Face safetensors "
-                    "(last_save_in_hf / initial_load_in_hf); export with `unickpt export` instead"
+                    "(last_save_in_hf / initial_load_in_hf); `unickpt merge` writes safetensors"
                 )
 
     def __init__(
