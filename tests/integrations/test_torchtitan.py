@@ -92,3 +92,28 @@ def test_resume_ws1_knobs(saved) -> None:
     assert got["optim"] == {} and got["train_state"]["step"] == 0
     assert sorted(got["params"]) == sorted(outs[0]["saved"]["params"])
     t["manager"].close()
+
+
+def test_config_refusals_and_lazy_import() -> None:
+    import subprocess
+
+    from unickpt.integrations.torchtitan import UnickptCheckpointManager
+
+    with pytest.raises(ValueError, match="Hugging Face"):
+        UnickptCheckpointManager.Config(enable=True, last_save_in_hf=True)
+    with pytest.raises(ValueError, match="Hugging Face"):
+        UnickptCheckpointManager.Config(enable=True, initial_load_path="/x", initial_load_in_hf=True)
+    with pytest.raises(ValueError, match="dataloader_on_resize"):
+        UnickptCheckpointManager.Config(enable=True, dataloader_on_resize="modulo")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="at least 2 checkpoint"):  # torchtitan's own checks still run
+        UnickptCheckpointManager.Config(enable=True, keep_latest_k=1)
+    assert (
+        UnickptCheckpointManager.Config(enable=False)
+        .build(dataloader=None, model_parts=[], optimizers=None, lr_schedulers=None, states={}, sd_adapter=None)
+        .load()
+        is False
+    )  # disabled: torchtitan's base class answers
+    code = "import sys, unickpt; assert not [m for m in sys.modules if m.startswith('torchtitan')]"
+    subprocess.run(
+        [sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    )
