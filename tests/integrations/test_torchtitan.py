@@ -20,7 +20,7 @@ pytest.importorskip("triton")  # torchtitan's models import it (its CPU install 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the spawned ranks import the workers
 
-from torchtitan_workers import SAVE_STEPS, build, forward_loss, load_ws3, save_ws2, snapshot
+from torchtitan_workers import SAVE_STEPS, build, forward_loss, load_ws3, save_ws2, sd_adapter, snapshot
 
 from harness import run_ranks
 
@@ -78,6 +78,18 @@ def test_resume_ws1_knobs(saved) -> None:
     assert t["manager"].load()
     _same(outs[0]["saved"], snapshot(t), "ws1")
     assert forward_loss(t) == outs[0]["saved_loss"]
+    # the last-step HF export (ws=2, FSDP2, bf16) equals torchtitan's adapter applied to the
+    # model loaded here at ws=1; embeddings and lm_head also straight from the saving ranks
+    from safetensors.torch import load_file
+
+    folder = os.path.join(root, "final_hf", f"step-{SAVE_STEPS + 1}")
+    assert sorted(os.listdir(folder)) == ["model.safetensors", "model.safetensors.index.json"]
+    hf = load_file(os.path.join(folder, "model.safetensors"))
+    want = sd_adapter(t).to_hf({k: v.to(torch.bfloat16) for k, v in t["model"].state_dict().items()})
+    _same({k: v.contiguous() for k, v in want.items()}, hf, "hf")
+    saved = outs[0]["saved"]["params"]
+    assert torch.equal(hf["model.embed_tokens.weight"], saved["tok_embeddings.weight"].to(torch.bfloat16))
+    assert torch.equal(hf["lm_head.weight"], saved["lm_head.weight"].to(torch.bfloat16))
     assert t["manager"].load(step=4) and t["train_state"].step == 4
     with pytest.raises(FileNotFoundError):
         t["manager"].load(step=2)  # purged
@@ -99,8 +111,8 @@ def test_config_refusals_and_lazy_import() -> None:
 
     from unickpt.integrations.torchtitan import UnickptCheckpointManager
 
-    with pytest.raises(ValueError, match="Hugging Face"):
-        UnickptCheckpointManager.Config(enable=True, last_save_in_hf=True)
+    with pytest.raises(ValueError, match="last_save_model_only"):  # torchtitan's rule
+        UnickptCheckpointManager.Config(enable=True, last_save_in_hf=True, last_save_model_only=False)
     with pytest.raises(ValueError, match="Hugging Face"):
         UnickptCheckpointManager.Config(enable=True, initial_load_path="/x", initial_load_in_hf=True)
     with pytest.raises(ValueError, match="dataloader_on_resize"):

@@ -89,10 +89,17 @@ def build(root: str, **config: Any) -> dict[str, Any]:
     dataloader = ParallelAwareDataloader(TokenStream(rank), dp_rank=rank, dp_world_size=ws, batch_size=2)
     t = {
         "model": model, "optimizers": optimizers, "lr_schedulers": lr_schedulers, "dataloader": dataloader,
-        "data": iter(dataloader), "train_state": TrainState(),
+        "data": iter(dataloader), "train_state": TrainState(), "model_config": spec.model,
     }  # fmt: skip
     t["manager"] = manager_for(t, root, **config)
     return t
+
+
+def sd_adapter(t: dict[str, Any]) -> Any:
+    """torchtitan's llama3 state-dict adapter for the model's config (no HF assets)."""
+    from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter
+
+    return Llama3StateDictAdapter(t["model_config"], None)
 
 
 def manager_for(t: dict[str, Any], root: str, **config: Any) -> Any:
@@ -106,7 +113,7 @@ def manager_for(t: dict[str, Any], root: str, **config: Any) -> Any:
         optimizers=t["optimizers"],
         lr_schedulers=t["lr_schedulers"],
         states={"train_state": t["train_state"]},
-        sd_adapter=None,
+        sd_adapter=sd_adapter(t) if config.get("last_save_in_hf") else None,
         base_folder=root,
     )
 
@@ -169,7 +176,6 @@ def save_ws2(rank: int, ws: int, root: str) -> dict[str, Any]:
     for _ in range(SAVE_STEPS):
         train_step(t)
     out["saved"] = snapshot(t)
-    out["saved_loss"] = forward_loss(t)
     out["next_batch"] = next(t["data"]).clone()
     t["manager"].maybe_wait_for_saving()
     t["manager"].close()
@@ -183,6 +189,10 @@ def save_ws2(rank: int, ws: int, root: str) -> dict[str, Any]:
     final = manager_for(t, root, folder="final", interval=1000, last_save_model_only=True)
     final.save(SAVE_STEPS + 1, last_step=True)
     final.close()
+    hf = manager_for(t, root, folder="final_hf", interval=1000, last_save_in_hf=True, export_dtype="bfloat16")
+    hf.save(SAVE_STEPS + 1, last_step=True)
+    hf.close()
+    out["saved_loss"] = forward_loss(t)  # last: a state_dict() after it failed in FSDP2 (CPU)
     out["final_files"] = sorted(os.listdir(os.path.join(root, "final"))) if rank == 0 else []
     return out
 

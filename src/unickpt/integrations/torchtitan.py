@@ -23,8 +23,9 @@ once before training; per step ``save(step, last_step)`` (saves when ``_should_s
 snapshot is taken, never waits for the write); ``close()`` at the end (drains pending saves).
 Retention (``keep_latest_k``) runs on rank 0 after a save committed: it deletes the oldest
 complete unickpt checkpoints (metadata first), never a folder unickpt did not write.
-Not supported (refused by ``Config``): Hugging Face safetensors export/import
-(``last_save_in_hf``, ``initial_load_in_hf``) and an ``export_dtype`` other than the model's.
+``last_save_in_hf``: the last step as Hugging Face safetensors through torchtitan's state-dict
+adapter (``_save_hf``). Not supported: ``initial_load_in_hf`` (refused by ``Config``), and an
+``export_dtype`` other than the model's for a unickpt (not HF) last save.
 """
 
 from __future__ import annotations
@@ -106,10 +107,10 @@ class UnickptCheckpointManager(BaseCheckpointManager):
                 raise ValueError(f"Invalid async_mode: {self.async_mode}")
             if self.dataloader_on_resize not in ("error", "skip"):
                 raise ValueError(f"Invalid dataloader_on_resize: {self.dataloader_on_resize}")
-            if self.last_save_in_hf or self.initial_load_in_hf:
+            if self.initial_load_in_hf:
                 raise ValueError(
-                    "UnickptCheckpointManager does not read or write Hugging Face safetensors "
-                    "(last_save_in_hf / initial_load_in_hf); `unickpt merge` writes safetensors"
+                    "UnickptCheckpointManager does not read Hugging Face safetensors (initial_load_in_hf): "
+                    "load them with torchtitan's CheckpointManager, or `unickpt convert --from hf`"
                 )
 
     def __init__(
@@ -141,6 +142,9 @@ class UnickptCheckpointManager(BaseCheckpointManager):
         self.initial_load_model_only = config.initial_load_model_only
         self.enable_first_step_checkpoint = config.enable_first_step_checkpoint
         self.last_save_model_only = config.last_save_model_only
+        self.last_save_in_hf = config.last_save_in_hf
+        if self.last_save_in_hf and sd_adapter is None:
+            raise ValueError("checkpoint.last_save_in_hf is True, but sd_adapter is not provided.")
         self.export_dtype = TORCH_DTYPE_MAP[config.export_dtype]
         self.keep_latest_k = config.keep_latest_k
         self.async_save = config.async_mode != "disabled"
@@ -188,6 +192,9 @@ class UnickptCheckpointManager(BaseCheckpointManager):
             return False
         self.maybe_wait_for_saving()  # one save in flight at a time, as torchtitan's DCP manager
         path = self._create_checkpoint_id(curr_step)
+        if last_step and self.last_save_in_hf:
+            self._save_hf(path)
+            return True
         if last_step and self.last_save_model_only:
             self._check_export_dtype()
             with parameters_as_held(self.states[MODEL]):
@@ -202,6 +209,35 @@ class UnickptCheckpointManager(BaseCheckpointManager):
         else:
             self._purge_stale_checkpoints()
         return True
+
+    def _save_hf(self, path: str) -> None:
+        """The last step as Hugging Face safetensors through torchtitan's state-dict adapter: the
+        model's canonical ``state_dict()`` gathered whole on every rank (a collective), cast to
+        ``export_dtype``, ``sd_adapter.to_hf``; rank 0 writes ``model.safetensors`` and its
+        index into the new ``step-N`` folder (a folder that exists is refused, never overwritten)."""
+        import json
+        import os
+
+        from safetensors.torch import save_file
+        from torch.distributed.tensor import DTensor
+
+        full: dict[str, torch.Tensor] = {}
+        for part in self.states[MODEL]:
+            for key, value in part.state_dict().items():
+                t = value.full_tensor() if isinstance(value, DTensor) else value
+                full[key] = t.detach().to(self.export_dtype) if t.is_floating_point() else t.detach()
+        hf = {k: v.contiguous() for k, v in self.sd_adapter.to_hf(full).items()}
+        if self._ckpt.rank() == 0:
+            os.makedirs(path, exist_ok=False)
+            save_file(hf, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+            index = {
+                "metadata": {"total_size": sum(v.numel() * v.element_size() for v in hf.values())},
+                "weight_map": {k: "model.safetensors" for k in sorted(hf)},
+            }
+            with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
+                json.dump(index, f, indent=2)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.barrier()
 
     def _check_export_dtype(self) -> None:
         for part in self.states[MODEL]:
