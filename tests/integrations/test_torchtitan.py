@@ -70,6 +70,9 @@ def test_resume_ws3_refuses_resized_loader_then_loads_bit_exact(saved) -> None:
         assert out["loaded_flag"] is True
         _same(outs[0]["saved"], out["loaded"], "ws3")
         assert out["loss"] == outs[0]["saved_loss"]
+        assert out["hf_flag"] is True  # the HF export read back at ws=3: the saved weights in bf16
+        want = {k: v.to(torch.bfloat16).to(torch.float32) for k, v in outs[0]["saved"]["params"].items()}
+        _same(want, out["hf_params"], "hf import")
 
 
 def test_resume_ws1_knobs(saved) -> None:
@@ -113,8 +116,10 @@ def test_config_refusals_and_lazy_import() -> None:
 
     with pytest.raises(ValueError, match="last_save_model_only"):  # torchtitan's rule
         UnickptCheckpointManager.Config(enable=True, last_save_in_hf=True, last_save_model_only=False)
-    with pytest.raises(ValueError, match="Hugging Face"):
-        UnickptCheckpointManager.Config(enable=True, initial_load_path="/x", initial_load_in_hf=True)
+    with pytest.raises(ValueError, match="quantized"):
+        UnickptCheckpointManager.Config(
+            enable=True, initial_load_path="/x", initial_load_in_hf=True, initial_load_in_hf_quantized=True
+        )
     with pytest.raises(ValueError, match="dataloader_on_resize"):
         UnickptCheckpointManager.Config(enable=True, dataloader_on_resize="modulo")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="at least 2 checkpoint"):  # torchtitan's own checks still run

@@ -113,7 +113,7 @@ def manager_for(t: dict[str, Any], root: str, **config: Any) -> Any:
         optimizers=t["optimizers"],
         lr_schedulers=t["lr_schedulers"],
         states={"train_state": t["train_state"]},
-        sd_adapter=sd_adapter(t) if config.get("last_save_in_hf") else None,
+        sd_adapter=sd_adapter(t) if config.get("last_save_in_hf") or config.get("initial_load_in_hf") else None,
         base_folder=root,
     )
 
@@ -216,6 +216,12 @@ def load_ws3(rank: int, ws: int, root: str) -> dict[str, Any]:
     t = build(root, dataloader_on_resize="skip", load_only=True)
     out["loaded_flag"] = t["manager"].load()
     out["loaded"] = snapshot(t)
-    out["loss"] = forward_loss(t)
     t["manager"].close()
+    # the ws=2 HF export (bf16) as the initial load of an empty folder, through the adapter
+    hf_path = os.path.join(root, "final_hf", f"step-{SAVE_STEPS + 1}")
+    h = build(os.path.join(root, "hf_start"), initial_load_path=hf_path, initial_load_in_hf=True)
+    out["hf_flag"] = h["manager"].load()
+    out["hf_params"] = snapshot(h)["params"]
+    h["manager"].close()
+    out["loss"] = forward_loss(t)
     return out

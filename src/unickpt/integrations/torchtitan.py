@@ -23,9 +23,10 @@ once before training; per step ``save(step, last_step)`` (saves when ``_should_s
 snapshot is taken, never waits for the write); ``close()`` at the end (drains pending saves).
 Retention (``keep_latest_k``) runs on rank 0 after a save committed: it deletes the oldest
 complete unickpt checkpoints (metadata first), never a folder unickpt did not write.
-``last_save_in_hf``: the last step as Hugging Face safetensors through torchtitan's state-dict
-adapter (``_save_hf``). Not supported: ``initial_load_in_hf`` (refused by ``Config``), and an
-``export_dtype`` other than the model's for a unickpt (not HF) last save.
+``last_save_in_hf`` / ``initial_load_in_hf``: Hugging Face safetensors through torchtitan's
+state-dict adapter (``_save_hf``, ``_load_hf``). Not supported: quantized HF checkpoints
+(refused by ``Config``), and an ``export_dtype`` other than the model's for a unickpt (not HF)
+last save.
 """
 
 from __future__ import annotations
@@ -107,11 +108,8 @@ class UnickptCheckpointManager(BaseCheckpointManager):
                 raise ValueError(f"Invalid async_mode: {self.async_mode}")
             if self.dataloader_on_resize not in ("error", "skip"):
                 raise ValueError(f"Invalid dataloader_on_resize: {self.dataloader_on_resize}")
-            if self.initial_load_in_hf:
-                raise ValueError(
-                    "UnickptCheckpointManager does not read Hugging Face safetensors (initial_load_in_hf): "
-                    "load them with torchtitan's CheckpointManager, or `unickpt convert --from hf`"
-                )
+            if self.initial_load_in_hf_quantized:
+                raise ValueError("UnickptCheckpointManager does not read quantized Hugging Face checkpoints")
 
     def __init__(
         self,
@@ -140,6 +138,7 @@ class UnickptCheckpointManager(BaseCheckpointManager):
         self.exclude_from_loading = list(config.exclude_from_loading)
         self.initial_load_path = config.initial_load_path
         self.initial_load_model_only = config.initial_load_model_only
+        self.initial_load_in_hf = config.initial_load_in_hf
         self.enable_first_step_checkpoint = config.enable_first_step_checkpoint
         self.last_save_model_only = config.last_save_model_only
         self.last_save_in_hf = config.last_save_in_hf
@@ -284,6 +283,10 @@ class UnickptCheckpointManager(BaseCheckpointManager):
         complete = self._complete_steps()
         load_step = (complete[-1] if complete else -1) if step == -1 else step
         if load_step == -1:
+            hf_path = self.initial_load_path or (self.sd_adapter and self.sd_adapter.hf_assets_path)
+            if self.initial_load_in_hf and hf_path:
+                self._load_hf(hf_path)
+                return True
             if not self.initial_load_path:
                 return False
             if not filesystem.isdir(self.initial_load_path):
@@ -307,6 +310,47 @@ class UnickptCheckpointManager(BaseCheckpointManager):
             with parameters_as_held(self.states[MODEL]):
                 self._ckpt.load(path, state, strict=not partial, options=self.load_options)
         return True
+
+    def _load_hf(self, path: str) -> None:
+        """The model from a Hugging Face safetensors folder through torchtitan's state-dict
+        adapter (``initial_load_in_hf``): every rank reads the files its index names, then
+        ``sd_adapter.from_hf``, the load pre-hooks of torchtitan's modules on those full tensors
+        (they fuse ``wq``/``wk``/``wv`` into ``wqkv``), then ``set_model_state_dict`` on the
+        parameters as held (each rank keeps its shards). Every parameter must be there."""
+        import json
+        import os
+
+        from safetensors.torch import load_file
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        if self.sd_adapter is None:
+            raise ValueError("checkpoint.initial_load_in_hf is True, but sd_adapter is not provided.")
+        index_path = os.path.join(path, "model.safetensors.index.json")
+        if os.path.isfile(index_path):
+            if os.path.getsize(index_path) > 64 << 20:
+                raise CheckpointError(f"{index_path} is larger than 64 MiB")
+            with open(index_path) as f:
+                files = sorted(set(json.load(f)["weight_map"].values()))
+        else:
+            files = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
+        hf: dict[str, torch.Tensor] = {}
+        for name in files:
+            if not isinstance(name, str) or os.path.basename(name) != name or not name.endswith(".safetensors"):
+                raise CheckpointError(f"{index_path} names a file outside its folder: {name!r}")
+            hf.update(load_file(os.path.join(path, name)))
+        full = self.sd_adapter.from_hf(hf)
+        parts = self.states[MODEL]
+        for part in parts:  # canonical names -> the parameters as held (e.g. wq, wk, wv -> wqkv)
+            for mname, m in part.named_modules():
+                if type(m).__module__.startswith("torchtitan."):
+                    for hook in list(m._load_state_dict_pre_hooks.values()):
+                        hook(full, f"{mname}." if mname else "", {}, True, [], [], [])
+        with parameters_as_held(parts):
+            for part in parts:
+                missing = sorted(set(part.state_dict()) - set(full))
+                if missing:
+                    raise CheckpointError(f"{path} lacks {len(missing)} tensor(s) of the model: {missing[:10]}")
+                set_model_state_dict(part, full, options=StateDictOptions(full_state_dict=True, strict=False))
 
     # ------------------------------------------------------------------ lifetime
 
