@@ -20,7 +20,7 @@ pytest.importorskip("triton")  # torchtitan's models import it (its CPU install 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the spawned ranks import the workers
 
-from torchtitan_workers import SAVE_STEPS, build, forward_loss, load_ws3, save_ws2, sd_adapter, snapshot
+from torchtitan_workers import SAVE_STEPS, build, forward_loss, load_ws3, save_ws2, sd_adapter, snapshot, train_step
 
 from harness import run_ranks
 
@@ -134,3 +134,31 @@ def test_config_refusals_and_lazy_import() -> None:
     subprocess.run(
         [sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     )
+
+
+def test_async_save_staging_waits_for_the_snapshot_only(tmp_path) -> None:
+    """``maybe_wait_for_staging`` returns while the save's commit is held back (a listener on the
+    worker blocks at ``save.commit.begin``): the trainer's next step does not wait for the write."""
+    import threading
+
+    t = build(str(tmp_path), async_mode="async", interval=1)
+    reached, release = threading.Event(), threading.Event()
+
+    def hold(ev: Any) -> None:
+        if ev.phase == "save.commit.begin":
+            reached.set()
+            release.wait(120)
+
+    t["manager"].checkpointer.events.add_listener(hold)
+    try:
+        train_step(t)  # saves step 1, async
+        t["manager"].maybe_wait_for_staging()
+        assert reached.wait(120)  # the write is done, the commit held
+        assert not t["manager"].save_future.done()
+        assert not os.path.exists(os.path.join(str(tmp_path), "checkpoint", "step-1", "unickpt.metadata.json"))
+    finally:
+        release.set()
+    t["manager"].maybe_wait_for_saving()
+    assert t["manager"].save_future is None
+    assert os.path.exists(os.path.join(str(tmp_path), "checkpoint", "step-1", "unickpt.metadata.json"))
+    t["manager"].close()

@@ -149,7 +149,7 @@ class UnickptCheckpointManager(BaseCheckpointManager):
         self.async_save = config.async_mode != "disabled"
         self.load_options = LoadOptions(loader_on_resize=config.dataloader_on_resize)
         self.sd_adapter = sd_adapter
-        self._ckpt = Checkpointer()
+        self.checkpointer = Checkpointer()  # its own: events listeners, worker, staging memory
         self._storage: Storage | None = None
 
     def __del__(self) -> None:
@@ -197,12 +197,12 @@ class UnickptCheckpointManager(BaseCheckpointManager):
         if last_step and self.last_save_model_only:
             self._check_export_dtype()
             with parameters_as_held(self.states[MODEL]):
-                self._ckpt.save(path, {MODEL: self.states[MODEL]})
+                self.checkpointer.save(path, {MODEL: self.states[MODEL]})
             self._purge_stale_checkpoints()
             return True
         async_save = self.async_save and not last_step
         with parameters_as_held(self.states[MODEL]):
-            handle = self._ckpt.save(path, dict(self.states), async_save=async_save)
+            handle = self.checkpointer.save(path, dict(self.states), async_save=async_save)
         if async_save:
             self.save_future, self._staging = handle, handle  # type: ignore[assignment]
         else:
@@ -226,7 +226,7 @@ class UnickptCheckpointManager(BaseCheckpointManager):
                 t = value.full_tensor() if isinstance(value, DTensor) else value
                 full[key] = t.detach().to(self.export_dtype) if t.is_floating_point() else t.detach()
         hf = {k: v.contiguous() for k, v in self.sd_adapter.to_hf(full).items()}
-        if self._ckpt.rank() == 0:
+        if self.checkpointer.rank() == 0:
             os.makedirs(path, exist_ok=False)
             save_file(hf, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
             index = {
@@ -262,7 +262,7 @@ class UnickptCheckpointManager(BaseCheckpointManager):
 
     def _purge_stale_checkpoints(self) -> None:
         """Rank 0: keep the ``keep_latest_k`` newest complete unickpt checkpoints."""
-        if self.keep_latest_k <= 0 or self._ckpt.rank() != 0:
+        if self.keep_latest_k <= 0 or self.checkpointer.rank() != 0:
             return
         root = self._root()
         for step in self._complete_steps()[: -self.keep_latest_k]:
@@ -308,7 +308,7 @@ class UnickptCheckpointManager(BaseCheckpointManager):
             if partial:  # asked for a subset on purpose: the keys left out are not news
                 warnings.filterwarnings("ignore", message="non-strict load")
             with parameters_as_held(self.states[MODEL]):
-                self._ckpt.load(path, state, strict=not partial, options=self.load_options)
+                self.checkpointer.load(path, state, strict=not partial, options=self.load_options)
         return True
 
     def _load_hf(self, path: str) -> None:
@@ -355,7 +355,7 @@ class UnickptCheckpointManager(BaseCheckpointManager):
     # ------------------------------------------------------------------ lifetime
 
     def _close(self) -> None:
-        ckpt = getattr(self, "_ckpt", None)
+        ckpt = getattr(self, "checkpointer", None)
         if ckpt is not None and not ckpt.closed:
             try:
                 if self.save_future is not None:
