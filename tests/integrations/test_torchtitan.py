@@ -73,6 +73,12 @@ def test_resume_ws3_refuses_resized_loader_then_loads_bit_exact(saved) -> None:
         assert out["hf_flag"] is True  # the HF export read back at ws=3: the saved weights in bf16
         want = {k: v.to(torch.bfloat16).to(torch.float32) for k, v in outs[0]["saved"]["params"].items()}
         _same(want, out["hf_params"], "hf import")
+    plain = build(os.path.join(root, "plain_bf16"))  # ws=1: the same weights, set by hand
+    with torch.no_grad():
+        for n, p in plain["model"].named_parameters():
+            p.copy_(want[n])
+    assert out["hf_loss"] == forward_loss(plain)
+    plain["manager"].close()
 
 
 def test_resume_ws1_knobs(saved) -> None:

@@ -222,6 +222,7 @@ def load_ws3(rank: int, ws: int, root: str) -> dict[str, Any]:
     h = build(os.path.join(root, "hf_start"), initial_load_path=hf_path, initial_load_in_hf=True)
     out["hf_flag"] = h["manager"].load()
     out["hf_params"] = snapshot(h)["params"]
+    out["hf_loss"] = forward_loss(h)  # FSDP2's own view of the loaded shards (its load hooks ran)
     h["manager"].close()
     out["loss"] = forward_loss(t)
     return out

@@ -64,23 +64,28 @@ _STEP_FOLDER = re.compile(r"step-(\d+)")
 _HOOKS = ("_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
 
 
+def _torchtitan_hook(hook: Any) -> bool:
+    """Whether a module hook is torchtitan's own (FSDP2's hooks, on the same modules, are not)."""
+    fn = getattr(hook, "hook", hook)  # torch's _WrappedHook keeps the function in .hook
+    return str(getattr(fn, "__module__", "")).startswith("torchtitan.")
+
+
 @contextmanager
 def parameters_as_held(parts: list[nn.Module]) -> Iterator[None]:
-    """Suspend the state-dict hooks of torchtitan's own modules for one unickpt call, so that
-    unickpt reads the parameters as the model holds them. torchtitan's ``FusedQKVLinear``
-    splits its fused ``wqkv`` into fresh ``wq``/``wk``/``wv`` tensors in ``state_dict()``: loading
-    into those in place would change copies, and its optimizer state is keyed ``wqkv``. The
-    checkpoint's names are therefore the parameters' (``...qkv_linear.wqkv.weight``); a model
-    built unfused loads it with ``LoadOptions(transforms=...)`` (``split_rows``)."""
+    """Suspend torchtitan's own state-dict hooks for one unickpt call, so that unickpt reads
+    the parameters as the model holds them. torchtitan's ``FusedQKVLinear`` splits its fused
+    ``wqkv`` into fresh ``wq``/``wk``/``wv`` tensors in ``state_dict()``: loading into those in
+    place would change copies, and its optimizer state is keyed ``wqkv``. The checkpoint's names
+    are therefore the parameters' (``...qkv_linear.wqkv.weight``); a model built unfused loads it
+    with ``LoadOptions(transforms=...)`` (``split_rows``). Other hooks (FSDP2's) stay."""
     saved = []
     for part in parts:
         for m in part.modules():
-            if type(m).__module__.startswith("torchtitan."):
-                for attr in _HOOKS:
-                    hooks = getattr(m, attr, None)
-                    if hooks:
-                        saved.append((m, attr, hooks))
-                        setattr(m, attr, OrderedDict())
+            for attr in _HOOKS:
+                hooks = getattr(m, attr, None)
+                if hooks and any(_torchtitan_hook(h) for h in hooks.values()):
+                    saved.append((m, attr, hooks))
+                    setattr(m, attr, OrderedDict((k, h) for k, h in hooks.items() if not _torchtitan_hook(h)))
     try:
         yield
     finally:
@@ -342,9 +347,8 @@ class UnickptCheckpointManager(BaseCheckpointManager):
         parts = self.states[MODEL]
         for part in parts:  # canonical names -> the parameters as held (e.g. wq, wk, wv -> wqkv)
             for mname, m in part.named_modules():
-                if type(m).__module__.startswith("torchtitan."):
-                    for hook in list(m._load_state_dict_pre_hooks.values()):
-                        hook(full, f"{mname}." if mname else "", {}, True, [], [], [])
+                for hook in [h for h in m._load_state_dict_pre_hooks.values() if _torchtitan_hook(h)]:
+                    hook(full, f"{mname}." if mname else "", {}, True, [], [], [])
         with parameters_as_held(parts):
             for part in parts:
                 missing = sorted(set(part.state_dict()) - set(full))
