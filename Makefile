@@ -15,6 +15,9 @@ $(VENV)/.installed: pyproject.toml
 	# the CPU build of torch (a local wheel here); installed first so nothing pulls a CUDA build
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[test]'
+	# torchtitan's integration test: without its deps (they would downgrade huggingface_hub and
+	# fsspec under the test extra's transformers); only what its checkpointer/model/optimizer need
+	$(BIN)/python -m pip install -q --no-deps 'torchtitan==0.3.0' 'spmd_types==0.2.3' tyro==1.0.17 docstring_parser==0.18.0 typeguard==4.6.1 einops==0.8.2 triton==3.9.0
 	touch $@
 
 demo: setup

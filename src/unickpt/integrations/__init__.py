@@ -1,6 +1,7 @@
 """Trainer integrations: unickpt as the checkpoint backend of a training framework.
 
-Each submodule imports its framework when it is imported itself (``import unickpt`` imports
-none of them) and is installed with its extra, e.g. ``pip install 'unickpt[lightning]'`` for
-``unickpt.integrations.lightning``.
+One module per framework (``unickpt.integrations.lightning``, ``unickpt.integrations.torchtitan``),
+each importing its framework only when it is imported itself, so ``import unickpt`` imports none
+of them. Each is an extra (``pip install 'unickpt[lightning]'``) and has a page under
+``docs/integrations/``.
 """

@@ -1,0 +1,370 @@
+"""unickpt as torchtitan's checkpoint manager: ``UnickptCheckpointManager``.
+
+torchtitan builds its checkpoint manager from ``Trainer.Config.checkpoint`` (a
+``BaseCheckpointManager.Config``): ``config.checkpoint.build(...)`` constructs the class that
+declares that ``Config`` (``Configurable``'s ``_owner``). So a job switches by giving
+``checkpoint=UnickptCheckpointManager.Config(...)`` in place of ``CheckpointManager.Config(...)``
+(same fields, plus ``dataloader_on_resize``); see docs/integrations/torchtitan.md.
+
+What it saves, through one ``unickpt.Checkpointer`` (``open state``, docs/state.md), in the
+trainer's ``step-N`` folders under ``dump_folder/checkpoint.folder``:
+  ``model``         the trainer's model parts (a list of modules, FSDP2/TP as they are), read
+                    by name, so a checkpoint loads at any world size and number of parts;
+  ``optimizer``     the ``OptimizersContainer``, whose own ``state`` is empty: unickpt reads its
+                    inner ``optimizers`` (``frameworks.parts.unwrap_optimizer``, rule 1);
+  ``lr_scheduler``  the ``LRSchedulersContainer`` (a replicated ``Stateful``);
+  ``dataloader``    torchtitan's per-DP-rank ``state_dict`` (restored at the same world size;
+                    after a change ``dataloader_on_resize`` decides: ``"error"`` or ``"skip"``);
+  every entry of ``states`` (``train_state``: the trainer, step and tokens seen).
+
+Who calls what (torchtitan's ``Trainer``, every rank): ``build`` -> ``__init__``; ``load(step)``
+once before training; per step ``save(step, last_step)`` (saves when ``_should_save``), and
+``maybe_wait_for_staging()`` before the next optimizer step (returns once an async save's
+snapshot is taken, never waits for the write); ``close()`` at the end (drains pending saves).
+Retention (``keep_latest_k``) runs on rank 0 after a save committed: it deletes the oldest
+complete unickpt checkpoints (metadata first), never a folder unickpt did not write.
+``last_save_in_hf`` / ``initial_load_in_hf``: Hugging Face safetensors through torchtitan's
+state-dict adapter (``_save_hf``, ``_load_hf``). Not supported: quantized HF checkpoints
+(refused by ``Config``), and an ``export_dtype`` other than the model's for a unickpt (not HF)
+last save.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from torchtitan.components.checkpointer.base import (
+    DATALOADER,
+    LR_SCHEDULER,
+    MODEL,
+    OPTIMIZER,
+    BaseCheckpointManager,
+)
+from torchtitan.config import TORCH_DTYPE_MAP
+from torchtitan.tools import filesystem
+
+from ..checkpointer import Checkpointer
+from ..engine.worker import SaveHandle
+from ..errors import CheckpointError
+from ..format.records import METADATA_FILE
+from ..options import LoadOptions
+from ..storage import Storage, open_storage
+
+__all__ = ["UnickptCheckpointManager"]
+
+_STEP_FOLDER = re.compile(r"step-(\d+)")
+_HOOKS = ("_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
+
+
+def _torchtitan_hook(hook: Any) -> bool:
+    """Whether a module hook is torchtitan's own (FSDP2's hooks, on the same modules, are not)."""
+    fn = getattr(hook, "hook", hook)  # torch's _WrappedHook keeps the function in .hook
+    return str(getattr(fn, "__module__", "")).startswith("torchtitan.")
+
+
+@contextmanager
+def parameters_as_held(parts: list[nn.Module]) -> Iterator[None]:
+    """Suspend torchtitan's own state-dict hooks for one unickpt call, so that unickpt reads
+    the parameters as the model holds them. torchtitan's ``FusedQKVLinear`` splits its fused
+    ``wqkv`` into fresh ``wq``/``wk``/``wv`` tensors in ``state_dict()``: loading into those in
+    place would change copies, and its optimizer state is keyed ``wqkv``. The checkpoint's names
+    are therefore the parameters' (``...qkv_linear.wqkv.weight``); a model built unfused loads it
+    with ``LoadOptions(transforms=...)`` (``split_rows``). Other hooks (FSDP2's) stay."""
+    saved = []
+    for part in parts:
+        for m in part.modules():
+            for attr in _HOOKS:
+                hooks = getattr(m, attr, None)
+                if hooks and any(_torchtitan_hook(h) for h in hooks.values()):
+                    saved.append((m, attr, hooks))
+                    setattr(m, attr, OrderedDict((k, h) for k, h in hooks.items() if not _torchtitan_hook(h)))
+    try:
+        yield
+    finally:
+        for m, attr, hooks in saved:
+            setattr(m, attr, hooks)
+
+
+class UnickptCheckpointManager(BaseCheckpointManager):
+    """torchtitan's checkpoint manager contract, backed by unickpt (module docstring)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(BaseCheckpointManager.Config):
+        async_mode: Literal["disabled", "async", "async_with_pinned_mem"] = "disabled"
+        """``"async"`` / ``"async_with_pinned_mem"``: an async unickpt save (the step waits only for
+        the snapshot, in ``maybe_wait_for_staging``); ``"disabled"``: blocking saves."""
+
+        dataloader_on_resize: Literal["error", "skip"] = "error"
+        """torchtitan's dataloader state is per DP rank: after a change of world size ``"error"``
+        refuses the load (nothing changed), ``"skip"`` leaves the dataloader fresh, with a warning."""
+
+        def __post_init__(self) -> None:
+            BaseCheckpointManager.Config.__post_init__(self)
+            self.async_mode = self.async_mode.lower()  # type: ignore[assignment]
+            if self.async_mode not in ("disabled", "async", "async_with_pinned_mem"):
+                raise ValueError(f"Invalid async_mode: {self.async_mode}")
+            if self.dataloader_on_resize not in ("error", "skip"):
+                raise ValueError(f"Invalid dataloader_on_resize: {self.dataloader_on_resize}")
+            if self.initial_load_in_hf_quantized:
+                raise ValueError("UnickptCheckpointManager does not read quantized Hugging Face checkpoints")
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        dataloader: Any,
+        model_parts: list[nn.Module],
+        optimizers: Any,
+        lr_schedulers: Any,
+        states: dict[str, Any],
+        sd_adapter: Any,
+        base_folder: str = "",
+    ) -> None:
+        self.enable = config.enable
+        if not self.enable:
+            return
+        self.save_future: SaveHandle | None = None  # type: ignore[assignment]
+        self._staging: SaveHandle | None = None
+        self.folder = filesystem.join(base_folder, config.folder)
+        self.interval = config.interval
+        self.states = states
+        self.states.update({MODEL: list(model_parts), OPTIMIZER: optimizers, LR_SCHEDULER: lr_schedulers})
+        if dataloader is not None:
+            self.states[DATALOADER] = dataloader
+        self.load_only = config.load_only
+        self.exclude_from_loading = list(config.exclude_from_loading)
+        self.initial_load_path = config.initial_load_path
+        self.initial_load_model_only = config.initial_load_model_only
+        self.initial_load_in_hf = config.initial_load_in_hf
+        self.enable_first_step_checkpoint = config.enable_first_step_checkpoint
+        self.last_save_model_only = config.last_save_model_only
+        self.last_save_in_hf = config.last_save_in_hf
+        if self.last_save_in_hf and sd_adapter is None:
+            raise ValueError("checkpoint.last_save_in_hf is True, but sd_adapter is not provided.")
+        self.export_dtype = TORCH_DTYPE_MAP[config.export_dtype]
+        self.keep_latest_k = config.keep_latest_k
+        self.async_save = config.async_mode != "disabled"
+        self.load_options = LoadOptions(loader_on_resize=config.dataloader_on_resize)
+        self.sd_adapter = sd_adapter
+        self.checkpointer = Checkpointer()  # its own: events listeners, worker, staging memory
+        self._storage: Storage | None = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ folders
+
+    def _create_checkpoint_id(self, step: int) -> str:
+        return filesystem.join(self.folder, f"step-{step}")
+
+    def _root(self) -> Storage:
+        if self._storage is None:
+            self._storage = open_storage(self.folder)
+        return self._storage
+
+    def _complete_steps(self) -> list[int]:
+        """Steps whose ``step-N`` folder holds a committed unickpt checkpoint, ascending."""
+        if not filesystem.isdir(self.folder):
+            return []
+        steps = []
+        for name in filesystem.listdir(self.folder):
+            m = _STEP_FOLDER.fullmatch(name)
+            if m and self._root().size(f"{name}/{METADATA_FILE}") is not None:
+                steps.append(int(m.group(1)))
+        return sorted(steps)
+
+    # ------------------------------------------------------------------ save
+
+    def _should_save(self, curr_step: int, last_step: bool) -> bool:
+        if self.load_only:
+            return False
+        if curr_step == 1 and self.enable_first_step_checkpoint:
+            return True
+        return last_step or curr_step % self.interval == 0
+
+    @torch.no_grad()
+    def _save(self, curr_step: int, last_step: bool = False) -> bool:
+        if not self._should_save(curr_step, last_step):
+            return False
+        self.maybe_wait_for_saving()  # one save in flight at a time, as torchtitan's DCP manager
+        path = self._create_checkpoint_id(curr_step)
+        if last_step and self.last_save_in_hf:
+            self._save_hf(path)
+            return True
+        if last_step and self.last_save_model_only:
+            self._check_export_dtype()
+            with parameters_as_held(self.states[MODEL]):
+                self.checkpointer.save(path, {MODEL: self.states[MODEL]})
+            self._purge_stale_checkpoints()
+            return True
+        async_save = self.async_save and not last_step
+        with parameters_as_held(self.states[MODEL]):
+            handle = self.checkpointer.save(path, dict(self.states), async_save=async_save)
+        if async_save:
+            self.save_future, self._staging = handle, handle  # type: ignore[assignment]
+        else:
+            self._purge_stale_checkpoints()
+        return True
+
+    def _save_hf(self, path: str) -> None:
+        """The last step as Hugging Face safetensors through torchtitan's state-dict adapter: the
+        model's canonical ``state_dict()`` gathered whole on every rank (a collective), cast to
+        ``export_dtype``, ``sd_adapter.to_hf``; rank 0 writes ``model.safetensors`` and its
+        index into the new ``step-N`` folder (a folder that exists is refused, never overwritten)."""
+        import json
+        import os
+
+        from safetensors.torch import save_file
+        from torch.distributed.tensor import DTensor
+
+        full: dict[str, torch.Tensor] = {}
+        for part in self.states[MODEL]:
+            for key, value in part.state_dict().items():
+                t = value.full_tensor() if isinstance(value, DTensor) else value
+                full[key] = t.detach().to(self.export_dtype) if t.is_floating_point() else t.detach()
+        hf = {k: v.contiguous() for k, v in self.sd_adapter.to_hf(full).items()}
+        if self.checkpointer.rank() == 0:
+            os.makedirs(path, exist_ok=False)
+            save_file(hf, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+            index = {
+                "metadata": {"total_size": sum(v.numel() * v.element_size() for v in hf.values())},
+                "weight_map": {k: "model.safetensors" for k in sorted(hf)},
+            }
+            with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
+                json.dump(index, f, indent=2)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.barrier()
+
+    def _check_export_dtype(self) -> None:
+        for part in self.states[MODEL]:
+            for name, p in part.named_parameters():
+                if p.is_floating_point() and p.dtype != self.export_dtype:
+                    raise CheckpointError(
+                        f"checkpoint.export_dtype={self.export_dtype} differs from parameter {name} "
+                        f"({p.dtype}): UnickptCheckpointManager saves the model in its own dtype; "
+                        "cast at load with unickpt.LoadOptions(cast_dtypes=True)"
+                    )
+
+    def _maybe_wait_for_staging(self) -> None:
+        if self._staging is not None:
+            self._staging.wait_snapshot()
+            self._staging = None
+
+    def _wait_for_saving(self) -> None:
+        handle, self.save_future = self.save_future, None
+        self._staging = None
+        assert handle is not None
+        handle.wait()
+        self._purge_stale_checkpoints()
+
+    def _purge_stale_checkpoints(self) -> None:
+        """Rank 0: keep the ``keep_latest_k`` newest complete unickpt checkpoints."""
+        if self.keep_latest_k <= 0 or self.checkpointer.rank() != 0:
+            return
+        root = self._root()
+        for step in self._complete_steps()[: -self.keep_latest_k]:
+            prefix = f"step-{step}/"
+            names = root.list(prefix)
+            root.delete([prefix + METADATA_FILE])  # first: the checkpoint turns incomplete
+            root.delete([n for n in names if n != prefix + METADATA_FILE])
+
+    # ------------------------------------------------------------------ load
+
+    @torch.no_grad()
+    def _load(self, step: int = -1) -> bool:
+        has_folder = filesystem.isdir(self.folder)
+        if step != -1 and not has_folder:
+            raise FileNotFoundError(
+                f"--checkpoint.load_step={step} not found because checkpoint.folder {self.folder} does not exist"
+            )
+        complete = self._complete_steps()
+        load_step = (complete[-1] if complete else -1) if step == -1 else step
+        if load_step == -1:
+            hf_path = self.initial_load_path or (self.sd_adapter and self.sd_adapter.hf_assets_path)
+            if self.initial_load_in_hf and hf_path:
+                self._load_hf(hf_path)
+                return True
+            if not self.initial_load_path:
+                return False
+            if not filesystem.isdir(self.initial_load_path):
+                raise ValueError(f"Checkpoint.initial_load_path is invalid: {self.initial_load_path}")
+            path, model_only = self.initial_load_path, self.initial_load_model_only
+        else:
+            if load_step not in complete:
+                raise FileNotFoundError(f"--checkpoint.load_step={load_step} not found at {self.folder}")
+            path, model_only = self._create_checkpoint_id(load_step), load_step == 0
+        for key in self.exclude_from_loading:
+            if key not in self.states:
+                raise ValueError(f"{key} not found in state_dict.")
+        if model_only:
+            state: dict[str, Any] = {MODEL: self.states[MODEL]}
+        else:
+            state = {k: v for k, v in self.states.items() if k not in self.exclude_from_loading}
+        partial = len(state) < len(self.states)
+        with warnings.catch_warnings():
+            if partial:  # asked for a subset on purpose: the keys left out are not news
+                warnings.filterwarnings("ignore", message="non-strict load")
+            with parameters_as_held(self.states[MODEL]):
+                self.checkpointer.load(path, state, strict=not partial, options=self.load_options)
+        return True
+
+    def _load_hf(self, path: str) -> None:
+        """The model from a Hugging Face safetensors folder through torchtitan's state-dict
+        adapter (``initial_load_in_hf``): every rank reads the files its index names, then
+        ``sd_adapter.from_hf``, the load pre-hooks of torchtitan's modules on those full tensors
+        (they fuse ``wq``/``wk``/``wv`` into ``wqkv``), then ``set_model_state_dict`` on the
+        parameters as held (each rank keeps its shards). Every parameter must be there."""
+        import json
+        import os
+
+        from safetensors.torch import load_file
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        if self.sd_adapter is None:
+            raise ValueError("checkpoint.initial_load_in_hf is True, but sd_adapter is not provided.")
+        index_path = os.path.join(path, "model.safetensors.index.json")
+        if os.path.isfile(index_path):
+            if os.path.getsize(index_path) > 64 << 20:
+                raise CheckpointError(f"{index_path} is larger than 64 MiB")
+            with open(index_path) as f:
+                files = sorted(set(json.load(f)["weight_map"].values()))
+        else:
+            files = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
+        hf: dict[str, torch.Tensor] = {}
+        for name in files:
+            if not isinstance(name, str) or os.path.basename(name) != name or not name.endswith(".safetensors"):
+                raise CheckpointError(f"{index_path} names a file outside its folder: {name!r}")
+            hf.update(load_file(os.path.join(path, name)))
+        full = self.sd_adapter.from_hf(hf)
+        parts = self.states[MODEL]
+        for part in parts:  # canonical names -> the parameters as held (e.g. wq, wk, wv -> wqkv)
+            for mname, m in part.named_modules():
+                for hook in [h for h in m._load_state_dict_pre_hooks.values() if _torchtitan_hook(h)]:
+                    hook(full, f"{mname}." if mname else "", {}, True, [], [], [])
+        with parameters_as_held(parts):
+            for part in parts:
+                missing = sorted(set(part.state_dict()) - set(full))
+                if missing:
+                    raise CheckpointError(f"{path} lacks {len(missing)} tensor(s) of the model: {missing[:10]}")
+                set_model_state_dict(part, full, options=StateDictOptions(full_state_dict=True, strict=False))
+
+    # ------------------------------------------------------------------ lifetime
+
+    def _close(self) -> None:
+        ckpt = getattr(self, "checkpointer", None)
+        if ckpt is not None and not ckpt.closed:
+            try:
+                if self.save_future is not None:
+                    self._wait_for_saving()  # commits the last async save, then retention
+            finally:
+                self.save_future = None
+                self._staging = None
+                ckpt.close()
