@@ -24,7 +24,7 @@ demo: setup
 	$(BIN)/unickpt demo
 
 test: setup lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=30
 
 lint: setup
 	$(BIN)/ruff check src tests bench
