@@ -1,0 +1,138 @@
+"""Rank functions of tests/integrations/test_accelerate.py: a tiny ``LlamaForCausalLM`` (2 layers,
+hidden 32, built from a config: no download) trained with a real ``accelerate.Accelerator`` (DDP
+over gloo on the harness's ranks), checkpointed with unickpt's ``save_state`` and with Accelerate's
+own ``accelerator.save_state`` in the same spawn, then resumed from each side by side."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import unickpt
+from unickpt.integrations.accelerate import load_state, save_state
+
+GLOBAL_BATCH, SEQ, VOCAB = 6, 8, 64  # 6 rows: 3, 2 or 6 per rank at ws 2, 3, 1
+SAVED_AT, STEPS = 3, 6  # saved after 3 steps; 3 more after a resume
+
+
+class Counter:
+    """A custom object for ``register_for_checkpointing``."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"n": self.n}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.n = int(state["n"])
+
+
+def _build(seed: int, custom: bool = True) -> tuple[Accelerator, Any, Any, Any, Counter]:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=SEQ,
+    )
+    model = LlamaForCausalLM(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.5)
+    acc = Accelerator(cpu=True)
+    model, opt, sched = acc.prepare(model, opt, sched)
+    counter = Counter()
+    if custom:
+        acc.register_for_checkpointing(counter)
+    return acc, model, opt, sched, counter
+
+
+def _step(i: int, rank: int, ws: int, acc: Accelerator, model: Any, opt: Any, sched: Any, counter: Counter) -> float:
+    """Global batch ``i`` (the same at every world size), this rank's rows."""
+    ids = torch.randint(0, VOCAB, (GLOBAL_BATCH, SEQ), generator=torch.Generator().manual_seed(i))
+    rows = ids[rank * GLOBAL_BATCH // ws : (rank + 1) * GLOBAL_BATCH // ws]
+    loss = model(input_ids=rows, labels=rows).loss
+    acc.backward(loss)
+    opt.step()
+    sched.step()
+    opt.zero_grad()
+    counter.n += 1
+    return loss.item()
+
+
+def _path(root: str, backend: str) -> str:
+    return os.path.join(root, backend)
+
+
+def train(rank: int, ws: int, root: str) -> dict[str, Any]:
+    """ws=2: 3 steps, both saves (unickpt's async), a draw of the RNG, 3 more steps; then the
+    resumes at this world size."""
+    objs = _build(0)
+    acc = objs[0]
+    losses = [_step(i, rank, ws, *objs) for i in range(SAVED_AT)]
+    acc.step = 7  # a non-default accumulation counter, to see it restored
+    handle = save_state(acc, _path(root, "unickpt"), async_save=True)
+    acc.save_state(_path(root, "stock"))
+    handle.wait()
+    drawn = torch.rand(4).tolist()  # the RNG right after the saves
+    losses += [_step(i, rank, ws, *objs) for i in range(SAVED_AT, STEPS)]
+    out = {"losses": losses, "drawn": drawn}
+    out.update(resume(rank, ws, root))
+    return out
+
+
+def _differences(a: tuple, b: tuple) -> list[str]:
+    """Names of what differs between two resumed (accelerator, model, opt, sched, counter)."""
+    bad = []
+    for (name, x), y in zip(a[1].state_dict().items(), b[1].state_dict().values(), strict=True):
+        if not torch.equal(x, y):
+            bad.append(f"model.{name}")
+    sa, sb = a[2].optimizer.state_dict(), b[2].optimizer.state_dict()
+    if sa["param_groups"] != sb["param_groups"] or sa["state"].keys() != sb["state"].keys():
+        bad.append("optimizer groups")
+    for pid, st in sa["state"].items():
+        for k, v in st.items():
+            if not torch.equal(v, sb["state"][pid][k]):
+                bad.append(f"optimizer.{pid}.{k}")
+    if a[3].scheduler.state_dict() != b[3].scheduler.state_dict():
+        bad.append("scheduler")
+    if a[4].n != b[4].n:
+        bad.append("custom object")
+    return bad
+
+
+def resume(rank: int, ws: int, root: str) -> dict[str, Any]:
+    """Fresh objects (other seed, scrambled RNG), loaded from each backend's checkpoint, then 3
+    steps; what unickpt loaded is compared with what Accelerate's own ``load_state`` loaded."""
+    out: dict[str, Any] = {}
+    resumed = {}
+    for backend in ("unickpt", "stock"):
+        objs = _build(100 + rank)
+        torch.manual_seed(1000 + rank)  # the RNG must come from the checkpoint
+        if backend == "unickpt":
+            load_state(objs[0], _path(root, backend))
+        else:
+            objs[0].load_state(_path(root, backend))
+        out[f"{backend}/drawn"] = torch.rand(4).tolist()
+        out[f"{backend}/counters"] = [objs[4].n, objs[0].step]
+        resumed[backend] = objs
+    out["differences"] = _differences(resumed["unickpt"], resumed["stock"])
+    for backend, objs in resumed.items():
+        out[f"{backend}/losses"] = [_step(i, rank, ws, *objs) for i in range(SAVED_AT, STEPS)]
+    # strict per key: an accelerator without the registered object refuses the checkpoint
+    acc = _build(0, custom=False)[0]
+    try:
+        load_state(acc, _path(root, "unickpt"))
+        out["strict"] = "loaded"
+    except unickpt.CheckpointError as e:
+        out["strict"] = type(e).__name__
+    load_state(acc, _path(root, "unickpt"), strict=False)
+    out["non-strict"] = "loaded"
+    return out
