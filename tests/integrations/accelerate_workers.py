@@ -6,14 +6,16 @@ own ``accelerator.save_state`` in the same spawn, then resumed from each side by
 from __future__ import annotations
 
 import os
+import shutil
 from typing import Any
 
 import torch
 from accelerate import Accelerator
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
 import unickpt
 from unickpt.integrations.accelerate import load_state, save_state
+from unickpt.integrations.hf_trainer import UnickptTrainerMixin
 
 GLOBAL_BATCH, SEQ, VOCAB = 6, 8, 64  # 6 rows: 3, 2 or 6 per rank at ws 2, 3, 1
 SAVED_AT, STEPS = 3, 6  # saved after 3 steps; 3 more after a resume
@@ -32,7 +34,7 @@ class Counter:
         self.n = int(state["n"])
 
 
-def _build(seed: int, custom: bool = True) -> tuple[Accelerator, Any, Any, Any, Counter]:
+def _llama(seed: int) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=VOCAB,
@@ -43,7 +45,11 @@ def _build(seed: int, custom: bool = True) -> tuple[Accelerator, Any, Any, Any, 
         num_key_value_heads=2,
         max_position_embeddings=SEQ,
     )
-    model = LlamaForCausalLM(config)
+    return LlamaForCausalLM(config)
+
+
+def _build(seed: int, custom: bool = True) -> tuple[Accelerator, Any, Any, Any, Counter]:
+    model = _llama(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.5)
     acc = Accelerator(cpu=True)
@@ -73,7 +79,7 @@ def _path(root: str, backend: str) -> str:
 
 def train(rank: int, ws: int, root: str) -> dict[str, Any]:
     """ws=2: 3 steps, both saves (unickpt's async), a draw of the RNG, 3 more steps; then the
-    resumes at this world size."""
+    resumes at this world size; then the HF Trainer, uninterrupted, then resumed."""
     objs = _build(0)
     acc = objs[0]
     losses = [_step(i, rank, ws, *objs) for i in range(SAVED_AT)]
@@ -85,6 +91,10 @@ def train(rank: int, ws: int, root: str) -> dict[str, Any]:
     losses += [_step(i, rank, ws, *objs) for i in range(SAVED_AT, STEPS)]
     out = {"losses": losses, "drawn": drawn}
     out.update(resume(rank, ws, root))
+    for backend in ("unickpt", "stock"):  # the HF Trainer, uninterrupted, 6 steps
+        out[f"trainer/{backend}/losses"] = _fit(backend, ws, os.path.join(root, "hf", backend), False)
+        out[f"trainer/{backend}/folders"] = sorted(os.listdir(os.path.join(root, "hf", backend)))
+    out.update(resume_trainer(rank, ws, root))
     return out
 
 
@@ -135,4 +145,72 @@ def resume(rank: int, ws: int, root: str) -> dict[str, Any]:
         out["strict"] = type(e).__name__
     load_state(acc, _path(root, "unickpt"), strict=False)
     out["non-strict"] = "loaded"
+    return out
+
+
+# ---------------------------------------------------------------- the HF Trainer
+
+
+class _Rows(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 6 * GLOBAL_BATCH
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        ids = torch.randint(0, VOCAB, (SEQ,), generator=torch.Generator().manual_seed(1000 + i))
+        return {"input_ids": ids, "labels": ids}
+
+
+class _Recording:
+    """Records each micro-batch's loss on this rank."""
+
+    losses: list[float]
+
+    def compute_loss(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        loss = super().compute_loss(model, inputs, *args, **kwargs)  # type: ignore[misc]
+        self.losses.append(loss.item())
+        return loss
+
+
+class OursTrainer(_Recording, UnickptTrainerMixin, Trainer):
+    unickpt_async_save = True
+
+
+class StockTrainer(_Recording, Trainer):
+    pass
+
+
+def _fit(backend: str, ws: int, out_dir: str, resume: bool) -> list[float]:
+    """6 steps of global batch 6, a checkpoint every 2 (the newest 2 kept); ``resume``: from the
+    newest ``checkpoint-N`` in ``out_dir`` (``resume_from_checkpoint=True``), fresh weights."""
+    args = TrainingArguments(
+        output_dir=out_dir,
+        max_steps=STEPS,
+        per_device_train_batch_size=GLOBAL_BATCH // ws,
+        learning_rate=1e-2,
+        save_steps=2,
+        save_total_limit=2,
+        use_cpu=True,
+        report_to="none",
+        disable_tqdm=True,
+        logging_strategy="no",
+        seed=0,
+    )
+    cls = OursTrainer if backend == "unickpt" else StockTrainer
+    trainer = cls(model=_llama(100 if resume else 0), args=args, train_dataset=_Rows())
+    trainer.losses = []
+    trainer.train(resume_from_checkpoint=True if resume else None)
+    return trainer.losses
+
+
+def resume_trainer(rank: int, ws: int, root: str) -> dict[str, Any]:
+    """Each backend's checkpoint-4 copied to a folder of this world size, then the Trainer resumes
+    there with ``resume_from_checkpoint=True`` and runs steps 5 and 6."""
+    out: dict[str, Any] = {}
+    for backend in ("unickpt", "stock"):
+        target = os.path.join(root, "hf", backend, f"ws{ws}")
+        if rank == 0:
+            shutil.copytree(os.path.join(root, "hf", backend, "checkpoint-4"), os.path.join(target, "checkpoint-4"))
+        torch.distributed.barrier()
+        out[f"trainer/{backend}/resumed"] = _fit(backend, ws, target, True)
+        out[f"trainer/{backend}/resumed-folders"] = sorted(os.listdir(target))
     return out

@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("accelerate")
 pytest.importorskip("transformers")
 
-from accelerate_workers import SAVED_AT, resume, train
+from accelerate_workers import SAVED_AT, resume, resume_trainer, train
 
 from harness import run_ranks
 from unickpt.format.records import METADATA_FILE
@@ -44,14 +44,40 @@ def test_save_on_2_processes_resume_on_2_3_and_1_like_accelerate(tmp_path) -> No
         assert r["unickpt/losses"] == r["losses"][SAVED_AT:]
         assert r["unickpt/drawn"] == r["drawn"] == r["stock/drawn"]
 
-    on3 = run_ranks(resume, 3, root, timeout=300)
+    on3 = run_ranks(_resume_both, 3, root, timeout=300)
     _check_resumed(on3)
     # per-rank RNG after growing: rank r gets saved rank r % 2's generators
     assert [r["unickpt/drawn"] for r in on3] == [on2[0]["drawn"], on2[1]["drawn"], on2[0]["drawn"]]
 
-    on1 = run_ranks(resume, 1, root, timeout=300)
+    on1 = run_ranks(_resume_both, 1, root, timeout=300)
     _check_resumed(on1)
     assert on1[0]["unickpt/drawn"] == on2[0]["drawn"]
+
+    # the HF Trainer: checkpoint-N folders, save_total_limit=2, trainer_state.json
+    for r in on2:
+        assert r["trainer/unickpt/losses"] == r["trainer/stock/losses"]  # checkpointing changes nothing
+        assert len(r["trainer/stock/losses"]) == 6
+    kept = ["checkpoint-4", "checkpoint-6"]
+    assert on2[0]["trainer/unickpt/folders"] == on2[0]["trainer/stock/folders"] == kept
+    for name in kept:
+        folder = os.path.join(root, "hf", "unickpt", name)
+        assert os.path.isfile(os.path.join(folder, "trainer_state.json"))
+        assert os.path.isfile(os.path.join(folder, "unickpt", METADATA_FILE))
+        assert not os.path.exists(os.path.join(folder, "optimizer.pt"))
+    # resume_from_checkpoint=True from checkpoint-4: steps 5 and 6
+    for r in on2:  # at the saved size: the uninterrupted run's losses, and stock's
+        assert r["trainer/unickpt/resumed"] == r["trainer/stock/resumed"] == r["trainer/stock/losses"][4:]
+    for results in (on3, on1):  # at other sizes: stock Trainer's resume at that size
+        for r in results:
+            assert len(r["trainer/stock/resumed"]) == 2
+            assert r["trainer/unickpt/resumed"] == r["trainer/stock/resumed"]
+        assert results[0]["trainer/unickpt/resumed-folders"] == ["checkpoint-4", "checkpoint-6"]
+
+
+def _resume_both(rank: int, ws: int, root: str) -> dict:
+    out = resume(rank, ws, root)
+    out.update(resume_trainer(rank, ws, root))
+    return out
 
 
 def test_import_unickpt_does_not_import_accelerate_or_transformers() -> None:

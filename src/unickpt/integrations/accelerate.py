@@ -51,19 +51,26 @@ from ..errors import UnsupportedValueError
 from ..state.extra import rng_state, set_rng_state
 from ..state.items import PerRank
 
-__all__ = ["save_state", "load_state", "accelerate_state"]
+__all__ = ["save_state", "load_state", "accelerate_state", "RngState"]
 
 _REFUSED = (DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM, DistributedType.XLA)
 
 
-class _RngState:
-    """This rank's generator states (saved per rank, as Accelerate's ``random_states_<rank>.pkl``)."""
+class RngState:
+    """This rank's generator states (saved per rank, as Accelerate's ``random_states_<rank>.pkl``);
+    ``apply=False``: a load keeps them in ``loaded`` (the Trainer sets them later, when it would)."""
+
+    def __init__(self, apply: bool = True) -> None:
+        self.apply = apply
+        self.loaded: dict[str, Any] | None = None
 
     def state_dict(self) -> dict[str, Any]:
         return rng_state()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        set_rng_state(dict(state))
+        self.loaded = dict(state)
+        if self.apply:
+            set_rng_state(self.loaded)
 
 
 class _AcceleratorCounters:
@@ -95,9 +102,14 @@ def accelerate_state(accelerator: Accelerator) -> dict[str, Any]:
     if accelerator._save_model_state_pre_hook or accelerator._load_model_state_pre_hook:
         raise TypeError("unickpt.integrations.accelerate does not run save/load state pre-hooks")
     state: dict[str, Any] = {}
-    for i, model in enumerate(accelerator._models):
-        fsdp1 = kind == DistributedType.FSDP and not accelerator.is_fsdp2
-        state[_suffixed("model", i)] = model if fsdp1 else accelerator.unwrap_model(model, keep_torch_compile=False)
+    fsdp1 = kind == DistributedType.FSDP and not accelerator.is_fsdp2
+    models: list[Any] = []
+    for prepared in accelerator._models:
+        model = prepared if fsdp1 else accelerator.unwrap_model(prepared, keep_torch_compile=False)
+        if not any(model is m for m in models):  # a model prepared twice (the Trainer's eval) is one
+            models.append(model)
+    for i, model in enumerate(models):
+        state[_suffixed("model", i)] = model
     if accelerator._optimizers:
         state["optimizer"] = [getattr(opt, "optimizer", opt) for opt in accelerator._optimizers]
     for i, scheduler in enumerate(accelerator._schedulers):
@@ -109,7 +121,7 @@ def accelerate_state(accelerator: Accelerator) -> dict[str, Any]:
         state["scaler"] = accelerator.scaler
     for i, obj in enumerate(accelerator._custom_objects):
         state[f"custom_{i}"] = obj
-    state["rng"] = PerRank(_RngState())
+    state["rng"] = PerRank(RngState())
     state["accelerate"] = _AcceleratorCounters(accelerator)
     return state
 
