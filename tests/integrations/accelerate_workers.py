@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
 import unickpt
@@ -91,6 +92,7 @@ def train(rank: int, ws: int, root: str) -> dict[str, Any]:
     losses += [_step(i, rank, ws, *objs) for i in range(SAVED_AT, STEPS)]
     out = {"losses": losses, "drawn": drawn}
     out.update(resume(rank, ws, root))
+    out["loader"] = stateful_loader(rank, ws, root)
     for backend in ("unickpt", "stock"):  # the HF Trainer, uninterrupted, 6 steps
         out[f"trainer/{backend}/losses"] = _fit(backend, ws, os.path.join(root, "hf", backend), False)
         out[f"trainer/{backend}/folders"] = sorted(os.listdir(os.path.join(root, "hf", backend)))
@@ -146,6 +148,35 @@ def resume(rank: int, ws: int, root: str) -> dict[str, Any]:
     load_state(acc, _path(root, "unickpt"), strict=False)
     out["non-strict"] = "loaded"
     return out
+
+
+def _loader() -> tuple[Accelerator, Any]:
+    acc = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
+    data = torch.utils.data.TensorDataset(torch.arange(48))
+    return acc, acc.prepare(torch.utils.data.DataLoader(data, batch_size=2))
+
+
+def stateful_loader(rank: int, ws: int, root: str) -> dict[str, Any]:
+    """A stateful dataloader: at the saved size (2) it goes on where it was; at another size its
+    per-rank position cannot be split (``LoaderStateError``) unless ``loader_on_resize="skip"``."""
+    path = os.path.join(root, "loader")
+    if ws == 2:
+        acc, loader = _loader()
+        batches = iter(loader)
+        before = [next(batches)[0].tolist() for _ in range(2)]
+        save_state(acc, path)
+        expected = [next(batches)[0].tolist() for _ in range(2)]
+        acc, loader = _loader()
+        load_state(acc, path)
+        batches = iter(loader)
+        return {"before": before, "expected": expected, "resumed": [next(batches)[0].tolist() for _ in range(2)]}
+    acc, loader = _loader()
+    try:
+        load_state(acc, path)
+        return {"resize": "loaded"}
+    except unickpt.CheckpointError as e:
+        load_state(acc, path, options=unickpt.LoadOptions(loader_on_resize="skip"))
+        return {"resize": type(e).__name__, "skipped": [next(iter(loader))[0].tolist()]}
 
 
 # ---------------------------------------------------------------- the HF Trainer

@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("accelerate")
 pytest.importorskip("transformers")
 
-from accelerate_workers import SAVED_AT, resume, resume_trainer, train
+from accelerate_workers import SAVED_AT, resume, resume_trainer, stateful_loader, train
 
 from harness import run_ranks
 from unickpt.format.records import METADATA_FILE
@@ -44,14 +44,22 @@ def test_save_on_2_processes_resume_on_2_3_and_1_like_accelerate(tmp_path) -> No
         assert r["unickpt/losses"] == r["losses"][SAVED_AT:]
         assert r["unickpt/drawn"] == r["drawn"] == r["stock/drawn"]
 
+    for r in on2:  # a stateful dataloader goes on where it was
+        loader = r["loader"]
+        assert loader["resumed"] == loader["expected"] and loader["expected"] != loader["before"]
+
     on3 = run_ranks(_resume_both, 3, root, timeout=300)
     _check_resumed(on3)
     # per-rank RNG after growing: rank r gets saved rank r % 2's generators
+    for r in on3:  # its per-rank position cannot be split: refused, or skipped (from the start) on request
+        assert r["loader"]["resize"] == "LoaderStateError"
+    assert [r["loader"]["skipped"] for r in on3] == [[[0, 1]], [[2, 3]], [[4, 5]]]  # batch r of a fresh loader
     assert [r["unickpt/drawn"] for r in on3] == [on2[0]["drawn"], on2[1]["drawn"], on2[0]["drawn"]]
 
     on1 = run_ranks(_resume_both, 1, root, timeout=300)
     _check_resumed(on1)
     assert on1[0]["unickpt/drawn"] == on2[0]["drawn"]
+    assert on1[0]["loader"]["resize"] == "LoaderStateError"
 
     # the HF Trainer: checkpoint-N folders, save_total_limit=2, trainer_state.json
     for r in on2:
@@ -76,6 +84,7 @@ def test_save_on_2_processes_resume_on_2_3_and_1_like_accelerate(tmp_path) -> No
 
 def _resume_both(rank: int, ws: int, root: str) -> dict:
     out = resume(rank, ws, root)
+    out["loader"] = stateful_loader(rank, ws, root)
     out.update(resume_trainer(rank, ws, root))
     return out
 

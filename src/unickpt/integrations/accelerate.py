@@ -48,6 +48,7 @@ from accelerate.utils import DistributedType
 from ..api import load, save
 from ..engine.worker import SaveHandle
 from ..errors import UnsupportedValueError
+from ..options import LoadOptions
 from ..state.extra import rng_state, set_rng_state
 from ..state.items import PerRank
 
@@ -135,7 +136,9 @@ def save_state(accelerator: Accelerator, dir: str, *, async_save: bool = False) 
     return handle
 
 
-def load_state(accelerator: Accelerator, dir: str, *, strict: bool = True) -> None:
+def load_state(accelerator: Accelerator, dir: str, *, strict: bool = True, options: LoadOptions | None = None) -> None:
     """``accelerator.load_state(dir)`` through unickpt, on every rank, after ``accelerator.prepare``:
-    everything ``save_state`` saved is loaded in place, resharded to this job's world size."""
-    load(str(dir), accelerate_state(accelerator), strict=strict)
+    everything ``save_state`` saved is loaded in place, resharded to this job's world size
+    (``options``: unickpt's ``LoadOptions``, e.g. ``loader_on_resize="skip"`` for a stateful
+    dataloader after a change of world size)."""
+    load(str(dir), accelerate_state(accelerator), strict=strict, options=options)
