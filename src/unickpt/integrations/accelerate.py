@@ -107,7 +107,7 @@ def accelerate_state(accelerator: Accelerator) -> dict[str, Any]:
     models: list[Any] = []
     for prepared in accelerator._models:
         model = prepared if fsdp1 else accelerator.unwrap_model(prepared, keep_torch_compile=False)
-        if not any(model is m for m in models):  # a model prepared twice (the Trainer's eval) is one
+        if not any(model is m for m in models):  # a model prepared twice is saved once
             models.append(model)
     for i, model in enumerate(models):
         state[_suffixed("model", i)] = model
