@@ -24,8 +24,17 @@ from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import FrameworkError
-from .base import OptimizerDescription, ParamState, Piece, StateDescription
-from .module_state import BoxMemo, TensorState, model_tensors, optimizer_of, param_fqns, tensor_piece
+from ..format.records import Metadata
+from .base import LoadView, OptimizerDescription, ParamState, Piece, StateDescription
+from .module_state import (
+    BoxMemo,
+    TensorState,
+    check_loads_in_place,
+    model_tensors,
+    optimizer_of,
+    param_fqns,
+    tensor_piece,
+)
 from .parts import model_parts, part_name, part_prefix
 from .views import DescribedAdapter
 
@@ -71,6 +80,11 @@ class ModuleAdapter(DescribedAdapter):
 
         if any(isinstance(m, FullyShardedDataParallel) for m in module.modules()):
             raise FrameworkError(f"framework={self.name!r} got an FSDP1 model; use framework='fsdp'")
+
+    def load_view(self, state: Mapping[str, Any], md: Metadata | None = None, strict: bool = True) -> LoadView:
+        for key, module in _parts_of(state) or ():
+            check_loads_in_place(key, module)
+        return super().load_view(state, md, strict)
 
     def describe(self, state: Mapping[str, Any]) -> StateDescription | None:
         parts = _parts_of(state)

@@ -147,6 +147,29 @@ def model_tensors(module: nn.Module, strip_module: bool) -> list[tuple[str, torc
     return out
 
 
+def check_loads_in_place(key: str, module: nn.Module) -> None:
+    """``FrameworkError`` when ``module.state_dict()`` lists a tensor that is none of the module's
+    parameters or buffers: a state-dict hook built it (a fused weight split into new tensors, a
+    dtype cast ...). The generic adapters load in place into the tensors ``state_dict`` lists, so
+    values loaded into such a tensor would be dropped with it and the module left unchanged: the
+    load is refused instead (a module's ``_extra_state`` is left to ``get_extra_state``, as before).
+    Called by ``ModuleAdapter.load_view`` for each model part, before anything is read."""
+    held = {id(t) for t in module.parameters()} | {id(t) for t in module.buffers()}
+    with torch.no_grad():
+        loose = [
+            raw
+            for raw, t in module.state_dict(keep_vars=True).items()
+            if isinstance(t, torch.Tensor) and id(t) not in held and raw.rsplit(".", 1)[-1] != "_extra_state"
+        ]
+    if loose:
+        raise FrameworkError(
+            f"state[{key!r}]: state_dict() lists {len(loose)} tensor(s) that are not the module's own parameters "
+            f"or buffers (e.g. {loose[0]!r}; a state-dict hook builds them): unickpt loads in place, so their "
+            "loaded values would be lost; remove or pause the hook while loading (the torchtitan integration "
+            "does), or load into a module without it"
+        )
+
+
 def param_fqns(module: nn.Module, strip_module: bool) -> dict[int, str]:
     """id(parameter) -> clean fqn, for naming optimizer state."""
     return {id(p): clean_fqn(n, strip_module) for n, p in module.named_parameters()}
