@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 from torch import nn
 
@@ -66,10 +67,14 @@ def test_issue15_ls_latest_prune(tmp_path):
 SUBCOMMANDS = ("inspect", "verify", "merge", "convert", "modify", "diff", "ls", "latest", "prune", "report", "demo")
 
 
-def test_issue15_every_subcommand_has_help_and_a_clear_error_on_a_wrong_path(tmp_path):
+def test_issue15_every_subcommand_has_help_and_a_clear_error_on_a_wrong_path(tmp_path, capsys):
+    """In-process through ``cli.main`` (one subprocess below checks the installed entry point)."""
+    from unickpt.cli import main
+
     for cmd in SUBCOMMANDS:
-        r = _cli(cmd, "--help")
-        assert r.returncode == 0 and "usage: unickpt" in r.stdout, cmd
+        with pytest.raises(SystemExit) as exit_:
+            main([cmd, "--help"])
+        assert exit_.value.code == 0 and "usage: unickpt" in capsys.readouterr().out, cmd
     nowhere = str(tmp_path / "nowhere")
     out = str(tmp_path / "out")
     for args in (
@@ -83,8 +88,13 @@ def test_issue15_every_subcommand_has_help_and_a_clear_error_on_a_wrong_path(tmp
         ("diff", nowhere, nowhere),
         ("report", nowhere),
     ):
-        r = _cli(*args)
-        assert r.returncode == 1 and "error:" in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+        code = main(list(args))
+        err = capsys.readouterr().err
+        assert code == 1 and "error:" in err and "Traceback" not in err, (args, err)
+    r = _cli("inspect", nowhere)
+    assert r.returncode == 1 and "error:" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = _cli("prune", "--help")
+    assert r.returncode == 0 and "usage: unickpt" in r.stdout
 
 
 def test_issue15_ls_shows_sizes_and_incomplete_steps(tmp_path):

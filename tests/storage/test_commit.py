@@ -212,7 +212,8 @@ def test_a5_save_makes_durability_calls_in_the_documented_order(recording):
     def at(pred: Any) -> list[int]:
         return [i for i, (op, n) in enumerate(ops) if pred(op, n)]
 
-    data_writes = at(lambda op, n: op == "write" and n.startswith("data/"))
+    data_writes = at(lambda op, n: op == "write" and n.startswith("data/") and not n.endswith("/phases.json"))
+    records = at(lambda op, n: op == "write" and n.startswith("data/") and n.endswith("/phases.json"))
     folders = {ops[i][1].rsplit("/", 1)[0] for i in data_writes}
     syncs = {f: at(lambda op, n, f=f: op == "sync" and n == f) for f in [*folders, "data"]}
     renames = at(lambda op, n: op == "rename" and n.endswith(f" -> {METADATA_FILE}"))
@@ -231,6 +232,7 @@ def test_a5_save_makes_durability_calls_in_the_documented_order(recording):
     assert len(tmp_write) == 1 and last_data_write < tmp_write[0] < rename, ops
     assert root_sync and min(i for i in root_sync if i > rename) == rename + 1, ops
     assert deletes and min(deletes) > rename + 1, ops  # the first save's data, after the commit
+    assert len(records) == 1 and records[0] > rename, ops  # the save's phase records: written after its commit
     assert METADATA_FILE in tmp and tmp != METADATA_FILE
     assert not [n for op, n in ops if op == "put"], ops  # never a non-atomic overwrite
 
