@@ -85,8 +85,11 @@ else:
     _FabricBase = object
 
 
-class _UnickptCheckpointing(_Base):
-    """The checkpoint hooks shared by the strategies (see the module docstring)."""
+class _OwnsCheckpointer:
+    """``async_save`` and the strategy's own ``unickpt.Checkpointer``, made at the first save or
+    load on the world (again after a teardown closed it); mixed into the Trainer's and Fabric's
+    strategies. Fabric has no teardown hook at the end: call ``checkpointer.wait()`` before the job
+    exits when ``async_save=True``."""
 
     def __init__(self, *args: Any, async_save: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -95,10 +98,13 @@ class _UnickptCheckpointing(_Base):
 
     @property
     def checkpointer(self) -> Checkpointer:
-        """This strategy's ``unickpt.Checkpointer`` (made at the first save or load, on the world)."""
         if self._unickpt is None or self._unickpt.closed:
             self._unickpt = Checkpointer()
         return self._unickpt
+
+
+class _UnickptCheckpointing(_OwnsCheckpointer, _Base):
+    """The checkpoint hooks shared by the strategies (see the module docstring)."""
 
     # ---------------------------------------------------------------- what Lightning asks
 
@@ -220,21 +226,8 @@ class UnickptModelParallelStrategy(_UnickptCheckpointing, ModelParallelStrategy)
     always saves its own shards."""
 
 
-class _UnickptFabricCheckpointing(_FabricBase):
+class _UnickptFabricCheckpointing(_OwnsCheckpointer, _FabricBase):
     """Fabric's ``save_checkpoint`` / ``load_checkpoint`` through unickpt (module docstring)."""
-
-    def __init__(self, *args: Any, async_save: bool = False, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.async_save = async_save
-        self._unickpt: Checkpointer | None = None
-
-    @property
-    def checkpointer(self) -> Checkpointer:
-        """This strategy's ``unickpt.Checkpointer``; ``checkpointer.wait()`` before the job exits
-        when ``async_save=True`` (Fabric has no teardown hook of its own at the end)."""
-        if self._unickpt is None or self._unickpt.closed:
-            self._unickpt = Checkpointer()
-        return self._unickpt
 
     @override
     def save_checkpoint(
