@@ -1,8 +1,8 @@
-"""The code examples of README.md and of the public modules' docstrings run (issue 26, item 16).
+"""The code examples of README.md, of the docs pages and of the public modules' docstrings run.
 
-Every ```python block of README.md is either run or listed in ``README_NOT_RUN`` with the reason
-(a new block is neither: the test fails). Docstring examples (a block indented by 4 spaces after
-a blank line) of ``DOCSTRING_MODULES`` are all run. They run in one separate process
+Every ```python block of README.md, docs/*.md and docs/guide/*.md is either run or listed in
+``NOT_RUN`` with the reason (a new block is neither: the test fails). Docstring examples (a
+block indented by 4 spaces after a blank line) of ``DOCSTRING_MODULES`` are all run. They run in one separate process
 (``doc_examples_worker.py``: a one-rank gloo group, a tiny FSDP2 model, the names the examples
 use); the ``CheckpointManager`` resume loop (README and ``manager.py``) must give, resumed, the
 final weights and optimizer state of an uninterrupted run bit for bit. Two planted broken
@@ -13,6 +13,7 @@ broken: the harness catches what it is for.
 from __future__ import annotations
 
 import ast
+import glob
 import json
 import os
 import re
@@ -24,8 +25,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 SRC = os.path.join(REPO, "src", "unickpt")
 
-README_NOT_RUN = {  # first line of the block -> why it is not run here
+DOC_FILES = ("README.md", "docs/*.md", "docs/guide/*.md")  # docs/integrations/ have tests of their own
+NOT_RUN = {  # first line of the block -> why it is not run here
     'unickpt.save(path, state, *, framework="auto"': "signatures, not code",
+    "import s3fs": "needs an S3 server (tests/storage/test_s3_walkthrough.py runs it against SeaweedFS)",
     "model_chunks, optimizer = ...": "needs megatron-core (tests/megatron/ cover it)",
     "from unickpt.data import TokenPackingLoader": "needs token files and 100+ batches (tests/data/ cover it)",
 }
@@ -43,11 +46,15 @@ manager.wait()
 """
 
 
-def readme_blocks() -> list[tuple[int, str]]:
-    text = open(os.path.join(REPO, "README.md")).read()
+def doc_blocks() -> list[tuple[str, str]]:
+    """Every ```python block of ``DOC_FILES``: ``(file:line, code)``."""
     out = []
-    for m in re.finditer(r"^( *)```python\n(.*?)^\1```", text, re.S | re.M):
-        out.append((text[: m.start()].count("\n") + 1, textwrap.dedent(m.group(2))))
+    for pattern in DOC_FILES:
+        for path in sorted(glob.glob(os.path.join(REPO, pattern))):
+            text = open(path).read()
+            rel = os.path.relpath(path, REPO)
+            for m in re.finditer(r"^( *)```python\n(.*?)^\1```", text, re.S | re.M):
+                out.append((f"{rel}:{text[: m.start()].count(chr(10)) + 1}", textwrap.dedent(m.group(2))))
     return out
 
 
@@ -75,11 +82,11 @@ def docstring_blocks(relpath: str) -> list[tuple[str, str]]:
 
 def snippets() -> list[dict[str, str]]:
     found = []
-    for line, code in readme_blocks():
+    for where, code in doc_blocks():
         first = code.splitlines()[0]
-        if any(first.startswith(k) for k in README_NOT_RUN):
+        if any(first.startswith(k) for k in NOT_RUN):
             continue
-        found.append({"name": f"README.md:{line}", "code": code})
+        found.append({"name": where, "code": code})
     for rel in DOCSTRING_MODULES:
         found += [{"name": where, "code": code} for where, code in docstring_blocks(rel)]
     for s in found:
@@ -87,9 +94,9 @@ def snippets() -> list[dict[str, str]]:
     return found
 
 
-def test_every_readme_block_is_run_or_has_a_reason():
-    firsts = [code.splitlines()[0] for _, code in readme_blocks()]
-    for key in README_NOT_RUN:  # no stale reason
+def test_every_doc_block_is_run_or_has_a_reason():
+    firsts = [code.splitlines()[0] for _, code in doc_blocks()]
+    for key in NOT_RUN:  # no stale reason
         assert any(f.startswith(key) for f in firsts), key
     names = [s["name"] for s in snippets()]
     assert any(n.startswith("manager.py") for n in names) and any(n.startswith("checkpointer.py") for n in names)
