@@ -14,6 +14,7 @@ The failure lists every unresolved name with its line, so renaming modules costs
 from __future__ import annotations
 
 import dataclasses
+import glob
 import importlib
 import itertools
 import os
@@ -119,3 +120,35 @@ def test_the_check_sees_names_and_catches_a_wrong_one():
     assert [p for _, p in paths] == ["engine/plan_cache.py", "tools/{merge,nonexistent_tool}.py"]
     assert [name_resolves(n) for _, n in names] == [True, True, False]
     assert [path_exists(p) for p in expand_braces(paths[1][1])] == [True, False]
+
+
+def heading_anchors(path: str) -> set[str]:
+    """The anchors GitHub gives a page's headings (lower case, punctuation dropped, spaces -> -)."""
+    text = open(path).read()
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in re.findall(r"^#+ (.*)$", text, re.M)}
+
+
+def test_links_between_the_docs_pages_resolve():
+    pages = [
+        "README.md",
+        *(
+            os.path.relpath(p, REPO)
+            for p in sorted(glob.glob(os.path.join(REPO, "docs", "**", "*.md"), recursive=True))
+        ),
+    ]
+    bad = []
+    for page in pages:
+        text = open(os.path.join(REPO, page)).read()
+        for m in re.finditer(r"\]\(([^)\s]+)\)", text):
+            link = m.group(1)
+            if re.match(r"[a-z]+:", link):
+                continue
+            path, _, anchor = link.partition("#")
+            target = (
+                os.path.normpath(os.path.join(REPO, os.path.dirname(page), path)) if path else os.path.join(REPO, page)
+            )
+            if not os.path.exists(target):
+                bad.append(f"{page}: {link} (no such file)")
+            elif anchor and target.endswith(".md") and anchor not in heading_anchors(target):
+                bad.append(f"{page}: {link} (no such heading)")
+    assert not bad, "\n".join(bad)
