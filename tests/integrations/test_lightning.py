@@ -90,6 +90,22 @@ def test_delete_checkpoint_removes_only_unickpts_files(tmp_path) -> None:
     assert not delete_checkpoint(str(stock)) and (stock / "x.pt").exists()
 
 
+def test_remove_checkpoint_removes_a_link_not_the_checkpoint_it_points_to(tmp_path) -> None:
+    """ModelCheckpoint(save_last="link") removes its previous link with strategy.remove_checkpoint: the
+    link goes, the checkpoint it points to stays whole (it used to be emptied through the link)."""
+    import torch
+
+    from unickpt.integrations.lightning import UnickptDDPStrategy
+
+    target = tmp_path / "epoch=0.ckpt"
+    unickpt.save(str(target), {"model": torch.nn.Linear(2, 2)})
+    files = sorted(os.listdir(target))
+    (tmp_path / "last.ckpt").symlink_to("epoch=0.ckpt")
+    UnickptDDPStrategy().remove_checkpoint(tmp_path / "last.ckpt")
+    assert os.listdir(tmp_path) == ["epoch=0.ckpt"]
+    assert sorted(os.listdir(target)) == files
+
+
 def test_import_unickpt_does_not_import_lightning() -> None:
     code = "import sys, unickpt; print('lightning' in sys.modules or 'lightning.pytorch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=os.environ)

@@ -31,26 +31,35 @@ lacks, or a saved one not registered now, raises unless ``strict=False``). ``sav
 async_save=True)`` returns once the snapshot is taken; ``unickpt.wait_all()`` before the job
 exits (``load_state`` waits for pending saves first). Both use unickpt's default checkpointer.
 
+With ``ProjectConfiguration(automatic_checkpoint_naming=True)`` the folder is Accelerate's:
+``save_state(accelerator)`` saves to ``<project_dir>/checkpoints/checkpoint_<iteration>`` (a folder
+given is ignored, as by Accelerate; an existing one raises ``ValueError``), first removing the
+oldest ``checkpoint_<n>`` beyond ``total_limit`` (rank 0, after this process's pending saves;
+only unickpt's files go, ``_delete``), and ``load_state(accelerator)`` loads the highest-numbered
+``checkpoint_<n>``.
+
 Not supported (refused with ``TypeError``): DeepSpeed, Megatron-LM and XLA accelerators (they
 save through their own engines) and ``register_save_state_pre_hook`` / ``load`` hooks (they edit
-Accelerate's weight dicts, which unickpt does not build). ``accelerator.save_state()`` with
-``automatic_checkpoint_naming`` is not mirrored: pass the folder.
+Accelerate's weight dicts, which unickpt does not build).
 """
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
 
-from ..api import load, save
+from ..api import load, save, wait_all
 from ..engine.worker import SaveHandle
-from ..errors import UnsupportedValueError
+from ..errors import NotACheckpointError, UnsupportedValueError
 from ..options import LoadOptions
 from ..state.extra import rng_state, set_rng_state
 from ..state.items import PerRank
+from ._delete import delete_checkpoint
 
 __all__ = ["save_state", "load_state", "accelerate_state", "RngState"]
 
@@ -127,18 +136,63 @@ def accelerate_state(accelerator: Accelerator) -> dict[str, Any]:
     return state
 
 
-def save_state(accelerator: Accelerator, dir: str, *, async_save: bool = False) -> SaveHandle:
+_NUMBERED = re.compile(r"checkpoint_([0-9]+)")  # Accelerate's automatic checkpoint names
+
+
+def _numbered_checkpoints(accelerator: Accelerator) -> list[str]:
+    """``<project_dir>/checkpoints/checkpoint_<n>``, oldest (lowest n) first."""
+    root = os.path.join(accelerator.project_dir, "checkpoints")
+    found = [(int(m.group(1)), n) for n in os.listdir(root) if (m := _NUMBERED.fullmatch(n))]
+    return [os.path.join(root, n) for _, n in sorted(found)]
+
+
+def _automatic_save_dir(accelerator: Accelerator) -> str:
+    """Accelerate's ``save_state`` with ``automatic_checkpoint_naming``: make room under
+    ``total_limit`` (rank 0), then the next ``checkpoint_<iteration>``, which must not exist."""
+    config = accelerator.project_configuration
+    os.makedirs(os.path.join(accelerator.project_dir, "checkpoints"), exist_ok=True)
+    folders = _numbered_checkpoints(accelerator)
+    if config.total_limit is not None and len(folders) + 1 > config.total_limit and accelerator.is_main_process:
+        wait_all()  # a pending save may be writing one of them
+        for folder in folders[: len(folders) + 1 - config.total_limit]:
+            delete_checkpoint(folder)
+    target = os.path.join(accelerator.project_dir, "checkpoints", f"checkpoint_{accelerator.save_iteration}")
+    if os.path.exists(target):
+        raise ValueError(
+            f"Checkpoint directory {target} ({accelerator.save_iteration}) already exists. Please manually override "
+            "`self.save_iteration` with what iteration to start with."
+        )
+    accelerator.wait_for_everyone()
+    return target
+
+
+def save_state(accelerator: Accelerator, dir: str | None = None, *, async_save: bool = False) -> SaveHandle:
     """``accelerator.save_state(dir)`` through unickpt, on every rank: ``dir`` becomes a unickpt
-    checkpoint folder. ``async_save=True`` returns once the snapshot is taken (the handle's
+    checkpoint folder (with ``automatic_checkpoint_naming``: Accelerate's next numbered folder,
+    module docstring). ``async_save=True`` returns once the snapshot is taken (the handle's
     ``wait()``, or ``unickpt.wait_all()``, waits for the commit)."""
+    if accelerator.project_configuration.automatic_checkpoint_naming:
+        dir = _automatic_save_dir(accelerator)
+    elif dir is None:
+        raise ValueError("save_state needs a folder unless automatic checkpoint naming is enabled")
     handle = save(str(dir), accelerate_state(accelerator), async_save=async_save)
     accelerator.project_configuration.iteration += 1  # as Accelerate's save_state
     return handle
 
 
-def load_state(accelerator: Accelerator, dir: str, *, strict: bool = True, options: LoadOptions | None = None) -> None:
+def load_state(
+    accelerator: Accelerator, dir: str | None = None, *, strict: bool = True, options: LoadOptions | None = None
+) -> None:
     """``accelerator.load_state(dir)`` through unickpt, on every rank, after ``accelerator.prepare``:
     everything ``save_state`` saved is loaded in place, resharded to this job's world size
     (``options``: unickpt's ``LoadOptions``, e.g. ``loader_on_resize="skip"`` for a stateful
-    dataloader after a change of world size)."""
+    dataloader after a change of world size). No ``dir`` with ``automatic_checkpoint_naming``: the
+    newest ``checkpoint_<n>``."""
+    if dir is None:
+        if not accelerator.project_configuration.automatic_checkpoint_naming:
+            raise ValueError("No input_dir provided and automatic checkpoint naming is disabled.")
+        folders = _numbered_checkpoints(accelerator)
+        if not folders:
+            raise NotACheckpointError(f"no checkpoint_<n> under {accelerator.project_dir}/checkpoints")
+        dir = folders[-1]
     load(str(dir), accelerate_state(accelerator), strict=strict, options=options)

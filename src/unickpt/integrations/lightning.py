@@ -20,7 +20,13 @@ checkpoint hooks are the place, and Lightning calls them in this order:
   returns Lightning's dict, from which Lightning restores loops, callbacks and schedulers;
   ``load_model_state_dict`` / ``load_optimizer_state_dict`` then have nothing left to do.
 * ``remove_checkpoint`` (``ModelCheckpoint``'s top-k): waits for this rank's pending saves, then
-  rank 0 deletes the unickpt checkpoint at that path (only unickpt's files, ``_delete``).
+  rank 0 deletes the unickpt checkpoint at that path (only unickpt's files, ``_delete``); a
+  symbolic link there (``save_last="link"``: Lightning's link to the newest checkpoint) is removed
+  itself, never followed.
+* Every load first waits for this process's pending asynchronous saves (a checkpoint saved with
+  ``async_save=True`` just before, e.g. ``trainer.save_checkpoint`` then ``trainer.test(ckpt_path=...)``,
+  is complete), and a path that does not exist raises ``NotACheckpointError`` (a
+  ``FileNotFoundError``) with the message of Lightning's own ``CheckpointIO``.
 * ``teardown``: waits for pending saves and closes the checkpointer.
 
 Fabric: ``UnickptFabricDDPStrategy`` / ``UnickptFabricModelParallelStrategy`` are Fabric's
@@ -32,6 +38,7 @@ strategies of those names; ``fabric.save(path, state)`` hands the live objects o
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,8 +50,9 @@ from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, ParallelStrategy
 from typing_extensions import override
 
+from ..api import wait_all
 from ..checkpointer import Checkpointer
-from ..errors import UnsupportedValueError
+from ..errors import NotACheckpointError, UnsupportedValueError
 from ..format.values import dumps_value, loads_value
 from ._delete import delete_checkpoint
 
@@ -102,6 +110,15 @@ class _OwnsCheckpointer:
             self._unickpt = Checkpointer()
         return self._unickpt
 
+    def _unickpt_load_path(self, path: Any) -> str:
+        """The path to load (rank 0's), once this process's pending saves are done; a local path that
+        does not exist raises what Lightning's ``CheckpointIO`` raises (a ``FileNotFoundError``)."""
+        target = str(self.broadcast(str(path)))
+        wait_all()  # a save of this very path may still be in flight (any strategy of this process)
+        if "://" not in target and not os.path.lexists(target):
+            raise NotACheckpointError(f"Checkpoint file not found: {target}")
+        return target
+
 
 class _UnickptCheckpointing(_OwnsCheckpointer, _Base):
     """The checkpoint hooks shared by the strategies (see the module docstring)."""
@@ -152,7 +169,7 @@ class _UnickptCheckpointing(_OwnsCheckpointer, _Base):
 
     @override
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        path = str(self.broadcast(str(checkpoint_path)))
+        path = self._unickpt_load_path(checkpoint_path)
         holder = _LightningDict()
         module = self._unickpt_module()
         state: dict[str, Any] = {"model": module, LIGHTNING_KEY: holder}
@@ -170,7 +187,11 @@ class _UnickptCheckpointing(_OwnsCheckpointer, _Base):
         if self._unickpt is not None:
             self._unickpt.wait()  # a pending save may be the one being removed
         if self.is_global_zero:
-            delete_checkpoint(str(Path(filepath)))
+            path = str(Path(filepath))
+            if os.path.islink(path):  # save_last="link": Lightning's link, removed itself, never followed
+                os.unlink(path)
+            else:
+                delete_checkpoint(path)
 
     @override
     def teardown(self) -> None:
@@ -247,7 +268,7 @@ class _UnickptFabricCheckpointing(_OwnsCheckpointer, _FabricBase):
                 f"{type(self).__name__}.load_checkpoint needs the dict of live objects to load into "
                 "(fabric.load(path, state)); unickpt does not return a checkpoint's contents"
             )
-        self.checkpointer.load(str(self.broadcast(str(path))), state, strict=strict)
+        self.checkpointer.load(self._unickpt_load_path(path), state, strict=strict)
         return {}
 
     @override
