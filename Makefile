@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: setup
-	$(BIN)/unickpt demo
+	$(BIN)/python examples/demo.py
 
 test: setup lint
 	$(BIN)/python -m pytest -q --durations=30
