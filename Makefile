@@ -29,7 +29,7 @@ $(VENV)/.installed: $(VENV)/.installed-demo pyproject.toml
 	touch $@
 
 demo: setup-demo
-	$(BIN)/unickpt demo
+	$(BIN)/python examples/demo.py
 
 test: setup lint
 	$(BIN)/python -m pytest -q --durations=30

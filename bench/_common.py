@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from unickpt.tools.launch import run_ranks
+from unickpt.testing.launch import run_ranks
 
 GiB = 1 << 30
 GB = 1e9
@@ -45,7 +45,7 @@ ALIGN = 4096
 def spawn(
     fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 900, threads: int | None = None
 ) -> list[Any]:
-    """``unickpt.tools.launch.run_ranks``: ``fn(rank, world_size, *args)`` on fresh gloo ranks
+    """``unickpt.testing.launch.run_ranks``: ``fn(rank, world_size, *args)`` on fresh gloo ranks
     (``world_size=0``: one process without a process group)."""
     return run_ranks(fn, world_size, *args, timeout=timeout, threads=threads)
 

@@ -27,7 +27,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from unickpt.tools.launch import run_ranks
+from unickpt.testing.launch import run_ranks
 
 
 def _timed(fn: Callable[[], Any]) -> float:
@@ -58,7 +58,7 @@ def _worker(rank: int, ws: int, args: argparse.Namespace, folder: str) -> dict |
     from unickpt.frameworks import get_framework
 
     warnings.filterwarnings("ignore")  # torch's FSDP1 state-dict path deprecation chatter
-    # run_ranks (unickpt.tools.launch) has set up the gloo process group
+    # run_ranks (unickpt.testing.launch) has set up the gloo process group
     torch.manual_seed(0)
     layers = [
         nn.Linear(args.in_features if i == 0 else args.out_features, args.out_features) for i in range(args.layers)

@@ -48,7 +48,7 @@ def main() -> None:
             "unickpt.save(path, {'model': m})\n"
         )
         subprocess.run([sys.executable, "-c", save, str(n), str(args.tensors), os.path.join(tmp, "ck")], check=True)
-        base = child_peak([sys.executable, "-c", "import torch, unickpt.cli, unickpt.tools.merge"])
+        base = child_peak([sys.executable, "-c", "import torch, unickpt.cli, unickpt.ops.merge"])
         peak = child_peak(
             [
                 sys.executable,

@@ -1,6 +1,6 @@
 """Package boundaries (issue 11): test oracles live in ``tests/support`` and import nothing from
-unickpt; no test computes its reference state with shipped code (``tools.toy.full_state`` is
-gone); one launcher (``unickpt.tools.launch``) for tests and benchmarks, never pickle."""
+unickpt; no test computes its reference state with shipped code (``testing.toy.full_state`` is
+gone); one launcher (``unickpt.testing.launch``) for tests and benchmarks, never pickle."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def test_issue11_boundaries_no_test_takes_its_reference_from_shipped_code():
     benchmark imports them as a reference, and the shipped toy module no longer offers an oracle.
     The one module whose subject *is* ``clean_fqn`` may import it: it checks its output against
     the names of an unwrapped model, never against unickpt."""
-    from unickpt.tools import toy
+    from unickpt.testing import toy
 
     assert not hasattr(toy, "full_state")
     subject_of = {"test_fsdp_internals.py": {"clean_fqn"}}
@@ -66,7 +66,7 @@ def test_issue11_boundaries_test_plumbing_never_pickles():
         os.path.join(TESTS, "test_tools_convert.py"),  # a hostile DCP .metadata pickle, refused unrun
         os.path.join(TESTS, "test_convert_hostile.py"),  # hand-written pickles that try to set attributes
     }
-    for path in [*_py_files("tests", "bench"), os.path.join(ROOT, "src", "unickpt", "tools", "launch.py")]:
+    for path in [*_py_files("tests", "bench"), os.path.join(ROOT, "src", "unickpt", "testing", "launch.py")]:
         if path in deliberate:
             continue
         mods = {m for m, _ in _imports(path)}
@@ -81,7 +81,7 @@ def _unencodable(rank: int, ws: int) -> object:
 
 
 def test_issue11_boundaries_launcher_refuses_results_only_pickle_could_carry():
-    from unickpt.tools.launch import RanksFailed, run_ranks
+    from unickpt.testing.launch import RanksFailed, run_ranks
 
     with pytest.raises(RanksFailed) as ei:
         run_ranks(_unencodable, 0, timeout=120, threads=1)

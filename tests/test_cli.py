@@ -20,8 +20,8 @@ import torch
 import unickpt
 from unickpt import cli
 from unickpt.format import METADATA_FILE, Metadata, decode_metadata
-from unickpt.tools import inspect as ins
-from unickpt.tools.toy import build, train_step
+from unickpt.ops import inspect as ins
+from unickpt.testing.toy import build, train_step
 
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -277,8 +277,18 @@ def test_console_script(saved: tuple[Path, Metadata]) -> None:
 # ----------------------------------------------------------------------------- demo
 
 
+DEMO = Path(__file__).resolve().parent.parent / "examples" / "demo.py"
+
+
 def test_demo_report_flags_mismatches() -> None:
-    from unickpt.tools.demo import DemoConfig, _compare_state, _report
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("unickpt_example_demo", DEMO)
+    assert spec is not None and spec.loader is not None
+    demo = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = demo  # its dataclasses look their module up while being defined
+    spec.loader.exec_module(demo)
+    DemoConfig, _compare_state, _report = demo.DemoConfig, demo._compare_state, demo._report
 
     cfg = DemoConfig(out="/nonexistent", steps=2, save_every=2, extra_steps=2)
     a = {"model.w": torch.tensor([1.0, 2.0]), "optimizer.state.w.exp_avg": torch.zeros(2)}
@@ -296,24 +306,10 @@ def test_demo_report_flags_mismatches() -> None:
 
 def test_demo_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "demo"
-    proc = run_cli(
-        "demo",
-        "--out",
-        str(out),
-        "--steps",
-        "2",
-        "--save-every",
-        "2",
-        "--extra-steps",
-        "1",
-        "--dim",
-        "36",
-        "--layers",
-        "2",
-        "--timeout",
-        "150",
-        timeout=200,
-    )
+    args = ["--out", str(out), "--steps", "2", "--save-every", "2", "--extra-steps", "1", "--dim", "36"]
+    args += ["--layers", "2", "--timeout", "150"]
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, str(DEMO), *args], capture_output=True, text=True, timeout=200, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "resharding 4 -> 2: OK" in proc.stdout
     assert "bit-identical to the saved state" in proc.stdout and "DIFFERENT" not in proc.stdout

@@ -163,7 +163,7 @@ def _run(capsys: pytest.CaptureFixture[str], args: tuple[str, ...]) -> tuple[int
 def _names(text: str, path: Path) -> bool:
     """``text`` names ``path`` (as given, absolute, escaped by ``printable``, or by its base name
     for a file inside the checkpoint)."""
-    from unickpt.tools.printable import printable
+    from unickpt.ops.printable import printable
 
     forms = {str(path), os.path.abspath(path), printable(str(path)), printable(os.path.abspath(path))}
     return any(f in text for f in forms)
@@ -218,7 +218,7 @@ def test_warnings_are_one_line_each(corpus: Corpus, capsys: pytest.CaptureFixtur
     runs without a process group (convert runs it in one process on purpose) is not shown."""
     import warnings
 
-    from unickpt.tools import inspect as ins
+    from unickpt.ops import inspect as ins
 
     plain = ins.file_sizes
 
@@ -309,7 +309,7 @@ def test_unexpected_error_hints_at_debug_and_debug_shows_the_traceback(
 ) -> None:
     """The last-resort handler: an error no tool expected is still one line, with the hint;
     ``--debug`` and ``UNICKPT_DEBUG=1`` re-raise it."""
-    from unickpt.tools import inspect as ins
+    from unickpt.ops import inspect as ins
 
     def boom(*a: object, **k: object) -> None:
         raise RuntimeError("something\nunforeseen")

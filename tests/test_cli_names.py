@@ -17,7 +17,7 @@ import torch
 import unickpt
 from unickpt import cli
 from unickpt.format import METADATA_FILE
-from unickpt.tools.printable import printable
+from unickpt.ops.printable import printable
 
 EVIL = "model.\x1b[31mred\u202egpj.w"
 SHOWN = "model.\\x1b[31mred\\u202egpj.w"  # what the terminal must show instead

@@ -40,7 +40,7 @@ from unickpt.errors import (
     TruncatedDataFileError,
     UnsafePathError,
 )
-from unickpt.tools.convert import from_dcp, from_hf
+from unickpt.ops.convert import from_dcp, from_hf
 
 W = torch.arange(12, dtype=torch.float32).reshape(3, 4)
 B = torch.arange(5, dtype=torch.float64) * 0.5
@@ -224,7 +224,7 @@ def test_dcp_entries_sharing_bytes_are_refused(case):
 
 def test_dcp_metadata_over_its_cap_is_refused_before_reading(case):
     """Today the whole cap (1 GiB) was read into memory first, then refused as corrupt."""
-    from unickpt.tools.dcp_read import DCP_METADATA_LIMIT
+    from unickpt.ops.dcp_read import DCP_METADATA_LIMIT
 
     with open(case / "src" / ".metadata", "r+b") as f:
         f.truncate(DCP_METADATA_LIMIT + 1)  # sparse: nothing written
@@ -393,7 +393,7 @@ def test_hf_fifo_shard_is_refused_without_blocking(tmp_path):
 
 
 def test_hf_index_over_its_cap_is_refused_before_reading(tmp_path):
-    from unickpt.tools.hf_read import HF_INDEX_LIMIT
+    from unickpt.ops.hf_read import HF_INDEX_LIMIT
 
     hf = tmp_path / "hf"
     _safetensors(hf, "model.safetensors", {"a": W})
@@ -423,7 +423,7 @@ def test_hf_shards_outside_the_folder_are_refused(tmp_path):
 def test_hf_safetensors_header_is_bounded(tmp_path):
     """A header length over the cap, or past the end of the file, is refused as such (today a
     raw SafetensorError)."""
-    from unickpt.tools.hf_read import SAFETENSORS_HEADER_LIMIT
+    from unickpt.ops.hf_read import SAFETENSORS_HEADER_LIMIT
 
     hf = tmp_path / "hf"
     hf.mkdir()

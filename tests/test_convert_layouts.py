@@ -55,8 +55,8 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 import unickpt
 from unickpt.errors import UnsafePathError
-from unickpt.tools.convert import from_dcp, to_dcp
-from unickpt.tools.dcp_layouts import ImportedLoaderState
+from unickpt.ops.convert import from_dcp, to_dcp
+from unickpt.ops.dcp_layouts import ImportedLoaderState
 
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 LOADER = {"version": 1, "dp_world_size": 1, "dp_rank_0": b"\x80\x04opaque iterator state"}
@@ -428,7 +428,7 @@ def test_every_layout_maps_onto_unickpt_keys_and_back(case):
     and exporting them (both layouts) then importing again gives the same."""
     from torch.distributed.checkpoint._nested_dict import flatten_state_dict  # what dcp.save flattens with
 
-    from unickpt.tools.dcp_layouts import SavedUnickpt, export_state, map_import
+    from unickpt.ops.dcp_layouts import SavedUnickpt, export_state, map_import
 
     model, groups, state = case["model"], case["groups"], case["state"]
     if case["layout"] == "titan":  # torchtitan: FQNs at the top level, the optimizer flattened by FQN

@@ -332,6 +332,83 @@ def test_all_errors_are_checkpoint_errors() -> None:
         assert issubclass(cls, CheckpointError)
 
 
+# (family, built-in) of every error class of 2026-11-27: the built-ins are those each class had
+# before the families were added, the families those of issue 29 item 6
+ERROR_FAMILIES: dict[str, tuple[str | None, type[BaseException] | None]] = {
+    "NotACheckpointError": (None, FileNotFoundError),
+    "IncompleteCheckpointError": (None, None),
+    "UnsupportedFormatVersionError": (None, None),
+    "CorruptMetadataError": ("IntegrityError", ValueError),
+    "MissingDataFileError": ("IntegrityError", FileNotFoundError),
+    "TruncatedDataFileError": ("IntegrityError", EOFError),
+    "ChecksumMismatchError": ("IntegrityError", ValueError),
+    "MissingKeysError": ("StateMismatchError", KeyError),
+    "UnexpectedKeysError": ("StateMismatchError", KeyError),
+    "ShapeMismatchError": ("StateMismatchError", ValueError),
+    "DtypeMismatchError": ("StateMismatchError", TypeError),
+    "LoaderStateError": ("StateMismatchError", ValueError),
+    "ExtraStateResizeError": ("StateMismatchError", ValueError),
+    "RankDisagreementError": ("CoordinationError", ValueError),
+    "CollectiveError": ("CoordinationError", RuntimeError),
+    "CollectiveTimeoutError": ("CoordinationError", TimeoutError),
+    "RankFailures": ("CoordinationError", None),
+    "RemoteRankError": ("CoordinationError", None),
+    "ConcurrentSaveError": ("ConcurrencyError", None),
+    "SaveLockLostError": ("ConcurrencyError", None),
+    "SnapshotConflictError": ("ConcurrencyError", None),
+    "FrameworkError": ("ConfigurationError", TypeError),
+    "PlanningError": ("ConfigurationError", ValueError),
+    "UnsafeNameError": ("ConfigurationError", ValueError),
+    "UnsupportedValueError": ("ConfigurationError", TypeError),
+    "ForeignFolderError": ("ConfigurationError", FileExistsError),
+    "MissingDependencyError": ("ConfigurationError", ImportError),
+    "NoProcessGroupError": ("ConfigurationError", RuntimeError),
+    "StorageError": ("StorageError", OSError),
+    "TransientStorageError": ("StorageError", OSError),
+    "UnsafePathError": ("StorageError", OSError),
+    "SizeLimitError": (None, ValueError),
+    "AsyncSaveFailures": (None, None),
+}
+FAMILIES = ("IntegrityError", "StateMismatchError", "CoordinationError", "ConcurrencyError", "ConfigurationError")
+
+
+def test_issue29_error_families_group_every_class_and_keep_its_builtin() -> None:
+    """Each class is in its family (and no other), keeps the built-in it had, and every class and
+    family is importable from ``unickpt.errors``; the top-level names are those of before."""
+    from unickpt import errors
+
+    for name, (family, builtin) in ERROR_FAMILIES.items():
+        cls = getattr(errors, name)
+        assert issubclass(cls, CheckpointError) and name in errors.__all__, name
+        if builtin is not None:
+            assert issubclass(cls, builtin), name
+        for other in (*FAMILIES, "StorageError", "InternalError"):
+            assert issubclass(cls, getattr(errors, other)) == (other == family), (name, other)
+    for family in (*FAMILIES, "InternalError"):
+        assert family in errors.__all__ and issubclass(getattr(errors, family), CheckpointError)
+        assert not hasattr(unickpt, family), family  # exported through unickpt.errors only
+    assert issubclass(errors.InternalError, RuntimeError)
+    assert not issubclass(errors.PlanningError, errors.InternalError)
+
+
+def test_issue29_integrity_family_is_what_a_load_retry_catches(ckpt: tuple[Path, dict[str, torch.Tensor]]) -> None:
+    """A missing, short or corrupt data file fails a load with an ``IntegrityError``: one
+    ``except`` catches all three."""
+    from unickpt.errors import IntegrityError
+
+    path, _ = ckpt
+    data, _, _ = shard_file(path, "model.a.weight")
+    original = data.read_bytes()
+    for damage in ("missing", "short", "zeros"):
+        data.unlink()
+        if damage != "missing":
+            data.write_bytes(original[: len(original) // 2] if damage == "short" else bytes(len(original)))
+        with pytest.raises(IntegrityError):
+            load(path, Tiny())
+        data.unlink(missing_ok=True)
+        data.write_bytes(original)
+
+
 # ----------------------------------------------------------------------------- interrupted saves
 
 

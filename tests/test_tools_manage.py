@@ -64,7 +64,7 @@ def test_issue15_ls_latest_prune(tmp_path):
     assert empty.returncode in (1, 2)
 
 
-SUBCOMMANDS = ("inspect", "verify", "merge", "convert", "modify", "diff", "ls", "latest", "prune", "report", "demo")
+SUBCOMMANDS = ("inspect", "verify", "merge", "convert", "modify", "diff", "ls", "latest", "prune", "report")
 
 
 def test_issue15_every_subcommand_has_help_and_a_clear_error_on_a_wrong_path(tmp_path, capsys):

@@ -1,5 +1,5 @@
 """Bounded memory of ``merge``, ``diff`` and ``inspect --values`` (issue 26, item 8): tensors are
-read in pieces of at most ``piece_bytes`` (``tools.pieces``), and a metadata claiming more bytes
+read in pieces of at most ``piece_bytes`` (``ops.pieces``), and a metadata claiming more bytes
 than its data files hold is refused before anything is allocated.
 
 Expected values never come from unickpt: the golden checkpoint's closed formula, ``safetensors``'
@@ -30,9 +30,9 @@ from safetensors import safe_open
 import unickpt
 from format.test_golden import GOLDEN, expected_fsdp2_ws3
 from unickpt.format import METADATA_FILE
-from unickpt.tools import merge as mg
-from unickpt.tools.inspect_more import value_lines
-from unickpt.tools.pieces import slabs
+from unickpt.ops import merge as mg
+from unickpt.ops.inspect import value_lines
+from unickpt.ops.pieces import slabs
 
 MiB = 1 << 20
 
@@ -122,7 +122,7 @@ _CHILD = textwrap.dedent(
     """
     import contextlib, io, json, resource, sys
     from unickpt import cli
-    import unickpt.tools.merge
+    import unickpt.ops.merge
 
     def status(key):
         return next(int(x.split()[1]) * 1024 for x in open("/proc/self/status") if x.startswith(key))
@@ -202,7 +202,7 @@ def test_a_forged_8gib_claim_is_refused_before_allocating(child_run: dict[str, A
 def test_inspect_values_statistics_over_pieces(tmp_path: Path) -> None:
     """min / max / mean / std / non-finite over a tensor read in 64-byte pieces, against torch
     on the whole tensor."""
-    from unickpt.tools.inspect import load_metadata
+    from unickpt.ops.inspect import load_metadata
 
     torch.manual_seed(1)
     t = torch.randn(37, 11, dtype=torch.float64) * 3 + 1
@@ -239,7 +239,7 @@ def test_diff_over_pieces_counts_every_difference(tmp_path: Path) -> None:
     b[20] += 0.25  # a whole row: 13 elements
     for name, t in (("a", a), ("b", b)):
         unickpt.save(str(tmp_path / name), {"model": torch.nn.ParameterDict({"w": torch.nn.Parameter(t)})})
-    from unickpt.tools.diff import diff
+    from unickpt.ops.diff import diff
 
     report = diff(str(tmp_path / "a"), str(tmp_path / "b"), piece_bytes=40)
     (d,) = report.differ

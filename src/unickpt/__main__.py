@@ -1,8 +1,4 @@
-"""``python -m unickpt ...``: the same command line as the ``unickpt`` console script (``cli.main``).
-
-The guard matters: ``unickpt demo`` spawns worker processes, which re-import this module as
-``__mp_main__``; they must not run the command line again.
-"""
+"""``python -m unickpt ...``: the same command line as the ``unickpt`` console script (``cli.main``)."""
 
 import sys
 

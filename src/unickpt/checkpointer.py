@@ -131,7 +131,7 @@ class Checkpointer:
             self.resources.worker.track(handle)
         return handle
 
-    def save_then(
+    def _submit_after(
         self,
         path: str,
         state: MutableMapping[str, Any],

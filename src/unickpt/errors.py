@@ -1,9 +1,27 @@
 """The CheckpointError tree: every user-facing failure of unickpt is one of these.
 
 Each subclass also inherits the matching built-in (``KeyError``, ``FileNotFoundError`` ...) so
-callers that already catch built-ins keep working. Messages name the tensor, the file and the rank
-wherever those are known. ``RankFailures`` aggregates errors raised on several ranks,
-``AsyncSaveFailures`` the failures of background saves nobody has seen yet.
+callers that already catch built-ins keep working. Family bases group them by what the caller
+can do about it (catch a family rather than listing its members):
+
+- ``IntegrityError``: the checkpoint's bytes are not what its metadata promises (corrupt
+  metadata, a data file missing or short, a checksum mismatch): another copy may be good;
+- ``StateMismatchError``: the checkpoint and the live state do not fit (keys, shapes, dtypes,
+  per-rank state after a change of world size);
+- ``CoordinationError``: the ranks did not act as one (a collective failed or timed out, they
+  passed different arguments, one of them failed);
+- ``ConcurrencyError``: another save, job or in-place update raced this one;
+- ``ConfigurationError``: the caller's input or set-up (a state the adapter cannot take, a
+  key map or shards that cannot form a plan, an unsafe name, a foreign folder, a missing extra,
+  no process group);
+- ``StorageError``: a storage operation failed (``TransientStorageError``, ``UnsafePathError``);
+- ``InternalError``: an invariant of unickpt itself failed (a bug: please report it).
+``NotACheckpointError``, ``IncompleteCheckpointError``, ``UnsupportedFormatVersionError``,
+``SizeLimitError`` and ``AsyncSaveFailures`` derive from ``CheckpointError`` directly.
+
+Messages name the tensor, the file and the rank wherever those are known. ``RankFailures``
+aggregates errors raised on several ranks, ``AsyncSaveFailures`` the failures of background
+saves nobody has seen yet.
 
 Errors cross process boundaries (``coordination.run_stage`` sends each rank's exception to the
 others), so every class here can be rebuilt from ``pickle``'s ``(class, args, state)``: classes
@@ -14,6 +32,12 @@ from __future__ import annotations
 
 __all__ = [
     "CheckpointError",
+    "IntegrityError",
+    "StateMismatchError",
+    "CoordinationError",
+    "ConcurrencyError",
+    "ConfigurationError",
+    "InternalError",
     "NotACheckpointError",
     "IncompleteCheckpointError",
     "UnsupportedFormatVersionError",
@@ -54,6 +78,38 @@ class CheckpointError(Exception):
     """Root of every error unickpt raises on purpose."""
 
 
+class IntegrityError(CheckpointError):
+    """Family: the checkpoint's bytes are not what its metadata promises (``CorruptMetadataError``,
+    ``MissingDataFileError``, ``TruncatedDataFileError``, ``ChecksumMismatchError``)."""
+
+
+class StateMismatchError(CheckpointError):
+    """Family: the checkpoint does not fit the live state (``MissingKeysError``,
+    ``UnexpectedKeysError``, ``ShapeMismatchError``, ``DtypeMismatchError``, ``LoaderStateError``,
+    ``ExtraStateResizeError``)."""
+
+
+class CoordinationError(CheckpointError):
+    """Family: the ranks of one save or load did not act as one (``CollectiveError`` and
+    ``CollectiveTimeoutError``, ``RankDisagreementError``, ``RankFailures``, ``RemoteRankError``)."""
+
+
+class ConcurrencyError(CheckpointError):
+    """Family: another save, job or in-place update raced this one (``ConcurrentSaveError``,
+    ``SaveLockLostError``, ``SnapshotConflictError``)."""
+
+
+class ConfigurationError(CheckpointError):
+    """Family: the caller's input or set-up is wrong (``FrameworkError``, ``PlanningError``,
+    ``UnsafeNameError``, ``UnsupportedValueError``, ``ForeignFolderError``,
+    ``MissingDependencyError``, ``NoProcessGroupError``)."""
+
+
+class InternalError(CheckpointError, RuntimeError):
+    """An invariant of unickpt itself failed (e.g. a rank received another rank's part of the save
+    plan): a bug in unickpt, not in the caller's input; please report it with the message."""
+
+
 class NotACheckpointError(CheckpointError, FileNotFoundError):
     """The path holds no unickpt checkpoint at all (missing, empty, or another tool's folder)."""
 
@@ -66,41 +122,41 @@ class UnsupportedFormatVersionError(CheckpointError):
     """The metadata was written by a format version this unickpt cannot read."""
 
 
-class CorruptMetadataError(CheckpointError, ValueError):
+class CorruptMetadataError(IntegrityError, ValueError):
     """The metadata file cannot be decoded or describes an impossible checkpoint."""
 
 
-class MissingKeysError(CheckpointError, KeyError):
+class MissingKeysError(StateMismatchError, KeyError):
     """``strict=True`` load: the live state has tensors or objects the checkpoint lacks."""
 
     def __str__(self) -> str:  # KeyError quotes its message; keep it readable
         return str(self.args[0]) if self.args else ""
 
 
-class UnexpectedKeysError(CheckpointError, KeyError):
+class UnexpectedKeysError(StateMismatchError, KeyError):
     """``strict=True`` load: the checkpoint has entries the live state does not."""
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
 
 
-class ShapeMismatchError(CheckpointError, ValueError):
+class ShapeMismatchError(StateMismatchError, ValueError):
     """A tensor's global shape differs between the checkpoint and the live state."""
 
 
-class DtypeMismatchError(CheckpointError, TypeError):
+class DtypeMismatchError(StateMismatchError, TypeError):
     """A tensor's dtype differs between the checkpoint and the live state."""
 
 
-class MissingDataFileError(CheckpointError, FileNotFoundError):
+class MissingDataFileError(IntegrityError, FileNotFoundError):
     """A data file named by the metadata is not in storage."""
 
 
-class TruncatedDataFileError(CheckpointError, EOFError):
+class TruncatedDataFileError(IntegrityError, EOFError):
     """A data file is shorter than the byte ranges the metadata assigns to it."""
 
 
-class ChecksumMismatchError(CheckpointError, ValueError):
+class ChecksumMismatchError(IntegrityError, ValueError):
     """The bytes read for a shard do not match the checksum recorded at save."""
 
 
@@ -115,12 +171,12 @@ class TransientStorageError(StorageError):
     retries it with backoff and raises a plain ``StorageError`` once the retries are spent."""
 
 
-class MissingDependencyError(CheckpointError, ImportError):
+class MissingDependencyError(ConfigurationError, ImportError):
     """A storage backend (or another optional part) needs a library that is not installed; the
     message names the pip extra that installs it (``pip install 'unickpt[s3]'``)."""
 
 
-class ConcurrentSaveError(CheckpointError):
+class ConcurrentSaveError(ConcurrencyError):
     """Another job committed or is committing a checkpoint at the same path."""
 
 
@@ -129,7 +185,7 @@ class SaveLockLostError(ConcurrentSaveError):
     changed while it ran: the commit is refused and nothing is published."""
 
 
-class ForeignFolderError(CheckpointError, FileExistsError):
+class ForeignFolderError(ConfigurationError, FileExistsError):
     """``save`` into a non-empty folder that is not a unickpt checkpoint (no unickpt metadata,
     lock or marker): refused before anything is written, so no file of another tool is touched."""
 
@@ -144,36 +200,36 @@ class SizeLimitError(CheckpointError, ValueError):
     names the cap and the option that raises it)."""
 
 
-class SnapshotConflictError(CheckpointError):
+class SnapshotConflictError(ConcurrencyError):
     """A tensor an async save was still copying in the background was changed in place outside
     ``optimizer.step()``; the save is refused rather than committing a torn snapshot."""
 
 
-class FrameworkError(CheckpointError, TypeError):
+class FrameworkError(ConfigurationError, TypeError):
     """The objects in ``state`` do not fit the requested framework adapter."""
 
 
-class PlanningError(CheckpointError, ValueError):
+class PlanningError(ConfigurationError, ValueError):
     """The shards described by the ranks cannot form a valid plan (overlap, gaps, disagreement)."""
 
 
-class LoaderStateError(CheckpointError, ValueError):
+class LoaderStateError(StateMismatchError, ValueError):
     """Dataloader state that cannot be restored without losing or repeating data: per-rank state of
     a loader without the ``unickpt.data`` protocol after a change of world size, or parts that
     the loader cannot take (another part count, more DP ranks than parts)."""
 
 
-class ExtraStateResizeError(CheckpointError, ValueError):
+class ExtraStateResizeError(StateMismatchError, ValueError):
     """Per-rank ``extra_state`` saved at another world size, with
     ``LoadOptions(extra_state_on_resize="error")``."""
 
 
-class UnsupportedValueError(CheckpointError, TypeError):
+class UnsupportedValueError(ConfigurationError, TypeError):
     """A value in ``extra_state`` / dataloader state that unickpt cannot save safely (an arbitrary
     object, a numpy object array ...): the message names where it is in the state."""
 
 
-class RankDisagreementError(CheckpointError, ValueError):
+class RankDisagreementError(CoordinationError, ValueError):
     """The ranks of one save/load passed different destinations, frameworks or roles (e.g. a
     per-rank timestamp in the path). Raised on every rank before anything is written; the
     message lists each rank's value. ``values``: what differs -> {rank: value as text}."""
@@ -186,7 +242,7 @@ class RankDisagreementError(CheckpointError, ValueError):
         return (type(self), (str(self), self.values), self.__dict__)
 
 
-class CollectiveError(CheckpointError, RuntimeError):
+class CollectiveError(CoordinationError, RuntimeError):
     """A collective on unickpt's process groups failed: a peer left or died, or the group was
     destroyed (``torch.distributed.destroy_process_group()`` while a save was still running).
     ``missing_ranks``: the ranks (of the checkpoint group) that had not arrived at it."""
@@ -206,17 +262,17 @@ class CollectiveTimeoutError(CollectiveError, TimeoutError):
     call the same unickpt save/load (or are still busy before it)."""
 
 
-class UnsafeNameError(CheckpointError, ValueError):
+class UnsafeNameError(ConfigurationError, ValueError):
     """A tensor, blob or ``extra_state`` key name holds a control character, NUL or invisible
     format character (bidi marks ...): refused at save, before anything is written."""
 
 
-class NoProcessGroupError(CheckpointError, RuntimeError):
+class NoProcessGroupError(ConfigurationError, RuntimeError):
     """A save or load in one of several launched ranks (``WORLD_SIZE`` > 1, as ``torchrun`` sets)
     before ``torch.distributed.init_process_group``: each rank would act alone on one folder."""
 
 
-class RankFailures(CheckpointError):
+class RankFailures(CoordinationError):
     """Errors raised on one or more ranks, gathered so every rank raises the same, complete report.
 
     ``failures``: rank -> the exception that rank raised (this rank's own object; other ranks'
@@ -238,7 +294,7 @@ class RankFailures(CheckpointError):
         return (type(self), (self.stage, self.failures), {k: v for k, v in self.__dict__.items() if k != "failures"})
 
 
-class RemoteRankError(CheckpointError):
+class RemoteRankError(CoordinationError):
     """Stands for an exception raised on another rank whose type could not be rebuilt here:
     ``type_name``, its message and ``traceback_text`` (formatted on the rank that raised it)."""
 

@@ -19,7 +19,7 @@ Layout under ``root`` (any storage URL): ``step_<step:08d>/`` holds one checkpoi
 ``root`` so the tree can be moved.
 
 Who calls what, in order (every rank calls ``save`` / ``load_latest`` with the same arguments):
-  ``save``     -> ``Checkpointer.save_then`` of its checkpointer (snapshot now; write + commit on
+  ``save``     -> ``Checkpointer._submit_after`` of its checkpointer (snapshot now; write + commit on
                its worker) -> a
                post-commit job queued on the same worker, so it runs after exactly that save:
                rank 0 checks the committed metadata names this save, publishes the pointer
@@ -202,7 +202,7 @@ class CheckpointManager:
         rank = self._ckpt.rank()
         # the save raises this manager's unseen async failures first; right after it, on the same
         # worker, rank 0 moves ``latest`` and applies retention (the handle is that job's)
-        return self._ckpt.save_then(
+        return self._ckpt._submit_after(
             path,
             state,
             lambda inner: self._after_commit(step, inner, rank),

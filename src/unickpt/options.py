@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from .coordination.topology import CoordinationOptions
 from .format.checksums import MAX_CHUNK, MIN_CHUNK, is_chunk_size
@@ -11,7 +12,32 @@ from .format.transforms import RowsTensor
 from .storage.base import METADATA_LIMIT
 from .storage.options import StorageOptions
 
-__all__ = ["SaveOptions", "LoadOptions", "StorageOptions", "CoordinationOptions"]
+__all__ = [
+    "SaveOptions",
+    "LoadOptions",
+    "StorageOptions",
+    "CoordinationOptions",
+    "ExtraStateOnResize",
+    "LoaderOnResize",
+]
+
+
+class ExtraStateOnResize(StrEnum):
+    """``LoadOptions.extra_state_on_resize``: per-rank extra_state (RNG states, per-rank counters)
+    after a change of world size. The plain strings are accepted too (and compare equal)."""
+
+    MODULO = "modulo"  # rank r gets saved rank r % saved_world_size's values (a warning after growing)
+    RANK0 = "rank0"  # every rank gets saved rank 0's
+    ERROR = "error"  # ExtraStateResizeError
+    SKIP = "skip"  # extra_state is left as the job built it, with a warning
+
+
+class LoaderOnResize(StrEnum):
+    """``LoadOptions.loader_on_resize``: a loader without the unickpt.data protocol (per-rank
+    state_dict) after a change of world size. The plain strings are accepted too."""
+
+    ERROR = "error"  # LoaderStateError: its state cannot be split or merged
+    SKIP = "skip"  # leave the loader as it is, with a warning
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,14 +97,14 @@ class LoadOptions:
     storage: StorageOptions = field(default_factory=StorageOptions)
     # a loader without the unickpt.data protocol (per-rank state_dict) after a change of world
     # size: "error" (LoaderStateError: its state cannot be split or merged) or "skip" (leave
-    # the loader as it is, with a warning)
-    loader_on_resize: str = "error"
+    # the loader as it is, with a warning); a LoaderOnResize or its string
+    loader_on_resize: LoaderOnResize | str = LoaderOnResize.ERROR
     # per-rank extra_state (RNG states, per-rank counters) after a change of world size:
     # "modulo" (rank r gets saved rank r % saved_world_size's values: after growing, several ranks
     # get one saved rank's RNG state; a warning says so), "rank0" (every rank gets saved rank 0's),
     # "error" (ExtraStateResizeError), "skip" (extra_state is left
-    # as the job built it, with a warning)
-    extra_state_on_resize: str = "modulo"
+    # as the job built it, with a warning); an ExtraStateOnResize or its string
+    extra_state_on_resize: ExtraStateOnResize | str = ExtraStateOnResize.MODULO
     # rename checkpoint keys as they are read: key_map("model.transformer.h.0.attn.weight") ->
     # "model.layers.0.attn.weight" (None drops the tensor); optimizer keys and param groups follow
     # (format.keymap). For loading into a model whose names differ (HF <-> Megatron names ...)
@@ -90,12 +116,28 @@ class LoadOptions:
 
     def __post_init__(self) -> None:
         _check_timeout(self.timeout)
-        if self.extra_state_on_resize not in ("modulo", "rank0", "error", "skip"):
+        extra = _member(ExtraStateOnResize, self.extra_state_on_resize)
+        if extra is None:
             raise ValueError(
                 f"extra_state_on_resize must be modulo, rank0, error or skip, got {self.extra_state_on_resize!r}"
             )
-        if self.loader_on_resize not in ("error", "skip"):
+        loader = _member(LoaderOnResize, self.loader_on_resize)
+        if loader is None:
             raise ValueError(f"loader_on_resize must be 'error' or 'skip', got {self.loader_on_resize!r}")
+        object.__setattr__(self, "extra_state_on_resize", extra)  # the member, whichever form was given
+        object.__setattr__(self, "loader_on_resize", loader)
+
+
+def _member(enum: type[StrEnum], value: object) -> StrEnum | None:
+    """The member of ``enum`` that ``value`` is or names (a str exactly as the member's value), else None."""
+    if isinstance(value, enum):
+        return value
+    if isinstance(value, str):
+        try:
+            return enum(value)
+        except ValueError:
+            return None
+    return None
 
 
 def _check_timeout(timeout: float | None) -> None:

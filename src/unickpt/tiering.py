@@ -51,7 +51,7 @@ def copy_checkpoint(src: Storage, dst: Storage) -> Metadata:
     """Copy the committed checkpoint at ``src`` to the empty location ``dst``: marker, data files,
     the save's phase records if any (``monitoring.phases``; best effort), a CRC32C check of every
     shard and blob read back from ``dst``, then the metadata (last)."""
-    from .tools.inspect import verify
+    from .ops.verify import verify
 
     raw = src.read(METADATA_FILE, METADATA_LIMIT)
     if raw is None:

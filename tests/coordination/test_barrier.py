@@ -14,9 +14,9 @@ import pytest
 from unickpt.coordination.barrier import commit_barrier
 from unickpt.coordination.single import SingleProcessCoordinator
 from unickpt.coordination.store import MemoryStore
-from unickpt.coordination.threads import ThreadCoordinator, run_threads
 from unickpt.coordination.topology import TreeLayout
 from unickpt.errors import CollectiveTimeoutError, RankFailures, StorageError
+from unickpt.testing.threads import ThreadCoordinator, run_threads
 
 STAGES = {"stage": "save (write)", "commit_stage": "save (commit)"}
 

@@ -1,5 +1,5 @@
 """The error-agreement stage (``coordination.run_stage``) across N ranks in one process
-(``coordination.threads``): one failing rank makes every rank raise the same error, different
+(``unickpt.testing.threads``): one failing rank makes every rank raise the same error, different
 types give ``RankFailures`` holding the exception objects, ``agree=`` disagreement gives
 ``RankDisagreementError``, ``settle=`` applies the smallest count only after a success. Issue 11:
 "tests of ... the error-agreement stage that do not exist today"."""
@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from unickpt.coordination.base import Settle, run_stage
-from unickpt.coordination.threads import ThreadCoordinator, run_threads
 from unickpt.errors import (
     CheckpointError,
     RankDisagreementError,
@@ -22,6 +21,7 @@ from unickpt.errors import (
     ShapeMismatchError,
     StorageError,
 )
+from unickpt.testing.threads import ThreadCoordinator, run_threads
 
 WORLD_SIZES = [1, 2, 3, 5]
 

@@ -1,4 +1,4 @@
-"""The fake N-rank coordinator (``coordination.threads``): N ranks as threads of this process,
+"""The fake N-rank coordinator (``unickpt.testing.threads``): N ranks as threads of this process,
 with the collective semantics unickpt relies on (order-matched collectives, copy semantics,
 deadlines naming the missing ranks, point-to-point FIFO per tag). Issue 11: "a fake N-rank
 coordinator for unit tests of planning and the stage protocol in one process"."""
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from unickpt.coordination.base import Coordinator
-from unickpt.coordination.threads import ThreadCoordinator, ThreadExchange, run_threads
 from unickpt.errors import CheckpointError, CollectiveError, CollectiveTimeoutError
+from unickpt.testing.threads import ThreadCoordinator, ThreadExchange, run_threads
 
 WORLD_SIZES = [1, 2, 3, 5]
 

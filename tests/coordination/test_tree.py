@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from unickpt.coordination.base import run_stage
-from unickpt.coordination.threads import run_threads
 from unickpt.coordination.topology import TreeLayout, host_sizes
 from unickpt.coordination.tree import TreeCoordinator
 from unickpt.engine import plan_cache as engine_plan_cache
@@ -19,6 +18,7 @@ from unickpt.engine.plan_cache import plan_stage
 from unickpt.errors import CollectiveError, RankFailures, StorageError
 from unickpt.planning.save_plan import LocalSavePlan
 from unickpt.planning.specs import BlobSpec, ShardSpec
+from unickpt.testing.threads import run_threads
 
 SHAPES = [  # (host sizes, fan-out)
     ([4, 4], 2),

@@ -17,7 +17,7 @@ import unickpt
 import unickpt.errors
 from reshard_workers import loaded_report, param_groups
 from support.reference import full_state
-from unickpt.tools.toy import ToyConfig, build, train_step
+from unickpt.testing.toy import ToyConfig, build, train_step
 
 STEPS_BEFORE_SAVE = 2
 CFG = ToyConfig(ffn=101)

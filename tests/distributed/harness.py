@@ -1,4 +1,4 @@
-"""The test suite's entry points to ``unickpt.tools.launch`` (the one launcher of tests and
+"""The test suite's entry points to ``unickpt.testing.launch`` (the one launcher of tests and
 benchmarks): N gloo ranks in fresh processes, results in the safe value encoding, never pickle.
 
 * ``run_ranks(fn, ws, *args)``: every rank's result; a failing rank's traceback is raised as an
@@ -20,10 +20,10 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from unickpt.tools.launch import RankOutcome, RanksFailed, free_port
-from unickpt.tools.launch import launch_ranks as _launch_ranks
-from unickpt.tools.launch import run_jobs as _run_jobs
-from unickpt.tools.launch import run_ranks as _run_ranks
+from unickpt.testing.launch import RankOutcome, RanksFailed, free_port
+from unickpt.testing.launch import launch_ranks as _launch_ranks
+from unickpt.testing.launch import run_jobs as _run_jobs
+from unickpt.testing.launch import run_ranks as _run_ranks
 
 __all__ = ["free_port", "run_ranks", "launch_ranks", "run_jobs", "RankOutcome"]
 

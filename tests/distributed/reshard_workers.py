@@ -7,7 +7,7 @@ import torch.distributed as dist
 
 import unickpt
 from support.reference import full_state
-from unickpt.tools.toy import build, train_step
+from unickpt.testing.toy import build, train_step
 
 STEPS_BEFORE_SAVE = 2
 

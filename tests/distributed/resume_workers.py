@@ -21,7 +21,7 @@ import unickpt.errors
 from fsdp1_workers import CFG, make
 from reshard_workers import param_groups
 from support.reference import full_state
-from unickpt.tools.toy import ToyConfig, batch, build, train_step
+from unickpt.testing.toy import ToyConfig, batch, build, train_step
 
 
 def _make(spec: str, seed: int) -> tuple[nn.Module, torch.optim.Optimizer, str, ToyConfig]:
@@ -391,7 +391,7 @@ def cast_load(rank: int, ws: int, ckpt: str) -> dict[str, Any]:
     between the ranks), returning the loaded tensors."""
     from torch.nn.parallel import DistributedDataParallel
 
-    from unickpt.tools.toy import ToyTransformer
+    from unickpt.testing.toy import ToyTransformer
 
     torch.manual_seed(3)
     model = DistributedDataParallel(ToyTransformer(CFG).to(torch.bfloat16))

@@ -143,7 +143,7 @@ def test_flat_param_refuses_differing_steps(tmp_path):
     """A flat parameter has one ``step``: per-param steps that differ are refused, naming both."""
     import unickpt
     from fsdp1_workers import CFG, load_expecting_error, make
-    from unickpt.tools.toy import train_step
+    from unickpt.testing.toy import train_step
 
     model, optim, _ = make("torch", 0)
     train_step(model, optim, 0, CFG)

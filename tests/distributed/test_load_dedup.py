@@ -17,7 +17,7 @@ def _save_then_load(rank: int, ws: int, ckpt: str) -> dict:
     import unickpt
     from support.reference import full_state
     from unickpt.options import LoadOptions
-    from unickpt.tools.toy import build, train_step
+    from unickpt.testing.toy import build, train_step
 
     model, optim = build("ddp", seed=0)
     train_step(model, optim, 0)

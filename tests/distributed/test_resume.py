@@ -180,7 +180,7 @@ def test_item2_refused_flat_step_changes_nothing(tmp_path):
     import unickpt
     from fsdp1_workers import CFG
     from fsdp1_workers import make as make_spec
-    from unickpt.tools.toy import train_step
+    from unickpt.testing.toy import train_step
 
     model, optim, _ = make_spec("torch", 0)
     train_step(model, optim, 0, CFG)
@@ -200,7 +200,7 @@ def test_item10_cast_dtypes_forwarded_reads_bit_exact(tmp_path):
     tensor equals torch's own ``.to(torch.bfloat16)`` of the saved one."""
     import unickpt
     from fsdp1_workers import CFG
-    from unickpt.tools.toy import ToyTransformer
+    from unickpt.testing.toy import ToyTransformer
 
     torch.manual_seed(0)
     src = ToyTransformer(CFG)

@@ -207,7 +207,7 @@ def fsdp2_regular(rank: int, ws: int, base: str) -> dict[str, Any]:
     async) save renames it, and each checkpoint loads bit-exact through the other."""
     from support.reference import full_state
     from unickpt.planning.regular_plan import RegularRankPlans
-    from unickpt.tools.toy import build, train_step
+    from unickpt.testing.toy import build, train_step
 
     model, optim = build("fsdp2", seed=0)
     train_step(model, optim, 0)

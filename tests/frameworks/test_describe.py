@@ -20,7 +20,7 @@ from harness import run_ranks
 from unickpt.errors import FrameworkError
 from unickpt.format import METADATA_FILE, decode_metadata
 from unickpt.frameworks import FRAMEWORKS
-from unickpt.tools.toy import build, train_step
+from unickpt.testing.toy import build, train_step
 
 
 def _where(t: torch.Tensor) -> tuple:
@@ -115,7 +115,7 @@ def _memo_against_torch(rank: int, ws: int) -> dict:
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
     from unickpt.frameworks.module_state import BoxMemo, tensor_piece
-    from unickpt.tools.toy import ToyConfig
+    from unickpt.testing.toy import ToyConfig
 
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     tensors: list[torch.Tensor] = []

@@ -17,7 +17,7 @@ from harness import run_ranks
 from support.reference import full_state
 from unickpt.errors import FrameworkError
 from unickpt.frameworks import is_optimizer_like, supports_step_hooks
-from unickpt.tools.toy import build, train_step
+from unickpt.testing.toy import build, train_step
 
 STEPS = 2
 

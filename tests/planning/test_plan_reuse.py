@@ -1,4 +1,4 @@
-"""Plan reuse across N ranks in one process (``coordination.threads``):
+"""Plan reuse across N ranks in one process (``unickpt.testing.threads``):
 ``engine.plan_cache.plan_stage`` with each rank's ``PlanCache``, keyed by ``PlanKey`` as the save
 pipeline does. Unchanged local plans reuse the global plan in one tiny all_gather that carries
 rank 0's fresh save id; one rank's change (or a rank without a cached plan) replans on every
@@ -12,12 +12,12 @@ import threading
 
 import pytest
 
-from unickpt.coordination.threads import ThreadCoordinator, run_threads
 from unickpt.engine import plan_cache as engine_plan_cache
 from unickpt.engine.plan_cache import CachedPlan, PlanCache, PlanKey, plan_stage
 from unickpt.errors import PlanningError
 from unickpt.planning.save_plan import GlobalSavePlan, LocalSavePlan, RankSavePlan
 from unickpt.planning.specs import BlobSpec, ShardSpec
+from unickpt.testing.threads import ThreadCoordinator, run_threads
 
 WORLD_SIZES = [1, 2, 3, 5]
 PLAN = ["all_gather_object", "gather_object", "scatter_object"]  # a replan at ws > 1

@@ -1,7 +1,7 @@
 """Helpers for the reliability tests: tiny states, bit-exact comparison and fault injection.
 
 Multi-rank jobs in which a rank is killed on purpose run with ``harness.launch_ranks`` (the one
-launcher, ``unickpt.tools.launch``); children call ``kill_at_phase`` / ``kill_in_commit`` to die
+launcher, ``unickpt.testing.launch``); children call ``kill_at_phase`` / ``kill_in_commit`` to die
 by SIGKILL at an exact point of a save. Reference states come from ``support.reference`` (torch's
 own APIs), never from unickpt.
 """

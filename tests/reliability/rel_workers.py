@@ -15,7 +15,7 @@ import torch.distributed as dist
 import unickpt
 from rel_helpers import kill_at_phase, kill_in_commit, tiny_model
 from support.reference import full_state
-from unickpt.tools.toy import build, train_step
+from unickpt.testing.toy import build, train_step
 
 
 def toy_state(model: Any, optim: Any, step_no: int) -> dict[str, Any]:

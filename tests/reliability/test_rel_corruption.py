@@ -16,7 +16,7 @@ from rel_helpers import tiny_model
 from rel_workers import corrupt_load_worker, fsdp2_save_worker
 from unickpt.format import decode_metadata
 from unickpt.format.records import FORMAT_VERSION, METADATA_FILE
-from unickpt.tools.toy import build
+from unickpt.testing.toy import build
 
 KINDS = ["flip", "truncate", "delete", "metadata"]
 

@@ -23,7 +23,7 @@ from unickpt.engine.commit import committed_save_id
 from unickpt.engine.lock import LOCK_FILE
 from unickpt.format.records import METADATA_FILE
 from unickpt.storage import open_storage
-from unickpt.tools.toy import build, train_step
+from unickpt.testing.toy import build, train_step
 
 CASES = [
     # (fault, victim rank, same path?)

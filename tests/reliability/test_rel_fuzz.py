@@ -542,7 +542,7 @@ _NUMERIC_FIELDS = [
 def test_item12_absurd_numbers_in_metadata_are_refused(replacements):
     """Issue 9 item 12: NaN, infinities, huge or negative numbers in the metadata's numeric fields
     decode to a CorruptMetadataError (or a value every tool can print), never anything else."""
-    from unickpt.tools.inspect import format_text, summarize, to_json
+    from unickpt.ops.inspect import format_text, summarize, to_json
 
     doc = {
         "magic": "unickpt",

@@ -210,14 +210,14 @@ _CHILD = textwrap.dedent("""
         if op == "load":
             unickpt.load(path, state(), framework="torch")
         elif op == "inspect":
-            from unickpt.tools.inspect import load_metadata
+            from unickpt.ops.inspect import load_metadata
             load_metadata(path)
         elif op == "latest":
             unickpt.CheckpointManager(path).load_latest(state(), framework="torch")
         elif op == "save":
             unickpt.save(path, state(), framework="torch")
         elif op == "verify":
-            from unickpt.tools.inspect import load_metadata, verify
+            from unickpt.ops.inspect import load_metadata, verify
             storage, md, _ = load_metadata(path)
             report = verify(md, storage)
             if not report.ok:

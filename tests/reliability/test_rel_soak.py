@@ -14,7 +14,7 @@ import psutil
 import unickpt
 from rel_helpers import mismatches
 from support.reference import full_state
-from unickpt.tools.toy import build, train_step
+from unickpt.testing.toy import build, train_step
 
 SAVES = 200
 WARMUP = 20

@@ -81,8 +81,8 @@ def test_a1_engine_lock_manager_and_tools_use_only_declared_operations(tmp_path,
     manager's pointer and retention, breaking a stale lock and ``inspect --verify`` is one of the
     protocol's declared operations; nothing is probed with getattr."""
     from unickpt.engine.lock import read_lock_owner, try_acquire
+    from unickpt.ops import inspect as ins
     from unickpt.storage import open_storage
-    from unickpt.tools import inspect as ins
 
     url = f"strict://{tmp_path}/ck"
     first, second = _state(1), _state(2)

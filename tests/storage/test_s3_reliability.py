@@ -25,7 +25,7 @@ from reshard_workers import check, load_phase, save_phase
 from unickpt.engine.lock import LOCK_FILE
 from unickpt.format.records import METADATA_FILE
 from unickpt.storage import open_storage
-from unickpt.tools.toy import build, train_step
+from unickpt.testing.toy import build, train_step
 
 
 @pytest.fixture

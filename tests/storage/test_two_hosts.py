@@ -31,7 +31,7 @@ import pytest
 import unickpt
 from unickpt.format import decode_metadata
 from unickpt.format.records import METADATA_FILE
-from unickpt.tools.toy import build
+from unickpt.testing.toy import build
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "twohost_worker.py")
 _TIMEOUT_S = 240.0

@@ -47,7 +47,7 @@ def save(rank: int, ckpt: str) -> dict:
 
     import unickpt
     from support.reference import full_state
-    from unickpt.tools.toy import build, train_step
+    from unickpt.testing.toy import build, train_step
 
     model, optim = build("fsdp2", seed=0)
     for s in range(2):
@@ -67,7 +67,7 @@ def load(rank: int, ckpt: str) -> dict:
 
     import unickpt
     from support.reference import full_state
-    from unickpt.tools.toy import build, train_step
+    from unickpt.testing.toy import build, train_step
 
     ref = torch.load(ckpt + ".ref.pt", weights_only=True)
     next_loss = float(ref.pop("next_loss"))
@@ -92,7 +92,7 @@ def load_replicated(rank: int, ckpt: str) -> dict:
 
     import unickpt
     from support.reference import full_state
-    from unickpt.tools.toy import build
+    from unickpt.testing.toy import build
 
     ref = torch.load(ckpt + ".ref.pt", weights_only=True)
     ref.pop("next_loss")
@@ -113,7 +113,7 @@ def crash_in_commit(rank: int, ckpt: str) -> dict:
 
     import unickpt
     from rel_helpers import kill_in_commit
-    from unickpt.tools.toy import build, train_step
+    from unickpt.testing.toy import build, train_step
 
     model, optim = build("fsdp2", seed=0)
     train_step(model, optim, 0)
@@ -128,7 +128,7 @@ def crash_in_commit(rank: int, ckpt: str) -> dict:
 
 def save_again(rank: int, ckpt: str) -> dict:
     import unickpt
-    from unickpt.tools.toy import build, train_step
+    from unickpt.testing.toy import build, train_step
 
     model, optim = build("fsdp2" if int(os.environ["WORLD_SIZE"]) > 1 else "torch", seed=5)
     train_step(model, optim, 0)

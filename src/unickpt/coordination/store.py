@@ -7,7 +7,7 @@ is absent and returns the value the key holds afterwards, ``add`` returns the ne
 ``append`` concatenates. A coordinator hands the store of its job to the barrier as a
 ``StoreScope``: the store, a key prefix no other group of the job uses, the deadline and a label.
 
-``MemoryStore`` implements it for thread-ranks (``coordination.threads``); ``on_wait`` (tests)
+``MemoryStore`` implements it for thread-ranks (``unickpt.testing.threads``); ``on_wait`` (tests)
 is called with the keys of each ``wait`` before it blocks.
 """
 

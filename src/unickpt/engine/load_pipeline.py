@@ -36,13 +36,7 @@ from typing import Any
 import torch
 
 from ..coordination import Coordinator, SingleProcessCoordinator, run_stage
-from ..errors import (
-    CheckpointError,
-    ChecksumMismatchError,
-    MissingDataFileError,
-    RankFailures,
-    TruncatedDataFileError,
-)
+from ..errors import CheckpointError, IntegrityError, RankFailures
 from ..format.keymap import remap
 from ..format.records import Metadata
 from ..format.transforms import derive
@@ -129,7 +123,7 @@ class LoadPipeline:
                     self.res.events, md, storage, coord, (layout, adapter), self.state, self.strict, self.options
                 )
                 break
-            except (MissingDataFileError, TruncatedDataFileError, ChecksumMismatchError, RankFailures):
+            except (IntegrityError, RankFailures):
                 # another job may have committed a newer checkpoint here and deleted the data this
                 # load was reading: start over on the new metadata (never a mix: every byte is re-read)
                 if attempt + 1 == _LOAD_ATTEMPTS or not checkpoint_replaced(coord, storage, md.save_id):

@@ -18,7 +18,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 
 from ..coordination.base import Coordinator
-from ..errors import CheckpointError, PlanningError
+from ..errors import CheckpointError, InternalError
 from ..format.checksums import auto_chunk, is_chunk_size
 from ..format.dtypes import itemsize
 from ..planning.plan_codec import decode_rank_plan, encode_local_plan, encode_rank_rows
@@ -130,7 +130,7 @@ class CachedPlan:
     def global_plan(self) -> GlobalSavePlan:
         """The coordinator's global plan under this save's id (rank 0 only)."""
         if self.coordinator is None:
-            raise PlanningError("only the coordinator (rank 0) holds the global save plan")
+            raise InternalError("only the coordinator (rank 0) holds the global save plan")
         if self.coordinator.save_id == self.save_id:
             return self.coordinator
         gplan, save_id = self.coordinator, self.save_id
@@ -212,13 +212,13 @@ def plan_stage(
         or not is_chunk_size(received[0])
         or not isinstance(received[1], bytes)
     ):
-        raise PlanningError(f"rank {coord.rank} received no usable part of the save plan ({type(received).__name__})")
+        raise InternalError(f"rank {coord.rank} received no usable part of the save plan ({type(received).__name__})")
     chunk, rows = received
     if coordinator is not None:
         return CachedPlan(local, coordinator.rank_plans[0], coordinator, save_id, chunk)
     mine = decode_rank_plan(rows)
     if mine.rank != coord.rank:
-        raise PlanningError(f"rank {coord.rank} received the save plan of rank {mine.rank}")
+        raise InternalError(f"rank {coord.rank} received the save plan of rank {mine.rank}")
     return CachedPlan(local, mine, None, save_id, chunk)
 
 

@@ -1,10 +1,10 @@
-"""``unickpt report``: which rank, which phase. Reads the ``JsonlSink`` files of a folder, or the
-phase records a checkpoint keeps of its save (``monitoring.phases``), and builds a rank x phase
-table, stragglers, per-rank throughput, a heat map PNG, a Perfetto / Chrome trace and, on
-request, a SQLite database of every record.
+"""``unickpt report``: which rank, which phase. Reads the ``JsonlSink`` files of a folder (the
+phase records a checkpoint keeps of its save, ``monitoring.phases``, are read by
+``ops.report``), and builds a rank x phase table, stragglers, per-rank throughput, a heat map
+PNG, a Perfetto / Chrome trace and, on request, a SQLite database of every record.
 
-Who calls what: ``load_records(folder)`` or ``checkpoint_records(path)`` (``source_records``
-picks by what ``path`` holds) -> ``Report.build(records, k)`` (pure) ->
+Who calls what: ``load_records(folder)`` or ``ops.report.checkpoint_records(path)``
+(``ops.report.source_records`` picks by what ``path`` holds) -> ``Report.build(records, k)`` (pure) ->
 ``format_text`` / ``heatmap_png`` (matplotlib, headless Agg backend) / ``chrome_trace`` /
 ``to_sqlite``.
 """
@@ -26,8 +26,6 @@ __all__ = [
     "WAITING_PHASES",
     "Report",
     "load_records",
-    "checkpoint_records",
-    "source_records",
     "NoPhaseRecords",
     "to_sqlite",
     "chrome_trace",
@@ -84,32 +82,6 @@ def load_records(folder: str) -> list[dict[str, Any]]:
 class NoPhaseRecords(CheckpointError):
     """The checkpoint keeps no phase records (saved with ``SaveOptions(record_phases=False)`` or
     by a unickpt before they were kept)."""
-
-
-def checkpoint_records(path: str, role: str | None = None) -> tuple[str, list[dict[str, Any]]]:
-    """The phase records the checkpoint at ``path`` keeps of its save: (a title line, records).
-    ``NoPhaseRecords`` when it keeps none; the errors of ``tools.inspect.load_metadata`` when
-    ``path`` is no readable checkpoint."""
-    from ..tools.inspect import load_metadata
-    from .phases import read_phases
-
-    storage, md, _ = load_metadata(path, role)
-    records = read_phases(storage, md.save_id)
-    if not records:
-        raise NoPhaseRecords(
-            f"{storage.url}: no phase records in this checkpoint (save {md.save_id}); they are kept by "
-            "default since this unickpt version, unless saved with SaveOptions(record_phases=False)"
-        )
-    ranks = len({int(r["rank"]) for r in records})
-    return f"phases of save {md.save_id} at {storage.url} ({ranks} rank(s), kept in the checkpoint)", records
-
-
-def source_records(path: str, role: str | None = None) -> tuple[str, list[dict[str, Any]]]:
-    """A folder of ``rank<r>.jsonl`` files (``JsonlSink``) or a checkpoint: (title, records)."""
-    if role is None and os.path.isdir(path):
-        if any(n.startswith("rank") and n.endswith(".jsonl") for n in os.listdir(path)):
-            return f"metrics in {path}", load_records(path)
-    return checkpoint_records(path, role)
 
 
 @dataclass

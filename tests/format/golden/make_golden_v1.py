@@ -140,7 +140,7 @@ def table(out):
 
 
 if __name__ == "__main__":
-    from unickpt.tools.launch import run_ranks
+    from unickpt.testing.launch import run_ranks
 
     os.makedirs(OUT, exist_ok=True)
     run_ranks(worker, 3, os.path.join(OUT, "v1_fsdp2_ws3"), threads=1)

@@ -47,10 +47,10 @@ from typing import Any, TypeVar
 
 import torch
 
+from ..coordination.store import MemoryStore, StoreScope
+from ..coordination.topology import TreeLayout
+from ..coordination.tree import TreeCoordinator
 from ..errors import CollectiveError, CollectiveTimeoutError
-from .store import MemoryStore, StoreScope
-from .topology import TreeLayout
-from .tree import TreeCoordinator
 
 __all__ = ["ThreadExchange", "ThreadCoordinator", "run_threads"]
 

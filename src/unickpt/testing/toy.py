@@ -1,7 +1,7 @@
 """A small causal transformer and builders that parallelise it for each framework.
 
-Used by ``unickpt demo``, the benchmarks and the multi-rank tests to build and train models; never
-as a test's oracle (reference states come from ``tests/support/reference.py``, written with
+Used by the demo (``examples/demo.py``), the benchmarks and the multi-rank tests to build and
+train models; never as a test's oracle (reference states come from ``tests/support/reference.py``, written with
 torch's own APIs). Sizes are deliberately uneven
 (odd vocabulary, hidden sizes not divisible by 3) so that every resharding exercises uneven
 shards. ``build(framework, ...)`` returns ``(model, optimizer)``; every rank trains on the same

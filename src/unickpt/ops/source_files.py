@@ -1,7 +1,7 @@
 """Reading the files of a checkpoint another tool wrote (``unickpt convert --from dcp|hf``) without
 trusting the names its metadata gives.
 
-Callers: ``tools.dcp_read`` (DCP's ``.metadata`` and ``*.distcp`` files) and ``tools.hf_read``
+Callers: ``ops.dcp_read`` (DCP's ``.metadata`` and ``*.distcp`` files) and ``ops.hf_read``
 (``model.safetensors.index.json`` and the shards it names). Every name goes through
 :func:`check_relative_name` (a relative '/'-separated path: no absolute path, ``..``, ``.``, empty
 part, backslash or NUL), then :func:`open_regular` opens it below the source folder: each folder

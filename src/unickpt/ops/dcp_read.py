@@ -1,10 +1,10 @@
 """Reading a PyTorch DCP checkpoint (``.metadata`` + ``*.distcp``) for ``unickpt convert --from dcp``
 without trusting it.
 
-``tools.convert.from_dcp`` calls :func:`read_dcp_state` once per DCP folder; it runs, in order:
+``ops.convert.from_dcp`` calls :func:`read_dcp_state` once per DCP folder; it runs, in order:
 
 1. :func:`read_dcp_metadata`: ``.metadata`` is opened as a regular file inside the folder
-   (``tools.source_files``: no link, no FIFO), refused over ``DCP_METADATA_LIMIT`` bytes, and
+   (``ops.source_files``: no link, no FIFO), refused over ``DCP_METADATA_LIMIT`` bytes, and
    unpickled by :class:`SafeDCPUnpickler`: only DCP's metadata classes, ``torch.Size``, dtypes,
    layouts and paths are built, and only the instances of DCP's metadata dataclasses may receive
    state (pickle's BUILD), with their own field names: a pickle cannot set an attribute on a class

@@ -1,8 +1,8 @@
 """Reading a Hugging Face safetensors folder for ``unickpt convert --from hf`` without trusting it.
 
-``tools.convert.from_hf`` calls :func:`hf_shard_names` (the files of ``model.safetensors.index.json``'s
+``ops.convert.from_hf`` calls :func:`hf_shard_names` (the files of ``model.safetensors.index.json``'s
 ``weight_map``, or ``model.safetensors``), then :func:`load_shard` per file. Every file is opened
-by ``tools.source_files.open_regular`` (a regular file inside the folder: no link, no FIFO, which
+by ``ops.source_files.open_regular`` (a regular file inside the folder: no link, no FIFO, which
 would block a plain open forever); the index is read only up to ``HF_INDEX_LIMIT`` bytes, a
 shard's JSON header only up to ``SAFETENSORS_HEADER_LIMIT`` bytes, both checked before reading.
 The shard is then read by ``safetensors`` through the descriptor already checked

@@ -1,8 +1,9 @@
-"""``unickpt demo``: train with FSDP2, checkpoint, resume on another world size, prove bit-exactness.
+"""The unickpt demo (``make demo``, or ``python examples/demo.py --help``): train with FSDP2,
+checkpoint, resume on another world size, prove bit-exactness.
 
-Who calls what, in order (``cli.main`` -> ``run_demo(DemoConfig)``, in the parent process):
+Who calls what, in order (``main`` -> ``run_demo(DemoConfig)``, in the parent process):
   1. ``_spawn(_train_worker, world_size)``: every rank builds the toy transformer with FSDP2
-     (``tools.toy.build``), trains ``steps + extra_steps`` steps on the same global batch and saves
+     (``unickpt.testing.toy.build``), trains ``steps + extra_steps`` steps on the same global batch and saves
      every ``save_every`` steps up to ``steps`` to ``<out>/step_<n>`` with ``unickpt.save`` (the last
      save and every other one before it asynchronous). Right after the last save every rank
      gathers the full state (collective) and draws RNG probes; the run then goes on to be the
@@ -15,13 +16,16 @@ Who calls what, in order (``cli.main`` -> ``run_demo(DemoConfig)``, in the paren
   3. ``_report``: checkpoint sizes and times, the state checks and both loss trajectories; the
      demo passes only if everything is bit-identical (``run_demo`` returns False otherwise).
 The spawned functions live at module top level so ``torch.multiprocessing`` (spawn) can import
-them; the parent's entry point is guarded by ``if __name__ == "__main__"`` in ``cli``/``__main__``.
+them (the spawned processes import this script as ``__mp_main__``); the parent's entry point is
+guarded by ``if __name__ == "__main__"``.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import random
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -33,8 +37,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from .launch import free_port
-from .toy import ToyConfig, build, train_step
+from unickpt.testing.launch import free_port
+from unickpt.testing.toy import ToyConfig, build, train_step
 
 __all__ = ["DemoConfig", "DemoResult", "run_demo"]
 
@@ -43,7 +47,7 @@ _FRAMEWORK = "fsdp2"
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """Settings of one demo run (``unickpt demo --help`` documents each)."""
+    """Settings of one demo run (``python examples/demo.py --help`` documents each)."""
 
     out: str = "./demo_out"
     steps: int = 6
@@ -379,3 +383,61 @@ def run_demo(cfg: DemoConfig, *, echo: Callable[[str], None] = print) -> bool:
     echo("")
     echo(result.report)
     return result.ok
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = argparse.ArgumentParser(
+        prog="demo.py",
+        description="Train the toy transformer with FSDP2 on CPU/gloo, checkpoint it, "
+        "resume on a different world size and prove the resumed run is "
+        "bit-identical to the uninterrupted one.",
+    )
+    d.add_argument("--out", default="./demo_out", help="folder for the checkpoints (./demo_out)")
+    d.add_argument("--steps", type=_positive, default=6, help="steps before the last checkpoint (6)")
+    d.add_argument("--save-every", type=_positive, default=2, help="save every N steps (2)")
+    d.add_argument(
+        "--extra-steps",
+        type=_positive,
+        default=4,
+        help="steps trained after the last checkpoint, and after resuming (4)",
+    )
+    d.add_argument("--world-size", type=_positive, default=4, help="processes of the first run (4)")
+    d.add_argument("--resume-world-size", type=_positive, default=2, help="processes after resuming (2)")
+    d.add_argument("--dim", type=_positive, default=130, help="model width (130)")
+    d.add_argument("--layers", type=_positive, default=4, help="transformer blocks (4)")
+    d.add_argument("--timeout", type=float, default=300.0, help="seconds each phase may take (300)")
+    return d
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv``, run the demo; exit code 0 when everything matched, 1 otherwise."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.save_every > args.steps:
+        parser.error(f"--save-every {args.save_every} is larger than --steps {args.steps}: nothing to resume")
+    cfg = DemoConfig(
+        out=args.out,
+        steps=args.steps,
+        save_every=args.save_every,
+        extra_steps=args.extra_steps,
+        world_size=args.world_size,
+        resume_world_size=args.resume_world_size,
+        dim=args.dim,
+        layers=args.layers,
+        timeout_s=args.timeout,
+    )
+    return 0 if run_demo(cfg) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,7 +7,7 @@ most ``pieces.PIECE_BYTES`` from both, CRC32C checked) and compares them bit for
 largest absolute difference for floating-point tensors. The data files of both are checked
 (``pieces.check_data_files``) before any read. Memory stays near two pieces, whatever the
 tensors' sizes. Non-tensor objects (optimizer param groups) are compared as JSON. Key names are
-passed through ``printable`` by whoever prints them (``cli._cmd_diff``).
+passed through ``printable`` by whoever prints them (``cli.checkpoint``).
 """
 
 from __future__ import annotations

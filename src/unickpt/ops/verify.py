@@ -1,7 +1,8 @@
 """``unickpt verify`` (and ``inspect --verify``): read every byte the metadata names and check
 every checksum, reporting each problem instead of raising.
 
-Called by ``cli`` (through ``tools.inspect``) after ``load_metadata`` and ``file_sizes``: the
+Called by ``cli`` (``unickpt verify``, ``inspect --verify``) after ``ops.inspect.load_metadata`` and
+``file_sizes``, and by ``tiering.copy_checkpoint`` on the copy it made: the
 metadata decoder has already checked completeness (every tensor tiled by its shards, every range
 inside its file's recorded size); ``verify`` checks what only the bytes can tell. Per data file,
 in parallel: missing, or of another size than the metadata records (format version 3), then every
@@ -27,7 +28,7 @@ from ..format import Metadata
 from ..format.checksums import Units
 from ..storage import Storage
 
-__all__ = ["VerifyReport", "verify"]
+__all__ = ["VerifyReport", "verify", "file_sizes"]
 
 _BATCH_BYTES = 64 << 20
 
@@ -67,6 +68,14 @@ def _holdings(md: Metadata) -> dict[int, list[_Held]]:
     return out
 
 
+def file_sizes(storage: Storage, md: Metadata, threads: int = 16) -> dict[str, int | None]:
+    """Size on storage of every data file named by ``md`` (None: missing); stats only."""
+    if not md.files:
+        return {}
+    with ThreadPoolExecutor(max(1, min(threads, len(md.files))), thread_name_prefix="unickpt-stat") as pool:
+        return dict(zip(md.files, pool.map(storage.size, md.files)))
+
+
 def verify(
     md: Metadata,
     storage: Storage,
@@ -77,10 +86,8 @@ def verify(
     batch_bytes: int = _BATCH_BYTES,
 ) -> VerifyReport:
     """Check every data file and every checksum of ``md``; never raises for a bad file, reports
-    it (up to ``max_failures`` messages, all counted). ``sizes``: ``tools.inspect.file_sizes``'
-    result when the caller has it."""
-    from .inspect import file_sizes
-
+    it (up to ``max_failures`` messages, all counted). ``sizes``: ``file_sizes``' result when the
+    caller has it."""
     t0 = time.perf_counter()
     sizes = file_sizes(storage, md) if sizes is None else sizes
     held = _holdings(md)

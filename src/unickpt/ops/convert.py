@@ -18,7 +18,7 @@ Export:
 - ``to_dcp(path, out, layout=...)``: a unickpt checkpoint written by DCP itself
   (``torch.distributed.checkpoint.save`` in one process) as ``get_state_dict`` lays out
   ``{"model", "optimizer"}`` (default), or as torchtitan's checkpointer does.
-Sources are not trusted: ``tools.dcp_read`` and ``tools.hf_read`` read only regular files inside
+Sources are not trusted: ``ops.dcp_read`` and ``ops.hf_read`` read only regular files inside
 the source folder, bound every read by the file's size and every header by a stated cap, and
 refuse a DCP tensor its chunks do not tile exactly, before anything is allocated.
 Imports and exports hold the checkpoint's tensors in memory once (the formats are written in one
@@ -84,7 +84,7 @@ def from_hf(folder: str, out: str) -> ConvertResult:
 
 def _dcp_tensors(folder: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Every tensor of a DCP checkpoint, and its non-tensor entries as plain values
-    (``tools.dcp_read``: paths, sizes and tiling checked before anything is allocated)."""
+    (``ops.dcp_read``: paths, sizes and tiling checked before anything is allocated)."""
     return read_dcp_state(folder)
 
 
