@@ -1,7 +1,7 @@
 """Every code name docs/design.md (and docs/api.md, when there is one) mentions exists.
 
 A name counts when it is a dotted name whose first part is ``unickpt`` or one of its top-level
-modules / packages (``planning.read_columns.NEED_DTYPE``, ``unickpt.LoadOptions``,
+modules / packages (``format.names.printable``, ``unickpt.LoadOptions``,
 ``engine.load_pipeline._load_once``): it resolves when the longest importable module prefix
 imports and the rest is a chain of attributes (a dataclass field counts as an attribute). A file
 name (``engine/plan_cache.py``, ``tools/{merge,diff}.py``, ``tests/storage/contract.py``)
@@ -109,15 +109,15 @@ def test_design_pages_name_only_what_exists():
 
 def test_the_check_sees_names_and_catches_a_wrong_one():
     names, paths = mentioned(
-        "`planning.read_columns.NEED_DTYPE`, `unickpt.LoadOptions.cast_dtypes`, `engine/plan_cache.py`,\n"
-        "`tools/{merge,nonexistent_tool}.py`, `planning.no_such_module`, read.read_metadata, docs/state.md"
+        "`format.names.printable`, `unickpt.LoadOptions.cast_dtypes`, `engine/plan_cache.py`,\n"
+        "`ops/{merge,nonexistent_tool}.py`, `planning.no_such_module`, read.read_metadata, docs/state.md"
     )
     assert [n for _, n in names] == [
-        "planning.read_columns.NEED_DTYPE",
+        "format.names.printable",
         "unickpt.LoadOptions.cast_dtypes",
         "planning.no_such_module",
     ]
-    assert [p for _, p in paths] == ["engine/plan_cache.py", "tools/{merge,nonexistent_tool}.py"]
+    assert [p for _, p in paths] == ["engine/plan_cache.py", "ops/{merge,nonexistent_tool}.py"]
     assert [name_resolves(n) for _, n in names] == [True, True, False]
     assert [path_exists(p) for p in expand_braces(paths[1][1])] == [True, False]
 

@@ -33,7 +33,7 @@ with a reader and a writer that reuse the previous versions' pieces (as ``v2`` r
 ``v1.read_body`` / ``v1.write_body``), one entry each in ``READERS`` and ``WRITERS``, and
 ``records.FORMAT_VERSION = N``; the writer's ``can_write`` says which metadata needs it, so
 older-format checkpoints keep being written while they can be. Existing modules stay untouched;
-the golden checkpoints (tests/format/golden/) prove it.
+the golden checkpoints (tests/fixtures/golden/) prove it.
 """
 
 from __future__ import annotations

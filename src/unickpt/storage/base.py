@@ -7,7 +7,7 @@ save lock, ``CheckpointManager`` and the tools call nothing else; behaviour that
 backends have is a declared method plus a capability flag, never an attribute probed with
 ``getattr``. ``storage.commit`` builds atomic publication on top (temporary name + rename, or one
 atomic put), ``storage.retry`` wraps every method with an explicit retry decision, and
-``tests/storage/contract.py`` is the test suite every backend passes.
+``tests/fixtures/contract.py`` is the test suite every backend passes.
 
 Who calls what, in which order
   save   rank 0, before any data byte: ``list`` (is the folder unickpt's), the save lock
