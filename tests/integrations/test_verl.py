@@ -114,10 +114,16 @@ def test_install_and_lazy_import() -> None:
     finally:
         uninstall()
     assert transformer_impl.FSDPCheckpointManager is FSDPCheckpointManager
-    code = "import sys, unickpt; assert not [m for m in sys.modules if m.startswith('verl')]"
-    subprocess.run(
-        [sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    # one process: `import unickpt` imports no verl; then verl's own external-module hook installs
+    code = (
+        "import os, sys, unickpt; assert not [m for m in sys.modules if m.startswith('verl')]\n"
+        "os.environ['VERL_USE_EXTERNAL_MODULES'] = 'unickpt.integrations.verl_install'\n"
+        "from verl.workers.engine.fsdp import transformer_impl as t\n"
+        "assert t.FSDPCheckpointManager.__name__ == 'UnickptFSDPCheckpointManager', t.FSDPCheckpointManager"
     )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    env.pop("VERL_USE_EXTERNAL_MODULES", None)
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
 
 
 # ----------------------------------------------------------------------------- hostile inputs
