@@ -80,6 +80,25 @@ def test_save_ws2_async_retention_roles_and_verl_own_resume(saved) -> None:
         assert torch.equal(hf[name], value), name
 
 
+def test_fsdp1_resume_and_convert(saved) -> None:
+    """verl's default FSDP1: unickpt's manager resumes bit-exact at ws=2; verl's own FSDP1
+    checkpoint converts (model; its flat-parameter optimizer state is listed as not converted)."""
+    import unickpt
+    from unickpt.tools.convert import from_verl_fsdp
+
+    root, outs = saved
+    want = outs[0]["fsdp1_saved"]
+    for out in outs:
+        _same(want, out["fsdp1_resumed"], "fsdp1 resume ws2")
+    result = from_verl_fsdp(os.path.join(root, "verl_fsdp1", "actor"), os.path.join(root, "fsdp1_converted"))
+    assert "FSDP1" in result.layout and any("flat parameters" in s for s in result.skipped)
+    flat = unickpt.FlatTensors({f"model.{k}": torch.zeros_like(v) for k, v in want.items()})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the optimizer, scheduler and RNG entries are not asked for
+        unickpt.load(os.path.join(root, "fsdp1_converted"), {"model": flat}, framework="tensors", strict=False)
+    _same({f"model.{k}": v for k, v in want.items()}, dict(flat), "fsdp1 convert")
+
+
 @pytest.mark.parametrize("ws", [1, 3])
 def test_resume_at_other_world_sizes(saved, ws: int) -> None:
     root, outs = saved
@@ -97,6 +116,7 @@ def test_resume_at_other_world_sizes(saved, ws: int) -> None:
         _same(outs[0]["saved"]["rng"], out["converted"]["rng"], f"converted rng ws{ws} (rank 0's)")
         _same(outs[0]["critic"], {**out["critic"], "rng": outs[0]["critic"]["rng"]}, f"critic role ws{ws}")
         assert out["loss"] == outs[0]["saved_loss"]
+        _same(outs[0]["fsdp1_saved"], out["fsdp1_into_fsdp2"], f"FSDP1 ws2 -> FSDP2 ws{ws}")
 
 
 def test_install_and_lazy_import() -> None:

@@ -178,7 +178,51 @@ def save_ws2(rank: int, ws: int, root: str) -> dict[str, Any]:
     out["shared"] = sorted(os.listdir(shared))
     for x in (t, only_model, critic, actor):
         x["manager"].close()
+    out.update(_fsdp1(root))
     return out
+
+
+def _fsdp1(root: str) -> dict[str, Any]:
+    """verl's default strategy, FSDP1 (``use_orig_params=False``, decoder layers wrapped): saved by
+    verl's own manager (for ``convert``) and by unickpt's, resumed by unickpt's at the same size."""
+    from torch.distributed.fsdp import FullStateDictConfig, StateDictType
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+    from verl.trainer.config import CheckpointConfig
+    from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+
+    from unickpt.integrations.verl import UnickptFSDPCheckpointManager
+
+    cfg = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=16, intermediate_size=40, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=32, architectures=["LlamaForCausalLM"],
+    )  # fmt: skip
+    torch.manual_seed(3)
+    model = FSDP(
+        LlamaForCausalLM(cfg), device_id=torch.device("cpu"), use_orig_params=False,
+        auto_wrap_policy=ModuleWrapPolicy({LlamaDecoderLayer}),
+    )  # fmt: skip
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    t = {"model": model, "optimizer": optimizer, "scheduler": torch.optim.lr_scheduler.StepLR(optimizer, 2)}
+    train_step(t, 1)
+
+    def full() -> dict[str, torch.Tensor]:
+        with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT, FullStateDictConfig()):
+            return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    kwargs = {"model": model, "optimizer": optimizer, "lr_scheduler": t["scheduler"], "processing_class": None}
+    kwargs["checkpoint_config"] = CheckpointConfig()
+    FSDPCheckpointManager(**kwargs).save_checkpoint(os.path.join(root, "verl_fsdp1", "actor"), global_step=1)
+    ours = UnickptFSDPCheckpointManager(**kwargs)
+    ours.save_checkpoint(os.path.join(root, "unickpt_fsdp1", "actor"), global_step=1)
+    saved = full()
+    train_step(t, 2)
+    ours.load_checkpoint(os.path.join(root, "unickpt_fsdp1", "actor"))
+    resumed = full()
+    ours.close()
+    return {"fsdp1_saved": saved, "fsdp1_resumed": resumed}
 
 
 def _rng_state() -> Any:
@@ -216,6 +260,10 @@ def load_other_ws(rank: int, ws: int, root: str) -> dict[str, Any]:
     critic = build(seed=9, role="critic")
     critic["manager"].load_checkpoint(os.path.join(root, "shared", "global_step_1"))
     out["critic"] = snapshot(critic)
-    for x in (t, conv, critic):
+    # FSDP1 (use_orig_params=False) saved at ws=2 -> FSDP2 here: the weights by name
+    cross = build(seed=11, load_contents=["model"])
+    cross["manager"].load_checkpoint(os.path.join(root, "unickpt_fsdp1", "actor"))
+    out["fsdp1_into_fsdp2"] = snapshot(cross)["params"]
+    for x in (t, conv, critic, cross):
         x["manager"].close()
     return out
