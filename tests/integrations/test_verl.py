@@ -254,3 +254,17 @@ def test_convert_refuses_missing_ranks_mixed_sizes_and_untiled_pieces(tmp_path) 
         assemble("w", (3,), torch.float32, two)
     with pytest.raises(CorruptMetadataError, match="shape"):
         assemble("w", (4,), torch.float32, [Box((0,), (4,), torch.ones(3))])
+
+
+@pytest.mark.parametrize("content", [b"", b"garbage", b"PK\x03\x04 torn zip"])
+def test_cli_convert_on_broken_rank_files_prints_one_line(tmp_path, capsys, content: bytes) -> None:
+    from unickpt.cli import main
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "model_world_size_1_rank_0.pt").write_bytes(content)
+    assert main(["convert", "--from", "verl-fsdp", str(src), str(tmp_path / "out")]) != 0
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("unickpt convert: error: "), err
+    assert "model_world_size_1_rank_0.pt" in err[0] and "Traceback" not in err[0]
+    assert not (tmp_path / "out").exists()
