@@ -190,6 +190,14 @@ def test_convert_refuses_a_pickle_with_code_before_it_runs(tmp_path, monkeypatch
     with pytest.raises(CorruptMetadataError, match="system"):
         _convert(str(src), str(tmp_path / "out"))
     assert not (tmp_path / "pwned").exists() and not (tmp_path / "out").exists()
+    # state set on a stand-in class itself, and getattr reaching past the recorded classes
+    shard = b"ctorch.distributed.tensor.placement_types\nShard\n"
+    poison = b"\x80\x02" + shard + b"}X\x03\x00\x00\x00dimK\x00sb."
+    dunder = b"\x80\x02c__builtin__\ngetattr\n(" + shard + b"X\x08\x00\x00\x00__dict__tR."
+    for pkl, match in ((poison, "sets attributes on the class"), (dunder, "attribute '__dict__'")):
+        _zip_with(src / "model_world_size_1_rank_0.pt", pkl)
+        with pytest.raises(CorruptMetadataError, match=match):
+            _convert(str(src), str(tmp_path / "out"))
 
 
 def test_convert_refuses_links_compressed_oversized_and_short_storages(tmp_path, monkeypatch) -> None:
