@@ -26,6 +26,11 @@ $(VENV)/.installed: $(VENV)/.installed-demo pyproject.toml
 	# torchtitan's integration test: without its deps (they would downgrade huggingface_hub and
 	# fsspec under the test extra's transformers); only what its checkpointer/model/optimizer need
 	$(BIN)/python -m pip install -q --no-deps 'torchtitan==0.3.0' 'spmd_types==0.2.3' tyro==1.0.17 docstring_parser==0.18.0 typeguard==4.6.1 einops==0.8.2 triton==3.9.0
+	# verl's integration test: without its deps (they would pin transformers < 5.11 and pull vLLM,
+	# wandb, ...); what importing verl.utils.checkpoint and its FSDP engine module needs (verl's
+	# package __init__ imports ray and tensordict; verl.utils.checkpoint imports the engine)
+	$(BIN)/python -m pip install -q --no-deps 'verl==0.9.1' 'ray==2.60.0' msgpack==1.2.4 protobuf==7.36.2 'tensordict==0.10.0' cloudpickle==3.1.2 orjson==3.13.0 pyvers==0.1.0 peft==0.21.2 codetiming==1.4.0
+	$(BIN)/python -m pip install -q jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1 omegaconf==2.4.0 datasets==5.2.0 pandas==3.1.1 pyarrow==26.0.1 dill==0.4.1 multiprocess==0.70.19 xxhash==4.1.0
 	touch $@
 
 demo: setup-demo

@@ -150,6 +150,7 @@ def _COMMANDS(src: str, good: str, out: str) -> list[tuple[str, ...]]:
         ("convert", "--to", "dcp", src, out),
         ("convert", "--from", "dcp", src, out),
         ("convert", "--from", "hf", src, out),
+        ("convert", "--from", "verl-fsdp", src, out),
         ("report", src),
     ]
 

@@ -41,7 +41,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     from ..ops import convert as cv
 
     if (args.from_format is None) == (args.to_format is None):
-        print("unickpt convert: error: give exactly one of --from {hf,dcp} or --to dcp", file=sys.stderr)
+        print("unickpt convert: error: give exactly one of --from {hf,dcp,verl-fsdp} or --to dcp", file=sys.stderr)
         return EXIT_USAGE
     if args.layout is not None and args.to_format is None:
         print("unickpt convert: error: --layout applies to --to dcp (imports detect theirs)", file=sys.stderr)
@@ -50,6 +50,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         result = cv.to_dcp(args.src, args.out, layout=args.layout or "state_dict")
     elif args.from_format == "hf":
         result = cv.from_hf(args.src, args.out)
+    elif args.from_format == "verl-fsdp":
+        result = cv.from_verl_fsdp(args.src, args.out)
     else:
         result = cv.from_dcp(args.src, args.out)
     layout = f" ({result.layout})" if result.layout else ""
@@ -98,13 +100,14 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
     """The ``convert`` subcommand."""
     cv = sub.add_parser(
         "convert",
-        help="import a Hugging Face / PyTorch DCP / ByteCheckpoint checkpoint, or export to DCP",
-        description="--from hf|dcp SRC OUT writes a unickpt checkpoint (DCP metadata is read with an "
-        "allow-list unpickler); --to dcp SRC OUT writes a unickpt checkpoint's tensors as DCP.",
+        help="import a Hugging Face / PyTorch DCP / ByteCheckpoint / verl FSDP checkpoint, or export to DCP",
+        description="--from hf|dcp|verl-fsdp SRC OUT writes a unickpt checkpoint (DCP metadata and verl's "
+        "torch.save files are read with allow-list unpicklers); --to dcp SRC OUT writes a unickpt checkpoint's "
+        "tensors as DCP.",
     )
     cv.add_argument("src", help="source folder")
     cv.add_argument("out", help="new output folder")
-    cv.add_argument("--from", dest="from_format", choices=("hf", "dcp"), default=None)
+    cv.add_argument("--from", dest="from_format", choices=("hf", "dcp", "verl-fsdp"), default=None)
     cv.add_argument("--to", dest="to_format", choices=("dcp",), default=None)
     cv.add_argument(
         "--layout",

@@ -14,6 +14,9 @@ into any framework at any world size):
   layouts, and refuses everything else before anything runs. Non-tensor entries (stored by DCP
   as a ``torch.save`` of plain values) are read with ``torch.load(weights_only=True)``, which
   rebuilds plain values only (DCP's own loader would unpickle anything).
+- ``from_verl_fsdp(folder, out)``: a checkpoint of verl's own ``FSDPCheckpointManager``
+  (``model/optim/extra_state_world_size_W_rank_R.pt``), read without running its pickles
+  (``ops.verl_read``, ``ops.torch_save_read``): model, optimizer (FSDP2), LR scheduler, RNG.
 Export:
 - ``to_dcp(path, out, layout=...)``: a unickpt checkpoint written by DCP itself
   (``torch.distributed.checkpoint.save`` in one process) as ``get_state_dict`` lays out
@@ -39,7 +42,7 @@ from ..frameworks.flat import FlatTensors
 from .dcp_read import SafeDCPUnpickler, read_dcp_metadata, read_dcp_state
 from .hf_read import hf_shard_names, load_shard
 
-__all__ = ["ConvertResult", "SafeDCPUnpickler", "read_dcp_metadata", "from_hf", "from_dcp", "to_dcp"]
+__all__ = ["ConvertResult", "SafeDCPUnpickler", "read_dcp_metadata", "from_hf", "from_dcp", "from_verl_fsdp", "to_dcp"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +113,14 @@ def from_dcp(folder: str, out: str) -> ConvertResult:
     objects = {k: encode_value(v, k) for k, v in imported.objects.items()}  # as the optimizer adapters save them
     _save_flat(imported.tensors, out, objects, imported.extra_state, imported.dataloader)
     return ConvertResult(out, len(imported.tensors), (*skipped, *imported.skipped), imported.layout)
+
+
+def from_verl_fsdp(folder: str, out: str) -> ConvertResult:
+    """Import a checkpoint of verl's ``FSDPCheckpointManager`` (``ops.verl_read``)."""
+    from .verl_read import from_verl_fsdp as read
+
+    result: ConvertResult = read(folder, out)
+    return result
 
 
 def to_dcp(path: str, out: str, *, role: str | None = None, layout: str = "state_dict") -> ConvertResult:
