@@ -18,14 +18,11 @@ records back (the planner's exact fallback, tests).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .specs import BlobSpec, ShardSpec
-
-if TYPE_CHECKING:
-    from .save_plan import LocalSavePlan
+from ..specs import BlobSpec, ShardSpec
+from .model import LocalSavePlan
 
 __all__ = ["ShardTable"]
 
@@ -116,8 +113,6 @@ class ShardTable:
     def to_plan(self) -> LocalSavePlan:
         """The records of this table (specs built as ``ShardSpec.checked_box``: call it on a
         table whose ``box_problem`` is False)."""
-        from .save_plan import LocalSavePlan
-
         names, dtypes = self.names, self.dtypes
         specs = tuple(
             ShardSpec.checked_box(names[n], dtypes[d], shape, offs, lens, None if src < 0 else src)

@@ -28,20 +28,19 @@ raise their precise error. The plans are equal (tests/planning/test_regular_plan
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import CorruptMetadataError
-from ..format.dtypes import itemsize
-from ..format.validation import box_coverage_problem
-from .plan_codec import LocalPlanDecoder
-from .save_plan import ENTRY_ALIGN, GlobalSavePlan, LocalSavePlan, RankSavePlan, Shape, WriteEntry, data_file_name
-from .shard_table import ShardTable
-from .specs import BlobSpec
+from ...errors import CorruptMetadataError
+from ...format.dtypes import itemsize
+from ...format.validation import box_coverage_problem
+from ..specs import BlobSpec, Shape
+from .layout import largest_first, padded, place
+from .model import GlobalSavePlan, LocalSavePlan, RankSavePlan, WriteEntry, file_name
+from .table import ShardTable
 
 __all__ = ["plan_regular", "chunk_rule", "RegularRankPlans", "MAX_TEMPLATES"]
 
@@ -78,16 +77,8 @@ class _Template:
     ranks: list[int]
 
 
-def _as_table(source: LocalSavePlan | ShardTable | bytes, decoder: LocalPlanDecoder) -> ShardTable:
-    if isinstance(source, ShardTable):
-        return source
-    if isinstance(source, LocalSavePlan):
-        return ShardTable.of(source)
-    return decoder.table(source)
-
-
 def _templates(
-    sources: Sequence[LocalSavePlan | ShardTable | bytes],
+    sources: Sequence[LocalSavePlan | ShardTable],
 ) -> tuple[list[_Template], list[int], list[tuple[BlobSpec, ...]]] | None:
     """The ranks' templates, each rank's template and each rank's blobs (a rank's own: not part
     of its template); None when rank 0 has no split row or there are too many templates."""
@@ -96,9 +87,9 @@ def _templates(
     templates: list[_Template] = []
     of_rank: list[int] = []
     blobs: list[tuple[BlobSpec, ...]] = []
-    decoder = LocalPlanDecoder()
-    for r, source in enumerate(sources):
-        t = _as_table(source, decoder)
+    for r in range(world):
+        source = sources[r]  # one rank's table at a time (wire.LocalPlans decodes it now)
+        t = source if isinstance(source, ShardTable) else ShardTable.of(source)
         if t.rank != r:
             return None  # plan_save's own check raises
         rule = chunk_rule(t, world)
@@ -196,11 +187,11 @@ class RegularRankPlans(Sequence[RankSavePlan]):
 
     __hash__ = None  # type: ignore[assignment]
 
-    def renamed(self, save_id: str) -> RegularRankPlans:
+    def with_save_id(self, save_id: str) -> RegularRankPlans:
         return RegularRankPlans(save_id, self.world, self.split, self.template_of, self.explicit, self.parts)
 
     def files_of(self, rank: int) -> list[str]:
-        return [data_file_name(self.save_id, rank, k) for k in self.parts[rank]]
+        return [file_name(rank, k) for k in self.parts[rank]]
 
     def rank_rows(self, rank: int) -> tuple[list[str], np.ndarray, list[str]]:
         """Rank ``rank``'s entries as columns: its files, one row per entry (item index, file
@@ -208,7 +199,7 @@ class RegularRankPlans(Sequence[RankSavePlan]):
         its blob keys."""
         s = self.split
         nbytes = s.rows_of(rank) * s.row_bytes
-        aligned = -(-nbytes // ENTRY_ALIGN) * ENTRY_ALIGN
+        aligned = padded(nbytes)
         items = s.item[self.template_of[rank]]
         parts = self.parts[rank]
         local = {k: i for i, k in enumerate(parts)}
@@ -248,7 +239,7 @@ class RegularRankPlans(Sequence[RankSavePlan]):
         and the blobs), with the rank writing each."""
         for rank in sorted(self.explicit):
             for k, off, n, item, key in self.explicit[rank]:
-                yield rank, WriteEntry(item, data_file_name(self.save_id, rank, k), off, n, key)
+                yield rank, WriteEntry(item, file_name(rank, k), off, n, key)
 
     def file_ends(self) -> dict[str, tuple[int, int]]:
         """Each data file's size as planned, and the rank writing it."""
@@ -265,7 +256,7 @@ class RegularRankPlans(Sequence[RankSavePlan]):
 
 
 def plan_regular(
-    sources: Sequence[LocalSavePlan | ShardTable | bytes], save_id: str, files_per_rank: int
+    sources: Sequence[LocalSavePlan | ShardTable], save_id: str, files_per_rank: int
 ) -> GlobalSavePlan | None:
     """The global plan of a regular job (module docstring), or None to leave it to the column
     and record planners."""
@@ -345,13 +336,7 @@ def _plan(
         for ti, i in rows_of.items():
             item[ti, j] = i
     # parts: largest chunk 0 first to the part with the fewest bytes (regular._parts)
-    first = (chunk * row_bytes).tolist()
-    heap = [(0, k) for k in range(parts)]
-    part = np.zeros(len(split_fqns), dtype=np.int64)
-    for j in sorted(range(len(split_fqns)), key=lambda j: -first[j]):
-        load, k = heapq.heappop(heap)
-        part[j] = k
-        heapq.heappush(heap, (load + first[j], k))
+    part = np.array(largest_first((chunk * row_bytes).tolist(), parts), dtype=np.int64)
     members = {k: np.flatnonzero(part == k) for k in range(parts)}
     split = _Split(split_fqns, dims, extent, chunk, row_bytes, part, item, members)
 
@@ -364,7 +349,7 @@ def _plan(
     uses = np.zeros((world, parts), dtype=bool)
     for k, at in members.items():
         loads_by_part[:, k] = raw[:, at].sum(axis=1)
-        ends_by_part[:, k] = (-(-raw[:, at] // ENTRY_ALIGN) * ENTRY_ALIGN).sum(axis=1)
+        ends_by_part[:, k] = padded(raw[:, at]).sum(axis=1)
         uses[:, k] = (raw[:, at] > 0).any(axis=1)
     del raw
 
@@ -384,26 +369,20 @@ def _plan(
             work.setdefault(rank, []).append((b.nbytes, 1, 0, b.key))
     placed: dict[int, list[tuple[int, int, int, int, str]]] = {}
     for rank, items in work.items():
-        heap = [(int(loads_by_part[rank, k]), k) for k in range(parts)]
-        heapq.heapify(heap)
-        ends = ends_by_part[rank].tolist()
-        out = []
-        for nbytes, _, idx, key in sorted(items, key=lambda w: (-w[0], w[1], w[2], w[3])):
-            load, k = heapq.heappop(heap)
-            out.append((k, ends[k], nbytes, -1 if key else idx, key))
-            ends[k] += -(-nbytes // ENTRY_ALIGN) * ENTRY_ALIGN
-            uses[rank, k] = True
-            heapq.heappush(heap, (load + nbytes, k))
+        items.sort(key=lambda w: (-w[0], w[1], w[2], w[3]))
+        spots = place([w[0] for w in items], loads_by_part[rank].tolist(), ends_by_part[rank].tolist())
+        out = [(k, off, nbytes, -1 if key else idx, key) for (nbytes, _, idx, key), (k, off) in zip(items, spots)]
+        uses[rank, [k for k, _ in spots]] = True
         placed[rank] = sorted(out, key=lambda e: e[0])  # by part, each part's in placement order
     used = sorted(set(part.tolist()))
     if not uses[:, used].all():
         return None  # a rank without a file of a layout part: regularize's fallback decides
     rank_parts = [tuple(np.flatnonzero(u).tolist()) for u in uses]
-    files = tuple(data_file_name(save_id, r, k) for r in range(world) for k in rank_parts[r])
+    files = tuple(file_name(r, k) for r in range(world) for k in rank_parts[r])
     index = {f: i for i, f in enumerate(files)}
     layouts = tuple(
         (
-            tuple(index[data_file_name(save_id, r, k)] for r in range(world)),
+            tuple(index[file_name(r, k)] for r in range(world)),
             tuple((split_fqns[j], int(dims[j])) for j in np.flatnonzero(part == k).tolist()),
         )
         for k in used

@@ -25,146 +25,43 @@ columns leave (see ``plan_save``) and is the reference the column planner is tes
 
 from __future__ import annotations
 
-import heapq
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 import numpy as np
 
-from ..errors import PlanningError
-from ..format.dtypes import itemsize
-from ..format.validation import box_coverage_problem, overlap_problems
-from .boxes import numel
-from .shard_table import ShardTable
-from .specs import BlobSpec, Shape, ShardSpec
+from ...errors import PlanningError
+from ...format.dtypes import itemsize
+from ...format.validation import box_coverage_problem, overlap_problems
+from ..boxes import numel
+from ..specs import Shape
+from .columns import plan_tables
+from .layout import place
+from .model import GlobalSavePlan, LocalSavePlan, RankSavePlan, WriteEntry, file_name
+from .regular import regularize
+from .table import ShardTable
+from .templates import plan_regular
 
-if TYPE_CHECKING:
-    from .regular_plan import RegularRankPlans
-
-__all__ = ["LocalSavePlan", "WriteEntry", "RankSavePlan", "GlobalSavePlan", "plan_save", "data_file_name"]
-
-
-@dataclass(frozen=True, slots=True)
-class LocalSavePlan:
-    rank: int
-    shards: tuple[ShardSpec, ...]
-    blobs: tuple[BlobSpec, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class WriteEntry:
-    """Write local item ``item_index`` (or blob when ``blob_key`` is set) at ``byte_offset`` of ``file``."""
-
-    item_index: int
-    file: str
-    byte_offset: int
-    byte_length: int
-    blob_key: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class RankSavePlan:
-    rank: int
-    save_id: str
-    entries: tuple[WriteEntry, ...]  # grouped by file, in byte order
-
-    @property
-    def files(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(e.file for e in self.entries))
-
-    @property
-    def nbytes(self) -> int:
-        return sum(e.byte_length for e in self.entries)
-
-
-@dataclass(frozen=True, slots=True)
-class GlobalSavePlan:
-    save_id: str
-    # every rank's part: a tuple, or (regular jobs: planning.regular_plan) computed when asked
-    rank_plans: tuple[RankSavePlan, ...] | RegularRankPlans
-    files: tuple[str, ...]
-    tensors: dict[str, tuple[str, Shape]]  # fqn -> (dtype, global shape)
-    # (fqn, offsets, lengths, rank, item_index): which rank writes each kept box outside the layouts
-    writers: tuple[tuple[str, Shape, Shape, int, int], ...]
-    # regular layouts (planning.regular): per layout, the index in ``files`` of each part's file
-    # (part r: rank r's) and its tensors in byte order with the dimension they are split along
-    layouts: tuple[tuple[tuple[int, ...], tuple[tuple[str, int], ...]], ...] = ()
-
-    def rank_rows(self, rank: int) -> tuple[list[str], np.ndarray, list[str]]:
-        """Rank ``rank``'s part as columns (what ``plan_codec.encode_rank_rows`` sends): its
-        files, one row per entry (item index, file index, byte offset, byte length, blob index
-        or -1), its blob keys."""
-        if not isinstance(self.rank_plans, tuple):
-            return self.rank_plans.rank_rows(rank)
-        return rank_plan_rows(self.rank_plans[rank])
-
-    def explicit_entries(self) -> Iterator[tuple[int, WriteEntry]]:
-        """(rank, entry) of at least every entry outside the layouts (the metadata's rows and
-        blobs; a tuple of rank plans lists all its entries)."""
-        if not isinstance(self.rank_plans, tuple):
-            return self.rank_plans.explicit_entries()
-        return ((rp.rank, e) for rp in self.rank_plans for e in rp.entries)
-
-    def file_ends(self) -> dict[str, tuple[int, int]]:
-        """Every data file's planned size and the rank writing it."""
-        if not isinstance(self.rank_plans, tuple):
-            return self.rank_plans.file_ends()
-        want: dict[str, tuple[int, int]] = {}
-        for rp in self.rank_plans:
-            for e in rp.entries:
-                want[e.file] = (max(want.get(e.file, (0, 0))[0], e.byte_offset + e.byte_length), rp.rank)
-        return want
-
-
-def rank_plan_rows(plan: RankSavePlan) -> tuple[list[str], np.ndarray, list[str]]:
-    """``GlobalSavePlan.rank_rows`` of one ``RankSavePlan``."""
-    files: dict[str, int] = {}
-    blobs: dict[str, int] = {}
-    entries = plan.entries
-    rows = np.empty((len(entries), 5), dtype=np.int64)
-    rows[:, 0] = [e.item_index for e in entries]
-    rows[:, 1] = [files.setdefault(e.file, len(files)) for e in entries]
-    rows[:, 2] = [e.byte_offset for e in entries]
-    rows[:, 3] = [e.byte_length for e in entries]
-    rows[:, 4] = [blobs.setdefault(e.blob_key, len(blobs)) if e.blob_key else -1 for e in entries]
-    return list(files), rows, list(blobs)
-
-
-# every entry starts at a multiple of this (element-aligned views, cache-line aligned copies)
-ENTRY_ALIGN = 64
-
-
-def data_file_name(save_id: str, rank: int, part: int) -> str:
-    return f"data/{save_id}/r{rank:05d}-{part:02d}.bin"
+__all__ = ["plan_save"]
 
 
 def plan_save(
-    local_plans: Sequence[LocalSavePlan | ShardTable | bytes], save_id: str, files_per_rank: int = 1
+    local_plans: Sequence[LocalSavePlan | ShardTable], save_id: str, files_per_rank: int = 1
 ) -> GlobalSavePlan:
-    """The global plan of every rank's local plan (records, tables, or the bytes ranks send:
-    ``plan_codec.encode_local_plan``). Regular jobs are planned on templates of ranks
-    (``regular_plan.plan_regular``, which decodes bytes one rank at a time). Other jobs whose
-    every step is the common case (tensors agree across ranks, no rank holding one box twice,
-    sizes far from int64's limits) are planned on columns (``table_plan.plan_tables``);
-    anything else, and every refusal, by the record planner (``_plan_records``), whose plan
-    the columns' equals (property-tested)."""
+    """The global plan of every rank's local plan (records or tables: the coordinator passes
+    ``wire.LocalPlans``, which decodes the gathered bytes when a table is asked for). Regular
+    jobs are planned on templates of ranks (``templates.plan_regular``, which reads one rank's
+    table at a time). Other jobs whose every step is the common case (tensors agree across
+    ranks, no rank holding one box twice, sizes far from int64's limits) are planned on columns
+    (``columns.plan_tables``); anything else, and every refusal, by the record planner
+    (``_plan_records``), whose plan the columns' equals (property-tested)."""
     world = len(local_plans)
     if files_per_rank < 1:
         raise PlanningError("files_per_rank must be >= 1")
-    from .plan_codec import decode_local_table
-    from .regular import regularize  # split tensors laid out alike in every rank's files
-    from .regular_plan import plan_regular  # regular jobs: no record per rank and entry
-    from .table_plan import plan_tables  # the column planner (it builds this module's records)
-
     regular = plan_regular(local_plans, save_id, files_per_rank)
     if regular is not None:
         return regular
-    tables = [
-        p if isinstance(p, ShardTable) else decode_local_table(p) if isinstance(p, bytes) else ShardTable.of(p)
-        for p in local_plans
-    ]
+    tables = [p if isinstance(p, ShardTable) else ShardTable.of(p) for p in local_plans]
     if [t.rank for t in tables] != list(range(world)):
         raise PlanningError("local plans must come from ranks 0..world_size-1 in order")
     fast = plan_tables(tables, save_id, files_per_rank)
@@ -283,18 +180,7 @@ def _layout(save_id: str, rank: int, work: list[tuple[int, int, str]], parts: in
     if not work:
         return ()
     parts = min(parts, len(work))
-    heap = [(0, p) for p in range(parts)]
-    assigned: list[list[tuple[int, int, str]]] = [[] for _ in range(parts)]
-    order = sorted(range(len(work)), key=lambda i: -work[i][0]) if parts > 1 else range(len(work))
-    for i in order:
-        size, part = heapq.heappop(heap)
-        assigned[part].append(work[i])
-        heapq.heappush(heap, (size + work[i][0], part))
-    entries = []
-    for part, items in enumerate(assigned):
-        name = data_file_name(save_id, rank, part)
-        offset = 0
-        for nbytes, idx, blob in items:
-            entries.append(WriteEntry(idx, name, offset, nbytes, blob))
-            offset += -(-nbytes // ENTRY_ALIGN) * ENTRY_ALIGN
-    return tuple(entries)
+    order = sorted(range(len(work)), key=lambda i: -work[i][0]) if parts > 1 else list(range(len(work)))
+    placed = place([work[i][0] for i in order], [0] * parts, [0] * parts)
+    by_part = sorted(zip(order, placed), key=lambda t: t[1][0])  # stable: each part's in placement order
+    return tuple(WriteEntry(work[i][1], file_name(rank, k), off, work[i][0], work[i][2]) for i, (k, off) in by_part)
