@@ -30,6 +30,7 @@ from ..specs import Shape
 from .layout import layout_columns
 from .model import GlobalSavePlan, RankSavePlan, WriteEntry, file_name
 from .table import ShardTable
+from .writers import lightest_rank, named_source
 
 __all__ = ["plan_tables"]
 
@@ -222,8 +223,7 @@ def _choose_writers(rows: _Rows, world: int) -> np.ndarray | None:
         holders = {ranks[r]: r for r in group}
         if len(holders) != len(group):
             return None  # a rank holds one box twice: the record planner's case
-        named = sorted({sources[r] for r in group} - {-1})
-        src = next((s for s in named if s in holders), None)
+        src = named_source((sources[r] for r in group), holders.__contains__)
         if src is not None:
             preferred.append(holders[src])
             loads[src] += nbytes[holders[src]]
@@ -231,7 +231,7 @@ def _choose_writers(rows: _Rows, world: int) -> np.ndarray | None:
             balanced.append(holders)
     picks = []
     for holders in balanced:
-        rank = min(holders, key=lambda h: (loads[h], h))
+        rank = lightest_rank(list(holders), loads)
         picks.append(holders[rank])
         loads[rank] += nbytes[holders[rank]]
     return np.concatenate([unique, np.array(preferred + picks, dtype=np.int64)])

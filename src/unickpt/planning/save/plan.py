@@ -41,6 +41,7 @@ from .model import GlobalSavePlan, LocalSavePlan, RankSavePlan, WriteEntry, file
 from .regular import regularize
 from .table import ShardTable
 from .templates import plan_regular
+from .writers import lightest_rank, named_source
 
 __all__ = ["plan_save"]
 
@@ -107,7 +108,9 @@ def _plan_records(local_plans: list[LocalSavePlan], save_id: str, files_per_rank
             replicated.append((nbytes, key))
     replicated.sort(key=lambda t: (-t[0], t[1]))
     for nbytes, key in replicated:
-        rank, idx = min(holders[key], key=lambda h: (load[h[0]], h[0]))
+        hs = holders[key]
+        rank = lightest_rank([r for r, _ in hs], load)
+        idx = next(i for r, i in hs if r == rank)
         chosen[key] = (rank, idx)
         load[rank] += nbytes
 
@@ -167,12 +170,10 @@ def _check_layout(local_plans: list[LocalSavePlan], rank_plans: list[RankSavePla
 def _preferred_source(local_plans: list[LocalSavePlan], holders: list[tuple[int, int]]) -> tuple[int, int] | None:
     """The holder a spec names as ``replica_source`` (the lowest such rank among the holders when
     replica groups name different sources), or None to balance."""
-    ranks = {rank: idx for rank, idx in holders}
-    named = {local_plans[r].shards[i].replica_source for r, i in holders} - {None}
-    for src in sorted(s for s in named if s is not None):
-        if src in ranks:
-            return src, ranks[src]
-    return None
+    ranks = {rank: idx for rank, idx in holders}  # a rank holding the box twice: its last
+    sources = (local_plans[r].shards[i].replica_source for r, i in holders)
+    src = named_source((-1 if s is None else s for s in sources), ranks.__contains__)
+    return None if src is None else (src, ranks[src])
 
 
 def _layout(save_id: str, rank: int, work: list[tuple[int, int, str]], parts: int) -> tuple[WriteEntry, ...]:

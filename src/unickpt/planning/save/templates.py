@@ -29,7 +29,7 @@ raise their precise error. The plans are equal (tests/planning/test_regular_plan
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,6 +41,7 @@ from ..specs import BlobSpec, Shape
 from .layout import largest_first, padded, place
 from .model import GlobalSavePlan, LocalSavePlan, RankSavePlan, WriteEntry, file_name
 from .table import ShardTable
+from .writers import lightest_rank, named_source
 
 __all__ = ["plan_regular", "chunk_rule", "RegularRankPlans", "MAX_TEMPLATES"]
 
@@ -391,6 +392,11 @@ def _plan(
     return GlobalSavePlan(save_id, plans, files, tensors, tuple(writers), layouts)
 
 
+def _holds(template_of: np.ndarray, row_in: dict[int, int]) -> Callable[[int], bool]:
+    """Whether rank ``s`` is of a template holding the box (``row_in``: template -> its row)."""
+    return lambda s: 0 <= s < len(template_of) and int(template_of[s]) in row_in
+
+
 def _choose(
     templates: list[_Template],
     template_of: np.ndarray,
@@ -429,8 +435,7 @@ def _choose(
             chosen.append((*key, r, row_in[int(template_of[r])]))
             load[r] += nbytes
             continue
-        named = sorted({int(templates[ti].table.source[i]) for ti, i in held} - {-1})
-        src = next((s for s in named if 0 <= s < len(template_of) and int(template_of[s]) in row_in), None)
+        src = named_source((int(templates[ti].table.source[i]) for ti, i in held), _holds(template_of, row_in))
         if src is not None:
             chosen.append((*key, src, row_in[int(template_of[src])]))
             load[src] += nbytes
@@ -438,7 +443,7 @@ def _choose(
             balanced.append((-nbytes, key, ranks, row_in))
     balanced.sort(key=lambda b: (b[0], b[1]))
     for neg, key, ranks, row_in in balanced:
-        r = int(ranks[int(np.argmin(load[ranks]))])
+        r = lightest_rank(ranks, load)
         chosen.append((*key, r, row_in[int(template_of[r])]))
         load[r] -= neg
     by_tensor: dict[str, list[tuple[Shape, Shape]]] = {}
