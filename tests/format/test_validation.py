@@ -229,8 +229,8 @@ def test_overlap_check_agrees_with_pairwise_comparison(ranges) -> None:
 
 def test_planner_self_checks_its_byte_layout() -> None:
     """plan_save refuses a layout whose entries overlap in a file (the decoder would refuse it)."""
-    from unickpt.planning.save import plan as save_plan
     from unickpt.planning.save import LocalSavePlan, RankSavePlan, WriteEntry
+    from unickpt.planning.save import plan as save_plan
 
     plans = [LocalSavePlan(0, (_spec("a", (4,)), _spec("b", (4,))))]
     good = [RankSavePlan(0, "s", (WriteEntry(0, "f", 0, 16), WriteEntry(1, "f", 64, 16)))]

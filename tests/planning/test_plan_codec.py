@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unickpt.errors import PlanningError
+from unickpt.planning.save import LocalSavePlan, RankSavePlan, WriteEntry
 from unickpt.planning.save.wire import (
     decode_local_plan,
     decode_local_table,
@@ -20,7 +21,6 @@ from unickpt.planning.save.wire import (
     encode_local_plan,
     encode_rank_plan,
 )
-from unickpt.planning.save import LocalSavePlan, RankSavePlan, WriteEntry
 from unickpt.planning.specs import BlobSpec, ShardSpec
 
 

@@ -10,13 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unickpt.errors import CheckpointError
-from unickpt.planning.save.wire import decode_local_table, encode_local_plan
-from unickpt.planning.save.regular import regularize
+from unickpt.planning.save.columns import plan_tables as _plan_tables
 from unickpt.planning.save.model import LocalSavePlan
 from unickpt.planning.save.plan import _plan_records, plan_save
+from unickpt.planning.save.regular import regularize
 from unickpt.planning.save.table import ShardTable
+from unickpt.planning.save.wire import decode_local_table, encode_local_plan
 from unickpt.planning.specs import BlobSpec, ShardSpec
-from unickpt.planning.save.columns import plan_tables as _plan_tables
 
 SETTINGS = settings(max_examples=300, deadline=None)
 DTYPES = ["float32", "bfloat16", "int64", "uint8"]
@@ -158,17 +158,14 @@ def test_lightest_first_runs_equal_the_heap_loop(sizes, parts):
 def test_layout_columns_equal_the_record_layout(sizes, parts):
     import numpy as np
 
+    from unickpt.planning.save.layout import layout_columns as _layout_columns
     from unickpt.planning.save.model import file_name
     from unickpt.planning.save.plan import _layout
-    from unickpt.planning.save.layout import layout_columns as _layout_columns
 
     work = [(n, i, "") for i, n in enumerate(sizes)]
     want = _layout("s", 3, work, parts)
     order, part, offset = _layout_columns(np.array(sizes, dtype=np.int64), parts)
-    got = [
-        (i, file_name(3, p), off, sizes[i])
-        for i, p, off in zip(order.tolist(), part.tolist(), offset.tolist())
-    ]
+    got = [(i, file_name(3, p), off, sizes[i]) for i, p, off in zip(order.tolist(), part.tolist(), offset.tolist())]
     assert got == [(e.item_index, e.file, e.byte_offset, e.byte_length) for e in want]
 
 

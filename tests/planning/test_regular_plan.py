@@ -10,12 +10,12 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unickpt.planning.save.wire import LocalPlans, decode_rank_plan, encode_local_plan, encode_rank_rows
-from unickpt.planning.save.regular import regularize
-from unickpt.planning.save.templates import RegularRankPlans, chunk_rule, plan_regular
 from unickpt.planning.save.model import GlobalSavePlan, LocalSavePlan, rank_plan_rows
 from unickpt.planning.save.plan import _plan_records, plan_save
+from unickpt.planning.save.regular import regularize
 from unickpt.planning.save.table import ShardTable
+from unickpt.planning.save.templates import RegularRankPlans, chunk_rule, plan_regular
+from unickpt.planning.save.wire import LocalPlans, decode_rank_plan, encode_local_plan, encode_rank_rows
 from unickpt.planning.specs import BlobSpec, ShardSpec
 
 SETTINGS = settings(max_examples=150, deadline=None, derandomize=True, database=None)
