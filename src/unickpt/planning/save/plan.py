@@ -1,7 +1,7 @@
 """Save planning: local plans from every rank -> one global plan (pure functions).
 
-Called by the coordinator (rank 0) inside ``engine.plan_cache.plan_stage`` after ``all_gather``/``gather`` of the
-ranks' ``LocalSavePlan``s; the result is scattered back as ``RankSavePlan``s and reused (cached)
+Called by the coordinator (rank 0) inside ``engine.plan_cache.plan_stage`` after the gather of
+the ranks' ``LocalSavePlan``s; the result is scattered back as ``RankSavePlan``s and reused (cached)
 while the local plans do not change. Steps:
 1. check every rank agrees on each tensor's dtype and global shape;
 2. deduplicate: identical boxes on several ranks are replicas; each is written once: by the
@@ -14,13 +14,14 @@ while the local plans do not change. Steps:
    entry starting at a multiple of ENTRY_ALIGN bytes; self-check that no two entries of a file
    overlap (``format.validation.overlap_problems``, again the decoder's check), so a plan that
    passes here decodes;
-5. ``planning.regular.regularize``: tensors every rank holds one chunk of (FSDP over the whole
+5. ``regular.regularize``: tensors every rank holds one chunk of (FSDP over the whole
    job) are laid out alike in every rank's files and recorded as layouts, so the metadata
    describes each once.
-The coordinator receives the local plans as ``ShardTable``s (``plan_codec.decode_local_table``:
-columns, no record per remote shard) and ``plan_save`` runs these steps on columns
-(``table_plan.plan_tables``); the record planner here (``_plan_records``) plans what the
-columns leave (see ``plan_save``) and is the reference the column planner is tested against.
+``plan_save`` takes the ranks' ``ShardTable``s (the coordinator decodes them as the planner
+asks: ``wire.LocalPlans``) and runs these steps on templates of ranks (``templates``) or on
+columns (``columns``), with the rules of ``writers`` (step 2) and ``layout`` (step 4) written
+once; the record planner here (``_plan_records``) plans what those leave (see ``plan_save``)
+and is the reference both are tested against.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def plan_save(
 
 
 def _plan_records(local_plans: list[LocalSavePlan], save_id: str, files_per_rank: int) -> GlobalSavePlan:
-    """The record planner: the reference, and the planner of every case ``_plan_tables``
+    """The record planner: the reference, and the planner of every case ``columns.plan_tables``
     leaves (see the module docstring for the steps)."""
     world = len(local_plans)
     tensors: dict[str, tuple[str, Shape]] = {}

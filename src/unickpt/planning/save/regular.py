@@ -3,7 +3,7 @@ of, rank r chunk r (FSDP's ``Shard(0)`` over the whole job, ZeRO-3), laid out al
 rank's files, so the metadata describes them once (``format.layouts.SplitLayout``) instead of
 one row per rank.
 
-Called by ``save_plan.plan_save`` on the coordinator, after either planner chose the writer of
+Called by ``plan.plan_save`` on the coordinator, after either planner chose the writer of
 every box and laid out the bytes: ``regularize`` finds the split tensors among the writers,
 gives each one a part (file) of every rank by its size alone (the same on every rank), and lays
 out each rank's files again: the split tensors' chunks first, in the job's tensor order, each at
@@ -183,7 +183,7 @@ def _rank_layout(
 
 def _rest_order(e: WriteEntry) -> tuple[int, bool, int, str]:
     """Largest first; among equal sizes tensors by item, then blobs by key (what
-    ``regular_plan`` places alike without the entries' earlier order)."""
+    ``templates`` places alike without the entries' earlier order)."""
     return -e.byte_length, bool(e.blob_key), e.item_index if not e.blob_key else 0, e.blob_key
 
 

@@ -3,7 +3,7 @@ ranks, where every rank holds ``torch.chunk`` part r of the split tensors (FSDP'
 over the whole job, ZeRO-3) and rank-independent boxes of the rest (replicated 0-d optimizer
 steps, buffers).
 
-Called by ``save_plan.plan_save`` (the coordinator, inside ``engine.plan_cache.plan_stage``)
+Called by ``plan.plan_save`` (the coordinator, inside ``engine.plan_cache.plan_stage``)
 before the column planner. It reads the ranks' local plans one at a time (bytes are decoded
 here and dropped: the coordinator never holds every rank's table at once) and reduces each to a
 *template*: its rows with the split rows' boxes replaced by their rule ("chunk of rank r along
@@ -11,7 +11,7 @@ dimension d", ``chunk_rule``). Ranks of one template differ only by their rank: 
 4,096 ranks is one template. It then plans on templates:
 1. split tensors: every template holds exactly one rule row of the tensor along the same
    dimension (or, for templates whose ranks all fall past the last non-empty chunk, none);
-   they are written by their ranks and laid out as ``planning.regular`` lays them out;
+   they are written by their ranks and laid out as ``regular`` lays them out;
 2. the other (explicit) boxes are deduplicated across templates; a box's holders are the ranks
    of the templates holding it; each is written by its only holder, the replica source a holder
    names, else worst-fit (largest first to the holder with the fewest bytes, split chunks
@@ -23,7 +23,7 @@ entries are computed when asked (``plan_stage`` encodes each rank's part from it
 ``rank_rows``), never held for every rank. Anything else (ranks disagreeing, a box held twice by
 one rank, a tensor split over part of the job, too many templates, a tiling problem, a rank
 left without a file of a layout part) returns None, and the column/record planners plan it or
-raise their precise error. The plans are equal (tests/planning/test_regular_plan.py).
+raise their precise error. The plans are equal (tests/planning/test_save_planner.py).
 """
 
 from __future__ import annotations
