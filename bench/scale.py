@@ -11,12 +11,12 @@ Layouts
 
 Figures, per layout and world size (``--ranks``):
 - local plan: time to build and encode one rank's ``LocalSavePlan`` (per rank, its own
-  shards), its encoded size (``planning.plan_codec``) and the bytes the coordinator gathers
+  shards), its encoded size (``planning.save.wire``) and the bytes the coordinator gathers
   (all ranks); the coordinator keeps only these bytes, as ``plan_stage`` does;
 - global plan: ``plan_save`` on the gathered bytes (decode, dedup, worst-fit, byte layout) at
   the coordinator, and the encoding of every rank's part for the scatter;
 - per rank: the bytes of its own part of the global plan (what it receives), and the cached
-  re-plan (``CachedPlan.next``: the rename of its own entries);
+  re-plan (``CachedPlan.next``: the new save id on its own part);
 - metadata: ``build_metadata`` + encode time, size, decode time (every rank decodes it at load);
 - load: ``plan_local_load`` of one rank of a resharded job (FSDP at 4,800 ranks / Megatron at
   TP 8 PP 8); every rank of the new job's needs (each rank plans its load; this takes the
@@ -54,8 +54,9 @@ from unickpt.engine.read import _extents
 from unickpt.engine.read_exchange import decode_part, read_parts, report_needs
 from unickpt.format.codec import decode_metadata, encode_metadata
 from unickpt.planning.load_plan import plan_local_load
-from unickpt.planning.plan_codec import decode_rank_plan, encode_local_plan, encode_rank_rows
-from unickpt.planning.save_plan import LocalSavePlan, plan_save
+from unickpt.planning.save.model import LocalSavePlan
+from unickpt.planning.save.plan import plan_save
+from unickpt.planning.save.wire import LocalPlans, decode_rank_plan, encode_local_plan, encode_rank_rows
 from unickpt.planning.specs import ShardSpec
 
 Shape = tuple[int, ...]
@@ -182,7 +183,7 @@ def measure(layout: str, world: int, load_world: int, freeze_gc: bool = False, c
     sample_encode_s, _ = timed(lambda: encode_local_plan(mine_local))
     gathered = sum(len(b) for b in encoded)
     local_bytes = max(len(encoded[0]), len(encoded[-1]))
-    t_plan, gplan = timed(lambda: plan_save(encoded, "20250101T000000-0123456789ab", 2))
+    t_plan, gplan = timed(lambda: plan_save(LocalPlans(encoded), "20250101T000000-0123456789ab", 2))
     # the scatter: each rank's own part, encoded from columns (what plan_stage sends)
     t_parts, parts = timed(lambda: [encode_rank_rows(r, gplan.save_id, *gplan.rank_rows(r)) for r in range(world)])
     received = len(parts[mid])

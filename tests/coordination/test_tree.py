@@ -16,7 +16,7 @@ from unickpt.coordination.tree import TreeCoordinator
 from unickpt.engine import plan_cache as engine_plan_cache
 from unickpt.engine.plan_cache import plan_stage
 from unickpt.errors import CollectiveError, RankFailures, StorageError
-from unickpt.planning.save_plan import LocalSavePlan
+from unickpt.planning.save import LocalSavePlan
 from unickpt.planning.specs import BlobSpec, ShardSpec
 from unickpt.testing.threads import run_threads
 

@@ -206,7 +206,7 @@ def fsdp2_regular(rank: int, ws: int, base: str) -> dict[str, Any]:
     ranks, ``planning.regular_plan``), both give each rank the same part, a second (cached,
     async) save renames it, and each checkpoint loads bit-exact through the other."""
     from support.reference import full_state
-    from unickpt.planning.regular_plan import RegularRankPlans
+    from unickpt.planning.save.templates import RegularRankPlans
     from unickpt.testing.toy import build, train_step
 
     model, optim = build("fsdp2", seed=0)

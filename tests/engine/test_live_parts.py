@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unickpt.engine.staging import live_parts
-from unickpt.planning.save_plan import RankSavePlan, WriteEntry
+from unickpt.planning.save import RankSavePlan, WriteEntry
 from unickpt.planning.specs import SaveItem, ShardSpec
 
 

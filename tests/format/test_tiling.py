@@ -26,7 +26,7 @@ from unickpt.format import tiling
 from unickpt.format.codec import decode_metadata, encode_metadata
 from unickpt.format.records import Metadata, ShardRecord, TensorRecord, Topology
 from unickpt.format.tiling import check_box_tiling
-from unickpt.planning.save_plan import LocalSavePlan, plan_save
+from unickpt.planning.save import LocalSavePlan, plan_save
 from unickpt.planning.specs import ShardSpec
 
 SETTINGS = settings(max_examples=300, deadline=None, derandomize=True, database=None)

@@ -187,7 +187,8 @@ def test_strictness_lets_through_what_it_does_not_refuse() -> None:
 def test_planning_uses_format_validation() -> None:
     """One implementation: planning re-exports the load checks and calls the coverage and byte
     checks of format.validation; format never imports planning."""
-    from unickpt.planning import load_plan, save_plan
+    from unickpt.planning import load_plan
+    from unickpt.planning.save import plan as save_plan
 
     assert load_plan.check_targets is validation.check_targets and load_plan.keys_error is validation.keys_error
     assert save_plan.box_coverage_problem is validation.box_coverage_problem
@@ -228,8 +229,8 @@ def test_overlap_check_agrees_with_pairwise_comparison(ranges) -> None:
 
 def test_planner_self_checks_its_byte_layout() -> None:
     """plan_save refuses a layout whose entries overlap in a file (the decoder would refuse it)."""
-    from unickpt.planning import save_plan
-    from unickpt.planning.save_plan import LocalSavePlan, RankSavePlan, WriteEntry
+    from unickpt.planning.save import LocalSavePlan, RankSavePlan, WriteEntry
+    from unickpt.planning.save import plan as save_plan
 
     plans = [LocalSavePlan(0, (_spec("a", (4,)), _spec("b", (4,))))]
     good = [RankSavePlan(0, "s", (WriteEntry(0, "f", 0, 16), WriteEntry(1, "f", 64, 16)))]

@@ -1,4 +1,4 @@
-"""``planning.plan_codec``: local and rank save plans round-trip through their compact bytes
+"""``planning.save.wire``: local and rank save plans round-trip through their compact bytes
 (property test over random plans), the bytes are a fraction of a plain JSON dump's, and truncated,
 foreign or index-corrupted buffers are refused with a PlanningError, never misread."""
 
@@ -13,14 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unickpt.errors import PlanningError
-from unickpt.planning.plan_codec import (
+from unickpt.planning.save import LocalSavePlan, RankSavePlan, WriteEntry
+from unickpt.planning.save.wire import (
     decode_local_plan,
     decode_local_table,
     decode_rank_plan,
     encode_local_plan,
     encode_rank_plan,
 )
-from unickpt.planning.save_plan import LocalSavePlan, RankSavePlan, WriteEntry
 from unickpt.planning.specs import BlobSpec, ShardSpec
 
 
@@ -48,7 +48,7 @@ def test_local_plans_round_trip(shards, blobs, rank):
 
 def _encode_rows_plainly(plan: LocalSavePlan) -> bytes:
     """The encoder as it was (one Python row per spec): the bytes must not change."""
-    from unickpt.planning import plan_codec
+    from unickpt.planning.save import wire as plan_codec
 
     names: dict[str, int] = {}
     dtypes: dict[str, int] = {}
@@ -93,7 +93,7 @@ def test_tables_round_trip_and_the_bytes_are_the_row_encoders(shards, blobs, ran
 def test_a_forged_local_plan_decodes_to_the_same_table_or_the_same_error(rows, n, names):
     """Whatever a buffer holds, the fast decoder agrees with the record decoder: the same
     PlanningError, or the table of the same records."""
-    from unickpt.planning import plan_codec
+    from unickpt.planning.save import wire as plan_codec
 
     header = {"rank": 3, "n": n, "names": names, "dtypes": ["float32", "int8"], "blobs": [["k", 4]]}
     data = plan_codec._pack(plan_codec._LOCAL, header, np.array(rows, dtype=np.int64))
@@ -134,7 +134,7 @@ def test_rank_plans_round_trip(entries):
 def test_a_forged_rank_plan_decodes_as_entry_by_entry(rows, files, blobs):
     """The vectorised rank-plan decoder agrees with the entry-by-entry one: same entries or
     the same PlanningError."""
-    from unickpt.planning import plan_codec
+    from unickpt.planning.save import wire as plan_codec
 
     header = {"rank": 1, "save_id": "s", "files": files, "blobs": blobs}
     data = plan_codec._pack(plan_codec._RANK, header, np.array(rows, dtype=np.int64))
@@ -185,7 +185,7 @@ def test_broken_buffers_are_refused():
             decode_local_plan(bad)
 
     def forged(rows: list[int]) -> bytes:  # a well-formed buffer holding these rows
-        from unickpt.planning import plan_codec
+        from unickpt.planning.save import wire as plan_codec
 
         header = {"rank": 0, "n": 1, "names": ["model.a"], "dtypes": ["float32"], "blobs": []}
         return plan_codec._pack(plan_codec._LOCAL, header, np.array(rows))

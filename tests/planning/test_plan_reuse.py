@@ -15,7 +15,8 @@ import pytest
 from unickpt.engine import plan_cache as engine_plan_cache
 from unickpt.engine.plan_cache import CachedPlan, PlanCache, PlanKey, plan_stage
 from unickpt.errors import PlanningError
-from unickpt.planning.save_plan import GlobalSavePlan, LocalSavePlan, RankSavePlan
+from unickpt.planning.save import GlobalSavePlan, LocalSavePlan, RankSavePlan
+from unickpt.planning.save.model import data_path
 from unickpt.planning.specs import BlobSpec, ShardSpec
 from unickpt.testing.threads import ThreadCoordinator, run_threads
 
@@ -67,16 +68,15 @@ def save(c: ThreadCoordinator, cache: PlanCache, local: LocalSavePlan, files_per
 
 
 def _renamed_part(rp: RankSavePlan, old: str, new: str) -> RankSavePlan:
-    """``rp`` with every file of save ``old`` moved to save ``new`` (computed here)."""
-    entries = tuple(dataclasses.replace(e, file=e.file.replace(f"/{old}/", f"/{new}/")) for e in rp.entries)
-    return dataclasses.replace(rp, save_id=new, entries=entries)
+    """``rp`` for save ``new`` (files are named by rank and part: the entries stay)."""
+    assert rp.save_id == old
+    return dataclasses.replace(rp, save_id=new)
 
 
 def _renamed(plan: GlobalSavePlan, old: str, new: str) -> GlobalSavePlan:
-    """``plan`` with every file of save ``old`` moved to save ``new`` (computed here)."""
+    """``plan`` for save ``new`` (computed here)."""
     rank_plans = tuple(_renamed_part(rp, old, new) for rp in plan.rank_plans)
-    files = tuple(f.replace(f"/{old}/", f"/{new}/") for f in plan.files)
-    return dataclasses.replace(plan, save_id=new, rank_plans=rank_plans, files=files)
+    return dataclasses.replace(plan, save_id=new, rank_plans=rank_plans)
 
 
 @pytest.mark.parametrize("ws", WORLD_SIZES)
@@ -99,7 +99,10 @@ def test_issue11_plan_reuse_unchanged_plans_reuse_with_a_fresh_id_from_rank_0(ws
             assert out["calls"] == (REUSE if ws > 1 else [])  # no gather, no scatter
             assert out["seq"] == k and out["base"] == base
             assert out["plan"] == _renamed_part(whole.rank_plans[rank], base, want)
-    assert {f.split("/")[1] for f in third[0]["global"].files} == {third[0]["plan"].save_id}
+    assert {data_path(third[0]["global"].save_id, f).split("/")[1] for f in third[0]["global"].files} == {
+        third[0]["plan"].save_id
+    }
+    assert not any(first[0]["plan"].save_id in f for f in third[0]["global"].files)  # no save id in a plan
 
 
 @pytest.mark.parametrize("ws", [2, 3, 5])

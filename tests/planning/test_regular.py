@@ -15,7 +15,7 @@ from unickpt.format import decode_metadata, encode_metadata
 from unickpt.format.checksums import ChunkChecksums
 from unickpt.format.layouts import SplitShards
 from unickpt.format.validation import validate_metadata
-from unickpt.planning.save_plan import LocalSavePlan, plan_save
+from unickpt.planning.save import LocalSavePlan, plan_save
 from unickpt.planning.specs import ShardSpec
 
 SETTINGS = settings(max_examples=60, deadline=None, derandomize=True, database=None)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from unickpt.planning.save_plan import LocalSavePlan, plan_save
+from unickpt.planning.save import LocalSavePlan, plan_save
 from unickpt.planning.specs import ShardSpec
 
 

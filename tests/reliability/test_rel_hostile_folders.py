@@ -24,7 +24,7 @@ from harness import run_ranks
 from rel_helpers import data_files, mismatches, snapshot, tiny_model
 from rel_workers import locked_save_worker
 from unickpt.format.records import METADATA_FILE
-from unickpt.planning.save_plan import data_file_name
+from unickpt.planning.save.model import data_path, file_name
 
 
 def _state(seed: int = 0) -> dict:
@@ -142,7 +142,7 @@ def test_item8_symlink_at_the_next_data_file_name(tmp_path, victim):
     first = _save(str(ckpt), 1)
     nxt = _next_save_id(first)
     for part in (0, 1):
-        name = ckpt / data_file_name(nxt, 0, part)
+        name = ckpt / data_path(nxt, file_name(0, part))
         os.makedirs(name.parent, exist_ok=True)
         os.symlink(victim, name)
     try:

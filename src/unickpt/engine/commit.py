@@ -47,7 +47,7 @@ from ..format.records import (
 from ..monitoring.events import EventBus
 from ..monitoring.phases import PhaseRecorder, encode_phases, phases_name
 from ..planning.objects import merge_rank_objects
-from ..planning.save_plan import GlobalSavePlan
+from ..planning.save.model import GlobalSavePlan, data_path
 from ..state.loader import LOADER_SECTION, loader_index
 from ..storage.base import Storage
 from ..storage.commit import publisher_for
@@ -118,7 +118,7 @@ def build_metadata(
         save_id=gplan.save_id,
         created_unix=time.time(),
         topology=Topology(source.framework, world_size, source.mesh),
-        files=gplan.files,
+        files=tuple(data_path(gplan.save_id, f) for f in gplan.files),
         tensors=tensors,
         objects=objects,
         blobs=blobs,
@@ -143,9 +143,10 @@ def _checksums(gplan: GlobalSavePlan, sums_by_rank: list[RankSums]) -> ChunkChec
     for rank, (_, files) in enumerate(sums_by_rank):
         for name, got in files.items():
             if name in found:
-                raise PlanningError(f"data file {name} was written by two ranks (rank {rank} is the second)")
+                path = data_path(gplan.save_id, name)
+                raise PlanningError(f"data file {path} was written by two ranks (rank {rank} is the second)")
             found[name] = got
-    missing = [f for f in gplan.files if f not in found]
+    missing = [data_path(gplan.save_id, f) for f in gplan.files if f not in found]
     if missing:
         raise PlanningError(f"no checksums were reported for data file(s) {missing[:5]}")
     return ChunkChecksums.from_files(chunks.pop() if chunks else DEFAULT_CHUNK, [found[f] for f in gplan.files])
@@ -198,8 +199,8 @@ def commit_stage(
         merged = merge_rank_objects([g[1] for g in gathered])
         md = build_metadata(gplan, [g[0] for g in gathered], source, coord.world_size, merged)
         if storage.capabilities.needs_sync:  # the data files' names, before the metadata names them
-            for d in dict.fromkeys(f.rsplit("/", 1)[0] for f in gplan.files):
-                storage.sync(d)
+            if gplan.files:  # the save's data folder
+                storage.sync(data_path(gplan.save_id, gplan.files[0]).rsplit("/", 1)[0])
             storage.sync(DATA_DIR)
         check_written_files(storage, gplan)
         if still_locked is not None:
@@ -274,11 +275,10 @@ def check_written_files(storage: Storage, gplan: GlobalSavePlan, threads: int = 
     want = gplan.file_ends()  # file -> (size, writing rank)
     if not want:
         return
-    names = list(want)
+    names = [data_path(gplan.save_id, f) for f in want]
     with ThreadPoolExecutor(max(1, min(threads, len(names))), thread_name_prefix="unickpt-stat") as pool:
         sizes = list(pool.map(storage.size, names))
-    for name, size in zip(names, sizes):
-        expected, rank = want[name]
+    for name, size, (expected, rank) in zip(names, sizes, want.values()):
         where = f"refusing to commit save {gplan.save_id}: data file {storage.url}/{name} (written by rank {rank})"
         if size is None:
             raise MissingDataFileError(f"{where} is missing; nothing was published")

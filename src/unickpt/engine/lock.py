@@ -70,7 +70,7 @@ from ..errors import (
     StorageError,
     UnsafePathError,
 )
-from ..planning.save_plan import RankSavePlan
+from ..planning.save.model import RankSavePlan
 from ..storage.base import SMALL_FILE_LIMIT, Storage
 from ..storage.commit import publisher_for
 from .commit import committed_save_id
@@ -414,7 +414,7 @@ def run_locked(
     try:
         return body(lock)
     except BaseException:
-        discard_partial_save(storage, plan.save_id, plan.files, coord.rank)
+        discard_partial_save(storage, plan.save_id, plan.paths, coord.rank)
         raise
     finally:
         lock.release()

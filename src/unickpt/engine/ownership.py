@@ -47,7 +47,7 @@ __all__ = [
 LOCK_FILE = "unickpt.save.lock"  # the lock's generations are LOCK_FILE + ".<n>" (engine.lock)
 MARKER_PREFIX = "unickpt.data."
 _SAVE_ID = re.compile(r"[0-9A-Za-z][0-9A-Za-z_-]{0,127}")
-# planning.save_plan.data_file_name, and the save's phase records (monitoring.phases.PHASES_FILE)
+# planning.save.model.file_name, and the save's phase records (monitoring.phases.PHASES_FILE)
 _DATA_FILE = re.compile(r"r\d{5,}-\d{2,}\.bin|phases\.json")
 
 

@@ -35,7 +35,7 @@ from ..format.records import Metadata
 from ..frameworks import FrameworkAdapter, SaveView, get_framework, supports_step_hooks
 from ..monitoring.phases import PhaseRecorder, RecordingBus
 from ..options import SaveOptions
-from ..planning.save_plan import LocalSavePlan, RankSavePlan
+from ..planning.save.model import LocalSavePlan, RankSavePlan
 from ..planning.specs import BlobSpec, SaveItem
 from ..state.layout import StateLayout, replicated_disagreement
 from ..storage import Buffer, Storage

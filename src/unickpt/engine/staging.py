@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import SnapshotConflictError
-from ..planning.save_plan import ENTRY_ALIGN, RankSavePlan, WriteEntry
+from ..planning.save.model import ENTRY_ALIGN, RankSavePlan, WriteEntry
 from ..planning.specs import SaveItem
 from ..storage.aligned import AlignedBuffer
 from ..storage.base import Buffer

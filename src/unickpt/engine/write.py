@@ -14,12 +14,12 @@ from concurrent.futures import ThreadPoolExecutor
 from ..errors import CheckpointError
 from ..format.checksums import chunk_crcs
 from ..monitoring.events import EventBus
-from ..planning.save_plan import RankSavePlan
+from ..planning.save.model import RankSavePlan, data_path
 from ..storage.base import Buffer, Storage
 
 __all__ = ["FileSums", "write_stage"]
 
-FileSums = dict[str, tuple[int, list[int]]]  # data file name -> (size, chunk checksums)
+FileSums = dict[str, tuple[int, list[int]]]  # data file name (the plan's) -> (size, chunk checksums)
 
 
 def write_stage(
@@ -31,12 +31,14 @@ def write_stage(
     events: EventBus,
     chunk_size: int,
 ) -> FileSums:
-    """Write this rank's files in parallel, checksumming each file's chunks alongside."""
+    """Write this rank's files (each plan file name under this save's data folder,
+    ``data_path``) in parallel, checksumming each file's chunks alongside."""
     sizes: dict[str, int] = {}
     nbytes: dict[str, int] = {}
     for i, e in enumerate(plan.entries):
         if len(entry_bytes[i]) != e.byte_length:
-            raise CheckpointError(f"{e.file}: entry {i} has {len(entry_bytes[i])} bytes, plan says {e.byte_length}")
+            path = data_path(plan.save_id, e.file)
+            raise CheckpointError(f"{path}: entry {i} has {len(entry_bytes[i])} bytes, plan says {e.byte_length}")
         sizes[e.file] = max(sizes.get(e.file, 0), e.byte_offset + e.byte_length)
         nbytes[e.file] = nbytes.get(e.file, 0) + e.byte_length
     sums: FileSums = {}
@@ -46,13 +48,15 @@ def write_stage(
         size = sum(memoryview(p).nbytes for p in parts)
         if size != sizes[name]:
             raise CheckpointError(
-                f"{name}: the staged parts hold {size} bytes, the plan's entries end at {sizes[name]}"
+                f"{data_path(plan.save_id, name)}: the staged parts hold {size} bytes, "
+                f"the plan's entries end at {sizes[name]}"
             )
         sums[name] = (size, chunk_crcs(parts, chunk_size))
 
     def write(name: str) -> None:
-        with events.phase("save.write.file", plan.rank, path=name, save_id=plan.save_id) as p:
-            storage.write(name, file_parts.get(name, []))
+        path = data_path(plan.save_id, name)
+        with events.phase("save.write.file", plan.rank, path=path, save_id=plan.save_id) as p:
+            storage.write(path, file_parts.get(name, []))
             p.nbytes = nbytes[name]
 
     jobs = [(fn, n) for n in sizes for fn in (write, checksum)]

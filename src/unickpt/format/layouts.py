@@ -30,7 +30,7 @@ from .records import ShardRecord
 
 __all__ = ["SplitLayout", "SplitShards", "chunk_rows", "ALIGN"]
 
-ALIGN = 64  # entries start at multiples of this (planning.save_plan.ENTRY_ALIGN)
+ALIGN = 64  # entries start at multiples of this (planning.save.model.ENTRY_ALIGN)
 _CACHED = 1024  # parts whose byte offsets a layout keeps (8 bytes per entry each)
 _KEPT = 16  # SplitShards of at most this many parts keep their records once computed
 Shape = tuple[int, ...]

@@ -1,7 +1,7 @@
 """Do n boxes tile an N-D tensor exactly once? One check for the metadata decoder and the planner.
 
 Callers: ``format.codec`` runs :func:`check_tiling` on the shards of every decoded tensor (a
-problem becomes a ``CorruptMetadataError``); ``planning.save_plan`` runs it on the boxes the ranks
+problem becomes a ``CorruptMetadataError``); ``planning.save.plan`` runs it on the boxes the ranks
 will write (a ``PlanningError``). Both get a :class:`TilingProblem` (or None) naming one element
 whose coverage is wrong, the boxes covering it, and the run of such elements along one dimension.
 

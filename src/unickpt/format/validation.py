@@ -11,7 +11,7 @@ Who calls what, in which order:
   :func:`checksum_problems` (the checksums' consistency; where the metadata records file sizes,
   format version 3, every range inside its file). The reader turns the collected sentences into
   one ``CorruptMetadataError``.
-- **Save planning** (``planning.save_plan.plan_save``, the plan's self-check):
+- **Save planning** (``planning.save.plan.plan_save``, the plan's self-check):
   :func:`box_coverage_problem` on the boxes the ranks will write and :func:`byte_range_problems`
   on the byte layout, so a plan that passes decodes; one ``PlanningError``.
 - **Load targets** (``planning.load_plan`` re-exports, called by ``_load.load_once``):

@@ -106,7 +106,7 @@ def table(out):
     from unickpt.engine.bytes_view import tensor_bytes
     from unickpt.format.codec import encode_metadata
     from unickpt.format.records import METADATA_FILE
-    from unickpt.planning.save_plan import LocalSavePlan, plan_save
+    from unickpt.planning.save import LocalSavePlan, plan_save
     from unickpt.planning.specs import ShardSpec
 
     full = formula("model.rows", (70, 3), torch.float32)

@@ -18,18 +18,21 @@ from __future__ import annotations
 import json
 import struct
 import zlib
+from collections.abc import Sequence
+from typing import overload
 
 import numpy as np
 
-from ..errors import PlanningError
-from .save_plan import LocalSavePlan, RankSavePlan, WriteEntry, rank_plan_rows
-from .shard_table import ShardTable
-from .specs import BlobSpec, ShardSpec
+from ...errors import PlanningError
+from ..specs import BlobSpec, ShardSpec
+from .model import LocalSavePlan, RankSavePlan, WriteEntry, rank_plan_rows
+from .table import ShardTable
 
 __all__ = [
     "encode_local_plan",
     "decode_local_plan",
     "decode_local_table",
+    "LocalPlans",
     "encode_rank_plan",
     "encode_rank_rows",
     "decode_rank_plan",
@@ -122,11 +125,32 @@ def decode_local_table(data: bytes) -> ShardTable:
     return LocalPlanDecoder().table(data)
 
 
+class LocalPlans(Sequence[ShardTable]):
+    """The gathered local plans of a job as the planner's input: rank ``r``'s ``ShardTable``
+    is decoded from its bytes when asked (the regular planner reads one rank at a time, so the
+    coordinator never holds every rank's table at once); one ``LocalPlanDecoder`` serves all."""
+
+    def __init__(self, encoded: Sequence[bytes]) -> None:
+        self._encoded = encoded
+        self._decoder = LocalPlanDecoder()
+
+    def __len__(self) -> int:
+        return len(self._encoded)
+
+    @overload
+    def __getitem__(self, i: int) -> ShardTable: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[ShardTable]: ...
+    def __getitem__(self, i: int | slice) -> ShardTable | list[ShardTable]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        return self._decoder.table(self._encoded[i])
+
+
 class LocalPlanDecoder:
-    """Decodes the local plans of many ranks (``planning.regular_plan`` reads a job's gathered
-    plans with one): ranks of one job send rows of one shape, so where each row starts, found
-    for one plan by a walk over its rows, is checked for the next one as a whole (vectorised)
-    and reused when it fits."""
+    """Decodes the local plans of many ranks (``LocalPlans``): ranks of one job send rows of one
+    shape, so where each row starts, found for one plan by a walk over its rows, is checked for
+    the next one as a whole (vectorised) and reused when it fits."""
 
     def __init__(self) -> None:
         self._starts: np.ndarray | None = None

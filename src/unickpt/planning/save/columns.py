@@ -1,7 +1,7 @@
-"""The save planner on columns: ``save_plan._plan_records``' global plan, computed on the ranks'
+"""The save planner on columns: ``plan._plan_records``' global plan, computed on the ranks'
 ``ShardTable``s with numpy instead of one Python record per shard and rank.
 
-Called by ``save_plan.plan_save`` (the coordinator, inside ``engine.plan_cache.plan_stage``)
+Called by ``plan.plan_save`` (the coordinator, inside ``engine.plan_cache.plan_stage``)
 for every job; returns None where a step leaves the common case (a rank holding one box twice,
 ranks disagreeing on a tensor, an unknown dtype, sizes near int64's limits, a tiling problem),
 and the record planner then plans or raises its precise error. Steps, as the record planner's:
@@ -12,25 +12,27 @@ splits on columns, anything else by ``format.validation.box_coverage_problem``);
 items spread over its files lightest-first (``layout_columns``: equal-size runs without a
 loop); the byte layout self-checked (``format.validation.overlap_problems``). Records are built
 once at the end, sharing one tuple per distinct box (``_tuples``). Property-tested against the
-record planner: tests/planning/test_plan_tables.py.
+record planner: tests/planning/test_save_planner.py.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import CorruptMetadataError, PlanningError
-from ..format.dtypes import itemsize
-from ..format.validation import box_coverage_problem, overlap_problems
-from .save_plan import ENTRY_ALIGN, GlobalSavePlan, RankSavePlan, Shape, WriteEntry, data_file_name
-from .shard_table import ShardTable
+from ...errors import CorruptMetadataError, PlanningError
+from ...format.dtypes import itemsize
+from ...format.validation import box_coverage_problem, overlap_problems
+from ..specs import Shape
+from .layout import layout_columns
+from .model import GlobalSavePlan, RankSavePlan, WriteEntry, file_name
+from .table import ShardTable
+from .writers import lightest_rank, named_source
 
-__all__ = ["plan_tables", "layout_columns"]
+__all__ = ["plan_tables"]
 
 
 def plan_tables(tables: list[ShardTable], save_id: str, files_per_rank: int) -> GlobalSavePlan | None:
@@ -67,7 +69,7 @@ def plan_tables(tables: list[ShardTable], save_id: str, files_per_rank: int) -> 
         order, part, offset = layout_columns(work_sizes, files_per_rank)
         order_of = order.tolist()
         used = np.unique(part).tolist()  # parts in order (a part that got no entry has no file)
-        files = [data_file_name(save_id, t.rank, p) for p in used]
+        files = [file_name(t.rank, p) for p in used]
         local = np.searchsorted(np.array(used, dtype=np.int64), part)
         entry_sizes = work_sizes[order]
         entries = tuple(
@@ -221,8 +223,7 @@ def _choose_writers(rows: _Rows, world: int) -> np.ndarray | None:
         holders = {ranks[r]: r for r in group}
         if len(holders) != len(group):
             return None  # a rank holds one box twice: the record planner's case
-        named = sorted({sources[r] for r in group} - {-1})
-        src = next((s for s in named if s in holders), None)
+        src = named_source((sources[r] for r in group), holders.__contains__)
         if src is not None:
             preferred.append(holders[src])
             loads[src] += nbytes[holders[src]]
@@ -230,7 +231,7 @@ def _choose_writers(rows: _Rows, world: int) -> np.ndarray | None:
             balanced.append(holders)
     picks = []
     for holders in balanced:
-        rank = min(holders, key=lambda h: (loads[h], h))
+        rank = lightest_rank(list(holders), loads)
         picks.append(holders[rank])
         loads[rank] += nbytes[holders[rank]]
     return np.concatenate([unique, np.array(preferred + picks, dtype=np.int64)])
@@ -290,56 +291,6 @@ def _covered(rows: _Rows, chosen: np.ndarray) -> bool:
             if box_coverage_problem(shape, tiles) is not None:
                 return False
     return True
-
-
-def layout_columns(sizes: np.ndarray, parts: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``_layout`` on columns: the entries' order (indices into ``sizes``, grouped by file, in
-    the order the files got them), each one's part (file) and byte offset."""
-    n = len(sizes)
-    parts = min(parts, n)
-    if parts <= 1:
-        order = np.arange(n)
-        part = np.zeros(n, dtype=np.int64)
-    else:  # largest first (stable) to the lightest file
-        by_size = np.argsort(-sizes, kind="stable")
-        got = _lightest_first(sizes[by_size], parts)
-        grouped = np.argsort(got, kind="stable")  # by file, each file's entries in assignment order
-        order, part = by_size[grouped], got[grouped]
-    aligned = -((-sizes[order]) // ENTRY_ALIGN) * ENTRY_ALIGN
-    offset = np.cumsum(aligned) - aligned
-    if parts > 1:  # every file starts at byte 0
-        first = np.flatnonzero(np.concatenate([[True], part[1:] != part[:-1]]))
-        offset -= np.repeat(offset[first], np.diff(np.append(first, n)))
-    return order, part, offset
-
-
-def _lightest_first(sizes: np.ndarray, parts: int) -> np.ndarray:
-    """The part each of ``sizes`` (in this order) goes to when each goes to the part with the
-    fewest bytes so far, the lowest part on a tie. Items of one size do not need the loop: part
-    ``p`` offers them "slots" at loads ``L_p, L_p + s, L_p + 2s, ...``, and the lightest-first
-    choices of a run of ``m`` such items are the ``m`` smallest slots by (load, part): the
-    merge of increasing sequences (property-tested against the loop)."""
-    n = len(sizes)
-    starts = np.flatnonzero(np.concatenate([[True], sizes[1:] != sizes[:-1]])) if n else np.zeros(0, dtype=np.int64)
-    if len(starts) * 16 > n:  # many distinct sizes: one heap step per item
-        heap = [(0, p) for p in range(parts)]
-        assigned = []
-        for size in sizes.tolist():
-            load, p = heap[0]
-            heapq.heapreplace(heap, (load + size, p))
-            assigned.append(p)
-        return np.array(assigned, dtype=np.int64)
-    loads = np.zeros(parts, dtype=np.int64)
-    out = np.empty(n, dtype=np.int64)
-    ids = np.arange(parts, dtype=np.int64)
-    for a, b in zip(starts.tolist(), [*starts[1:].tolist(), n]):
-        size, m = int(sizes[a]), b - a
-        slots = loads[:, None] + size * np.arange(m, dtype=np.int64)  # (parts, m)
-        owner = np.broadcast_to(ids[:, None], slots.shape)
-        pick = np.lexsort((owner.ravel(), slots.ravel()))[:m]
-        out[a:b] = owner.ravel()[pick]
-        loads += np.bincount(out[a:b], minlength=parts) * size
-    return out
 
 
 def _tuples(values: np.ndarray, ndim: np.ndarray) -> list[tuple[int, ...]]:

@@ -3,29 +3,26 @@
 A rank of a job with many small tensors describes ~10^4 shards; the coordinator plans every
 rank's. As ``ShardSpec`` records that is one validated Python object per shard and rank (built
 again when the coordinator decodes the gathered plans); as a ``ShardTable`` it is a few numpy
-arrays, built once (``ShardTable.of`` from the specs, ``plan_codec.decode_local_table`` from the
+arrays, built once (``ShardTable.of`` from the specs, ``wire.decode_local_table`` from the
 bytes a rank sent), checked as a whole (``box_problem``) and planned with vectorised steps
-(``save_plan.plan_save``). Boxes of different ranks (0-d steps, 1-d biases, 2-d weights) share
+(``plan.plan_save``). Boxes of different ranks (0-d steps, 1-d biases, 2-d weights) share
 one (n, D) layout: dimensions past a spec's ``ndim`` are padded as a full extent of 1 (offset 0,
 length 1, shape 1), so element counts and box equality are unchanged.
 
-Who calls what: ``plan_codec.encode_local_plan`` (every rank, the plan it sends) and
-``save_plan.plan_save`` (rank 0, for plans given as records) build tables with ``of``;
-``plan_codec.decode_local_table`` builds them from received bytes; ``to_plan`` gives the
+Who calls what: ``wire.encode_local_plan`` (every rank, the plan it sends) and
+``plan.plan_save`` (rank 0, for plans given as records) build tables with ``of``;
+``wire.decode_local_table`` builds them from received bytes; ``to_plan`` gives the
 records back (the planner's exact fallback, tests).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .specs import BlobSpec, ShardSpec
-
-if TYPE_CHECKING:
-    from .save_plan import LocalSavePlan
+from ..specs import BlobSpec, ShardSpec
+from .model import LocalSavePlan
 
 __all__ = ["ShardTable"]
 
@@ -116,8 +113,6 @@ class ShardTable:
     def to_plan(self) -> LocalSavePlan:
         """The records of this table (specs built as ``ShardSpec.checked_box``: call it on a
         table whose ``box_problem`` is False)."""
-        from .save_plan import LocalSavePlan
-
         names, dtypes = self.names, self.dtypes
         specs = tuple(
             ShardSpec.checked_box(names[n], dtypes[d], shape, offs, lens, None if src < 0 else src)

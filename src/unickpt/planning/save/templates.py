@@ -3,7 +3,7 @@ ranks, where every rank holds ``torch.chunk`` part r of the split tensors (FSDP'
 over the whole job, ZeRO-3) and rank-independent boxes of the rest (replicated 0-d optimizer
 steps, buffers).
 
-Called by ``save_plan.plan_save`` (the coordinator, inside ``engine.plan_cache.plan_stage``)
+Called by ``plan.plan_save`` (the coordinator, inside ``engine.plan_cache.plan_stage``)
 before the column planner. It reads the ranks' local plans one at a time (bytes are decoded
 here and dropped: the coordinator never holds every rank's table at once) and reduces each to a
 *template*: its rows with the split rows' boxes replaced by their rule ("chunk of rank r along
@@ -11,7 +11,7 @@ dimension d", ``chunk_rule``). Ranks of one template differ only by their rank: 
 4,096 ranks is one template. It then plans on templates:
 1. split tensors: every template holds exactly one rule row of the tensor along the same
    dimension (or, for templates whose ranks all fall past the last non-empty chunk, none);
-   they are written by their ranks and laid out as ``planning.regular`` lays them out;
+   they are written by their ranks and laid out as ``regular`` lays them out;
 2. the other (explicit) boxes are deduplicated across templates; a box's holders are the ranks
    of the templates holding it; each is written by its only holder, the replica source a holder
    names, else worst-fit (largest first to the holder with the fewest bytes, split chunks
@@ -23,25 +23,25 @@ entries are computed when asked (``plan_stage`` encodes each rank's part from it
 ``rank_rows``), never held for every rank. Anything else (ranks disagreeing, a box held twice by
 one rank, a tensor split over part of the job, too many templates, a tiling problem, a rank
 left without a file of a layout part) returns None, and the column/record planners plan it or
-raise their precise error. The plans are equal (tests/planning/test_regular_plan.py).
+raise their precise error. The plans are equal (tests/planning/test_save_planner.py).
 """
 
 from __future__ import annotations
 
-import heapq
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import CorruptMetadataError
-from ..format.dtypes import itemsize
-from ..format.validation import box_coverage_problem
-from .plan_codec import LocalPlanDecoder
-from .save_plan import ENTRY_ALIGN, GlobalSavePlan, LocalSavePlan, RankSavePlan, Shape, WriteEntry, data_file_name
-from .shard_table import ShardTable
-from .specs import BlobSpec
+from ...errors import CorruptMetadataError
+from ...format.dtypes import itemsize
+from ...format.validation import box_coverage_problem
+from ..specs import BlobSpec, Shape
+from .layout import largest_first, padded, place
+from .model import GlobalSavePlan, LocalSavePlan, RankSavePlan, WriteEntry, file_name
+from .table import ShardTable
+from .writers import lightest_rank, named_source
 
 __all__ = ["plan_regular", "chunk_rule", "RegularRankPlans", "MAX_TEMPLATES"]
 
@@ -78,16 +78,8 @@ class _Template:
     ranks: list[int]
 
 
-def _as_table(source: LocalSavePlan | ShardTable | bytes, decoder: LocalPlanDecoder) -> ShardTable:
-    if isinstance(source, ShardTable):
-        return source
-    if isinstance(source, LocalSavePlan):
-        return ShardTable.of(source)
-    return decoder.table(source)
-
-
 def _templates(
-    sources: Sequence[LocalSavePlan | ShardTable | bytes],
+    sources: Sequence[LocalSavePlan | ShardTable],
 ) -> tuple[list[_Template], list[int], list[tuple[BlobSpec, ...]]] | None:
     """The ranks' templates, each rank's template and each rank's blobs (a rank's own: not part
     of its template); None when rank 0 has no split row or there are too many templates."""
@@ -96,9 +88,9 @@ def _templates(
     templates: list[_Template] = []
     of_rank: list[int] = []
     blobs: list[tuple[BlobSpec, ...]] = []
-    decoder = LocalPlanDecoder()
-    for r, source in enumerate(sources):
-        t = _as_table(source, decoder)
+    for r in range(world):
+        source = sources[r]  # one rank's table at a time (wire.LocalPlans decodes it now)
+        t = source if isinstance(source, ShardTable) else ShardTable.of(source)
         if t.rank != r:
             return None  # plan_save's own check raises
         rule = chunk_rule(t, world)
@@ -196,11 +188,11 @@ class RegularRankPlans(Sequence[RankSavePlan]):
 
     __hash__ = None  # type: ignore[assignment]
 
-    def renamed(self, save_id: str) -> RegularRankPlans:
+    def with_save_id(self, save_id: str) -> RegularRankPlans:
         return RegularRankPlans(save_id, self.world, self.split, self.template_of, self.explicit, self.parts)
 
     def files_of(self, rank: int) -> list[str]:
-        return [data_file_name(self.save_id, rank, k) for k in self.parts[rank]]
+        return [file_name(rank, k) for k in self.parts[rank]]
 
     def rank_rows(self, rank: int) -> tuple[list[str], np.ndarray, list[str]]:
         """Rank ``rank``'s entries as columns: its files, one row per entry (item index, file
@@ -208,7 +200,7 @@ class RegularRankPlans(Sequence[RankSavePlan]):
         its blob keys."""
         s = self.split
         nbytes = s.rows_of(rank) * s.row_bytes
-        aligned = -(-nbytes // ENTRY_ALIGN) * ENTRY_ALIGN
+        aligned = padded(nbytes)
         items = s.item[self.template_of[rank]]
         parts = self.parts[rank]
         local = {k: i for i, k in enumerate(parts)}
@@ -248,7 +240,7 @@ class RegularRankPlans(Sequence[RankSavePlan]):
         and the blobs), with the rank writing each."""
         for rank in sorted(self.explicit):
             for k, off, n, item, key in self.explicit[rank]:
-                yield rank, WriteEntry(item, data_file_name(self.save_id, rank, k), off, n, key)
+                yield rank, WriteEntry(item, file_name(rank, k), off, n, key)
 
     def file_ends(self) -> dict[str, tuple[int, int]]:
         """Each data file's size as planned, and the rank writing it."""
@@ -265,7 +257,7 @@ class RegularRankPlans(Sequence[RankSavePlan]):
 
 
 def plan_regular(
-    sources: Sequence[LocalSavePlan | ShardTable | bytes], save_id: str, files_per_rank: int
+    sources: Sequence[LocalSavePlan | ShardTable], save_id: str, files_per_rank: int
 ) -> GlobalSavePlan | None:
     """The global plan of a regular job (module docstring), or None to leave it to the column
     and record planners."""
@@ -345,13 +337,7 @@ def _plan(
         for ti, i in rows_of.items():
             item[ti, j] = i
     # parts: largest chunk 0 first to the part with the fewest bytes (regular._parts)
-    first = (chunk * row_bytes).tolist()
-    heap = [(0, k) for k in range(parts)]
-    part = np.zeros(len(split_fqns), dtype=np.int64)
-    for j in sorted(range(len(split_fqns)), key=lambda j: -first[j]):
-        load, k = heapq.heappop(heap)
-        part[j] = k
-        heapq.heappush(heap, (load + first[j], k))
+    part = np.array(largest_first((chunk * row_bytes).tolist(), parts), dtype=np.int64)
     members = {k: np.flatnonzero(part == k) for k in range(parts)}
     split = _Split(split_fqns, dims, extent, chunk, row_bytes, part, item, members)
 
@@ -364,7 +350,7 @@ def _plan(
     uses = np.zeros((world, parts), dtype=bool)
     for k, at in members.items():
         loads_by_part[:, k] = raw[:, at].sum(axis=1)
-        ends_by_part[:, k] = (-(-raw[:, at] // ENTRY_ALIGN) * ENTRY_ALIGN).sum(axis=1)
+        ends_by_part[:, k] = padded(raw[:, at]).sum(axis=1)
         uses[:, k] = (raw[:, at] > 0).any(axis=1)
     del raw
 
@@ -384,32 +370,31 @@ def _plan(
             work.setdefault(rank, []).append((b.nbytes, 1, 0, b.key))
     placed: dict[int, list[tuple[int, int, int, int, str]]] = {}
     for rank, items in work.items():
-        heap = [(int(loads_by_part[rank, k]), k) for k in range(parts)]
-        heapq.heapify(heap)
-        ends = ends_by_part[rank].tolist()
-        out = []
-        for nbytes, _, idx, key in sorted(items, key=lambda w: (-w[0], w[1], w[2], w[3])):
-            load, k = heapq.heappop(heap)
-            out.append((k, ends[k], nbytes, -1 if key else idx, key))
-            ends[k] += -(-nbytes // ENTRY_ALIGN) * ENTRY_ALIGN
-            uses[rank, k] = True
-            heapq.heappush(heap, (load + nbytes, k))
+        items.sort(key=lambda w: (-w[0], w[1], w[2], w[3]))
+        spots = place([w[0] for w in items], loads_by_part[rank].tolist(), ends_by_part[rank].tolist())
+        out = [(k, off, nbytes, -1 if key else idx, key) for (nbytes, _, idx, key), (k, off) in zip(items, spots)]
+        uses[rank, [k for k, _ in spots]] = True
         placed[rank] = sorted(out, key=lambda e: e[0])  # by part, each part's in placement order
     used = sorted(set(part.tolist()))
     if not uses[:, used].all():
         return None  # a rank without a file of a layout part: regularize's fallback decides
     rank_parts = [tuple(np.flatnonzero(u).tolist()) for u in uses]
-    files = tuple(data_file_name(save_id, r, k) for r in range(world) for k in rank_parts[r])
+    files = tuple(file_name(r, k) for r in range(world) for k in rank_parts[r])
     index = {f: i for i, f in enumerate(files)}
     layouts = tuple(
         (
-            tuple(index[data_file_name(save_id, r, k)] for r in range(world)),
+            tuple(index[file_name(r, k)] for r in range(world)),
             tuple((split_fqns[j], int(dims[j])) for j in np.flatnonzero(part == k).tolist()),
         )
         for k in used
     )
     plans = RegularRankPlans(save_id, world, split, template_of, placed, rank_parts)
     return GlobalSavePlan(save_id, plans, files, tensors, tuple(writers), layouts)
+
+
+def _holds(template_of: np.ndarray, row_in: dict[int, int]) -> Callable[[int], bool]:
+    """Whether rank ``s`` is of a template holding the box (``row_in``: template -> its row)."""
+    return lambda s: 0 <= s < len(template_of) and int(template_of[s]) in row_in
 
 
 def _choose(
@@ -450,8 +435,7 @@ def _choose(
             chosen.append((*key, r, row_in[int(template_of[r])]))
             load[r] += nbytes
             continue
-        named = sorted({int(templates[ti].table.source[i]) for ti, i in held} - {-1})
-        src = next((s for s in named if 0 <= s < len(template_of) and int(template_of[s]) in row_in), None)
+        src = named_source((int(templates[ti].table.source[i]) for ti, i in held), _holds(template_of, row_in))
         if src is not None:
             chosen.append((*key, src, row_in[int(template_of[src])]))
             load[src] += nbytes
@@ -459,7 +443,7 @@ def _choose(
             balanced.append((-nbytes, key, ranks, row_in))
     balanced.sort(key=lambda b: (b[0], b[1]))
     for neg, key, ranks, row_in in balanced:
-        r = int(ranks[int(np.argmin(load[ranks]))])
+        r = lightest_rank(ranks, load)
         chosen.append((*key, r, row_in[int(template_of[r])]))
         load[r] -= neg
     by_tensor: dict[str, list[tuple[Shape, Shape]]] = {}

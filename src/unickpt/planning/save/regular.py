@@ -3,7 +3,7 @@ of, rank r chunk r (FSDP's ``Shard(0)`` over the whole job, ZeRO-3), laid out al
 rank's files, so the metadata describes them once (``format.layouts.SplitLayout``) instead of
 one row per rank.
 
-Called by ``save_plan.plan_save`` on the coordinator, after either planner chose the writer of
+Called by ``plan.plan_save`` on the coordinator, after either planner chose the writer of
 every box and laid out the bytes: ``regularize`` finds the split tensors among the writers,
 gives each one a part (file) of every rank by its size alone (the same on every rank), and lays
 out each rank's files again: the split tensors' chunks first, in the job's tensor order, each at
@@ -23,18 +23,18 @@ are split. Anything else stays as rows.
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import defaultdict
 from dataclasses import replace
 
 import numpy as np
 
-from ..errors import PlanningError
-from ..format.dtypes import itemsize
-from ..format.layouts import chunk_rows
-from ..format.validation import overlap_problems
-from .save_plan import ENTRY_ALIGN, GlobalSavePlan, RankSavePlan, WriteEntry, data_file_name
+from ...errors import PlanningError
+from ...format.dtypes import itemsize
+from ...format.layouts import chunk_rows
+from ...format.validation import overlap_problems
+from .layout import largest_first, padded, place
+from .model import GlobalSavePlan, RankSavePlan, WriteEntry, file_name
 
 __all__ = ["regularize", "split_tensors"]
 
@@ -126,11 +126,11 @@ def _laid_out(gplan: GlobalSavePlan, split: dict[str, int], files_per_rank: int)
         files.extend(dict.fromkeys(e.file for e in entries))
     index = {f: i for i, f in enumerate(files)}
     used = [k for k in range(parts) if per_part[k]]
-    if any(data_file_name(gplan.save_id, r, k) not in index for r in range(world) for k in used):
+    if any(file_name(r, k) not in index for r in range(world) for k in used):
         return None
     layouts = tuple(
         (
-            tuple(index[data_file_name(gplan.save_id, r, k)] for r in range(world)),
+            tuple(index[file_name(r, k)] for r in range(world)),
             tuple((fqn, split[fqn]) for fqn in per_part[k]),
         )
         for k in range(parts)
@@ -147,13 +147,7 @@ def _parts(gplan: GlobalSavePlan, split: dict[str, int], parts: int, world: int)
     for fqn, d in split.items():
         dtype, shape = gplan.tensors[fqn]
         size[fqn] = chunk_rows(shape[d], world, 0)[1] * (math.prod(shape) // shape[d]) * itemsize(dtype)
-    heap = [(0, k) for k in range(parts)]
-    out = {}
-    for fqn in sorted(split, key=lambda f: -size[f]):  # stable: the tensor order breaks ties
-        load, k = heapq.heappop(heap)
-        out[fqn] = k
-        heapq.heappush(heap, (load + size[fqn], k))  # bytes, as the planners balance them
-    return out
+    return dict(zip(split, largest_first([size[f] for f in split], parts)))  # ties: the tensor order
 
 
 def _rank_layout(
@@ -172,31 +166,24 @@ def _rank_layout(
     loads = [0] * parts  # the bytes each part holds (what the lightest part is chosen by)
     mine = set()
     for k, names in enumerate(per_part):
-        name = data_file_name(gplan.save_id, rp.rank, k)
+        name = file_name(rp.rank, k)
         for fqn in names:
             idx = item_of.get((rp.rank, fqn))
             if idx is None:  # an empty chunk: no bytes here (its layout part is empty too)
                 continue
             mine.add(idx)
             placed[k].append(WriteEntry(idx, name, ends[k], sizes[idx]))
-            ends[k] += -(-sizes[idx] // ENTRY_ALIGN) * ENTRY_ALIGN
+            ends[k] += padded(sizes[idx])
             loads[k] += sizes[idx]
-    rest = [e for e in rp.entries if e.blob_key or e.item_index not in mine]
-    heap = [(loads[k], k) for k in range(parts)]
-    heapq.heapify(heap)
-    for e in sorted(rest, key=_rest_order):
-        load, k = heapq.heappop(heap)
-        placed[k].append(
-            WriteEntry(e.item_index, data_file_name(gplan.save_id, rp.rank, k), ends[k], e.byte_length, e.blob_key)
-        )
-        ends[k] += -(-e.byte_length // ENTRY_ALIGN) * ENTRY_ALIGN
-        heapq.heappush(heap, (load + e.byte_length, k))
+    rest = sorted((e for e in rp.entries if e.blob_key or e.item_index not in mine), key=_rest_order)
+    for e, (k, off) in zip(rest, place([e.byte_length for e in rest], loads, ends)):
+        placed[k].append(WriteEntry(e.item_index, file_name(rp.rank, k), off, e.byte_length, e.blob_key))
     return tuple(e for k in range(parts) for e in placed[k])
 
 
 def _rest_order(e: WriteEntry) -> tuple[int, bool, int, str]:
     """Largest first; among equal sizes tensors by item, then blobs by key (what
-    ``regular_plan`` places alike without the entries' earlier order)."""
+    ``templates`` places alike without the entries' earlier order)."""
     return -e.byte_length, bool(e.blob_key), e.item_index if not e.blob_key else 0, e.blob_key
 
 

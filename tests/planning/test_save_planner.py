@@ -1,0 +1,359 @@
+"""The save planner's paths give the record planner's plan (``plan._plan_records``, the
+reference), on random jobs (hypothesis):
+- columns (``columns.plan_tables``): the same global plan, or, where the columns leave the
+  common case (a rank holding one box twice, grid tilings, disagreeing ranks, bad tilings), the
+  records' plan or exactly their error; and the common cases do take the columns;
+- templates (``templates.plan_regular``): on jobs mixing tensors every rank holds one
+  ``torch.chunk`` of (with empty tails), replicated tensors and 0-d steps (some with a named
+  replica source), rank-0-only tensors, per-rank blobs and per-rank spec orders, its plan equals
+  the record planner's (then ``regularize``), entry for entry; its lazy rank plans give the same
+  columns, explicit entries and file sizes as the tuple they stand for; and jobs it must not
+  plan (a tensor split over part of the job) fall through to the other planners;
+- the layout rules on columns equal their plain loops."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from unickpt.errors import CheckpointError
+from unickpt.planning.save.columns import plan_tables as _plan_tables
+from unickpt.planning.save.model import GlobalSavePlan, LocalSavePlan, rank_plan_rows
+from unickpt.planning.save.plan import _plan_records, plan_save
+from unickpt.planning.save.regular import regularize
+from unickpt.planning.save.table import ShardTable
+from unickpt.planning.save.templates import RegularRankPlans, chunk_rule, plan_regular
+from unickpt.planning.save.wire import (
+    LocalPlans,
+    decode_local_table,
+    decode_rank_plan,
+    encode_local_plan,
+    encode_rank_rows,
+)
+from unickpt.planning.specs import BlobSpec, ShardSpec
+
+COLUMN_SETTINGS = settings(max_examples=300, deadline=None)
+DTYPES = ["float32", "bfloat16", "int64", "uint8"]
+
+
+def _blocks(shape: tuple[int, ...], dim: int, cuts: list[int]) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    bounds = [0, *cuts, shape[dim]]
+    out = []
+    for a, b in zip(bounds, bounds[1:]):
+        offs = tuple(a if d == dim else 0 for d in range(len(shape)))
+        lens = tuple(b - a if d == dim else shape[d] for d in range(len(shape)))
+        out.append((offs, lens))
+    return out
+
+
+@st.composite
+def column_jobs(draw, odd: bool = False) -> tuple[list[LocalSavePlan], int]:
+    """Random jobs: 0-d, 1-d, 2-d and 3-d tensors (some empty), each whole on every rank,
+    split in blocks along one dimension (replicas, sources, empty boxes), or (``odd``) split
+    along two dimensions, held twice by one rank, disagreeing, or not tiled."""
+    ws = draw(st.integers(1, 5))
+    per_rank: list[list[ShardSpec]] = [[] for _ in range(ws)]
+    for t in range(draw(st.integers(0, 5))):
+        fqn = f"model.t{t}" if t % 2 else f"optimizer.state.t{t}.exp_avg"
+        shape = tuple(draw(st.lists(st.integers(0 if odd else 1, 6), max_size=3)))
+        dtype = draw(st.sampled_from(DTYPES))
+        kind = draw(
+            st.sampled_from(
+                ["whole", "split", "split", "grid", "twice", "gap", "disagree"] if odd else ["whole", "split"]
+            )
+        )
+        if not shape or kind == "whole" or 0 in shape or max(shape) < 2:
+            boxes = [((0,) * len(shape), shape)]
+        elif kind == "grid" and len(shape) >= 2 and min(shape[:2]) >= 2:
+            rows = _blocks(shape, 0, [draw(st.integers(1, shape[0] - 1))])
+            boxes = []
+            for o, n in rows:
+                for o2, n2 in _blocks(n, 1, [draw(st.integers(1, shape[1] - 1))]):
+                    boxes.append((tuple(a + b for a, b in zip(o, o2)), n2))
+        else:
+            dim = draw(st.sampled_from([d for d in range(len(shape)) if shape[d] >= 2]))
+            cuts = sorted(draw(st.sets(st.integers(1, shape[dim] - 1), min_size=1, max_size=min(3, shape[dim] - 1))))
+            boxes = _blocks(shape, dim, cuts)
+            if kind == "gap" and len(boxes) > 1:
+                boxes = boxes[1:]
+        for b, (offs, lens) in enumerate(boxes):
+            holders = sorted(draw(st.sets(st.integers(0, ws - 1), min_size=1, max_size=ws)))
+            source = draw(st.sampled_from([None, None, holders[0], ws - 1]))
+            for r in holders:
+                per_rank[r].append(ShardSpec(fqn, dtype, shape, offs, lens, source))
+                if kind == "twice" and b == 0 and r == holders[0]:
+                    per_rank[r].append(ShardSpec(fqn, dtype, shape, offs, lens, source))
+        if kind == "disagree" and ws > 1:
+            per_rank[ws - 1].append(ShardSpec(fqn, "int8", shape, (0,) * len(shape), shape))
+        for r in range(ws):
+            if draw(st.booleans()) and shape and shape[0] > 0 and not odd:  # an empty box of uneven sharding
+                per_rank[r].append(ShardSpec(fqn, dtype, shape, (shape[0],) + (0,) * (len(shape) - 1), (0, *shape[1:])))
+    plans = []
+    for r in range(ws):
+        shards = tuple(draw(st.permutations(per_rank[r])))
+        blobs = tuple(BlobSpec(f"extra/{r}/{i}", draw(st.integers(0, 300))) for i in range(draw(st.integers(0, 2))))
+        plans.append(LocalSavePlan(r, shards, blobs))
+    return plans, draw(st.integers(1, 3))
+
+
+def _outcome(fn, *args):
+    try:
+        return fn(*args)
+    except CheckpointError as e:
+        return (type(e), str(e))
+
+
+@given(column_jobs())
+@COLUMN_SETTINGS
+def test_common_jobs_are_planned_on_columns_as_on_records(job):
+    plans, files = job
+    tables = [decode_local_table(encode_local_plan(p)) for p in plans]  # as the coordinator gets them
+    fast = _plan_tables(tables, "20250101T000000-abc", files)
+    if any(p.shards for p in plans):
+        assert fast is not None  # the common case does take the columns
+        assert fast == _plan_records(plans, "20250101T000000-abc", files)
+    want = regularize(_plan_records(plans, "20250101T000000-abc", files), files)  # what plan_save adds
+    assert plan_save(tables, "20250101T000000-abc", files) == want
+
+
+@given(column_jobs(odd=True))
+@COLUMN_SETTINGS
+def test_any_job_is_planned_or_refused_as_on_records(job):
+    plans, files = job
+    want = _outcome(_plan_records, plans, "s", files)
+    if isinstance(want, tuple):  # a refusal: never a plan from the columns
+        assert _outcome(_plan_tables, [ShardTable.of(p) for p in plans], "s", files) is None
+    else:  # plan_save lays split tensors out alike (planning.regular)
+        want = regularize(want, files)
+    assert _outcome(plan_save, plans, "s", files) == want
+    assert _outcome(plan_save, [ShardTable.of(p) for p in plans], "s", files) == want
+
+
+def test_a_table_planned_from_records_equals_one_from_bytes():
+    plans = [
+        LocalSavePlan(
+            r, (ShardSpec("model.w", "float32", (4, 3), (2 * r, 0), (2, 3)), ShardSpec("s", "float32", (), (), ()))
+        )
+        for r in range(2)
+    ]
+    by_records = plan_save(plans, "s", 2)
+    assert plan_save([decode_local_table(encode_local_plan(p)) for p in plans], "s", 2) == by_records
+    assert {w[0]: w[3] for w in by_records.writers} == {"s": 0}  # model.w: rank r writes chunk r
+    assert [entries for _, entries in by_records.layouts] == [(("model.w", 0),)]
+    with pytest.raises(CheckpointError, match="in order"):
+        plan_save(list(reversed(plans)), "s")
+
+
+@given(
+    st.lists(st.sampled_from([0, 4, 64, 4800]) | st.integers(0, 5000), max_size=120),
+    st.integers(1, 5),
+)
+@COLUMN_SETTINGS
+def test_lightest_first_runs_equal_the_heap_loop(sizes, parts):
+    """``_lightest_first``'s slots (runs of one size) and its loop give the heap's choices."""
+    import heapq
+
+    import numpy as np
+
+    from unickpt.planning.save.layout import _lightest_first
+
+    ordered = sorted(sizes, reverse=True)
+    heap = [(0, p) for p in range(parts)]
+    want = []
+    for size in ordered:
+        load, p = heapq.heappop(heap)
+        heapq.heappush(heap, (load + size, p))
+        want.append(p)
+    assert _lightest_first(np.array(ordered, dtype=np.int64), parts).tolist() == want
+
+
+@given(st.lists(st.sampled_from([0, 3, 64, 100]) | st.integers(0, 500), max_size=60), st.integers(1, 4))
+@COLUMN_SETTINGS
+def test_layout_columns_equal_the_record_layout(sizes, parts):
+    import numpy as np
+
+    from unickpt.planning.save.layout import layout_columns as _layout_columns
+    from unickpt.planning.save.model import file_name
+    from unickpt.planning.save.plan import _layout
+
+    work = [(n, i, "") for i, n in enumerate(sizes)]
+    want = _layout("s", 3, work, parts)
+    order, part, offset = _layout_columns(np.array(sizes, dtype=np.int64), parts)
+    got = [(i, file_name(3, p), off, sizes[i]) for i, p, off in zip(order.tolist(), part.tolist(), offset.tolist())]
+    assert got == [(e.item_index, e.file, e.byte_offset, e.byte_length) for e in want]
+
+
+def test_worst_fit_orders_replicated_boxes_by_fqn_then_offsets_first_dim_first():
+    """Equal-sized replicated blocks of a 2x2 grid go to the lighter rank in (fqn, offsets,
+    lengths) order, offsets compared from the first dimension (a tuple's order)."""
+    grid = [((r, c), (2, 2)) for r in (0, 2) for c in (0, 2)]
+    plans = [
+        LocalSavePlan(rank, tuple(ShardSpec("model.g", "float32", (4, 4), o, n) for o, n in grid)) for rank in range(2)
+    ]
+    got = plan_save(plans, "s")
+    assert got == _plan_records(plans, "s", 1)
+    assert {w[1]: w[3] for w in got.writers} == {(0, 0): 0, (0, 2): 1, (2, 0): 0, (2, 2): 1}
+
+
+# ---------------------------------------------------------------- regular jobs: templates
+
+REGULAR_SETTINGS = settings(max_examples=150, deadline=None, derandomize=True, database=None)
+SAVE_ID = "20250101T000000-0123456789ab"
+
+
+def _chunk(n: int, parts: int, i: int) -> tuple[int, int]:
+    c = -(-n // parts)
+    lo = min(n, i * c)
+    return lo, min(n, lo + c) - lo
+
+
+@st.composite
+def regular_jobs(draw, partial: bool = False):
+    world = draw(st.integers(2, 9))
+    specs: list[list[ShardSpec]] = [[] for _ in range(world)]
+    kinds = ["split", "split", "replicated", "step", "rank0"] + (["part-of-job"] if partial else [])
+    for t in range(draw(st.integers(1, 7))):
+        kind = draw(st.sampled_from(kinds))
+        shape = (draw(st.integers(1, 2 * world + 3)), draw(st.integers(1, 3)))
+        d = draw(st.integers(0, 1))
+        dtype = draw(st.sampled_from(["float32", "bfloat16", "int64"]))
+        source = draw(st.sampled_from([None, None, 0, world - 1]))
+        fqn = f"model.t{t}"
+        for r in range(world):
+            if kind in ("split", "part-of-job"):
+                parts = world if kind == "split" else max(1, world // 2)
+                if kind == "part-of-job" and r >= parts:
+                    continue
+                lo, n = _chunk(shape[d], parts, r)
+                offs = tuple(lo if i == d else 0 for i in range(2))
+                lens = tuple(n if i == d else shape[i] for i in range(2))
+                specs[r].append(ShardSpec(fqn, dtype, shape, offs, lens))
+            elif kind == "replicated":
+                specs[r].append(ShardSpec(fqn, dtype, shape, (0, 0), shape, source))
+            elif kind == "step":
+                specs[r].append(ShardSpec(fqn, "float32", (), (), (), source))
+            else:  # rank 0 holds all of it, the others an empty box
+                lens = shape if r == 0 else (0, shape[1])
+                specs[r].append(ShardSpec(fqn, dtype, shape, (0, 0), lens))
+    plans = []
+    shuffle = draw(st.booleans())
+    for r in range(world):
+        shards = draw(st.permutations(specs[r])) if shuffle else specs[r]
+        blobs = tuple(
+            BlobSpec(f"loader/{r}/{i}", draw(st.sampled_from([0, 7, 64, 300]))) for i in range(draw(st.integers(0, 2)))
+        )
+        plans.append(LocalSavePlan(r, tuple(shards), blobs))
+    return plans, draw(st.integers(1, 3))
+
+
+def _reference(plans: list[LocalSavePlan], files: int) -> GlobalSavePlan:
+    return regularize(_plan_records(plans, SAVE_ID, files), files)
+
+
+def _same(a: GlobalSavePlan, b: GlobalSavePlan) -> None:
+    assert a.save_id == b.save_id
+    assert a.tensors == b.tensors and list(a.tensors) == list(b.tensors)
+    assert a.files == b.files
+    assert a.layouts == b.layouts
+    assert a.writers == b.writers
+    assert list(a.rank_plans) == list(b.rank_plans)
+
+
+@given(regular_jobs())
+@REGULAR_SETTINGS
+def test_regular_jobs_are_planned_as_by_the_record_planner(job):
+    plans, files = job
+    want = _reference(plans, files)
+    got = plan_regular(LocalPlans([encode_local_plan(p) for p in plans]), SAVE_ID, files)
+    if got is None:  # only where regularize itself keeps no layout or its fallback applies
+        assert plan_save(plans, SAVE_ID, files).rank_plans == want.rank_plans
+        return
+    assert isinstance(got.rank_plans, RegularRankPlans)
+    _same(got, want)
+    # the lazy plans give what the tuple gives: columns, the bytes a rank receives, entries, sizes
+    for r, rp in enumerate(want.rank_plans):
+        files_r, rows, blobs = got.rank_rows(r)
+        w_files, w_rows, w_blobs = rank_plan_rows(rp)
+        assert (files_r, rows.tolist(), blobs) == (w_files, w_rows.tolist(), w_blobs)
+        assert decode_rank_plan(encode_rank_rows(r, SAVE_ID, files_r, rows, blobs)) == rp
+
+    def where(x):
+        return x[0], x[1].file, x[1].byte_offset
+
+    assert sorted(got.explicit_entries(), key=where) == sorted(
+        (
+            (rank, e)
+            for rank, e in want.explicit_entries()
+            if e.blob_key or _outside_layouts(want, rank, e.item_index, plans)
+        ),
+        key=where,
+    )
+    assert got.file_ends() == want.file_ends()
+    other = got.with_save_id("20250101T000000-feedfacecafe")  # plans name files by (rank, part)
+    assert [rp.save_id for rp in other.rank_plans] == ["20250101T000000-feedfacecafe"] * len(plans)
+    assert [rp.entries for rp in other.rank_plans] == [rp.entries for rp in want.rank_plans]
+
+
+def _outside_layouts(g: GlobalSavePlan, rank: int, item: int, plans: list[LocalSavePlan]) -> bool:
+    split = {fqn for _files, entries in g.layouts for fqn, _ in entries}
+    return plans[rank].shards[item].fqn not in split
+
+
+@given(regular_jobs(partial=True))
+@REGULAR_SETTINGS
+def test_every_job_gets_the_record_planners_plan(job):
+    """Jobs with tensors split over part of the job fall through; plan_save's plan is the
+    reference's in every case."""
+    plans, files = job
+    _same(plan_save(plans, SAVE_ID, files), _reference(plans, files))
+    _same(plan_save(LocalPlans([encode_local_plan(p) for p in plans]), SAVE_ID, files), _reference(plans, files))
+
+
+@given(
+    extent=st.integers(0, 40),
+    world=st.integers(2, 50),
+    other=st.integers(0, 4),
+    d=st.integers(0, 1),
+)
+@settings(max_examples=300, deadline=None)
+def test_chunk_rule_matches_torch_chunk_parts_only(extent, world, other, d):
+    """Row r is ruled along d exactly when its box is torch.chunk part r (torch's sizes, computed
+    here), the other dimension whole and part 0 not the whole extent."""
+    import torch
+
+    shape = (extent, other) if d == 0 else (other, extent)
+    pieces = torch.chunk(torch.arange(extent), world) if extent else ()
+    for r in range(world):
+        lo = sum(len(p) for p in pieces[:r]) if r < len(pieces) else extent
+        n = len(pieces[r]) if r < len(pieces) else 0
+        offs = tuple(lo if i == d else 0 for i in range(2))
+        lens = tuple(n if i == d else shape[i] for i in range(2))
+        full = (tuple(0 for _ in shape), shape)
+        table = ShardTable.of(
+            LocalSavePlan(r, (ShardSpec("t", "float32", shape, offs, lens), ShardSpec("u", "float32", shape, *full)))
+        )
+        rule = chunk_rule(table, world).tolist()
+        part0_whole = not pieces or len(pieces[0]) == extent
+        assert rule == [-1 if part0_whole else d, -1], (shape, r, offs, lens)
+
+
+def test_a_fsdp_like_job_of_many_ranks_is_one_template():
+    """1,000 ranks, each chunk r of 50 tensors plus 50 replicated steps: one template, every
+    rank's part computed when asked, the steps given by worst-fit as the record planner gives
+    them (to the lightest rank: the last, whose chunks are short)."""
+    world = 1000
+    plans = []
+    for r in range(world):
+        specs = []
+        for i in range(50):
+            rows = world * (4 + i) - i % 3  # every rank's chunk has rows, the last a few fewer
+            lo, n = _chunk(rows, world, r)
+            specs.append(ShardSpec(f"model.w{i}", "bfloat16", (rows, 8), (lo, 0), (n, 8)))
+            specs.append(ShardSpec(f"optim.step{i}", "float32", (), (), ()))
+        plans.append(LocalSavePlan(r, tuple(specs)))
+    g = plan_save(LocalPlans([encode_local_plan(p) for p in plans]), SAVE_ID, 2)
+    assert isinstance(g.rank_plans, RegularRankPlans)
+    assert len(set(g.rank_plans.template_of.tolist())) == 1
+    assert sorted(w[0] for w in g.writers) == sorted(f"optim.step{i}" for i in range(50))
+    assert [w[:4] for w in g.writers] == [w[:4] for w in _reference(plans[:], 2).writers]
