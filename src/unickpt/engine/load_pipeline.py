@@ -43,6 +43,8 @@ from ..errors import (
     RankFailures,
     TruncatedDataFileError,
 )
+from ..folder.lock import checkpoint_replaced
+from ..folder.target import claims
 from ..format.keymap import remap
 from ..format.records import Metadata
 from ..format.transforms import derive
@@ -57,10 +59,8 @@ from ..state.items import LoadContext
 from ..state.layout import StateLayout
 from ..storage import Storage
 from .gc_pause import gc_paused
-from .lock import checkpoint_replaced
 from .read import read_blob, read_metadata, read_stage
-from .resources import Resources
-from .target import claims
+from .runtime.resources import Resources
 
 __all__ = ["LoadPipeline"]
 

@@ -46,7 +46,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType
 
 from ..api import load, save
-from ..engine.worker import SaveHandle
+from ..engine.runtime.worker import SaveHandle
 from ..errors import UnsupportedValueError
 from ..options import LoadOptions
 from ..state.extra import rng_state, set_rng_state

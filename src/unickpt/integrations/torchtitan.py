@@ -52,7 +52,7 @@ from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.tools import filesystem
 
 from ..checkpointer import Checkpointer
-from ..engine.worker import SaveHandle
+from ..engine.runtime.worker import SaveHandle
 from ..errors import CheckpointError
 from ..format.records import METADATA_FILE
 from ..options import LoadOptions

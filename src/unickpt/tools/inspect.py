@@ -2,7 +2,7 @@
 
 Who calls what, in order (``cli.main`` -> ``run_inspect``):
   1. ``load_metadata(path)``  opens the storage (``open_storage``), reads the metadata bytes with
-     ``engine.read.read_metadata_bytes`` (which tells an interrupted save from a folder that is no
+     ``folder.probe.read_metadata_bytes`` (which tells an interrupted save from a folder that is no
      checkpoint) and decodes / validates them with ``format.decode_metadata``; no data file is read;
   2. ``file_sizes(storage, md)``  stats every data file (one cheap ``size`` call each, in parallel),
      so missing or short files show up without reading them;
@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..coordination.single import SingleProcessCoordinator
-from ..engine.read import read_metadata_bytes
+from ..folder.probe import read_metadata_bytes
 from ..format import METADATA_FILE, Metadata, decode_metadata
 from ..storage import Storage, open_storage
 from ..storage.base import METADATA_LIMIT

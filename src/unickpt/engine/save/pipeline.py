@@ -28,26 +28,27 @@ from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..coordination import Coordinator, Settle, run_stage
-from ..errors import RankDisagreementError
-from ..format.names import check_save_names
-from ..format.records import Metadata
-from ..frameworks import FrameworkAdapter, SaveView, get_framework, supports_step_hooks
-from ..monitoring.phases import PhaseRecorder, RecordingBus
-from ..options import SaveOptions
-from ..planning.save_plan import LocalSavePlan, RankSavePlan
-from ..planning.specs import BlobSpec, SaveItem
-from ..state.layout import StateLayout, replicated_disagreement
-from ..storage import Buffer, Storage
-from .commit import SaveSource, commit_stage
-from .gc_pause import GCHold, gc_paused
-from .lock import SaveLock, run_locked
-from .plan_cache import CachedPlan, PlanKey, plan_stage
-from .resources import Resources
+from ...coordination import Coordinator, Settle, run_stage
+from ...errors import RankDisagreementError
+from ...folder.lock import SaveLock, run_locked
+from ...folder.target import claims
+from ...format.build import SaveSource
+from ...format.names import check_save_names
+from ...format.records import Metadata
+from ...frameworks import FrameworkAdapter, SaveView, get_framework, supports_step_hooks
+from ...monitoring.phases import PhaseRecorder, RecordingBus
+from ...options import SaveOptions
+from ...planning.save_plan import LocalSavePlan, RankSavePlan
+from ...planning.specs import BlobSpec, SaveItem
+from ...state.layout import StateLayout, replicated_disagreement
+from ...storage import Buffer, Storage
+from ..gc_pause import GCHold, gc_paused
+from ..plan_cache import CachedPlan, PlanKey, plan_stage
+from ..runtime.resources import Resources
+from ..runtime.worker import SaveHandle
+from .commit import commit_stage
 from .staging import StagedFiles, live_parts, on_device
 from .step_guard import protected_storages, storage_key
-from .target import claims
-from .worker import SaveHandle
 from .write import write_stage
 
 __all__ = ["SavePipeline", "Described", "Snapshot"]
@@ -185,7 +186,7 @@ class SavePipeline:
 
     def _copied_later(self, optimizer: object) -> Callable[[SaveItem], bool] | None:
         """Which save items an async save may copy after returning: those only optimizer.step()
-        changes (it waits for the copy; see engine.step_guard). None: copy everything now."""
+        changes (it waits for the copy; see engine.save.step_guard). None: copy everything now."""
         if not self.options.background_snapshot or not supports_step_hooks(optimizer):
             return None
         protected = protected_storages(optimizer)
