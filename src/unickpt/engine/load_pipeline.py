@@ -115,7 +115,7 @@ class LoadPipeline:
         t0 = time.perf_counter()
         self.res.events.emit("load.begin", coord.rank, path=storage.url)
         layout, adapter = self.describe()
-        with gc_paused():  # a record per shard and tensor: full collections would walk them all, finding nothing
+        with gc_paused(self.options.pause_gc):  # a record per shard and tensor: no full collections
             skipped = self._attempts(layout, adapter)
         self.res.events.emit("load.end", coord.rank, t0, path=storage.url)
         return skipped
