@@ -276,15 +276,19 @@ class CheckpointManager:
     def _metadata(self, step: int) -> Metadata | None:
         """The decoded metadata of ``step``, or None if missing or undecodable."""
         try:
-            return committed_metadata(self._storage, self._prefix(step))
+            return committed_metadata(self._storage, self._prefix(step), where=self._where(step))
         except CheckpointError:
             return None
+
+    def _where(self, step: int) -> str:
+        """The metadata file of ``step`` as errors name it (under ``root`` as the user gave it)."""
+        return f"{self.root}/{self._prefix(step)}{METADATA_FILE}"
 
     def _inspect(self, step: int, names: list[str] | None = None) -> StepState:
         """What ``step``'s folder holds (``names``: its names from ``_scan``, listed when None)."""
         prefix = self._prefix(step)
         try:
-            md = committed_metadata(self._storage, prefix)
+            md = committed_metadata(self._storage, prefix, where=self._where(step))
         except CheckpointError as e:  # a newer format version, corrupt, too large, a link
             return StepState(step, UNREADABLE, None, f"{type(e).__name__}: {e}")
         if md is None:

@@ -41,11 +41,15 @@ def read_committed(storage: Storage, prefix: str = "", limit: int = METADATA_LIM
     return publisher_for(storage).read(prefix + METADATA_FILE, limit)
 
 
-def committed_metadata(storage: Storage, prefix: str = "", limit: int = METADATA_LIMIT) -> Metadata | None:
+def committed_metadata(
+    storage: Storage, prefix: str = "", limit: int = METADATA_LIMIT, where: str | None = None
+) -> Metadata | None:
     """The decoded committed metadata at ``prefix`` (None: nothing committed). Raises a
-    ``CheckpointError`` when it cannot be read or decoded (a newer format, corrupt, too large, a link)."""
+    ``CheckpointError`` when it cannot be read or decoded (a newer format, corrupt, too large, a
+    link); ``where``: the file's name in its message (default: its URL)."""
     data = read_committed(storage, prefix, limit)
-    return None if data is None else decode_metadata(data, f"{storage.url}/{prefix}{METADATA_FILE}")
+    where = where if where is not None else f"{storage.url}/{prefix}{METADATA_FILE}"
+    return None if data is None else decode_metadata(data, where)
 
 
 def committed_save_id(storage: Storage) -> str | None:
