@@ -47,11 +47,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from unickpt.engine.commit import SaveSource, build_metadata
 from unickpt.engine.gc_pause import gc_paused
 from unickpt.engine.plan_cache import CachedPlan, checksum_chunk_of
 from unickpt.engine.read import _extents
 from unickpt.engine.read_exchange import decode_part, read_parts, report_needs
+from unickpt.format.build import SaveSource, build_metadata
 from unickpt.format.codec import decode_metadata, encode_metadata
 from unickpt.planning.load_plan import plan_local_load
 from unickpt.planning.save.model import LocalSavePlan

@@ -414,7 +414,7 @@ def test_issue29_integrity_family_is_what_a_load_retry_catches(ckpt: tuple[Path,
 
 def test_failed_commit_keeps_previous_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A save that dies after writing its data but before the commit leaves the old one loadable."""
-    from unickpt.storage.commit import RenamePublisher
+    from unickpt.folder.publish import RenamePublisher
 
     path = tmp_path / "c"
     first, _ = trained(Tiny(seed=1))
@@ -436,7 +436,7 @@ def test_failed_commit_keeps_previous_checkpoint(tmp_path: Path, monkeypatch: py
     assert state["extra_state"] == {"step": 1}
     # the next successful save removes the interrupted save's data; it keeps only its own and the
     # generation it replaced (for loads still reading that one)
-    from unickpt.engine.commit import committed_save_id
+    from unickpt.folder.probe import committed_save_id
     from unickpt.storage import open_storage
 
     first_id = committed_save_id(open_storage(str(path)))
@@ -448,7 +448,7 @@ def test_failed_commit_keeps_previous_checkpoint(tmp_path: Path, monkeypatch: py
 _CRASH = textwrap.dedent("""
     import os, sys, torch
     import unickpt
-    from unickpt.storage.commit import RenamePublisher
+    from unickpt.folder.publish import RenamePublisher
 
     def crash(self, name, data):
         os._exit(17)  # the process dies: no cleanup, no exception handling
@@ -486,7 +486,7 @@ def test_issue9_item7_cleanup_failure_after_commit_is_a_warning(
 ) -> None:
     """Old data that cannot be deleted after the commit: the save succeeds (its checkpoint is
     committed and loads) and a warning names the files and the reason."""
-    from unickpt.engine.commit import committed_save_id
+    from unickpt.folder.probe import committed_save_id
     from unickpt.storage import open_storage
     from unickpt.storage.local import LocalStorage
 

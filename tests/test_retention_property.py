@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import unickpt
-from unickpt.engine.lock import LOCK_FILE, LockOwner, lock_is_live
+from unickpt.folder.lock import LOCK_FILE, LockOwner, lock_is_live
 from unickpt.format.records import METADATA_FILE
 from unickpt.storage import open_storage
 

@@ -1,7 +1,7 @@
 """``unickpt.save`` / ``unickpt.load`` / ``unickpt.wait_all``: the default ``Checkpointer``.
 
 A thin facade: each call delegates to ``default_checkpointer()`` (see ``checkpointer``), which
-runs the save and load pipelines (``engine.save_pipeline``, ``engine.load_pipeline``) and owns
+runs the save and load pipelines (``engine.save.pipeline``, ``engine.load_pipeline``) and owns
 what lives across calls. Jobs that want their own options, process group or lifetime (one per
 role, tests) create ``unickpt.Checkpointer`` objects instead.
 """
@@ -12,9 +12,9 @@ from collections.abc import MutableMapping
 from typing import Any
 
 from .checkpointer import default_checkpointer, live_checkpointers
-from .engine.target import check_role
-from .engine.worker import SaveHandle
+from .engine.runtime.worker import SaveHandle
 from .errors import AsyncSaveFailures
+from .folder.target import check_role
 from .options import LoadOptions, SaveOptions
 
 __all__ = ["save", "load", "wait_all", "SaveHandle", "check_role"]

@@ -38,15 +38,15 @@ import torch.distributed as dist
 from .coordination.topology import CoordinationOptions
 from .coordination.torch_dist import CheckpointGroups
 from .engine.load_pipeline import LoadPipeline
-from .engine.lock_owner import LockContext, LockTokens
 from .engine.plan_cache import PlanCache
-from .engine.resources import Resources
-from .engine.save_pipeline import SavePipeline
-from .engine.staging import StagingPool
-from .engine.step_guard import SnapshotGuard
-from .engine.target import open_target
-from .engine.worker import ANY_OWNER, SaveHandle, SaveWorker
+from .engine.runtime.resources import Resources
+from .engine.runtime.worker import ANY_OWNER, SaveHandle, SaveWorker
+from .engine.save.pipeline import SavePipeline
+from .engine.save.staging import StagingPool
+from .engine.save.step_guard import SnapshotGuard
 from .errors import CheckpointError
+from .folder.lock_owner import LockContext, LockTokens
+from .folder.target import open_target
 from .format.records import Metadata
 from .monitoring.events import EventBus, Listener
 from .options import LoadOptions, SaveOptions

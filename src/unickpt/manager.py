@@ -23,7 +23,7 @@ Who calls what, in order (every rank calls ``save`` / ``load_latest`` with the s
                its worker) -> a
                post-commit job queued on the same worker, so it runs after exactly that save:
                rank 0 checks the committed metadata names this save, publishes the pointer
-               (``storage.commit.publisher_for``: temporary file + atomic rename, or one atomic
+               (``folder.publish.publisher_for``: temporary file + atomic rename, or one atomic
                put), then applies retention (which also deletes the publisher's own leftovers).
                The returned handle completes after the post-commit job. A failed save never
                reaches the pointer: ``latest`` only ever names a committed checkpoint.
@@ -39,8 +39,9 @@ Who calls what, in order (every rank calls ``save`` / ``load_latest`` with the s
                half-way leaves an incomplete folder, never a complete-looking one with missing
                data; then the data files of unickpt's form under ``data/<save_id>/`` of the
                metadata's and the marked saves, the markers, stale lock generations, publication
-               temporaries). A user's file anywhere stays; kept-unproven folders are never
-               deleted and are named in a warning at each retention (and by ``unickpt ls``).
+               temporaries; ``folder.cleanup.checkpoint_files``). A user's file anywhere stays;
+               kept-unproven folders are never deleted and are named in a warning at each
+               retention (and by ``unickpt ls``).
   ``load_latest`` rank 0 reads the pointer (falling back to the newest complete checkpoint when
                it is missing or names an unusable one), broadcasts the step, all ranks load it.
 ``list_checkpoints`` reports only complete checkpoints; ``latest_step`` falls back only to one.
@@ -58,23 +59,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from .checkpointer import Checkpointer, default_checkpointer
-from .engine.lock import LOCK_FILE, lock_is_live
-from .engine.ownership import MARKER_PREFIX, is_data_file_name, is_save_id, is_unickpt_name, marker_name
-from .engine.target import check_role
-from .engine.worker import SaveHandle
+from .engine.runtime.worker import SaveHandle
 from .errors import CheckpointError, IncompleteCheckpointError
-from .format.codec import decode_metadata
+from .folder.cleanup import checkpoint_files, delete_checkpoint, delete_files, lock_blocks_deletion
+from .folder.markers import is_unickpt_name
+from .folder.probe import committed_metadata
+from .folder.publish import publisher_for
+from .folder.target import check_role
 from .format.records import DATA_DIR, METADATA_FILE, Metadata
 from .options import LoadOptions, SaveOptions
 from .storage import Storage, open_storage
 from .storage.base import SMALL_FILE_LIMIT
-from .storage.commit import publisher_for
 from .storage.registry import split_url
 
 __all__ = ["CheckpointManager", "CheckpointInfo", "LatestPointer", "RetentionPlan", "StepState", "STEP_STATUSES"]
 
 _STEP_RE = re.compile(r"step_(\d{8,})")
-_LOCK_NAME = re.compile(re.escape(LOCK_FILE) + r"(?:\.\d{1,18})?")  # engine.lock's generations
 
 COMPLETE = "complete"  # metadata decoded, every data file present with its recorded size
 INCOMPLETE = "incomplete"  # no metadata, unickpt's lock / marker: a save in progress or interrupted
@@ -275,20 +275,20 @@ class CheckpointManager:
 
     def _metadata(self, step: int) -> Metadata | None:
         """The decoded metadata of ``step``, or None if missing or undecodable."""
-        name = self._prefix(step) + METADATA_FILE
         try:
-            data = self._publisher.read(name)
-            return None if data is None else decode_metadata(data, f"{self.root}/{name}")
+            return committed_metadata(self._storage, self._prefix(step), where=self._where(step))
         except CheckpointError:
             return None
+
+    def _where(self, step: int) -> str:
+        """The metadata file of ``step`` as errors name it (under ``root`` as the user gave it)."""
+        return f"{self.root}/{self._prefix(step)}{METADATA_FILE}"
 
     def _inspect(self, step: int, names: list[str] | None = None) -> StepState:
         """What ``step``'s folder holds (``names``: its names from ``_scan``, listed when None)."""
         prefix = self._prefix(step)
-        where = f"{self.root}/{prefix}{METADATA_FILE}"
         try:
-            data = self._publisher.read(prefix + METADATA_FILE)
-            md = None if data is None else decode_metadata(data, where)
+            md = committed_metadata(self._storage, prefix, where=self._where(step))
         except CheckpointError as e:  # a newer format version, corrupt, too large, a link
             return StepState(step, UNREADABLE, None, f"{type(e).__name__}: {e}")
         if md is None:
@@ -457,9 +457,7 @@ class CheckpointManager:
         for step, groups in plan.deletions:
             if self._lock_is_live(step):  # a save started there meanwhile
                 continue
-            for group in groups:  # the metadata first
-                if group:
-                    self._storage.delete(list(group))
+            delete_files(self._storage, groups)  # the metadata first
             deleted.append(step)
         self._warn_kept(list(plan.kept))
         if plan.pointer_leftovers:
@@ -482,57 +480,15 @@ class CheckpointManager:
         )
 
     def _lock_is_live(self, step: int) -> bool:
-        try:
-            return lock_is_live(self._storage, self._prefix(step), self._ckpt.resources.locks)
-        except CheckpointError:  # a lock file unickpt cannot read (not a small regular file): keep
-            return True
+        return lock_blocks_deletion(self._storage, self._prefix(step), self._ckpt.resources.locks)
 
     def _delete_checkpoint(self, step: int, names: list[str]) -> bool:
-        """Delete the files of ``step`` that unickpt provably wrote (``_owned_files``), the
+        """Delete the files of ``step`` that unickpt provably wrote (``folder.cleanup``), the
         metadata first, unless a save holds its lock. True when something was deleted."""
-        groups = self._owned_files(step, names)
-        if not any(groups):
-            return False
-        for group in groups:
-            if group:
-                self._storage.delete(list(group))
-        return True
+        return delete_checkpoint(self._storage, self._prefix(step), names, self._ckpt.resources.locks)
 
     def _owned_files(self, step: int, names: list[str]) -> tuple[tuple[str, ...], ...]:
         """The files of ``step`` (``names``: its names from ``_scan``) that unickpt provably wrote,
-        in the order to delete them (nothing while a save holds its lock): the metadata (the
-        checkpoint turns incomplete before its data goes), the data files of unickpt's form under
-        ``data/<save_id>/`` of the metadata's save and of every marked save, their markers, then
-        the save lock's generations and the metadata's publication temporaries. Anything else (a
-        user's file, a data file no marker or metadata proves unickpt's) is never named."""
-        if self._lock_is_live(step):
-            return ()
-        prefix = self._prefix(step)
-        rests = [n[len(prefix) :] for n in names if n.startswith(prefix)]
-        top = [r for r in rests if "/" not in r]
-        md = self._metadata(step) if METADATA_FILE in top else None
-        marked = {r[len(MARKER_PREFIX) :] for r in top if r.startswith(MARKER_PREFIX)}
-        marked = {sid for sid in marked if is_save_id(sid)}
-        save_ids = marked | ({md.save_id} if md is not None and is_save_id(md.save_id) else set())
-        data = [r for r in rests if _is_data_file_of(r, save_ids)]
-        locks = [r for r in top if _LOCK_NAME.fullmatch(r)]
-        temps = [r for r in top if self._publisher.is_leftover(r, METADATA_FILE)]
-        groups = (
-            [METADATA_FILE] if md is not None else [],
-            data,
-            [marker_name(s) for s in sorted(marked)],
-            locks + temps,
-        )
-        return tuple(tuple(prefix + r for r in g) for g in groups)
-
-
-def _is_data_file_of(rest: str, save_ids: set[str]) -> bool:
-    """Whether ``rest`` (a name inside a checkpoint folder) is a data file of unickpt's form under
-    ``data/<save_id>/`` of one of ``save_ids``."""
-    head, sep, base = rest.rpartition("/")
-    return (
-        bool(sep)
-        and head.startswith(f"{DATA_DIR}/")
-        and head[len(DATA_DIR) + 1 :] in save_ids
-        and is_data_file_name(base)
-    )
+        in the order to delete them (``folder.cleanup.checkpoint_files``; nothing while a save
+        holds its lock)."""
+        return checkpoint_files(self._storage, self._prefix(step), names, self._ckpt.resources.locks)

@@ -68,6 +68,11 @@ class SaveOptions:
     # hundred bytes a rank) inside the checkpoint, data/<save_id>/phases.json, for
     # `unickpt report CKPT` (monitoring.phases); False: none are kept
     record_phases: bool = True
+    # pause Python's cyclic garbage collector while this call builds its per-tensor records (a
+    # blocking save: to the end of its commit; an async save: until the call returns, never during
+    # its background write and commit): with ~10^5 tensors it saves full collections that find
+    # nothing (engine.gc_pause). False: the collector is left alone
+    pause_gc: bool = True
 
     def __post_init__(self) -> None:
         _check_timeout(self.timeout)
@@ -113,6 +118,9 @@ class LoadOptions:
     # row ranges joined along dim 0, e.g. a fused QKV split into Q, K, V
     # (transforms.split_rows / megatron_qkv_split) or Q, K, V fused; optimizer state follows
     transforms: Sequence[RowsTensor] = ()
+    # pause Python's cyclic garbage collector during the load's validation, reads and apply
+    # (see SaveOptions.pause_gc); False: the collector is left alone
+    pause_gc: bool = True
 
     def __post_init__(self) -> None:
         _check_timeout(self.timeout)

@@ -30,17 +30,17 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from .checkpointer import Checkpointer, default_checkpointer
-from .engine.ownership import mark_save
-from .engine.worker import SaveHandle
+from .engine.runtime.worker import SaveHandle
 from .errors import AsyncSaveFailures, CheckpointError, ChecksumMismatchError
+from .folder.markers import mark_save
+from .folder.probe import read_committed
+from .folder.publish import publisher_for
 from .format.codec import decode_metadata
 from .format.records import METADATA_FILE, Metadata
 from .manager import CheckpointManager
 from .monitoring.phases import MAX_PHASES_BYTES, phases_name
 from .options import LoadOptions
 from .storage import Storage, open_storage
-from .storage.base import METADATA_LIMIT
-from .storage.commit import publisher_for
 
 __all__ = ["TieredCheckpointManager", "copy_checkpoint"]
 
@@ -53,11 +53,11 @@ def copy_checkpoint(src: Storage, dst: Storage) -> Metadata:
     shard and blob read back from ``dst``, then the metadata (last)."""
     from .ops.verify import verify
 
-    raw = src.read(METADATA_FILE, METADATA_LIMIT)
+    raw = read_committed(src)
     if raw is None:
         raise CheckpointError(f"{src.url} has no committed checkpoint to copy")
     md = decode_metadata(raw, f"{src.url}/{METADATA_FILE}")
-    if dst.read(METADATA_FILE, METADATA_LIMIT) is not None:
+    if read_committed(dst) is not None:
         raise CheckpointError(f"{dst.url} holds a checkpoint already; tiering never overwrites one")
     mark_save(dst, md.save_id)
     for name in md.files:

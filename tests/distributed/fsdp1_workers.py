@@ -226,7 +226,7 @@ def async_save_while_training(rank: int, world_size: int, specs: list[str], root
     import threading
     import time
 
-    from unickpt.engine import staging
+    from unickpt.engine.save import staging
 
     real = staging._copy_entries
 

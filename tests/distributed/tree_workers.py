@@ -203,7 +203,7 @@ def killed_in_save(
 def fsdp2_regular(rank: int, ws: int, base: str) -> dict[str, Any]:
     """FSDP2 (every parameter ``Shard(0)`` over the job, 0-d optimizer steps replicated) saved
     through a tree and a flat checkpointer: rank 0 plans it as a regular job (templates of
-    ranks, ``planning.regular_plan``), both give each rank the same part, a second (cached,
+    ranks, ``planning.save.templates``), both give each rank the same part, a second (cached,
     async) save renames it, and each checkpoint loads bit-exact through the other."""
     from support.reference import full_state
     from unickpt.planning.save.templates import RegularRankPlans

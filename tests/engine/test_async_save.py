@@ -37,7 +37,7 @@ def _held_background_copy(monkeypatch, seconds: float = 0.3):
     so that what the test does right after the save call surely overlaps the copy."""
     import threading
 
-    from unickpt.engine import staging
+    from unickpt.engine.save import staging
 
     real = staging._copy_entries
     go = threading.Event()
@@ -205,7 +205,7 @@ def test_pinned_staging_buffers_of_different_sizes_are_reused_by_identity():
     pinned buffer and removed it from the pool with ``list.remove``, which compares tensors with
     ``==`` (an element-wise comparison of buffers of different sizes: RuntimeError). Plain
     tensors stand in for pinned ones (``_fit`` tells them apart by type, not by pinning)."""
-    from unickpt.engine.staging import _fit, _Slot
+    from unickpt.engine.save.staging import _fit, _Slot
 
     small, large = torch.empty(100, dtype=torch.uint8), torch.empty(5000, dtype=torch.uint8)
     slot = _Slot(buffers=[large, small])

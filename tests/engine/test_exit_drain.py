@@ -158,7 +158,7 @@ def test_issue9_item1_save_lost_to_destroy_process_group_fails_loudly(tmp_path):
 _HOOK = textwrap.dedent("""
     import sys
     from concurrent.futures import ThreadPoolExecutor
-    from unickpt.engine.exit_hook import run_before_thread_pools_shut_down
+    from unickpt.engine.runtime.exit_hook import run_before_thread_pools_shut_down
 
     def at_exit():
         with ThreadPoolExecutor(1) as pool:  # refused once concurrent.futures shut down

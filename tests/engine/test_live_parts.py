@@ -1,4 +1,4 @@
-"""``engine.staging.live_parts`` (the blocking save's zero-copy snapshot): each file's parts are
+"""``engine.save.staging.live_parts`` (the blocking save's zero-copy snapshot): each file's parts are
 its entries' bytes with the zero padding between them, and the entry list is in plan order,
 also for plans that interleave files (``save_plan`` groups them; hand-made plans may not)."""
 
@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unickpt.engine.staging import live_parts
+from unickpt.engine.save.staging import live_parts
 from unickpt.planning.save import RankSavePlan, WriteEntry
 from unickpt.planning.specs import SaveItem, ShardSpec
 
@@ -70,7 +70,7 @@ def test_staged_images_hold_every_entry_s_bytes(specs):
     """``StagingPool.stage`` (async saves): small CPU entries copied as bytes, large or odd
     ones (conjugate views) by torch; every entry's region of the file image holds its tensor's
     row-major bytes."""
-    from unickpt.engine.staging import StagingPool
+    from unickpt.engine.save.staging import StagingPool
     from unickpt.format.dtypes import dtype_name
 
     items, entries, offset = [], [], 0

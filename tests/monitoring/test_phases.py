@@ -94,7 +94,7 @@ def test_issue26_item14_records_go_with_their_save_data(tmp_path):
     for _ in range(3):
         unickpt.save(path, {"model": model})
         ids.append(_save_id(path))
-    # kept: the committed save and the one it replaced (engine.commit.remove_stale_data)
+    # kept: the committed save and the one it replaced (folder.cleanup.remove_stale_data)
     assert sorted(os.listdir(os.path.join(path, "data"))) == sorted(ids[1:])
     for sid in ids[1:]:
         assert "phases.json" in os.listdir(os.path.join(path, "data", sid))

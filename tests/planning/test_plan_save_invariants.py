@@ -1,4 +1,4 @@
-"""``planning.save_plan.plan_save`` on random jobs (hypothesis): deduplication, replica source,
+"""``planning.save.plan.plan_save`` on random jobs (hypothesis): deduplication, replica source,
 worst-fit balance and the byte layout, each checked against the test's own oracles (element
 counts with numpy: ``support.boxes``; element sizes from torch), never against unickpt's own
 tiling check. Issue 11: "tests of ... plan_save ... that do not exist today"."""
@@ -19,7 +19,7 @@ from unickpt.planning.specs import BlobSpec, ShardSpec
 
 SETTINGS = settings(max_examples=150, deadline=None)
 DTYPES = ["float32", "bfloat16", "int64", "uint8", "float64"]
-ALIGN = 64  # the documented entry alignment (planning.save_plan: ENTRY_ALIGN)
+ALIGN = 64  # the documented entry alignment (planning.save.model: ENTRY_ALIGN)
 
 
 @st.composite

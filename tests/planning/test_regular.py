@@ -10,8 +10,8 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unickpt.engine.commit import SaveSource, build_metadata
 from unickpt.format import decode_metadata, encode_metadata
+from unickpt.format.build import SaveSource, build_metadata
 from unickpt.format.checksums import ChunkChecksums
 from unickpt.format.layouts import SplitShards
 from unickpt.format.validation import validate_metadata

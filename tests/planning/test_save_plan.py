@@ -1,4 +1,4 @@
-"""Replica choice in the save planner (planning.save_plan): pure, no processes."""
+"""Replica choice in the save planner (planning.save): pure, no processes."""
 
 from __future__ import annotations
 

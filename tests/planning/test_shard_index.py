@@ -98,7 +98,7 @@ def target(draw, shape: tuple[int, ...]) -> Box:
 
 
 def _metadata(shape: tuple[int, ...], boxes: list[Box], stored_order: str, rnd) -> Metadata:
-    if stored_order == "sorted":  # as engine.commit.build_metadata writes them
+    if stored_order == "sorted":  # as format.build.build_metadata writes them
         boxes = sorted(boxes)
     elif stored_order == "shuffled":  # e.g. derived tensors, older writers
         boxes = list(boxes)

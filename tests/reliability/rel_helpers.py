@@ -82,8 +82,8 @@ def kill_at_phase(phase: str, rank: int, nth: int = 1) -> None:
 def kill_in_commit(where: str) -> None:
     """SIGKILL this process in the metadata commit: ``"enter"`` right before the temporary
     metadata file is written, ``"rename"`` after it is written and fsynced, before the rename."""
+    from unickpt.folder.publish import PutPublisher, RenamePublisher
     from unickpt.format.records import METADATA_FILE
-    from unickpt.storage.commit import PutPublisher, RenamePublisher
 
     if where == "enter":  # either publication strategy (rename: files; put: object stores)
         for kind in (RenamePublisher, PutPublisher):

@@ -16,7 +16,7 @@ import unickpt
 from harness import run_jobs, run_ranks
 from rel_helpers import data_files, mismatches, snapshot, tiny_model
 from rel_workers import locked_save_worker, looping_loader, racing_saver, repeated_saver, version_state
-from unickpt.engine.lock import LOCK_FILE, LockOwner, read_lock_owner, stale_reason, try_acquire
+from unickpt.folder.lock import LOCK_FILE, LockOwner, read_lock_owner, stale_reason, try_acquire
 from unickpt.format.records import METADATA_FILE
 from unickpt.storage import open_storage
 
@@ -155,7 +155,7 @@ def test_loads_during_repeated_saves_see_whole_versions(tmp_path):
 
 def test_checkpoint_replaced_tells_a_failed_load_to_start_over(tmp_path):
     from unickpt.coordination import SingleProcessCoordinator
-    from unickpt.engine.lock import checkpoint_replaced
+    from unickpt.folder.lock import checkpoint_replaced
 
     ckpt = str(tmp_path / "ck")
     storage, coord = open_storage(ckpt), SingleProcessCoordinator()

@@ -19,8 +19,8 @@ import unickpt
 from harness import launch_ranks
 from rel_helpers import data_files, mismatches, snapshot
 from rel_workers import crash_worker
-from unickpt.engine.commit import committed_save_id
-from unickpt.engine.lock import LOCK_FILE
+from unickpt.folder.lock import LOCK_FILE
+from unickpt.folder.probe import committed_save_id
 from unickpt.format.records import METADATA_FILE
 from unickpt.storage import open_storage
 from unickpt.testing.toy import build, train_step

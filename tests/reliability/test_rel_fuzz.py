@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 import unickpt
 from rel_helpers import tiny_model
 from unickpt.errors import CheckpointError, CorruptMetadataError
+from unickpt.folder.publish import publish
 from unickpt.format import MetadataCodec, SectionCodec, SectionRegistry, SectionWarning
 from unickpt.format.codec import DEFAULT_CODEC, decode_metadata
 from unickpt.format.records import METADATA_FILE
@@ -34,7 +35,6 @@ from unickpt.format.tiling import check_box_tiling
 from unickpt.frameworks import get_framework
 from unickpt.planning.boxes import decompose_flat_range
 from unickpt.planning.load_plan import check_targets, plan_local_load
-from unickpt.storage.commit import publish
 from unickpt.storage.memory import MemoryStorage
 
 N = int(os.environ.get("UNICKPT_FUZZ_EXAMPLES", "150"))

@@ -20,7 +20,7 @@ import pytest
 
 import unickpt
 from rel_helpers import data_files, mismatches, snapshot, tiny_model
-from unickpt.engine.lock import LOCK_FILE, LockOwner, read_lock_owner, stale_reason, try_acquire
+from unickpt.folder.lock import LOCK_FILE, LockOwner, read_lock_owner, stale_reason, try_acquire
 from unickpt.format.records import METADATA_FILE
 from unickpt.storage import open_storage
 
@@ -56,7 +56,7 @@ def _lock_files(folder) -> list[str]:
 _HOLDER = textwrap.dedent("""
     import os, sys, time
     sys.path.insert(0, sys.argv[1])
-    from unickpt.engine.lock import try_acquire
+    from unickpt.folder.lock import try_acquire
     from unickpt.storage import open_storage
     ckpt, ready, stop = sys.argv[2:5]
     lease = {"lease_s": float(sys.argv[5])} if len(sys.argv) > 5 else {}
@@ -374,7 +374,7 @@ def test_a_lock_heartbeat_rewrite_never_shows_a_reader_a_stale_tail(tmp_path, mo
     length). A renewed record shorter than the one it replaces (a float with fewer digits) would
     leave the old record's last bytes readable until the cut: a reader right there must still
     decode a whole record (found as a flake of the heartbeat test under load)."""
-    from unickpt.engine import lock as lock_mod
+    from unickpt.folder import lock as lock_mod
     from unickpt.storage import local
 
     ckpt = str(tmp_path / "ck")

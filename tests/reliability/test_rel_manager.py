@@ -17,7 +17,7 @@ import pytest
 import unickpt
 from rel_faults import install_faulty_scheme
 from rel_helpers import data_files, mismatches, snapshot, step, tiny_model
-from unickpt.engine.lock import LOCK_FILE, LockOwner
+from unickpt.folder.lock import LOCK_FILE, LockOwner
 from unickpt.format.records import METADATA_FILE
 
 

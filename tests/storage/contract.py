@@ -41,9 +41,9 @@ from unickpt.errors import (
     TruncatedDataFileError,
     UnsafePathError,
 )
+from unickpt.folder.publish import Publisher, PutPublisher, RenamePublisher, publisher_for
 from unickpt.storage import open_storage
 from unickpt.storage.base import SMALL_FILE_LIMIT, Storage, StorageCapabilities, exists_error
-from unickpt.storage.commit import Publisher, PutPublisher, RenamePublisher, publisher_for
 from unickpt.storage.memory import CAPABILITIES as MEMORY_CAPABILITIES
 from unickpt.storage.memory import MemoryStorage
 from unickpt.storage.retry import RetryingStorage, RetryPolicy
@@ -443,7 +443,7 @@ class StorageContract:
             assert ei.value.errno == errno.EEXIST
             assert s.read("b/dst") == b"new" and s.read("a/src2") == b"newer"
 
-    # ------------------------------------------------------------------ publication (storage.commit)
+    # ------------------------------------------------------------------ publication (folder.publish)
 
     def test_publish_is_atomic_for_readers(self, backend: Backend) -> None:
         """A reader in a loop (another storage object, reading through the publisher as the

@@ -1,4 +1,4 @@
-"""Commit as its own abstraction (``storage.commit``): a temporary name + atomic rename for file
+"""Commit as its own abstraction (``folder.publish``): a temporary name + atomic rename for file
 systems, one atomic (conditional) put for object stores; leftovers are the publisher's to name.
 
 - cleanup after a save / retention deletes only temporaries the publisher itself makes, never a
@@ -245,8 +245,8 @@ def test_a2_publication_without_a_replacing_rename_survives_a_crash_mid_swap(tmp
     loads and a manager run over such a backend."""
     from contract import Flaky, NoReplaceRename
 
+    from unickpt.folder.publish import RenamePublisher, publisher_for
     from unickpt.storage import register_storage
-    from unickpt.storage.commit import RenamePublisher, publisher_for
     from unickpt.storage.memory import MemoryStore
 
     store = MemoryStore()

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from unickpt.errors import MissingDataFileError, TruncatedDataFileError
+from unickpt.folder.publish import publish
 from unickpt.storage import StorageOptions
 from unickpt.storage.aligned import AlignedBuffer
-from unickpt.storage.commit import publish
 from unickpt.storage.local import LocalStorage
 
 

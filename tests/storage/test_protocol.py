@@ -80,7 +80,7 @@ def test_a1_engine_lock_manager_and_tools_use_only_declared_operations(tmp_path,
     marker, sync, commit, cleanup), a load (deduplicated reads through the cached path), a
     manager's pointer and retention, breaking a stale lock and ``inspect --verify`` is one of the
     protocol's declared operations; nothing is probed with getattr."""
-    from unickpt.engine.lock import read_lock_owner, try_acquire
+    from unickpt.folder.lock import read_lock_owner, try_acquire
     from unickpt.ops import inspect as ins
     from unickpt.storage import open_storage
 

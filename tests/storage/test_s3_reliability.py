@@ -22,7 +22,7 @@ from harness import launch_ranks, run_ranks
 from rel_helpers import mismatches, snapshot
 from rel_workers import corrupt_load_worker, crash_worker, fsdp2_save_worker
 from reshard_workers import check, load_phase, save_phase
-from unickpt.engine.lock import LOCK_FILE
+from unickpt.folder.lock import LOCK_FILE
 from unickpt.format.records import METADATA_FILE
 from unickpt.storage import open_storage
 from unickpt.testing.toy import build, train_step

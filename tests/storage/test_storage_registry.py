@@ -67,7 +67,7 @@ def test_a4_no_environment_variable_is_read_at_import(tmp_path):
                 seen.append(k); return super().__contains__(k)
         os.environ = Env(os.environ)
         import unickpt.storage, unickpt.storage.local, unickpt.storage.memory, unickpt.storage.retry
-        import unickpt.storage.commit, unickpt.storage.registry
+        import unickpt.folder.publish, unickpt.storage.registry
         print(sorted({k for k in seen if k.startswith("UNICKPT")}))
     """)
     import subprocess

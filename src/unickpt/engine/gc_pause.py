@@ -12,9 +12,15 @@ and the save worker): the first to enter records whether the collector was enabl
 to leave re-enables it only then, so a job that runs with ``gc.disable()`` keeps it disabled.
 (A ``gc.disable()``/``gc.enable()`` of another thread inside the block is undone at its end.)
 
-Used by ``save_pipeline.SavePipeline`` (a blocking save from describe to the end of its commit,
-``GCHold``; an async save: describe + plan + stage on the caller's thread, the commit on the
-worker) and ``load_pipeline`` (validate, apply).
+One scope per public call, and only while the caller waits for it:
+  ``engine.save.pipeline.SavePipeline.start`` (``GCHold``): a blocking save from its describe
+      stage to the end of its commit; an async save only for describe + plan + stage, released
+      before its write and commit are handed to the worker, so the background commit of an
+      async save runs with the collector on (the job keeps allocating meanwhile). A blocking
+      save started while an earlier async save of the same process still commits pauses the
+      collector for that overlap (it is one switch per process);
+  ``engine.load_pipeline.LoadPipeline.run``: a load's validation, reads and apply.
+``SaveOptions.pause_gc`` / ``LoadOptions.pause_gc`` = False: no pause at all (``enabled``).
 """
 
 from __future__ import annotations
@@ -52,30 +58,38 @@ _PAUSES = _Pauses()
 
 
 class gc_paused:
-    """``with gc_paused(): ...``: the collector is off inside (see the module docstring)."""
+    """``with gc_paused(): ...``: the collector is off inside (see the module docstring);
+    ``gc_paused(False)`` changes nothing."""
 
-    __slots__ = ()
+    __slots__ = ("_enabled",)
+
+    def __init__(self, enabled: bool = True) -> None:
+        self._enabled = enabled
 
     def __enter__(self) -> None:
-        _PAUSES.enter()
+        if self._enabled:
+            _PAUSES.enter()
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        _PAUSES.leave()
+        if self._enabled:
+            _PAUSES.leave()
 
 
 class GCHold:
     """The collector paused from construction until ``release()`` (idempotent, from any
     thread): a blocking save holds it from its describe stage on the caller's thread to the end
-    of its commit on the worker, so the records it builds die before any collection sees them."""
+    of its commit on the worker, so the records it builds die before any collection sees them.
+    ``GCHold(False)`` holds nothing."""
 
     __slots__ = ("_guard", "_held")
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
         self._guard = threading.Lock()
-        self._held = True
-        _PAUSES.enter()
+        self._held = enabled
+        if enabled:
+            _PAUSES.enter()
 
     def release(self, *_: object) -> None:
         with self._guard:

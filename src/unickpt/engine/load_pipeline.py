@@ -37,6 +37,8 @@ import torch
 
 from ..coordination import Coordinator, SingleProcessCoordinator, run_stage
 from ..errors import CheckpointError, IntegrityError, RankFailures
+from ..folder.lock import checkpoint_replaced
+from ..folder.target import claims
 from ..format.keymap import remap
 from ..format.records import Metadata
 from ..format.transforms import derive
@@ -51,10 +53,8 @@ from ..state.items import LoadContext
 from ..state.layout import StateLayout
 from ..storage import Storage
 from .gc_pause import gc_paused
-from .lock import checkpoint_replaced
 from .read import read_blob, read_metadata, read_stage
-from .resources import Resources
-from .target import claims
+from .runtime.resources import Resources
 
 __all__ = ["LoadPipeline"]
 
@@ -109,7 +109,7 @@ class LoadPipeline:
         t0 = time.perf_counter()
         self.res.events.emit("load.begin", coord.rank, path=storage.url)
         layout, adapter = self.describe()
-        with gc_paused():  # a record per shard and tensor: full collections would walk them all, finding nothing
+        with gc_paused(self.options.pause_gc):  # a record per shard and tensor: no full collections
             skipped = self._attempts(layout, adapter)
         self.res.events.emit("load.end", coord.rank, t0, path=storage.url)
         return skipped

@@ -31,16 +31,15 @@ from ..coordination.base import Coordinator, run_stage
 from ..errors import (
     CheckpointError,
     ChecksumMismatchError,
-    IncompleteCheckpointError,
     MissingDataFileError,
-    NotACheckpointError,
     SizeLimitError,
     TruncatedDataFileError,
 )
+from ..folder.probe import read_metadata_bytes
 from ..format.checksums import ChunkChecksums, Units
 from ..format.codec import decode_metadata
 from ..format.dtypes import dtype_from_name, itemsize
-from ..format.records import DATA_DIR, METADATA_FILE, BlobRecord, Metadata
+from ..format.records import METADATA_FILE, BlobRecord, Metadata
 from ..monitoring.events import NO_EVENTS, EventBus
 from ..planning.boxes import sub_box_is_contiguous
 from ..planning.byte_runs import MERGE_GAP, Run, Span, plan_runs, row_bytes
@@ -48,43 +47,15 @@ from ..planning.load_plan import CopyOp, ShardRead
 from ..planning.read_assignment import ReadBatch
 from ..planning.read_columns import Extents
 from ..planning.specs import LoadItem
-from ..storage import absence
 from ..storage.base import METADATA_LIMIT, Storage
-from ..storage.commit import publisher_for
 from .bytes_view import box_view, sub_box, tensor_bytes
-from .folder_hint import folder_hint
 from .forwarding import Transfer
 from .read_exchange import ReadPart, exchange_needs, own_keys, vectorized
 from .read_runs import Need, RunJob
 
-__all__ = ["read_metadata", "read_metadata_bytes", "read_stage", "read_blob", "BLOB_LIMIT"]
+__all__ = ["read_metadata", "read_stage", "read_blob", "BLOB_LIMIT"]
 
 BLOB_LIMIT = 1 << 30  # default cap of one extra_state / dataloader blob (LoadOptions.max_blob_bytes)
-
-
-def read_metadata_bytes(storage: Storage, limit: int = METADATA_LIMIT) -> bytes:
-    """The raw metadata bytes of the checkpoint in ``storage`` (one process, no collective).
-
-    A missing metadata file is told apart: data files present -> IncompleteCheckpointError (an
-    interrupted save), nothing -> NotACheckpointError. Only a regular file of at most ``limit``
-    bytes is read (``SizeLimitError`` / ``UnsafePathError``). Used by ``read_metadata`` and the tools."""
-    try:
-        data = publisher_for(storage).read(METADATA_FILE, limit)
-    except SizeLimitError as e:
-        raise SizeLimitError(
-            f"{e} (the metadata cap: LoadOptions(max_metadata_bytes=...) raises it for a larger checkpoint)"
-        ) from None
-    if data is not None:
-        return data
-    if storage.list(DATA_DIR + "/"):
-        raise IncompleteCheckpointError(
-            f"{storage.url} is an incomplete checkpoint: data files exist but {METADATA_FILE} was "
-            "never committed (the save was interrupted); it cannot be loaded"
-        )
-    missing = absence(storage)
-    if missing is not None:
-        raise NotACheckpointError(f"no checkpoint at {storage.url} ({missing})")
-    raise NotACheckpointError(f"{storage.url} is not a unickpt checkpoint (no {METADATA_FILE}){folder_hint(storage)}")
 
 
 def read_metadata(coord: Coordinator, storage: Storage, limit: int = METADATA_LIMIT) -> Metadata:

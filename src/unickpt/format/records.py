@@ -106,3 +106,9 @@ class Metadata:
     @property
     def total_tensor_bytes(self) -> int:
         return sum(s.byte_length for t in self.tensors.values() for s in t.shards)
+
+
+def data_path(save_id: str, name: str) -> str:
+    """Where data file ``name`` (a plan's per-(rank, part) name) of save ``save_id`` lives in the
+    checkpoint folder."""
+    return f"{DATA_DIR}/{save_id}/{name}"

@@ -54,7 +54,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType
 
 from ..api import load, save, wait_all
-from ..engine.worker import SaveHandle
+from ..engine.runtime.worker import SaveHandle
 from ..errors import NotACheckpointError, UnsupportedValueError
 from ..options import LoadOptions
 from ..state.extra import rng_state, set_rng_state

@@ -22,7 +22,8 @@ once before training; per step ``save(step, last_step)`` (saves when ``_should_s
 ``maybe_wait_for_staging()`` before the next optimizer step (returns once an async save's
 snapshot is taken, never waits for the write); ``close()`` at the end (drains pending saves).
 Retention (``keep_latest_k``) runs on rank 0 after a save committed: it deletes the oldest
-complete unickpt checkpoints (metadata first), never a folder unickpt did not write.
+complete unickpt checkpoints (``folder.cleanup.delete_checkpoint``: unickpt's own files only,
+metadata first), never a folder unickpt did not write.
 ``last_save_in_hf`` / ``initial_load_in_hf``: Hugging Face safetensors through torchtitan's
 state-dict adapter (``_save_hf``, ``_load_hf``). Not supported: quantized HF checkpoints
 (refused by ``Config``), and an ``export_dtype`` other than the model's for a unickpt (not HF)
@@ -52,8 +53,9 @@ from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.tools import filesystem
 
 from ..checkpointer import Checkpointer
-from ..engine.worker import SaveHandle
+from ..engine.runtime.worker import SaveHandle
 from ..errors import CheckpointError
+from ..folder.cleanup import delete_checkpoint
 from ..format.records import METADATA_FILE
 from ..options import LoadOptions
 from ..storage import Storage, open_storage
@@ -270,11 +272,8 @@ class UnickptCheckpointManager(BaseCheckpointManager):
         if self.keep_latest_k <= 0 or self.checkpointer.rank() != 0:
             return
         root = self._root()
-        for step in self._complete_steps()[: -self.keep_latest_k]:
-            prefix = f"step-{step}/"
-            names = root.list(prefix)
-            root.delete([prefix + METADATA_FILE])  # first: the checkpoint turns incomplete
-            root.delete([n for n in names if n != prefix + METADATA_FILE])
+        for step in self._complete_steps()[: -self.keep_latest_k]:  # unickpt's files only, metadata first
+            delete_checkpoint(root, f"step-{step}/", locks=self.checkpointer.resources.locks)
 
     # ------------------------------------------------------------------ load
 

@@ -53,7 +53,7 @@ import torch.distributed as dist
 from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
 from ..checkpointer import Checkpointer
-from ..engine.worker import SaveHandle
+from ..engine.runtime.worker import SaveHandle
 from ..errors import CheckpointError
 from ..state.items import PerRank
 from ._delete import delete_checkpoint

@@ -6,12 +6,12 @@ Who calls what, in order (one save):
   1. ``SavePipeline`` (every rank) wraps its checkpointer's bus in a ``RecordingBus``: each event
      of this save goes to the checkpointer's listeners as before and to the save's
      ``PhaseRecorder`` (a list append; nothing else is added to a save without listeners).
-  2. ``engine.commit.commit_stage`` sends each rank's records so far (``PhaseRecorder.rows``)
+  2. ``engine.save.commit.commit_stage`` sends each rank's records so far (``PhaseRecorder.rows``)
      with its report to rank 0 (the commit barrier's payload: no extra round trip).
   3. rank 0, once the metadata is published, writes every rank's records (its own complete, the
      others' up to their report: what follows is waiting for rank 0) as one versioned JSON file,
      ``data/<save_id>/phases.json`` (``phases_name``), next to the save's data files: the save's
-     data marker covers it (``engine.ownership``), so it goes with the save's data. A failure to
+     data marker covers it (``folder.markers``), so it goes with the save's data. A failure to
      write it is a warning: the checkpoint is committed.
   4. ``read_phases(storage, save_id)`` (the report) reads it back, bounded and validated: the
      records in the shape ``monitoring.report`` takes (``JsonlSink``'s fields).

@@ -4,7 +4,7 @@ state).
 
 Who calls what, in order (``cli.checkpoint``, or a user):
   1. ``load_metadata(path)``  opens the storage (``open_storage``), reads the metadata bytes with
-     ``engine.read.read_metadata_bytes`` (which tells an interrupted save from a folder that is no
+     ``folder.probe.read_metadata_bytes`` (which tells an interrupted save from a folder that is no
      checkpoint) and decodes / validates them with ``format.decode_metadata``; no data file is read;
   2. ``file_sizes(storage, md)`` (``ops.verify``)  stats every data file (one cheap ``size`` call each, in parallel),
      so missing or short files show up without reading them;
@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from ..coordination.single import SingleProcessCoordinator
-from ..engine.read import read_metadata_bytes
+from ..folder.probe import read_metadata_bytes
 from ..format import METADATA_FILE, Metadata, decode_metadata, dtype_from_name
 from ..storage import Storage, open_storage
 from ..storage.base import METADATA_LIMIT

@@ -8,7 +8,7 @@ O(N) per tensor it needs: the per-rank load planning then grows with the saving 
 shards a scan finds, in ascending index order) touching only O(log N + hits) shards for the
 layouts jobs save:
 
-* **Lexicographic bisection, no build.** ``engine.commit.build_metadata`` stores each tensor's
+* **Lexicographic bisection, no build.** ``format.build.build_metadata`` stores each tensor's
   shards sorted by their offsets. For a point inside the tensor, lexicographic order of its
   coordinates is row-major order, so the shards that overlap the box lie between the shard
   holding its first element (the last one starting at or before it) and the last one starting

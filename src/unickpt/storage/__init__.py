@@ -3,8 +3,9 @@
 ``open_storage("ckpts/step_100")`` -> LocalStorage; ``memory://x`` -> MemoryStorage; each wrapped
 in ``RetryingStorage``. The three places a new backend touches: a module implementing
 ``base.Storage`` with its ``StorageCapabilities``, one ``DEFAULT_REGISTRY.register(scheme,
-"module:attr", extra=...)`` line, and one small test module running ``tests/fixtures/contract.py``
-against it. Atomic publication (metadata commit, pointers, locks) is ``commit.publisher_for``.
+"module:attr", extra=...)`` line, and one small test module running ``tests/storage/contract.py``
+against it. Atomic publication on top of a backend (metadata commit, pointers, locks) is
+``unickpt.folder.publish``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import os
 
 from .base import Buffer, Storage, StorageCapabilities
-from .commit import Publisher, publisher_for
 from .options import StorageOptions
 from .registry import DEFAULT_REGISTRY, Factory, StorageRegistry
 from .retry import RetryPolicy, unwrap
@@ -26,8 +26,6 @@ __all__ = [
     "StorageRegistry",
     "DEFAULT_REGISTRY",
     "Factory",
-    "Publisher",
-    "publisher_for",
     "open_storage",
     "register_storage",
     "registered_schemes",

@@ -5,7 +5,7 @@ A backend is rooted at one location (a checkpoint folder, a manager root) and se
 frozen ``StorageCapabilities`` record, what it guarantees beyond the baseline. The engine, the
 save lock, ``CheckpointManager`` and the tools call nothing else; behaviour that only some
 backends have is a declared method plus a capability flag, never an attribute probed with
-``getattr``. ``storage.commit`` builds atomic publication on top (temporary name + rename, or one
+``getattr``. ``folder.publish`` builds atomic publication on top (temporary name + rename, or one
 atomic put), ``storage.retry`` wraps every method with an explicit retry decision, and
 ``tests/fixtures/contract.py`` is the test suite every backend passes.
 
@@ -17,7 +17,7 @@ Who calls what, in which order
          rank 0, commit: ``sync`` of every data folder and of ``data`` (only where
          ``needs_sync``) -> ``size`` of every data file -> lock heartbeat ``update_exclusive`` +
          ``list`` -> ``read`` of the old metadata -> publication of the metadata
-         (``storage.commit``: ``write`` of a temporary + ``rename`` + ``sync`` of the folder, or
+         (``folder.publish``: ``write`` of a temporary + ``rename`` + ``sync`` of the folder, or
          one ``put``) -> ``list`` / ``delete`` of stale data, markers and publication leftovers ->
          lock release (``read``, ``delete``). A failed save: ``list`` / ``delete`` of its own data.
   load   rank 0: ``read`` of the metadata (``list`` only on the error path, for a precise
@@ -81,7 +81,7 @@ SMALL_FILE_LIMIT = 64 << 10  # cap of a lock, marker or ``latest`` pointer read
 class StorageCapabilities:
     """What a backend guarantees beyond the baseline, stated once (``Storage.capabilities``).
 
-    ``storage.commit.publisher_for`` picks the publication strategy from it, the load engine
+    ``folder.publish.publisher_for`` picks the publication strategy from it, the load engine
     its read deduplication, the save engine its durability calls. Typical records:
 
     ==================  ==========  ============  ===============  ==================  ==========  =================
@@ -102,7 +102,7 @@ class StorageCapabilities:
     atomic_rename: bool
     # ``rename`` over an existing ``dst`` replaces it atomically (POSIX ``rename``, HDFS
     # Rename2/OVERWRITE). False: ``rename`` refuses an existing ``dst`` (``exists_error``), and
-    # publication over an existing name moves the old object aside first (``storage.commit``).
+    # publication over an existing name moves the old object aside first (``folder.publish``).
     rename_replaces: bool
     # ``create_exclusive`` is atomic across hosts: of concurrent creators of one name on any
     # machines exactly one wins (O_CREAT|O_EXCL on local disks and NFSv3+, S3 If-None-Match, HDFS
@@ -133,7 +133,7 @@ class Storage(Protocol):
 
     def write(self, name: str, parts: Sequence[Buffer]) -> None:
         """Create ``name`` holding the concatenation of ``parts`` (large, zero-copy: data files,
-        and the temporaries of ``storage.commit``); its bytes are durable when it returns (its
+        and the temporaries of ``folder.publish``); its bytes are durable when it returns (its
         name after ``sync`` where ``needs_sync``). Exclusive: an existing object (or link) of
         that name is never replaced (``exists_error``: ``UnsafePathError(EEXIST)``). A failed
         write leaves no object behind. Any rank, many threads at once (distinct names)."""
@@ -161,7 +161,7 @@ class Storage(Protocol):
     def put(self, name: str, data: bytes) -> None:
         """Create or replace ``name`` with ``data`` (small objects). Atomic for readers only
         where ``atomic_put``; elsewhere a concurrent reader may see a partial object, so
-        unickpt publishes through ``storage.commit`` and never calls ``put`` there."""
+        unickpt publishes through ``folder.publish`` and never calls ``put`` there."""
 
     def create_exclusive(self, name: str, data: bytes) -> bool:
         """Create ``name`` holding ``data`` unless it exists: True if this call created it,

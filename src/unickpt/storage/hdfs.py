@@ -20,7 +20,7 @@ thread-safe (its own runtime), and releases the GIL during I/O.
   ranges over ``part_size`` are cut into spans read in parallel (``max_concurrency`` at a time).
 - ``create_exclusive``: ``create`` without overwrite; ``FileExistsError`` -> False.
 - ``rename``: HDFS ``Rename2`` with ``OVERWRITE``: atomic, replaces ``dst`` (publication is a
-  temporary + rename, ``storage.commit.RenamePublisher``).
+  temporary + rename, ``folder.publish.RenamePublisher``).
 - ``list``: one recursive ``listStatus`` of the deepest folder the prefix names, files only.
   HDFS symbolic links are off unless a cluster enables them; the client reports none, so there
   is nothing to follow.

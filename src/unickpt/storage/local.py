@@ -3,7 +3,7 @@
 Capabilities: atomic rename that replaces (``os.replace``, atomic on POSIX and NFS), exclusive
 create atomic across hosts (O_CREAT|O_EXCL, NFSv3+), names durable only after ``sync`` (fsync of
 the folder), the host's page cache shared by its processes; no atomic ``put`` (an in-place
-rewrite), so ``storage.commit`` publishes here by temporary file + rename.
+rewrite), so ``folder.publish`` publishes here by temporary file + rename.
 
 Writes create the final name (data file names are unique per save, so nothing readable is
 overwritten) and are fsynced; ``sync`` fsyncs a folder. Large files are written with O_DIRECT
@@ -32,7 +32,7 @@ Failure behaviour: every ``OSError`` becomes a ``StorageError`` carrying the err
 operation and the path ("(disk full)" for ENOSPC/EDQUOT); a ``write`` that fails removes its
 partial file so a full disk gets its space back at once. Names that would escape the root
 (absolute, ``..``, empty parts) are refused. ``create_exclusive`` and ``update_exclusive`` give
-``engine.lock`` its lock files (an atomic exclusive create, and the holder's in-place heartbeat
+``folder.lock`` its lock files (an atomic exclusive create, and the holder's in-place heartbeat
 that never recreates a file that is gone).
 """
 
@@ -452,7 +452,7 @@ class LocalStorage:
     def put(self, name: str, data: bytes) -> None:
         """Create or rewrite ``name`` in place (O_TRUNC, never through a link, regular files
         only), fsync it and its folder. Not atomic for readers (``capabilities.atomic_put`` is
-        False): unickpt publishes through ``storage.commit`` (temporary + rename) instead."""
+        False): unickpt publishes through ``folder.publish`` (temporary + rename) instead."""
         *folders, base = self._parts(name)
         flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:

@@ -6,7 +6,7 @@ meet), tests may give a backend a store of their own. Only visible inside one pr
 multi-rank jobs use a shared backend (local/NFS, S3, HDFS).
 
 It keeps the whole storage contract (``storage.base``), every operation atomic under the
-store's lock: ``put`` and ``rename`` replace whole objects (so ``storage.commit`` publishes with
+store's lock: ``put`` and ``rename`` replace whole objects (so ``folder.publish`` publishes with
 one ``put``), ``create_exclusive`` / ``update_exclusive`` are exact within the process (a real
 save lock between threads), ``write`` creates exclusively, ``read`` is capped by its ``limit``,
 names that would leave the root are refused. No durability: ``sync`` is a no-op.

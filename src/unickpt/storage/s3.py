@@ -19,7 +19,7 @@ requests to the file system's event loop (``fsspec.asyn.sync``), where they run 
 - ``create_exclusive``: ``PutObject`` with ``If-None-Match: *`` (412 -> False: exactly one of
   concurrent creators wins, across hosts); ``update_exclusive``: read, compare, ``PutObject``
   with ``If-Match: <etag>``.
-- No rename: publication is one atomic ``put`` (``storage.commit.PutPublisher``), metadata last.
+- No rename: publication is one atomic ``put`` (``folder.publish.PutPublisher``), metadata last.
 - ``list``: ``ListObjectsV2`` pages of at most 1000 keys under the narrowest prefix asked;
   ``delete``: ``DeleteObjects`` in batches of 1000.
 

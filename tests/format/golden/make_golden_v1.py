@@ -101,9 +101,9 @@ def worker(rank, ws, out):
 def table(out):
     """A 70-shard tensor via the engine's own plan path: 70 local plans of one process each."""
     import crc32c
-    from unickpt.engine.save import SaveRequest, build_metadata
 
     from unickpt.engine.bytes_view import tensor_bytes
+    from unickpt.engine.save import SaveRequest, build_metadata
     from unickpt.format.codec import encode_metadata
     from unickpt.format.records import METADATA_FILE
     from unickpt.planning.save import LocalSavePlan, plan_save

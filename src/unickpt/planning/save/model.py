@@ -16,7 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ...format.records import DATA_DIR
+from ...format.records import data_path
 from ..specs import BlobSpec, Shape, ShardSpec
 
 __all__ = [
@@ -38,11 +38,6 @@ ENTRY_ALIGN = 64
 def file_name(rank: int, part: int) -> str:
     """The name of rank ``rank``'s data file ``part`` inside its save's data folder."""
     return f"r{rank:05d}-{part:02d}.bin"
-
-
-def data_path(save_id: str, name: str) -> str:
-    """Where data file ``name`` of save ``save_id`` lives in the checkpoint folder."""
-    return f"{DATA_DIR}/{save_id}/{name}"
 
 
 @dataclass(frozen=True, slots=True)

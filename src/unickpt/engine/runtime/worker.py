@@ -34,11 +34,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING
 
-from ..errors import AsyncSaveFailures, CheckpointError, describe_exception
+from ...errors import AsyncSaveFailures, CheckpointError, describe_exception
 from .exit_hook import run_before_thread_pools_shut_down
 
 if TYPE_CHECKING:
-    from ..format.records import Metadata
+    from ...format.records import Metadata
 
 __all__ = ["SaveHandle", "SaveWorker", "ANY_OWNER"]
 

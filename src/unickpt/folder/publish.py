@@ -24,9 +24,10 @@ leftovers (``leftovers`` / ``is_leftover``) and deletes nothing else, so a user'
 ``unickpt.metadata.json.tmp-notes`` is never touched. Callers delete leftovers only where no
 other publication of the same name can be running (the metadata's under the save lock).
 
-Who calls what: rank 0's commit (``engine.save``) ``publish``es the metadata, then deletes its
-``leftovers``; loads, ``committed_save_id`` and the tools ``read`` it; ``engine.lock`` /
-``engine.ownership`` ``create`` lock generations and data markers; ``CheckpointManager``
+Who calls what: rank 0's commit (``engine.save.commit``) ``publish``es the metadata, then
+``folder.cleanup`` deletes its ``leftovers``; ``folder.probe`` ``read``s it for loads, the
+manager and the tools; ``folder.lock`` / ``folder.markers`` ``create`` lock generations and
+data markers; ``CheckpointManager``
 ``publish``es and ``read``s ``latest`` and deletes its leftovers during retention.
 """
 
@@ -39,7 +40,7 @@ import uuid
 from typing import Protocol
 
 from ..errors import StorageError
-from .base import METADATA_LIMIT, Buffer, Storage, is_exists_error
+from ..storage.base import METADATA_LIMIT, Buffer, Storage, is_exists_error
 
 __all__ = ["Publisher", "PutPublisher", "RenamePublisher", "publisher_for", "publish"]
 

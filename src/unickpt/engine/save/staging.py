@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..errors import SnapshotConflictError
-from ..planning.save.model import ENTRY_ALIGN, RankSavePlan, WriteEntry
-from ..planning.specs import SaveItem
-from ..storage.aligned import AlignedBuffer
-from ..storage.base import Buffer
-from .bytes_view import tensor_bytes
+from ...errors import SnapshotConflictError
+from ...planning.save.model import ENTRY_ALIGN, RankSavePlan, WriteEntry
+from ...planning.specs import SaveItem
+from ...storage.aligned import AlignedBuffer
+from ...storage.base import Buffer
+from ..bytes_view import tensor_bytes
 
 __all__ = ["live_parts", "on_device", "StagedFiles", "StagingPool"]
 

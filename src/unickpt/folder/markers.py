@@ -2,20 +2,21 @@
 
 A checkpoint folder holds, at its top level, unickpt's own names only: the metadata
 (``unickpt.metadata.json``, and the temporaries its publisher makes while it is committed, see
-``storage.commit``), the save lock
-(``unickpt.save.lock.<generation>``, see ``engine.lock``) and one *data marker* per save whose
+``folder.publish``), the save lock
+(``unickpt.save.lock.<generation>``, see ``folder.lock``) and one *data marker* per save whose
 data may be on disk (``unickpt.data.<save_id>``); and the data files under ``data/<save_id>/``.
 
 Who calls what, in order:
-  1. ``check_save_folder``  rank 0, before the save writes anything (``engine.lock``): a folder
+  1. ``check_save_folder``  rank 0, before the save writes anything (``folder.lock``): a folder
      that is not empty and holds none of unickpt's top-level names (and no sub-folder that does:
      ``role`` sub-checkpoints, manager steps) belongs to someone else: ``ForeignFolderError``.
   2. ``mark_save``  rank 0, under the save lock, before any data byte is written: the marker
      names the save, so that an interrupted save is recognisable and cleaned later.
-  3. after the commit ``engine.commit.remove_stale_data`` deletes, for every *marked* save id
+  3. after the commit ``folder.cleanup.remove_stale_data`` deletes, for every *marked* save id
      other than the committed one and the one it replaced, the data files of that save
      (``delete_save_data``: names of the form unickpt gives its data files, and the save's
-     ``phases.json``, under ``data/<save_id>/``) and then its marker. A failed save discards its own (``engine.lock``).
+     ``phases.json``, under ``data/<save_id>/``) and then its marker. A failed save discards its own (``folder.lock``);
+     ``folder.cleanup.delete_checkpoint`` deletes a whole checkpoint's.
 Nothing else is ever deleted: a file of the user's under ``data/`` (or next to unickpt's files
 in ``data/<save_id>/``) stays, whatever its name.
 """
@@ -29,7 +30,7 @@ import time
 from ..errors import ForeignFolderError
 from ..format.records import DATA_DIR, METADATA_FILE
 from ..storage.base import Storage
-from ..storage.commit import Publisher, publisher_for
+from .publish import Publisher, publisher_for
 
 __all__ = [
     "LOCK_FILE",
@@ -44,7 +45,7 @@ __all__ = [
     "is_data_file_name",
 ]
 
-LOCK_FILE = "unickpt.save.lock"  # the lock's generations are LOCK_FILE + ".<n>" (engine.lock)
+LOCK_FILE = "unickpt.save.lock"  # the lock's generations are LOCK_FILE + ".<n>" (folder.lock)
 MARKER_PREFIX = "unickpt.data."
 _SAVE_ID = re.compile(r"[0-9A-Za-z][0-9A-Za-z_-]{0,127}")
 # planning.save.model.file_name, and the save's phase records (monitoring.phases.PHASES_FILE)

@@ -1,20 +1,21 @@
 """One save at a time per checkpoint path: the save lock, and cleanup after a failed save.
 
-Who calls what, in order. ``api.save`` (every rank) snapshots, then hands the save's write +
+Who calls what, in order. ``Checkpointer.save`` (every rank) snapshots, then hands the save's write +
 commit to the save worker wrapped in ``run_locked(background_coord, storage, rank_plan, body)``,
 which on every rank, in the worker thread, before any data byte is written:
   1. ``acquire_save_lock`` — collective. Rank 0 (``prepare_save``) checks that the folder is
-     unickpt's (``ownership.check_save_folder``), takes the lock (``try_acquire``) and writes the
-     save's data marker (``ownership.mark_save``), then broadcasts the outcome: on any refusal
+     unickpt's (``markers.check_save_folder``), takes the lock (``try_acquire``) and writes the
+     save's data marker (``markers.mark_save``), then broadcasts the outcome: on any refusal
      *every* rank raises the same error type (``ConcurrentSaveError`` naming the holder,
      ``ForeignFolderError`` ...), so no rank is left waiting in a collective.
-  2. ``body(lock)``: the writes and the commit (``engine.write``, ``engine.commit``). Right before publishing, rank 0
-     checks every data file and calls ``lock.verify_holder()``; after the commit it removes stale
-     data (``remove_stale_data``) *while still holding the lock*.
+  2. ``body(lock)``: the writes and the commit (``engine.save.write``, ``engine.save.commit``).
+     Right before publishing, rank 0 checks every data file and calls ``lock.verify_holder()``;
+     after the commit it removes stale data (``folder.cleanup.remove_stale_data``) *while still
+     holding the lock*.
   3. on failure, ``discard_partial_save`` (every rank, best effort) deletes this save's own data
      files, unless the metadata already names this save — a full disk gets its space back.
   4. ``SaveLock.release()`` — rank 0, after the commit or the failure.
-``CheckpointManager`` retention asks ``lock_is_live`` before deleting an incomplete folder.
+``CheckpointManager`` retention asks ``lock_is_live`` (``folder.cleanup``) before deleting an incomplete folder.
 
 The lock. Lock files are *generations* ``unickpt.save.lock.<n>``: the holder is the record in
 the highest generation (a file named ``unickpt.save.lock``, from older unickpt versions, counts
@@ -36,7 +37,7 @@ leaked lock. A live job in another container (same host name, pid 1 in both) is 
 by pid. Clocks of the hosts sharing a folder must agree to well within a lease (NTP does).
 
 Storage operations (all declared in ``storage.base``): generations are created through the
-publisher (``storage.commit``: ``create_exclusive``, or a temporary renamed into place where a
+publisher (``folder.publish``: ``create_exclusive``, or a temporary renamed into place where a
 rename cannot replace), renewed with ``update_exclusive`` (compare-and-swap), found with
 ``list``, read with ``read``, removed with ``delete``.
 
@@ -72,10 +73,10 @@ from ..errors import (
 )
 from ..planning.save.model import RankSavePlan
 from ..storage.base import SMALL_FILE_LIMIT, Storage
-from ..storage.commit import publisher_for
-from .commit import committed_save_id
 from .lock_owner import DEFAULT_LEASE_S, LockContext, LockOwner, stale_reason
-from .ownership import LOCK_FILE, check_save_folder, delete_save_data, mark_save, marker_name
+from .markers import LOCK_FILE, check_save_folder, delete_save_data, mark_save, marker_name
+from .probe import committed_save_id
+from .publish import publisher_for
 
 __all__ = [
     "LOCK_FILE",

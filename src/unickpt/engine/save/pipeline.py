@@ -28,26 +28,27 @@ from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..coordination import Coordinator, Settle, run_stage
-from ..errors import RankDisagreementError
-from ..format.names import check_save_names
-from ..format.records import Metadata
-from ..frameworks import FrameworkAdapter, SaveView, get_framework, supports_step_hooks
-from ..monitoring.phases import PhaseRecorder, RecordingBus
-from ..options import SaveOptions
-from ..planning.save.model import LocalSavePlan, RankSavePlan
-from ..planning.specs import BlobSpec, SaveItem
-from ..state.layout import StateLayout, replicated_disagreement
-from ..storage import Buffer, Storage
-from .commit import SaveSource, commit_stage
-from .gc_pause import GCHold, gc_paused
-from .lock import SaveLock, run_locked
-from .plan_cache import CachedPlan, PlanKey, plan_stage
-from .resources import Resources
+from ...coordination import Coordinator, Settle, run_stage
+from ...errors import RankDisagreementError
+from ...folder.lock import SaveLock, run_locked
+from ...folder.target import claims
+from ...format.build import SaveSource
+from ...format.names import check_save_names
+from ...format.records import Metadata
+from ...frameworks import FrameworkAdapter, SaveView, get_framework, supports_step_hooks
+from ...monitoring.phases import PhaseRecorder, RecordingBus
+from ...options import SaveOptions
+from ...planning.save.model import LocalSavePlan, RankSavePlan
+from ...planning.specs import BlobSpec, SaveItem
+from ...state.layout import StateLayout, replicated_disagreement
+from ...storage import Buffer, Storage
+from ..gc_pause import GCHold
+from ..plan_cache import CachedPlan, PlanKey, plan_stage
+from ..runtime.resources import Resources
+from ..runtime.worker import SaveHandle
+from .commit import commit_stage
 from .staging import StagedFiles, live_parts, on_device
 from .step_guard import protected_storages, storage_key
-from .target import claims
-from .worker import SaveHandle
 from .write import write_stage
 
 __all__ = ["SavePipeline", "Described", "Snapshot"]
@@ -185,7 +186,7 @@ class SavePipeline:
 
     def _copied_later(self, optimizer: object) -> Callable[[SaveItem], bool] | None:
         """Which save items an async save may copy after returning: those only optimizer.step()
-        changes (it waits for the copy; see engine.step_guard). None: copy everything now."""
+        changes (it waits for the copy; see engine.save.step_guard). None: copy everything now."""
         if not self.options.background_snapshot or not supports_step_hooks(optimizer):
             return None
         protected = protected_storages(optimizer)
@@ -196,8 +197,7 @@ class SavePipeline:
     def write_and_commit(self, lock: SaveLock, d: Described, cached: CachedPlan, snap: Snapshot) -> Metadata | None:
         """Write this rank's files, then the collective commit (rank 0 returns the metadata)."""
         plan = cached.mine
-        with gc_paused():
-            gplan = cached.global_plan() if self.coord.rank == 0 else None  # the commit's, rank 0 only
+        gplan = cached.global_plan() if self.coord.rank == 0 else None  # the commit's, rank 0 only
         rank, url, events = self.coord.rank, self.storage.url, self.res.events
         nbytes = plan.nbytes  # a sum over the entries: once
         sums, error = None, None
@@ -216,21 +216,20 @@ class SavePipeline:
         finally:
             if snap.staged is not None:
                 snap.staged.release()
-        with gc_paused():  # the metadata: a record per shard
-            md = commit_stage(
-                self.background,
-                self.storage,
-                plan.save_id,
-                gplan,
-                sums,
-                error,
-                SaveSource(d.adapter.name, self.role, d.view.mesh),
-                d.view.objects,  # every rank's: merged per parameter at commit (pipeline stages differ)
-                self.options.cleanup_previous,
-                events,
-                still_locked=lock.verify_holder,
-                phases=self.phases,
-            )
+        md = commit_stage(
+            self.background,
+            self.storage,
+            plan.save_id,
+            gplan,
+            sums,
+            error,
+            SaveSource(d.adapter.name, self.role, d.view.mesh),
+            d.view.objects,  # every rank's: merged per parameter at commit (pipeline stages differ)
+            self.options.cleanup_previous,
+            events,
+            still_locked=lock.verify_holder,
+            phases=self.phases,
+        )
         events.emit("save.end", rank, self.t0, path=url, save_id=plan.save_id, nbytes=nbytes)
         return md
 
@@ -241,14 +240,17 @@ class SavePipeline:
         any earlier save of this checkpointer). Returns the save's handle (not yet tracked)."""
         self.res.events.emit("save.begin", self.coord.rank, path=self.storage.url)
         # a few records per tensor: no full collections over the job's heap (engine.gc_pause);
-        # a blocking save keeps the collector paused until its commit ends (the caller waits)
-        hold = GCHold()
+        # a blocking save keeps the collector paused until its commit ends (the caller waits),
+        # an async save resumes it before handing its write and commit to the worker
+        hold = GCHold(self.options.pause_gc)
         try:
             d = self.describe()
             cached = self.plan(d)
             plan = cached.mine
             snap = self.stage(d, plan, async_save)
             release = snap.staged.release if snap.staged is not None else None
+            if async_save:
+                hold.release()
             future = self.res.worker.submit(
                 lambda: run_locked(
                     self.background,
@@ -263,8 +265,6 @@ class SavePipeline:
         except BaseException:
             hold.release()
             raise
-        if async_save:
-            hold.release()
-        else:
+        if not async_save:
             future.add_done_callback(hold.release)
         return SaveHandle(future, snap.copied, self.storage.url)

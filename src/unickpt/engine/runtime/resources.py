@@ -10,13 +10,13 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from ..coordination import Coordinator, make_coordinator
-from ..coordination.torch_dist import CheckpointGroups
-from ..monitoring.events import EventBus
-from .lock_owner import LockContext
-from .plan_cache import PlanCache
-from .staging import StagingPool
-from .step_guard import SnapshotGuard
+from ...coordination import Coordinator, make_coordinator
+from ...coordination.torch_dist import CheckpointGroups
+from ...folder.lock_owner import LockContext
+from ...monitoring.events import EventBus
+from ..plan_cache import PlanCache
+from ..save.staging import StagingPool
+from ..save.step_guard import SnapshotGuard
 from .worker import SaveWorker
 
 __all__ = ["Resources"]

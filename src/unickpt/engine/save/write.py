@@ -3,7 +3,7 @@
 Called by the save pipeline on the checkpointer's worker thread (async saves) or the caller's
 thread (blocking saves), after the plan and stage stages, inside the save lock; its checksums (a
 CRC32C per ``chunk_size`` chunk of each file, ``format.checksums``) and file sizes go to the
-commit stage (``engine.commit``), which puts every rank's into the metadata.
+commit stage (``engine.save.commit``), which puts every rank's into the metadata.
 """
 
 from __future__ import annotations
@@ -11,15 +11,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from ..errors import CheckpointError
-from ..format.checksums import chunk_crcs
-from ..monitoring.events import EventBus
-from ..planning.save.model import RankSavePlan, data_path
-from ..storage.base import Buffer, Storage
+from ...errors import CheckpointError
+from ...format.build import FileSums
+from ...format.checksums import chunk_crcs
+from ...monitoring.events import EventBus
+from ...planning.save.model import RankSavePlan, data_path
+from ...storage.base import Buffer, Storage
 
-__all__ = ["FileSums", "write_stage"]
-
-FileSums = dict[str, tuple[int, list[int]]]  # data file name (the plan's) -> (size, chunk checksums)
+__all__ = ["write_stage"]
 
 
 def write_stage(

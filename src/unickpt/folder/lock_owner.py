@@ -1,5 +1,5 @@
 """Save lock records: who holds a lock (``LockOwner``, JSON in the lock file) and whether that
-holder may still be running (``stale_reason``). Used by ``engine.lock`` (taking, renewing and
+holder may still be running (``stale_reason``). Used by ``folder.lock`` (taking, renewing and
 breaking locks) and, through it, by ``CheckpointManager`` retention.
 
 A holder is identified by a random token (one per acquisition) besides host, pid and process
