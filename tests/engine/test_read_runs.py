@@ -10,10 +10,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unickpt.engine.read_runs import Need, RunJob
+from unickpt.engine.load.reader import Need, RunJob
 from unickpt.errors import ChecksumMismatchError
 from unickpt.format.checksums import ChunkChecksums, chunk_crcs
-from unickpt.planning.byte_runs import Span, plan_runs
+from unickpt.planning.load.runs import Span, plan_runs
 
 SETTINGS = settings(max_examples=200, deadline=None, derandomize=True, database=None)
 

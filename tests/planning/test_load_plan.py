@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from unickpt.format.layouts import SplitLayout, SplitShards
 from unickpt.format.records import Metadata, ShardRecord, TensorRecord, Topology
-from unickpt.planning.load_plan import CopyOp, ShardRead, plan_local_load, shard_read
+from unickpt.planning.load.overlap import CopyOp, ShardRead, plan_local_load, shard_read
 from unickpt.planning.specs import ShardSpec
 
 SETTINGS = settings(max_examples=200, deadline=None, derandomize=True, database=None)

@@ -14,14 +14,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from read_fixtures import _segments, reference_parts, split_metadata
-from unickpt.engine.read_exchange import decode_part, read_parts, report_needs, vectorized
+from read_fixtures import split_metadata
+from unickpt.engine.load.exchange import read_parts
 from unickpt.errors import PlanningError
 from unickpt.format import Metadata, ShardRecord, TensorRecord, Topology
 from unickpt.format.checksums import ChunkChecksums
 from unickpt.format.layouts import SplitLayout, SplitShards
-from unickpt.planning import read_columns
-from unickpt.planning.read_columns import _segments as column_segments
+from unickpt.planning.load import _columns as read_columns
+from unickpt.planning.load._columns import _segments as column_segments
+from unickpt.planning.load.assign import _plain_segments as _segments
+from unickpt.planning.load.assign import decode_part, report_needs
+from unickpt.planning.load.assign import plain_parts as reference_parts
+from unickpt.planning.load.runs import vectorized
 
 SETTINGS = settings(max_examples=200, deadline=None, derandomize=True, database=None)
 DTYPES = {1: "uint8", 2: "bfloat16", 4: "float32"}
@@ -262,8 +266,8 @@ def test_geometry_in_blocks_is_each_shards_own(job, block):
     its shard's (``shard_location`` / ``shard_row_bytes``, one shard at a time)."""
     from unickpt.format.dtypes import itemsize
     from unickpt.format.layouts import shard_location, shard_row_bytes
-    from unickpt.planning.read_columns import NEED_DTYPE
-    from unickpt.planning.shard_lookup import shard_geometry
+    from unickpt.planning.load._columns import NEED_DTYPE
+    from unickpt.planning.load.shards import shard_geometry
 
     md, needs = job
     names = list(md.tensors)
