@@ -5,8 +5,8 @@ Called by ``engine.load.stage.read_stage`` when reads are deduplicated across ra
 ranks, ``LoadOptions.dedup_reads`` not False). Order: every rank sends the coordinator (rank 0;
 up the tree when the job's coordinator is a tree) its host name and its needs
 (``report_needs``) -> the coordinator assigns the job's reads (``assign_reads``, on a few
-threads) -> each rank receives only its part and decodes it (``decode_part``). A failure at the
-coordinator reaches every rank as the same error.
+threads, numpy's huge-page advice off: ``page_advice``) -> each rank receives only its part and
+decodes it (``decode_part``). A failure at the coordinator reaches every rank as the same error.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from ...format.records import Metadata
 from ...planning.load.assign import PartWire, ReadPart, Report, assign_reads, decode_part, report_needs
 from ...planning.load.overlap import ShardRead
 from ...planning.load.runs import Extents
+from .page_advice import huge_pages_off
 
 __all__ = ["exchange_needs", "read_parts"]
 
@@ -61,6 +62,6 @@ def read_parts(
     max_batch_bytes: int = 64 << 20,
 ) -> list[PartWire]:
     """Every rank's part from every rank's report (the coordinator): ``assign_reads`` on a few
-    threads (numpy's loops release the GIL)."""
-    with ThreadPoolExecutor(_THREADS, thread_name_prefix="unickpt-assign") as pool:
+    threads (numpy's loops release the GIL), with numpy's huge-page advice off (``page_advice``)."""
+    with huge_pages_off(), ThreadPoolExecutor(_THREADS, thread_name_prefix="unickpt-assign") as pool:
         return assign_reads(md, gathered, dedup, page_cache, extents, max_batch_bytes, pool.map)

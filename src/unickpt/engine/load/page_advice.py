@@ -1,0 +1,73 @@
+"""numpy's huge-page advice switched off while the coordinator's read assignment runs.
+
+On Linux numpy asks the kernel to back every large array with 2 MiB pages
+(``madvise(MADV_HUGEPAGE)``). The coordinator's read assignment (``engine.load.exchange.read_parts``
+over a whole job's needs: millions of rows) allocates and frees a few hundred large temporaries
+and gathers from them at random. Where transparent huge pages are on for advised memory (the
+kernel's ``madvise`` setting, with its ``defrag`` compaction on fault) that advice makes the same
+passes slower: 4,096 -> 4,800 FSDP ranks (12.9 M needs, ``bench/scale.py``'s inputs, each run a
+fresh process, 2-core VM) took 2.6-2.8 s of CPU with the advice off and 3.7-3.8 s with it on.
+``huge_pages_off()`` turns the advice off for its block and restores it after; uses nest and
+overlap across threads (the first to enter records the setting, the last to leave restores it).
+A process-wide numpy setting: arrays other threads allocate meanwhile get ordinary pages, which
+changes only where the kernel puts them. Where numpy has no such switch (other platforms, other versions) this does
+nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from collections.abc import Callable
+from types import TracebackType
+from typing import cast
+
+__all__ = ["huge_pages_off"]
+
+
+def _switch() -> Callable[[bool], bool] | None:
+    """numpy's setter (returns the previous setting), where this numpy has one."""
+    for module in ("numpy._core.multiarray", "numpy.core.multiarray"):  # numpy 2, numpy 1.x
+        try:
+            found = importlib.import_module(module).__dict__.get("_set_madvise_hugepage")
+        except ImportError:
+            continue
+        if callable(found):
+            return cast(Callable[[bool], bool], found)
+    return None
+
+
+class _Advice:
+    """The process's count of blocks in force (numpy's setting is one per process)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.depth = 0
+        self.before = False
+        self.switch = _switch()
+
+    def enter(self) -> None:
+        with self.lock:
+            if self.depth == 0 and self.switch is not None:
+                self.before = bool(self.switch(False))
+            self.depth += 1
+
+    def leave(self) -> None:
+        with self.lock:
+            self.depth -= 1
+            if self.depth == 0 and self.switch is not None:
+                self.switch(self.before)
+
+
+_ADVICE = _Advice()
+
+
+class huge_pages_off:
+    """``with huge_pages_off(): ...``: numpy's huge-page advice is off inside (module docstring)."""
+
+    def __enter__(self) -> huge_pages_off:
+        _ADVICE.enter()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
+        _ADVICE.leave()
