@@ -23,7 +23,7 @@ from unickpt.format.layouts import SplitLayout, SplitShards
 from unickpt.planning.load import _columns as read_columns
 from unickpt.planning.load._columns import _segments as column_segments
 from unickpt.planning.load.assign import _plain_segments as _segments
-from unickpt.planning.load.assign import decode_part, report_needs
+from unickpt.planning.load.assign import assign_reads, decode_part, report_needs
 from unickpt.planning.load.assign import plain_parts as reference_parts
 from unickpt.planning.load.runs import vectorized
 
@@ -121,6 +121,21 @@ def test_each_ranks_part_is_the_references(job, mode, max_batch, block):
             got = _parts(md, needs, hosts, dedup, True, extent, max_batch)
         want = reference_parts(md, needs, hosts, dedup, True, extent, max_batch)
         assert [(p.batches, p.apart, p.shared) for p in got] == want
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(jobs(), st.sampled_from([1 << 20, 1]))
+def test_assign_reads_one_call_at_a_time_gives_the_thread_pools_parts(job, block):
+    """``assign_reads`` takes how its passes run as a ``map``-like callable: the builtin ``map``
+    (each pass run when its result is taken, one at a time) gives the parts the engine's thread
+    pool gives (``read_parts``), wire for wire."""
+    md, needs = job
+    names = list(md.tensors)
+    gathered = [(f"h{r % 2}", report_needs(md, n, names)) for r, n in enumerate(needs)]
+    with patch.object(read_columns, "BLOCK", block):
+        pooled = read_parts(md, gathered, True, False, md.checksums.extents)
+        one_by_one = assign_reads(md, gathered, True, False, md.checksums.extents, run=map)
+    assert one_by_one == pooled
 
 
 @settings(max_examples=60, deadline=None, derandomize=True, database=None)
