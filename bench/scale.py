@@ -21,7 +21,7 @@ Figures, per layout and world size (``--ranks``):
 - load: ``plan_local_load`` of one rank of a resharded job (FSDP at 4,800 ranks / Megatron at
   TP 8 PP 8); every rank of the new job's needs (each rank plans its load; this takes the
   simulation minutes: "needs s"), the coordinator's read assignment over all of them
-  (``engine.read_exchange.read_parts``: counts, disjoint rows, segments, readers, batches, each
+  (``engine.load.exchange.read_parts``: counts, disjoint rows, segments, readers, batches, each
   rank's part, columnar), the bytes a rank sends (its needs) and receives (its part), the time
   it decodes its part, and what the earlier all_gather of every rank's needs delivered to each
   rank;
@@ -48,12 +48,13 @@ from collections.abc import Callable
 from typing import Any
 
 from unickpt.engine.gc_pause import gc_paused
+from unickpt.engine.load.exchange import read_parts
 from unickpt.engine.plan_cache import CachedPlan, checksum_chunk_of
-from unickpt.engine.read import _extents
-from unickpt.engine.read_exchange import decode_part, read_parts, report_needs
 from unickpt.format.build import SaveSource, build_metadata
 from unickpt.format.codec import decode_metadata, encode_metadata
-from unickpt.planning.load_plan import plan_local_load
+from unickpt.planning.load.assign import decode_part, report_needs
+from unickpt.planning.load.overlap import plan_local_load
+from unickpt.planning.load.runs import extents_of
 from unickpt.planning.save.model import LocalSavePlan
 from unickpt.planning.save.plan import plan_save
 from unickpt.planning.save.wire import LocalPlans, decode_rank_plan, encode_local_plan, encode_rank_rows
@@ -206,13 +207,13 @@ def measure(layout: str, world: int, load_world: int, freeze_gc: bool = False, c
     encoded.clear()  # the coordinator keeps only the encoded metadata from here on
     crcs.clear()
     md = None  # type: ignore[assignment]
-    with gc_paused():  # as a load decodes it (engine.load_pipeline runs the whole load so)
+    with gc_paused():  # as a load decodes it (engine.load.pipeline runs the whole load so)
         t_dec, md2 = timed(lambda: decode_metadata(blob))
     if freeze_gc:  # the decoded metadata (millions of records) leaves the collector's view
         gc.collect()
         gc.freeze()
     targets = load_targets(layout, load_world // 2, load_world)
-    with gc_paused():  # as the load pipeline runs it (engine.load_pipeline: the whole load)
+    with gc_paused():  # as the load pipeline runs it (engine.load.pipeline: the whole load)
         t_load, reads = timed(lambda: plan_local_load(md2, targets))
     # every rank of the new job plans its load and reports its needs (what it sends rank 0)
     names = list(md2.tensors)
@@ -223,8 +224,8 @@ def measure(layout: str, world: int, load_world: int, freeze_gc: bool = False, c
 
     t_needs, reports = timed(lambda: [report_of(r) for r in range(load_world)])
     # the coordinator: counts, disjoint rows, the read assignment, each rank's part (read_exchange)
-    extents = _extents(md2, True)
-    with gc_paused():  # as the load pipeline runs it (engine.load_pipeline)
+    extents = extents_of(md2, True)
+    with gc_paused():  # as the load pipeline runs it (engine.load.pipeline)
         t_assign, parts = timed(lambda: read_parts(md2, reports, True, False, extents))
     load_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     sampled = load_world // 2

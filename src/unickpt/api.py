@@ -1,7 +1,7 @@
 """``unickpt.save`` / ``unickpt.load`` / ``unickpt.wait_all``: the default ``Checkpointer``.
 
 A thin facade: each call delegates to ``default_checkpointer()`` (see ``checkpointer``), which
-runs the save and load pipelines (``engine.save.pipeline``, ``engine.load_pipeline``) and owns
+runs the save and load pipelines (``engine.save.pipeline``, ``engine.load.pipeline``) and owns
 what lives across calls. Jobs that want their own options, process group or lifetime (one per
 role, tests) create ``unickpt.Checkpointer`` objects instead.
 """

@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from .coordination.topology import CoordinationOptions
 from .coordination.torch_dist import CheckpointGroups
-from .engine.load_pipeline import LoadPipeline
+from .engine.load.pipeline import LoadPipeline
 from .engine.plan_cache import PlanCache
 from .engine.runtime.resources import Resources
 from .engine.runtime.worker import ANY_OWNER, SaveHandle, SaveWorker
@@ -195,7 +195,7 @@ class Checkpointer:
         """Load the checkpoint at ``path`` into ``state`` in place, resharding as needed.
 
         Everything is validated on every rank before anything in ``state`` changes
-        (``engine.load_pipeline``); the optimizer's state becomes exactly the checkpoint's (a
+        (``engine.load.pipeline``); the optimizer's state becomes exactly the checkpoint's (a
         rollback: state the checkpoint does not have is removed, gradients are untouched).
         Waits first for this checkpointer's saves in flight (one may target ``path``)."""
         self._check_open()

@@ -69,7 +69,7 @@ def _state() -> dict:
 
 @pytest.mark.parametrize("async_save", [False, True])
 def test_saves_and_loads_pause_the_collector_and_restore_it(tmp_path, async_save, monkeypatch):
-    from unickpt.engine import load_pipeline
+    from unickpt.engine.load import pipeline as load_pipeline
 
     seen: dict[str, bool] = {}
     check = load_pipeline.check_targets

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from unickpt.engine.page_advice import huge_pages_off
+from unickpt.engine.load.page_advice import huge_pages_off
 
 multiarray = pytest.importorskip("numpy._core.multiarray")
 get = getattr(multiarray, "_get_madvise_hugepage", None)
@@ -65,7 +65,9 @@ def test_overlapping_blocks_on_two_threads_restore_once_both_left():
 
 def test_the_read_assignment_leaves_the_setting_as_it_was():
     from read_fixtures import split_metadata
-    from unickpt.engine.read_exchange import read_parts, report_needs, vectorized
+    from unickpt.engine.load.exchange import read_parts
+    from unickpt.planning.load.assign import report_needs
+    from unickpt.planning.load.runs import vectorized
 
     md = split_metadata()
     needs = report_needs(md, {("a", 0): (0, 4), ("a", 1): (0, 4)}, ["a"])

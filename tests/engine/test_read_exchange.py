@@ -1,4 +1,4 @@
-"""The needs exchange of a distributed load (``engine.read_exchange``): the coordinator's
+"""The needs exchange of a distributed load (``engine.load.exchange``): the coordinator's
 per-rank parts are the job's read assignment split by rank, each rank's part holds only the
 batches it reads or receives (a received batch names only that rank), a rank's part does not
 grow with the job, shards needed in disjoint rows stay with their ranks, and one host over a
@@ -9,12 +9,13 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from read_fixtures import assign_reads
 from read_fixtures import one_file_metadata as _md
-from read_fixtures import reference_disjoint as disjoint_needs
-from unickpt.engine import read_exchange
-from unickpt.engine.read_exchange import ReadPart, decode_part, own_keys, report_needs
+from unickpt.engine.load import exchange as read_exchange
 from unickpt.format.records import Metadata
+from unickpt.planning.load.assign import ReadPart, decode_part, own_keys, report_needs
+from unickpt.planning.load.assign import plain_batches as assign_reads
+from unickpt.planning.load.assign import plain_disjoint as disjoint_needs
+from unickpt.planning.load.runs import vectorized
 
 
 def _exact(f: int, lo: int, hi: int) -> tuple[int, int]:
@@ -30,7 +31,7 @@ def read_parts(md: Metadata, reports: list, dedup, page_cache, extent) -> list[R
     """The coordinator's parts as each rank decodes them (through the wire form)."""
     names = list(md.tensors)
     gathered = [(h, report_needs(md, rows, names)) for h, rows in reports]
-    wires = read_exchange.read_parts(md, gathered, dedup, page_cache, read_exchange.vectorized(extent))
+    wires = read_exchange.read_parts(md, gathered, dedup, page_cache, vectorized(extent))
     return [decode_part(w, names, list(rows), r) for r, (w, (_, rows)) in enumerate(zip(wires, reports))]
 
 

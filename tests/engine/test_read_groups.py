@@ -9,10 +9,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unickpt.engine.read import _group_small
-from unickpt.engine.read_runs import Need
+from unickpt.engine.load.reader import Need, _group_small
 from unickpt.format.checksums import ChunkChecksums
-from unickpt.planning.byte_runs import Span, plan_runs
+from unickpt.planning.load.runs import Span, plan_runs
 
 SETTINGS = settings(max_examples=300, deadline=None, derandomize=True, database=None)
 FILES = ("a", "b")

@@ -1,4 +1,4 @@
-"""The read engine's runs (``engine.read_runs.RunJob``) against a plain oracle: for random byte
+"""The read engine's runs (``engine.load.reader.RunJob``) against a plain oracle: for random byte
 spans of a file, some landing straight in their destination and some in temporaries, pieces read
 in any order deliver every need exactly its bytes, exactly once; a flipped byte anywhere in a
 chunk is caught by whichever read needs that chunk, and names what the chunk holds."""
@@ -10,10 +10,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unickpt.engine.read_runs import Need, RunJob
+from unickpt.engine.load.reader import Need, RunJob
 from unickpt.errors import ChecksumMismatchError
 from unickpt.format.checksums import ChunkChecksums, chunk_crcs
-from unickpt.planning.byte_runs import Span, plan_runs
+from unickpt.planning.load.runs import Span, plan_runs
 
 SETTINGS = settings(max_examples=200, deadline=None, derandomize=True, database=None)
 

@@ -16,7 +16,7 @@ from unickpt.errors import CorruptMetadataError
 from unickpt.format import Metadata, ShardRecord, TensorRecord, Topology, decode_metadata, encode_metadata
 from unickpt.format.layouts import SplitLayout, SplitShards
 from unickpt.format.validation import validate_metadata
-from unickpt.planning.shard_index import ShardIndex, scan_overlapping
+from unickpt.planning.load.shards import ShardIndex, scan_overlapping
 
 SETTINGS = settings(max_examples=150, deadline=None, derandomize=True, database=None)
 

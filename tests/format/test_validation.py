@@ -34,13 +34,12 @@ from unickpt.format.records import BlobRecord, Metadata, ShardRecord, TensorReco
 from unickpt.format.tiling import check_box_tiling
 from unickpt.format.validation import (
     MAX_BYTES,
-    Strictness,
     box_coverage_problem,
-    check_targets,
     coverage_problem,
     overlap_problems,
     validate_metadata,
 )
+from unickpt.planning.load.targets import Strictness, check_targets
 from unickpt.planning.specs import ShardSpec
 
 SETTINGS = settings(max_examples=300, deadline=None, derandomize=True, database=None)
@@ -185,12 +184,15 @@ def test_strictness_lets_through_what_it_does_not_refuse() -> None:
 
 
 def test_planning_uses_format_validation() -> None:
-    """One implementation: planning re-exports the load checks and calls the coverage and byte
-    checks of format.validation; format never imports planning."""
-    from unickpt.planning import load_plan
+    """One implementation: the load checks live in planning.load.targets (format.validation
+    keeps none), planning calls the coverage and byte checks of format.validation; format never
+    imports planning."""
+    from unickpt.planning import load
+    from unickpt.planning.load import targets
     from unickpt.planning.save import plan as save_plan
 
-    assert load_plan.check_targets is validation.check_targets and load_plan.keys_error is validation.keys_error
+    assert load.check_targets is targets.check_targets and load.keys_error is targets.keys_error
+    assert not hasattr(validation, "check_targets") and not hasattr(validation, "keys_error")
     assert save_plan.box_coverage_problem is validation.box_coverage_problem
     for path in (SRC / "format").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unickpt.format.checksums import ChunkChecksums, RangeChecksums, chunk_crcs
-from unickpt.planning.byte_runs import Span, needed_rows, plan_runs, row_bytes
+from unickpt.planning.load.runs import Span, needed_rows, plan_runs, row_bytes
 
 SETTINGS = settings(max_examples=300, deadline=None, derandomize=True, database=None)
 

@@ -1,4 +1,4 @@
-"""planning.load_plan.plan_local_load against a plain oracle: every (target, saved shard) pair
+"""planning.load.overlap.plan_local_load against a plain oracle: every (target, saved shard) pair
 intersected by hand. Checkpoints mix tensors of a regular layout (``SplitShards``, where a target
 that is exactly one part takes the planner's shortcut), tensors of shard rows (row splits, one
 whole shard, 0-d) and targets of the saving layout, of another world size, random and empty;
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from unickpt.format.layouts import SplitLayout, SplitShards
 from unickpt.format.records import Metadata, ShardRecord, TensorRecord, Topology
-from unickpt.planning.load_plan import CopyOp, ShardRead, plan_local_load, shard_read
+from unickpt.planning.load.overlap import CopyOp, ShardRead, plan_local_load, shard_read
 from unickpt.planning.specs import ShardSpec
 
 SETTINGS = settings(max_examples=200, deadline=None, derandomize=True, database=None)

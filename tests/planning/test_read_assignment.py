@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from read_fixtures import assign_reads
 from read_fixtures import one_file_metadata as _md
 from unickpt.format.records import Metadata, ShardRecord, TensorRecord, Topology
+from unickpt.planning.load.assign import plain_batches as assign_reads
 
 
 @settings(max_examples=200, deadline=None)
@@ -45,8 +45,9 @@ def test_vectorized_intersection_matches_scalar_path(monkeypatch):
     """plan_local_load gives the same copies whether a tensor has few or many saved shards."""
     import random
 
-    from unickpt.planning import load_plan, shard_index
     from unickpt.planning.boxes import chunk_bounds
+    from unickpt.planning.load import overlap as load_plan
+    from unickpt.planning.load import shards as shard_index
     from unickpt.planning.specs import ShardSpec
 
     rng = random.Random(0)

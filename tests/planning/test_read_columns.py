@@ -1,4 +1,4 @@
-"""The columnar read assignment (``planning.read_columns`` through ``engine.read_exchange``):
+"""The columnar read assignment (``planning.load._columns`` through ``engine.load.exchange``):
 every rank's part equals what the Python reference computes over the same needs (regular
 layouts and listed shards mixed, checksum chunks smaller and larger than the shards, replicated
 and resharded needs, several hosts or one), segments cut where the reference cuts them, and bad
@@ -14,14 +14,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from read_fixtures import _segments, reference_parts, split_metadata
-from unickpt.engine.read_exchange import decode_part, read_parts, report_needs, vectorized
+from read_fixtures import split_metadata
+from unickpt.engine.load.exchange import read_parts
 from unickpt.errors import PlanningError
 from unickpt.format import Metadata, ShardRecord, TensorRecord, Topology
 from unickpt.format.checksums import ChunkChecksums
 from unickpt.format.layouts import SplitLayout, SplitShards
-from unickpt.planning import read_columns
-from unickpt.planning.read_columns import _segments as column_segments
+from unickpt.planning.load import _columns as read_columns
+from unickpt.planning.load._columns import _segments as column_segments
+from unickpt.planning.load.assign import _plain_segments as _segments
+from unickpt.planning.load.assign import assign_reads, decode_part, report_needs
+from unickpt.planning.load.assign import plain_parts as reference_parts
+from unickpt.planning.load.runs import vectorized
 
 SETTINGS = settings(max_examples=200, deadline=None, derandomize=True, database=None)
 DTYPES = {1: "uint8", 2: "bfloat16", 4: "float32"}
@@ -117,6 +121,21 @@ def test_each_ranks_part_is_the_references(job, mode, max_batch, block):
             got = _parts(md, needs, hosts, dedup, True, extent, max_batch)
         want = reference_parts(md, needs, hosts, dedup, True, extent, max_batch)
         assert [(p.batches, p.apart, p.shared) for p in got] == want
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(jobs(), st.sampled_from([1 << 20, 1]))
+def test_assign_reads_one_call_at_a_time_gives_the_thread_pools_parts(job, block):
+    """``assign_reads`` takes how its passes run as a ``map``-like callable: the builtin ``map``
+    (each pass run when its result is taken, one at a time) gives the parts the engine's thread
+    pool gives (``read_parts``), wire for wire."""
+    md, needs = job
+    names = list(md.tensors)
+    gathered = [(f"h{r % 2}", report_needs(md, n, names)) for r, n in enumerate(needs)]
+    with patch.object(read_columns, "BLOCK", block):
+        pooled = read_parts(md, gathered, True, False, md.checksums.extents)
+        one_by_one = assign_reads(md, gathered, True, False, md.checksums.extents, run=map)
+    assert one_by_one == pooled
 
 
 @settings(max_examples=60, deadline=None, derandomize=True, database=None)
@@ -262,8 +281,8 @@ def test_geometry_in_blocks_is_each_shards_own(job, block):
     its shard's (``shard_location`` / ``shard_row_bytes``, one shard at a time)."""
     from unickpt.format.dtypes import itemsize
     from unickpt.format.layouts import shard_location, shard_row_bytes
-    from unickpt.planning.read_columns import NEED_DTYPE
-    from unickpt.planning.shard_lookup import shard_geometry
+    from unickpt.planning.load._columns import NEED_DTYPE
+    from unickpt.planning.load.shards import shard_geometry
 
     md, needs = job
     names = list(md.tensors)

@@ -1,4 +1,4 @@
-"""planning.shard_index: the indexed overlap query returns exactly what a scan of every saved
+"""planning.load.shards.ShardIndex: the indexed overlap query returns exactly what a scan of every saved
 shard returns, for regular and irregular layouts, stored in order or not; and plan_local_load
 built on it plans the same reads as with every tensor scanned."""
 
@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 
 from unickpt.format.records import Metadata, ShardRecord, TensorRecord, Topology
 from unickpt.format.tiling import check_box_tiling
-from unickpt.planning import load_plan, shard_index
 from unickpt.planning.boxes import chunk_bounds, decompose_flat_range
-from unickpt.planning.shard_index import INDEX_FROM, ShardIndex, scan_overlapping
+from unickpt.planning.load import overlap as load_plan
+from unickpt.planning.load import shards as shard_index
+from unickpt.planning.load.shards import INDEX_FROM, ShardIndex, scan_overlapping
 from unickpt.planning.specs import ShardSpec
 
 Box = tuple[tuple[int, ...], tuple[int, ...]]

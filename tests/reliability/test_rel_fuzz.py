@@ -34,7 +34,8 @@ from unickpt.format.records import METADATA_FILE
 from unickpt.format.tiling import check_box_tiling
 from unickpt.frameworks import get_framework
 from unickpt.planning.boxes import decompose_flat_range
-from unickpt.planning.load_plan import check_targets, plan_local_load
+from unickpt.planning.load.overlap import plan_local_load
+from unickpt.planning.load.targets import check_targets
 from unickpt.storage.memory import MemoryStorage
 
 N = int(os.environ.get("UNICKPT_FUZZ_EXAMPLES", "150"))

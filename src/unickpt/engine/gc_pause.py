@@ -19,7 +19,7 @@ One scope per public call, and only while the caller waits for it:
       async save runs with the collector on (the job keeps allocating meanwhile). A blocking
       save started while an earlier async save of the same process still commits pauses the
       collector for that overlap (it is one switch per process);
-  ``engine.load_pipeline.LoadPipeline.run``: a load's validation, reads and apply.
+  ``engine.load.pipeline.LoadPipeline.run``: a load's validation, reads and apply.
 ``SaveOptions.pause_gc`` / ``LoadOptions.pause_gc`` = False: no pause at all (``enabled``).
 """
 

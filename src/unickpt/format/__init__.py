@@ -23,7 +23,7 @@ from .records import (
     Topology,
 )
 from .sections import DEFAULT_SECTIONS, SectionCodec, SectionRegistry, SectionWarning
-from .validation import KeyReport, Strictness, validate_metadata
+from .validation import validate_metadata
 from .values import dumps_value, loads_value
 
 __all__ = [
@@ -46,8 +46,6 @@ __all__ = [
     "SectionCodec",
     "SectionRegistry",
     "SectionWarning",
-    "KeyReport",
-    "Strictness",
     "validate_metadata",
     "dtype_from_name",
     "dtype_name",

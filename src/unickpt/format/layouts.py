@@ -13,7 +13,7 @@ ones shorter or empty.
 Who calls what: the coordinator's commit (``format.build``) builds layouts for the groups the
 save plan found regular; ``format.v3`` writes and reads them (``layout_problems`` checks one:
 files, dimensions, every chunk inside its file); loads ask a tensor's shards like any other
-(``TensorRecord.shards``: a sequence), and ``planning.shard_index`` asks
+(``TensorRecord.shards``: a sequence), and ``planning.load.shards`` asks
 ``SplitShards.overlapping`` for the parts a box touches in O(parts touched).
 """
 
@@ -251,7 +251,7 @@ class SplitShards(Sequence[ShardRecord]):
 
     def row_bytes(self, i: int) -> int:
         """Bytes of one row (one index of the first dimension) of shard ``i``'s box, as
-        ``planning.byte_runs.row_bytes`` of its lengths, without building its record."""
+        ``planning.load.runs.row_bytes`` of its lengths, without building its record."""
         _, isz, shape, d = self.layout.entries[self.entry]
         if d == 0:
             return math.prod(shape[1:]) * isz
@@ -306,7 +306,7 @@ def shard_location(shards: Sequence[ShardRecord], i: int) -> tuple[int, int, int
 
 def shard_row_bytes(shards: Sequence[ShardRecord], i: int, itemsize: int) -> int:
     """Bytes of one row (one index of the first dimension) of a tensor's shard ``i``, as
-    ``planning.byte_runs.row_bytes`` of its lengths, without building a layout's record."""
+    ``planning.load.runs.row_bytes`` of its lengths, without building a layout's record."""
     if isinstance(shards, SplitShards):
         return shards.row_bytes(i)
     lengths = shards[i].lengths

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..planning.shard_index import ShardIndex
+from ..planning.load.shards import ShardIndex
 from .inspect import load_metadata
 from .pieces import PIECE_BYTES, check_data_files, iter_pieces
 

@@ -37,11 +37,11 @@ from dataclasses import dataclass
 import torch
 
 from ..coordination.single import SingleProcessCoordinator
-from ..engine.read import read_stage
+from ..engine.load.stage import read_stage
 from ..errors import CheckpointError
 from ..format import Metadata, dtype_from_name
-from ..planning.load_plan import CopyOp, shard_read
-from ..planning.shard_index import ShardIndex
+from ..planning.load.overlap import CopyOp, shard_read
+from ..planning.load.shards import ShardIndex
 from ..planning.specs import LoadItem, ShardSpec
 from ..storage import Storage
 from .inspect import human_bytes, load_metadata

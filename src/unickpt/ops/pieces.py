@@ -10,7 +10,7 @@ Who calls what, in order (``merge``, ``diff``, ``inspect --values``; ``modify`` 
   2. ``iter_pieces(md, storage, fqn)`` yields the tensor as consecutive pieces: ``slabs`` cuts
      the shape into boxes contiguous in row-major order of at most ``PIECE_BYTES`` each (at
      least one element), and each box is read through the load engine (``planning.
-     load_plan.plan_local_load`` + ``engine.read.read_stage``: ranged reads of the saved shards
+     load.overlap.plan_local_load`` + ``engine.load.stage.read_stage``: ranged reads of the saved shards
      it overlaps, CRC32C verified) into one reusable buffer. Concatenating the pieces' bytes
      gives the tensor's bytes.
 
@@ -37,12 +37,12 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from ..coordination.single import SingleProcessCoordinator
-from ..engine.read import read_stage
+from ..engine.load.stage import read_stage
 from ..errors import CheckpointError, ChecksumMismatchError, MissingDataFileError, TruncatedDataFileError
 from ..format import Metadata, dtype_from_name
 from ..format.checksums import ChunkChecksums
-from ..planning.load_plan import plan_local_load
-from ..planning.shard_index import ShardIndex
+from ..planning.load.overlap import plan_local_load
+from ..planning.load.shards import ShardIndex
 from ..planning.specs import LoadItem, ShardSpec
 from ..storage import Storage
 from .printable import printable, quoted

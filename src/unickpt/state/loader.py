@@ -17,7 +17,7 @@ Who calls what, in order
         (``dataloader/part-<p>-of-<N>``), each in the safe value encoding. Rank 0 at the commit
         -> ``loader_index(blob keys)``: the section (every part exactly once, or the save fails).
   load  any rank holding a loader -> ``LoaderIndex`` from ``Metadata.sections`` -> every blob of
-        it read (``engine.load_pipeline``) -> ``loader.load_unickpt_state(replicated, parts,
+        it read (``engine.load.pipeline``) -> ``loader.load_unickpt_state(replicated, parts,
         saved_dp_size)``, which keeps the parts it owns now.
 Loaders with only ``state_dict`` / ``load_state_dict`` keep the per-rank blob of older
 releases: loaded as they are at the same world size, refused after a change (or left alone with

@@ -14,7 +14,7 @@
              rank's missing and unexpected keys are combined (a key is unexpected only if no
              rank responsible for it wants it: pipeline stages hold different parameters), so
              every rank raises the same error under ``strict``. Nothing in the job changed yet.
-  read*      ``engine.read.read_stage`` fills the destinations: live tensors in place (a failure
+  read*      ``engine.load.stage.read_stage`` fills the destinations: live tensors in place (a failure
              then says plainly that live tensors were partly overwritten), or with
              ``LoadOptions(stage_before_apply=True)`` staging buffers, every checksum verified
              on every rank before anything live is touched; the other items' blobs read and
@@ -31,30 +31,33 @@ from __future__ import annotations
 
 import time
 from collections.abc import MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ..coordination import Coordinator, SingleProcessCoordinator, run_stage
-from ..errors import CheckpointError, IntegrityError, RankFailures
-from ..folder.lock import checkpoint_replaced
-from ..folder.target import claims
-from ..format.keymap import remap
-from ..format.records import Metadata
-from ..format.transforms import derive
-from ..format.values import loads_value
-from ..frameworks import FrameworkAdapter, LoadView, get_framework
-from ..monitoring.events import EventBus, instrumented
-from ..options import LoadOptions
-from ..planning.load_plan import ShardRead, check_targets, keys_error, plan_local_load
-from ..planning.shard_index import ShardIndex
-from ..planning.specs import LoadItem
-from ..state.items import LoadContext
-from ..state.layout import StateLayout
-from ..storage import Storage
-from .gc_pause import gc_paused
-from .read import read_blob, read_metadata, read_stage
-from .runtime.resources import Resources
+from ...coordination import Coordinator, SingleProcessCoordinator, run_stage
+from ...errors import CheckpointError, IntegrityError, RankFailures
+from ...folder.lock import checkpoint_replaced
+from ...folder.target import claims
+from ...format.keymap import remap
+from ...format.records import Metadata
+from ...format.transforms import derive
+from ...format.values import loads_value
+from ...frameworks import FrameworkAdapter, LoadView, get_framework
+from ...monitoring.events import EventBus, instrumented
+from ...options import LoadOptions
+from ...planning.load.overlap import ShardRead, plan_local_load
+from ...planning.load.shards import ShardIndex
+from ...planning.load.targets import check_targets, keys_error
+from ...planning.specs import LoadItem
+from ...state.items import LoadContext
+from ...state.layout import StateLayout
+from ...storage import Storage
+from ..gc_pause import gc_paused
+from ..read import read_blob, read_metadata
+from ..runtime.resources import Resources
+from .stage import read_stage
 
 __all__ = ["LoadPipeline"]
 
@@ -131,6 +134,18 @@ class LoadPipeline:
         return skipped
 
 
+@dataclass(frozen=True)
+class _Validated:
+    """What the validate stage found on this rank: the framework's view (destinations, probes),
+    the saved shards to read, the blobs to read, the missing and unexpected keys."""
+
+    view: LoadView
+    reads: list[ShardRead]
+    blobs: dict[tuple[str, str], str]
+    missing: list[str]
+    unexpected: list[str]
+
+
 def _load_once(
     events: EventBus,
     md: Metadata,
@@ -145,55 +160,98 @@ def _load_once(
     the cyclic collector paused throughout)."""
     source = storage.url
     layout, adapter = described
-
-    own: dict[tuple[str, str], Any] = {}
-
-    def validate() -> tuple[LoadView, list[ShardRead], dict[tuple[str, str], str], list[str], list[str]]:
-        view = adapter.load_view(layout.framework_state, md, strict)
-        own_items, own_tensors, own_prefixes = layout.destinations(md)  # a Stateful's tensors
-        view.items.extend(own_items)
-        view.prefixes = (*view.prefixes, *own_prefixes)
-        own.update(own_tensors)
-        ckpt_keys = {k for k in md.tensors if k.startswith(view.prefixes)} if view.prefixes else set()
-        specs = [i.spec for i in view.items] + [i.spec for i in view.probes]
-        report = check_targets(
-            md, specs, strict=False, source=source, checkpoint_keys=ckpt_keys, cast_dtypes=options.cast_dtypes
-        )
-        index = ShardIndex(md)  # one overlap index for this attempt's two plans
-        if view.probes:
-            reads = plan_local_load(md, [i.spec for i in view.probes], index)
-            read_stage(md, storage, _ONE, view.probes, reads, 1, options.verify_checksums, False)
-        missing, unexpected = view.validate()
-        ctx = LoadContext(
-            md,
-            coord.rank,
-            coord.world_size,
-            options.extra_state_on_resize,
-            options.loader_on_resize,
-            frozenset(md.blobs),
-        )
-        blobs, absent = layout.choose(ctx)
-        # top-level keys; a key no view covers (loader state, a scheduler) is unexpected only if
-        # *no* rank has it (_agree_keys), since ranks that own no loader (TP ranks > 0) are normal
-        top_missing, top_unexpected = layout.keys_against(md)
-        return (
-            view,
-            plan_local_load(md, [i.spec for i in view.items], index),
-            blobs,
-            list(report.missing) + missing + absent + top_missing,
-            list(report.unexpected) + unexpected + top_unexpected,
-        )
-
+    own: dict[tuple[str, str], Any] = {}  # a Stateful's tensors, by (item, key)
     with events.phase("load.plan", coord.rank, path=source):
-        view, reads, blobs, missing, unexpected = run_stage(coord, "load (validate)", validate)
-        missing, unexpected = _agree_keys(coord, missing, unexpected, view.prefixes)
+        found = run_stage(
+            coord, "load (validate)", lambda: _validate(md, storage, coord, layout, adapter, strict, options, own)
+        )
+        missing, unexpected = _agree_keys(coord, found.missing, found.unexpected, found.view.prefixes)
     if strict and (missing or unexpected):
         raise keys_error(missing, unexpected, source)
+    view = found.view
+    targets = _read(events, md, storage, coord, view, found.reads, options)
+    values = _read_extra(md, storage, coord, view, found.blobs, options)
 
+    def apply() -> None:
+        if targets is not view.items:
+            with torch.no_grad():
+                for live, stage in zip(view.items, targets):
+                    if live is not stage:
+                        live.tensor.copy_(stage.tensor)
+        view.apply()
+        layout.apply(state, {**values, **own})
+
+    with events.phase("load.apply", coord.rank, path=source):
+        run_stage(coord, "load (apply)", apply)
+    return missing, unexpected
+
+
+def _validate(
+    md: Metadata,
+    storage: Storage,
+    coord: Coordinator,
+    layout: StateLayout,
+    adapter: FrameworkAdapter,
+    strict: bool,
+    options: LoadOptions,
+    own: dict[tuple[str, str], Any],
+) -> _Validated:
+    """This rank's part of the validate stage: destinations (``adapter.load_view``, the
+    Statefuls' tensors into ``own``), ``check_targets``, the probes read (into scratch), the
+    view's own checks, the blobs chosen and the top-level keys; then the plan of this rank's
+    reads. Nothing in the job changes."""
+    view = adapter.load_view(layout.framework_state, md, strict)
+    own_items, own_tensors, own_prefixes = layout.destinations(md)  # a Stateful's tensors
+    view.items.extend(own_items)
+    view.prefixes = (*view.prefixes, *own_prefixes)
+    own.update(own_tensors)
+    ckpt_keys = {k for k in md.tensors if k.startswith(view.prefixes)} if view.prefixes else set()
+    specs = [i.spec for i in view.items] + [i.spec for i in view.probes]
+    report = check_targets(
+        md, specs, strict=False, source=storage.url, checkpoint_keys=ckpt_keys, cast_dtypes=options.cast_dtypes
+    )
+    index = ShardIndex(md)  # one overlap index for this attempt's two plans
+    if view.probes:
+        reads = plan_local_load(md, [i.spec for i in view.probes], index)
+        read_stage(md, storage, _ONE, view.probes, reads, 1, options.verify_checksums, False)
+    missing, unexpected = view.validate()
+    ctx = LoadContext(
+        md,
+        coord.rank,
+        coord.world_size,
+        options.extra_state_on_resize,
+        options.loader_on_resize,
+        frozenset(md.blobs),
+    )
+    blobs, absent = layout.choose(ctx)
+    # top-level keys; a key no view covers (loader state, a scheduler) is unexpected only if
+    # *no* rank has it (_agree_keys), since ranks that own no loader (TP ranks > 0) are normal
+    top_missing, top_unexpected = layout.keys_against(md)
+    return _Validated(
+        view,
+        plan_local_load(md, [i.spec for i in view.items], index),
+        blobs,
+        list(report.missing) + missing + absent + top_missing,
+        list(report.unexpected) + unexpected + top_unexpected,
+    )
+
+
+def _read(
+    events: EventBus,
+    md: Metadata,
+    storage: Storage,
+    coord: Coordinator,
+    view: LoadView,
+    reads: list[ShardRead],
+    options: LoadOptions,
+) -> list[LoadItem]:
+    """Collective: the read stage into the destinations: the live tensors (returns
+    ``view.items``), or with ``stage_before_apply`` staging buffers for every live one (returns
+    those targets). A failure after bytes may have landed in live tensors says so."""
     staged = options.stage_before_apply
     targets = [i if i.fresh else LoadItem(i.spec, _staging(i.tensor), True) for i in view.items] if staged else None
     try:
-        with events.phase("load.read", coord.rank, path=source) as p:
+        with events.phase("load.read", coord.rank, path=storage.url) as p:
             p.nbytes = read_stage(
                 md,
                 storage,
@@ -205,28 +263,36 @@ def _load_once(
                 options.dedup_reads,
                 events,
             )
-        values = run_stage(
+    except CheckpointError as e:
+        _say_partial_if(e, staged, view)
+        raise
+    return targets if targets is not None else view.items
+
+
+def _read_extra(
+    md: Metadata,
+    storage: Storage,
+    coord: Coordinator,
+    view: LoadView,
+    blobs: dict[tuple[str, str], str],
+    options: LoadOptions,
+) -> dict[tuple[str, str], Any]:
+    """Collective: the other items' blobs, read and decoded (after the tensors' reads)."""
+    try:
+        return run_stage(
             coord,
             "load (read extra state)",
             lambda: _read_blobs(md, storage, blobs, coord.rank, options.max_blob_bytes),
         )
     except CheckpointError as e:
-        if not staged and any(not i.fresh for i in view.items):
-            _say_partial(e)
+        _say_partial_if(e, options.stage_before_apply, view)
         raise
 
-    def apply() -> None:
-        if targets is not None:
-            with torch.no_grad():
-                for live, stage in zip(view.items, targets):
-                    if live is not stage:
-                        live.tensor.copy_(stage.tensor)
-        view.apply()
-        layout.apply(state, {**values, **own})
 
-    with events.phase("load.apply", coord.rank, path=source):
-        run_stage(coord, "load (apply)", apply)
-    return missing, unexpected
+def _say_partial_if(e: CheckpointError, staged: bool, view: LoadView) -> None:
+    """``_say_partial`` when the reads went into live tensors (not staged, some not fresh)."""
+    if not staged and any(not i.fresh for i in view.items):
+        _say_partial(e)
 
 
 def _staging(live: torch.Tensor) -> torch.Tensor:

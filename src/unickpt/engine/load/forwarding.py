@@ -1,7 +1,7 @@
 """Forwarding during a load: the batches a rank reads for other ranks, sent the moment they are
 verified, and the batches it receives.
 
-``engine.read.read_stage`` creates a ``Transfer`` after the read assignment (when some batch has
+``engine.load.stage.read_stage`` creates a ``Transfer`` after the read assignment (when some batch has
 consumers besides its reader): it posts every receive first; ``outgoing(batch)`` gives the buffer
 a batch is read into and the callback its shards call as each is verified (the last one sends the
 batch, from the reader thread, while other reads go on); ``finish`` sends what is left (after a
@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from ..coordination.base import Coordinator
-from ..errors import ChecksumMismatchError
-from ..planning.read_assignment import ReadBatch
+from ...coordination.base import Coordinator
+from ...errors import ChecksumMismatchError
+from ...planning.load.assign import ReadBatch
 
 __all__ = ["Transfer"]
 

@@ -1,13 +1,11 @@
-"""Load planning: target boxes of one rank + checkpoint metadata -> which saved shards to read
-and which sub-boxes to copy where (pure functions).
+"""Which saved shards one rank needs: its target boxes + the checkpoint metadata -> the saved
+shards to read and which sub-boxes to copy where (pure functions).
 
-Called by ``engine.load_pipeline`` on every rank after the metadata is read and validated. Validation
-(``check_targets``, from ``format.validation``, re-exported here) runs first and collects every
-problem (missing / unexpected keys under the strictness, shape and dtype mismatches) before any
-byte is read. Then ``plan_local_load`` intersects each target box with the saved boxes of its
-tensor: every element of every target is covered exactly once because saved boxes tile their
-tensor (checked at save and on decode). The shards overlapping each target come from a
-``planning.shard_index.ShardIndex`` (bisection, O(log N + overlaps) per target, not a scan of
+Called by ``engine.load.pipeline`` on every rank after the targets are checked
+(``planning.load.targets``). ``plan_local_load`` intersects each target box with the saved boxes
+of its tensor: every element of every target is covered exactly once because saved boxes tile
+their tensor (checked at save and on decode). The shards overlapping each target come from a
+``planning.load.shards.ShardIndex`` (bisection, O(log N + overlaps) per target, not a scan of
 every saved shard).
 """
 
@@ -15,25 +13,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..format.dtypes import itemsize
-from ..format.layouts import SplitShards
-from ..format.records import Metadata, ShardRecord, TensorRecord
-from ..format.validation import KeyReport, Strictness, check_targets, keys_error
-from .boxes import intersect, numel
-from .byte_runs import needed_rows, row_bytes
-from .shard_index import ShardIndex
-from .specs import Shape, ShardSpec
+from ...format.dtypes import itemsize
+from ...format.layouts import SplitShards
+from ...format.records import Metadata, ShardRecord, TensorRecord
+from ..boxes import intersect, numel
+from ..specs import Shape, ShardSpec
+from .runs import needed_rows, row_bytes
+from .shards import ShardIndex
 
-__all__ = [
-    "CopyOp",
-    "ShardRead",
-    "KeyReport",
-    "Strictness",
-    "check_targets",
-    "keys_error",
-    "plan_local_load",
-    "shard_read",
-]
+__all__ = ["CopyOp", "ShardRead", "plan_local_load", "shard_read"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +39,9 @@ class CopyOp:
 class ShardRead:
     """One saved shard this rank needs and what to copy out of it, with what the read engine
     needs of it, so that it looks nothing up again: the shard's record (``shard``: its box and
-    bytes), the bytes of one row of its box (``row_bytes``, as ``planning.byte_runs.row_bytes``)
+    bytes), the bytes of one row of its box (``row_bytes``, as ``planning.load.runs.row_bytes``)
     and the rows ``[r0, r1)`` of its box that the copies touch (``rows``, as
-    ``planning.byte_runs.needed_rows``). Built by ``shard_read``."""
+    ``planning.load.runs.needed_rows``). Built by ``shard_read``."""
 
     fqn: str
     shard_index: int
@@ -79,8 +67,8 @@ def shard_read(fqn: str, shard_index: int, shard: ShardRecord, itemsize: int, co
 def plan_local_load(md: Metadata, specs: list[ShardSpec], index: ShardIndex | None = None) -> list[ShardRead]:
     """For targets ``specs`` (index = local item index), the saved shards to read, in file order.
 
-    ``index``: a :class:`~unickpt.planning.shard_index.ShardIndex` of ``md`` to reuse across
-    calls on the same metadata (``engine.load_pipeline`` plans probes and items with one); a
+    ``index``: a :class:`~unickpt.planning.load.shards.ShardIndex` of ``md`` to reuse across
+    calls on the same metadata (``engine.load.pipeline`` plans probes and items with one); a
     fresh one otherwise. The saved shards overlapping each target come from it in O(log N +
     overlaps) for the layouts jobs save, so a rank's planning cost does not grow with the number
     of ranks that saved the checkpoint. A target that is exactly one saved shard (a load at the

@@ -1,11 +1,11 @@
-"""A distributed load's read assignment over the whole job's needs as columns (pure, numpy).
+"""The read assignment over the whole job's needs as columns (pure, numpy): the private
+implementation of ``planning.load.assign.assign_reads``.
 
-Called by the coordinator (``engine.read_exchange.read_parts``) with every rank's needs, each an
-array of ``NEED_DTYPE`` rows (tensor number in the metadata's order, shard, first and end row of
-the shard its copies touch), concatenated in rank order. It decides what
-the read assignment's rule (``planning.read_assignment``) decides over Python lists (the tests'
-reference, ``tests/read_fixtures.py``), with every pass over the
-needs vectorised, so the coordinator's work grows with the job's needs at numpy speed and its
+Called by ``assign_reads`` (at the coordinator) with every rank's needs, each an array of
+``NEED_DTYPE`` rows (tensor number in the metadata's order, shard, first and end row of the
+shard its copies touch), concatenated in rank order. It decides what the rule written plainly
+over Python lists (``planning.load.assign.plain_parts``, the spec) decides, with every pass over
+the needs vectorised, so the coordinator's work grows with the job's needs at numpy speed and its
 Python loops with the segments and batches only (a whole-job reshard of 4,096 FSDP ranks sends
 millions of needs):
 
@@ -18,7 +18,7 @@ millions of needs):
    chunks their reads cover overlapping by at most an eighth of what they cover together).
    Shards every rank needs in overlapping rows (replicated state) keep no list of their needs:
    all ranks are their consumers. The blocks, the pairs and the groups of three or more ranks
-   are worked on by the caller's threads (numpy's loops release the GIL).
+   are worked on by the caller's ``map`` (a thread pool's: numpy's loops release the GIL).
 3. ``assign_columns``: every other shared shard gets one reader, by the rule, the alone bytes
    counted in the balancing: shards in file order cut into segments, segments largest
    first to the least-loaded consumer, batches per (reader, consumers) of at most
@@ -28,22 +28,23 @@ millions of needs):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from concurrent.futures import Executor
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from ..errors import PlanningError
-from ..format.records import Metadata
-from .shard_lookup import BLOCK, ShardLookup
+from ...errors import PlanningError
+from ...format.records import Metadata
+from .runs import Extents
+from .shards import BLOCK, ShardLookup
 
 __all__ = [
     "NEED_DTYPE",
     "Classified",
     "ColumnBatch",
-    "Extents",
     "JobNeeds",
+    "Map",
     "assign_columns",
     "classify",
     "segment_bytes",
@@ -51,9 +52,12 @@ __all__ = [
 
 # one need: (tensor number in ``Metadata.tensors`` order, shard index, first row, end row)
 NEED_DTYPE = np.dtype([("tensor", "<i4"), ("shard", "<i4"), ("lo", "<i8"), ("hi", "<i8")])
-Extents = Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]  # files, lo, hi
+# ``map``-like: applies a function to each item; a thread pool's ``map`` starts every call at
+# once (so a call whose result is taken later overlaps the work in between), the builtin runs
+# them one by one as their results are taken
+Map = Callable[[Callable[[Any], Any], Iterable[Any]], Iterator[Any]]
 Where = tuple[np.ndarray, np.ndarray, np.ndarray]  # per shard: file, byte offset, byte length
-_ALIGN = 64  # batch offsets (planning.read_assignment._ALIGN)
+_ALIGN = 64  # batch offsets (as planning.load.assign's plain rule)
 
 
 @dataclass(frozen=True)
@@ -77,10 +81,10 @@ class JobNeeds:
         return len(self.key)
 
     @classmethod
-    def of(cls, md: Metadata, per_rank: Sequence[np.ndarray], pool: Executor | None = None) -> JobNeeds:
+    def of(cls, md: Metadata, per_rank: Sequence[np.ndarray], run: Map = map) -> JobNeeds:
         """From each rank's ``NEED_DTYPE`` rows; a tensor or shard number out of range, or rows
         out of order, is a PlanningError. Each field goes straight into its column and the
-        checks run in blocks, on ``pool`` when given (the columns are the only whole-job
+        checks run in blocks, through ``run`` (the columns are the only whole-job
         allocations)."""
         world = len(per_rank)
         if world >= 1 << 31:
@@ -116,7 +120,7 @@ class JobNeeds:
             if r0.min() < 0 or np.any(r0 > r1):
                 raise PlanningError("a rank reported a need of rows out of order")
 
-        for _ in (pool.map if pool is not None else map)(check, range(0, n, block)):
+        for _ in run(check, range(0, n, block)):
             pass  # the first failing block's error, as in order
         rank = np.repeat(np.arange(world, dtype=np.int32), sizes)
         return cls(tensor, shard, lo, hi, rank, key, int(counts.sum()))
@@ -167,22 +171,24 @@ class Classified:
     group_apart: np.ndarray
 
 
-def classify(md: Metadata, job: JobNeeds, world: int, extents: Extents, pool: Executor) -> Classified:
+def classify(md: Metadata, job: JobNeeds, world: int, extents: Extents, run: Map = map) -> Classified:
     """Counts, alone bytes and the disjoint-rows test (module docstring, step 2). Shard
     geometry is looked up once per shard several ranks need (``ShardLookup.geometry``), and
     only the byte length of a shard one rank needs (``ShardLookup.lengths``). The blocks of
-    needs, then the shards of two ranks and those of more, are worked on by ``pool``'s threads
-    at once (numpy's loops release the GIL); each writes only its own answer."""
-    prepared = pool.submit(ShardLookup, md, job.tensor, BLOCK)  # while the shards are counted
+    needs, then the shards of two ranks and those of more, are worked on through ``run`` at
+    once (a thread pool's ``map``: numpy's loops release the GIL); each writes only its own
+    answer."""
+    prepared = _later(run, lambda: ShardLookup(md, job.tensor, BLOCK))  # while the shards are counted
     per_key = np.bincount(job.key, minlength=job.total_keys)
-    table = prepared.result()
-    split = list(pool.map(lambda a: _split(job, per_key, table, world, a), range(0, len(job), BLOCK)))
+    table = next(prepared)
+    split = list(run(lambda a: _split(job, per_key, table, world, a), range(0, len(job), BLOCK)))
     loads = np.sum([x[0] for x in split], axis=0) if split else np.zeros(world)
     pairs, many = (np.concatenate([x[i] for x in split]) if split else np.zeros(0, np.int64) for i in (1, 2))
     del split
-    grouped = pool.submit(_groups, table, job, many, np.flatnonzero(per_key > 2), world, extents)
-    first, second, where_pairs, pair_apart = _pairs(table, job, pairs, extents, pool)
-    groups = grouped.result()
+    keys = np.flatnonzero(per_key > 2)
+    grouped = _later(run, lambda: _groups(table, job, many, keys, world, extents))
+    first, second, where_pairs, pair_apart = _pairs(table, job, pairs, extents, run)
+    groups = next(grouped)
     apart = np.zeros(len(job), dtype=bool)
     apart[first[pair_apart]] = True
     apart[second[pair_apart]] = True
@@ -204,6 +210,12 @@ def classify(md: Metadata, job: JobNeeds, world: int, extents: Extents, pool: Ex
     )
 
 
+def _later(run: Map, task: Callable[[], Any]) -> Iterator[Any]:
+    """``task`` started through ``run`` (a pool's ``map`` starts it now; the builtin when its
+    result is taken): ``next()`` of the answer is its result."""
+    return run(lambda call: call(), [task])
+
+
 def _split(
     job: JobNeeds, per_key: np.ndarray, table: ShardLookup, world: int, a: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -219,11 +231,11 @@ def _split(
 
 
 def _pairs(
-    table: ShardLookup, job: JobNeeds, pairs: np.ndarray, extents: Extents, pool: Executor
+    table: ShardLookup, job: JobNeeds, pairs: np.ndarray, extents: Extents, run: Map
 ) -> tuple[np.ndarray, np.ndarray, Where, np.ndarray]:
     """The shards two ranks need (``pairs``: their needs): each one's first and second need,
     its (file, byte offset, byte length), and whether the two read their rows apart (exact,
-    vectorised, in blocks on ``pool``: temporaries stay small)."""
+    vectorised, in blocks through ``run``: temporaries stay small)."""
     first, second = _first_and_last(job.key[pairs], pairs, job.total_keys)
     del pairs
     tensor, shard = job.tensor[first], job.shard[first]
@@ -234,7 +246,7 @@ def _pairs(
         f, off, length, rb = table.located(tensor[at], shard[at], tables)
         return f, off, length, _apart_pairs(job, first[at], second[at], f, off, rb, extents)
 
-    done = list(pool.map(block, range(0, len(first), BLOCK)))
+    done = list(run(block, range(0, len(first), BLOCK)))
     if not done:
         return first, second, _nowhere(), np.zeros(0, dtype=bool)
     files, offsets, lengths, pair_apart = (np.concatenate([d[i] for d in done]) for i in range(4))
@@ -370,7 +382,7 @@ def assign_columns(
     max_batch_bytes: int = 64 << 20,
 ) -> tuple[list[ColumnBatch], np.ndarray, np.ndarray]:
     """Readers and batches for the shards several ranks need, none read apart:
-    the rule (``planning.read_assignment``) over them, with ``found.loads`` counted; ``chunk``:
+    the rule (``planning.load.assign``) over them, with ``found.loads`` counted; ``chunk``:
     the checksum chunk (``segment_bytes``). Returns the batches, each batch key's
     representative need (``keys``) and the offsets of the keys in their batches, both in batch
     order."""

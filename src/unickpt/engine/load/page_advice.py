@@ -1,16 +1,16 @@
 """numpy's huge-page advice switched off while the coordinator's read assignment runs.
 
 On Linux numpy asks the kernel to back every large array with 2 MiB pages
-(``madvise(MADV_HUGEPAGE)``). The coordinator's read assignment (``read_exchange.read_parts``
+(``madvise(MADV_HUGEPAGE)``). The coordinator's read assignment (``engine.load.exchange.read_parts``
 over a whole job's needs: millions of rows) allocates and frees a few hundred large temporaries
-and gathers from them at random. In a process whose heap has been in use for a while (a
-training job's rank 0, or ``bench/scale.py`` after simulating 4,800 ranks' load planning) that
-advice made the same passes take 3.1-3.4 s instead of 1.95-2.0 s (4,096 -> 4,800 FSDP ranks,
-12.9 M needs, on the 2-core VM; a fresh process measured the same either way). ``huge_pages_off()``
-turns the advice off for its block and restores it after; uses nest and overlap across threads
-(the first to enter records the setting, the last to leave restores it). A process-wide numpy
-setting: arrays other threads allocate meanwhile get ordinary pages, which changes only where
-the kernel puts them. Where numpy has no such switch (other platforms, other versions) this does
+and gathers from them at random. Where transparent huge pages are on for advised memory (the
+kernel's ``madvise`` setting, with its ``defrag`` compaction on fault) that advice makes the same
+passes slower: 4,096 -> 4,800 FSDP ranks (12.9 M needs, ``bench/scale.py``'s inputs, each run a
+fresh process, 2-core VM) took 2.6-2.8 s of CPU with the advice off and 3.7-3.8 s with it on.
+``huge_pages_off()`` turns the advice off for its block and restores it after; uses nest and
+overlap across threads (the first to enter records the setting, the last to leave restores it).
+A process-wide numpy setting: arrays other threads allocate meanwhile get ordinary pages, which
+changes only where the kernel puts them. Where numpy has no such switch (other platforms, other versions) this does
 nothing.
 """
 

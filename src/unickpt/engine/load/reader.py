@@ -1,9 +1,13 @@
 """Executing one rank's reads: runs of bytes read in parallel, verified unit by unit, and each
 need placed as soon as the units covering it are verified.
 
-``engine.read.read_stage`` turns the saved shards a rank reads into ``Need``s (a byte range of a
-data file and where it lands), groups them into runs (``planning.byte_runs.plan_runs``) and
-hands every run to a ``RunJob``. A run's bytes land, piece by piece, in *segments*: the
+``engine.load.stage.read_stage`` turns the saved shards a rank reads into ``Need``s (a byte
+range of a data file and where it lands) and calls ``read_needs``: small neighbouring needs
+grouped (``_group_small``), the needs' spans grouped into runs
+(``planning.load.runs.plan_runs``), the files checked (``_check_files``), every run handed to a
+``RunJob`` and the pieces of all runs read by one thread pool (``_read_pieces``).
+
+A run's bytes land, piece by piece, in *segments*: the
 destination memory itself for a need that has one contiguous destination (``Need.dest``: a live
 tensor, or the buffer a batch is forwarded from), and temporaries for everything else (small
 tensors read together, parts of shards that are copied elsewhere, chunk edges). Pieces are cut
@@ -18,20 +22,26 @@ starts and dropped when their last need is done, so memory stays near the bytes 
 from __future__ import annotations
 
 import bisect
+import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import crc32c
 import torch
 
-from ..errors import ChecksumMismatchError
-from ..format.checksums import Units
-from ..planning.byte_runs import Run
-from .bytes_view import tensor_bytes
+from ...errors import ChecksumMismatchError, MissingDataFileError, TruncatedDataFileError
+from ...format.checksums import Units
+from ...format.records import Metadata
+from ...planning.load.runs import MERGE_GAP, Run, Span, cover_of, extent_of, plan_runs
+from ...storage.base import Storage
+from ..bytes_view import tensor_bytes
 
-__all__ = ["Need", "RunJob", "PIECE"]
+__all__ = ["Need", "RunJob", "PIECE", "read_needs"]
+
+Copied = Callable[[float, float, int], None]  # (start, end, bytes) of a batch of copies into place
 
 PIECE = 16 << 20  # runs are read as parallel ranged reads cut at multiples of this file offset
 
@@ -285,3 +295,181 @@ def _count_down(needs: list[Need]) -> list[Need]:
         if need.left == 0:
             ready.append(need)
     return ready
+
+
+# --------------------------------------------------------------------------- one rank's reads
+
+
+def read_needs(
+    md: Metadata,
+    storage: Storage,
+    wanted: list[Need],
+    cached: set[int],
+    threads: int,
+    verify: bool,
+    rank: int,
+    spans: dict[str, list[float]],
+    copied: Copied,
+) -> int:
+    """Read every need of this rank (``cached``: the indices of those read through the shared
+    page cache): spans -> runs (``planning.load.runs``) -> one reader pool over the pieces of
+    all runs; returns the bytes read. ``spans`` (monitoring): per file, the first piece's start,
+    the last piece's end and the bytes read; ``copied`` times the runs' copies of small needs
+    into place (``Need.into``)."""
+    index = {f: i for i, f in enumerate(md.files)}
+    names = {index[n.name]: n.what for n in wanted}
+    wanted, cached = _group_small(wanted, cached)
+    tagged = [Span(index[n.name], n.lo, n.hi, t) for t, n in enumerate(wanted)]
+    runs = plan_runs(tagged, extent_of(md, verify))
+    _check_files(md, storage, runs, names, rank)
+    jobs = _run_jobs(md, storage, runs, wanted, cached, verify, rank, copied)
+    _read_pieces(jobs, threads, spans)
+    return sum(job.nbytes for job in jobs)
+
+
+def _run_jobs(
+    md: Metadata,
+    storage: Storage,
+    runs: list[Run],
+    wanted: list[Need],
+    cached: set[int],
+    verify: bool,
+    rank: int,
+    copied: Copied,
+) -> list[RunJob]:
+    """A ``RunJob`` per run: read through the shared page cache when one of its needs is, its
+    checksum units, its needs."""
+    cover = cover_of(md, verify)
+    jobs = []
+    for run in runs:
+        read = storage.read_into_cached if any(t in cached for t in run.tags) else storage.read_into
+        units = cover(run.file_index, run.lo, run.hi)
+        holders = functools.partial(_holders, md, run.file_index)
+        needs = [wanted[t] for t in run.tags]
+        name = md.files[run.file_index]
+        jobs.append(RunJob(run, name, needs, units, read, verify, storage.url, rank, holders, copied=copied))
+    return jobs
+
+
+def _read_pieces(jobs: list[RunJob], threads: int, spans: dict[str, list[float]]) -> None:
+    """The pieces of every run, read by one pool of ``threads`` readers; each piece's time and
+    bytes added to its file's entry of ``spans``. After a failure the pieces not started yet
+    are dropped and the first failure is raised."""
+    lock = threading.Lock()
+
+    def piece(job: RunJob, p: int, n: int) -> None:
+        t0 = time.perf_counter()
+        job.read_piece(p)
+        t1 = time.perf_counter()
+        with lock:
+            span = spans.setdefault(job.name, [t0, t1, 0])
+            span[0], span[1], span[2] = min(span[0], t0), max(span[1], t1), span[2] + n
+
+    pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="unickpt-read")
+    try:
+        futures = []
+        for job in jobs:
+            job.start()
+            futures += [pool.submit(piece, job, p, hi - lo) for p, (lo, hi) in enumerate(job.pieces())]
+        for f in futures:
+            f.result()
+    finally:  # after a failure: drop the pieces not started yet
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+_GROUP_BYTES = 1 << 20  # small needs are grouped up to this many bytes
+
+
+def _group_small(wanted: list[Need], cached: set[int]) -> tuple[list[Need], set[int]]:
+    """``wanted`` with each stretch of small needs (only copied as bytes: ``Need.into``) that
+    follow each other in the list and in one file, each starting at most ``MERGE_GAP`` bytes
+    after the previous one ends, as one need serving them all (up to ``_GROUP_BYTES``), and the
+    indices of the needs read through the shared page cache (a group is if one of its needs
+    is). Such needs share a run anyway (``plan_runs`` merges them), so the runs, the bytes read
+    and the units verified are the same; the runs only handle a need per group, not per tensor."""
+    out: list[Need] = []
+    out_cached: set[int] = set()
+    group: list[Need] = []
+    group_cached = False
+
+    def close() -> None:
+        if not group:
+            return
+        if group_cached:
+            out_cached.add(len(out))
+        if len(group) == 1:
+            out.append(group[0])
+        else:
+            first, last = group[0], group[-1]
+            into = tuple(piece for n in group for piece in n.into)
+            out.append(Need(first.name, first.lo, last.hi, None, first.what, None, into))
+        group.clear()
+
+    for t, need in enumerate(wanted):
+        small = need.done is None and need.dest is None and bool(need.into)
+        if not small:
+            close()
+            group_cached = False
+            if t in cached:
+                out_cached.add(len(out))
+            out.append(need)
+            continue
+        if group:
+            prev = group[-1]
+            joins = (
+                need.name == prev.name
+                and prev.hi <= need.lo <= prev.hi + MERGE_GAP
+                and need.hi - group[0].lo <= _GROUP_BYTES
+            )
+            if not joins:
+                close()
+        if not group:
+            group_cached = False
+        group.append(need)
+        group_cached = group_cached or t in cached
+    close()
+    return out, out_cached
+
+
+def _holders(md: Metadata, file_index: int, lo: int, hi: int) -> list[str]:
+    """The tensors and blobs with bytes in ``[lo, hi)`` of one file (for a checksum error)."""
+    out = [
+        repr(fqn)
+        for fqn, rec in md.tensors.items()
+        if any(
+            s.file_index == file_index and s.byte_offset < hi and lo < s.byte_offset + s.byte_length for s in rec.shards
+        )
+    ]
+    out += [
+        f"blob {b.key!r}"
+        for b in md.blobs.values()
+        if b.file_index == file_index and b.byte_offset < hi and lo < b.byte_offset + b.byte_length
+    ]
+    return out
+
+
+def _check_files(md: Metadata, storage: Storage, runs: list[Run], names: dict[int, str], rank: int) -> None:
+    """Every file this rank reads exists and is long enough (from format version 3: at least
+    its recorded size), before allocating anything."""
+    need: dict[int, int] = {}
+    for run in runs:
+        need[run.file_index] = max(need.get(run.file_index, 0), run.hi)
+    sums = md.checksums
+    for fidx, end in need.items():
+        name = md.files[fidx]
+        recorded = sums.file_size(fidx) if sums is not None else None
+        size = storage.size(name)
+        if size is None:
+            raise MissingDataFileError(
+                f"rank {rank}: data file {storage.url}/{name} (holding {names.get(fidx, '?')!r}) is missing"
+            )
+        if recorded is not None and size < recorded:
+            raise TruncatedDataFileError(
+                f"rank {rank}: data file {storage.url}/{name} is truncated: {size} bytes, the metadata "
+                f"records {recorded} (holding {names.get(fidx, '?')!r})"
+            )
+        if size < end:
+            raise TruncatedDataFileError(
+                f"rank {rank}: data file {storage.url}/{name} is truncated: {size} bytes, "
+                f"but {names.get(fidx, '?')!r} needs bytes up to {end}"
+            )

@@ -1,0 +1,173 @@
+"""Load targets against the metadata: what a load asks (keys, shapes, dtypes) checked before any
+byte is read. Pure functions; each collects every problem and raises one error.
+
+Called by ``engine.load.pipeline`` on every rank (validate stage): :func:`check_targets` (shapes,
+dtypes, then missing / unexpected keys under a :class:`Strictness`); after every rank's keys are
+combined, :func:`keys_error` for a strict load. Load targets are anything with ``fqn``,
+``dtype`` and ``global_shape`` (:class:`TargetSpec`; ``planning.specs.ShardSpec`` is one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol
+
+from ...errors import (
+    CheckpointError,
+    DtypeMismatchError,
+    MissingKeysError,
+    ShapeMismatchError,
+    UnexpectedKeysError,
+)
+from ...format.records import Metadata
+
+__all__ = ["Strictness", "KeyReport", "TargetSpec", "check_targets", "keys_error", "key_error_for"]
+
+
+class Strictness(Enum):
+    """What a load does with keys only one side has ("missing": wanted by the live state, absent
+    from the checkpoint; "unexpected": in the checkpoint, not wanted). The model is
+    Megatron dist_checkpointing's ``StrictHandling``, reduced to the choices that change what
+    happens: raise, or return the keys to the caller (which warns and skips them).
+
+    ``strict=True`` is ``RAISE_ALL``, ``strict=False`` is ``RETURN_ALL``; ``RAISE_MISSING`` loads
+    part of a checkpoint (a backbone without its head) but refuses a live tensor the checkpoint
+    cannot fill; ``RAISE_UNEXPECTED`` lets new live tensors keep their initial values but
+    refuses to drop anything the checkpoint holds."""
+
+    RAISE_ALL = "raise_all"
+    RAISE_MISSING = "raise_missing"
+    RAISE_UNEXPECTED = "raise_unexpected"
+    RETURN_ALL = "return_all"
+
+    @classmethod
+    def of(cls, strict: bool | Strictness) -> Strictness:
+        if isinstance(strict, Strictness):
+            return strict
+        return cls.RAISE_ALL if strict else cls.RETURN_ALL
+
+    @property
+    def raises_missing(self) -> bool:
+        return self in (Strictness.RAISE_ALL, Strictness.RAISE_MISSING)
+
+    @property
+    def raises_unexpected(self) -> bool:
+        return self in (Strictness.RAISE_ALL, Strictness.RAISE_UNEXPECTED)
+
+
+@dataclass(frozen=True, slots=True)
+class KeyReport:
+    """Keys a load skipped instead of raising (its strictness let them through)."""
+
+    missing: tuple[str, ...]  # wanted by the live state, absent from the checkpoint
+    unexpected: tuple[str, ...]  # in the checkpoint, not wanted by the live state
+
+
+class TargetSpec(Protocol):
+    """What a load target must say about itself (``planning.specs.ShardSpec`` does)."""
+
+    @property
+    def fqn(self) -> str: ...
+
+    @property
+    def dtype(self) -> str: ...
+
+    @property
+    def global_shape(self) -> tuple[int, ...]: ...
+
+
+def check_targets(
+    md: Metadata,
+    specs: Sequence[TargetSpec],
+    *,
+    strict: bool | Strictness,
+    source: str,
+    checkpoint_keys: set[str] | None = None,
+    cast_dtypes: bool = False,
+) -> KeyReport:
+    """Validate load targets against the metadata; raise one error listing every problem.
+
+    ``checkpoint_keys``: the saved fqns this load is responsible for (default: all tensors), so a
+    load of only the model does not call the optimizer's tensors unexpected. ``cast_dtypes``:
+    differing dtypes are converted while loading instead of refused. Shape mismatches raise
+    ``ShapeMismatchError``, else dtype mismatches ``DtypeMismatchError``, else keys the
+    strictness refuses ``keys_error``'s class; the message lists every problem of every kind.
+    Returns the keys the strictness let through."""
+    strictness = Strictness.of(strict)
+    wanted = {s.fqn: s for s in specs}
+    saved = set(md.tensors) if checkpoint_keys is None else checkpoint_keys
+    missing = sorted(set(wanted) - set(md.tensors))
+    unexpected = sorted(saved - set(wanted))
+    shape_problems, dtype_problems = [], []
+    for fqn, spec in wanted.items():
+        rec = md.tensors.get(fqn)
+        if rec is None:
+            continue
+        if tuple(rec.shape) != tuple(spec.global_shape):
+            shape_problems.append(f"{fqn}: checkpoint shape {rec.shape}, live shape {spec.global_shape}")
+        elif rec.dtype != spec.dtype and not cast_dtypes:
+            dtype_problems.append(f"{fqn}: checkpoint dtype {rec.dtype}, live dtype {spec.dtype}")
+    keys = key_error_for(missing, unexpected, source, strictness)
+    texts = []
+    if shape_problems:
+        texts.append(f"shape mismatch loading {source}:" + _listing(shape_problems, 10))
+    if dtype_problems:
+        texts.append(
+            f"dtype mismatch loading {source}:"
+            + _listing(dtype_problems, 10)
+            + "\nCast the live model to the checkpoint's dtypes before loading (model.to(dtype)), or pass "
+            "options=unickpt.LoadOptions(cast_dtypes=True) to convert each tensor while loading (as Tensor.to)"
+        )
+    if texts and keys is not None:
+        texts.append(str(keys))
+    if shape_problems:
+        raise ShapeMismatchError("\n".join(texts))
+    if dtype_problems:
+        raise DtypeMismatchError("\n".join(texts))
+    if keys is not None:
+        raise keys
+    return KeyReport(
+        tuple(missing) if not strictness.raises_missing else (),
+        tuple(unexpected) if not strictness.raises_unexpected else (),
+    )
+
+
+def _listing(lines: list[str], cap: int) -> str:
+    out = "".join(f"\n  {x}" for x in lines[:cap])
+    return out + (f"\n  ... and {len(lines) - cap} more" if len(lines) > cap else "")
+
+
+def key_error_for(
+    missing: Sequence[str], unexpected: Sequence[str], source: str, strictness: bool | Strictness
+) -> CheckpointError | None:
+    """The error a load under ``strictness`` raises for these keys (``keys_error`` of the keys it
+    refuses), or None when it lets all of them through."""
+    s = Strictness.of(strictness)
+    refused_missing = list(missing) if s.raises_missing else []
+    refused_unexpected = list(unexpected) if s.raises_unexpected else []
+    if not refused_missing and not refused_unexpected:
+        return None
+    return keys_error(refused_missing, refused_unexpected, source)
+
+
+def keys_error(missing: list[str], unexpected: list[str], source: str) -> MissingKeysError | UnexpectedKeysError:
+    """The strict-load error for these keys: MissingKeysError when some are missing (listing the
+    unexpected ones too), else UnexpectedKeysError."""
+    parts = []
+    if missing:
+        parts.append(
+            f"{len(missing)} key(s) of the live state are not in checkpoint {source}: "
+            + ", ".join(missing[:20])
+            + (" ..." if len(missing) > 20 else "")
+        )
+    if unexpected:
+        parts.append(
+            f"{'the ' if missing else ''}checkpoint {source} has {len(unexpected)} key(s) the live state lacks: "
+            + ", ".join(unexpected[:20])
+            + (" ..." if len(unexpected) > 20 else "")
+        )
+    hint = "pass strict=False to load the keys both have" if missing else "pass strict=False to ignore them"
+    msg = "; ".join(parts) + f" ({hint})"
+    return MissingKeysError(msg) if missing else UnexpectedKeysError(msg)
