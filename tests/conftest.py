@@ -2,10 +2,24 @@
 ``sys.path`` into the child): ``tests/`` for the test-only oracles (``support``), and
 ``tests/distributed`` for the launcher harness and the distributed workers, and the other
 folders' worker modules (so the S3 tests can run the same workers on ``s3://``; ``tests/megatron``
-holds the megatron-core test bed ``megatron_env``)."""
+holds the megatron-core test bed ``megatron_env``).
 
+The test tiers: every test is marked ``distributed`` / ``slow`` by ``tests/tiers.py``, and a test
+not marked ``distributed`` that starts a process fails."""
+
+from __future__ import annotations
+
+import multiprocessing.process
 import os
+import subprocess
 import sys
+from collections.abc import Generator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.tiers import markers_for
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 for _path in (
@@ -18,3 +32,59 @@ for _path in (
 ):
     if _path not in sys.path:
         sys.path.insert(0, _path)
+
+
+# --- tiers: markers and the process guard (rules in tests/tiers.py) -------------------------
+
+_TESTS_ROOT = Path(__file__).resolve().parent
+_running_unmarked: str | None = None  # node id of the running test while it may not start processes
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test ``distributed`` / ``slow`` by its folder and file (``tests/tiers.py``)."""
+    for item in items:
+        try:
+            parts = item.path.resolve().relative_to(_TESTS_ROOT).parts
+        except ValueError:
+            continue
+        name = getattr(item, "originalname", item.name)
+        for marker in sorted(markers_for(parts, name)):
+            item.add_marker(marker)
+
+
+def _refuse_unmarked(what: str) -> None:
+    if _running_unmarked is not None:
+        raise RuntimeError(
+            f"{_running_unmarked} starts {what} but is not marked 'distributed': name it in "
+            "tests/tiers.py (or move it to tests/integration/), so the fast tier starts no process"
+        )
+
+
+_popen_init = subprocess.Popen.__init__
+_process_start = multiprocessing.process.BaseProcess.start
+
+
+def _guarded_popen_init(self: subprocess.Popen[Any], *args: Any, **kwargs: Any) -> None:
+    _refuse_unmarked("a subprocess")
+    _popen_init(self, *args, **kwargs)
+
+
+def _guarded_process_start(self: multiprocessing.process.BaseProcess) -> None:
+    _refuse_unmarked("a multiprocessing process")
+    _process_start(self)
+
+
+subprocess.Popen.__init__ = _guarded_popen_init  # type: ignore[method-assign]
+multiprocessing.process.BaseProcess.start = _guarded_process_start  # type: ignore[method-assign]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
+    """While a test not marked ``distributed`` runs (set-up, call, tear-down), starting a
+    process fails it."""
+    global _running_unmarked
+    _running_unmarked = None if item.get_closest_marker("distributed") else item.nodeid
+    try:
+        yield
+    finally:
+        _running_unmarked = None
