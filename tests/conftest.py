@@ -1,8 +1,7 @@
-"""Import paths shared by every test folder and the ranks it spawns (``spawn`` copies
-``sys.path`` into the child): ``tests/`` for the test-only oracles (``support``), and
-``tests/distributed`` for the launcher harness and the distributed workers, and the other
-folders' worker modules (so the S3 tests can run the same workers on ``s3://``; ``tests/megatron``
-holds the megatron-core test bed ``megatron_env``).
+"""Suite-wide hooks. ``tests`` is a package and the repository root is on ``sys.path``
+(``pythonpath`` in pyproject.toml), so test files, spawned ranks (``spawn`` copies ``sys.path``
+into the child) and subprocesses given that path import ``tests.workers.<name>`` (rank functions,
+the spawn harness), ``tests.fixtures.<name>`` and ``tests.support.<name>`` (oracles).
 
 The test tiers: every test is marked ``distributed`` / ``slow`` by ``tests/tiers.py``, and a test
 not marked ``distributed`` that starts a process fails."""
@@ -10,9 +9,7 @@ not marked ``distributed`` that starts a process fails."""
 from __future__ import annotations
 
 import multiprocessing.process
-import os
 import subprocess
-import sys
 from collections.abc import Generator
 from pathlib import Path
 from typing import Any
@@ -20,19 +17,6 @@ from typing import Any
 import pytest
 
 from tests.tiers import markers_for
-
-_HERE = os.path.dirname(os.path.abspath(__file__))
-for _path in (
-    os.path.join(_HERE, "distributed"),
-    os.path.join(_HERE, "data"),
-    os.path.join(_HERE, "monitoring"),
-    os.path.join(_HERE, "reliability"),
-    os.path.join(_HERE, "megatron"),
-    _HERE,
-):
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
-
 
 # --- tiers: markers and the process guard (rules in tests/tiers.py) -------------------------
 

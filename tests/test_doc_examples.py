@@ -20,6 +20,8 @@ import subprocess
 import sys
 import textwrap
 
+from tests import workers
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 SRC = os.path.join(REPO, "src", "unickpt")
@@ -106,7 +108,12 @@ def test_doc_examples_run(tmp_path):
     path.write_text(json.dumps(docs + planted))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(REPO, "src"), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run(
-        [sys.executable, os.path.join(HERE, "doc_examples_worker.py"), str(path), str(out)],
+        [
+            sys.executable,
+            os.path.join(os.path.dirname(workers.__file__), "doc_examples_worker.py"),
+            str(path),
+            str(out),
+        ],
         capture_output=True,
         text=True,
         timeout=600,

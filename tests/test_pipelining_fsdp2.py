@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import run_ranks
-from pipelining_workers import HYPER, STAGE_LAYERS, one_stage, pipeline_resume, pipeline_save
+from tests.workers.harness import run_ranks
+from tests.workers.pipelining_workers import HYPER, STAGE_LAYERS, one_stage, pipeline_resume, pipeline_save
 
 
 @pytest.fixture(scope="module")

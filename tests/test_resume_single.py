@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 import unickpt
-from resume_workers import absent_state
+from tests.workers.resume_workers import absent_state
 from unickpt.errors import (
     CheckpointError,
     ChecksumMismatchError,

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from harness import run_ranks
-from hf_workers import llama, llama_config, load_fsdp2_logits, logits, plain_logits, save_fsdp2
+from tests.workers.harness import run_ranks
+from tests.workers.hf_workers import llama, llama_config, load_fsdp2_logits, logits, plain_logits, save_fsdp2
 
 CLI = [sys.executable, "-m", "unickpt.cli"]
 
@@ -76,8 +76,8 @@ def _load_stepped(rank: int, ws: int, path: str, ref: str) -> bool:
     import torch
 
     import unickpt
-    from hf_workers import _fsdp2
-    from support.reference import full_state
+    from tests.support.reference import full_state
+    from tests.workers.hf_workers import _fsdp2
 
     want = torch.load(ref, weights_only=True)
     model = _fsdp2(llama(22))

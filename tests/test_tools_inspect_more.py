@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from format.test_golden import GOLDEN, expected_fsdp2_ws3
+from tests.fixtures.golden_v1 import GOLDEN, expected_fsdp2_ws3
 
 
 def _inspect(*args: str) -> subprocess.CompletedProcess[str]:

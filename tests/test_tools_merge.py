@@ -19,7 +19,7 @@ import torch
 from safetensors import safe_open
 
 import unickpt
-from format.test_golden import GOLDEN, expected_fsdp2_ws3
+from tests.fixtures.golden_v1 import GOLDEN, expected_fsdp2_ws3
 
 CLI = [sys.executable, "-m", "unickpt.cli"]
 

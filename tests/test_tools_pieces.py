@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 
 import unickpt
-from format.test_golden import GOLDEN, expected_fsdp2_ws3
+from tests.fixtures.golden_v1 import GOLDEN, expected_fsdp2_ws3
 from unickpt.format import METADATA_FILE
 from unickpt.tools import merge as mg
 from unickpt.tools.inspect_more import value_lines

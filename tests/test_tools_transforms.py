@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import unickpt
-from harness import run_ranks
-from transform_workers import H, QOnly, built, load_split, qkv_transforms, save_fused
+from tests.workers.harness import run_ranks
+from tests.workers.transform_workers import H, QOnly, built, load_split, qkv_transforms, save_fused
 from unickpt.format import METADATA_FILE, decode_metadata
 
 

@@ -7,7 +7,7 @@ import datetime
 
 import torch
 
-from harness import run_ranks
+from tests.workers.harness import run_ranks
 
 
 def _probe(rank: int, ws: int) -> dict:

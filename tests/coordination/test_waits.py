@@ -8,9 +8,9 @@ import logging
 import threading
 
 import pytest
-from wait_workers import late_skipping_then_lost_peer
 
-from harness import run_ranks
+from tests.workers.harness import run_ranks
+from tests.workers.wait_workers import late_skipping_then_lost_peer
 from unickpt.coordination import CoordinationOptions
 from unickpt.coordination.topology import DEFAULT_WAIT_WARNING_S, WAIT_WARNING_ENV
 from unickpt.coordination.waits import Waits

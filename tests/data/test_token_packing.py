@@ -5,8 +5,8 @@ carried across batches, and resharding across DP sizes that neither loses nor re
 from __future__ import annotations
 
 import pytest
-from loader_data import PAD, all_tokens, drain, make_loader, write_dataset
 
+from tests.workers.loader_data import PAD, all_tokens, drain, make_loader, write_dataset
 from unickpt.data import LoaderStateError, TokenPackingLoader
 from unickpt.state.loader import loader_blobs
 

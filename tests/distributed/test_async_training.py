@@ -4,8 +4,8 @@ checkpoint is bit for bit the state at the save call (FSDP1 flat and orig params
 
 from __future__ import annotations
 
-from fsdp1_workers import async_save_while_training
-from harness import run_ranks
+from tests.workers.fsdp1_workers import async_save_while_training
+from tests.workers.harness import run_ranks
 
 SPECS = ["fsdp", "fsdp-orig", "fsdp2", "ddp"]
 

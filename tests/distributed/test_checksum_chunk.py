@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness import run_ranks
+from tests.workers.harness import run_ranks
 from unickpt.format.checksums import DEFAULT_CHUNK, MAX_CHUNK, auto_chunk
 
 MIB = 1 << 20

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import unickpt
-from coord_workers import disagreeing_ranks, same_faults, skipping_rank, staggered_async_failure
-from harness import run_ranks
+from tests.workers.coord_workers import disagreeing_ranks, same_faults, skipping_rank, staggered_async_failure
+from tests.workers.harness import run_ranks
 
 
 # The agreement rule itself is checked at world sizes 1, 2, 3 and 5 with thread-ranks

@@ -12,9 +12,9 @@ import os
 
 import pytest
 
-from fsdp1_workers import load_many, no_collective_save_view, save_many
-from harness import run_ranks
-from reshard_workers import check
+from tests.workers.fsdp1_workers import load_many, no_collective_save_view, save_many
+from tests.workers.harness import run_ranks
+from tests.workers.reshard_workers import check
 
 # (source spec, source ws, destination spec, destination ws); specs: see fsdp1_workers.make
 PAIRS = [
@@ -84,7 +84,7 @@ def test_fsdp1_checkpoint_has_irregular_boxes_and_no_padding(runs):
     """The ws=4 flat checkpoint: exact bytes (no padding), some tensors split into several boxes
     that are not row blocks of whole rows, and every tensor tiled (counted element by element by
     the test's own oracle, ``support.boxes``)."""
-    from support.boxes import element_size, numel, tiles_exactly
+    from tests.support.boxes import element_size, numel, tiles_exactly
     from unickpt.format import decode_metadata
 
     source, _ = runs
@@ -127,7 +127,7 @@ def test_fsdp1_tied_buffers_ignored_into_torch(tmp_path, use_orig_params):
     import torch
 
     import unickpt
-    from fsdp1_workers import tied_bn_model, tied_bn_save
+    from tests.workers.fsdp1_workers import tied_bn_model, tied_bn_save
 
     ckpt = str(tmp_path / "tied")
     run_ranks(tied_bn_save, 2, ckpt, use_orig_params)
@@ -142,7 +142,7 @@ def test_fsdp1_tied_buffers_ignored_into_torch(tmp_path, use_orig_params):
 def test_flat_param_refuses_differing_steps(tmp_path):
     """A flat parameter has one ``step``: per-param steps that differ are refused, naming both."""
     import unickpt
-    from fsdp1_workers import CFG, load_expecting_error, make
+    from tests.workers.fsdp1_workers import CFG, load_expecting_error, make
     from unickpt.tools.toy import train_step
 
     model, optim, _ = make("torch", 0)

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import torch
 
-from harness import run_ranks
+from tests.workers.harness import run_ranks
 
 
 def _save_then_load(rank: int, ws: int, ckpt: str) -> dict:
     import unickpt
-    from support.reference import full_state
+    from tests.support.reference import full_state
     from unickpt.options import LoadOptions
     from unickpt.tools.toy import build, train_step
 

@@ -16,8 +16,18 @@ import pytest
 import torch
 
 import unickpt
-from harness import run_ranks
-from open_state_workers import LRS, STEPS, Part, load_ws3, loop_state, loss_of, save_ws2, snapshot, train_step
+from tests.workers.harness import run_ranks
+from tests.workers.open_state_workers import (
+    LRS,
+    STEPS,
+    Part,
+    load_ws3,
+    loop_state,
+    loss_of,
+    save_ws2,
+    snapshot,
+    train_step,
+)
 
 
 def _same(a: Any, b: Any, where: str = "") -> None:

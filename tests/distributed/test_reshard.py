@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from harness import run_ranks
-from reshard_workers import check, load_phase, save_phase
+from tests.workers.harness import run_ranks
+from tests.workers.reshard_workers import check, load_phase, save_phase
 
 
 def _single(fn, *args):

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import run_ranks
-from resume_workers import (
+from tests.workers.harness import run_ranks
+from tests.workers.resume_workers import (
     STAGE_GROUPS,
     STAGE_LAYERS,
     Stage,
@@ -178,8 +178,8 @@ def test_item2_refused_flat_step_changes_nothing(tmp_path):
     """FSDP1 flat parameters keep one step: a checkpoint with differing per-parameter steps is
     refused on every rank before anything is applied, into trained and fresh optimizers."""
     import unickpt
-    from fsdp1_workers import CFG
-    from fsdp1_workers import make as make_spec
+    from tests.workers.fsdp1_workers import CFG
+    from tests.workers.fsdp1_workers import make as make_spec
     from unickpt.tools.toy import train_step
 
     model, optim, _ = make_spec("torch", 0)
@@ -199,7 +199,7 @@ def test_item10_cast_dtypes_forwarded_reads_bit_exact(tmp_path):
     """fp32 checkpoint -> bf16 DDP replicas (each saved byte read once and forwarded): every
     tensor equals torch's own ``.to(torch.bfloat16)`` of the saved one."""
     import unickpt
-    from fsdp1_workers import CFG
+    from tests.workers.fsdp1_workers import CFG
     from unickpt.tools.toy import ToyTransformer
 
     torch.manual_seed(0)
@@ -216,7 +216,7 @@ def test_item10_cast_dtypes_forwarded_reads_bit_exact(tmp_path):
 def test_item5_torch_pipelining_two_stages(tmp_path):
     """A real ``torch.distributed.pipelining`` job (GPipe, 2 stages on gloo): each stage resumes
     strictly with its own hyper-parameters and state, and the next step's loss is unchanged."""
-    from resume_workers import pipelining_stages
+    from tests.workers.resume_workers import pipelining_stages
 
     res = run_ranks(pipelining_stages, 2, str(tmp_path))
     assert [r["lr"] for r in res] == [1e-2, 4e-3]

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 import unickpt
-from harness import launch_ranks, run_ranks
-from tree_workers import _model, fsdp2_regular, held_commit, killed_in_save, tree_vs_flat
+from tests.workers.harness import launch_ranks, run_ranks
+from tests.workers.tree_workers import _model, fsdp2_regular, held_commit, killed_in_save, tree_vs_flat
 from unickpt.format.records import METADATA_FILE
 
 

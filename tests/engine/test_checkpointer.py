@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import unickpt
-from harness import run_ranks
+from tests.workers.harness import run_ranks
 
 
 def _model(seed: int, width: int = 64) -> tuple[nn.Module, torch.optim.Optimizer]:

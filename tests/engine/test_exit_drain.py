@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 import unickpt
-from harness import free_port
+from tests.workers.harness import free_port
 
 _PRELUDE = textwrap.dedent('''
     import os, sys, threading, time

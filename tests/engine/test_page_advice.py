@@ -64,7 +64,7 @@ def test_overlapping_blocks_on_two_threads_restore_once_both_left():
 
 
 def test_the_read_assignment_leaves_the_setting_as_it_was():
-    from read_fixtures import split_metadata
+    from tests.fixtures.read_fixtures import split_metadata
     from unickpt.engine.read_exchange import read_parts, report_needs, vectorized
 
     md = split_metadata()

@@ -9,9 +9,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from read_fixtures import assign_reads
-from read_fixtures import one_file_metadata as _md
-from read_fixtures import reference_disjoint as disjoint_needs
+from tests.fixtures.read_fixtures import assign_reads
+from tests.fixtures.read_fixtures import one_file_metadata as _md
+from tests.fixtures.read_fixtures import reference_disjoint as disjoint_needs
 from unickpt.engine import read_exchange
 from unickpt.engine.read_exchange import ReadPart, decode_part, own_keys, report_needs
 from unickpt.format.records import Metadata

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from format_sums import chunk_sums
 
+from tests.fixtures.format_sums import chunk_sums
 from unickpt.errors import CorruptMetadataError, UnsupportedFormatVersionError
 from unickpt.format import (
     FORMAT_VERSION,

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.fixtures.golden_v1 import GOLDEN
 from unickpt.errors import (
     CorruptMetadataError,
     SizeLimitError,
@@ -48,9 +49,6 @@ from unickpt.format import (
     v3,
 )
 from unickpt.format.checksums import RangeChecksums
-
-GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
-
 
 # --------------------------------------------------------------------------- the worked example section
 

@@ -1,4 +1,4 @@
-"""Golden checkpoints of format version 1 (tests/format/golden/, written once by
+"""Golden checkpoints of format version 1 (tests/fixtures/golden/, written once by
 ``make_golden_v1.py`` with the unickpt that introduced version 1): every later unickpt must
 still load them bit-exact.
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import os
 import shutil
-import zlib
 
 import numpy as np
 import pytest
@@ -19,17 +18,8 @@ import torch
 from torch import nn
 
 import unickpt
-from harness import run_ranks
-
-GOLDEN = os.path.join(os.path.dirname(__file__), "golden")
-
-
-def formula(key: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """The value the generator stored for ``key`` (same arithmetic, in float64, then cast)."""
-    n = math.prod(shape)
-    seed = zlib.crc32(key.encode()) % 97
-    vals = (torch.arange(n, dtype=torch.float64) * 0.25 + seed) % 13 - 6.5
-    return vals.reshape(shape).to(dtype)
+from tests.fixtures.golden_v1 import GOLDEN, expected_fsdp2_ws3, formula
+from tests.workers.harness import run_ranks
 
 
 class Net(nn.Module):
@@ -42,21 +32,6 @@ class Net(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.b(self.a(x).to(torch.bfloat16)).float()
-
-
-def expected_fsdp2_ws3() -> dict[str, torch.Tensor]:
-    shapes = {
-        "a.weight": ((5, 7), torch.float32),
-        "a.bias": ((5,), torch.float32),
-        "b.weight": ((4, 5), torch.bfloat16),
-    }
-    out = {f"model.{n}": formula(f"model.{n}", s, dt) for n, (s, dt) in shapes.items()}
-    out["model.counts"] = torch.arange(5) * 3 - 4
-    for n, (s, dt) in shapes.items():
-        out[f"optimizer.state.{n}.step"] = torch.tensor(7.0)
-        for k in ("exp_avg", "exp_avg_sq"):
-            out[f"optimizer.state.{n}.{k}"] = formula(f"optimizer.state.{n}.{k}", s, dt).abs()
-    return out
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -8,10 +8,10 @@ import json
 import math
 
 import pytest
-from format_sums import chunk_sums
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.fixtures.format_sums import chunk_sums
 from unickpt.errors import CorruptMetadataError
 from unickpt.format import Metadata, ShardRecord, TensorRecord, Topology, decode_metadata, encode_metadata
 from unickpt.format.layouts import SplitLayout, SplitShards

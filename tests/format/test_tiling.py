@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from format_sums import chunk_sums
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.fixtures.format_sums import chunk_sums
 from unickpt.errors import CorruptMetadataError, PlanningError
 from unickpt.format import tiling
 from unickpt.format.codec import decode_metadata, encode_metadata

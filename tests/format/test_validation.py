@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from format_sums import chunk_sums
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.fixtures.format_sums import chunk_sums
 from unickpt.errors import (
     CorruptMetadataError,
     DtypeMismatchError,

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import unickpt
-from harness import run_ranks
+from tests.workers.harness import run_ranks
 from unickpt.errors import FrameworkError
 from unickpt.format import METADATA_FILE, decode_metadata
 from unickpt.frameworks import FRAMEWORKS

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import unickpt
-from harness import run_ranks
+from tests.workers.harness import run_ranks
 from unickpt.errors import FrameworkError
 from unickpt.frameworks import BUILTIN_PRIORITIES, FRAMEWORKS, FrameworkRegistry
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from harness import run_ranks
+from tests.workers.harness import run_ranks
 from unickpt.errors import FrameworkError
 from unickpt.frameworks import _fsdp_internals as internals
 from unickpt.frameworks.module_state import clean_fqn

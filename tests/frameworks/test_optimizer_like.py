@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import unickpt
-from harness import run_ranks
-from support.reference import full_state
+from tests.support.reference import full_state
+from tests.workers.harness import run_ranks
 from unickpt.errors import FrameworkError
 from unickpt.frameworks import is_optimizer_like, supports_step_hooks
 from unickpt.tools.toy import build, train_step

@@ -19,9 +19,8 @@ import pytest
 pytest.importorskip("accelerate")
 pytest.importorskip("transformers")
 
-from accelerate_workers import SAVED_AT, resume, resume_trainer, stateful_loader, train
-
-from harness import run_ranks
+from tests.workers.accelerate_workers import SAVED_AT, resume, resume_trainer, stateful_loader, train
+from tests.workers.harness import run_ranks
 from unickpt.format.records import METADATA_FILE
 
 

@@ -18,10 +18,9 @@ import pytest
 
 pytest.importorskip("lightning")
 
-from lightning_workers import KINDS, resume, train
-
 import unickpt
-from harness import run_ranks
+from tests.workers.harness import run_ranks
+from tests.workers.lightning_workers import KINDS, resume, train
 from unickpt.format.records import METADATA_FILE
 from unickpt.integrations._delete import delete_checkpoint
 

@@ -18,11 +18,17 @@ import torch
 pytest.importorskip("torchtitan.components.checkpointer")
 pytest.importorskip("triton")  # torchtitan's models import it (its CPU install lacks it otherwise)
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the spawned ranks import the workers
-
-from torchtitan_workers import SAVE_STEPS, build, forward_loss, load_ws3, save_ws2, sd_adapter, snapshot, train_step
-
-from harness import run_ranks
+from tests.workers.harness import run_ranks
+from tests.workers.torchtitan_workers import (
+    SAVE_STEPS,
+    build,
+    forward_loss,
+    load_ws3,
+    save_ws2,
+    sd_adapter,
+    snapshot,
+    train_step,
+)
 
 
 def _same(a: Any, b: Any, where: str = "") -> None:

@@ -13,10 +13,9 @@ HAVE_MEGATRON = importlib.util.find_spec("megatron.core") is not None
 pytestmark = pytest.mark.skipif(not HAVE_MEGATRON, reason="megatron-core not installed")
 
 if HAVE_MEGATRON:
-    from loader_data import all_tokens, write_dataset
-
-    from harness import run_ranks
-    from megatron_ckpt_workers import (
+    from tests.workers.harness import run_ranks
+    from tests.workers.loader_data import all_tokens, write_dataset
+    from tests.workers.megatron_ckpt_workers import (
         careless_job,
         consolidate_job,
         hf_job,

@@ -10,14 +10,14 @@ import importlib.util
 import pytest
 import torch
 
-# "megatron.core", not "megatron": with tests/ on sys.path this folder is a portion of the
-# ``megatron`` namespace package (megatron-core ships ``megatron`` without an __init__.py)
+# "megatron.core", not "megatron": megatron-core ships ``megatron`` without an __init__.py (a
+# folder named megatron on sys.path would be a portion of that namespace package)
 HAVE_MEGATRON = importlib.util.find_spec("megatron.core") is not None
 pytestmark = pytest.mark.skipif(not HAVE_MEGATRON, reason="megatron-core not installed")
 
 if HAVE_MEGATRON:
-    from harness import run_ranks
-    from megatron_workers import layout_run
+    from tests.workers.harness import run_ranks
+    from tests.workers.megatron_workers import layout_run
 
 LOSS_TOL = 1e-5
 # one Adam step moves every weight by about lr * sign(grad): grads that differ in the last bits

@@ -11,11 +11,11 @@ import subprocess
 import sys
 
 import torch
-from monitor_workers import save_and_load_recorded
 from torch import nn
 
 import unickpt
-from harness import run_ranks
+from tests.workers.harness import run_ranks
+from tests.workers.monitor_workers import save_and_load_recorded
 from unickpt.monitoring import SummaryLogger
 
 SAVE = ("save.plan", "save.stage", "save.write", "save.barrier", "save.finalize")

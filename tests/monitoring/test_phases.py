@@ -10,16 +10,15 @@ import shutil
 
 import pytest
 import torch
-from monitor_workers import save_with_and_without_phases
 from torch import nn
 
 import unickpt
-from harness import run_ranks
+from tests.fixtures.golden_v1 import GOLDEN
+from tests.workers.harness import run_ranks
+from tests.workers.monitor_workers import save_with_and_without_phases
 from unickpt.cli import main
 from unickpt.errors import CorruptMetadataError
 from unickpt.monitoring.phases import MAX_ROWS_PER_RANK, decode_phases, encode_phases
-
-GOLDEN = os.path.join(os.path.dirname(__file__), "..", "format", "golden")
 
 
 def _save_id(path: str) -> str:

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from support.boxes import element_size, numel, tiles_exactly
+from tests.support.boxes import element_size, numel, tiles_exactly
 from unickpt.errors import PlanningError
 from unickpt.planning.save_plan import GlobalSavePlan, LocalSavePlan, plan_save
 from unickpt.planning.specs import BlobSpec, ShardSpec

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from read_fixtures import assign_reads
-from read_fixtures import one_file_metadata as _md
+from tests.fixtures.read_fixtures import assign_reads
+from tests.fixtures.read_fixtures import one_file_metadata as _md
 from unickpt.format.records import Metadata, ShardRecord, TensorRecord, Topology
 
 

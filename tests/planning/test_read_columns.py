@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from read_fixtures import _segments, reference_parts, split_metadata
+from tests.fixtures.read_fixtures import _segments, reference_parts, split_metadata
 from unickpt.engine.read_exchange import decode_part, read_parts, report_needs, vectorized
 from unickpt.errors import PlanningError
 from unickpt.format import Metadata, ShardRecord, TensorRecord, Topology

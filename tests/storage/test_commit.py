@@ -243,8 +243,7 @@ def test_a2_publication_without_a_replacing_rename_survives_a_crash_mid_swap(tmp
     not put back), readers through the publisher still get the old version; the next
     publication takes the free name and the cleanup removes what the crash left. Whole saves,
     loads and a manager run over such a backend."""
-    from contract import Flaky, NoReplaceRename
-
+    from tests.fixtures.contract import Flaky, NoReplaceRename
     from unickpt.storage import register_storage
     from unickpt.storage.commit import RenamePublisher, publisher_for
     from unickpt.storage.memory import MemoryStore

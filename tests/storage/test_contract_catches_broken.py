@@ -10,8 +10,8 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from contract import StorageContract
 
+from tests.fixtures.contract import StorageContract
 from unickpt.storage.memory import CAPABILITIES, MemoryStorage, MemoryStore
 
 _CONTRACT_FAILURES = (AssertionError, pytest.fail.Exception)

@@ -17,9 +17,9 @@ import uuid
 from collections.abc import Callable
 
 import pytest
-from contract import StorageContract
-from hdfs_standin import LocalHdfsClient
 
+from tests.fixtures.contract import StorageContract
+from tests.fixtures.hdfs_standin import LocalHdfsClient
 from unickpt.errors import StorageError, TransientStorageError
 from unickpt.storage import StorageOptions, open_storage
 from unickpt.storage.base import Storage

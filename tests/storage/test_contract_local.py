@@ -6,8 +6,8 @@ import os
 from collections.abc import Callable
 
 import pytest
-from contract import StorageContract
 
+from tests.fixtures.contract import StorageContract
 from unickpt.storage import StorageOptions
 from unickpt.storage.base import Storage
 from unickpt.storage.local import LocalStorage

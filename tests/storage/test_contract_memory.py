@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from contract import NoReplaceRename, StorageContract
 
+from tests.fixtures.contract import NoReplaceRename, StorageContract
 from unickpt.storage.base import Storage
 from unickpt.storage.memory import MemoryStorage, MemoryStore
 from unickpt.storage.retry import RetryingStorage, RetryPolicy

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from contract import StorageContract
 
+from tests.fixtures.contract import StorageContract
 from unickpt.storage import StorageOptions, open_storage
 from unickpt.storage.base import Storage
 from unickpt.storage.retry import unwrap

@@ -12,11 +12,11 @@ import sys
 
 import pytest
 import torch
-from s3_workers import load_and_compare, save_replicated, tiny
 
 import unickpt
-from harness import run_ranks
-from support.reference import full_state
+from tests.support.reference import full_state
+from tests.workers.harness import run_ranks
+from tests.workers.s3_workers import load_and_compare, save_replicated, tiny
 from unickpt.errors import CheckpointError, StorageError
 from unickpt.storage import RetryPolicy, StorageOptions, open_storage
 

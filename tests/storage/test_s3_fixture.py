@@ -16,8 +16,16 @@ from pathlib import Path
 
 import psutil
 import pytest
-import s3server
-from s3server import PORT_FLAGS, SeaweedServer, SeaweedStartError, find_weed, require_s3_clients, require_weed
+
+from tests.fixtures import s3server
+from tests.fixtures.s3server import (
+    PORT_FLAGS,
+    SeaweedServer,
+    SeaweedStartError,
+    find_weed,
+    require_s3_clients,
+    require_weed,
+)
 
 require_s3_clients()  # skips this module without s3fs/botocore (fails under UNICKPT_TEST_REQUIRE_S3=1)
 
@@ -107,8 +115,8 @@ def test_server_dies_with_the_process_that_started_it(tmp_path):
     script = textwrap.dedent(
         f"""
         import json, os, sys, time
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from s3server import SeaweedServer, require_weed
+        sys.path.insert(0, {str(Path(s3server.__file__).resolve().parents[2])!r})
+        from tests.fixtures.s3server import SeaweedServer, require_weed
         s = SeaweedServer(require_weed())
         s.start()
         info = {{"pid": s.pid, "root": str(s.root), "ports": dict(s.ports)}}

@@ -18,10 +18,10 @@ import pytest
 import torch
 
 import unickpt
-from harness import launch_ranks, run_ranks
-from rel_helpers import mismatches, snapshot
-from rel_workers import corrupt_load_worker, crash_worker, fsdp2_save_worker
-from reshard_workers import check, load_phase, save_phase
+from tests.workers.harness import launch_ranks, run_ranks
+from tests.workers.rel_helpers import mismatches, snapshot
+from tests.workers.rel_workers import corrupt_load_worker, crash_worker, fsdp2_save_worker
+from tests.workers.reshard_workers import check, load_phase, save_phase
 from unickpt.engine.lock import LOCK_FILE
 from unickpt.format.records import METADATA_FILE
 from unickpt.storage import open_storage

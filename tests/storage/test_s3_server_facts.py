@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from s3server import require_s3_clients
+
+from tests.fixtures.s3server import require_s3_clients
 
 require_s3_clients()  # skips this module without s3fs/botocore (fails under UNICKPT_TEST_REQUIRE_S3=1)
 
@@ -425,7 +426,7 @@ def test_connection_refused_is_a_botocore_error_not_oserror():
     """Server gone (SIGKILL): both botocore and s3fs raise botocore's EndpointConnectionError,
     a BotoCoreError that is not an OSError and that s3fs does not translate or retry itself
     (botocore retried it under its own retry policy first)."""
-    from s3server import SeaweedServer, require_weed
+    from tests.fixtures.s3server import SeaweedServer, require_weed
 
     with SeaweedServer(require_weed()) as server:
         bucket = server.create_bucket()
@@ -484,7 +485,7 @@ def test_s3fs_listing_cache_hides_other_writers_keys(s3_bucket):
 def test_signing_region_is_a_client_side_setting_here(s3_bucket):
     """SeaweedFS accepts a SigV4 signature for any region name, so AWS_DEFAULT_REGION only has
     to be set, not to match anything."""
-    from s3server import S3Endpoint
+    from tests.fixtures.s3server import S3Endpoint
 
     ep = s3_bucket.endpoint
     for region in ("us-east-1", "eu-west-3", "ap-south-2"):

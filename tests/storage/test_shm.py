@@ -10,10 +10,10 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
-from contract import StorageContract
-from s3_workers import load_and_compare, save_replicated
 
-from harness import run_ranks
+from tests.fixtures.contract import StorageContract
+from tests.workers.harness import run_ranks
+from tests.workers.s3_workers import load_and_compare, save_replicated
 from unickpt.errors import UnsafePathError
 from unickpt.format.records import METADATA_FILE
 from unickpt.storage import open_storage

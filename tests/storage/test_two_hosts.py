@@ -29,11 +29,12 @@ from dataclasses import dataclass
 import pytest
 
 import unickpt
+from tests import workers
 from unickpt.format import decode_metadata
 from unickpt.format.records import METADATA_FILE
 from unickpt.tools.toy import build
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "twohost_worker.py")
+WORKER = os.path.join(os.path.dirname(os.path.abspath(workers.__file__)), "twohost_worker.py")
 _TIMEOUT_S = 240.0
 
 

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import unickpt
-from support.reference import full_state
+from tests.support.reference import full_state
 
 
 def tiny(seed: int) -> tuple[nn.Module, torch.optim.Optimizer]:

@@ -63,7 +63,7 @@ def plain_logits(rank: int, ws: int, seed: int) -> list[list[list[float]]]:
 def load_bcp_into_fsdp2(rank: int, ws: int, path: str, seed: int) -> bool:
     """Load an imported ByteCheckpoint model into an FSDP2 model; compare full tensors with the
     seed's plain model (support.reference gathers the shards with torch only)."""
-    from support.reference import full_state
+    from tests.support.reference import full_state
 
     model = _fsdp2(llama(seed + 1))
     unickpt.load(path, {"model": model}, framework="fsdp2", strict=False)

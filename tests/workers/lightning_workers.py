@@ -12,11 +12,11 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
-from fabric_workers import fabric_run
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from tests.workers.fabric_workers import fabric_run
 from unickpt.integrations.lightning import UnickptDDPStrategy, UnickptModelParallelStrategy
 
 KINDS = ("ddp", "fsdp2")

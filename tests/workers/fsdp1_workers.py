@@ -15,8 +15,8 @@ import torch.distributed as dist
 
 import unickpt
 import unickpt.errors
-from reshard_workers import loaded_report, param_groups
-from support.reference import full_state
+from tests.support.reference import full_state
+from tests.workers.reshard_workers import loaded_report, param_groups
 from unickpt.tools.toy import ToyConfig, build, train_step
 
 STEPS_BEFORE_SAVE = 2

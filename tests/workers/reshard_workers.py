@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 
 import unickpt
-from support.reference import full_state
+from tests.support.reference import full_state
 from unickpt.tools.toy import build, train_step
 
 STEPS_BEFORE_SAVE = 2

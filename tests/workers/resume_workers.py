@@ -18,9 +18,9 @@ from torch import nn
 
 import unickpt
 import unickpt.errors
-from fsdp1_workers import CFG, make
-from reshard_workers import param_groups
-from support.reference import full_state
+from tests.support.reference import full_state
+from tests.workers.fsdp1_workers import CFG, make
+from tests.workers.reshard_workers import param_groups
 from unickpt.tools.toy import ToyConfig, batch, build, train_step
 
 

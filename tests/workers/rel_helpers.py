@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from support.reference import full_state
+from tests.support.reference import full_state
 
 # ----------------------------------------------------------------------------- tiny states
 

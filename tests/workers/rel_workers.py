@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 
 import unickpt
-from rel_helpers import kill_at_phase, kill_in_commit, tiny_model
-from support.reference import full_state
+from tests.support.reference import full_state
+from tests.workers.rel_helpers import kill_at_phase, kill_in_commit, tiny_model
 from unickpt.tools.toy import build, train_step
 
 
@@ -54,7 +54,7 @@ def faulty_save_worker(
 ) -> dict[str, Any]:
     """Save a tiny replicated state to ``faulty://path`` whose writes on ``fail_rank`` fail
     ``times`` times with ``errno_code``; report what every rank saw."""
-    from rel_faults import install_faulty_scheme
+    from tests.workers.rel_faults import install_faulty_scheme
 
     model, optim = tiny_model(seed=3)
     if rank == 0:

@@ -205,7 +205,7 @@ def fsdp2_regular(rank: int, ws: int, base: str) -> dict[str, Any]:
     through a tree and a flat checkpointer: rank 0 plans it as a regular job (templates of
     ranks, ``planning.regular_plan``), both give each rank the same part, a second (cached,
     async) save renames it, and each checkpoint loads bit-exact through the other."""
-    from support.reference import full_state
+    from tests.support.reference import full_state
     from unickpt.planning.regular_plan import RegularRankPlans
     from unickpt.tools.toy import build, train_step
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import warnings
 
 import torch
-from loader_data import drain, make_loader
 from torch import nn
 
 import unickpt
+from tests.workers.loader_data import drain, make_loader
 
 
 def _model() -> nn.Module:
@@ -164,3 +164,26 @@ def load_without_loader(rank: int, ws: int, path: str, strict: bool) -> str:
         except unickpt.UnexpectedKeysError as e:
             return f"UnexpectedKeysError: {e}"
     return "warned: " + " | ".join(str(w.message) for w in caught)
+
+
+def run_steps(rank: int, ws: int, steps: list[list]) -> dict[str, object]:
+    """Several of the rank functions above, one after the other in one spawned job: ``steps`` is
+    a list of ``[label, function name, arguments]``; returns each step's result by label."""
+    functions = {
+        f.__name__: f
+        for f in (
+            save_after_some_batches,
+            load_and_drain,
+            save_plain,
+            load_plain,
+            save_extra,
+            load_extra,
+            save_without_loader,
+            load_into_protocol_loader,
+            stateful_dataloader_round_trip,
+            tp_job,
+            dropout_run,
+            load_without_loader,
+        )
+    }
+    return {label: functions[name](rank, ws, *args) for label, name, args in steps}

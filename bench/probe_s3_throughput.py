@@ -1,6 +1,6 @@
 """Baseline: plain s3fs put/get throughput against a local SeaweedFS (not a test; prints a table).
 
-    PYTHONPATH=src python tests/storage/probe_s3_throughput.py --size-mib 1024 --reps 5
+    PYTHONPATH=src python bench/probe_s3_throughput.py --size-mib 1024 --reps 5
 
 Issue 14 asks unickpt's S3 save/load to reach >= 0.8x of the best plain-client figure printed
 here. Each repetition starts a fresh server (so deleted data never piles up on disk: SeaweedFS
@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 from fsspec.asyn import sync
 
-sys.path.insert(0, str(Path(__file__).parent))
-from s3server import SeaweedServer, find_weed
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root
+from tests.fixtures.s3server import SeaweedServer, find_weed
 
 MiB = 1 << 20
 LEAN = {

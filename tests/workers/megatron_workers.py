@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import megatron_env as env
+from tests.workers import megatron_env as env
 
 SEED = 1234
 

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-import megatron_env as env
 import unickpt
+from tests.workers import megatron_env as env
 
 SAVE_SEED, LOAD_SEED = 1234, 999
 STEP = 0  # the training step saved after; the next one is STEP + 1
@@ -160,8 +160,9 @@ def loader_job(
     """A Megatron job whose dataloader lives on TP rank 0 of the first pipeline stage of each DP
     group (the other ranks pass none). ``mode`` "save": consume 1 + dp_rank batches, train a
     step, save; "load": restore (any layout) and drain. Returns the tokens this rank consumed."""
-    from loader_data import drain, make_loader
     from megatron.core import parallel_state as ps
+
+    from tests.workers.loader_data import drain, make_loader
 
     chunks, opt = env.build_gpt(tp, pp, dp, seed=SAVE_SEED, use_distributed_optimizer=True)
     owner = ps.get_tensor_model_parallel_rank() == 0 and ps.is_pipeline_first_stage(ignore_virtual=True)

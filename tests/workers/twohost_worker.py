@@ -24,7 +24,7 @@ import socket
 import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-for _p in (os.path.join(_HERE, ".."), os.path.join(_HERE, "..", "reliability")):
+for _p in (os.path.join(_HERE, "..", ".."),):  # the repo root: tests.workers
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
@@ -46,7 +46,7 @@ def save(rank: int, ckpt: str) -> dict:
     import torch
 
     import unickpt
-    from support.reference import full_state
+    from tests.support.reference import full_state
     from unickpt.tools.toy import build, train_step
 
     model, optim = build("fsdp2", seed=0)
@@ -66,7 +66,7 @@ def load(rank: int, ckpt: str) -> dict:
     import torch
 
     import unickpt
-    from support.reference import full_state
+    from tests.support.reference import full_state
     from unickpt.tools.toy import build, train_step
 
     ref = torch.load(ckpt + ".ref.pt", weights_only=True)
@@ -91,7 +91,7 @@ def load_replicated(rank: int, ckpt: str) -> dict:
     import torch
 
     import unickpt
-    from support.reference import full_state
+    from tests.support.reference import full_state
     from unickpt.tools.toy import build
 
     ref = torch.load(ckpt + ".ref.pt", weights_only=True)
@@ -112,7 +112,7 @@ def crash_in_commit(rank: int, ckpt: str) -> dict:
     import torch.distributed as dist
 
     import unickpt
-    from rel_helpers import kill_in_commit
+    from tests.workers.rel_helpers import kill_in_commit
     from unickpt.tools.toy import build, train_step
 
     model, optim = build("fsdp2", seed=0)

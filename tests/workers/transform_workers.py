@@ -9,7 +9,7 @@ import torch.distributed as dist
 from torch import nn
 
 import unickpt
-from support.reference import full_state
+from tests.support.reference import full_state
 from unickpt.format.transforms import split_rows
 
 D, H = 8, 12  # model width, rows of each of Q, K, V
