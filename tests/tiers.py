@@ -31,7 +31,6 @@ ALL = None  # every test of the file
 # start processes: ALL, or the names of those test functions.
 DISTRIBUTED_TESTS: dict[str, frozenset[str] | None] = {
     "test_accelerate.py": ALL,
-    "test_async_training.py": ALL,
     "test_boundaries.py": frozenset(
         {
             "test_issue11_boundaries_launcher_refuses_results_only_pickle_could_carry",
@@ -47,11 +46,6 @@ DISTRIBUTED_TESTS: dict[str, frozenset[str] | None] = {
             "test_two_checkpointers_at_world_size_2",
         }
     ),
-    "test_checksum_chunk.py": frozenset(
-        {
-            "test_every_rank_writes_with_the_coordinators_chunk",
-        }
-    ),
     "test_cli.py": frozenset(
         {
             "test_python_m_inspect_json",
@@ -65,13 +59,11 @@ DISTRIBUTED_TESTS: dict[str, frozenset[str] | None] = {
             "test_end_to_end_subprocess_one_line",
         }
     ),
-    "test_contract_s3.py": ALL,
     "test_convert_hostile.py": frozenset(
         {
             "test_cli_prints_a_dcp_refusal_as_one_line",
         }
     ),
-    "test_coordination.py": ALL,
     "test_describe.py": frozenset(
         {
             "test_save_and_load_views_are_one_description_every_framework",
@@ -88,13 +80,11 @@ DISTRIBUTED_TESTS: dict[str, frozenset[str] | None] = {
             "test_crash_before_commit_in_subprocess",
         }
     ),
-    "test_exit_drain.py": ALL,
     "test_framework_registry.py": frozenset(
         {
             "test_auto_detection_of_each_framework_incl_compiled_and_fsdp2_tp",
         }
     ),
-    "test_fsdp1.py": ALL,
     "test_fsdp_internals.py": frozenset(
         {
             "test_fsdp1_private_accessors_match_the_unwrapped_model",
@@ -112,16 +102,11 @@ DISTRIBUTED_TESTS: dict[str, frozenset[str] | None] = {
             "test_import_unickpt_does_not_import_lightning",
         }
     ),
-    "test_load_dedup.py": ALL,
-    "test_loader_resharding.py": ALL,
-    "test_megatron_ckpt.py": ALL,
-    "test_megatron_env.py": ALL,
     "test_monitoring.py": frozenset(
         {
             "test_issue16_four_ranks_record_every_phase_within_the_wall_time",
         }
     ),
-    "test_open_state.py": ALL,
     "test_optimizer_like.py": frozenset(
         {
             "test_optimizer_like_wrapper_reshards_fsdp2_ws2_to_torch_ws1",
@@ -132,7 +117,6 @@ DISTRIBUTED_TESTS: dict[str, frozenset[str] | None] = {
             "test_issue26_item14_two_ranks_save_keeps_phases_and_report_shows_both",
         }
     ),
-    "test_pipelining_fsdp2.py": ALL,
     "test_rel_concurrency.py": frozenset(
         {
             "test_two_jobs_saving_at_once_exactly_one_commits",
@@ -171,55 +155,6 @@ DISTRIBUTED_TESTS: dict[str, frozenset[str] | None] = {
             "test_disk_full_commits_nothing_and_releases_space",
         }
     ),
-    "test_reshard.py": ALL,
-    "test_resume.py": frozenset(
-        {
-            "test_item1_rollback_into_live_job_ws3",
-            "test_item1_rollback_into_live_job_ws2",
-            "test_item6_absent_optimizer_state_stays_absent",
-            "test_item8_ddp_buffers_from_the_broadcast_source",
-            "test_item5_pipeline_stages_restore_their_own_param_groups",
-            "test_item5_pipeline_checkpoint_into_one_process",
-            "test_item5_ranks_disagreeing_on_hyperparameters_refused",
-            "test_item2_refused_flat_step_changes_nothing",
-            "test_item10_cast_dtypes_forwarded_reads_bit_exact",
-            "test_item5_torch_pipelining_two_stages",
-        }
-    ),
-    "test_s3_checkpoint.py": ALL,
-    "test_s3_fixture.py": frozenset(
-        {
-            "test_every_listener_is_a_chosen_loopback_port",
-            "test_two_servers_are_isolated_and_stop_cleanly",
-            "test_server_dies_with_the_process_that_started_it",
-            "test_bucket_helpers_create_fresh_buckets_and_delete_non_empty_ones",
-            "test_endpoint_env_and_storage_options_reach_the_server",
-        }
-    ),
-    "test_s3_reliability.py": ALL,
-    "test_s3_server_facts.py": frozenset(
-        {
-            "test_put_get_small_empty_and_200mib",
-            "test_multipart_of_5mib_parts_and_a_short_tail",
-            "test_parts_under_5mib_are_rejected_at_complete",
-            "test_concurrent_uploads_from_one_event_loop",
-            "test_botocore_bodies_bytes_bytearray_filelike_but_not_memoryview",
-            "test_ranged_reads_in_parallel_from_one_loop",
-            "test_listing_pages_at_1000_keys",
-            "test_batch_delete_of_many_keys",
-            "test_if_none_match_star_refuses_an_existing_key",
-            "test_if_none_match_race_has_exactly_one_winner",
-            "test_if_none_match_on_complete_multipart",
-            "test_if_match_etag_guards_overwrite",
-            "test_copy_object_and_server_side_rename",
-            "test_missing_key_and_bucket_errors",
-            "test_server_503_is_retried_by_botocore_then_surfaces_as_eio",
-            "test_read_after_write_for_overwrite_and_list",
-            "test_s3fs_listing_cache_hides_other_writers_keys",
-            "test_signing_region_is_a_client_side_setting_here",
-            "test_bucket_and_key_name_rules",
-        }
-    ),
     "test_shm.py": frozenset(
         {
             "test_issue14_shm_checkpoint_shared_by_ranks_of_one_machine",
@@ -240,24 +175,17 @@ DISTRIBUTED_TESTS: dict[str, frozenset[str] | None] = {
             "test_randomised_path_matches_element_count",
         }
     ),
-    "test_tools_convert.py": ALL,
-    "test_tools_hf_fsdp2.py": ALL,
-    "test_tools_inspect_more.py": ALL,
     "test_tools_keymap.py": frozenset(
         {
             "test_issue15_modify_renames_drops_and_casts_into_a_new_checkpoint",
         }
     ),
-    "test_tools_manage.py": ALL,
-    "test_tools_merge.py": ALL,
     "test_tools_pieces.py": frozenset(
         {
             "test_merge_peak_memory_is_bounded_by_the_piece_not_the_tensor",
             "test_a_forged_8gib_claim_is_refused_before_allocating",
         }
     ),
-    "test_tools_transforms.py": ALL,
-    "test_torch_private.py": ALL,
     "test_torchtitan.py": frozenset(
         {
             "test_save_ws2_async_retention_and_resume_same_ws",
@@ -266,8 +194,6 @@ DISTRIBUTED_TESTS: dict[str, frozenset[str] | None] = {
             "test_config_refusals_and_lazy_import",
         }
     ),
-    "test_tree_coordination.py": ALL,
-    "test_two_hosts.py": ALL,
     "test_waits.py": frozenset(
         {
             "test_issue26_item12_waiting_ranks_warn_and_every_collective_failure_is_a_collective_error",

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/unit/ -> the root
 TESTS = os.path.join(ROOT, "tests")
 
 
@@ -62,9 +62,10 @@ def test_issue11_boundaries_test_plumbing_never_pickles():
     tests of the error transport between ranks import pickle."""
     deliberate = {
         os.path.join(TESTS, "reliability", "test_rel_hostile.py"),
-        os.path.join(TESTS, "coordination", "test_outcomes.py"),
-        os.path.join(TESTS, "test_tools_convert.py"),  # a hostile DCP .metadata pickle, refused unrun
-        os.path.join(TESTS, "test_convert_hostile.py"),  # hand-written pickles that try to set attributes
+        os.path.join(TESTS, "unit", "coordination", "test_outcomes.py"),
+        # a hostile DCP .metadata pickle, refused unrun; hand-written pickles that try to set attributes
+        os.path.join(TESTS, "integration", "tools", "test_tools_convert.py"),
+        os.path.join(TESTS, "unit", "tools", "test_convert_hostile.py"),
     }
     for path in [*_py_files("tests", "bench"), os.path.join(ROOT, "src", "unickpt", "tools", "launch.py")]:
         if path in deliberate:

@@ -23,13 +23,13 @@ import textwrap
 from tests import workers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+REPO = os.path.dirname(os.path.dirname(HERE))  # tests/unit/ -> the repository root
 SRC = os.path.join(REPO, "src", "unickpt")
 
 README_NOT_RUN = {  # first line of the block -> why it is not run here
     'unickpt.save(path, state, *, framework="auto"': "signatures, not code",
-    "model_chunks, optimizer = ...": "needs megatron-core (tests/megatron/ cover it)",
-    "from unickpt.data import TokenPackingLoader": "needs token files and 100+ batches (tests/data/ cover it)",
+    "model_chunks, optimizer = ...": "needs megatron-core (tests/integration/megatron/)",
+    "from unickpt.data import TokenPackingLoader": "needs token files and 100+ batches (tests/integration/data/)",
 }
 DOCSTRING_MODULES = ("manager.py", "api.py", "checkpointer.py", "monitoring/sinks.py")
 RESUME_MARK = "manager.load_latest("  # the CheckpointManager resume loop: checked bit for bit
