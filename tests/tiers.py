@@ -30,7 +30,6 @@ ALL = None  # every test of the file
 # Test files outside DISTRIBUTED_FOLDERS (by file name, which is unique in tests/) whose tests
 # start processes: ALL, or the names of those test functions.
 DISTRIBUTED_TESTS: dict[str, frozenset[str] | None] = {
-    "test_accelerate.py": ALL,
     "test_boundaries.py": frozenset(
         {
             "test_issue11_boundaries_launcher_refuses_results_only_pickle_could_carry",
@@ -94,12 +93,6 @@ DISTRIBUTED_TESTS: dict[str, frozenset[str] | None] = {
     "test_golden.py": frozenset(
         {
             "test_golden_v1_fsdp2_ws3_reshards_to_fsdp2_ws2",
-        }
-    ),
-    "test_lightning.py": frozenset(
-        {
-            "test_trainer_checkpoints_and_resumes_on_1_and_3_processes_like_stock_lightning",
-            "test_import_unickpt_does_not_import_lightning",
         }
     ),
     "test_monitoring.py": frozenset(
@@ -170,11 +163,6 @@ DISTRIBUTED_TESTS: dict[str, frozenset[str] | None] = {
             "test_issue14_tiering_to_s3",
         }
     ),
-    "test_tiling.py": frozenset(
-        {
-            "test_randomised_path_matches_element_count",
-        }
-    ),
     "test_tools_keymap.py": frozenset(
         {
             "test_issue15_modify_renames_drops_and_casts_into_a_new_checkpoint",
@@ -184,14 +172,6 @@ DISTRIBUTED_TESTS: dict[str, frozenset[str] | None] = {
         {
             "test_merge_peak_memory_is_bounded_by_the_piece_not_the_tensor",
             "test_a_forged_8gib_claim_is_refused_before_allocating",
-        }
-    ),
-    "test_torchtitan.py": frozenset(
-        {
-            "test_save_ws2_async_retention_and_resume_same_ws",
-            "test_resume_ws3_refuses_resized_loader_then_loads_bit_exact",
-            "test_resume_ws1_knobs",
-            "test_config_refusals_and_lazy_import",
         }
     ),
     "test_waits.py": frozenset(
