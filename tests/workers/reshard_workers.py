@@ -68,3 +68,13 @@ def check(results: list[dict], ref: dict, saved_ws: int) -> None:
         assert r["extra_state"]["step"] == STEPS_BEFORE_SAVE
         assert r["extra_state"]["rank"] == rank % saved_ws
         assert r["extra_state"]["note"] == ("tuple", 1.5, None)
+
+
+def save_many(rank: int, ws: int, steps: list[list]) -> list[dict]:
+    """``save_phase`` for each ``[framework, ckpt]`` in turn, in one spawned job."""
+    return [save_phase(rank, ws, framework, ckpt) for framework, ckpt in steps]
+
+
+def load_many(rank: int, ws: int, steps: list[list]) -> list[dict]:
+    """``load_phase`` for each ``[framework, ckpt, ref]`` in turn, in one spawned job."""
+    return [load_phase(rank, ws, framework, ckpt, ref) for framework, ckpt, ref in steps]
