@@ -16,7 +16,10 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.s3server import s3_bucket, s3_server  # fixtures: a real SeaweedFS server per test process
 from tests.tiers import markers_for
+
+__all__ = ["s3_bucket", "s3_server"]
 
 # --- tiers: markers and the process guard (rules in tests/tiers.py) -------------------------
 
