@@ -1,11 +1,12 @@
 # Two commands for a fresh machine (Python 3.11 only needed):
 #   make demo   - installs torch and unickpt into .venv, runs the main job (train on 4 ranks, resume on 2, prove bit-identity)
-#   make test   - installs everything the tests need into .venv, runs the whole test suite
+#   make test   - installs everything the tests need into .venv, runs lint (ruff, mypy) and the whole test suite (the CI gate)
+#   make test-fast - the unit tier only (tests/unit: no processes, no slow tests), for every edit
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup setup-demo demo test lint bench clean
+.PHONY: setup setup-demo demo test test-fast lint bench clean
 
 # Two set-ups into the same .venv, each with its stamp: the demo's (torch + the package) and the
 # test suite's (everything: the test extras, megatron-core, transformers, SeaweedFS, torchtitan),
@@ -39,9 +40,14 @@ demo: setup-demo
 test: setup lint
 	$(BIN)/python -m pytest -q --durations=30
 
+# tiers: tests/tiers.py (markers distributed and slow; tests/unit starts no process)
+test-fast: setup
+	$(BIN)/python -m pytest -q tests/unit -m "not distributed and not slow"
+
 lint: setup
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff format --check src tests bench examples
+	$(BIN)/mypy
 
 bench: setup
 	$(BIN)/python bench/save_load.py

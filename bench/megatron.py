@@ -1,7 +1,7 @@
 """unickpt vs megatron-core's dist_checkpointing on a megatron-core GPT with the distributed optimizer.
 
 One run, 4 gloo ranks at TP2 x PP2 (CPU; megatron's CUDA calls patched as in the test bed
-``tests/megatron/megatron_env.py``), rounds interleaved:
+``tests/workers/megatron_env.py``), rounds interleaved:
   * save: ``unickpt.save(framework="megatron")`` vs ``dist_checkpointing.save`` (torch_dist, the
     default strategy) of ``{"model": chunk.sharded_state_dict(), "optimizer":
     optimizer.sharded_state_dict(..., fully_reshardable)}`` — the form Megatron needs to change
@@ -29,13 +29,13 @@ from _common import dir_bytes, evict, fmt_gbs, fmt_s, machine_line, make_tmp, me
 # this file is named megatron.py: with its folder on the path, "import megatron.core" would find
 # it; the spawned ranks inherit this path
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != HERE]
-sys.path.insert(0, os.path.join(HERE, "..", "tests", "megatron"))
+sys.path.insert(0, os.path.dirname(HERE))  # the repo root: tests.workers.megatron_env
 
 TIMES = ("unickpt save", "megatron save", "megatron save dp_reshardable", "unickpt load", "megatron load")
 
 
 def _build(cfg: dict, tp: int, pp: int, dp: int, seed: int):
-    import megatron_env as env
+    from tests.workers import megatron_env as env
 
     return env.build_gpt(
         tp,
@@ -57,7 +57,7 @@ def _megatron_target(cfg: dict, tp: int, pp: int, dp: int, seed: int):
     setter must skip ``step`` (patch ``megatron_set_state_skips_step``)."""
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
-    import megatron_env as env
+    from tests.workers import megatron_env as env
 
     if not getattr(DistributedOptimizer, "_bench_patched", False):
         DistributedOptimizer._set_main_param_and_optimizer_states = _set_states
@@ -94,7 +94,7 @@ def _sharded(chunks, opt, form: str, loading: bool = False) -> dict:
 def _megatron_save(chunks, opt, path: str, form: str) -> None:
     from megatron.core import dist_checkpointing
 
-    import megatron_env as env
+    from tests.workers import megatron_env as env
 
     os.makedirs(path, exist_ok=True)
     with env.cpu_device_mode():
@@ -104,7 +104,7 @@ def _megatron_save(chunks, opt, path: str, form: str) -> None:
 def _megatron_load(chunks, opt, path: str) -> None:
     from megatron.core import dist_checkpointing
 
-    import megatron_env as env
+    from tests.workers import megatron_env as env
 
     with env.cpu_device_mode():
         loaded = dist_checkpointing.load(_sharded(chunks, opt, "fully_reshardable", loading=True), path)
@@ -135,8 +135,8 @@ def save_side(rank: int, world: int, cfg: dict) -> dict:
     import torch
     import torch.distributed as dist
 
-    import megatron_env as env
     import unickpt
+    from tests.workers import megatron_env as env
 
     torch.set_num_threads(1)
     chunks, opt = _build(cfg, 2, 2, 1, seed=1)
@@ -178,8 +178,8 @@ def save_side(rank: int, world: int, cfg: dict) -> dict:
 def reshard_side(rank: int, world: int, cfg: dict, full: dict) -> dict:
     import torch
 
-    import megatron_env as env
     import unickpt
+    from tests.workers import megatron_env as env
 
     torch.set_num_threads(1)
     chunks, opt = _build(cfg, 1, 1, world, seed=3)

@@ -28,10 +28,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "storage"))
-from s3server import SeaweedServer, find_weed  # the test suite's server fixture
-
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root
 import unickpt
+from tests.fixtures.s3server import SeaweedServer, find_weed  # the test suite's server fixture
 from unickpt.storage import StorageOptions
 
 MiB = 1 << 20

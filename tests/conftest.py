@@ -1,20 +1,77 @@
-"""Import paths shared by every test folder and the ranks it spawns (``spawn`` copies
-``sys.path`` into the child): ``tests/`` for the test-only oracles (``support``), and
-``tests/distributed`` for the launcher harness and the distributed workers, and the other
-folders' worker modules (so the S3 tests can run the same workers on ``s3://``; ``tests/megatron``
-holds the megatron-core test bed ``megatron_env``)."""
+"""Suite-wide hooks. ``tests`` is a package and the repository root is on ``sys.path``
+(``pythonpath`` in pyproject.toml), so test files, spawned ranks (``spawn`` copies ``sys.path``
+into the child) and subprocesses given that path import ``tests.workers.<name>`` (rank functions,
+the spawn harness), ``tests.fixtures.<name>`` and ``tests.support.<name>`` (oracles).
 
-import os
-import sys
+The test tiers: every test is marked ``distributed`` / ``slow`` by ``tests/tiers.py``, and a test
+not marked ``distributed`` that starts a process fails."""
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-for _path in (
-    os.path.join(_HERE, "distributed"),
-    os.path.join(_HERE, "data"),
-    os.path.join(_HERE, "monitoring"),
-    os.path.join(_HERE, "reliability"),
-    os.path.join(_HERE, "megatron"),
-    _HERE,
-):
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
+from __future__ import annotations
+
+import multiprocessing.process
+import subprocess
+from collections.abc import Generator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fixtures.s3server import s3_bucket, s3_server  # fixtures: a real SeaweedFS server per test process
+from tests.tiers import markers_for
+
+__all__ = ["s3_bucket", "s3_server"]
+
+# --- tiers: markers and the process guard (rules in tests/tiers.py) -------------------------
+
+_TESTS_ROOT = Path(__file__).resolve().parent
+_running_unmarked: str | None = None  # node id of the running test while it may not start processes
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test ``distributed`` / ``slow`` by its folder and file (``tests/tiers.py``)."""
+    for item in items:
+        try:
+            parts = item.path.resolve().relative_to(_TESTS_ROOT).parts
+        except ValueError:
+            continue
+        name = getattr(item, "originalname", item.name)
+        for marker in sorted(markers_for(parts, name)):
+            item.add_marker(marker)
+
+
+def _refuse_unmarked(what: str) -> None:
+    if _running_unmarked is not None:
+        raise RuntimeError(
+            f"{_running_unmarked} starts {what} but is not marked 'distributed': name it in "
+            "tests/tiers.py (or move it to tests/integration/), so the fast tier starts no process"
+        )
+
+
+_popen_init = subprocess.Popen.__init__
+_process_start = multiprocessing.process.BaseProcess.start
+
+
+def _guarded_popen_init(self: subprocess.Popen[Any], *args: Any, **kwargs: Any) -> None:
+    _refuse_unmarked("a subprocess")
+    _popen_init(self, *args, **kwargs)
+
+
+def _guarded_process_start(self: multiprocessing.process.BaseProcess) -> None:
+    _refuse_unmarked("a multiprocessing process")
+    _process_start(self)
+
+
+subprocess.Popen.__init__ = _guarded_popen_init  # type: ignore[method-assign]
+multiprocessing.process.BaseProcess.start = _guarded_process_start  # type: ignore[method-assign]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
+    """While a test not marked ``distributed`` runs (set-up, call, tear-down), starting a
+    process fails it."""
+    global _running_unmarked
+    _running_unmarked = None if item.get_closest_marker("distributed") else item.nodeid
+    try:
+        yield
+    finally:
+        _running_unmarked = None

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import unickpt
-from harness import run_jobs, run_ranks
-from rel_helpers import data_files, mismatches, snapshot, tiny_model
-from rel_workers import locked_save_worker, looping_loader, racing_saver, repeated_saver, version_state
+from tests.workers.harness import run_jobs, run_ranks
+from tests.workers.rel_helpers import data_files, mismatches, snapshot, tiny_model
+from tests.workers.rel_workers import locked_save_worker, looping_loader, racing_saver, repeated_saver, version_state
 from unickpt.folder.lock import LOCK_FILE, LockOwner, read_lock_owner, stale_reason, try_acquire
 from unickpt.format.records import METADATA_FILE
 from unickpt.storage import open_storage

@@ -11,9 +11,9 @@ import shutil
 import pytest
 
 import unickpt
-from harness import run_ranks
-from rel_helpers import tiny_model
-from rel_workers import corrupt_load_worker, fsdp2_save_worker
+from tests.workers.harness import run_ranks
+from tests.workers.rel_helpers import tiny_model
+from tests.workers.rel_workers import corrupt_load_worker, fsdp2_save_worker
 from unickpt.format import decode_metadata
 from unickpt.format.records import FORMAT_VERSION, METADATA_FILE
 from unickpt.testing.toy import build

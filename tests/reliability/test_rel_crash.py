@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import unickpt
-from harness import launch_ranks
-from rel_helpers import data_files, mismatches, snapshot
-from rel_workers import crash_worker
+from tests.workers.harness import launch_ranks
+from tests.workers.rel_helpers import data_files, mismatches, snapshot
+from tests.workers.rel_workers import crash_worker
 from unickpt.folder.lock import LOCK_FILE
 from unickpt.folder.probe import committed_save_id
 from unickpt.format.records import METADATA_FILE

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import unickpt
-from rel_helpers import tiny_model
+from tests.workers.rel_helpers import tiny_model
 from unickpt.errors import CheckpointError, CorruptMetadataError
 from unickpt.folder.publish import publish
 from unickpt.format import MetadataCodec, SectionCodec, SectionRegistry, SectionWarning

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import unickpt
-from rel_helpers import tiny_model
+from tests.workers.rel_helpers import tiny_model
 from unickpt.format.records import METADATA_FILE
 
 
@@ -157,10 +157,10 @@ _ABSURD = textwrap.dedent("""
     import torch
     torch.set_num_threads(1)
     tests = os.path.dirname(sys.argv[2])
-    sys.path[:0] = [sys.argv[2], os.path.join(tests, "distributed"), tests]
+    sys.path[:0] = [os.path.dirname(tests)]  # the repo root: tests.workers
     import unickpt
     from unickpt.format.records import METADATA_FILE
-    from rel_helpers import tiny_model
+    from tests.workers.rel_helpers import tiny_model
 
     ckpt = sys.argv[1]
     meta = os.path.join(ckpt, METADATA_FILE)

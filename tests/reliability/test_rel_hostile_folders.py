@@ -20,9 +20,9 @@ import crc32c
 import pytest
 
 import unickpt
-from harness import run_ranks
-from rel_helpers import data_files, mismatches, snapshot, tiny_model
-from rel_workers import locked_save_worker
+from tests.workers.harness import run_ranks
+from tests.workers.rel_helpers import data_files, mismatches, snapshot, tiny_model
+from tests.workers.rel_workers import locked_save_worker
 from unickpt.format.records import METADATA_FILE
 from unickpt.planning.save.model import data_path, file_name
 
@@ -196,11 +196,11 @@ def test_item8_symlinks_where_cleanup_deletes_are_not_followed(tmp_path):
 _CHILD = textwrap.dedent("""
     import json, os, resource, sys, threading, tracemalloc
     tests = os.path.dirname(sys.argv[1])
-    sys.path[:0] = [sys.argv[1], os.path.join(tests, "distributed"), tests]
+    sys.path[:0] = [os.path.dirname(tests)]  # the repo root: tests.workers
     import torch
     torch.set_num_threads(1)
     import unickpt
-    from rel_helpers import tiny_model
+    from tests.workers.rel_helpers import tiny_model
 
     def state():
         model, optim = tiny_model(seed=9)

@@ -19,7 +19,7 @@ import time
 import pytest
 
 import unickpt
-from rel_helpers import data_files, mismatches, snapshot, tiny_model
+from tests.workers.rel_helpers import data_files, mismatches, snapshot, tiny_model
 from unickpt.folder.lock import LOCK_FILE, LockOwner, read_lock_owner, stale_reason, try_acquire
 from unickpt.format.records import METADATA_FILE
 from unickpt.storage import open_storage

@@ -15,8 +15,8 @@ import psutil
 import pytest
 
 import unickpt
-from rel_faults import install_faulty_scheme
-from rel_helpers import data_files, mismatches, snapshot, step, tiny_model
+from tests.workers.rel_faults import install_faulty_scheme
+from tests.workers.rel_helpers import data_files, mismatches, snapshot, step, tiny_model
 from unickpt.folder.lock import LOCK_FILE, LockOwner
 from unickpt.format.records import METADATA_FILE
 

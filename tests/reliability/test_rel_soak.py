@@ -12,8 +12,8 @@ import time
 import psutil
 
 import unickpt
-from rel_helpers import mismatches
-from support.reference import full_state
+from tests.support.reference import full_state
+from tests.workers.rel_helpers import mismatches
 from unickpt.testing.toy import build, train_step
 
 SAVES = 200

@@ -12,10 +12,10 @@ import torch
 from torch import nn
 
 import unickpt
-from harness import run_ranks
-from rel_faults import install_faulty_scheme
-from rel_helpers import data_files, mismatches, snapshot, tiny_model
-from rel_workers import faulty_save_worker
+from tests.workers.harness import run_ranks
+from tests.workers.rel_faults import install_faulty_scheme
+from tests.workers.rel_helpers import data_files, mismatches, snapshot, tiny_model
+from tests.workers.rel_workers import faulty_save_worker
 from unickpt.errors import MissingDataFileError, StorageError, TransientStorageError
 from unickpt.format.records import METADATA_FILE
 from unickpt.storage import StorageOptions, open_storage

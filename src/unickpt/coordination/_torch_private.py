@@ -7,7 +7,7 @@ process group's timeout after its creation, nor to tell a destroyed group. unick
                         ranks that did not come to a collective);
   ``set_group_timeout`` a per-call deadline on unickpt's own groups (``SaveOptions.timeout``);
   ``group_is_live``     whether a group survived ``destroy_process_group()``.
-tests/coordination/test_torch_private.py checks each against the installed torch, so a torch
+tests/integration/coordination/test_torch_private.py checks each against the installed torch, so a torch
 release that changes them fails there, loudly, instead of silently falling back.
 """
 

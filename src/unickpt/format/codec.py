@@ -180,7 +180,9 @@ def _short(v: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-DEFAULT_CODEC = MetadataCodec()  # records.FORMAT_VERSION == DEFAULT_CODEC.newest (tests/format/test_codec_versions.py)
+DEFAULT_CODEC = (
+    MetadataCodec()
+)  # records.FORMAT_VERSION == DEFAULT_CODEC.newest (tests/unit/format/test_codec_versions.py)
 
 
 def encode_metadata(md: Metadata) -> bytes:

@@ -7,7 +7,7 @@ unickpt expects, and turns an absent or changed attribute into a ``FrameworkErro
 it and the installed torch version, instead of an ``AttributeError`` deep in an adapter (or,
 worse, a silent fallback).
 
-tests/frameworks/test_fsdp_internals.py builds real FSDP1 and FSDP2 modules (gloo, 2 ranks) and
+tests/unit/frameworks/test_fsdp_internals.py builds real FSDP1 and FSDP2 modules (gloo, 2 ranks) and
 checks every accessor against what unickpt expects (types, shapes, invariants), so a torch
 release that renames or changes one of them fails there, loudly, naming the attribute.
 

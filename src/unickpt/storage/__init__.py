@@ -3,7 +3,7 @@
 ``open_storage("ckpts/step_100")`` -> LocalStorage; ``memory://x`` -> MemoryStorage; each wrapped
 in ``RetryingStorage``. The three places a new backend touches: a module implementing
 ``base.Storage`` with its ``StorageCapabilities``, one ``DEFAULT_REGISTRY.register(scheme,
-"module:attr", extra=...)`` line, and one small test module running ``tests/storage/contract.py``
+"module:attr", extra=...)`` line, and one small test module running ``tests/fixtures/contract.py``
 against it. Atomic publication on top of a backend (metadata commit, pointers, locks) is
 ``unickpt.folder.publish``.
 """

@@ -8,7 +8,7 @@ raises "cannot schedule new futures after interpreter shutdown". A save still qu
 at exit needs its thread pools, so the save worker's drain is registered there too, *after*
 ``concurrent.futures.thread`` (imported below), so that it runs first.
 
-This module is the only user of that private API. ``tests/engine/test_exit_drain.py::
+This module is the only user of that private API. ``tests/integration/engine/test_exit_drain.py::
 test_exit_hook_runs_before_thread_pools_shut_down`` fails when a Python release changes it. On a
 Python without it the hook falls back to ``atexit``: saves still running at exit then fail
 instead of committing, and that failure is reported (the process exits non-zero).

@@ -12,7 +12,7 @@ splits on columns, anything else by ``format.validation.box_coverage_problem``);
 items spread over its files lightest-first (``layout_columns``: equal-size runs without a
 loop); the byte layout self-checked (``format.validation.overlap_problems``). Records are built
 once at the end, sharing one tuple per distinct box (``_tuples``). Property-tested against the
-record planner: tests/planning/test_save_planner.py.
+record planner: tests/unit/planning/test_save_planner.py.
 """
 
 from __future__ import annotations

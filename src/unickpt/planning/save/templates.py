@@ -23,7 +23,7 @@ entries are computed when asked (``plan_stage`` encodes each rank's part from it
 ``rank_rows``), never held for every rank. Anything else (ranks disagreeing, a box held twice by
 one rank, a tensor split over part of the job, too many templates, a tiling problem, a rank
 left without a file of a layout part) returns None, and the column/record planners plan it or
-raise their precise error. The plans are equal (tests/planning/test_save_planner.py).
+raise their precise error. The plans are equal (tests/unit/planning/test_save_planner.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,82 @@
+"""Load-time resharding between frameworks and world sizes: bit-exact state, same next loss."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.workers.harness import run_ranks
+from tests.workers.reshard_workers import check, load_many, save_many
+
+
+def _single(fn, *args):
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
+    return [fn(0, 1, *args)]
+
+
+def _run(fn, ws, *args):
+    return _single(fn, *args) if ws == 1 else run_ranks(fn, ws, *args)
+
+
+CASES = [
+    ("fsdp2", 4, "fsdp2", 2),
+    ("fsdp2", 4, "fsdp2", 3),
+    ("fsdp2", 4, "torch", 1),
+    ("fsdp2", 2, "fsdp2", 4),
+    ("ddp", 2, "fsdp2", 4),
+    ("dtensor", 2, "fsdp2", 2),
+    ("fsdp2+tp", 4, "ddp", 2),
+]
+SOURCES = sorted({(src, src_ws) for src, src_ws, _, _ in CASES} | {("ddp", 2)})
+
+
+@pytest.fixture(scope="module")
+def reshard_runs(tmp_path_factory):
+    """Checkpoints saved once per (framework, world size), one spawned job per world size; then
+    the loads of CASES, one job per destination world size (each load in a later job than its
+    save). Returns ``({(framework, ws): (ckpt, ref)}, {case: per-rank load results})``."""
+    base = tmp_path_factory.mktemp("ckpt")
+    saved: dict = {}
+    for ws in sorted({w for _, w in SOURCES}):
+        sources = [(fw, w) for fw, w in SOURCES if w == ws]
+        steps = [[fw, str(base / f"{fw}-{ws}")] for fw, _ in sources]
+        per_rank = _run(save_many, ws, steps)
+        for i, ((fw, _), (_, ckpt)) in enumerate(zip(sources, steps)):
+            ref = dict(per_rank[0][i])
+            ref["next_loss"] = per_rank[0][i]["next_loss"]
+            saved[(fw, ws)] = (ckpt, ref)
+    loads: dict = {}
+    for ws in sorted({case[3] for case in CASES}):
+        cases = [case for case in CASES if case[3] == ws]
+        per_rank = _run(load_many, ws, [[dst, *saved[(src, src_ws)]] for src, src_ws, dst, _ in cases])
+        for i, case in enumerate(cases):
+            loads[case] = [r[i] for r in per_rank]
+    return saved, loads
+
+
+@pytest.mark.parametrize("src,src_ws,dst,dst_ws", CASES)
+def test_reshard_bit_exact(reshard_runs, src, src_ws, dst, dst_ws):
+    saved, loads = reshard_runs
+    _, ref = saved[(src, src_ws)]
+    check(loads[(src, src_ws, dst, dst_ws)], ref, src_ws)
+
+
+def test_replicas_written_once_and_balanced(reshard_runs):
+    """DDP ws=2: every replicated tensor is stored once, and the bytes are spread over both ranks."""
+    from unickpt.format import decode_metadata
+
+    ckpt, _ = reshard_runs[0][("ddp", 2)]
+    md = decode_metadata(open(os.path.join(ckpt, "unickpt.metadata.json"), "rb").read())
+    per_rank = {}
+    for t in md.tensors.values():
+        assert len(t.shards) == 1, t.fqn
+        f = md.files[t.shards[0].file_index]
+        rank = int(f.split("/r")[1][:5])
+        per_rank[rank] = per_rank.get(rank, 0) + t.shards[0].byte_length
+    total = sum(per_rank.values())
+    assert set(per_rank) == {0, 1}
+    assert max(per_rank.values()) - min(per_rank.values()) <= max(t.shards[0].byte_length for t in md.tensors.values())
+    assert total == md.total_tensor_bytes

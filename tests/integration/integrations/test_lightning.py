@@ -1,0 +1,111 @@
+"""unickpt as Lightning's checkpoint backend (``unickpt.integrations.lightning``), against the real
+``lightning`` package: a Trainer on 2 gloo processes (DDP with async saves, and FSDP2 through
+``ModelParallelStrategy``) checkpoints every epoch through ``ModelCheckpoint`` (every epoch,
+``save_last``, and a newest-only callback whose older checkpoints are removed), then resumes on
+3 processes from the first epoch's checkpoint and on 1 process with ``ckpt_path="last"``. The
+expected losses are stock Lightning's: the same Trainer with Lightning's own strategy and
+checkpoints, saved and resumed the same way in the same spawns. The same spawns run a Fabric
+loop saved with ``fabric.save`` and resumed with ``fabric.load`` through unickpt's Fabric
+strategies, against stock Fabric. One spawn per world size."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("lightning")
+
+import unickpt
+from tests.workers.harness import run_ranks
+from tests.workers.lightning_workers import KINDS, resume, train
+from unickpt.format.records import METADATA_FILE
+from unickpt.integrations._delete import delete_checkpoint
+
+
+def _per_rank(results: list[dict], kind: str, backend: str) -> list[list[float]]:
+    return [r[f"{kind}/{backend}"] for r in results]
+
+
+def test_trainer_checkpoints_and_resumes_on_1_and_3_processes_like_stock_lightning(tmp_path) -> None:
+    root = str(tmp_path)
+    trained = run_ranks(train, 2, root, timeout=500)
+    for kind in KINDS:
+        # checkpointing does not change training; both backends train alike
+        assert _per_rank(trained, kind, "unickpt") == _per_rank(trained, kind, "stock"), kind
+        ours = os.path.join(root, kind, "unickpt")
+        for name in ("epoch=0.ckpt", "epoch=1.ckpt", "last.ckpt"):
+            assert os.path.isfile(os.path.join(ours, name, METADATA_FILE)), name  # a unickpt checkpoint
+        # the newest-only callback removed step 3 (DDP: while step 6 was being saved asynchronously),
+        # as it does with Lightning's own files
+        assert os.listdir(os.path.join(ours, "latest")) == ["step=6.ckpt"]
+        assert os.listdir(os.path.join(root, kind, "stock", "latest")) == ["step=6.ckpt"]
+
+    on3 = run_ranks(resume, 3, root, "epoch0", timeout=500)
+    on1 = run_ranks(resume, 1, root, "last", timeout=500)
+    for kind in KINDS:
+        for results, steps in ((on3, 2), (on1, 6)):  # epoch 1 at 2 steps; epoch 2 at 6 steps
+            ours, stock = _per_rank(results, kind, "unickpt"), _per_rank(results, kind, "stock")
+            assert all(len(losses) == steps for losses in stock), (kind, stock)
+            assert ours == stock, kind
+        assert os.path.isfile(os.path.join(root, kind, "unickpt", "epoch=2.ckpt", METADATA_FILE))
+        # trainer.validate(ckpt_path=...) on 1 process: the module alone, no optimizer exists
+        val = f"validate-{kind}"
+        assert len(_per_rank(on1, val, "stock")[0]) == 6
+        assert _per_rank(on1, val, "unickpt") == _per_rank(on1, val, "stock"), val
+
+    # Fabric: fabric.save after 3 steps at ws=2, fabric.load on 3 and on 1 process, 2 more steps
+    for kind in KINDS:
+        fab = f"fabric-{kind}"
+        assert _per_rank(trained, fab, "unickpt") == _per_rank(trained, fab, "stock"), fab
+        assert os.path.isfile(os.path.join(root, "fabric", kind, "unickpt", "step3", METADATA_FILE))
+        for results in (on3, on1):
+            ours, stock = _per_rank(results, fab, "unickpt"), _per_rank(results, fab, "stock")
+            assert all(losses[-1] == 5.0 for losses in stock), stock  # the step counter restored: 3 + 2
+            assert ours == stock, fab
+
+
+def test_delete_checkpoint_removes_only_unickpts_files(tmp_path) -> None:
+    import torch
+
+    path = str(tmp_path / "epoch=0.ckpt")
+    unickpt.save(path, {"model": torch.nn.Linear(2, 2)})
+    assert delete_checkpoint(path) and not os.path.exists(path)
+
+    unickpt.save(path, {"model": torch.nn.Linear(2, 2)})
+    with open(os.path.join(path, "notes.txt"), "w") as f:
+        f.write("the user's")
+    mine = os.path.join(path, "data", "mine.bin")
+    with open(mine, "w") as f:
+        f.write("the user's too")
+    assert delete_checkpoint(path)
+    assert sorted(os.listdir(path)) == ["data", "notes.txt"] and os.listdir(os.path.join(path, "data")) == ["mine.bin"]
+
+    stock = tmp_path / "stock.ckpt"  # a file (Lightning's own checkpoint) is not unickpt's: left alone
+    stock.mkdir()
+    (stock / "x.pt").write_bytes(b"1")
+    assert not delete_checkpoint(str(stock)) and (stock / "x.pt").exists()
+
+
+def test_remove_checkpoint_removes_a_link_not_the_checkpoint_it_points_to(tmp_path) -> None:
+    """ModelCheckpoint(save_last="link") removes its previous link with strategy.remove_checkpoint: the
+    link goes, the checkpoint it points to stays whole (it used to be emptied through the link)."""
+    import torch
+
+    from unickpt.integrations.lightning import UnickptDDPStrategy
+
+    target = tmp_path / "epoch=0.ckpt"
+    unickpt.save(str(target), {"model": torch.nn.Linear(2, 2)})
+    files = sorted(os.listdir(target))
+    (tmp_path / "last.ckpt").symlink_to("epoch=0.ckpt")
+    UnickptDDPStrategy().remove_checkpoint(tmp_path / "last.ckpt")
+    assert os.listdir(tmp_path) == ["epoch=0.ckpt"]
+    assert sorted(os.listdir(target)) == files
+
+
+def test_import_unickpt_does_not_import_lightning() -> None:
+    code = "import sys, unickpt; print('lightning' in sys.modules or 'lightning.pytorch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=os.environ)
+    assert out.stdout.strip() == "False"

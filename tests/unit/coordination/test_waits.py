@@ -1,0 +1,121 @@
+"""A rank waiting in one of unickpt's collectives warns, every ``wait_warning_s``, naming the
+ranks that have not arrived, and still fails at the deadline; every torch.distributed failure in
+unickpt's collectives is a ``CollectiveError`` (issue 26, item 12)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+
+from tests.workers.harness import run_ranks
+from tests.workers.wait_workers import late_skipping_then_lost_peer
+from unickpt.coordination import CoordinationOptions
+from unickpt.coordination.topology import DEFAULT_WAIT_WARNING_S, WAIT_WARNING_ENV
+from unickpt.coordination.waits import Waits
+
+
+def test_issue26_item12_warning_interval_option_and_environment(monkeypatch):
+    monkeypatch.delenv(WAIT_WARNING_ENV, raising=False)
+    assert CoordinationOptions().wait_warning_interval() == DEFAULT_WAIT_WARNING_S == 60.0
+    monkeypatch.setenv(WAIT_WARNING_ENV, "2.5")
+    assert CoordinationOptions().wait_warning_interval() == 2.5
+    assert CoordinationOptions(wait_warning_s=7).wait_warning_interval() == 7.0  # the field wins
+    assert CoordinationOptions(wait_warning_s=0).wait_warning_interval() is None  # 0: no warnings
+    monkeypatch.setenv(WAIT_WARNING_ENV, "soon")
+    with pytest.raises(ValueError, match=WAIT_WARNING_ENV):
+        CoordinationOptions().wait_warning_interval()
+    for bad in (-1, float("nan"), True, "5"):
+        with pytest.raises(ValueError, match="wait_warning_s"):
+            CoordinationOptions(wait_warning_s=bad)
+
+
+def test_issue26_item12_a_watched_wait_warns_until_it_is_done():
+    log = logging.getLogger("test.waits")
+    log.propagate = False
+    seen: list[str] = []
+    third = threading.Event()
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+            if len(seen) == 3:
+                third.set()
+
+    handler = Keep()
+    log.addHandler(handler)
+    try:
+        waits = Waits(log)
+        ticket = waits.watch("save of /x: barrier (collective #4)", 0.01, 30.0, lambda: [2, 5], rank=1)
+        assert third.wait(60)
+        waits.done(ticket)
+        n = len(seen)
+        # a wait that ends before its first warning is never reported
+        quiet = waits.watch("load of /y: gather", 3600.0, 30.0, lambda: [0])
+        waits.done(quiet)
+    finally:
+        log.removeHandler(handler)
+    assert n >= 3 and all("rank 1: save of /x: barrier (collective #4): still waiting after" in m for m in seen)
+    assert all("rank(s) [2, 5] have not arrived yet" in m and "of at most 30s" in m for m in seen)
+    assert not any("load of /y" in m for m in seen)
+
+
+def test_issue26_item12_waiting_ranks_warn_and_every_collective_failure_is_a_collective_error(tmp_path):
+    res = run_ranks(late_skipping_then_lost_peer, 2, str(tmp_path), 3, init_timeout=60, timeout=240)
+    assert res[1]["skipped"]
+    lines = res[0]["lines"]
+    # rank 1 arrived late three times, each time only after rank 0 had warned naming it: at the
+    # creation of unickpt's groups, at a collective and at the commit barrier
+    for what in (
+        f"save of {tmp_path}/a: creating unickpt's process groups: still waiting after",
+        f"save of {tmp_path}/b: all_gather_object (collective #",
+        f"save of {tmp_path}/c: the commit barrier after save (write): still waiting after",
+    ):
+        assert any(line.startswith(f"rank 0: {what}") and "rank(s) [1] have not" in line for line in lines), what
+    assert any("rank(s) [1] have not reported the end of save (write) yet" in line for line in lines)
+    # rank 1 skipped save d: warnings naming it, then (and only then) the deadline's error
+    d = [i for i, line in enumerate(lines) if f"{tmp_path}/d" in line]
+    assert lines[d[-1]].startswith(f"ERROR CollectiveTimeoutError: save of {tmp_path}/d:"), lines[d[-1]]
+    assert "timed out after 4s: rank(s) [1] did not arrive" in lines[d[-1]]
+    warned = [lines[i] for i in d[:-1]]
+    assert warned and all("still waiting after" in w and "rank(s) [1] have not arrived yet" in w for w in warned)
+    # a peer whose unickpt groups are gone (closed connections): every call on rank 0 raises
+    # CollectiveError, whether the failure comes at posting a transfer, waiting for it, or a
+    # collective; repeated, as the race between the two used to let torch's RuntimeError escape
+    assert len(res[0]["rounds"]) == 3
+    for got in res[0]["rounds"]:
+        assert set(got) == {"all_gather_object", "broadcast_object", "barrier", "isend", "irecv", "save"}
+        assert all(v.startswith("CollectiveError:") for v in got.values()), got
+
+
+def test_issue26_item12_barrier_warning_names_missing_reports_from_low_ranks_only():
+    """Ranks below NAMING_RANKS name the ranks whose report is missing; the others count them
+    (one store request, not the whole reports), at any world size."""
+    from unickpt.coordination.barrier import _FRAME, _StoreBarrier
+    from unickpt.coordination.store import MemoryStore, StoreScope
+    from unickpt.coordination.waits import NAMING_RANKS
+
+    store = MemoryStore()
+    scope = StoreScope(store, "p", 30.0, "save of /x", 60.0)
+    ws = NAMING_RANKS + 4
+    barriers = {r: _StoreBarrier(scope, "k", r, ws, "save (write)") for r in (0, 3, NAMING_RANKS, ws - 1)}
+    for r in (3, ws - 1):  # two ranks reported
+        barriers[r]._report(_FRAME.pack(r, 1, 0))
+    late = [r for r in range(ws) if r not in (3, ws - 1)]
+    for r in (0, 3):
+        assert (
+            barriers[r]._waiting_for(barriers[r].k_all)
+            == f"rank(s) {late} have not reported the end of save (write) yet"
+        )
+    for r in (NAMING_RANKS, ws - 1):
+        text = barriers[r]._waiting_for(barriers[r].k_decision)
+        assert text.startswith(
+            f"{ws - 2} rank(s) have not reported the end of save (write) yet (the warnings of ranks 0 to"
+        )
+    for r in range(ws):
+        if r not in (3, ws - 1):
+            barriers[0]._report(_FRAME.pack(r, 1, 0))
+    b = barriers[NAMING_RANKS]
+    assert b._waiting_for(b.k_decision).endswith("waiting for rank 0 to decide the commit")
+    assert b._waiting_for(b.k_outcome).endswith("waiting for rank 0 to finish the commit")
