@@ -113,7 +113,7 @@ class _OwnsCheckpointer:
     def _unickpt_load_path(self, path: Any) -> str:
         """The path to load (rank 0's), once this process's pending saves are done; a local path that
         does not exist raises what Lightning's ``CheckpointIO`` raises (a ``FileNotFoundError``)."""
-        target = str(self.broadcast(str(path)))
+        target = str(self.broadcast(str(path)))  # type: ignore[attr-defined]  # the strategy's
         wait_all()  # a save of this very path may still be in flight (any strategy of this process)
         if "://" not in target and not os.path.lexists(target):
             raise NotACheckpointError(f"Checkpoint file not found: {target}")
