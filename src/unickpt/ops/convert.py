@@ -41,6 +41,7 @@ from ..format.values import encode_value
 from ..frameworks.flat import FlatTensors
 from .dcp_read import SafeDCPUnpickler, read_dcp_metadata, read_dcp_state
 from .hf_read import hf_shard_names, load_shard
+from .verl_read import import_verl_fsdp
 
 __all__ = ["ConvertResult", "SafeDCPUnpickler", "read_dcp_metadata", "from_hf", "from_dcp", "from_verl_fsdp", "to_dcp"]
 
@@ -117,10 +118,8 @@ def from_dcp(folder: str, out: str) -> ConvertResult:
 
 def from_verl_fsdp(folder: str, out: str) -> ConvertResult:
     """Import a checkpoint of verl's ``FSDPCheckpointManager`` (``ops.verl_read``)."""
-    from .verl_read import from_verl_fsdp as read
-
-    result: ConvertResult = read(folder, out)
-    return result
+    tensors, skipped, layout = import_verl_fsdp(folder, out)
+    return ConvertResult(out, tensors, skipped, layout)
 
 
 def to_dcp(path: str, out: str, *, role: str | None = None, layout: str = "state_dict") -> ConvertResult:

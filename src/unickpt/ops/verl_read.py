@@ -4,7 +4,7 @@
 ``global_step_N/actor``) into a unickpt checkpoint that loads at any world size, e.g. through
 ``unickpt.integrations.verl.UnickptFSDPCheckpointManager.load_checkpoint``.
 
-Who calls what: ``convert.from_verl_fsdp`` -> :func:`from_verl_fsdp`: :func:`find_rank_files`
+Who calls what: ``convert.from_verl_fsdp`` -> :func:`import_verl_fsdp`: :func:`find_rank_files`
 (every rank 0..W-1 of one world size W, regular files only), each file read by
 ``ops.torch_save_read.read_torch_save`` (no code runs), then per tensor :func:`tensor_boxes`
 (where each rank's piece lies in the whole tensor: a DTensor's placements on its mesh
@@ -43,7 +43,7 @@ from ..format.validation import box_coverage_problem
 from .source_files import read_small_file
 from .torch_save_read import Record, SubclassTensor, read_torch_save
 
-__all__ = ["from_verl_fsdp", "find_rank_files", "tensor_boxes", "assemble", "RankFiles"]
+__all__ = ["import_verl_fsdp", "find_rank_files", "tensor_boxes", "assemble", "RankFiles"]
 
 _FILE = re.compile(r"(model|optim|extra_state)_world_size_(\d{1,6})_rank_(\d{1,6})\.pt")
 _CONFIG_LIMIT = 1 << 20
@@ -248,15 +248,15 @@ class _Plain:
         self.value = value
 
 
-def from_verl_fsdp(folder: str, out: str) -> Any:
+def import_verl_fsdp(folder: str, out: str) -> tuple[int, tuple[str, ...], str]:
     """Convert the verl FSDP checkpoint in ``folder`` into a unickpt checkpoint in ``out``
-    (module docstring); returns ``convert.ConvertResult``."""
+    (module docstring); ``convert.from_verl_fsdp`` calls it. Returns (tensors written, what was
+    skipped, the layout recognised)."""
     import unickpt
 
     from ..format.values import encode_value
     from ..frameworks.flat import FlatTensors
     from ..state.items import PerRank
-    from .convert import ConvertResult
 
     if os.path.exists(out) and os.listdir(out):
         raise CheckpointError(f"convert: {out} is not empty; convert writes a new checkpoint only")
@@ -296,7 +296,7 @@ def from_verl_fsdp(folder: str, out: str) -> Any:
         if rf.world_size > 1:
             skipped.append(f"extra_state of ranks 1..{rf.world_size - 1} (their RNG states: rank 0's is converted)")
     unickpt.save(out, state, framework="tensors")
-    return ConvertResult(out, len(tensors), tuple(skipped), f"verl FSDP{1 if fsdp1 else 2}, world size {rf.world_size}")
+    return len(tensors), tuple(skipped), f"verl FSDP{1 if fsdp1 else 2}, world size {rf.world_size}"
 
 
 def _mapping(value: Any, name: str) -> dict[Any, Any]:
