@@ -13,7 +13,11 @@ import torch.nn.functional as F
 from lightning.fabric import strategies as stock
 from torch import nn
 
-from unickpt.integrations.lightning import UnickptFabricDDPStrategy, UnickptFabricModelParallelStrategy
+from unickpt.integrations.lightning import (
+    UnickptFabricDDPStrategy,
+    UnickptFabricFSDPStrategy,
+    UnickptFabricModelParallelStrategy,
+)
 
 SAMPLES, BATCH = 24, 4
 
@@ -28,7 +32,27 @@ def _parallelize(model: nn.Module, mesh: Any) -> nn.Module:
     return model
 
 
+class StockFSDPStrategy(stock.FSDPStrategy):
+    """Fabric's own ``FSDPStrategy``, unchanged: a subclass only because Fabric's connector refuses
+    ``type(strategy) is FSDPStrategy`` without a GPU accelerator."""
+
+
+def _wrap_fsdp1(model: nn.Sequential) -> nn.Module:
+    """FSDP1 on the CPU device, each Linear then the whole: Fabric's own wrapping passes device_id=None,
+    which torch's FSDP1 refuses without an accelerator ("FSDP needs a non-CPU accelerator device")."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    cpu = torch.device("cpu")
+    for i, layer in enumerate(model):
+        if isinstance(layer, nn.Linear):
+            model[i] = FullyShardedDataParallel(layer, device_id=cpu, use_orig_params=True)
+    return FullyShardedDataParallel(model, device_id=cpu, use_orig_params=True)
+
+
 def _strategy(kind: str, backend: str, ws: int) -> Any:
+    if kind == "fsdp1":
+        cls = UnickptFabricFSDPStrategy if backend == "unickpt" else StockFSDPStrategy
+        return cls()  # the module comes wrapped (_wrap_fsdp1)
     if kind == "ddp":
         return UnickptFabricDDPStrategy(async_save=True) if backend == "unickpt" else stock.DDPStrategy()
     cls = UnickptFabricModelParallelStrategy if backend == "unickpt" else stock.ModelParallelStrategy
@@ -43,7 +67,10 @@ def fabric_run(kind: str, backend: str, rank: int, ws: int, path: str, resume: b
     fabric = L.Fabric(accelerator="cpu", devices=ws, strategy=strategy)
     fabric.launch()
     torch.manual_seed(0)
-    model = fabric.setup_module(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)))
+    module = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    if kind == "fsdp1":
+        module = _wrap_fsdp1(module)
+    model = fabric.setup_module(module)
     opt = fabric.setup_optimizers(torch.optim.AdamW(model.parameters(), lr=0.05))
     sched = torch.optim.lr_scheduler.StepLR(opt.optimizer, step_size=2, gamma=0.5)
     state: dict[str, Any] = {"model": model, "optimizer": opt, "sched": sched, "step": 0}

@@ -1,5 +1,6 @@
 """Rank functions of tests/integration/integrations/test_lightning.py: a tiny LightningModule trained by a real
-``lightning.Trainer`` (DDP, or FSDP2 through ``ModelParallelStrategy``), then a Fabric loop
+``lightning.Trainer`` (DDP, FSDP2 through ``ModelParallelStrategy``, or FSDP1 through
+``FSDPStrategy``: ``kinds``), then a Fabric loop
 (``fabric_workers``), on gloo ranks spawned by the harness (Lightning sees ``LOCAL_RANK`` /
 ``WORLD_SIZE`` and launches nothing itself), with unickpt's strategies or with stock
 Lightning's own checkpointing, side by side in one spawn."""
@@ -14,24 +15,37 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
+from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
 from tests.workers.fabric_workers import fabric_run
-from unickpt.integrations.lightning import UnickptDDPStrategy, UnickptModelParallelStrategy
+from unickpt.integrations.lightning import UnickptDDPStrategy, UnickptFSDPStrategy, UnickptModelParallelStrategy
 
-KINDS = ("ddp", "fsdp2")
+KINDS = ("ddp", "fsdp2")  # test_lightning's main test; "fsdp1" (FSDPStrategy) runs in its own spawns
 BACKENDS = ("unickpt", "stock")
 SAMPLES, BATCH = 24, 4  # 3 steps per epoch at ws=2, 2 at ws=3, 6 at ws=1
 
 
 class Tiny(L.LightningModule):
-    def __init__(self, fsdp: bool) -> None:
+    def __init__(self, fsdp: bool, fsdp1: bool = False) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
         self.losses: list[float] = []
+        self.loaded_keys: list[str] = []  # of checkpoint["state_dict"] in on_load_checkpoint
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.loaded_keys = sorted(checkpoint.get("state_dict", {}))
 
     def configure_model(self) -> None:
+        if self.hparams.fsdp1 and not isinstance(self.net, FullyShardedDataParallel):
+            # wrapped here, on the CPU device: Lightning's own wrapping passes device_id=None, which
+            # torch's FSDP1 refuses without an accelerator ("FSDP needs a non-CPU accelerator device")
+            cpu = torch.device("cpu")
+            for i, layer in enumerate(self.net):
+                if isinstance(layer, nn.Linear):
+                    self.net[i] = FullyShardedDataParallel(layer, device_id=cpu, use_orig_params=True)
+            self.net = FullyShardedDataParallel(self.net, device_id=cpu, use_orig_params=True)
         if self.hparams.fsdp:
             from torch.distributed.fsdp import fully_shard
 
@@ -72,7 +86,7 @@ class TinyVal(Tiny):
 def validate(kind: str, backend: str, ws: int, ckpt: str) -> list[float]:
     """``trainer.validate(ckpt_path=ckpt)`` with a fresh module: its losses."""
     torch.manual_seed(1)  # not the trained weights: they must come from the checkpoint
-    model = TinyVal(kind == "fsdp2")
+    model = TinyVal(kind == "fsdp2", kind == "fsdp1")
     trainer = L.Trainer(
         accelerator="cpu",
         devices=ws,
@@ -87,7 +101,17 @@ def validate(kind: str, backend: str, ws: int, ckpt: str) -> list[float]:
     return model.losses
 
 
+class StockFSDPStrategy(L.pytorch.strategies.FSDPStrategy):
+    """Lightning's own ``FSDPStrategy``, unchanged: a subclass only because Lightning's accelerator
+    connector refuses ``type(strategy) is FSDPStrategy`` without a GPU accelerator. Used with
+    ``state_dict_type="sharded"`` (torch DCP, every rank writes): with ``"full"`` (its default) its
+    save on 2 CPU gloo ranks broke off (rank 1 left waiting in the full state dict's all_gather)."""
+
+
 def _strategy(kind: str, backend: str, ws: int) -> Any:
+    if kind == "fsdp1":
+        # the module wraps itself (Tiny.configure_model)
+        return UnickptFSDPStrategy() if backend == "unickpt" else StockFSDPStrategy(state_dict_type="sharded")
     if kind == "ddp":
         return UnickptDDPStrategy(async_save=True) if backend == "unickpt" else L.pytorch.strategies.DDPStrategy()
     cls = UnickptModelParallelStrategy if backend == "unickpt" else L.pytorch.strategies.ModelParallelStrategy
@@ -96,7 +120,7 @@ def _strategy(kind: str, backend: str, ws: int) -> Any:
 
 def _fit(kind: str, backend: str, ws: int, dirpath: str, epochs: int, ckpt_path: str | None) -> Tiny:
     torch.manual_seed(0)
-    model = Tiny(kind == "fsdp2")
+    model = Tiny(kind == "fsdp2", kind == "fsdp1")
     trainer = L.Trainer(
         accelerator="cpu",
         devices=ws,
@@ -117,11 +141,11 @@ def _fit(kind: str, backend: str, ws: int, dirpath: str, epochs: int, ckpt_path:
     return model
 
 
-def train(rank: int, ws: int, root: str) -> dict[str, Any]:
+def train(rank: int, ws: int, root: str, kinds: str = ",".join(KINDS)) -> dict[str, Any]:
     """ws=2: 2 epochs, a checkpoint per epoch (and the newest-only callback), per kind and backend;
     then the Fabric loop: 3 steps and ``fabric.save``."""
     out: dict[str, Any] = {}
-    for kind in KINDS:
+    for kind in kinds.split(","):
         for backend in BACKENDS:
             model = _fit(kind, backend, ws, os.path.join(root, kind, backend), 2, None)
             out[f"{kind}/{backend}"] = model.losses
@@ -134,12 +158,12 @@ def _fabric(root: str, kind: str, backend: str) -> str:
     return os.path.join(root, "fabric", kind, backend, "step3")
 
 
-def resume(rank: int, ws: int, root: str, which: str) -> dict[str, Any]:
+def resume(rank: int, ws: int, root: str, which: str, kinds: str = ",".join(KINDS)) -> dict[str, Any]:
     """``which="epoch0"``: fit(ckpt_path=<epoch=0 checkpoint>) to 2 epochs, saving elsewhere;
     ``"last"``: fit(ckpt_path="last") in the same folders to 3 epochs. Then the Fabric loop
     resumes from its step-3 checkpoint for 2 steps."""
     out: dict[str, Any] = {}
-    for kind in KINDS:
+    for kind in kinds.split(","):
         for backend in BACKENDS:
             saved = os.path.join(root, kind, backend)
             if which == "last":
@@ -149,5 +173,6 @@ def resume(rank: int, ws: int, root: str, which: str) -> dict[str, Any]:
                 ckpt = os.path.join(saved, "epoch=0.ckpt")
                 model = _fit(kind, backend, ws, os.path.join(saved, f"ws{ws}"), 2, ckpt)
             out[f"{kind}/{backend}"] = model.losses
+            out[f"keys-{kind}/{backend}"] = model.loaded_keys
             out[f"fabric-{kind}/{backend}"] = fabric_run(kind, backend, rank, ws, _fabric(root, kind, backend), True, 2)
     return out

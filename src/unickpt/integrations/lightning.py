@@ -1,10 +1,10 @@
 """PyTorch Lightning strategies that checkpoint through unickpt: every rank saves its own shards,
 and a checkpoint saved by N processes resumes on any number of processes.
 
-``UnickptDDPStrategy`` and ``UnickptModelParallelStrategy`` (FSDP2) are Lightning's
-``DDPStrategy`` / ``ModelParallelStrategy`` with the same constructor arguments plus
-``async_save=False``. Lightning's ``CheckpointIO`` writes one dict from rank 0, so the strategy's
-checkpoint hooks are the place, and Lightning calls them in this order:
+``UnickptDDPStrategy``, ``UnickptFSDPStrategy`` (FSDP1) and ``UnickptModelParallelStrategy`` (FSDP2)
+are Lightning's ``DDPStrategy`` / ``FSDPStrategy`` / ``ModelParallelStrategy`` with the same
+constructor arguments plus ``async_save=False``. Lightning's ``CheckpointIO`` writes one dict from
+rank 0, so the strategy's checkpoint hooks are the place, and Lightning calls them in this order:
 
 * ``Trainer.save_checkpoint`` (``ModelCheckpoint`` included) builds Lightning's dict on every
   rank (``lightning_module_state_dict`` / ``optimizer_state`` return nothing here: the live
@@ -29,8 +29,8 @@ checkpoint hooks are the place, and Lightning calls them in this order:
   ``FileNotFoundError``) with the message of Lightning's own ``CheckpointIO``.
 * ``teardown``: waits for pending saves and closes the checkpointer.
 
-Fabric: ``UnickptFabricDDPStrategy`` / ``UnickptFabricModelParallelStrategy`` are Fabric's
-strategies of those names; ``fabric.save(path, state)`` hands the live objects of ``state``
+Fabric: ``UnickptFabricDDPStrategy`` / ``UnickptFabricFSDPStrategy`` / ``UnickptFabricModelParallelStrategy``
+are Fabric's strategies of those names; ``fabric.save(path, state)`` hands the live objects of ``state``
 (modules, optimizers, any ``Stateful``, plain values: unickpt's open state) to
 ``Checkpointer.save`` on every rank, and ``fabric.load(path, state)`` loads them in place
 (``strict`` per key) and returns an empty remainder: unickpt restores into live objects only.
@@ -44,10 +44,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from lightning.fabric.strategies import DDPStrategy as FabricDDPStrategy
+from lightning.fabric.strategies import FSDPStrategy as FabricFSDPStrategy
 from lightning.fabric.strategies import ModelParallelStrategy as FabricModelParallelStrategy
 from lightning.fabric.strategies import ParallelStrategy as FabricParallelStrategy
 from lightning.pytorch.core.optimizer import LightningOptimizer
-from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, ParallelStrategy
+from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy, ParallelStrategy
 from typing_extensions import override
 
 from ..api import wait_all
@@ -58,8 +59,10 @@ from ._delete import delete_checkpoint
 
 __all__ = [
     "UnickptDDPStrategy",
+    "UnickptFSDPStrategy",
     "UnickptModelParallelStrategy",
     "UnickptFabricDDPStrategy",
+    "UnickptFabricFSDPStrategy",
     "UnickptFabricModelParallelStrategy",
     "LIGHTNING_KEY",
 ]
@@ -241,6 +244,36 @@ class UnickptDDPStrategy(_UnickptCheckpointing, DDPStrategy):
     ``async_save=True``: ``save_checkpoint`` returns once the snapshot is taken."""
 
 
+class UnickptFSDPStrategy(_UnickptCheckpointing, FSDPStrategy):
+    """Lightning's ``FSDPStrategy`` (FSDP1, ``FullyShardedDataParallel``) whose checkpoints are unickpt
+    checkpoints (module docstring): every rank saves the flat-parameter shards of the wrapped
+    module (``strategy.model``) and its optimizers' shards, which load into FSDP1 at any world
+    size (and into DDP / FSDP2 / plain modules: unickpt's FSDP1 adapter names them as the
+    ``LightningModule`` does); Lightning's full-state gather is never run. ``state_dict_type`` has
+    no effect on what is saved.
+
+    CPU: Lightning's accelerator connectors refuse only ``type(strategy) is FSDPStrategy`` without a
+    GPU accelerator, so this subclass passes them; Lightning's own wrapping passes ``device_id=None``
+    on CPU, which torch's FSDP1 refuses, so on CPU wrap the submodules yourself in ``configure_model``
+    with ``device_id=torch.device("cpu")`` (docs/integrations/lightning.md)."""
+
+    @override
+    def _unickpt_module(self) -> Any:
+        """The ``FullyShardedDataParallel`` root that wraps the ``LightningModule`` (or the
+        ``LightningModule`` itself when ``configure_model`` wrapped its submodules)."""
+        return self.model if self.model is not None else self._unickpt_lightning_module()
+
+    @override
+    def _unickpt_loaded_state_dict(self) -> dict[str, Any]:
+        """The loaded module's sharded state dict (``ShardedTensor`` values, like FSDP2's ``DTensor``
+        ones: no rank gathers the whole model; a collective, and every rank calls ``load_checkpoint``)."""
+        from torch.distributed.fsdp import FullyShardedDataParallel, StateDictType
+
+        module = self._unickpt_module()
+        with FullyShardedDataParallel.state_dict_type(module, StateDictType.SHARDED_STATE_DICT):
+            return dict(module.state_dict())
+
+
 class UnickptModelParallelStrategy(_UnickptCheckpointing, ModelParallelStrategy):
     """Lightning's ``ModelParallelStrategy`` (FSDP2 / tensor parallel) whose checkpoints are unickpt
     checkpoints (module docstring); ``save_distributed_checkpoint`` has no effect: every rank
@@ -283,6 +316,11 @@ class _UnickptFabricCheckpointing(_OwnsCheckpointer, _FabricBase):
 
 class UnickptFabricDDPStrategy(_UnickptFabricCheckpointing, FabricDDPStrategy):
     """Fabric's ``DDPStrategy`` whose ``fabric.save`` / ``fabric.load`` go through unickpt."""
+
+
+class UnickptFabricFSDPStrategy(_UnickptFabricCheckpointing, FabricFSDPStrategy):
+    """Fabric's ``FSDPStrategy`` (FSDP1) whose ``fabric.save`` / ``fabric.load`` go through unickpt:
+    the ``FullyShardedDataParallel`` modules and their optimizers, every rank its shards."""
 
 
 class UnickptFabricModelParallelStrategy(_UnickptFabricCheckpointing, FabricModelParallelStrategy):

@@ -6,7 +6,8 @@
 expected losses are stock Lightning's: the same Trainer with Lightning's own strategy and
 checkpoints, saved and resumed the same way in the same spawns. The same spawns run a Fabric
 loop saved with ``fabric.save`` and resumed with ``fabric.load`` through unickpt's Fabric
-strategies, against stock Fabric. One spawn per world size."""
+strategies, against stock Fabric. One spawn per world size; FSDP1 (``FSDPStrategy``) in spawns of
+its own (its test's docstring says how it runs on CPU)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,9 @@ from tests.workers.harness import run_ranks
 from tests.workers.lightning_workers import KINDS, resume, train
 from unickpt.format.records import METADATA_FILE
 from unickpt.integrations._delete import delete_checkpoint
+from unickpt.ops.inspect import load_metadata
+
+_TINY_KEYS = ["net.0.bias", "net.0.weight", "net.2.bias", "net.2.weight"]  # Tiny's nn.Sequential, sorted
 
 
 def _per_rank(results: list[dict], kind: str, backend: str) -> list[list[float]]:
@@ -30,9 +34,29 @@ def _per_rank(results: list[dict], kind: str, backend: str) -> list[list[float]]
 
 
 def test_trainer_checkpoints_and_resumes_on_1_and_3_processes_like_stock_lightning(tmp_path) -> None:
-    root = str(tmp_path)
-    trained = run_ranks(train, 2, root, timeout=500)
-    for kind in KINDS:
+    _save_on_2_resume_on_3_and_1(str(tmp_path), KINDS)
+
+
+def test_fsdp1_strategy_checkpoints_and_resumes_on_1_and_3_processes_like_stock_lightning(tmp_path) -> None:
+    """``UnickptFSDPStrategy`` / ``UnickptFabricFSDPStrategy`` (FSDP1), the same Trainer and Fabric checks
+    as the test above, in spawns of their own. The real classes run on CPU: Lightning's connectors
+    refuse only ``type(strategy) is FSDPStrategy`` without a GPU, and the module is wrapped by the
+    user (``configure_model`` / before ``fabric.setup_module``) on the CPU device, because Lightning's
+    own wrapping passes ``device_id=None``, which torch's FSDP1 refuses without an accelerator. Stock is
+    Lightning's ``FSDPStrategy`` with ``state_dict_type="sharded"`` (``StockFSDPStrategy``)."""
+    _save_on_2_resume_on_3_and_1(str(tmp_path), ("fsdp1",))
+    for saved in ("fsdp1/unickpt/epoch=0.ckpt", "fabric/fsdp1/unickpt/step3"):
+        # every rank saved its FSDP1 flat-parameter shards (not a gathered copy)
+        _, meta, _ = load_metadata(str(tmp_path / saved))
+        assert (meta.topology.framework, meta.topology.world_size) == ("fsdp", 2), saved
+
+
+def _save_on_2_resume_on_3_and_1(root: str, kinds: tuple[str, ...]) -> None:
+    """Train and save on 2 processes, resume on 3 (from epoch 0) and on 1 (``"last"``): one spawn per
+    world size for all ``kinds``; every loss equals stock Lightning's."""
+    names = ",".join(kinds)
+    trained = run_ranks(train, 2, root, names, timeout=500)
+    for kind in kinds:
         # checkpointing does not change training; both backends train alike
         assert _per_rank(trained, kind, "unickpt") == _per_rank(trained, kind, "stock"), kind
         ours = os.path.join(root, kind, "unickpt")
@@ -43,21 +67,24 @@ def test_trainer_checkpoints_and_resumes_on_1_and_3_processes_like_stock_lightni
         assert os.listdir(os.path.join(ours, "latest")) == ["step=6.ckpt"]
         assert os.listdir(os.path.join(root, kind, "stock", "latest")) == ["step=6.ckpt"]
 
-    on3 = run_ranks(resume, 3, root, "epoch0", timeout=500)
-    on1 = run_ranks(resume, 1, root, "last", timeout=500)
-    for kind in KINDS:
+    on3 = run_ranks(resume, 3, root, "epoch0", names, timeout=500)
+    on1 = run_ranks(resume, 1, root, "last", names, timeout=500)
+    for kind in kinds:
         for results, steps in ((on3, 2), (on1, 6)):  # epoch 1 at 2 steps; epoch 2 at 6 steps
             ours, stock = _per_rank(results, kind, "unickpt"), _per_rank(results, kind, "stock")
             assert all(len(losses) == steps for losses in stock), (kind, stock)
             assert ours == stock, kind
         assert os.path.isfile(os.path.join(root, kind, "unickpt", "epoch=2.ckpt", METADATA_FILE))
+        # on_load_checkpoint sees the loaded module's state dict under Lightning's names
+        for results in (on3, on1):
+            assert all(keys == _TINY_KEYS for keys in _per_rank(results, f"keys-{kind}", "unickpt")), kind
         # trainer.validate(ckpt_path=...) on 1 process: the module alone, no optimizer exists
         val = f"validate-{kind}"
         assert len(_per_rank(on1, val, "stock")[0]) == 6
         assert _per_rank(on1, val, "unickpt") == _per_rank(on1, val, "stock"), val
 
     # Fabric: fabric.save after 3 steps at ws=2, fabric.load on 3 and on 1 process, 2 more steps
-    for kind in KINDS:
+    for kind in kinds:
         fab = f"fabric-{kind}"
         assert _per_rank(trained, fab, "unickpt") == _per_rank(trained, fab, "stock"), fab
         assert os.path.isfile(os.path.join(root, "fabric", kind, "unickpt", "step3", METADATA_FILE))
