@@ -15,9 +15,8 @@ Reads use buffered ``preadv`` into the caller's memory by default. With
 ``StorageOptions.direct_reads`` (default: ``UNICKPT_DIRECT_READS=1`` when the backend is
 created) large reads (>= 1 MiB) bypass the page cache: O_DIRECT ``preadv`` of the page-aligned
 cover of the range, straight into the caller's memory where its address has the file offset's
-page phase, else into a reused aligned bounce buffer and copied out. Measured on this VM it is
-not a clear win (plain sequential files: 1.4x buffered; FSDP2 checkpoint loads at ws=2: 0.65x),
-so it is opt-in. ``read_into_cached`` always reads through the page cache: the engine uses it
+page phase, else into a reused aligned bounce buffer and copied out. It is not a clear win for
+checkpoint loads (docs/performance.md), so it is opt-in. ``read_into_cached`` always reads through the page cache: the engine uses it
 for byte ranges that several ranks of one host read, so the device delivers them once even with
 direct reads on.
 
