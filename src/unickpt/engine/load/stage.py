@@ -9,7 +9,8 @@ the read assignment (``_assign``: the needs exchanged at the coordinator,
 ``planning.load.runs.place_need``) -> forwarding set up (``engine.load.forwarding.Transfer``:
 receives posted) -> every need read (``engine.load.reader.read_needs``), each forwarded batch sent
 the moment its last shard is verified -> every transfer completed -> all ranks agree the reads
-succeeded -> received batches copied into place (``_place_received``) -> monitoring events."""
+succeeded -> received batches copied into place (``_place_received``) -> monitoring events.
+"""
 
 from __future__ import annotations
 
