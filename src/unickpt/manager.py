@@ -20,8 +20,8 @@ Layout under ``root`` (any storage URL): ``step_<step:08d>/`` holds one checkpoi
 
 Order of use (every rank calls ``save`` / ``load_latest`` with the same arguments):
   ``save``     -> ``Checkpointer._submit_after`` of its checkpointer (snapshot now; write + commit on
-               its worker) -> a
-               post-commit job queued on the same worker, so it runs after exactly that save:
+               its worker) -> a post-commit job queued on the same worker, so it runs after
+               exactly that save:
                rank 0 checks the committed metadata names this save, publishes the pointer
                (``folder.publish.publisher_for``: temporary file + atomic rename, or one atomic
                put), then applies retention (which also deletes the publisher's own leftovers).
