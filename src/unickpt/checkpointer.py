@@ -19,7 +19,7 @@ What a checkpointer owns (``Resources``, lent to every pipeline it runs):
   groups   ``CheckpointGroups`` its gloo groups beside the job's group, created at first use
   locks    ``LockContext``     tokens of the save locks its saves hold
   events   ``EventBus``        listeners of its per-phase events
-Who calls what: ``save`` -> ``SavePipeline(resources, ...).start(async_save)`` -> handle
+Order of use: ``save`` -> ``SavePipeline(resources, ...).start(async_save)`` -> handle
 (``wait()``ed here for a blocking save); ``load`` -> ``LoadPipeline(resources, ...).run()``.
 Collectives: every rank creates its checkpointers in the same order and calls them in the same
 order (each has its own process groups, created by its first save or load on every rank).

@@ -18,10 +18,10 @@ Layout under ``root`` (any storage URL): ``step_<step:08d>/`` holds one checkpoi
 ``latest`` (``latest.<role>``) holds ``{"step": N, "path": "step_000000NN"}``, ``path`` relative to
 ``root`` so the tree can be moved.
 
-Who calls what, in order (every rank calls ``save`` / ``load_latest`` with the same arguments):
+Order of use (every rank calls ``save`` / ``load_latest`` with the same arguments):
   ``save``     -> ``Checkpointer._submit_after`` of its checkpointer (snapshot now; write + commit on
-               its worker) -> a
-               post-commit job queued on the same worker, so it runs after exactly that save:
+               its worker) -> a post-commit job queued on the same worker, so it runs after
+               exactly that save:
                rank 0 checks the committed metadata names this save, publishes the pointer
                (``folder.publish.publisher_for``: temporary file + atomic rename, or one atomic
                put), then applies retention (which also deletes the publisher's own leftovers).

@@ -6,7 +6,7 @@
     tiers.load_latest(state)                   # the newest step of either tier (fast first)
     tiers.wait()                               # copies done (or their failures raised)
 
-Who calls what, in order (every rank calls ``save`` / ``load_latest`` / ``wait``):
+Order of use (every rank calls ``save`` / ``load_latest`` / ``wait``):
   ``save``  -> the fast tier's ``CheckpointManager.save`` (snapshot, write, commit, ``latest``);
             rank 0 then queues ``_promote(step)`` on this object's copier thread, which waits
             for that save, copies the committed checkpoint to the durable tier through the

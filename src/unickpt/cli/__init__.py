@@ -1,7 +1,7 @@
 """The ``unickpt`` command line (console script ``unickpt = unickpt.cli:main``; ``python -m unickpt``,
 ``python -m unickpt.cli``).
 
-Who calls what: ``main(argv)`` parses the arguments (``build_parser``: argparse, one subcommand
+``main(argv)`` parses the arguments (``build_parser``: argparse, one subcommand
 each, added by the module of its group: ``cli.checkpoint`` (inspect, verify, diff),
 ``cli.export`` (merge, convert, modify), ``cli.report``, ``cli.manage`` (ls, latest, prune)) and
 dispatches to the subcommand's ``_cmd_*`` function, which calls the library operations in

@@ -1,5 +1,12 @@
 """Collectives for planning and commit: torch.distributed (gloo), flat or shaped as a tree above
-a world size (``CoordinationOptions``), or a single process; the commit barrier (``barrier``)."""
+a world size (``CoordinationOptions``), or a single process; the commit barrier (``barrier``).
+
+The pipelines see only the ``base.Coordinator`` protocol and ``run_stage`` (one stage, the same
+outcome on every rank: ``outcomes``), so a job of one process, of a flat group and of a tree
+(``tree`` over ``topology``) run the same code. ``torch_dist`` and ``single`` implement it;
+``store`` and ``barrier`` carry the commit's reports without a collective; ``waits`` warns which
+ranks a wait is missing.
+"""
 
 from __future__ import annotations
 

@@ -49,7 +49,8 @@ class Coordinator(Protocol):
 class Settle:
     """A count that rides along a stage's all_gather: ``count()`` on every rank, then, once the
     stage succeeded, ``apply(the smallest count of all ranks)`` on every rank (it may raise).
-    ``api.save`` uses it to report only the async saves finished on every rank."""
+    The save pipeline's describe stage (``SavePipeline.describe``) uses it to report only the async
+    saves finished on every rank."""
 
     count: Callable[[], int]
     apply: Callable[[int], None]

@@ -5,7 +5,7 @@ timeout: 30 minutes by default). The deadline stays; meanwhile every ``interval`
 waiting, the waiting rank logs one warning (``logging.getLogger("unickpt")``) naming the ranks
 that have not arrived yet, read from the arrival counts in the job's store (``torch_dist``).
 
-Who calls what: ``torch_dist.TorchDistCoordinator`` calls ``WAITS.watch(...)`` as each of its
+Order of use: ``torch_dist.TorchDistCoordinator`` calls ``WAITS.watch(...)`` as each of its
 collectives (flat, or a whole tree collective) starts, with the function that names the missing
 ranks, and ``WAITS.done(ticket)`` when it returns or fails; the same around unickpt's group
 creation and point-to-point waits. One daemon thread per process (started by the first watched

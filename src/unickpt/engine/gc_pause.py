@@ -4,8 +4,8 @@ A job with many small tensors holds 10^5 to 10^6 objects the collector tracks (m
 parameters, their DTensor specs, optimizer state dicts). The describe, plan and stage stages of
 a save, the validation of a load and the commit build a few records per tensor (specs, pieces,
 plan entries, metadata records): 10^5 allocations that trigger full collections, each
-traversing the whole heap (0.1-0.5 s for 26,800 tensors, several per save), and find nothing:
-those records hold no reference cycles and are freed by reference counting.
+traversing the whole heap (tenths of a second each, several per save: docs/performance.md), and
+find nothing: those records hold no reference cycles and are freed by reference counting.
 
 ``gc_paused()`` disables the collector for its block. Uses nest and overlap (the caller's thread
 and the save worker): the first to enter records whether the collector was enabled, the last

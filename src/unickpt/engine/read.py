@@ -2,7 +2,7 @@
 
 ``read_metadata``* (collective on the checkpoint group): rank 0 reads and validates the metadata,
 broadcasts the bytes; a missing metadata file is told apart as an interrupted save or not a
-checkpoint (``folder.probe.read_metadata_bytes``, also used by the tools). ``read_blob``: one extra_state /
+checkpoint (``folder.probe.read_metadata_bytes``, also used by ``ops``). ``read_blob``: one extra_state /
 dataloader blob, bounded and checksum-verified. The tensors' reads are ``engine.load.stage``'s.
 """
 

@@ -7,6 +7,6 @@
   ``lock``     the save lock (``lock_owner``: its holder record and staleness);
   ``probe``    the committed metadata, read one way; what a folder without one is;
   ``cleanup``  deleting unickpt's own files only: stale data after a commit, a whole checkpoint.
-The save and load engines, ``CheckpointManager``, tiering, the integrations and the tools use
+The save and load engines, ``CheckpointManager``, tiering, the integrations and ``ops`` use
 these; nothing here runs a pipeline.
 """

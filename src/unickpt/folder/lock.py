@@ -1,7 +1,7 @@
 """One save at a time per checkpoint path: the save lock, and cleanup after a failed save.
 
-Who calls what, in order. ``Checkpointer.save`` (every rank) snapshots, then hands the save's write +
-commit to the save worker wrapped in ``run_locked(background_coord, storage, rank_plan, body)``,
+Order of use. A save (every rank) snapshots, then hands its write + commit to the save worker
+wrapped in ``run_locked(background_coord, storage, rank_plan, body)``,
 which on every rank, in the worker thread, before any data byte is written:
   1. ``acquire_save_lock`` — collective. Rank 0 (``prepare_save``) checks that the folder is
      unickpt's (``markers.check_save_folder``), takes the lock (``try_acquire``) and writes the

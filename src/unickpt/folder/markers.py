@@ -6,7 +6,7 @@ A checkpoint folder holds, at its top level, unickpt's own names only: the metad
 (``unickpt.save.lock.<generation>``, see ``folder.lock``) and one *data marker* per save whose
 data may be on disk (``unickpt.data.<save_id>``); and the data files under ``data/<save_id>/``.
 
-Who calls what, in order:
+Order of use:
   1. ``check_save_folder``  rank 0, before the save writes anything (``folder.lock``): a folder
      that is not empty and holds none of unickpt's top-level names (and no sub-folder that does:
      ``role`` sub-checkpoints, manager steps) belongs to someone else: ``ForeignFolderError``.

@@ -8,7 +8,7 @@ which finds a version moved aside by an interrupted publication), bounded by ``l
   ``committed_save_id``   only the save id (None: none, or unreadable), for the commit (which
                           save it replaces), the lock (did this save commit?) and loads (was the
                           checkpoint re-committed meanwhile?);
-  ``read_metadata_bytes`` for loads and the tools: a folder without metadata is told apart as
+  ``read_metadata_bytes`` for loads and ``ops``: a folder without metadata is told apart as
                           an interrupted save (``IncompleteCheckpointError``: data files exist)
                           or not a checkpoint (``NotACheckpointError``, with ``folder_hint``'s
                           sentence saying what the folder is instead).
@@ -69,7 +69,7 @@ def read_metadata_bytes(storage: Storage, limit: int = METADATA_LIMIT) -> bytes:
     A missing metadata file is told apart: data files present -> IncompleteCheckpointError (an
     interrupted save), nothing -> NotACheckpointError. Only a regular file of at most ``limit``
     bytes is read (``SizeLimitError`` / ``UnsafePathError``). Used by ``engine.read.read_metadata``
-    and the tools."""
+    and ``ops``."""
     try:
         data = read_committed(storage, limit=limit)
     except SizeLimitError as e:

@@ -24,11 +24,9 @@ leftovers (``leftovers`` / ``is_leftover``) and deletes nothing else, so a user'
 ``unickpt.metadata.json.tmp-notes`` is never touched. Callers delete leftovers only where no
 other publication of the same name can be running (the metadata's under the save lock).
 
-Who calls what: rank 0's commit (``engine.save.commit``) ``publish``es the metadata, then
-``folder.cleanup`` deletes its ``leftovers``; ``folder.probe`` ``read``s it for loads, the
-manager and the tools; ``folder.lock`` / ``folder.markers`` ``create`` lock generations and
-data markers; ``CheckpointManager``
-``publish``es and ``read``s ``latest`` and deletes its leftovers during retention.
+Every object that must appear whole goes through here: the metadata (published by the commit,
+read by loads through ``folder.probe``), lock generations and data markers (``create``), and
+the manager's ``latest`` pointer.
 """
 
 from __future__ import annotations

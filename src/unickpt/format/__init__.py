@@ -2,10 +2,13 @@
 metadata sections, validation, safe value encoding.
 
 Modules: ``records`` (what a checkpoint says), ``codec`` (bytes <-> records, dispatching on the
-format version to ``v1`` / ``v2``), ``sections`` (feature sections, format version 2 on),
+format version to ``v1`` / ``v2`` / ``v3``), ``sections`` (feature sections, format version 2 on),
+``layouts`` (tensors split alike over many files, described once), ``checksums`` (CRC32C units of
+the data files), ``build`` (a save's metadata from its plan and what every rank wrote),
 ``validation`` (every check, shared with ``planning``), ``tiling`` (the coverage algorithm),
 ``values`` / ``dtypes`` / ``npdtype`` (plain values, tensors and dtypes by stable names), ``names``
-(the characters a name may hold; ``printable`` for printing any name).
+(the characters a name may hold), ``keymap`` / ``transforms`` (keys renamed and tensors derived
+as a checkpoint is read).
 """
 
 from .codec import DEFAULT_CODEC, READERS, WRITERS, MetadataCodec, decode_metadata, encode_metadata

@@ -1,10 +1,10 @@
 """The metadata of a save, built from its global plan and what every rank wrote (pure: no I/O).
 
-Called by rank 0's commit (``engine.save.commit.commit_stage``) once every rank reported its
-data files' sizes and chunk checksums; the result is encoded (``format.codec``) and published.
-``build_metadata`` locates every kept shard and blob by the plan (tensors split alike over
-every rank's files become one ``SplitLayout``), takes the checksums in the plan's file order and
-the dataloader section from the saved blobs (``state.loader``).
+Runs in rank 0's commit (``engine.save.commit``) once every rank reported its data files' sizes
+and chunk checksums; the result is encoded (``format.codec``) and published. ``build_metadata``
+locates every kept shard and blob by the plan (tensors split alike over every rank's files become
+one ``SplitLayout``), takes the checksums in the plan's file order and the dataloader section from
+the saved blobs (``state.loader``).
 """
 
 from __future__ import annotations

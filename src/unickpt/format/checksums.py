@@ -13,11 +13,11 @@ Two kinds, one question (``cover``):
   unit is the whole shard, so a reader needing any part of a shard reads and verifies all of it.
   Bytes between units (alignment padding) are covered by none.
 
-Who calls what: the writer (``engine.save.write``) computes chunk checksums with :func:`chunk_crcs`
-while it writes; the coordinator (``format.build``) puts every rank's into one
-``ChunkChecksums`` (``from_files``) in the metadata; the codec writes and reads it
-(``format.v3``; ``format.v1`` builds a ``RangeChecksums`` from its rows); the read engine and the
-tools ask ``cover(file_index, lo, hi)`` and check each unit's bytes against its checksum.
+Order of use: the writer (``engine.save.write``) computes chunk checksums with :func:`chunk_crcs`
+while it writes; the coordinator (``format.build``) puts every rank's into one ``ChunkChecksums``
+(``from_files``) in the metadata; the codec writes and reads it (``format.v3``; ``format.v1``
+builds a ``RangeChecksums`` from its rows); the read engine and ``ops`` ask ``cover(file_index,
+lo, hi)`` and check each unit's bytes against its checksum.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ tensors x ranks: a tensor of such a layout has no shard rows, and its shards
 before it in its file. Chunks follow ``torch.chunk``: ``c = ceil(n / parts)`` rows each, the last
 ones shorter or empty.
 
-Who calls what: the coordinator's commit (``format.build``) builds layouts for the groups the
+Order of use: the coordinator's commit (``format.build``) builds layouts for the groups the
 save plan found regular; ``format.v3`` writes and reads them (``layout_problems`` checks one:
 files, dimensions, every chunk inside its file); loads ask a tensor's shards like any other
 (``TensorRecord.shards``: a sequence), and ``planning.load.shards`` asks

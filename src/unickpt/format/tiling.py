@@ -1,9 +1,10 @@
 """Do n boxes tile an N-D tensor exactly once? One check for the metadata decoder and the planner.
 
-Callers: ``format.codec`` runs :func:`check_tiling` on the shards of every decoded tensor (a
-problem becomes a ``CorruptMetadataError``); ``planning.save.plan`` runs it on the boxes the ranks
-will write (a ``PlanningError``). Both get a :class:`TilingProblem` (or None) naming one element
-whose coverage is wrong, the boxes covering it, and the run of such elements along one dimension.
+Both go through ``format.validation`` (``coverage_problem``, ``box_coverage_problem``): the
+decoder on the shards of every decoded tensor (a problem becomes a ``CorruptMetadataError``), the
+save planner on the boxes the ranks will write (a ``PlanningError``). Both get a
+:class:`TilingProblem` (or None) naming one element whose coverage is wrong, the boxes covering
+it, and the run of such elements along one dimension.
 
 **Criterion.** Let f(x) be the number of boxes holding the lattice point x and s(x) the indicator
 of the whole shape. The boxes tile the shape iff f = s. Let Δ = Π_d (1 - T_d), with T_d f(x) =

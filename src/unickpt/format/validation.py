@@ -1,7 +1,7 @@
 """Checkpoint validation: the one home of every consistency check on metadata and on what a load
 asks of it. Pure functions; each collects every problem it finds and the caller raises once.
 
-Who calls what, in which order:
+Where each check runs:
 
 - **Decoding** (``format.v1.read_body``, for every format version): per tensor
   :func:`tensor_problems` (size, then the bounds of every shard row: non-negative, below
@@ -14,7 +14,7 @@ Who calls what, in which order:
 - **Save planning** (``planning.save.plan.plan_save``, the plan's self-check):
   :func:`box_coverage_problem` on the boxes the ranks will write and :func:`byte_range_problems`
   on the byte layout, so a plan that passes decodes; one ``PlanningError``.
-- :func:`validate_metadata` runs the decoder's checks on a ``Metadata`` built in memory (tools,
+- :func:`validate_metadata` runs the decoder's checks on a ``Metadata`` built in memory (``ops``,
   tests, writers that assemble records by hand).
 
 What a load asks of the metadata (keys, shapes, dtypes of its targets) is checked by

@@ -36,11 +36,12 @@ type (a namedtuple, ``defaultdict``, ``IntEnum``, ``np.memmap``, a tensor subcla
 the new tags existed decode exactly as they did (numpy scalars as Python numbers, bytearrays as
 bytes, structured arrays as raw ``|V`` bytes), since the old encoder wrote them that way.
 
-Decoding builds only these types: no pickle, no import of names from the data, no numpy dtype
-from an unchecked string, every size checked against the bytes actually present, so loading
-never runs code and never allocates more than the blob holds; anything malformed raises
-``CorruptMetadataError``. Called by ``state.extra`` / ``api`` (``dumps_value`` /
-``loads_value``) and the optimizer adapter (``encode_value`` / ``decode_value``).
+Decoding builds only these types: no pickle, no import of names from the data, no numpy dtype from
+an unchecked string, every size checked against the bytes actually present, so loading never runs
+code and never allocates more than the blob holds; anything malformed raises
+``CorruptMetadataError``. Blobs (extra state, values) go through ``dumps_value`` /
+``loads_value``; JSON objects (the optimizer's param groups and non-tensor state) through
+``encode_value`` / ``decode_value``.
 """
 
 from __future__ import annotations

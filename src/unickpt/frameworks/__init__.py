@@ -2,9 +2,12 @@
 
 ``base``: the adapter protocol, the description records and the optimizer contract;
 ``registry``: ``FrameworkRegistry`` (the place to add a framework) and the default ``FRAMEWORKS``;
-``views``: save and load views derived from one description; ``generic`` (torch, ddp, fsdp2,
-dtensor) and ``fsdp1`` (fsdp): the built-in adapters; ``_fsdp_internals``: every private FSDP
-attribute unickpt reads.
+``views``: save and load views derived from one description (with ``targets``: load
+destinations, ``optim_state``: optimizer state per parameter, ``param_groups``: hyper-parameters
+checked then applied, ``module_state``: generic module and optimizer pieces, ``parts``: several
+modules and optimizers as one); ``generic`` (torch, ddp, fsdp2, dtensor), ``fsdp1`` (fsdp),
+``megatron`` and ``flat`` (tensors): the built-in adapters; ``_fsdp_internals``: every private
+FSDP attribute unickpt reads.
 """
 
 from .base import (

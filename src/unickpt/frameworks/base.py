@@ -8,7 +8,8 @@ original parameters, their shapes, the pieces of a state tensor, the layout a mi
 tensor gets). Save and load are both derived from that one description (``frameworks.views``),
 so they cannot drift apart.
 
-Who calls what, in order, on every rank (``api.save`` / ``api.load`` -> ``_load.load_once``):
+Order of use, on every rank (by the save and load pipelines, ``engine.save.pipeline`` /
+``engine.load.pipeline``):
   choose:  ``FrameworkRegistry.resolve(framework, state)`` (``framework="auto"``: the
            highest-priority adapter whose ``matches(state)`` is true; see ``registry``).
   save:    ``adapter.save_view(state)`` = ``views.save_view(adapter.describe(state))`` -> SaveView:

@@ -9,7 +9,7 @@ it covers (:func:`unickpt.planning.boxes.decompose_flat_range`) from FSDP's own 
 of the live flat parameter (or flat optimizer state); padding is never saved. No collective, no
 all-gather, no FSDP state-dict hook runs: this adapter only reads metadata and makes views.
 
-Who calls what, in order (per rank; see ``frameworks.base``): ``save_view`` and ``load_view``
+Order of use (per rank; see ``frameworks.base``): ``save_view`` and ``load_view``
 (``views``) both start from ``FSDP1Adapter.describe(state)``: :func:`flat_layouts` (one
 :class:`FlatLayout` per FSDP module) -> ``_Index`` -> pieces of original params (views of the
 flat param), persistent buffers and unmanaged params (full boxes), and one ``ParamState`` per

@@ -37,8 +37,8 @@ The adapter translates megatron's own description of its state and nothing else:
   model tensors and then sets the main parameters from them, as megatron's
   ``reload_model_params`` does.
 
-Called by ``views.DescribedAdapter`` (``save_view`` / ``load_view`` -> ``describe``) on every
-rank; no I/O and no collectives here. megatron-core is imported only once the state holds its
+Like every adapter it only describes (``describe``, through ``views.DescribedAdapter``), on every
+rank: no I/O and no collectives here. megatron-core is imported only once the state holds its
 objects. The mesh recorded is megatron's parallel sizes (information only: a load may use any).
 """
 

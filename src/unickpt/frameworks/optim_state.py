@@ -20,7 +20,7 @@ The optimizer is duck-typed (``base.OptimizerLike``): only ``param_groups``, ``s
 present, ``defaults`` are used. Parameter layouts come from the adapter's description
 (``base.OptimizerDescription``: one ``ParamState`` per parameter), never from the model again.
 
-Who calls what, in order (``views.load_view``, from the adapter's ``load_view``; every rank):
+Order of use (``views.load_view``, from the adapter's ``load_view``; every rank):
   1. ``OptimizerLoad(desc, saved, strict, targets)``: picks or allocates every destination from
      the checkpoint's records (``read_saved``) and adds their pieces to ``targets``
      (``targets.LoadTargets``); nothing in the optimizer changes. ``targets.items`` go to the

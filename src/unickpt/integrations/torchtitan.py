@@ -17,7 +17,7 @@ trainer's ``step-N`` folders under ``dump_folder/checkpoint.folder``:
                     after a change ``dataloader_on_resize`` decides: ``"error"`` or ``"skip"``);
   every entry of ``states`` (``train_state``: the trainer, step and tokens seen).
 
-Who calls what (torchtitan's ``Trainer``, every rank): ``build`` -> ``__init__``; ``load(step)``
+Order of use (torchtitan's ``Trainer``, every rank): ``build`` -> ``__init__``; ``load(step)``
 once before training; per step ``save(step, last_step)`` (saves when ``_should_save``), and
 ``maybe_wait_for_staging()`` before the next optimizer step (returns once an async save's
 snapshot is taken, never waits for the write); ``close()`` at the end (drains pending saves).

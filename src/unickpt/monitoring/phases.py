@@ -2,7 +2,7 @@
 on by default), so that ``unickpt report CKPT`` can tell after the fact which rank was slow in
 which phase, without any sink having been added.
 
-Who calls what, in order (one save):
+Order of use (one save):
   1. ``SavePipeline`` (every rank) wraps its checkpointer's bus in a ``RecordingBus``: each event
      of this save goes to the checkpointer's listeners as before and to the save's
      ``PhaseRecorder`` (a list append; nothing else is added to a save without listeners).

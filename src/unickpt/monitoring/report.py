@@ -3,7 +3,7 @@ phase records a checkpoint keeps of its save, ``monitoring.phases``, are read by
 ``ops.report``), and builds a rank x phase table, stragglers, per-rank throughput, a heat map
 PNG, a Perfetto / Chrome trace and, on request, a SQLite database of every record.
 
-Who calls what: ``load_records(folder)`` or ``ops.report.checkpoint_records(path)``
+Order of use: ``load_records(folder)`` or ``ops.report.checkpoint_records(path)``
 (``ops.report.source_records`` picks by what ``path`` holds) -> ``Report.build(records, k)`` (pure) ->
 ``format_text`` / ``heatmap_png`` (matplotlib, headless Agg backend) / ``chrome_trace`` /
 ``to_sqlite``.

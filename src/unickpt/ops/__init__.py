@@ -7,8 +7,9 @@ of ``TieredCheckpointManager`` (``ops.verify``).
 - ``verify``: ``verify`` (every checksum, every file), ``file_sizes``;
 - ``merge``: ``read_full_tensor``, ``iter_full_tensors``, ``merge`` (safetensors / torch);
 - ``pieces``: ``iter_pieces`` (one tensor in bounded pieces);
-- ``convert`` (``from_hf``, ``from_dcp``, ``to_dcp``; readers in ``hf_read``, ``dcp_read``,
-  ``dcp_layouts``, ``source_files``), ``modify``, ``diff``, ``report`` (phase records);
+- ``convert`` (``from_hf``, ``from_dcp``, ``from_verl_fsdp``, ``to_dcp``; readers in ``hf_read``,
+  ``dcp_read``, ``dcp_layouts``, ``verl_read``, ``torch_save_read``, ``source_files``),
+  ``modify``, ``diff``, ``report`` (phase records);
 - ``printable``: how names read from a checkpoint are printed.
 
 Layering: ``ops`` uses the library (``engine``, ``planning``, ``format``, ``storage`` ...); nothing

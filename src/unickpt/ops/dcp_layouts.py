@@ -32,7 +32,7 @@ exactly as ``get_state_dict`` lays them out (``dcp.load`` + ``set_state_dict`` r
 ``optimizer`` and the ``extra_state`` / dataloader entries under their names (what torchtitan's
 checkpointer resumes from).
 
-Who calls what: ``convert.from_dcp`` -> ``find_parts(folder)`` -> reads every part -> ``map_import``
+Order of use: ``convert.from_dcp`` -> ``find_parts(folder)`` -> reads every part -> ``map_import``
 -> saves ``Imported``; ``convert.to_dcp`` -> ``read_unickpt(path, role)`` -> ``export_state`` ->
 ``dcp.save``.
 """

@@ -95,8 +95,8 @@ class SafeDCPUnpickler(pickle._Unpickler):
     """Builds DCP metadata objects only (module docstring). Any other global, and state given to
     anything but a DCP metadata dataclass instance or under a name that is not one of its fields,
     is refused (``CorruptMetadataError``) before it takes effect. The pure-Python unpickler is used
-    because the C one cannot restrict BUILD; it is about half as fast (a 23 MB metadata of 20,000
-    tensors x 8 chunks: 15 s vs 8 s on a shared 2-core machine)."""
+    because the C one cannot restrict BUILD; it is about half as fast (docs/performance.md,
+    "Internals")."""
 
     stack: list[Any]  # pickle's working stack (set by ``load``)
 

@@ -1,6 +1,6 @@
 """``unickpt diff A B``: compare two checkpoints tensor by tensor (any saved parallelism each).
 
-Who calls what: ``diff(a, b)`` decodes both metadata files (``inspect.load_metadata``), compares
+``diff(a, b)`` decodes both metadata files (``inspect.load_metadata``), compares
 the key sets and each common tensor's dtype and shape from the metadata alone, then reads the
 common tensors one pair at a time, piece by piece (``pieces.iter_pieces``: the same boxes of at
 most ``pieces.PIECE_BYTES`` from both, CRC32C checked) and compares them bit for bit, with the

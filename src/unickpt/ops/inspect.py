@@ -2,7 +2,7 @@
 and look deeper where asked (bytes per saving rank, one tensor's shards or values, the non-tensor
 state).
 
-Who calls what, in order (``cli.checkpoint``, or a user):
+Order of use (``cli.checkpoint``, or a user):
   1. ``load_metadata(path)``  opens the storage (``open_storage``), reads the metadata bytes with
      ``folder.probe.read_metadata_bytes`` (which tells an interrupted save from a folder that is no
      checkpoint) and decodes / validates them with ``format.decode_metadata``; no data file is read;

@@ -2,7 +2,7 @@
 state dict on disk: sharded safetensors with ``model.safetensors.index.json`` (optionally a
 Hugging Face folder with its ``config.json``), or one ``torch.save`` file.
 
-Who calls what, in order (``cli.export`` or a user -> ``merge``):
+Steps of ``merge`` (``cli.export``, or a user):
   1. ``inspect.load_metadata(path)`` decodes the metadata (no data reads);
   2. ``select(md, model_only, key_map)`` picks the tensors and their output names (pure);
   3. ``plan_files(...)`` assigns them to output files of at most ``max_shard_bytes`` (pure; a

@@ -1,7 +1,7 @@
 """``unickpt modify SRC OUT``: a new checkpoint with keys renamed (regular expressions), keys
 dropped, floating-point tensors cast; the source is never changed.
 
-Who calls what: ``modify`` decodes the source's metadata, builds the key map (drops, then
+``modify`` decodes the source's metadata, builds the key map (drops, then
 renames, in the order given; ``format.keymap.remap`` also renames the optimizer's parameter
 names), reads every kept tensor whole (``merge.read_full_tensor``, CRC32C checked), casts, and
 saves all of them with the ``optimizer`` object through ``framework="tensors"`` into ``OUT``

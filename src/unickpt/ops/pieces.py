@@ -1,7 +1,7 @@
 """Read one tensor of a checkpoint in pieces of bounded size, in row-major order, and check the
 data files before allocating anything the metadata claims.
 
-Who calls what, in order (``merge``, ``diff``, ``inspect --values``; ``modify`` and ``merge
+Order of use (``merge``, ``diff``, ``inspect --values``; ``modify`` and ``merge
 --format torch`` call ``check_data_files`` only, then ``merge.read_full_tensor``):
   1. ``check_data_files(storage, md, keys)`` stats every data file holding a shard of ``keys``
      (one ``size`` call each, in parallel): a missing file, or one shorter than its recorded

@@ -1,16 +1,17 @@
-"""Reading the files of a checkpoint another tool wrote (``unickpt convert --from dcp|hf``) without
-trusting the names its metadata gives.
+"""Reading the files of a checkpoint another tool wrote (``unickpt convert --from dcp|hf|verl-fsdp``)
+without trusting the names its metadata gives.
 
-Callers: ``ops.dcp_read`` (DCP's ``.metadata`` and ``*.distcp`` files) and ``ops.hf_read``
-(``model.safetensors.index.json`` and the shards it names). Every name goes through
-:func:`check_relative_name` (a relative '/'-separated path: no absolute path, ``..``, ``.``, empty
-part, backslash or NUL), then :func:`open_regular` opens it below the source folder: each folder
-relative to its parent with O_NOFOLLOW|O_DIRECTORY, the file with O_NOFOLLOW|O_NONBLOCK (a FIFO
-opens at once instead of waiting for a writer), and ``fstat`` must say "regular file" before a
-byte is read. A link (to a file or a folder), a FIFO, a device or a socket is refused with
-``UnsafePathError``; the source folder itself may be a link, as the user named it. Reads are
-bounded by the size ``fstat`` gave: :func:`read_range` refuses a range past the end before it
-allocates, :func:`read_small_file` a file over its cap (``SizeLimitError``).
+Every reader of another tool's files opens them here (``ops.dcp_read``: DCP's ``.metadata`` and
+``*.distcp`` files; ``ops.hf_read``: ``model.safetensors.index.json`` and the shards it names;
+``ops.torch_save_read``: verl's rank files). Every name goes through :func:`check_relative_name`
+(a relative '/'-separated path: no absolute path, ``..``, ``.``, empty part, backslash or NUL),
+then :func:`open_regular` opens it below the source folder: each folder relative to its parent
+with O_NOFOLLOW|O_DIRECTORY, the file with O_NOFOLLOW|O_NONBLOCK (a FIFO opens at once instead of
+waiting for a writer), and ``fstat`` must say "regular file" before a byte is read. A link (to a
+file or a folder), a FIFO, a device or a socket is refused with ``UnsafePathError``; the source
+folder itself may be a link, as the user named it. Reads are bounded by the size ``fstat`` gave:
+:func:`read_range` refuses a range past the end before it allocates, :func:`read_small_file` a
+file over its cap (``SizeLimitError``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 
 :func:`read_torch_save` (``ops.verl_read`` calls it once per rank file):
 
-1. The file is opened as a regular file inside the source folder (``tools.source_files``: no
+1. The file is opened as a regular file inside the source folder (``ops.source_files``: no
    link, no FIFO) and read as a zip: every entry must be stored uncompressed (as ``torch.save``
    writes them: no zip bomb), inside one top folder; ``byteorder`` must say ``little``;
    ``data.pkl`` over ``PICKLE_LIMIT`` bytes is refused (``SizeLimitError``) before it is read.

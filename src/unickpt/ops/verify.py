@@ -1,15 +1,15 @@
 """``unickpt verify`` (and ``inspect --verify``): read every byte the metadata names and check
 every checksum, reporting each problem instead of raising.
 
-Called by ``cli`` (``unickpt verify``, ``inspect --verify``) after ``ops.inspect.load_metadata`` and
-``file_sizes``, and by ``tiering.copy_checkpoint`` on the copy it made: the
-metadata decoder has already checked completeness (every tensor tiled by its shards, every range
-inside its file's recorded size); ``verify`` checks what only the bytes can tell. Per data file,
-in parallel: missing, or of another size than the metadata records (format version 3), then every
-checksum unit (``format.checksums``: each file chunk from version 3, each shard and blob before)
-streamed through one reusable buffer per thread, consecutive units read together; a unit larger
-than the buffer is checksummed piece by piece. Memory stays at ``batch_bytes`` whatever sizes the
-metadata claims. A bad unit is reported with the tensors and blobs whose bytes it holds.
+Used by ``unickpt verify`` / ``inspect --verify`` and for tiering's copies
+(``tiering.copy_checkpoint``), after the metadata is decoded. The decoder has already checked
+completeness (every tensor tiled by its shards, every range inside its file's recorded size);
+``verify`` checks what only the bytes can tell. Per data file, in parallel: missing, or of another
+size than the metadata records (format version 3), then every checksum unit (``format.checksums``:
+each file chunk from version 3, each shard and blob before) streamed through one reusable buffer
+per thread, consecutive units read together; a unit larger than the buffer is checksummed piece by
+piece. Memory stays at ``batch_bytes`` whatever sizes the metadata claims. A bad unit is reported
+with the tensors and blobs whose bytes it holds.
 """
 
 from __future__ import annotations

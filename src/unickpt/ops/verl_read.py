@@ -4,7 +4,7 @@
 ``global_step_N/actor``) into a unickpt checkpoint that loads at any world size, e.g. through
 ``unickpt.integrations.verl.UnickptFSDPCheckpointManager.load_checkpoint``.
 
-Who calls what: ``convert.from_verl_fsdp`` -> :func:`import_verl_fsdp`: :func:`find_rank_files`
+Order of use: ``convert.from_verl_fsdp`` -> :func:`import_verl_fsdp`: :func:`find_rank_files`
 (every rank 0..W-1 of one world size W, regular files only), each file read by
 ``ops.torch_save_read.read_torch_save`` (no code runs), then per tensor :func:`tensor_boxes`
 (where each rank's piece lies in the whole tensor: a DTensor's placements on its mesh

@@ -1,4 +1,10 @@
-"""Pure planning functions: shard specs -> save plan, specs + metadata -> load plan."""
+"""Pure planning functions: shard specs -> save plan, specs + metadata -> load plan.
+
+No I/O and no collectives, so every rule is tested in one process: ``specs`` (the shard spec
+adapters produce), ``boxes`` (N-D box geometry both sides share), ``save`` (every rank's local
+plan -> one global plan), ``load`` (what each rank reads and where it lands), ``objects`` (the
+ranks' JSON objects merged at commit). ``engine`` executes what these return.
+"""
 
 from .boxes import FlatPiece, decompose_flat_range, intersect, numel
 from .load import CopyOp, KeyReport, ShardRead, check_targets, plan_local_load

@@ -27,7 +27,7 @@ dataloader     ``state["dataloader"]``: the ``unickpt.data`` protocol or a per-r
                ``state_dict`` loader (``state.loader``)
 =============  ============================================================================
 
-Who calls what, in order, per item, on every rank:
+Order of use, per item, on every rank:
   save  ``encode(rank)`` in the describe stage: blobs (safe value encoding; an unsupported value
         raises ``UnsupportedValueError`` naming its path), claims (values every rank must
         share) and tensor shards; ``kind`` goes into the metadata objects (``layout``).

@@ -1,7 +1,7 @@
 """A ``state`` dict as the pipelines use it: one ``StateItem`` per key (``state.items``), and the
 one model and one optimizer the framework adapter describes.
 
-Who calls what, in order (every rank):
+Order of use (every rank):
   save  ``SavePipeline.describe``: ``StateLayout.of(state)`` (keys and values checked before
         anything is written) -> ``adapter = get_framework(name, layout.framework_state)`` ->
         ``adapter.save_view(layout.framework_state)`` -> ``layout.encode(rank)`` (blobs, claims:

@@ -10,7 +10,7 @@ of DP size every part goes to exactly one new owner with its position, so no sam
 repeated. A loader whose parts cannot be spread over the new size refuses with
 ``LoaderStateError``.
 
-Who calls what, in order
+Order of use
   save  every rank holding ``state["dataloader"]`` (only ranks that own a loader: in Megatron
         jobs TP rank 0 of the first PP stage) -> ``loader_blobs(loader)``: the DP rank 0
         loader's replicated part (blob ``dataloader/replicated-of-<N>``) and each owned part

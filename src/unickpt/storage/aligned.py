@@ -1,8 +1,8 @@
 """Page-aligned host buffers, allocated once and reused (direct I/O bounce buffers, staging).
 
-Fresh memory is slow on these machines (the VM hands out new pages at ~2 GB/s) while copying
-into memory already touched runs at ~17 GB/s, so buffers come from a process-wide pool and go
-back to it. Anonymous mmaps are page aligned, as O_DIRECT requires.
+Touching fresh pages is several times slower than copying into pages already touched (figures:
+docs/performance.md, "Internals"), so buffers come from a process-wide pool and go back to it.
+Anonymous mmaps are page aligned, as O_DIRECT requires.
 """
 
 from __future__ import annotations

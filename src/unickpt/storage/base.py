@@ -3,13 +3,13 @@
 A backend is rooted at one location (a checkpoint folder, a manager root) and sees flat,
 '/'-separated *names* relative to it. It implements every method below and states once, in a
 frozen ``StorageCapabilities`` record, what it guarantees beyond the baseline. The engine, the
-save lock, ``CheckpointManager`` and the tools call nothing else; behaviour that only some
+save lock, ``CheckpointManager`` and ``ops`` call nothing else; behaviour that only some
 backends have is a declared method plus a capability flag, never an attribute probed with
 ``getattr``. ``folder.publish`` builds atomic publication on top (temporary name + rename, or one
 atomic put), ``storage.retry`` wraps every method with an explicit retry decision, and
 ``tests/fixtures/contract.py`` is the test suite every backend passes.
 
-Who calls what, in which order
+What each step of a save and a load asks of a backend:
   save   rank 0, before any data byte: ``list`` (is the folder unickpt's), the save lock
          (``create_exclusive`` of a lock generation, ``read``, ``list``, ``delete`` of older
          generations), ``create_exclusive`` of the save's data marker.

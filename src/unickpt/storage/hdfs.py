@@ -7,7 +7,7 @@ directly so that it sees the client's own error kinds and owns the only retry lo
 (``HADOOP_CONF_DIR`` / ``HADOOP_HOME``); ``StorageOptions.client_options`` are the ``Client``'s
 keyword arguments (``config`` overrides, ``kerberos_principal`` ...).
 
-Who calls what: the engine calls the protocol methods from many threads at once; the client is
+Threads: the engine calls the protocol methods from many threads at once; the client is
 thread-safe (its own runtime), and releases the GIL during I/O.
 
 - ``write``: ``create`` without overwrite (HDFS refuses an existing name: exclusive across

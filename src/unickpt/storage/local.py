@@ -6,20 +6,19 @@ the folder), the host's page cache shared by its processes; no atomic ``put`` (a
 rewrite), so ``folder.publish`` publishes here by temporary file + rename.
 
 Writes create the final name (data file names are unique per save, so nothing readable is
-overwritten) and are fsynced; ``sync`` fsyncs a folder. Large files are written with O_DIRECT
-in big sequential chunks (``StorageOptions.direct_writes``, on by default): page-aligned parts go
-to the disk straight from their memory (the async snapshot's file images), others through a
-reused aligned bounce buffer; this skips the page cache copy, so a background save costs the
-training job little CPU. Filesystems without O_DIRECT fall back to buffered ``writev``.
-Reads use buffered ``preadv`` into the caller's memory by default. With
-``StorageOptions.direct_reads`` (default: ``UNICKPT_DIRECT_READS=1`` when the backend is
-created) large reads (>= 1 MiB) bypass the page cache: O_DIRECT ``preadv`` of the page-aligned
-cover of the range, straight into the caller's memory where its address has the file offset's
-page phase, else into a reused aligned bounce buffer and copied out. Measured on this VM it is
-not a clear win (plain sequential files: 1.4x buffered; FSDP2 checkpoint loads at ws=2: 0.65x),
-so it is opt-in. ``read_into_cached`` always reads through the page cache: the engine uses it
-for byte ranges that several ranks of one host read, so the device delivers them once even with
-direct reads on.
+overwritten) and are fsynced; ``sync`` fsyncs a folder. Large files are written with O_DIRECT in
+big sequential chunks (``StorageOptions.direct_writes``, on by default): page-aligned parts go to
+the disk straight from their memory (the async snapshot's file images), others through a reused
+aligned bounce buffer; this skips the page cache copy, so a background save costs the training job
+little CPU. Filesystems without O_DIRECT fall back to buffered ``writev``. Reads use buffered
+``preadv`` into the caller's memory by default. With ``StorageOptions.direct_reads`` (default:
+``UNICKPT_DIRECT_READS=1`` when the backend is created) large reads (>= 1 MiB) bypass the page
+cache: O_DIRECT ``preadv`` of the page-aligned cover of the range, straight into the caller's
+memory where its address has the file offset's page phase, else into a reused aligned bounce
+buffer and copied out. It is not a clear win for checkpoint loads (docs/performance.md), so it is
+opt-in. ``read_into_cached`` always reads through the page cache: the engine uses it for byte
+ranges that several ranks of one host read, so the device delivers them once even with direct
+reads on.
 
 Safety (see ``storage.base``): files are created with O_CREAT|O_EXCL|O_NOFOLLOW (data files,
 publication temporaries, locks, markers) and written, renamed and unlinked relative to

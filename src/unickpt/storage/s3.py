@@ -6,7 +6,7 @@ aiobotocore client) and on that client directly for every request, so that unick
 own error codes and owns the only retry loop (``storage.retry``; botocore and s3fs are told not
 to retry).
 
-Who calls what: the engine calls the protocol methods from many threads; each one submits its
+Threads: the engine calls the protocol methods from many threads; each one submits its
 requests to the file system's event loop (``fsspec.asyn.sync``), where they run concurrently.
 
 - ``write``: one ``PutObject`` up to ``part_size``; larger files as a multipart upload whose

@@ -1,7 +1,7 @@
 """The exchange of a distributed load's needs: gathered at the coordinator, each rank told only
 its own part (the collective around ``planning.load.assign.assign_reads``).
 
-Called by ``engine.load.stage.read_stage`` when reads are deduplicated across ranks (several
+Runs inside the read stage (``engine.load.stage``) when reads are deduplicated across ranks (several
 ranks, ``LoadOptions.dedup_reads`` not False). Order: every rank sends the coordinator (rank 0;
 up the tree when the job's coordinator is a tree) its host name and its needs
 (``report_needs``) -> the coordinator assigns the job's reads (``assign_reads``, on a few

@@ -5,8 +5,7 @@ On Linux numpy asks the kernel to back every large array with 2 MiB pages
 over a whole job's needs: millions of rows) allocates and frees a few hundred large temporaries
 and gathers from them at random. Where transparent huge pages are on for advised memory (the
 kernel's ``madvise`` setting, with its ``defrag`` compaction on fault) that advice makes the same
-passes slower: 4,096 -> 4,800 FSDP ranks (12.9 M needs, ``bench/scale.py``'s inputs, each run a
-fresh process, 2-core VM) took 2.6-2.8 s of CPU with the advice off and 3.7-3.8 s with it on.
+passes markedly slower (figures: docs/performance.md, "Internals").
 ``huge_pages_off()`` turns the advice off for its block and restores it after; uses nest and
 overlap across threads (the first to enter records the setting, the last to leave restores it).
 A process-wide numpy setting: arrays other threads allocate meanwhile get ordinary pages, which

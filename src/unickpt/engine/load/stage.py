@@ -1,10 +1,11 @@
 """The read stage of a load (every rank, collective): read and place every saved shard this rank
 needs, with the plan of ``planning.load``.
 
-Called by ``engine.load.pipeline`` (the load's read stage and its probes) and the tools that read
-pieces of a checkpoint. Order (``read_stage``): the read assignment (``_assign``: the needs
-exchanged at the coordinator, ``engine.load.exchange``, when several ranks deduplicate reads) ->
-the needs of this rank (``_needs``: what each saved shard's bytes are and where they land,
+Used by the load pipeline (its read stage and its probes) and by ``ops.pieces`` (a checkpoint read
+piece by piece, without a model), so both read through one verified path. Order (``read_stage``):
+the read assignment (``_assign``: the needs exchanged at the coordinator,
+``engine.load.exchange``, when several ranks deduplicate reads) -> the needs of this rank
+(``_needs``: what each saved shard's bytes are and where they land,
 ``planning.load.runs.place_need``) -> forwarding set up (``engine.load.forwarding.Transfer``:
 receives posted) -> every need read (``engine.load.reader.read_needs``), each forwarded batch sent
 the moment its last shard is verified -> every transfer completed -> all ranks agree the reads

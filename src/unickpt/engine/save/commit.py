@@ -1,6 +1,6 @@
 """The commit stage of a save: the barrier of every rank's write, then rank 0 publishes.
 
-Called by the save pipeline on every rank after its write stage, inside the save lock
+Runs on every rank after its write stage, inside the save lock
 (``folder.lock.run_locked``): ``commit_stage`` reports this rank's file sizes, chunk checksums
 and JSON objects (or its write failure) through the job's store
 (``coordination.barrier.commit_barrier``, on the checkpointer's background coordinator: no

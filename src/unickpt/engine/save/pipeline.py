@@ -68,7 +68,7 @@ class Described:
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """The stage stage's result: each data file's parts and each plan entry's bytes (views of
+    """The staging step's result: each data file's parts and each plan entry's bytes (views of
     live tensors for a blocking save; of the staging images for an async one)."""
 
     file_parts: dict[str, list[Buffer]]

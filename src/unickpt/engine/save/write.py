@@ -1,6 +1,6 @@
 """The write stage of a save: one rank's data files, written in parallel with their checksums.
 
-Called by the save pipeline on the checkpointer's worker thread (async saves) or the caller's
+Runs on the checkpointer's worker thread (async saves) or the caller's
 thread (blocking saves), after the plan and stage stages, inside the save lock; its checksums (a
 CRC32C per ``chunk_size`` chunk of each file, ``format.checksums``) and file sizes go to the
 commit stage (``engine.save.commit``), which puts every rank's into the metadata.

@@ -1,7 +1,7 @@
 """The read assignment over the whole job's needs as columns (pure, numpy): the private
 implementation of ``planning.load.assign.assign_reads``.
 
-Called by ``assign_reads`` (at the coordinator) with every rank's needs, each an array of
+Run by ``assign_reads`` (at the coordinator) on every rank's needs, each an array of
 ``NEED_DTYPE`` rows (tensor number in the metadata's order, shard, first and end row of the
 shard its copies touch), concatenated in rank order. It decides what the rule written plainly
 over Python lists (``planning.load.assign.plain_parts``, the spec) decides, with every pass over

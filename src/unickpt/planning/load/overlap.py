@@ -1,12 +1,11 @@
 """Which saved shards one rank needs: its target boxes + the checkpoint metadata -> the saved
 shards to read and which sub-boxes to copy where (pure functions).
 
-Called by ``engine.load.pipeline`` on every rank after the targets are checked
-(``planning.load.targets``). ``plan_local_load`` intersects each target box with the saved boxes
-of its tensor: every element of every target is covered exactly once because saved boxes tile
-their tensor (checked at save and on decode). The shards overlapping each target come from a
-``planning.load.shards.ShardIndex`` (bisection, O(log N + overlaps) per target, not a scan of
-every saved shard).
+Runs on every rank after the targets are checked (``planning.load.targets``). ``plan_local_load``
+intersects each target box with the saved boxes of its tensor: every element of every target is
+covered exactly once because saved boxes tile their tensor (checked at save and on decode). The
+shards overlapping each target come from a ``planning.load.shards.ShardIndex`` (bisection, O(log N
++ overlaps) per target, not a scan of every saved shard).
 """
 
 from __future__ import annotations

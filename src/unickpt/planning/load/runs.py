@@ -3,12 +3,13 @@ where those bytes land (``place_need``: direct, forwarded or small), and the byt
 into runs, each run one contiguous stretch of one file that starts and ends on the checksum units
 covering it (``format.checksums``: ``extent_of``, ``extents_of``, ``cover_of``).
 
-Called by ``engine.load.stage`` on every rank after the read assignment: ``needed_rows`` for each
-saved shard this rank reads only for itself (it needs the rows its copies touch, not the whole
-shard: a resharding load to another world size reads a part of each boundary shard), then
-``place_need`` for each need, then ``plan_runs`` over all spans of the rank. Two spans whose
-covering units overlap go into one run (a unit is read and verified once); spans closer than
-``merge_gap`` bytes too (one read instead of many for small tensors saved next to each other).
+Used on every rank after the read assignment (the read stage, ``engine.load.stage``):
+``needed_rows`` for each saved shard this rank reads only for itself (it needs the rows its copies
+touch, not the whole shard: a resharding load to another world size reads a part of each boundary
+shard), then ``place_need`` for each need, then ``plan_runs`` over all spans of the rank. Two
+spans whose covering units overlap go into one run (a unit is read and verified once); spans
+closer than ``merge_gap`` bytes too (one read instead of many for small tensors saved next to each
+other).
 
 Why rows: a saved box is stored row-major, so the rows ``[r0, r1)`` of its first dimension are
 one contiguous byte range; a copy out of the box touches the rows of its own first-dimension

@@ -7,8 +7,8 @@
   assignment over a whole job's needs).
 
 Regular layouts (``format.layouts.SplitShards``) answer both from their arithmetic
-(``SplitShards.overlapping``, ``SplitLayout.lengths`` / ``locations``); listed shards from their
-records.
+(``SplitShards.overlapping``, ``SplitLayout.lengths`` / ``locations``), so a rank never
+materialises the shards it does not read; listed shards answer from their records.
 
 **ShardIndex.** A checkpoint saved by N ranks has up to N shards per tensor, and every loading
 rank plans its own load, so a scan over all shards costs each rank O(N) per tensor it needs:
@@ -35,10 +35,6 @@ order, touching only O(log N + hits) shards for the layouts jobs save:
   (shards not stored in order: the index then sorts a permutation once and retries; or a layout
   the bisection misses, such as a brick wall) the query falls back to the numpy scan of all
   shards, whose table is built once per tensor and kept here.
-
-Tensors of a regular layout (``format.layouts.SplitShards``) need none of this: the parts a box
-touches follow from its rows along the split dimension (``SplitShards.overlapping``), so a rank
-never materialises the shards it does not read.
 
 A ``ShardIndex`` belongs to one ``Metadata`` object: create it, pass it to the planning calls
 on that metadata (``engine.load.pipeline`` uses one for a load attempt's probes and items), and

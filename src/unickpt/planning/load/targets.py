@@ -1,10 +1,10 @@
 """Load targets against the metadata: what a load asks (keys, shapes, dtypes) checked before any
 byte is read. Pure functions; each collects every problem and raises one error.
 
-Called by ``engine.load.pipeline`` on every rank (validate stage): :func:`check_targets` (shapes,
-dtypes, then missing / unexpected keys under a :class:`Strictness`); after every rank's keys are
-combined, :func:`keys_error` for a strict load. Load targets are anything with ``fqn``,
-``dtype`` and ``global_shape`` (:class:`TargetSpec`; ``planning.specs.ShardSpec`` is one).
+Used on every rank in the load's validate stage: :func:`check_targets` (shapes, dtypes, then
+missing / unexpected keys under a :class:`Strictness`); after every rank's keys are combined,
+:func:`keys_error` for a strict load. Load targets are anything with ``fqn``, ``dtype`` and
+``global_shape`` (:class:`TargetSpec`; ``planning.specs.ShardSpec`` is one).
 """
 
 from __future__ import annotations

@@ -1,18 +1,18 @@
 """The save planner on columns: ``plan._plan_records``' global plan, computed on the ranks'
 ``ShardTable``s with numpy instead of one Python record per shard and rank.
 
-Called by ``plan.plan_save`` (the coordinator, inside ``engine.plan_cache.plan_stage``)
-for every job; returns None where a step leaves the common case (a rank holding one box twice,
-ranks disagreeing on a tensor, an unknown dtype, sizes near int64's limits, a tiling problem),
-and the record planner then plans or raises its precise error. Steps, as the record planner's:
-tensors checked across ranks (``_Rows.consistent``), boxes deduplicated by one lexsort, each
-written by its only holder, the replica source a holder names, else worst-fit in one ordered
-pass (``_choose_writers``); the written boxes tile their tensors (``_covered``: one-dimension
-splits on columns, anything else by ``format.validation.box_coverage_problem``); each rank's
-items spread over its files lightest-first (``layout_columns``: equal-size runs without a
-loop); the byte layout self-checked (``format.validation.overlap_problems``). Records are built
-once at the end, sharing one tuple per distinct box (``_tuples``). Property-tested against the
-record planner: tests/unit/planning/test_save_planner.py.
+The planner ``plan.plan_save`` tries on the coordinator for every job the templates do not fit;
+returns None where a step leaves the common case (a rank holding one box twice, ranks disagreeing
+on a tensor, an unknown dtype, sizes near int64's limits, a tiling problem), and the record
+planner then plans or raises its precise error. Steps, as the record planner's: tensors checked
+across ranks (``_Rows.consistent``), boxes deduplicated by one lexsort, each written by its only
+holder, the replica source a holder names, else worst-fit in one ordered pass
+(``_choose_writers``); the written boxes tile their tensors (``_covered``: one-dimension splits on
+columns, anything else by ``format.validation.box_coverage_problem``); each rank's items spread
+over its files lightest-first (``layout_columns``: equal-size runs without a loop); the byte
+layout self-checked (``format.validation.overlap_problems``). Records are built once at the end,
+sharing one tuple per distinct box (``_tuples``). Property-tested against the record planner:
+tests/unit/planning/test_save_planner.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Save planning: local plans from every rank -> one global plan (pure functions).
 
-Called by the coordinator (rank 0) inside ``engine.plan_cache.plan_stage`` after the gather of
+Runs on the coordinator (rank 0) in the plan stage (``engine.plan_cache``), after the gather of
 the ranks' ``LocalSavePlan``s; the result is scattered back as ``RankSavePlan``s and reused (cached)
 while the local plans do not change. Steps:
 1. check every rank agrees on each tensor's dtype and global shape;

@@ -3,14 +3,14 @@ of, rank r chunk r (FSDP's ``Shard(0)`` over the whole job, ZeRO-3), laid out al
 rank's files, so the metadata describes them once (``format.layouts.SplitLayout``) instead of
 one row per rank.
 
-Called by ``plan.plan_save`` on the coordinator, after either planner chose the writer of
-every box and laid out the bytes: ``regularize`` finds the split tensors among the writers,
-gives each one a part (file) of every rank by its size alone (the same on every rank), and lays
-out each rank's files again: the split tensors' chunks first, in the job's tensor order, each at
-the next 64-byte boundary (exactly where ``SplitLayout`` computes them), then the rank's other
-entries (replicated boxes it writes, irregular shards, blobs), largest first to the file with
-the fewest bytes. The plan keeps every entry and its size; only files and offsets move, and the
-plan records the layouts (``GlobalSavePlan.layouts``) for the commit's metadata.
+Runs on the coordinator (``plan.plan_save``) after either planner chose the writer of every box
+and laid out the bytes: ``regularize`` finds the split tensors among the writers, gives each one a
+part (file) of every rank by its size alone (the same on every rank), and lays out each rank's
+files again: the split tensors' chunks first, in the job's tensor order, each at the next 64-byte
+boundary (exactly where ``SplitLayout`` computes them), then the rank's other entries (replicated
+boxes it writes, irregular shards, blobs), largest first to the file with the fewest bytes. The
+plan keeps every entry and its size; only files and offsets move, and the plan records the layouts
+(``GlobalSavePlan.layouts``) for the commit's metadata.
 
 A tensor is split when it has at least one dimension, some elements, and every rank whose
 chunk is not empty writes exactly that chunk along one dimension (chunk r of ``world`` parts,

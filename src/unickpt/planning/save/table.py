@@ -9,10 +9,9 @@ bytes a rank sent), checked as a whole (``box_problem``) and planned with vector
 one (n, D) layout: dimensions past a spec's ``ndim`` are padded as a full extent of 1 (offset 0,
 length 1, shape 1), so element counts and box equality are unchanged.
 
-Who calls what: ``wire.encode_local_plan`` (every rank, the plan it sends) and
-``plan.plan_save`` (rank 0, for plans given as records) build tables with ``of``;
-``wire.decode_local_table`` builds them from received bytes; ``to_plan`` gives the
-records back (the planner's exact fallback, tests).
+Built by ``wire.encode_local_plan`` (every rank, the plan it sends) and ``plan.plan_save`` (rank
+0, for plans given as records) with ``of``; ``wire.decode_local_table`` builds them from received
+bytes; ``to_plan`` gives the records back (the planner's exact fallback, tests).
 """
 
 from __future__ import annotations

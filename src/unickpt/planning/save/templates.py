@@ -3,12 +3,12 @@ ranks, where every rank holds ``torch.chunk`` part r of the split tensors (FSDP'
 over the whole job, ZeRO-3) and rank-independent boxes of the rest (replicated 0-d optimizer
 steps, buffers).
 
-Called by ``plan.plan_save`` (the coordinator, inside ``engine.plan_cache.plan_stage``)
-before the column planner. It reads the ranks' local plans one at a time (bytes are decoded
-here and dropped: the coordinator never holds every rank's table at once) and reduces each to a
-*template*: its rows with the split rows' boxes replaced by their rule ("chunk of rank r along
-dimension d", ``chunk_rule``). Ranks of one template differ only by their rank: an FSDP job of
-4,096 ranks is one template. It then plans on templates:
+The first planner ``plan.plan_save`` tries on the coordinator, before the column planner. It reads
+the ranks' local plans one at a time (bytes are decoded here and dropped: the coordinator never
+holds every rank's table at once) and reduces each to a *template*: its rows with the split rows'
+boxes replaced by their rule ("chunk of rank r along dimension d", ``chunk_rule``). Ranks of one
+template differ only by their rank: an FSDP job of 4,096 ranks is one template. It then plans on
+templates:
 1. split tensors: every template holds exactly one rule row of the tensor along the same
    dimension (or, for templates whose ranks all fall past the last non-empty chunk, none);
    they are written by their ranks and laid out as ``regular`` lays them out;

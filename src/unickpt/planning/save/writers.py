@@ -1,10 +1,10 @@
 """Who writes a replicated box, written once (pure functions).
 
 A box several ranks hold is written once: by the replica a holder's spec names as its
-``replica_source`` (``named_source``: the lowest named rank among the holders), else by the
-holder with the fewest bytes assigned so far (``lightest_rank``: worst-fit, the boxes taken
-largest first by the planners). Called by every planner (``columns``, ``templates``, the record
-planner in ``plan``) while it chooses the writer of each box.
+``replica_source`` (``named_source``: the lowest named rank among the holders), else by the holder
+with the fewest bytes assigned so far (``lightest_rank``: worst-fit, the boxes taken largest first
+by the planners). Every planner (``columns``, ``templates``, the record planner in ``plan``)
+chooses writers with these two rules, written once so the planners cannot disagree.
 """
 
 from __future__ import annotations
