@@ -10,7 +10,8 @@ file, so the fast tier (``make test-fast``) never waits on a process.
 Layout:
 
 * ``tests/unit/``: no processes (``make test-fast`` runs it without the ``distributed`` and
-  ``slow`` tests). A few files there still hold one or two process tests, named below.
+  ``slow`` tests). A subject whose tests need both kinds has its process tests in
+  ``tests/integration/<area>/test_<name>_processes.py``.
 * ``tests/integration/``: real processes (gloo ranks, subprocesses, an S3 server); every test
   is ``distributed``.
 * ``tests/reliability/``: every test is ``slow``; the ones that start processes are named below
@@ -28,88 +29,9 @@ SLOW_FOLDERS = frozenset({"reliability"})
 ALL = None  # every test of the file
 
 # Test files outside DISTRIBUTED_FOLDERS (by file name, which is unique in tests/) whose tests
-# start processes: ALL, or the names of those test functions.
+# start processes: ALL, or the names of those test functions. Only tests/reliability/ has such
+# files; tests/unit/ starts no process.
 DISTRIBUTED_TESTS: dict[str, frozenset[str] | None] = {
-    "test_boundaries.py": frozenset(
-        {
-            "test_issue11_boundaries_launcher_refuses_results_only_pickle_could_carry",
-        }
-    ),
-    "test_careless_user.py": frozenset(
-        {
-            "test_item10_save_and_load_under_torchrun_without_a_process_group_are_refused",
-        }
-    ),
-    "test_checkpointer.py": frozenset(
-        {
-            "test_two_checkpointers_at_world_size_2",
-        }
-    ),
-    "test_cli.py": frozenset(
-        {
-            "test_python_m_inspect_json",
-            "test_inspect_error_exits",
-            "test_console_script",
-            "test_demo_end_to_end",
-        }
-    ),
-    "test_cli_corpus.py": frozenset(
-        {
-            "test_end_to_end_subprocess_one_line",
-        }
-    ),
-    "test_convert_hostile.py": frozenset(
-        {
-            "test_cli_prints_a_dcp_refusal_as_one_line",
-        }
-    ),
-    "test_describe.py": frozenset(
-        {
-            "test_save_and_load_views_are_one_description_every_framework",
-            "test_box_memo_gives_the_boxes_torch_gives",
-        }
-    ),
-    "test_doc_examples.py": frozenset(
-        {
-            "test_doc_examples_run",
-        }
-    ),
-    "test_errors.py": frozenset(
-        {
-            "test_crash_before_commit_in_subprocess",
-        }
-    ),
-    "test_framework_registry.py": frozenset(
-        {
-            "test_auto_detection_of_each_framework_incl_compiled_and_fsdp2_tp",
-        }
-    ),
-    "test_fsdp_internals.py": frozenset(
-        {
-            "test_fsdp1_private_accessors_match_the_unwrapped_model",
-            "test_dtensor_local_box_of_fsdp2_and_tp_shards",
-        }
-    ),
-    "test_golden.py": frozenset(
-        {
-            "test_golden_v1_fsdp2_ws3_reshards_to_fsdp2_ws2",
-        }
-    ),
-    "test_monitoring.py": frozenset(
-        {
-            "test_issue16_four_ranks_record_every_phase_within_the_wall_time",
-        }
-    ),
-    "test_optimizer_like.py": frozenset(
-        {
-            "test_optimizer_like_wrapper_reshards_fsdp2_ws2_to_torch_ws1",
-        }
-    ),
-    "test_phases.py": frozenset(
-        {
-            "test_issue26_item14_two_ranks_save_keeps_phases_and_report_shows_both",
-        }
-    ),
     "test_rel_concurrency.py": frozenset(
         {
             "test_two_jobs_saving_at_once_exactly_one_commits",
@@ -146,37 +68,6 @@ DISTRIBUTED_TESTS: dict[str, frozenset[str] | None] = {
         {
             "test_two_ranks_with_faults_on_rank1",
             "test_disk_full_commits_nothing_and_releases_space",
-        }
-    ),
-    "test_shm.py": frozenset(
-        {
-            "test_issue14_shm_checkpoint_shared_by_ranks_of_one_machine",
-        }
-    ),
-    "test_storage_registry.py": frozenset(
-        {
-            "test_a4_no_environment_variable_is_read_at_import",
-        }
-    ),
-    "test_tiering.py": frozenset(
-        {
-            "test_issue14_tiering_to_s3",
-        }
-    ),
-    "test_tools_keymap.py": frozenset(
-        {
-            "test_issue15_modify_renames_drops_and_casts_into_a_new_checkpoint",
-        }
-    ),
-    "test_tools_pieces.py": frozenset(
-        {
-            "test_merge_peak_memory_is_bounded_by_the_piece_not_the_tensor",
-            "test_a_forged_8gib_claim_is_refused_before_allocating",
-        }
-    ),
-    "test_waits.py": frozenset(
-        {
-            "test_issue26_item12_waiting_ranks_warn_and_every_collective_failure_is_a_collective_error",
         }
     ),
 }

@@ -1,13 +1,13 @@
 """Package boundaries (issue 11): test oracles live in ``tests/support`` and import nothing from
 unickpt; no test computes its reference state with shipped code (``testing.toy.full_state`` is
-gone); one launcher (``unickpt.testing.launch``) for tests and benchmarks, never pickle."""
+gone); one launcher (``unickpt.testing.launch``) for tests and benchmarks, never pickle.
+
+Its tests that start processes are in ``tests/integration/test_boundaries_processes.py``."""
 
 from __future__ import annotations
 
 import ast
 import os
-
-import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/unit/ -> the root
 TESTS = os.path.join(ROOT, "tests")
@@ -48,7 +48,7 @@ def test_issue11_boundaries_no_test_takes_its_reference_from_shipped_code():
     from unickpt.testing import toy
 
     assert not hasattr(toy, "full_state")
-    subject_of = {"test_fsdp_internals.py": {"clean_fqn"}}
+    subject_of = {"test_fsdp_internals.py": {"clean_fqn"}, "test_fsdp_internals_processes.py": {"clean_fqn"}}
     for path in _py_files("tests", "bench"):
         allowed = subject_of.get(os.path.basename(path), set())
         bad = [(m, n) for m, n in _imports(path) if m.startswith("unickpt") and n in ("full_state", "clean_fqn")]
@@ -72,19 +72,3 @@ def test_issue11_boundaries_test_plumbing_never_pickles():
             continue
         mods = {m for m, _ in _imports(path)}
         assert not mods & {"pickle", "cloudpickle", "dill"}, path
-
-
-def _unencodable(rank: int, ws: int) -> object:
-    class Opaque:  # only pickle could carry it
-        pass
-
-    return Opaque()
-
-
-def test_issue11_boundaries_launcher_refuses_results_only_pickle_could_carry():
-    from unickpt.testing.launch import RanksFailed, run_ranks
-
-    with pytest.raises(RanksFailed) as ei:
-        run_ranks(_unencodable, 0, timeout=120, threads=1)
-    msg = str(ei.value)
-    assert "rank 0 of 1 failed" in msg and "rank 0 result" in msg and "Opaque" in msg, msg

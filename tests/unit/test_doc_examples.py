@@ -8,20 +8,17 @@ use); the ``CheckpointManager`` resume loop (README and ``manager.py``) must giv
 final weights and optimizer state of an uninterrupted run bit for bit. Two planted broken
 examples (one raising, the old resume loop that trains the saved step twice) must be reported
 broken: the harness catches what it is for.
+
+Its tests that start processes are in ``tests/integration/test_doc_examples_processes.py``.
 """
 
 from __future__ import annotations
 
 import ast
 import glob
-import json
 import os
 import re
-import subprocess
-import sys
 import textwrap
-
-from tests import workers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))  # tests/unit/ -> the repository root
@@ -36,16 +33,6 @@ NOT_RUN = {  # first line of the block -> why it is not run here
 }
 DOCSTRING_MODULES = ("manager.py", "api.py", "checkpointer.py", "monitoring/sinks.py")
 RESUME_MARK = "manager.load_latest("  # the CheckpointManager resume loop: checked bit for bit
-
-OLD_MANAGER_LOOP = """\
-manager = unickpt.CheckpointManager("ckpts", keep_last=3)
-start = manager.load_latest(state, framework="fsdp2")     # None on a fresh start
-for step in range(start or 0, steps):
-    train_step(step)
-    if step % 100 == 0:
-        manager.save(step, state, framework="fsdp2", async_save=True)
-manager.wait()
-"""
 
 
 def doc_blocks() -> list[tuple[str, str]]:
@@ -103,33 +90,3 @@ def test_every_doc_block_is_run_or_has_a_reason():
     names = [s["name"] for s in snippets()]
     assert any(n.startswith("manager.py") for n in names) and any(n.startswith("checkpointer.py") for n in names)
     assert sum(s["kind"] == "resume" for s in snippets()) == 2  # README's and manager.py's
-
-
-def test_doc_examples_run(tmp_path):
-    docs = snippets()
-    planted = [
-        {"name": "planted:raises", "code": "unickpt.load('does-not-exist', state)\n", "kind": "run"},
-        {"name": "planted:old-resume-loop", "code": OLD_MANAGER_LOOP, "kind": "resume"},
-    ]
-    path, out = tmp_path / "snippets.json", tmp_path / "results.json"
-    path.write_text(json.dumps(docs + planted))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(REPO, "src"), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(os.path.dirname(workers.__file__), "doc_examples_worker.py"),
-            str(path),
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    results = json.loads(out.read_text())
-    broken = {name: err for name, err in results.items() if err is not None and not name.startswith("planted:")}
-    assert not broken, "\n\n".join(f"{name}:\n{err}" for name, err in broken.items())
-    assert sorted(results) == sorted(s["name"] for s in docs + planted)
-    assert "NotACheckpointError" in (results["planted:raises"] or "")
-    assert "differs from the uninterrupted one" in (results["planted:old-resume-loop"] or ""), results

@@ -2,15 +2,14 @@
 
 All single-process (framework="torch") with tiny models. The checkpoint fixture saves a model, an
 optimizer with state and extra state; each test breaks one thing and loads.
+
+Its tests that start processes are in ``tests/integration/test_errors_processes.py``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -443,42 +442,6 @@ def test_failed_commit_keeps_previous_checkpoint(tmp_path: Path, monkeypatch: py
     save(path, second, step=3)
     left = {p.parent.name for p in (path / "data").rglob("*.bin")}
     assert left == {first_id, committed_save_id(open_storage(str(path)))}
-
-
-_CRASH = textwrap.dedent("""
-    import os, sys, torch
-    import unickpt
-    from unickpt.folder.publish import RenamePublisher
-
-    def crash(self, name, data):
-        os._exit(17)  # the process dies: no cleanup, no exception handling
-
-    RenamePublisher.publish = crash
-    torch.manual_seed(int(sys.argv[2]))
-    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
-    unickpt.save(sys.argv[1], {"model": model, "extra_state": {"step": 2}}, framework="torch")
-    sys.exit(0)  # not reached
-""")
-
-
-def test_crash_before_commit_in_subprocess(tmp_path: Path) -> None:
-    """os._exit during the commit: the old checkpoint loads bit-exactly; a fresh path is incomplete."""
-    torch.manual_seed(1)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
-    want = snapshot(model)
-    old, fresh = tmp_path / "old", tmp_path / "fresh"
-    unickpt.save(str(old), {"model": model}, framework="torch").wait()
-    for path in (old, fresh):
-        proc = subprocess.run(
-            [sys.executable, "-c", _CRASH, str(path), "2"], capture_output=True, text=True, timeout=120
-        )
-        assert proc.returncode == 17, proc.stderr
-    target = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
-    unickpt.load(str(old), {"model": target}, framework="torch")
-    assert_same(target, want)
-    assert any((fresh / "data").rglob("*.bin"))
-    with pytest.raises(IncompleteCheckpointError, match=str(fresh)):
-        unickpt.load(str(fresh), {"model": target}, framework="torch")
 
 
 def test_issue9_item7_cleanup_failure_after_commit_is_a_warning(

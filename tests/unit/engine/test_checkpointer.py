@@ -4,6 +4,8 @@ Actor and critic (PPO-style): two models, two optimizers, two checkpointers savi
 asynchronously at once. The actor's background snapshot is held on a gate that only the test
 opens; the critic's save, its optimizer step and its commit must all complete while the gate is
 closed (a shared snapshot thread or step guard would deadlock them: the test would time out).
+
+Its tests that start processes are in ``tests/integration/engine/test_checkpointer_processes.py``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import torch
 from torch import nn
 
 import unickpt
-from tests.workers.harness import run_ranks
 
 
 def _model(seed: int, width: int = 64) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -138,40 +139,6 @@ def test_wait_all_reports_failures_of_every_open_checkpointer(tmp_path):
         with pytest.raises(unickpt.AsyncSaveFailures) as info:
             unickpt.wait_all()
         assert str(blocker / "ck") in str(info.value)
-
-
-def _actor_critic(rank: int, ws: int, root: str) -> dict:
-    """ws=2 gloo: each rank saves an actor and a critic through two checkpointers at once,
-    then both load back (into fresh objects) bit-exact."""
-    from torch.distributed.fsdp import fully_shard
-
-    states = {}
-    with unickpt.Checkpointer() as actor_ckpt, unickpt.Checkpointer() as critic_ckpt:
-        handles = []
-        for name, ckpt, seed in (("actor", actor_ckpt, 1), ("critic", critic_ckpt, 2)):
-            model, _ = _model(seed)
-            fully_shard(model)
-            optim = torch.optim.Adam(model.parameters(), lr=1e-2)
-            _step(model, optim, seed)
-            states[name] = {k: v.full_tensor() for k, v in model.state_dict().items()}
-            handles.append(ckpt.save(f"{root}/{name}", {"model": model, "optimizer": optim}, async_save=True))
-        for h in handles:
-            h.wait()
-        ok = {}
-        for name, ckpt, seed in (("actor", actor_ckpt, 1), ("critic", critic_ckpt, 2)):
-            model, _ = _model(seed + 50)
-            fully_shard(model)
-            optim = torch.optim.Adam(model.parameters(), lr=1e-2)
-            _step(model, optim, seed + 50)
-            ckpt.load(f"{root}/{name}", {"model": model, "optimizer": optim})
-            got = {k: v.full_tensor() for k, v in model.state_dict().items()}
-            ok[name] = all(torch.equal(got[k], states[name][k]) for k in got)
-    return ok
-
-
-def test_two_checkpointers_at_world_size_2(tmp_path):
-    for r in run_ranks(_actor_critic, 2, str(tmp_path)):
-        assert r == {"actor": True, "critic": True}
 
 
 def test_manager_handle_waits_for_its_snapshot(tmp_path):

@@ -4,6 +4,8 @@ still load them bit-exact.
 
 The expected values are computed here from the same closed formula the generator used, never
 read back through unickpt.
+
+Its tests that start processes are in ``tests/integration/format/test_golden_processes.py``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from torch import nn
 
 import unickpt
 from tests.fixtures.golden_v1 import GOLDEN, expected_fsdp2_ws3, formula
-from tests.workers.harness import run_ranks
 
 
 class Net(nn.Module):
@@ -104,26 +105,6 @@ def test_golden_v1_fsdp2_ws3_loads_into_one_process_bit_exact(tmp_path):
     unickpt.load(ckpt, state, framework="torch")
     _check_state(_collect(model, optim), optim)
     _check_extra(state["extra_state"], rank=0)
-
-
-def _fsdp2_load(rank: int, ws: int, ckpt: str) -> dict:
-    from torch.distributed.fsdp import fully_shard
-
-    model, _ = _fresh()
-    fully_shard(model.a)
-    fully_shard(model)
-    optim = torch.optim.AdamW(model.parameters(), lr=0.5, betas=(0.9, 0.9), weight_decay=0.0)
-    state = {"model": model, "optimizer": optim, "extra_state": None}
-    unickpt.load(ckpt, state, framework="fsdp2")
-    got = _collect(model, optim)
-    _check_state(got, optim)
-    _check_extra(state["extra_state"], rank=rank)
-    return {"keys": len(got)}
-
-
-def test_golden_v1_fsdp2_ws3_reshards_to_fsdp2_ws2(tmp_path):
-    ckpt = _golden_copy(tmp_path, "v1_fsdp2_ws3")
-    assert [r["keys"] for r in run_ranks(_fsdp2_load, 2, ckpt)] == [13, 13]
 
 
 class Table(nn.Module):

@@ -2,7 +2,9 @@
 optimizer wrappers or an LR-scheduled wrapper) save and load bit-exact, also resharded from
 FSDP2 on 2 ranks to torch on 1; objects that do not fulfil the contract are refused clearly.
 References come from the test oracle (``support.reference.full_state``, gathered with torch's
-own APIs) and from the uninterrupted run's next loss."""
+own APIs) and from the uninterrupted run's next loss.
+
+Its tests that start processes are in ``tests/integration/frameworks/test_optimizer_like_processes.py``."""
 
 from __future__ import annotations
 
@@ -14,7 +16,6 @@ import torch
 
 import unickpt
 from tests.support.reference import full_state
-from tests.workers.harness import run_ranks
 from unickpt.errors import FrameworkError
 from unickpt.frameworks import is_optimizer_like, supports_step_hooks
 from unickpt.testing.toy import build, train_step
@@ -114,13 +115,6 @@ def test_optimizer_like_wrapper_saves_and_loads_bit_exact(tmp_path):
     ckpt = str(tmp_path / "c")
     ref = _save(0, 1, "torch", ckpt)
     assert ref["groups"][0]["lr"] == pytest.approx(1e-2 * 0.5**STEPS)
-    _check(_load("torch", ckpt, ref), ref)
-
-
-def test_optimizer_like_wrapper_reshards_fsdp2_ws2_to_torch_ws1(tmp_path):
-    ckpt = str(tmp_path / "c")
-    res = run_ranks(_save, 2, "fsdp2", ckpt, timeout=240)
-    ref = res[0]
     _check(_load("torch", ckpt, ref), ref)
 
 

@@ -1,5 +1,7 @@
 """``shm://``: checkpoints on the /dev/shm tmpfs, shared by the processes of one machine (issue 14):
-the storage contract, and a checkpoint saved by 2 gloo ranks loaded at 1 and 3 bit for bit."""
+the storage contract, and a checkpoint saved by 2 gloo ranks loaded at 1 and 3 bit for bit.
+
+Its tests that start processes are in ``tests/integration/storage/test_shm_processes.py``."""
 
 from __future__ import annotations
 
@@ -12,8 +14,6 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from tests.fixtures.contract import StorageContract
-from tests.workers.harness import run_ranks
-from tests.workers.s3_workers import load_and_compare, save_replicated
 from unickpt.errors import UnsafePathError
 from unickpt.format.records import METADATA_FILE
 from unickpt.storage import open_storage
@@ -42,15 +42,6 @@ class TestShmContract(StorageContract):
             os.symlink(target, path)
 
         return make
-
-
-def test_issue14_shm_checkpoint_shared_by_ranks_of_one_machine(shm_name):
-    url = f"shm://{shm_name}/step_1"
-    assert isinstance(unwrap(open_storage(url)), ShmStorage)
-    run_ranks(save_replicated, 2, url, 4)
-    assert os.path.isfile(os.path.join(shm_base(), shm_name, "step_1", "unickpt.metadata.json"))
-    assert run_ranks(load_and_compare, 1, url, 4) == [[]]
-    assert run_ranks(load_and_compare, 3, url, 4) == [[], [], []]
 
 
 def test_issue14_shm_names_cannot_escape():

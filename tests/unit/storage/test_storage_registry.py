@@ -1,13 +1,14 @@
 """The scheme registry: an object (a default instance; tests make their own), factories given as
 lazily imported ``module:attr`` strings with the pip extra to name when the import fails,
 duplicate schemes refused; ``open_storage(url, options)`` with a frozen ``StorageOptions``; no
-environment variable read at import time."""
+environment variable read at import time.
+
+Its tests that start processes are in ``tests/integration/storage/test_storage_registry_processes.py``."""
 
 from __future__ import annotations
 
 import os
 import sys
-import textwrap
 
 import pytest
 
@@ -50,33 +51,6 @@ def test_a4_direct_reads_env_default_is_resolved_when_the_backend_is_created(tmp
     assert direct_flags(LocalStorage(str(tmp_path), StorageOptions(direct_reads=False))) == [False]
     monkeypatch.setenv("UNICKPT_DIRECT_READS", "0")
     assert direct_flags(LocalStorage(str(tmp_path), StorageOptions(direct_reads=True))) == [True]
-
-
-def test_a4_no_environment_variable_is_read_at_import(tmp_path):
-    """Importing every storage module reads no environment variable (checked in a fresh
-    interpreter whose ``os.environ`` records every lookup)."""
-    code = textwrap.dedent("""
-        import os
-        seen = []
-        class Env(dict):
-            def get(self, k, d=None):
-                seen.append(k); return super().get(k, d)
-            def __getitem__(self, k):
-                seen.append(k); return super().__getitem__(k)
-            def __contains__(self, k):
-                seen.append(k); return super().__contains__(k)
-        os.environ = Env(os.environ)
-        import unickpt.storage, unickpt.storage.local, unickpt.storage.memory, unickpt.storage.retry
-        import unickpt.folder.publish, unickpt.storage.registry
-        print(sorted({k for k in seen if k.startswith("UNICKPT")}))
-    """)
-    import subprocess
-
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=dict(os.environ)
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]", out.stdout
 
 
 def test_a4_lazy_factory_string_and_install_hint(tmp_path):

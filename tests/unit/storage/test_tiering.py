@@ -1,6 +1,8 @@
 """Hot/cold tiering (issue 14): saves land on a fast tier (shm://), are copied to a durable tier in
 the background, verified there before the fast copy may go; load finds either tier; a durable
-copy that fails verification is never published and the fast copy stays."""
+copy that fails verification is never published and the fast copy stays.
+
+Its tests that start processes are in ``tests/integration/storage/test_tiering_processes.py``."""
 
 from __future__ import annotations
 
@@ -82,22 +84,3 @@ def test_issue14_a_corrupt_durable_copy_is_never_published(tmp_path, fast_root):
     assert tiers.durable.list_checkpoints() == []
     assert [c.step for c in tiers.fast.list_checkpoints()] == [1, 2]  # nothing dropped unverified
     tiers._copier.shutdown(wait=True)
-
-
-def test_issue14_tiering_to_s3(s3_bucket, monkeypatch, fast_root):
-    for k, v in s3_bucket.endpoint.env().items():
-        monkeypatch.setenv(k, v)
-    tiers = unickpt.TieredCheckpointManager(fast_root, f"s3://{s3_bucket.name}/job", keep_fast=1)
-    model = _model(3)
-    for step in (1, 2):
-        with torch.no_grad():
-            model[1].weight.mul_(2.0)
-        tiers.save(step, {"model": model})
-    tiers.wait()
-    assert [c.step for c in tiers.durable.list_checkpoints()] == [1, 2]
-    assert [c.step for c in tiers.fast.list_checkpoints()] == [2]
-    shutil.rmtree(os.path.join(shm_base(), fast_root[len("shm://") :]))
-    fresh = _model(8)
-    assert tiers.load_latest({"model": fresh}) == 2
-    assert all(torch.equal(fresh.state_dict()[k], v) for k, v in _values(model).items())
-    tiers.close()

@@ -9,6 +9,8 @@ missing path, empty folder, a regular file instead of a folder, truncated / garb
 metadata, a data file truncated / missing / replaced by a folder, the metadata replaced by a
 folder, a non-UTF-8 folder name, an empty safetensors file, a garbage safetensors header, a
 garbage DCP ``.metadata``.
+
+Its tests that start processes are in ``tests/integration/tools/test_cli_corpus_processes.py``.
 """
 
 from __future__ import annotations
@@ -16,8 +18,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -326,18 +326,3 @@ def test_unexpected_error_hints_at_debug_and_debug_shows_the_traceback(
     monkeypatch.setenv("UNICKPT_DEBUG", "1")
     with pytest.raises(RuntimeError):
         cli.main(["inspect", str(corpus["good"])])
-
-
-@pytest.mark.parametrize("case", ["md_garbage", "non_utf8"])
-def test_end_to_end_subprocess_one_line(corpus: Corpus, case: str) -> None:
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
-    r = subprocess.run(
-        [sys.executable, "-m", "unickpt", "inspect", os.fsencode(corpus[case])],
-        capture_output=True,
-        timeout=120,
-        env=env,
-    )
-    err = r.stderr.decode("utf-8")  # strict: the line must be valid UTF-8 (the odd name escaped)
-    lines = [x for x in err.splitlines() if x.strip()]
-    assert r.returncode == 1 and len(lines) == 1 and "Traceback" not in err, err
-    assert lines[0].isprintable() and _names(lines[0], corpus[case]), err

@@ -7,6 +7,8 @@ unpickler, written opcode by opcode). The expected outcome is always a refusal o
 allocated for a lie, and with nothing written to the output folder. FIFO cases run the import in
 a thread joined with a timeout, so a hang fails the test (the FIFO is then opened for writing,
 which releases the blocked reader).
+
+Its tests that start processes are in ``tests/integration/tools/test_convert_hostile_processes.py``.
 """
 
 from __future__ import annotations
@@ -17,8 +19,6 @@ import pathlib
 import pickle
 import shutil
 import stat
-import subprocess
-import sys
 import threading
 import tracemalloc
 import warnings
@@ -351,20 +351,6 @@ def test_dcp_pickle_gives_records_only_their_own_fields_of_their_types(case):
     _edit(src, lambda md: setattr(md.state_dict_metadata["w"], "size", torch.Size((3, 4))))
     _edit(src, lambda md: setattr(md, "planner_data", {"w": cycle, "x": [cycle, PosixPath("/")]}))
     _refused(case, CorruptMetadataError, "planner_data")  # a cycle is walked once, not forever
-
-
-def test_cli_prints_a_dcp_refusal_as_one_line(case):
-    _edit(case / "src", lambda md: setattr(_info(md, "w", (0, 0)), "relative_path", "../other/__0_0.distcp"))
-    r = subprocess.run(
-        [sys.executable, "-m", "unickpt", "convert", "--from", "dcp", str(case / "src"), str(case / "ck")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "UnsafePathError" in lines[0] and "../other/__0_0.distcp" in lines[0], r.stderr
-    assert not (case / "ck").exists()
 
 
 # --- item 6: Hugging Face folders ---
