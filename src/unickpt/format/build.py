@@ -10,8 +10,9 @@ the saved blobs (``state.loader``).
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from ..errors import PlanningError
 from ..state.loader import LOADER_SECTION, loader_index
@@ -29,12 +30,28 @@ from .records import (
     data_path,
 )
 
-if TYPE_CHECKING:
-    from ..planning.save.model import GlobalSavePlan
+__all__ = ["SaveSource", "FileSums", "RankSums", "PlannedSave", "build_metadata"]
 
-__all__ = ["SaveSource", "FileSums", "RankSums", "build_metadata"]
+Shape = tuple[int, ...]
 
 FileSums = dict[str, tuple[int, list[int]]]  # data file name -> (size, chunk checksums)
+
+
+class PlannedSave(Protocol):
+    """What ``build_metadata`` reads of a save's global plan (``planning.save.model.GlobalSavePlan``
+    is one; format does not import planning)."""
+
+    @property
+    def save_id(self) -> str: ...
+    @property
+    def files(self) -> tuple[str, ...]: ...
+    @property
+    def tensors(self) -> Mapping[str, tuple[str, Shape]]: ...
+    @property
+    def writers(self) -> Sequence[tuple[str, Shape, Shape, int, int]]: ...
+    @property
+    def layouts(self) -> Sequence[tuple[tuple[int, ...], tuple[tuple[str, int], ...]]]: ...
+    def explicit_entries(self) -> Iterator[tuple[int, Any]]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +64,7 @@ class SaveSource:
 
 
 def build_metadata(
-    gplan: GlobalSavePlan,
+    gplan: PlannedSave,
     sums_by_rank: list[RankSums],
     source: SaveSource,
     world_size: int,
@@ -104,7 +121,7 @@ def build_metadata(
 RankSums = tuple[int, FileSums]  # one rank's checksum chunk size and its files' (size, chunk crcs)
 
 
-def _checksums(gplan: GlobalSavePlan, sums_by_rank: list[RankSums]) -> ChunkChecksums:
+def _checksums(gplan: PlannedSave, sums_by_rank: list[RankSums]) -> ChunkChecksums:
     """Every data file's size and chunk checksums, in the order of ``gplan.files``."""
     chunks = {c for c, _ in sums_by_rank}
     if len(chunks) > 1:

@@ -121,7 +121,7 @@ def test_the_background_commit_of_an_async_save_runs_with_the_collector_on(tmp_p
 
 
 def test_pause_gc_false_leaves_the_collector_on(tmp_path, monkeypatch):
-    from unickpt.engine import load_pipeline
+    from unickpt.engine.load import pipeline as load_pipeline
 
     seen: dict[str, bool] = {}
     check = load_pipeline.check_targets
