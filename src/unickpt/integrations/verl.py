@@ -195,8 +195,13 @@ class UnickptFSDPCheckpointManager(FSDPCheckpointManager):
             self._delete_hf_files(path)
 
     def _delete_hf_files(self, path: str) -> None:
+        """The HF files this manager wrote under ``path/huggingface``, then the folders if empty;
+        nothing when ``path`` or its ``huggingface`` folder is a link (never followed)."""
         folder = os.path.join(path, "huggingface")
-        for name in self._hf_files.pop(path, []):
+        names = self._hf_files.pop(path, [])
+        if os.path.islink(path) or os.path.islink(folder):
+            return
+        for name in names:
             file = os.path.join(folder, name)
             if os.path.isfile(file) and not os.path.islink(file):
                 os.remove(file)
