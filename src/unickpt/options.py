@@ -1,4 +1,11 @@
-"""Option dataclasses for save and load, grouped by concern (small, frozen, keyword-only)."""
+"""The options of a save (``SaveOptions``) and of a load (``LoadOptions``, grouped: ``io`` =
+``ReadOptions``, ``limits`` = ``LoadLimits``, ``restore`` = ``RestoreOptions``): small frozen,
+keyword-only dataclasses that validate their values when built. The caller builds them; the
+save and load pipelines (``engine.save``, ``engine.load``) only read them.
+
+``LoadOptions`` still takes the flat keywords of earlier releases (``io_threads=`` ...) and puts
+them into their group, with a DeprecationWarning (``_init_taking_flat_keywords``); reading a
+flat attribute works the same way (``_MovedField``)."""
 
 from __future__ import annotations
 
@@ -228,7 +235,7 @@ class LoadOptions:
 
 _GROUPS: dict[str, type[Any]] = {"io": ReadOptions, "limits": LoadLimits, "restore": RestoreOptions}
 # flat keyword of earlier releases -> (its group, its name there)
-MOVED_LOAD_FIELDS: dict[str, tuple[str, str]] = {
+_MOVED_FIELDS: dict[str, tuple[str, str]] = {
     attr: (v.group, v.name) for attr, v in vars(LoadOptions).items() if isinstance(v, _MovedField)
 }
 
@@ -239,11 +246,11 @@ def _init_taking_flat_keywords(generated: Callable[..., None]) -> Callable[..., 
 
     @functools.wraps(generated)
     def __init__(self: LoadOptions, **kwargs: Any) -> None:
-        flat = {k: kwargs.pop(k) for k in [k for k in kwargs if k in MOVED_LOAD_FIELDS]}
+        flat = {k: kwargs.pop(k) for k in [k for k in kwargs if k in _MOVED_FIELDS]}
         if flat:
             changes: dict[str, dict[str, Any]] = {}
             for attr, value in flat.items():
-                group, name = MOVED_LOAD_FIELDS[attr]
+                group, name = _MOVED_FIELDS[attr]
                 changes.setdefault(group, {})[name] = value
             for group, fields in changes.items():
                 base = kwargs.get(group, _GROUPS[group]())
@@ -257,7 +264,7 @@ def _init_taking_flat_keywords(generated: Callable[..., None]) -> Callable[..., 
 
 
 def _new_spelling(attr: str) -> str:
-    group, name = MOVED_LOAD_FIELDS[attr]
+    group, name = _MOVED_FIELDS[attr]
     return f"LoadOptions({attr}=...) is deprecated: use LoadOptions({group}={_GROUPS[group].__name__}({name}=...))"
 
 
