@@ -3,7 +3,8 @@ through its public names (issue 29, item 6: internals clearly private).
 
 Public: a dotted name docs/api.md lists after its introduction (whose paragraph names the
 internal packages), an attribute of a listed object (``unickpt.SaveHandle.wait``), or a name a
-listed *module* defines that does not start with ``_`` (not one of its submodules). Imports
+listed *module* offers (its ``__all__``, else what it binds), not starting with ``_`` and not one
+of its submodules. Imports
 (``import``, ``from ... import``, relative ones resolved; inside functions too) and attribute
 chains on an imported ``unickpt`` (``unickpt.engine.x``) are read with ``ast``, nothing is
 imported. An integration's imports of its own package (``from ._delete import ...``) are its
@@ -48,19 +49,21 @@ def _public_names() -> set[str]:
     return set(re.findall(r"`(unickpt(?:\.[A-Za-z_][A-Za-z0-9_]*)+)", listed))
 
 
-def _binds(path: str, name: str) -> bool:
-    """Whether the module at ``path`` binds ``name`` at its top level (read, not imported)."""
+def _exports(path: str) -> set[str]:
+    """The names the module at ``path`` offers: its ``__all__`` where it has one, else every
+    name it binds at its top level (read, not imported)."""
+    bound = set()
     for node in ast.parse(open(path, encoding="utf-8").read(), path).body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
-            return True
         if isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
-                return True
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            if any((a.asname or a.name.split(".")[0]) == name for a in node.names):
-                return True
-    return False
+            if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets) and node.value is not None:
+                return set(ast.literal_eval(node.value))
+            bound |= {t.id for t in targets if isinstance(t, ast.Name)}
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {a.asname or a.name.split(".")[0] for a in node.names}
+    return bound
 
 
 def is_public(dotted: str, public: set[str]) -> bool:
@@ -74,8 +77,8 @@ def is_public(dotted: str, public: set[str]) -> bool:
         module = _module_file(head)
         if k == len(parts) or module is None:  # the name itself, or an attribute of a listed object
             return True
-        name = parts[k]  # a name of a listed module: its own, not a submodule, not private
-        return not name.startswith("_") and _module_file(f"{head}.{name}") is None and _binds(module, name)
+        name = parts[k]  # a name a listed module offers, not a submodule, not private
+        return not name.startswith("_") and _module_file(f"{head}.{name}") is None and name in _exports(module)
     return False
 
 
@@ -171,7 +174,7 @@ def test_the_check_tells_public_from_internal() -> None:
         "from unickpt.storage import open_storage\n"
         "from unickpt.engine.runtime.worker import SaveHandle\n"
         "from unickpt.storage import local\n"
-        "from unickpt.options import _member\n"
+        "from unickpt.options import _member, METADATA_LIMIT\n"
         "def f():\n"
         "    from ..state.items import PerRank\n"
         "    return unickpt.SaveHandle.wait, unickpt.format.records.METADATA_FILE, unickpt.transforms.split_rows\n"
@@ -187,6 +190,7 @@ def test_the_check_tells_public_from_internal() -> None:
         "unickpt.engine.runtime.worker.SaveHandle": False,  # public as unickpt.SaveHandle only
         "unickpt.storage.local": False,  # a submodule of a public package
         "unickpt.options._member": False,
+        "unickpt.options.METADATA_LIMIT": False,  # bound there, not in its __all__
         "unickpt.state.items.PerRank": False,  # relative, inside a function
         "unickpt.SaveHandle.wait": True,
         "unickpt.format.records.METADATA_FILE": False,
