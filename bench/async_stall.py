@@ -618,16 +618,17 @@ def ddp_main(rank: int, ws: int, cfg: dict) -> dict:
         _dcp_load(model, optim, dpath, CountingReader(dpath))
 
     from unickpt import LoadOptions
+    from unickpt.options import ReadOptions
 
     ops = [
         ("unickpt (dedup auto)", lambda: unickpt.load(upath, state, framework="ddp")),
         (
             "unickpt dedup_reads=True",
-            lambda: unickpt.load(upath, state, framework="ddp", options=LoadOptions(dedup_reads=True)),
+            lambda: unickpt.load(upath, state, framework="ddp", options=LoadOptions(io=ReadOptions(dedup_reads=True))),
         ),
         (
             "unickpt dedup_reads=False",
-            lambda: unickpt.load(upath, state, framework="ddp", options=LoadOptions(dedup_reads=False)),
+            lambda: unickpt.load(upath, state, framework="ddp", options=LoadOptions(io=ReadOptions(dedup_reads=False))),
         ),
         ("DCP", dcp_load),
     ]

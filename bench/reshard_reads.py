@@ -79,13 +79,14 @@ def load_rank(rank: int, ws: int, cfg: dict) -> dict:
     import torch
 
     import unickpt
+    from unickpt.options import ReadOptions
 
     torch.set_num_threads(1)
     layers, dim = cfg["shape"]
     model, optim = build_model(layers, dim, seed=2, fsdp2=True)
     train_step(model, optim, torch.randn(2, dim))  # optimizer state exists, with other values
     log = EventLog()
-    options = unickpt.LoadOptions(dedup_reads=cfg["dedup"])
+    options = unickpt.LoadOptions(io=ReadOptions(dedup_reads=cfg["dedup"]))
     rows = []
     for _ in range(cfg["repeats"]):
         barrier()

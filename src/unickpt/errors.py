@@ -221,7 +221,7 @@ class LoaderStateError(StateMismatchError, ValueError):
 
 class ExtraStateResizeError(StateMismatchError, ValueError):
     """Per-rank ``extra_state`` saved at another world size, with
-    ``LoadOptions(extra_state_on_resize="error")``."""
+    ``LoadOptions(restore=RestoreOptions(extra_state_on_resize="error"))``."""
 
 
 class UnsupportedValueError(ConfigurationError, TypeError):

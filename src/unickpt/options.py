@@ -1,10 +1,21 @@
-"""Option dataclasses for save and load, grouped by concern (small, frozen, keyword-only)."""
+"""The options of a save (``SaveOptions``) and of a load (``LoadOptions``, grouped: ``io`` =
+``ReadOptions``, ``limits`` = ``LoadLimits``, ``restore`` = ``RestoreOptions``): small frozen,
+keyword-only dataclasses that validate their values when built. The caller builds them; the
+save and load pipelines (``engine.save``, ``engine.load``) only read them.
+
+``LoadOptions`` still takes the flat keywords of earlier releases (``io_threads=`` ...) and puts
+them into their group, with a DeprecationWarning (``_init_taking_flat_keywords``); reading a
+flat attribute works the same way (``_MovedField``)."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any, Generic, TypeVar, overload
 
 from .coordination.topology import CoordinationOptions
 from .format.checksums import MAX_CHUNK, MIN_CHUNK, is_chunk_size
@@ -15,6 +26,9 @@ from .storage.options import StorageOptions
 __all__ = [
     "SaveOptions",
     "LoadOptions",
+    "ReadOptions",
+    "LoadLimits",
+    "RestoreOptions",
     "StorageOptions",
     "CoordinationOptions",
     "ExtraStateOnResize",
@@ -23,7 +37,7 @@ __all__ = [
 
 
 class ExtraStateOnResize(StrEnum):
-    """``LoadOptions.extra_state_on_resize``: per-rank extra_state (RNG states, per-rank counters)
+    """``RestoreOptions.extra_state_on_resize``: per-rank extra_state (RNG states, per-rank counters)
     after a change of world size. The plain strings are accepted too (and compare equal)."""
 
     MODULO = "modulo"  # rank r gets saved rank r % saved_world_size's values (a warning after growing)
@@ -33,7 +47,7 @@ class ExtraStateOnResize(StrEnum):
 
 
 class LoaderOnResize(StrEnum):
-    """``LoadOptions.loader_on_resize``: a loader without the unickpt.data protocol (per-rank
+    """``RestoreOptions.loader_on_resize``: a loader without the unickpt.data protocol (per-rank
     state_dict) after a change of world size. The plain strings are accepted too."""
 
     ERROR = "error"  # LoaderStateError: its state cannot be split or merged
@@ -84,32 +98,30 @@ class SaveOptions:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class LoadOptions:
-    io_threads: int = 4  # reader threads per rank
-    verify_checksums: bool = True
+class ReadOptions:
+    """``LoadOptions.io``: how a load reads the checkpoint's bytes. These change how fast a load
+    is, never what it loads."""
+
+    threads: int = 4  # reader threads per rank
     # read each saved byte once across all ranks and forward it over the process group:
     # True always, False never, None (auto) unless all ranks share one host's page cache
     dedup_reads: bool | None = None
-    # caps on what a checkpoint's content makes unickpt read or allocate (SizeLimitError beyond):
-    # the metadata file, and each extra_state / dataloader blob
-    max_metadata_bytes: int = METADATA_LIMIT  # 1 GiB
-    max_blob_bytes: int = 1 << 30
-    stage_before_apply: bool = False
-    cast_dtypes: bool = False
-    # seconds each collective of this load may wait for the other ranks (see SaveOptions.timeout)
-    timeout: float | None = None
-    # how the storage is opened (see SaveOptions.storage)
-    storage: StorageOptions = field(default_factory=StorageOptions)
-    # a loader without the unickpt.data protocol (per-rank state_dict) after a change of world
-    # size: "error" (LoaderStateError: its state cannot be split or merged) or "skip" (leave
-    # the loader as it is, with a warning); a LoaderOnResize or its string
-    loader_on_resize: LoaderOnResize | str = LoaderOnResize.ERROR
-    # per-rank extra_state (RNG states, per-rank counters) after a change of world size:
-    # "modulo" (rank r gets saved rank r % saved_world_size's values: after growing, several ranks
-    # get one saved rank's RNG state; a warning says so), "rank0" (every rank gets saved rank 0's),
-    # "error" (ExtraStateResizeError), "skip" (extra_state is left
-    # as the job built it, with a warning); an ExtraStateOnResize or its string
-    extra_state_on_resize: ExtraStateOnResize | str = ExtraStateOnResize.MODULO
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadLimits:
+    """``LoadOptions.limits``: caps on what a checkpoint's content makes unickpt read or allocate
+    (SizeLimitError beyond), so that a hostile or corrupt checkpoint cannot exhaust memory."""
+
+    max_metadata_bytes: int = METADATA_LIMIT  # the metadata file (1 GiB)
+    max_blob_bytes: int = 1 << 30  # each extra_state / dataloader blob
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RestoreOptions:
+    """``LoadOptions.restore``: how the saved state maps onto the job's when they differ (names,
+    tensor layout, dtypes, world size)."""
+
     # rename checkpoint keys as they are read: key_map("model.transformer.h.0.attn.weight") ->
     # "model.layers.0.attn.weight" (None drops the tensor); optimizer keys and param groups follow
     # (format.keymap). For loading into a model whose names differ (HF <-> Megatron names ...)
@@ -118,12 +130,21 @@ class LoadOptions:
     # row ranges joined along dim 0, e.g. a fused QKV split into Q, K, V
     # (transforms.split_rows / megatron_qkv_split) or Q, K, V fused; optimizer state follows
     transforms: Sequence[RowsTensor] = ()
-    # pause Python's cyclic garbage collector during the load's validation, reads and apply
-    # (see SaveOptions.pause_gc); False: the collector is left alone
-    pause_gc: bool = True
+    # convert each tensor to the destination's dtype while loading (as Tensor.to); False: a dtype
+    # that differs is a DtypeMismatchError
+    cast_dtypes: bool = False
+    # per-rank extra_state (RNG states, per-rank counters) after a change of world size:
+    # "modulo" (rank r gets saved rank r % saved_world_size's values: after growing, several ranks
+    # get one saved rank's RNG state; a warning says so), "rank0" (every rank gets saved rank 0's),
+    # "error" (ExtraStateResizeError), "skip" (extra_state is left
+    # as the job built it, with a warning); an ExtraStateOnResize or its string
+    extra_state_on_resize: ExtraStateOnResize | str = ExtraStateOnResize.MODULO
+    # a loader without the unickpt.data protocol (per-rank state_dict) after a change of world
+    # size: "error" (LoaderStateError: its state cannot be split or merged) or "skip" (leave
+    # the loader as it is, with a warning); a LoaderOnResize or its string
+    loader_on_resize: LoaderOnResize | str = LoaderOnResize.ERROR
 
     def __post_init__(self) -> None:
-        _check_timeout(self.timeout)
         extra = _member(ExtraStateOnResize, self.extra_state_on_resize)
         if extra is None:
             raise ValueError(
@@ -134,6 +155,120 @@ class LoadOptions:
             raise ValueError(f"loader_on_resize must be 'error' or 'skip', got {self.loader_on_resize!r}")
         object.__setattr__(self, "extra_state_on_resize", extra)  # the member, whichever form was given
         object.__setattr__(self, "loader_on_resize", loader)
+
+
+_T = TypeVar("_T")
+
+
+class _MovedField(Generic[_T]):
+    """A ``LoadOptions`` attribute that moved into a group: reading ``opts.io_threads`` still
+    gives ``opts.io.threads``, with a DeprecationWarning naming the new spelling."""
+
+    def __init__(self, group: str, name: str) -> None:
+        self.group, self.name = group, name
+
+    def __set_name__(self, owner: type, attr: str) -> None:
+        self.attr = attr
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> _MovedField[_T]: ...
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> _T: ...
+    def __get__(self, obj: object, owner: type | None = None) -> _T | _MovedField[_T]:
+        if obj is None:
+            return self
+        warnings.warn(
+            f"LoadOptions.{self.attr} is deprecated: read LoadOptions.{self.group}.{self.name}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        value: _T = getattr(getattr(obj, self.group), self.name)
+        return value
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadOptions:
+    """How one load runs: ``io`` (reads), ``limits`` (caps), ``restore`` (mapping saved state
+    onto the job's), and the load's checks, deadline, storage and collector.
+
+    Change one setting of a group with ``dataclasses.replace``, e.g.
+    ``replace(opts, io=replace(opts.io, threads=8))``. The flat keywords of earlier releases
+    (``LoadOptions(io_threads=8, key_map=f)``; ``dataclasses.replace(opts, io_threads=8)``) are
+    still accepted and put into their group, with a DeprecationWarning naming the new spelling;
+    a flat keyword given with its group overrides the group's field. Reading a flat attribute
+    (``opts.io_threads``) works the same way."""
+
+    io: ReadOptions = field(default_factory=ReadOptions)
+    limits: LoadLimits = field(default_factory=LoadLimits)
+    restore: RestoreOptions = field(default_factory=RestoreOptions)
+    verify_checksums: bool = True  # verify each chunk read against its CRC32C (ChecksumMismatchError)
+    # read every tensor's bytes into staging buffers and verify them all before copying any into
+    # the job's tensors (a failed load leaves them untouched, at the cost of one copy's memory);
+    # False: bytes go straight into the tensors, so a failure mid-way leaves them partly loaded
+    stage_before_apply: bool = False
+    # seconds each collective of this load may wait for the other ranks (see SaveOptions.timeout)
+    timeout: float | None = None
+    # how the storage is opened (see SaveOptions.storage)
+    storage: StorageOptions = field(default_factory=StorageOptions)
+    # pause Python's cyclic garbage collector during the load's validation, reads and apply
+    # (see SaveOptions.pause_gc); False: the collector is left alone
+    pause_gc: bool = True
+
+    # the flat attributes of earlier releases (deprecated; see the class docstring)
+    io_threads = _MovedField[int]("io", "threads")
+    dedup_reads = _MovedField[bool | None]("io", "dedup_reads")
+    max_metadata_bytes = _MovedField[int]("limits", "max_metadata_bytes")
+    max_blob_bytes = _MovedField[int]("limits", "max_blob_bytes")
+    key_map = _MovedField[Callable[[str], str | None] | None]("restore", "key_map")
+    transforms = _MovedField[Sequence[RowsTensor]]("restore", "transforms")
+    cast_dtypes = _MovedField[bool]("restore", "cast_dtypes")
+    extra_state_on_resize = _MovedField[ExtraStateOnResize]("restore", "extra_state_on_resize")
+    loader_on_resize = _MovedField[LoaderOnResize]("restore", "loader_on_resize")
+
+    def __post_init__(self) -> None:
+        for name, kind in _GROUPS.items():
+            value = getattr(self, name)
+            if not isinstance(value, kind):
+                raise TypeError(f"LoadOptions.{name} must be a {kind.__name__}, got {value!r}")
+        _check_timeout(self.timeout)
+
+
+_GROUPS: dict[str, type[Any]] = {"io": ReadOptions, "limits": LoadLimits, "restore": RestoreOptions}
+# flat keyword of earlier releases -> (its group, its name there)
+_MOVED_FIELDS: dict[str, tuple[str, str]] = {
+    attr: (v.group, v.name) for attr, v in vars(LoadOptions).items() if isinstance(v, _MovedField)
+}
+
+
+def _init_taking_flat_keywords(generated: Callable[..., None]) -> Callable[..., None]:
+    """``LoadOptions.__init__``: the dataclass's, after moving each flat keyword into its group
+    (built first, so that a refused value raises the group's error before any warning)."""
+
+    @functools.wraps(generated)
+    def __init__(self: LoadOptions, **kwargs: Any) -> None:
+        flat = {k: kwargs.pop(k) for k in [k for k in kwargs if k in _MOVED_FIELDS]}
+        if flat:
+            changes: dict[str, dict[str, Any]] = {}
+            for attr, value in flat.items():
+                group, name = _MOVED_FIELDS[attr]
+                changes.setdefault(group, {})[name] = value
+            for group, fields in changes.items():
+                base = kwargs.get(group, _GROUPS[group]())
+                if not isinstance(base, _GROUPS[group]):
+                    raise TypeError(f"LoadOptions.{group} must be a {_GROUPS[group].__name__}, got {base!r}")
+                kwargs[group] = dataclasses.replace(base, **fields)
+            warnings.warn("; ".join(_new_spelling(attr) for attr in flat), DeprecationWarning, stacklevel=2)
+        generated(self, **kwargs)
+
+    return __init__
+
+
+def _new_spelling(attr: str) -> str:
+    group, name = _MOVED_FIELDS[attr]
+    return f"LoadOptions({attr}=...) is deprecated: use LoadOptions({group}={_GROUPS[group].__name__}({name}=...))"
+
+
+LoadOptions.__init__ = _init_taking_flat_keywords(LoadOptions.__init__)  # type: ignore[method-assign]
 
 
 def _member(enum: type[StrEnum], value: object) -> StrEnum | None:

@@ -310,21 +310,25 @@ def test_item9_fifos_devices_and_huge_files_fail_fast(tmp_path):
 
 
 def test_item9_metadata_cap_is_an_option_and_memory_storage_applies_it(tmp_path):
-    from unickpt.options import LoadOptions
+    from unickpt.options import LoadLimits, LoadOptions
     from unickpt.storage.memory import MemoryStorage
 
     ckpt = str(tmp_path / "ck")
     _save(ckpt)
     size = os.path.getsize(os.path.join(ckpt, METADATA_FILE))
     with pytest.raises(unickpt.CheckpointError, match=f"{size - 1}.*max_metadata_bytes|max_metadata_bytes.*{size - 1}"):
-        unickpt.load(ckpt, _state(9), framework="torch", options=LoadOptions(max_metadata_bytes=size - 1))
-    unickpt.load(ckpt, _state(9), framework="torch", options=LoadOptions(max_metadata_bytes=size))
+        unickpt.load(
+            ckpt, _state(9), framework="torch", options=LoadOptions(limits=LoadLimits(max_metadata_bytes=size - 1))
+        )
+    unickpt.load(ckpt, _state(9), framework="torch", options=LoadOptions(limits=LoadLimits(max_metadata_bytes=size)))
     mem = MemoryStorage(f"unickpt-item9-{tmp_path.name}")
     for name in data_files(ckpt):
         if name.startswith("data/") or name == METADATA_FILE:
             mem.write(name, [open(os.path.join(ckpt, name), "rb").read()])
     with pytest.raises(unickpt.CheckpointError, match=str(size - 1)):
-        unickpt.load(mem.url, _state(9), framework="torch", options=LoadOptions(max_metadata_bytes=size - 1))
+        unickpt.load(
+            mem.url, _state(9), framework="torch", options=LoadOptions(limits=LoadLimits(max_metadata_bytes=size - 1))
+        )
     unickpt.load(mem.url, _state(9), framework="torch")
     mem.write("big-pointer", [b"x" * ((64 << 10) + 1)])
     with pytest.raises(unickpt.CheckpointError, match="65536"):

@@ -34,6 +34,7 @@ from unickpt.errors import (
     UnsupportedFormatVersionError,
 )
 from unickpt.format import METADATA_FILE, Metadata, decode_metadata
+from unickpt.options import RestoreOptions
 
 
 class Tiny(nn.Module):
@@ -502,14 +503,14 @@ def test_item10_dtype_mismatch_capped_with_cast_hint(tmp_path: Path) -> None:
 
 
 def test_item10_cast_dtypes_bit_exact(tmp_path: Path) -> None:
-    """fp32 checkpoint -> bf16 / fp16 model with LoadOptions(cast_dtypes=True): each tensor equals
-    torch's own ``.to(dtype)`` of the saved tensor."""
+    """fp32 checkpoint -> bf16 / fp16 model with LoadOptions(restore=RestoreOptions(cast_dtypes=True)): each
+    tensor equals torch's own ``.to(dtype)`` of the saved tensor."""
     model, _ = trained(Tiny())
     save(tmp_path / "c", model)
     want = snapshot(model)
     for dtype in (torch.bfloat16, torch.float16):
         target = Tiny(seed=4).to(dtype)
-        load(tmp_path / "c", target, options=unickpt.LoadOptions(cast_dtypes=True))
+        load(tmp_path / "c", target, options=unickpt.LoadOptions(restore=RestoreOptions(cast_dtypes=True)))
         for k, v in target.state_dict().items():
             assert v.dtype == dtype and torch.equal(v, want[k].to(dtype)), k
 

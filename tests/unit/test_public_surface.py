@@ -273,21 +273,21 @@ def test_issue29_tools_package_is_gone_and_entry_points_work() -> None:
 
 def test_issue29_resize_policies_are_enums_that_take_their_strings() -> None:
     from unickpt import LoadOptions
-    from unickpt.options import ExtraStateOnResize, LoaderOnResize
+    from unickpt.options import ExtraStateOnResize, LoaderOnResize, RestoreOptions
 
     assert [m.value for m in ExtraStateOnResize] == ["modulo", "rank0", "error", "skip"]
     assert [m.value for m in LoaderOnResize] == ["error", "skip"]
-    default = LoadOptions()
+    default = LoadOptions().restore
     assert default.extra_state_on_resize is ExtraStateOnResize.MODULO and default.extra_state_on_resize == "modulo"
     assert default.loader_on_resize is LoaderOnResize.ERROR and default.loader_on_resize == "error"
     for text in ("modulo", "rank0", "error", "skip"):
-        by_text = LoadOptions(extra_state_on_resize=text)
+        by_text = RestoreOptions(extra_state_on_resize=text)
         assert by_text.extra_state_on_resize is ExtraStateOnResize(text)
-        assert by_text == LoadOptions(extra_state_on_resize=ExtraStateOnResize(text))
-    assert LoadOptions(loader_on_resize="skip").loader_on_resize is LoaderOnResize.SKIP
+        assert by_text == RestoreOptions(extra_state_on_resize=ExtraStateOnResize(text))
+    assert RestoreOptions(loader_on_resize="skip").loader_on_resize is LoaderOnResize.SKIP
     for bad in ("MODULO", "", None, 0, ["modulo"]):
         with pytest.raises(ValueError, match="extra_state_on_resize must be modulo, rank0, error or skip"):
-            LoadOptions(extra_state_on_resize=bad)  # type: ignore[arg-type]
+            RestoreOptions(extra_state_on_resize=bad)  # type: ignore[arg-type]
     for bad in ("modulo", "Skip", None, ExtraStateOnResize.RANK0):
         with pytest.raises(ValueError, match="loader_on_resize must be 'error' or 'skip'"):
-            LoadOptions(loader_on_resize=bad)  # type: ignore[arg-type]
+            RestoreOptions(loader_on_resize=bad)  # type: ignore[arg-type]

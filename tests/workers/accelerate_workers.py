@@ -17,6 +17,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArgumen
 import unickpt
 from unickpt.integrations.accelerate import load_state, save_state
 from unickpt.integrations.hf_trainer import UnickptTrainerMixin
+from unickpt.options import RestoreOptions
 
 GLOBAL_BATCH, SEQ, VOCAB = 6, 8, 64  # 6 rows: 3, 2 or 6 per rank at ws 2, 3, 1
 SAVED_AT, STEPS = 3, 6  # saved after 3 steps; 3 more after a resume
@@ -175,7 +176,7 @@ def stateful_loader(rank: int, ws: int, root: str) -> dict[str, Any]:
         load_state(acc, path)
         return {"resize": "loaded"}
     except unickpt.CheckpointError as e:
-        load_state(acc, path, options=unickpt.LoadOptions(loader_on_resize="skip"))
+        load_state(acc, path, options=unickpt.LoadOptions(restore=RestoreOptions(loader_on_resize="skip")))
         return {"resize": type(e).__name__, "skipped": [next(iter(loader))[0].tolist()]}
 
 

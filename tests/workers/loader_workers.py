@@ -9,6 +9,7 @@ from torch import nn
 
 import unickpt
 from tests.workers.loader_data import drain, make_loader
+from unickpt.options import RestoreOptions
 
 
 def _model() -> nn.Module:
@@ -54,7 +55,9 @@ def load_plain(rank: int, ws: int, path: str, on_resize: str) -> dict:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             unickpt.load(
-                path, {"model": _model(), "dataloader": loader}, options=unickpt.LoadOptions(loader_on_resize=on_resize)
+                path,
+                {"model": _model(), "dataloader": loader},
+                options=unickpt.LoadOptions(restore=RestoreOptions(loader_on_resize=on_resize)),
             )
     except unickpt.LoaderStateError as e:
         return {"error": str(e), "pos": loader.pos}
@@ -70,7 +73,7 @@ def load_extra(rank: int, ws: int, path: str, choice: str) -> dict:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            unickpt.load(path, state, options=unickpt.LoadOptions(extra_state_on_resize=choice))
+            unickpt.load(path, state, options=unickpt.LoadOptions(restore=RestoreOptions(extra_state_on_resize=choice)))
         except unickpt.ExtraStateResizeError as e:
             return {"error": str(e)}
     return {"rank": state["extra_state"]["rank"], "warned": bool(caught) and rank == 0}

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 import unickpt
 from tests.workers import megatron_env as env
+from unickpt.options import RestoreOptions
 
 SAVE_SEED, LOAD_SEED = 1234, 999
 STEP = 0  # the training step saved after; the next one is STEP + 1
@@ -84,7 +85,7 @@ def load_job(
     initial = env.full_model_state(chunks, sharded_keys=True)
     if warm:
         env.train_step(chunks, opt, 7)
-    options = unickpt.LoadOptions(cast_dtypes=cast_dtypes)
+    options = unickpt.LoadOptions(restore=RestoreOptions(cast_dtypes=cast_dtypes))
     unickpt.load(path, {"model": chunks, "optimizer": opt}, framework=framework, options=options)
     loaded = _state(chunks, opt)
     loss = env.train_step(chunks, opt, STEP + 1)
@@ -136,7 +137,7 @@ def consolidate_job(rank: int, world: int, path: str, fsdp2: bool) -> dict[str, 
         path,
         {"model": model, "optimizer": opt},
         framework=framework,
-        options=unickpt.LoadOptions(key_map=key_map),
+        options=unickpt.LoadOptions(restore=RestoreOptions(key_map=key_map)),
     )
 
     def full(t: torch.Tensor) -> torch.Tensor:
@@ -257,7 +258,7 @@ def megatron_to_neox(key: str) -> str | None:
 
 def hf_job(rank: int, world: int, path: str) -> dict[str, Any]:
     """Load a Megatron checkpoint into a Hugging Face GPTNeoX model (and a torch AdamW) through
-    LoadOptions(key_map=...); return its tensors and Adam moments by HF name."""
+    LoadOptions(restore=RestoreOptions(key_map=...)); return its tensors and Adam moments by HF name."""
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
     config = GPTNeoXConfig(
@@ -288,7 +289,9 @@ def hf_job(rank: int, world: int, path: str) -> dict[str, Any]:
                 return None if hf is None else prefix + hf
         return None if key.startswith("optimizer.main_params.") else key
 
-    unickpt.load(path, {"model": model, "optimizer": opt}, options=unickpt.LoadOptions(key_map=key_map))
+    unickpt.load(
+        path, {"model": model, "optimizer": opt}, options=unickpt.LoadOptions(restore=RestoreOptions(key_map=key_map))
+    )
     params = dict(model.named_parameters())
     return {
         "model": {n: p.detach().clone() for n, p in params.items()},

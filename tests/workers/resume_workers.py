@@ -21,6 +21,7 @@ import unickpt.errors
 from tests.support.reference import full_state
 from tests.workers.fsdp1_workers import CFG, make
 from tests.workers.reshard_workers import param_groups
+from unickpt.options import ReadOptions, RestoreOptions
 from unickpt.testing.toy import ToyConfig, batch, build, train_step
 
 
@@ -399,7 +400,7 @@ def cast_load(rank: int, ws: int, ckpt: str) -> dict[str, Any]:
         ckpt,
         {"model": model},
         framework="ddp",
-        options=unickpt.LoadOptions(cast_dtypes=True, dedup_reads=True),
+        options=unickpt.LoadOptions(io=ReadOptions(dedup_reads=True), restore=RestoreOptions(cast_dtypes=True)),
     )
     return {k: v.clone() for k, v in model.module.state_dict().items()}
 

@@ -1,6 +1,6 @@
 """Rank functions for the load-time transform tests (``tests/integration/tools/test_tools_transforms.py``): a model
 with a fused QKV projection, saved; a model with separate Q, K, V, loaded through
-``LoadOptions(transforms=...)``. Plain torch modules, FSDP2-sharded when ``ws > 1``."""
+``LoadOptions(restore=RestoreOptions(transforms=...))``. Plain torch modules, FSDP2-sharded when ``ws > 1``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from torch import nn
 import unickpt
 from tests.support.reference import full_state
 from unickpt.format.transforms import split_rows
+from unickpt.options import RestoreOptions
 
 D, H = 8, 12  # model width, rows of each of Q, K, V
 
@@ -86,7 +87,11 @@ def save_fused(rank: int, ws: int, ckpt: str) -> dict | None:
 
 def load_split(rank: int, ws: int, ckpt: str) -> dict:
     model, optim = built(Split, 1)
-    unickpt.load(ckpt, {"model": model, "optimizer": optim}, options=unickpt.LoadOptions(transforms=qkv_transforms()))
+    unickpt.load(
+        ckpt,
+        {"model": model, "optimizer": optim},
+        options=unickpt.LoadOptions(restore=RestoreOptions(transforms=qkv_transforms())),
+    )
     state = full_state(model, optim)
     groups = [{k: v for k, v in g.items() if k != "params"} for g in optim.param_groups]
     return {"state": {k: v.tolist() for k, v in state.items()}, "groups": groups}

@@ -26,7 +26,7 @@ from ..storage.base import METADATA_LIMIT, Storage
 
 __all__ = ["read_metadata", "read_blob", "BLOB_LIMIT"]
 
-BLOB_LIMIT = 1 << 30  # default cap of one extra_state / dataloader blob (LoadOptions.max_blob_bytes)
+BLOB_LIMIT = 1 << 30  # default cap of one extra_state / dataloader blob (LoadOptions.limits.max_blob_bytes)
 
 
 def read_metadata(coord: Coordinator, storage: Storage, limit: int = METADATA_LIMIT) -> Metadata:
@@ -63,8 +63,8 @@ def read_blob(md: Metadata, storage: Storage, blob: BlobRecord, rank: int, cap: 
     if blob.byte_length > cap:
         raise SizeLimitError(
             f"rank {rank}: blob {blob.key!r} in {storage.url}/{name} claims {blob.byte_length} bytes, over the "
-            f"cap of {cap} bytes per blob; refused before allocating it (LoadOptions(max_blob_bytes=...) "
-            "raises the cap for a checkpoint you trust)"
+            f"cap of {cap} bytes per blob; refused before allocating it "
+            "(LoadOptions(limits=LoadLimits(max_blob_bytes=...)) raises the cap for a checkpoint you trust)"
         )
     lo, hi = blob.byte_offset, blob.byte_offset + blob.byte_length
     units = cover_of(md, True)(blob.file_index, lo, hi)

@@ -74,7 +74,8 @@ def read_metadata_bytes(storage: Storage, limit: int = METADATA_LIMIT) -> bytes:
         data = read_committed(storage, limit=limit)
     except SizeLimitError as e:
         raise SizeLimitError(
-            f"{e} (the metadata cap: LoadOptions(max_metadata_bytes=...) raises it for a larger checkpoint)"
+            f"{e} (the metadata cap: LoadOptions(limits=LoadLimits(max_metadata_bytes=...)) raises it for a "
+            "larger checkpoint)"
         ) from None
     if data is not None:
         return data

@@ -1,4 +1,5 @@
-"""Renaming a checkpoint's keys as it is read (``LoadOptions(key_map=...)``, ``unickpt modify``).
+"""Renaming a checkpoint's keys as it is read (``LoadOptions(restore=RestoreOptions(key_map=...))``,
+``unickpt modify``).
 
 ``remap(md, key_map)`` returns the metadata with every tensor key ``k`` replaced by
 ``key_map(k)`` (None drops the tensor; shards and bytes are untouched, so nothing is read

@@ -1,4 +1,4 @@
-"""Tensors derived from a checkpoint's tensors as it is read (``LoadOptions(transforms=...)``):
+"""Tensors derived from a checkpoint's tensors as it is read (``LoadOptions(restore=RestoreOptions(transforms=...))``):
 a fused QKV projection split into Q, K and V, Megatron's per-group interleaved QKV de-interleaved,
 separate Q/K/V fused into one, any tensor cut or joined along its first dimension.
 

@@ -53,12 +53,9 @@ from typing import Any
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
 
-from ..api import load, save, wait_all
-from ..engine.runtime.worker import SaveHandle
+from .. import PerRank, SaveHandle, load, rng_state, save, set_rng_state, wait_all
 from ..errors import NotACheckpointError, UnsupportedValueError
 from ..options import LoadOptions
-from ..state.extra import rng_state, set_rng_state
-from ..state.items import PerRank
 from ._delete import delete_checkpoint
 
 __all__ = ["save_state", "load_state", "accelerate_state", "RngState"]

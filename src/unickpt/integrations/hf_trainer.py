@@ -41,11 +41,8 @@ from typing import TYPE_CHECKING, Any
 
 from transformers import Trainer
 
-from ..api import load, save
-from ..checkpointer import default_checkpointer
+from .. import PerRank, default_checkpointer, load, save, set_rng_state
 from ..format.records import METADATA_FILE
-from ..state.extra import set_rng_state
-from ..state.items import PerRank
 from .accelerate import RngState, accelerate_state
 
 __all__ = ["UnickptTrainerMixin", "UnickptTrainer", "UNICKPT_SUBDIR"]

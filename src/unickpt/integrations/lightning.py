@@ -51,8 +51,7 @@ from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy, ParallelStrategy
 from typing_extensions import override
 
-from ..api import wait_all
-from ..checkpointer import Checkpointer
+from .. import Checkpointer, wait_all
 from ..errors import NotACheckpointError, UnsupportedValueError
 from ..format.values import dumps_value, loads_value
 from ._delete import delete_checkpoint

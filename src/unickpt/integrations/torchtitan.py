@@ -52,12 +52,11 @@ from torchtitan.components.checkpointer.base import (
 from torchtitan.config import TORCH_DTYPE_MAP
 from torchtitan.tools import filesystem
 
-from ..checkpointer import Checkpointer
-from ..engine.runtime.worker import SaveHandle
+from .. import Checkpointer, SaveHandle
 from ..errors import CheckpointError
 from ..folder.cleanup import delete_checkpoint
 from ..format.records import METADATA_FILE
-from ..options import LoadOptions
+from ..options import LoadOptions, RestoreOptions
 from ..storage import Storage, open_storage
 
 __all__ = ["UnickptCheckpointManager"]
@@ -79,7 +78,7 @@ def parameters_as_held(parts: list[nn.Module]) -> Iterator[None]:
     ``wqkv`` into fresh ``wq``/``wk``/``wv`` tensors in ``state_dict()``: loading into those in
     place would change copies, and its optimizer state is keyed ``wqkv``. The checkpoint's names
     are therefore the parameters' (``...qkv_linear.wqkv.weight``); a model built unfused loads it
-    with ``LoadOptions(transforms=...)`` (``split_rows``). Other hooks (FSDP2's) stay."""
+    with ``LoadOptions(restore=RestoreOptions(transforms=...))`` (``split_rows``). Other hooks (FSDP2's) stay."""
     saved = []
     for part in parts:
         for m in part.modules():
@@ -154,7 +153,7 @@ class UnickptCheckpointManager(BaseCheckpointManager):
         self.export_dtype = TORCH_DTYPE_MAP[config.export_dtype]
         self.keep_latest_k = config.keep_latest_k
         self.async_save = config.async_mode != "disabled"
-        self.load_options = LoadOptions(loader_on_resize=config.dataloader_on_resize)
+        self.load_options = LoadOptions(restore=RestoreOptions(loader_on_resize=config.dataloader_on_resize))
         self.sd_adapter = sd_adapter
         self.checkpointer = Checkpointer()  # its own: events listeners, worker, staging memory
         self._storage: Storage | None = None
@@ -252,7 +251,7 @@ class UnickptCheckpointManager(BaseCheckpointManager):
                     raise CheckpointError(
                         f"checkpoint.export_dtype={self.export_dtype} differs from parameter {name} "
                         f"({p.dtype}): UnickptCheckpointManager saves the model in its own dtype; "
-                        "cast at load with unickpt.LoadOptions(cast_dtypes=True)"
+                        "cast at load with unickpt.LoadOptions(restore=RestoreOptions(cast_dtypes=True))"
                     )
 
     def _maybe_wait_for_staging(self) -> None:

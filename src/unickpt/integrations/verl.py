@@ -52,10 +52,8 @@ import torch
 import torch.distributed as dist
 from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
-from ..checkpointer import Checkpointer
-from ..engine.runtime.worker import SaveHandle
+from .. import Checkpointer, PerRank, SaveHandle
 from ..errors import CheckpointError
-from ..state.items import PerRank
 from ._delete import delete_checkpoint
 
 __all__ = ["UnickptFSDPCheckpointManager", "install", "uninstall", "INSTALL_TARGETS"]

@@ -17,7 +17,7 @@ tile the tensor exactly, checked before it is allocated), and one ``unickpt.save
 * ``lr_scheduler``: rank 0's scheduler state (replicated, as the manager saves it);
 * ``rng``: rank 0's generator states (``unickpt.PerRank``; the other ranks' are not written: one
   process writes the checkpoint; a load at any world size gives every rank rank 0's, under
-  ``LoadOptions.extra_state_on_resize``).
+  ``LoadOptions.restore.extra_state_on_resize``).
 
 The optimizer: verl builds it over ``module.parameters()`` (one group), so its state's integer
 ids are the model's parameters in order, i.e. the model state dict's distributed entries

@@ -19,7 +19,7 @@ stateful       an object with ``state_dict()`` / ``load_state_dict()`` (LR sched
                at save by a digest in the describe collective); loaded on every rank
 per_rank       ``unickpt.PerRank(obj)``: a stateful object whose state differs per rank: blob
                ``<key>/rank<r>`` per rank; after a change of world size
-               ``LoadOptions.extra_state_on_resize`` decides (as for extra state)
+               ``LoadOptions.restore.extra_state_on_resize`` decides (as for extra state)
 value          anything else (plain values, tensors, numpy values; ``extra_state``): blob
                ``<key>/rank<r>`` per rank, restored into the dict (``state[key] = value``);
                None at load is a placeholder to be filled
@@ -92,7 +92,7 @@ class Kind(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class PerRank:
     """Marks a stateful object whose state is per rank (saved by every rank, restored by rank
-    under ``LoadOptions.extra_state_on_resize`` after a change of world size):
+    under ``LoadOptions.restore.extra_state_on_resize`` after a change of world size):
     ``state["rng_gen"] = unickpt.PerRank(my_generator_state)``."""
 
     obj: Any
@@ -191,20 +191,20 @@ class OptimizerItem(StateItem):
 
 
 def _per_rank_choice(key: str, ctx: LoadContext) -> tuple[dict[str, str], list[str]]:
-    """The per-rank blob of ``key`` this rank restores (``LoadOptions.extra_state_on_resize``)."""
+    """The per-rank blob of ``key`` this rank restores (``LoadOptions.restore.extra_state_on_resize``)."""
     saved = ctx.md.topology.world_size
     if saved == ctx.world_size:
         blob = pick_extra_blob(set(ctx.blob_keys), ctx.rank, saved, key)
     elif ctx.extra_on_resize == "error":
         raise ExtraStateResizeError(
             f"the checkpoint's {key} was saved per rank by {saved} ranks and this job has {ctx.world_size}; "
-            "choose LoadOptions(extra_state_on_resize='modulo' | 'rank0' | 'skip')"
+            "choose LoadOptions(restore=RestoreOptions(extra_state_on_resize='modulo' | 'rank0' | 'skip'))"
         )
     elif ctx.extra_on_resize == "skip":
         if ctx.rank == 0:
             warnings.warn(
                 f"{key} not restored: saved by {saved} ranks, loading on {ctx.world_size} "
-                "(LoadOptions(extra_state_on_resize='skip'))",
+                "(LoadOptions(restore=RestoreOptions(extra_state_on_resize='skip')))",
                 stacklevel=6,
             )
         return {}, []
@@ -213,7 +213,8 @@ def _per_rank_choice(key: str, ctx: LoadContext) -> tuple[dict[str, str], list[s
         if ctx.rank == 0 and ctx.extra_on_resize == "modulo" and ctx.world_size > saved:
             warnings.warn(
                 f"{key} saved by {saved} ranks restored on {ctx.world_size}: rank r gets saved rank "
-                f"r % {saved}'s values, so ranks share RNG states (LoadOptions(extra_state_on_resize=...) to choose)",
+                f"r % {saved}'s values, so ranks share RNG states "
+                "(LoadOptions(restore=RestoreOptions(extra_state_on_resize=...)) to choose)",
                 stacklevel=6,
             )
     return ({"value": blob}, []) if blob is not None else ({}, [key])
@@ -445,7 +446,7 @@ def _legacy_loader_key(ctx: LoadContext) -> str | None:
             if ctx.rank == 0:
                 warnings.warn(
                     f"dataloader state not restored: saved by {saved} ranks, loading on {ctx.world_size} "
-                    "(LoadOptions(loader_on_resize='skip')); the loaders start where they are",
+                    "(LoadOptions(restore=RestoreOptions(loader_on_resize='skip'))); the loaders start where they are",
                     stacklevel=6,
                 )
             return None
@@ -453,7 +454,8 @@ def _legacy_loader_key(ctx: LoadContext) -> str | None:
             f"the checkpoint holds per-rank dataloader state of {saved} ranks and this job has "
             f"{ctx.world_size}: a loader without the unickpt.data protocol cannot be split or merged "
             "without repeating or dropping data. Implement the protocol (unickpt.data, e.g. "
-            "TokenPackingLoader), or pass LoadOptions(loader_on_resize='skip') to start the loaders fresh"
+            "TokenPackingLoader), or pass LoadOptions(restore=RestoreOptions(loader_on_resize='skip')) to start the "
+            "loaders fresh"
         )
     key = f"{LEGACY_PREFIX}{ctx.rank}"
     return key if key in ctx.blob_keys else None

@@ -21,7 +21,7 @@ Order of use
         saved_dp_size)``, which keeps the parts it owns now.
 Loaders with only ``state_dict`` / ``load_state_dict`` keep the per-rank blob of older
 releases: loaded as they are at the same world size, refused after a change (or left alone with
-``LoadOptions(loader_on_resize="skip")``): a silent ``r % old_size`` would replay or drop data.
+``LoadOptions(restore=RestoreOptions(loader_on_resize="skip"))``): a silent ``r % old_size`` would replay or drop data.
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ __all__ = [
     "unsupported_error",
 ]
 
-METADATA_LIMIT = 1 << 30  # default cap of a metadata read (LoadOptions.max_metadata_bytes)
+METADATA_LIMIT = 1 << 30  # default cap of a metadata read (LoadOptions.limits.max_metadata_bytes)
 SMALL_FILE_LIMIT = 64 << 10  # cap of a lock, marker or ``latest`` pointer read
 
 

@@ -16,7 +16,7 @@ from tests.workers.harness import run_ranks
 def _save_then_load(rank: int, ws: int, ckpt: str) -> dict:
     import unickpt
     from tests.support.reference import full_state
-    from unickpt.options import LoadOptions
+    from unickpt.options import LoadOptions, ReadOptions
     from unickpt.testing.toy import build, train_step
 
     model, optim = build("ddp", seed=0)
@@ -42,7 +42,9 @@ def _save_then_load(rank: int, ws: int, ckpt: str) -> dict:
         model2, optim2 = build("ddp", seed=7)
         before, cached_before = len(read), cached["n"]
         dedup = {"True": True, "False": False, "None": None}[mode]
-        unickpt.load(ckpt, {"model": model2, "optimizer": optim2}, options=LoadOptions(dedup_reads=dedup))
+        unickpt.load(
+            ckpt, {"model": model2, "optimizer": optim2}, options=LoadOptions(io=ReadOptions(dedup_reads=dedup))
+        )
         got = full_state(model2, optim2)
         out[mode] = {
             "read": sum(read[before:]),

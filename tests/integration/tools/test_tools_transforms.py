@@ -16,6 +16,7 @@ import unickpt
 from tests.workers.harness import run_ranks
 from tests.workers.transform_workers import H, QOnly, built, load_split, qkv_transforms, save_fused
 from unickpt.format import METADATA_FILE, decode_metadata
+from unickpt.options import RestoreOptions
 
 
 def _expected(saved: dict) -> dict:
@@ -72,7 +73,7 @@ def test_issue15_damage_outside_the_used_part_of_a_straddling_shard_is_caught(fu
         b = f.read(1)
         f.seek(offset + 15 * 8 * 4)
         f.write(bytes([b[0] ^ 1]))
-    options = unickpt.LoadOptions(transforms=qkv_transforms("q"))
+    options = unickpt.LoadOptions(restore=RestoreOptions(transforms=qkv_transforms("q")))
     model, optim = built(QOnly, 2)
     unickpt.load(ckpt, {"model": model, "optimizer": optim}, options=options)  # the intact one loads
     model, optim = built(QOnly, 2)

@@ -12,6 +12,7 @@ from torch import nn
 
 import unickpt
 from unickpt.monitoring import SummaryLogger
+from unickpt.options import RestoreOptions
 
 # also recorded: load.copy (copies into place, overlapped with load.read), load.transfer (forwarding)
 
@@ -85,7 +86,9 @@ def test_issue16_copies_into_place_are_a_phase(tmp_path):
     model = nn.Linear(16, 8)
     ckpt.save(str(tmp_path / "ck"), {"model": model})
     wide = nn.Linear(16, 8).to(torch.float64)
-    ckpt.load(str(tmp_path / "ck"), {"model": wide}, options=unickpt.LoadOptions(cast_dtypes=True))
+    ckpt.load(
+        str(tmp_path / "ck"), {"model": wide}, options=unickpt.LoadOptions(restore=RestoreOptions(cast_dtypes=True))
+    )
     ckpt.close()
     assert len(seen) == 1 and seen[0].nbytes == (16 * 8 + 8) * 4 and seen[0].seconds >= 0
     assert torch.equal(wide.weight, model.weight.double())

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import unickpt
+from unickpt.options import RestoreOptions
 
 
 class Old(nn.Module):
@@ -55,6 +56,6 @@ def test_issue15_key_map_loads_into_renamed_model_and_optimizer(tmp_path):
     old, old_opt = _trained(Old, 0)
     unickpt.save(str(tmp_path / "ck"), {"model": old, "optimizer": old_opt})
     new, new_opt = _trained(New, 1)
-    options = unickpt.LoadOptions(key_map=_rename)
+    options = unickpt.LoadOptions(restore=RestoreOptions(key_map=_rename))
     unickpt.load(str(tmp_path / "ck"), {"model": new, "optimizer": new_opt}, strict=True, options=options)
     assert _same(old, old_opt, new, new_opt)

@@ -102,8 +102,8 @@ class LoadPipeline:
     @instrumented("load.metadata")
     def metadata(self) -> Metadata:
         """Collective: the committed metadata (rank 0 reads, every rank decodes)."""
-        md = read_metadata(self.coord, self.storage, self.options.max_metadata_bytes)
-        return derive(remap(md, self.options.key_map), self.options.transforms)
+        md = read_metadata(self.coord, self.storage, self.options.limits.max_metadata_bytes)
+        return derive(remap(md, self.options.restore.key_map), self.options.restore.transforms)
 
     def run(self) -> tuple[list[str], list[str]]:
         """The whole load; returns the keys a non-strict load skipped (missing from the
@@ -208,7 +208,7 @@ def _validate(
     ckpt_keys = {k for k in md.tensors if k.startswith(view.prefixes)} if view.prefixes else set()
     specs = [i.spec for i in view.items] + [i.spec for i in view.probes]
     report = check_targets(
-        md, specs, strict=False, source=storage.url, checkpoint_keys=ckpt_keys, cast_dtypes=options.cast_dtypes
+        md, specs, strict=False, source=storage.url, checkpoint_keys=ckpt_keys, cast_dtypes=options.restore.cast_dtypes
     )
     index = ShardIndex(md)  # one overlap index for this attempt's two plans
     if view.probes:
@@ -219,8 +219,8 @@ def _validate(
         md,
         coord.rank,
         coord.world_size,
-        options.extra_state_on_resize,
-        options.loader_on_resize,
+        options.restore.extra_state_on_resize,
+        options.restore.loader_on_resize,
         frozenset(md.blobs),
     )
     blobs, absent = layout.choose(ctx)
@@ -258,9 +258,9 @@ def _read(
                 coord,
                 targets if targets is not None else view.items,
                 reads,
-                options.io_threads,
+                options.io.threads,
                 options.verify_checksums,
-                options.dedup_reads,
+                options.io.dedup_reads,
                 events,
             )
     except CheckpointError as e:
@@ -282,7 +282,7 @@ def _read_extra(
         return run_stage(
             coord,
             "load (read extra state)",
-            lambda: _read_blobs(md, storage, blobs, coord.rank, options.max_blob_bytes),
+            lambda: _read_blobs(md, storage, blobs, coord.rank, options.limits.max_blob_bytes),
         )
     except CheckpointError as e:
         _say_partial_if(e, options.stage_before_apply, view)

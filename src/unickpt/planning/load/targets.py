@@ -118,7 +118,8 @@ def check_targets(
             f"dtype mismatch loading {source}:"
             + _listing(dtype_problems, 10)
             + "\nCast the live model to the checkpoint's dtypes before loading (model.to(dtype)), or pass "
-            "options=unickpt.LoadOptions(cast_dtypes=True) to convert each tensor while loading (as Tensor.to)"
+            "options=unickpt.LoadOptions(restore=RestoreOptions(cast_dtypes=True)) to convert each tensor while "
+            "loading (as Tensor.to)"
         )
     if texts and keys is not None:
         texts.append(str(keys))
