@@ -15,15 +15,15 @@ templates:
 2. the other (explicit) boxes are deduplicated across templates; a box's holders are the ranks
    of the templates holding it; each is written by its only holder, the replica source a holder
    names, else worst-fit (largest first to the holder with the fewest bytes, split chunks
-   counted), exactly as the record planner decides;
+   counted), exactly as the column planner decides;
 3. byte layout: each rank's chunks first (``SplitLayout``'s offsets), then its explicit boxes
    and blobs, largest first to the lightest file, as ``regular.regularize`` places them.
 The result is a ``GlobalSavePlan`` whose ``rank_plans`` is a ``RegularRankPlans``: a rank's
 entries are computed when asked (``plan_stage`` encodes each rank's part from its columns,
 ``rank_rows``), never held for every rank. Anything else (ranks disagreeing, a box held twice by
 one rank, a tensor split over part of the job, too many templates, a tiling problem, a rank
-left without a file of a layout part) returns None, and the column/record planners plan it or
-raise their precise error. The plans are equal (tests/unit/planning/test_save_planner.py).
+left without a file of a layout part) returns None, and the column planner plans it or raises
+its precise error. The plans are equal (tests/unit/planning/test_save_planner.py).
 """
 
 from __future__ import annotations
@@ -260,7 +260,7 @@ def plan_regular(
     sources: Sequence[LocalSavePlan | ShardTable], save_id: str, files_per_rank: int
 ) -> GlobalSavePlan | None:
     """The global plan of a regular job (module docstring), or None to leave it to the column
-    and record planners."""
+    planner."""
     world = len(sources)
     if world < 2:
         return None
@@ -288,7 +288,7 @@ def _plan(
             fqn = t.names[n]
             meta = (t.dtypes[d], tuple(t.shape[i, :nd].tolist()))
             if tensors.setdefault(fqn, meta) != meta:
-                return None  # ranks disagree: the record planner names it
+                return None  # ranks disagree: the column planner names them
             rows_by_tensor.setdefault(fqn, []).append((ti, i))
     try:
         sizes = {fqn: itemsize(dtype) for fqn, (dtype, _) in tensors.items()}
@@ -366,7 +366,7 @@ def _plan(
     for rank, own in enumerate(blobs):
         for b in own:
             if not 0 <= b.nbytes <= _MAX_BLOB:
-                return None  # absurd sizes: the record planner
+                return None  # absurd sizes: the column planner refuses them
             work.setdefault(rank, []).append((b.nbytes, 1, 0, b.key))
     placed: dict[int, list[tuple[int, int, int, int, str]]] = {}
     for rank, items in work.items():
