@@ -160,3 +160,62 @@ def layout(save_id: str, rank: int, work: list[tuple[int, int, str]], parts: int
     placed = place([work[i][0] for i in order], [0] * parts, [0] * parts)
     by_part = sorted(zip(order, placed), key=lambda t: t[1][0])  # stable: each part's in placement order
     return tuple(WriteEntry(work[i][1], file_name(rank, k), off, work[i][0], work[i][2]) for i, (k, off) in by_part)
+
+
+def plan_problems(local_plans: list[LocalSavePlan], gplan: GlobalSavePlan, files_per_rank: int) -> list[str]:
+    """What is wrong with ``gplan`` as a plan of ``local_plans``, computed from its entries alone
+    (none of the planner's own checks): every distinct non-empty box of the job is written by
+    exactly one entry (of a rank holding it, its bytes: elements times the dtype's size), every
+    rank's blob by one entry of that rank, each entry at a multiple of 64 bytes, no two entries
+    of a file overlap, each rank writes only its own files and at most ``files_per_rank`` of them,
+    and the plan's files are exactly the files its entries name."""
+    problems: list[str] = []
+    boxes: dict[tuple, int] = {}
+    for p in local_plans:
+        for s in p.shards:
+            if numel(s.lengths) or not numel(s.global_shape):
+                boxes.setdefault((s.fqn, s.offsets, s.lengths), 0)
+    ranges: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    named: list[str] = []
+    for rank, rp in enumerate(gplan.rank_plans):
+        plan = local_plans[rank]
+        mine = {f"r{rank:05d}-{k:02d}.bin" for k in range(files_per_rank)}
+        files = list(dict.fromkeys(e.file for e in rp.entries))
+        named.extend(files)
+        if not set(files) <= mine:
+            problems.append(f"rank {rank} writes files {sorted(set(files) - mine)} not its own")
+        blobs = {b.key: b.nbytes for b in plan.blobs}
+        seen_blobs = []
+        for e in rp.entries:
+            if e.byte_offset % 64:
+                problems.append(f"rank {rank}: entry at {e.byte_offset} of {e.file} is not 64-byte aligned")
+            ranges[e.file].append((e.byte_offset, e.byte_length))
+            if e.blob_key:
+                seen_blobs.append(e.blob_key)
+                if blobs.get(e.blob_key) != e.byte_length:
+                    problems.append(f"rank {rank}: blob {e.blob_key!r} written with {e.byte_length} bytes")
+                continue
+            s = plan.shards[e.item_index]
+            key = (s.fqn, s.offsets, s.lengths)
+            if key not in boxes:
+                problems.append(f"rank {rank}: entry of an empty shard {key}")
+                continue
+            boxes[key] += 1
+            if e.byte_length != numel(s.lengths) * itemsize(s.dtype):
+                problems.append(f"rank {rank}: {key} written with {e.byte_length} bytes")
+        if sorted(seen_blobs) != sorted(blobs):
+            problems.append(f"rank {rank}: blobs written {sorted(seen_blobs)}, held {sorted(blobs)}")
+    problems.extend(f"box {key} written {n} times" for key, n in boxes.items() if n != 1)
+    for f, spans in ranges.items():
+        spans.sort()
+        for (a, n), (b, _) in zip(spans, spans[1:]):
+            if a + n > b:
+                problems.append(f"{f}: entries at {a} (+{n}) and {b} overlap")
+    if sorted(named) != sorted(gplan.files) or len(set(named)) != len(named):
+        problems.append(f"plan lists files {sorted(gplan.files)}, its entries name {sorted(named)}")
+    return problems
+
+
+def rank_loads(gplan: GlobalSavePlan) -> list[int]:
+    """The bytes each rank writes."""
+    return [sum(e.byte_length for e in rp.entries) for rp in gplan.rank_plans]
