@@ -33,7 +33,7 @@ from .columns import plan_tables
 from .model import GlobalSavePlan, LocalSavePlan
 from .regular import regularize
 from .table import ShardTable
-from .templates import plan_regular
+from .templates import NotRegular, plan_regular
 
 __all__ = ["plan_save"]
 
@@ -49,9 +49,10 @@ def plan_save(
     world = len(local_plans)
     if files_per_rank < 1:
         raise PlanningError("files_per_rank must be >= 1")
-    regular = plan_regular(local_plans, save_id, files_per_rank)
-    if regular is not None:
-        return regular
+    try:
+        return plan_regular(local_plans, save_id, files_per_rank)
+    except NotRegular:
+        pass  # not a template job: columns
     tables = [p if isinstance(p, ShardTable) else ShardTable.of(p) for p in local_plans]
     if [t.rank for t in tables] != list(range(world)):
         raise PlanningError("local plans must come from ranks 0..world_size-1 in order")
