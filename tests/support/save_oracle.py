@@ -24,10 +24,12 @@ Steps (the coordinator's, on every rank's ``LocalSavePlan``):
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from unickpt.errors import PlanningError
+from unickpt.errors import CheckpointError, PlanningError
 from unickpt.format.dtypes import itemsize
 from unickpt.format.validation import box_coverage_problem, overlap_problems
 from unickpt.planning.boxes import numel
@@ -37,7 +39,7 @@ from unickpt.planning.save.regular import regularize
 from unickpt.planning.save.writers import lightest_rank, named_source
 from unickpt.planning.specs import Shape
 
-__all__ = ["plan_records", "plan_reference", "layout"]
+__all__ = ["plan_records", "plan_reference", "layout", "plan_problems", "rank_loads", "outcome"]
 
 
 def plan_reference(local_plans: list[LocalSavePlan], save_id: str, files_per_rank: int) -> GlobalSavePlan:
@@ -219,3 +221,12 @@ def plan_problems(local_plans: list[LocalSavePlan], gplan: GlobalSavePlan, files
 def rank_loads(gplan: GlobalSavePlan) -> list[int]:
     """The bytes each rank writes."""
     return [sum(e.byte_length for e in rp.entries) for rp in gplan.rank_plans]
+
+
+def outcome(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, or ``(error type, message)`` of the ``CheckpointError`` it raises (a plan
+    and a refusal compare alike)."""
+    try:
+        return fn(*args)
+    except CheckpointError as e:
+        return (type(e), str(e))

@@ -17,8 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.boxes import element_size
+from tests.support.save_oracle import outcome as _outcome
 from tests.support.save_oracle import plan_problems, plan_reference, rank_loads
-from unickpt.errors import CheckpointError, PlanningError
+from unickpt.errors import PlanningError
 from unickpt.planning.save import GlobalSavePlan, LocalSavePlan, plan_save
 from unickpt.planning.save.wire import LocalPlans, encode_local_plan
 from unickpt.planning.specs import BlobSpec, ShardSpec
@@ -91,13 +92,6 @@ def jobs(draw) -> tuple[list[LocalSavePlan], int]:
         blobs = tuple(BlobSpec(f"loader/{r}/{i}", draw(sizes)) for i in range(draw(st.integers(0, 2))))
         plans.append(LocalSavePlan(r, tuple(shards), blobs))
     return plans, draw(st.integers(1, 3))
-
-
-def _outcome(fn, *args):
-    try:
-        return fn(*args)
-    except CheckpointError as e:
-        return (type(e), str(e))
 
 
 def _past_limits(plans: list[LocalSavePlan]) -> bool:

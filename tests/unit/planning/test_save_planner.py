@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.save_oracle import layout as _layout
+from tests.support.save_oracle import outcome as _outcome
 from tests.support.save_oracle import plan_records as _plan_records
 from unickpt.errors import CheckpointError
 from unickpt.planning.save.columns import plan_tables as _plan_tables
@@ -96,13 +97,6 @@ def column_jobs(draw, odd: bool = False) -> tuple[list[LocalSavePlan], int]:
         blobs = tuple(BlobSpec(f"extra/{r}/{i}", draw(st.integers(0, 300))) for i in range(draw(st.integers(0, 2))))
         plans.append(LocalSavePlan(r, shards, blobs))
     return plans, draw(st.integers(1, 3))
-
-
-def _outcome(fn, *args):
-    try:
-        return fn(*args)
-    except CheckpointError as e:
-        return (type(e), str(e))
 
 
 @given(column_jobs())
