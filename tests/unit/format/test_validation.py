@@ -24,7 +24,6 @@ from unickpt.errors import (
     CorruptMetadataError,
     DtypeMismatchError,
     MissingKeysError,
-    PlanningError,
     ShapeMismatchError,
     UnexpectedKeysError,
 )
@@ -189,11 +188,12 @@ def test_planning_uses_format_validation() -> None:
     imports planning."""
     from unickpt.planning import load
     from unickpt.planning.load import targets
-    from unickpt.planning.save import plan as save_plan
+    from unickpt.planning.save import columns
 
     assert load.check_targets is targets.check_targets and load.keys_error is targets.keys_error
     assert not hasattr(validation, "check_targets") and not hasattr(validation, "keys_error")
-    assert save_plan.box_coverage_problem is validation.box_coverage_problem
+    assert columns.box_coverage_problem is validation.box_coverage_problem
+    assert columns.overlap_problems is validation.overlap_problems
     for path in (SRC / "format").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
@@ -230,16 +230,18 @@ def test_overlap_check_agrees_with_pairwise_comparison(ranges) -> None:
 
 
 def test_planner_self_checks_its_byte_layout() -> None:
-    """plan_save refuses a layout whose entries overlap in a file (the decoder would refuse it)."""
-    from unickpt.planning.save import LocalSavePlan, RankSavePlan, WriteEntry
-    from unickpt.planning.save import plan as save_plan
+    """plan_save refuses a layout whose entries overlap in a file (the decoder would refuse it):
+    an invariant of the planner itself, so an ``InternalError``."""
+    from unickpt.errors import InternalError
+    from unickpt.planning.save.columns import _check_columns
 
-    plans = [LocalSavePlan(0, (_spec("a", (4,)), _spec("b", (4,))))]
-    good = [RankSavePlan(0, "s", (WriteEntry(0, "f", 0, 16), WriteEntry(1, "f", 64, 16)))]
-    save_plan._check_layout(plans, good, ["f"])
-    bad = [RankSavePlan(0, "s", (WriteEntry(0, "f", 0, 16), WriteEntry(1, "f", 8, 16)))]
-    with pytest.raises(PlanningError, match="byte ranges of 'a' and 'b' overlap in f"):
-        save_plan._check_layout(plans, bad, ["f"])
+    def rows(*offsets: int) -> list[tuple[np.ndarray, ...]]:
+        who, fidx, lens = np.arange(2), np.zeros(2, dtype=np.int64), np.full(2, 16, dtype=np.int64)
+        return [(who, fidx, np.array(offsets, dtype=np.int64), lens)]
+
+    _check_columns(["f"], rows(0, 64), ["a", "b"])
+    with pytest.raises(InternalError, match="byte ranges of 'a' and 'b' overlap in f"):
+        _check_columns(["f"], rows(0, 8), ["a", "b"])
 
 
 # --------------------------------------------------------------------------- shard rows and coverage

@@ -1,8 +1,7 @@
-"""The save planner's paths give the record planner's plan (``plan._plan_records``, the
+"""The save planner's paths give the record planner's plan (``tests.support.save_oracle``, the
 reference), on random jobs (hypothesis):
-- columns (``columns.plan_tables``): the same global plan, or, where the columns leave the
-  common case (a rank holding one box twice, grid tilings, disagreeing ranks, bad tilings), the
-  records' plan or exactly their error; and the common cases do take the columns;
+- columns (``columns.plan_tables``): the same global plan on every job (a rank holding one box
+  twice, grid tilings, blobs only), or exactly the oracle's error (disagreeing ranks, bad tilings);
 - templates (``templates.plan_regular``): on jobs mixing tensors every rank holds one
   ``torch.chunk`` of (with empty tails), replicated tensors and 0-d steps (some with a named
   replica source), rank-0-only tensors, per-rank blobs and per-rank spec orders, its plan equals
@@ -17,13 +16,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.save_oracle import layout as _layout
+from tests.support.save_oracle import outcome as _outcome
+from tests.support.save_oracle import plan_records as _plan_records
 from unickpt.errors import CheckpointError
 from unickpt.planning.save.columns import plan_tables as _plan_tables
 from unickpt.planning.save.model import GlobalSavePlan, LocalSavePlan, rank_plan_rows
-from unickpt.planning.save.plan import _plan_records, plan_save
+from unickpt.planning.save.plan import plan_save
 from unickpt.planning.save.regular import regularize
 from unickpt.planning.save.table import ShardTable
-from unickpt.planning.save.templates import RegularRankPlans, chunk_rule, plan_regular
+from unickpt.planning.save.templates import NotRegular, RegularRankPlans, chunk_rule, plan_regular
 from unickpt.planning.save.wire import (
     LocalPlans,
     decode_local_table,
@@ -97,22 +99,13 @@ def column_jobs(draw, odd: bool = False) -> tuple[list[LocalSavePlan], int]:
     return plans, draw(st.integers(1, 3))
 
 
-def _outcome(fn, *args):
-    try:
-        return fn(*args)
-    except CheckpointError as e:
-        return (type(e), str(e))
-
-
 @given(column_jobs())
 @COLUMN_SETTINGS
 def test_common_jobs_are_planned_on_columns_as_on_records(job):
     plans, files = job
     tables = [decode_local_table(encode_local_plan(p)) for p in plans]  # as the coordinator gets them
     fast = _plan_tables(tables, "20250101T000000-abc", files)
-    if any(p.shards for p in plans):
-        assert fast is not None  # the common case does take the columns
-        assert fast == _plan_records(plans, "20250101T000000-abc", files)
+    assert fast == _plan_records(plans, "20250101T000000-abc", files)
     want = regularize(_plan_records(plans, "20250101T000000-abc", files), files)  # what plan_save adds
     assert plan_save(tables, "20250101T000000-abc", files) == want
 
@@ -122,9 +115,8 @@ def test_common_jobs_are_planned_on_columns_as_on_records(job):
 def test_any_job_is_planned_or_refused_as_on_records(job):
     plans, files = job
     want = _outcome(_plan_records, plans, "s", files)
-    if isinstance(want, tuple):  # a refusal: never a plan from the columns
-        assert _outcome(_plan_tables, [ShardTable.of(p) for p in plans], "s", files) is None
-    else:  # plan_save lays split tensors out alike (planning.regular)
+    assert _outcome(_plan_tables, [ShardTable.of(p) for p in plans], "s", files) == want  # plan or refusal
+    if not isinstance(want, tuple):  # plan_save lays split tensors out alike (planning.regular)
         want = regularize(want, files)
     assert _outcome(plan_save, plans, "s", files) == want
     assert _outcome(plan_save, [ShardTable.of(p) for p in plans], "s", files) == want
@@ -175,7 +167,6 @@ def test_layout_columns_equal_the_record_layout(sizes, parts):
 
     from unickpt.planning.save.layout import layout_columns as _layout_columns
     from unickpt.planning.save.model import file_name
-    from unickpt.planning.save.plan import _layout
 
     work = [(n, i, "") for i, n in enumerate(sizes)]
     want = _layout("s", 3, work, parts)
@@ -265,8 +256,9 @@ def _same(a: GlobalSavePlan, b: GlobalSavePlan) -> None:
 def test_regular_jobs_are_planned_as_by_the_record_planner(job):
     plans, files = job
     want = _reference(plans, files)
-    got = plan_regular(LocalPlans([encode_local_plan(p) for p in plans]), SAVE_ID, files)
-    if got is None:  # only where regularize itself keeps no layout or its fallback applies
+    try:
+        got = plan_regular(LocalPlans([encode_local_plan(p) for p in plans]), SAVE_ID, files)
+    except NotRegular:  # only where regularize itself keeps no layout or its fallback applies
         assert plan_save(plans, SAVE_ID, files).rank_plans == want.rank_plans
         return
     assert isinstance(got.rank_plans, RegularRankPlans)

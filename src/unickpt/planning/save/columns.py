@@ -1,29 +1,30 @@
-"""The save planner on columns: ``plan._plan_records``' global plan, computed on the ranks'
-``ShardTable``s with numpy instead of one Python record per shard and rank.
+"""The save planner on columns: every rank's ``ShardTable`` -> the global plan, with numpy
+instead of one Python record per shard and rank.
 
-The planner ``plan.plan_save`` tries on the coordinator for every job the templates do not fit;
-returns None where a step leaves the common case (a rank holding one box twice, ranks disagreeing
-on a tensor, an unknown dtype, sizes near int64's limits, a tiling problem), and the record
-planner then plans or raises its precise error. Steps, as the record planner's: tensors checked
-across ranks (``_Rows.consistent``), boxes deduplicated by one lexsort, each written by its only
-holder, the replica source a holder names, else worst-fit in one ordered pass
-(``_choose_writers``); the written boxes tile their tensors (``_covered``: one-dimension splits on
-columns, anything else by ``format.validation.box_coverage_problem``); each rank's items spread
-over its files lightest-first (``layout_columns``: equal-size runs without a loop); the byte
-layout self-checked (``format.validation.overlap_problems``). Records are built once at the end,
-sharing one tuple per distinct box (``_tuples``). Property-tested against the record planner:
-tests/unit/planning/test_save_planner.py.
+``plan.plan_save`` calls it on the coordinator for every job the templates do not fit. Steps:
+tensors checked across ranks (``_Rows.disagreements``: a refusal names every rank that disagrees),
+boxes deduplicated by one lexsort, each written by its only holder, the replica source a holder
+names, else worst-fit in one ordered pass (``_choose_writers``; a rank holding one box twice is
+one holder of it); the written boxes tile their tensors (``_tiling_problems``: one-dimension
+splits on columns, anything else by ``format.validation.box_coverage_problem``); each rank's
+items spread over its files lightest-first (``layout_columns``: equal-size runs without a loop);
+the byte layout self-checked (``format.validation.overlap_problems``: a failure is a bug,
+``InternalError``). Every refusal raises (``PlanningError``; an unknown dtype
+``CorruptMetadataError``); sizes near int64's limits (a tensor of 2^55 elements, a job of 2^61
+bytes, a blob of 2^56 bytes: no machine holds them) are refused, never planned with wrapped
+integers. Records are built once at the end, sharing one tuple per distinct box (``_tuples``).
+Property-tested against the plain per-record planner, ``tests/support/save_oracle.py``:
+tests/unit/planning/test_save_planner.py and test_save_oracle.py.
 """
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
 
-from ...errors import CorruptMetadataError, PlanningError
+from ...errors import InternalError, PlanningError
 from ...format.dtypes import itemsize
 from ...format.validation import box_coverage_problem, overlap_problems
 from ..specs import Shape
@@ -35,15 +36,24 @@ from .writers import lightest_rank, named_source
 __all__ = ["plan_tables"]
 
 
-def plan_tables(tables: list[ShardTable], save_id: str, files_per_rank: int) -> GlobalSavePlan | None:
-    """``_plan_records``' plan computed on columns, or None where a step leaves the common
-    case (then the record planner plans, or raises its precise error)."""
+def plan_tables(tables: list[ShardTable], save_id: str, files_per_rank: int) -> GlobalSavePlan:
+    """The global plan of ``tables`` (rank r's at index r; module docstring); raises
+    ``PlanningError`` for a job that cannot be saved (ranks disagreeing on a tensor, boxes that
+    do not tile it, absurd sizes)."""
     rows = _Rows.of(tables)
-    if rows is None or not rows.consistent() or float(rows.nbytes.sum(dtype=np.float64)) > _MAX_TOTAL:
-        return None
-    chosen = _choose_writers(rows, len(tables))
-    if chosen is None or not _covered(rows, chosen):
-        return None
+    problems = rows.disagreements()
+    if problems:
+        raise PlanningError("ranks disagree on tensor metadata:\n  " + "\n  ".join(problems[:20]))
+    if float(rows.nbytes[rows.kept].sum(dtype=np.float64)) > _MAX_TOTAL:
+        raise PlanningError(f"the job's tensors hold more than 2^{_MAX_TOTAL.bit_length() - 1} bytes")
+    for t in tables:
+        for b in t.blobs:
+            if not 0 <= b.nbytes <= _MAX_BLOB:
+                raise PlanningError(f"blob {b.key!r} of rank {t.rank}: {b.nbytes} bytes is outside [0, {_MAX_BLOB}]")
+    chosen, record_order = _choose_writers(rows, len(tables))
+    problems = _tiling_problems(rows, chosen, record_order)
+    if problems:
+        raise PlanningError("the ranks' shards do not tile their tensors:\n  " + "\n  ".join(problems[:20]))
     chosen.sort()  # (rank, index) order: rows are concatenated rank by rank
     names = rows.names
     owners = rows.name[chosen].tolist()
@@ -59,8 +69,6 @@ def plan_tables(tables: list[ShardTable], save_id: str, files_per_rank: int) -> 
     bounds = np.searchsorted(rows.rank[chosen], np.arange(len(tables) + 1))
     for t in tables:
         lo, hi = int(bounds[t.rank]), int(bounds[t.rank + 1])
-        if any(not 0 <= b.nbytes <= _MAX_BLOB for b in t.blobs):
-            return None  # absurd blob sizes: Python ints
         work_sizes = np.concatenate([sizes[lo:hi], np.array([b.nbytes for b in t.blobs], dtype=np.int64)])
         work_items = items[lo:hi] + [-1] * len(t.blobs)
         work_keys = [""] * (hi - lo) + [b.key for b in t.blobs]
@@ -91,7 +99,8 @@ def plan_tables(tables: list[ShardTable], save_id: str, files_per_rank: int) -> 
 
 
 _MAX_BLOB = 1 << 56
-_MAX_TOTAL = float(1 << 61)  # byte offsets stay far inside int64 (else: Python ints)
+_MAX_TOTAL = 1 << 61  # byte offsets stay far inside int64
+_MAX_NUMEL_LOG2 = 55  # a tensor's elements (times an item size) far inside int64
 
 
 @dataclass(frozen=True, eq=False)
@@ -115,7 +124,7 @@ class _Rows:
     kept: np.ndarray  # rows not skipped as empty shards
 
     @classmethod
-    def of(cls, tables: list[ShardTable]) -> _Rows | None:
+    def of(cls, tables: list[ShardTable]) -> _Rows:
         names: dict[str, int] = {}
         dtypes: dict[str, int] = {}
         width = max([1, *(t.shape.shape[1] for t in tables)])  # >= 1: a padded full dim of 1 for 0-d jobs
@@ -136,15 +145,18 @@ class _Rows:
             cols["source"].append(t.source)
             for key, pad, a in (("shape", 1, t.shape), ("offsets", 0, t.offsets), ("lengths", 1, t.lengths)):
                 cols[key].append(np.pad(a, ((0, 0), (0, width - w)), constant_values=pad) if w < width else a)
-        if not any(len(t) for t in tables):
-            return None  # nothing to plan on columns (blobs only): the record planner's case
         c = {k: np.concatenate(v) for k, v in cols.items()}
-        try:
-            sizes = np.array([itemsize(d) for d in dtypes], dtype=np.int64)
-        except CorruptMetadataError:
-            return None  # an unknown dtype: the record planner raises
-        if np.log2(np.maximum(c["shape"], 1)).sum(axis=1).max(initial=0) > 55:
-            return None  # element counts near int64's limit: Python ints
+        for k in ("rank", "index", "name", "dtype", "ndim", "source", "shape", "offsets", "lengths"):  # no ranks
+            c.setdefault(k, np.zeros((0, width) if k in ("shape", "offsets", "lengths") else 0, dtype=np.int64))
+        sizes = np.array([itemsize(d) for d in dtypes], dtype=np.int64)  # CorruptMetadataError: unknown
+        huge = np.log2(np.maximum(c["shape"], 1)).sum(axis=1) > _MAX_NUMEL_LOG2
+        if huge.any():
+            r = int(np.flatnonzero(huge)[0])
+            nd = int(c["ndim"][r])
+            raise PlanningError(
+                f"{list(names)[int(c['name'][r])]}: global shape {tuple(c['shape'][r, :nd].tolist())} has more than "
+                f"2^{_MAX_NUMEL_LOG2} elements"
+            )
         tensor_numel = np.prod(c["shape"], axis=1)
         box_numel = np.prod(c["lengths"], axis=1)
         _, first, inverse = np.unique(c["name"], return_index=True, return_inverse=True)
@@ -158,14 +170,24 @@ class _Rows:
             kept=kept,
         )
 
-    def consistent(self) -> bool:
-        """Every rank agrees on each tensor's dtype and global shape."""
+    def disagreements(self) -> list[str]:
+        """Every row whose dtype or global shape differs from its tensor's first row (rank
+        order, then spec order)."""
         f = self.first
-        return not (
-            (self.dtype != self.dtype[f]).any()
-            or (self.ndim != self.ndim[f]).any()
-            or (self.shape != self.shape[f]).any()
-        )
+        bad = (self.dtype != self.dtype[f]) | (self.ndim != self.ndim[f]) | (self.shape != self.shape[f]).any(axis=1)
+        out = []
+        for r in np.flatnonzero(bad).tolist():
+            g = int(f[r])
+            fqn = self.names[int(self.name[r])]
+            mine, seen = self.dtypes[int(self.dtype[r])], self.dtypes[int(self.dtype[g])]
+            out.append(
+                f"{fqn}: rank {int(self.rank[r])} has dtype {mine} shape {self._shape(r)}, "
+                f"another rank has dtype {seen} shape {self._shape(g)}"
+            )
+        return out
+
+    def _shape(self, r: int) -> Shape:
+        return tuple(self.shape[r, : int(self.ndim[r])].tolist())
 
     def box(self, r: int) -> tuple[str, Shape, Shape]:
         nd = int(self.ndim[r])
@@ -187,10 +209,13 @@ class _Rows:
         )
 
 
-def _choose_writers(rows: _Rows, world: int) -> np.ndarray | None:
+def _choose_writers(rows: _Rows, world: int) -> tuple[np.ndarray, np.ndarray]:
     """The row that writes each distinct kept box: its only holder, the replica source a
     holder names, else worst-fit (largest first, then by (fqn, offsets, lengths), to the
-    replica with the fewest bytes so far, the lowest rank on a tie)."""
+    replica with the fewest bytes so far, the lowest rank on a tie). A rank holding one box
+    twice is one holder: as the named source its last row writes, as the balanced choice its
+    first. Also each chosen box's place in the record order (what a refusal lists boxes in):
+    its first holder's row for the fixed ones, after every row the balanced ones in turn."""
     kept = np.flatnonzero(rows.kept)
     keys = np.column_stack([rows.name[kept], rows.offsets[kept], rows.lengths[kept]])
     order = np.lexsort(keys.T[::-1])  # by tensor, offsets, lengths; stable: holders in rank order
@@ -203,7 +228,7 @@ def _choose_writers(rows: _Rows, world: int) -> np.ndarray | None:
     loads = load.tolist()
     shared = counts > 1
     if not shared.any():
-        return unique
+        return unique, unique.copy()
     # the replicated boxes, in worst-fit order: bytes descending, then (fqn, offsets, lengths)
     heads = kept[order[starts[shared]]]
     by_name = np.empty(len(rows.names), dtype=np.int64)
@@ -217,16 +242,18 @@ def _choose_writers(rows: _Rows, world: int) -> np.ndarray | None:
     members = kept[order].tolist()
     group_rows = [members[a : a + c] for a, c in zip(starts[shared].tolist(), counts[shared].tolist())]
     ranks, sources, nbytes = rows.rank.tolist(), rows.source.tolist(), rows.nbytes.tolist()
-    preferred, balanced = [], []
+    heads_of = heads.tolist()
+    preferred, preferred_heads, balanced = [], [], []
     for k in worst_first.tolist():
         group = group_rows[k]
-        holders = {ranks[r]: r for r in group}
-        if len(holders) != len(group):
-            return None  # a rank holds one box twice: the record planner's case
+        holders = {ranks[r]: r for r in group}  # a rank holding the box twice: its last row
         src = named_source((sources[r] for r in group), holders.__contains__)
         if src is not None:
             preferred.append(holders[src])
+            preferred_heads.append(heads_of[k])
             loads[src] += nbytes[holders[src]]
+        elif len(holders) != len(group):
+            balanced.append({ranks[r]: r for r in reversed(group)})  # its first row
         else:
             balanced.append(holders)
     picks = []
@@ -234,13 +261,16 @@ def _choose_writers(rows: _Rows, world: int) -> np.ndarray | None:
         rank = lightest_rank(list(holders), loads)
         picks.append(holders[rank])
         loads[rank] += nbytes[holders[rank]]
-    return np.concatenate([unique, np.array(preferred + picks, dtype=np.int64)])
+    chosen = np.concatenate([unique, np.array(preferred + picks, dtype=np.int64)])
+    later = len(rows.rank) + np.arange(len(picks), dtype=np.int64)
+    return chosen, np.concatenate([unique, np.array(preferred_heads, dtype=np.int64), later])
 
 
-def _covered(rows: _Rows, chosen: np.ndarray) -> bool:
-    """The chosen boxes tile every tensor (of any elements): those that split it along one
-    dimension are checked on columns, the others by ``box_coverage_problem``; False on any
-    problem (the record planner then raises it)."""
+def _tiling_problems(rows: _Rows, chosen: np.ndarray, record_order: np.ndarray) -> list[str]:
+    """Where the chosen boxes do not tile a tensor of any elements, in the tensors' order
+    (``fqn: problem``, the boxes given to ``box_coverage_problem`` in the record order). Boxes
+    that split a tensor along one dimension are checked on columns; the others, and tensors
+    nobody writes, by ``box_coverage_problem``."""
     names = rows.name[chosen]
     full = rows.shape[chosen]
     offs, lens = rows.offsets[chosen], rows.lengths[chosen]
@@ -266,31 +296,29 @@ def _covered(rows: _Rows, chosen: np.ndarray) -> bool:
     prev_end = np.concatenate([[0], en[:-1]])
     gap = np.where(first, st != 0, st != prev_end) | (last & (en != sz))
     odd[g[gap & along[o]]] = True
-    firsts = np.unique(rows.first)
-    tensor_numel = np.prod(rows.shape[firsts], axis=1)
-    live = rows.name[firsts][tensor_numel != 0]
-    if (boxes[live] == 0).any():
-        return False  # a tensor nobody writes
-    present = np.zeros(space, dtype=bool)
-    present[rows.name[firsts]] = True  # names a table lists but no row uses are no tensors
-    check = np.flatnonzero(odd & present)
-    if len(check):
-        by_tensor = np.argsort(names, kind="stable")
-        lo = np.searchsorted(names[by_tensor], check, side="left").tolist()
-        hi = np.searchsorted(names[by_tensor], check, side="right").tolist()
-        for a, b in zip(lo, hi):
-            written: list[int] = chosen[by_tensor[a:b]].tolist()
-            if not written:
-                continue  # no box: a tensor of no elements (the others returned False above)
-            r0 = written[0]
-            nd = int(rows.ndim[r0])
-            shape = tuple(rows.shape[r0, :nd].tolist())
-            if math.prod(shape) == 0:
-                continue
-            tiles = [(tuple(rows.offsets[r, :nd].tolist()), tuple(rows.lengths[r, :nd].tolist())) for r in written]
-            if box_coverage_problem(shape, tiles) is not None:
-                return False
-    return True
+    firsts = np.unique(rows.first)  # each tensor's first row: the tensors' order
+    tensor_names = rows.name[firsts]
+    live = np.prod(rows.shape[firsts], axis=1) != 0
+    check = np.zeros(space, dtype=bool)
+    check[tensor_names[live]] = True  # names a table lists but no row uses are no tensors
+    check &= odd | (boxes == 0)
+    if not check.any():
+        return []
+    by_record = np.lexsort((record_order, names))  # by tensor, each tensor's boxes in the record order
+    sorted_names = names[by_record]
+    problems = []
+    for t, r0 in zip(tensor_names.tolist(), firsts.tolist()):
+        if not check[t]:
+            continue
+        a, b = np.searchsorted(sorted_names, [t, t + 1]).tolist()
+        nd = int(rows.ndim[r0])
+        shape = tuple(rows.shape[r0, :nd].tolist())
+        written = chosen[by_record[a:b]].tolist()
+        tiles = [(tuple(rows.offsets[r, :nd].tolist()), tuple(rows.lengths[r, :nd].tolist())) for r in written]
+        problem = box_coverage_problem(shape, tiles)
+        if problem is not None:
+            problems.append(f"{rows.names[t]}: {problem}")
+    return problems
 
 
 def _tuples(values: np.ndarray, ndim: np.ndarray) -> list[tuple[int, ...]]:
@@ -313,10 +341,12 @@ def _tuples(values: np.ndarray, ndim: np.ndarray) -> list[tuple[int, ...]]:
 
 
 def _check_columns(files: list[str], columns: list[tuple[np.ndarray, ...]], owners: list[str]) -> None:
-    """``_check_layout`` on columns: every file named once, no two entries of a file overlap."""
+    """Self-check of the byte layout: every file named once, no two entries of a file overlap."""
+    if not columns:  # no ranks
+        return
     who, fidx, boff, blen = (np.concatenate([c[k] for c in columns]) for k in range(4))
     problems = overlap_problems(files, owners, who, fidx, boff, blen)
     if len(set(files)) != len(files):
         problems.insert(0, "two ranks were given the same data file")
-    if problems:
-        raise PlanningError("the save plan's byte layout is inconsistent:\n  " + "\n  ".join(problems[:20]))
+    if problems:  # the layout above puts no two entries of a file together: a bug
+        raise InternalError("the save plan's byte layout is inconsistent:\n  " + "\n  ".join(problems[:20]))

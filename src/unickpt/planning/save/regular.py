@@ -101,17 +101,26 @@ def regularize(gplan: GlobalSavePlan, files_per_rank: int) -> GlobalSavePlan:
     split = split_tensors(gplan) if world > 1 else {}
     if not split:
         return gplan
-    out = _laid_out(gplan, split, files_per_rank)
-    if out is None:  # a rank would hold no file of a part: keep tensors with empty chunks as rows
+    try:
+        out = _laid_out(gplan, split, files_per_rank)
+    except _RankWithoutFile:  # keep the tensors with empty chunks as rows
         split = _full(gplan, split)
-        out = _laid_out(gplan, split, files_per_rank) if split else None
-    if out is None:
-        return gplan
-    _check(out)
+        try:
+            out = _laid_out(gplan, split, files_per_rank) if split else gplan
+        except _RankWithoutFile:
+            out = gplan
+    if out is not gplan:
+        _check(out)
     return out
 
 
-def _laid_out(gplan: GlobalSavePlan, split: dict[str, int], files_per_rank: int) -> GlobalSavePlan | None:
+class _RankWithoutFile(Exception):
+    """A layout part would name a file its rank does not write (the rank holds only empty
+    chunks of that part's tensors and nothing else there): ``regularize`` then lays out fewer
+    tensors, or none."""
+
+
+def _laid_out(gplan: GlobalSavePlan, split: dict[str, int], files_per_rank: int) -> GlobalSavePlan:
     world = len(gplan.rank_plans)
     parts = max(1, files_per_rank)
     part_of = _parts(gplan, split, parts, world)
@@ -127,7 +136,7 @@ def _laid_out(gplan: GlobalSavePlan, split: dict[str, int], files_per_rank: int)
     index = {f: i for i, f in enumerate(files)}
     used = [k for k in range(parts) if per_part[k]]
     if any(file_name(r, k) not in index for r in range(world) for k in used):
-        return None
+        raise _RankWithoutFile
     layouts = tuple(
         (
             tuple(index[file_name(r, k)] for r in range(world)),

@@ -11,7 +11,7 @@ length 1, shape 1), so element counts and box equality are unchanged.
 
 Built by ``wire.encode_local_plan`` (every rank, the plan it sends) and ``plan.plan_save`` (rank
 0, for plans given as records) with ``of``; ``wire.decode_local_table`` builds them from received
-bytes; ``to_plan`` gives the records back (the planner's exact fallback, tests).
+bytes; ``to_plan`` gives the records back (the tests' oracle, ``tests/support/save_oracle.py``).
 """
 
 from __future__ import annotations

@@ -15,15 +15,15 @@ templates:
 2. the other (explicit) boxes are deduplicated across templates; a box's holders are the ranks
    of the templates holding it; each is written by its only holder, the replica source a holder
    names, else worst-fit (largest first to the holder with the fewest bytes, split chunks
-   counted), exactly as the record planner decides;
+   counted), exactly as the column planner decides;
 3. byte layout: each rank's chunks first (``SplitLayout``'s offsets), then its explicit boxes
    and blobs, largest first to the lightest file, as ``regular.regularize`` places them.
 The result is a ``GlobalSavePlan`` whose ``rank_plans`` is a ``RegularRankPlans``: a rank's
 entries are computed when asked (``plan_stage`` encodes each rank's part from its columns,
 ``rank_rows``), never held for every rank. Anything else (ranks disagreeing, a box held twice by
 one rank, a tensor split over part of the job, too many templates, a tiling problem, a rank
-left without a file of a layout part) returns None, and the column/record planners plan it or
-raise their precise error. The plans are equal (tests/unit/planning/test_save_planner.py).
+left without a file of a layout part) raises ``NotRegular`` saying why, and the column planner
+plans it or raises its precise error. The plans are equal (tests/unit/planning/test_save_planner.py).
 """
 
 from __future__ import annotations
@@ -43,7 +43,14 @@ from .model import GlobalSavePlan, LocalSavePlan, RankSavePlan, WriteEntry, file
 from .table import ShardTable
 from .writers import lightest_rank, named_source
 
-__all__ = ["plan_regular", "chunk_rule", "RegularRankPlans", "MAX_TEMPLATES"]
+__all__ = ["plan_regular", "chunk_rule", "RegularRankPlans", "NotRegular", "MAX_TEMPLATES"]
+
+
+class NotRegular(Exception):
+    """The job is not one the templates plan (its message says why); ``plan.plan_save`` then
+    plans it on columns, which plan every job or raise the ``PlanningError`` naming its problem.
+    Never leaves the planner."""
+
 
 # beyond this many distinct templates a job is not regular enough to gain (the column planner)
 MAX_TEMPLATES = 64
@@ -80,9 +87,9 @@ class _Template:
 
 def _templates(
     sources: Sequence[LocalSavePlan | ShardTable],
-) -> tuple[list[_Template], list[int], list[tuple[BlobSpec, ...]]] | None:
+) -> tuple[list[_Template], list[int], list[tuple[BlobSpec, ...]]]:
     """The ranks' templates, each rank's template and each rank's blobs (a rank's own: not part
-    of its template); None when rank 0 has no split row or there are too many templates."""
+    of its template); ``NotRegular`` when rank 0 has no split row or there are too many."""
     world = len(sources)
     found: dict[tuple, int] = {}
     templates: list[_Template] = []
@@ -92,10 +99,10 @@ def _templates(
         source = sources[r]  # one rank's table at a time (wire.LocalPlans decodes it now)
         t = source if isinstance(source, ShardTable) else ShardTable.of(source)
         if t.rank != r:
-            return None  # plan_save's own check raises
+            raise NotRegular("local plans out of rank order")  # plan_save's own check raises
         rule = chunk_rule(t, world)
         if r == 0 and not (rule >= 0).any():
-            return None  # a split tensor has a non-empty chunk 0: none here, so none at all
+            raise NotRegular("rank 0 holds no torch.chunk part")  # a split tensor has a non-empty chunk 0
         explicit = rule < 0
         key = (  # the arrays' lengths fix where each starts in the joined bytes
             t.names,
@@ -110,7 +117,7 @@ def _templates(
         at = found.get(key)
         if at is None:
             if len(templates) == MAX_TEMPLATES:
-                return None
+                raise NotRegular(f"more than {MAX_TEMPLATES} templates")
             at = found[key] = len(templates)
             templates.append(_Template(t, rule, []))
         templates[at].ranks.append(r)
@@ -256,18 +263,13 @@ class RegularRankPlans(Sequence[RankSavePlan]):
         return out
 
 
-def plan_regular(
-    sources: Sequence[LocalSavePlan | ShardTable], save_id: str, files_per_rank: int
-) -> GlobalSavePlan | None:
-    """The global plan of a regular job (module docstring), or None to leave it to the column
-    and record planners."""
+def plan_regular(sources: Sequence[LocalSavePlan | ShardTable], save_id: str, files_per_rank: int) -> GlobalSavePlan:
+    """The global plan of a regular job (module docstring); ``NotRegular`` for any other job
+    (the column planner's)."""
     world = len(sources)
     if world < 2:
-        return None
-    found = _templates(sources)
-    if found is None:
-        return None
-    templates, of_rank, blobs = found
+        raise NotRegular("one rank")
+    templates, of_rank, blobs = _templates(sources)
     return _plan(templates, np.array(of_rank, dtype=np.int64), blobs, world, save_id, max(1, files_per_rank))
 
 
@@ -278,7 +280,7 @@ def _plan(
     world: int,
     save_id: str,
     parts: int,
-) -> GlobalSavePlan | None:
+) -> GlobalSavePlan:
     # job-wide tensors in first-appearance order (templates by first rank, rows in order)
     tensors: dict[str, tuple[str, Shape]] = {}
     rows_by_tensor: dict[str, list[tuple[int, int]]] = {}  # fqn -> [(template, row)]
@@ -288,14 +290,14 @@ def _plan(
             fqn = t.names[n]
             meta = (t.dtypes[d], tuple(t.shape[i, :nd].tolist()))
             if tensors.setdefault(fqn, meta) != meta:
-                return None  # ranks disagree: the record planner names it
+                raise NotRegular(f"ranks disagree on {fqn}")  # the column planner names them
             rows_by_tensor.setdefault(fqn, []).append((ti, i))
     try:
         sizes = {fqn: itemsize(dtype) for fqn, (dtype, _) in tensors.items()}
     except CorruptMetadataError:
-        return None
+        raise NotRegular("an unknown dtype") from None
     if any(sum(math.log2(max(x, 1)) for x in shape) > 55 for _, shape in tensors.values()):
-        return None
+        raise NotRegular("a tensor of more than 2^55 elements")
 
     # 1. split tensors
     split_fqns: list[str] = []
@@ -309,23 +311,23 @@ def _plan(
             explicit[fqn] = held
             continue
         if math.prod(shape) == 0 or len(ruled) != len(held):
-            return None
+            raise NotRegular(f"{fqn}: chunks on some ranks, other boxes on others (or no elements)")
         seen = {int(templates[ti].rule[i]) for ti, i in ruled}
         per_template = [ti for ti, _ in ruled]
         if len(seen) != 1 or len(set(per_template)) != len(per_template):
-            return None
+            raise NotRegular(f"{fqn}: split along several dimensions, or twice on a rank")
         d = seen.pop()
         size = -(-shape[d] // world)
         chunks = -(-shape[d] // size)  # the non-empty chunks: ranks 0 .. chunks - 1
         held_by = set(per_template)
         for ti, tm in enumerate(templates):
             if ti not in held_by and tm.ranks[0] < chunks:
-                return None  # a rank with a non-empty chunk does not hold it
+                raise NotRegular(f"{fqn}: split over part of the job")  # a rank with a non-empty chunk does not hold it
         split_fqns.append(fqn)
         split_dim.append(d)
         split_rows.append(dict(ruled))
     if not split_fqns:
-        return None
+        raise NotRegular("no tensor split over every rank")
     dims = np.array(split_dim, dtype=np.int64)
     extent = np.array([tensors[f][1][d] for f, d in zip(split_fqns, split_dim)], dtype=np.int64)
     chunk = -(-extent // world)
@@ -344,7 +346,7 @@ def _plan(
     # each rank's split bytes per part: raw (what parts are balanced by) and aligned (offsets)
     raw = split.rows_of(np.arange(world, dtype=np.int64)[:, None]) * row_bytes  # (world, tensors)
     if float(raw.sum(dtype=np.float64)) > _MAX_BYTES:
-        return None
+        raise NotRegular("more than 2^61 bytes")
     loads_by_part = np.zeros((world, parts), dtype=np.int64)
     ends_by_part = np.zeros((world, parts), dtype=np.int64)
     uses = np.zeros((world, parts), dtype=bool)
@@ -356,8 +358,6 @@ def _plan(
 
     # 2. explicit boxes: holders, then writers
     writers = _choose(templates, template_of, explicit, tensors, sizes, loads_by_part.sum(axis=1))
-    if writers is None:
-        return None
 
     # 3. each rank's explicit entries and blobs, largest first to the lightest part
     work: dict[int, list[tuple[int, int, int, str]]] = {}  # rank -> [(nbytes, kind, item, key)]
@@ -366,7 +366,7 @@ def _plan(
     for rank, own in enumerate(blobs):
         for b in own:
             if not 0 <= b.nbytes <= _MAX_BLOB:
-                return None  # absurd sizes: the record planner
+                raise NotRegular(f"blob {b.key!r}: absurd size")  # the column planner refuses it
             work.setdefault(rank, []).append((b.nbytes, 1, 0, b.key))
     placed: dict[int, list[tuple[int, int, int, int, str]]] = {}
     for rank, items in work.items():
@@ -377,7 +377,7 @@ def _plan(
         placed[rank] = sorted(out, key=lambda e: e[0])  # by part, each part's in placement order
     used = sorted(set(part.tolist()))
     if not uses[:, used].all():
-        return None  # a rank without a file of a layout part: regularize's fallback decides
+        raise NotRegular("a rank without a file of a layout part")  # regularize's fallback decides
     rank_parts = [tuple(np.flatnonzero(u).tolist()) for u in uses]
     files = tuple(file_name(r, k) for r in range(world) for k in rank_parts[r])
     index = {f: i for i, f in enumerate(files)}
@@ -404,9 +404,9 @@ def _choose(
     tensors: dict[str, tuple[str, Shape]],
     sizes: dict[str, int],
     split_load: np.ndarray,
-) -> list[tuple[str, Shape, Shape, int, int]] | None:
-    """The writer of each explicit box (fqn, offsets, lengths, rank, row) in (rank, row) order,
-    or None (a rank holding a box twice, a tensor nobody writes, boxes that do not tile)."""
+) -> list[tuple[str, Shape, Shape, int, int]]:
+    """The writer of each explicit box (fqn, offsets, lengths, rank, row) in (rank, row) order;
+    ``NotRegular`` for a rank holding a box twice, a tensor nobody writes, boxes that do not tile."""
     holders: dict[tuple[str, Shape, Shape], list[tuple[int, int]]] = {}  # -> [(template, row)]
     for fqn, held in explicit.items():
         shape = tensors[fqn][1]
@@ -419,7 +419,7 @@ def _choose(
                 continue  # an empty shard: nothing to write
             got = holders.setdefault((fqn, offs, lens), [])
             if any(g == ti for g, _ in got):
-                return None  # a rank holds one box twice
+                raise NotRegular(f"a rank holds {fqn} {offs}+{lens} twice")
             got.append((ti, i))
     load = split_load.astype(np.int64).copy()
     ranks_of = [np.array(tm.ranks, dtype=np.int64) for tm in templates]  # ascending
@@ -455,6 +455,6 @@ def _choose(
             continue
         boxes = by_tensor.get(fqn)
         if not boxes or box_coverage_problem(shape, boxes) is not None:
-            return None
+            raise NotRegular(f"{fqn}: boxes that do not tile it")  # the column planner names the problem
     chosen.sort(key=lambda w: (w[3], w[4]))
     return chosen

@@ -178,14 +178,14 @@ def _starts_fit(rows: np.ndarray, starts: np.ndarray) -> bool:
     return bool((nd >= 0).all() and (np.diff(starts) == 4 + 3 * nd[:-1]).all() and last + 4 + 3 * nd[-1] == len(rows))
 
 
-def _table(data: bytes, header: dict, rows: np.ndarray, starts: np.ndarray | None) -> ShardTable:
-    """The table of decoded rows whose starts are known (None: they do not fit)."""
+def _table(data: bytes, header: dict, rows: np.ndarray, starts: np.ndarray) -> ShardTable:
+    """The table of decoded rows whose starts are known."""
     try:
         names, dtypes, rank = header["names"], header["dtypes"], int(header["rank"])
         blobs = tuple(BlobSpec(str(k), int(v)) for k, v in header["blobs"])
     except (KeyError, IndexError, TypeError, ValueError, PlanningError):
         return ShardTable.of(decode_local_plan(data))  # raises the precise error
-    if starts is None or not isinstance(names, list) or not isinstance(dtypes, list):
+    if not isinstance(names, list) or not isinstance(dtypes, list):
         return ShardTable.of(decode_local_plan(data))
     n = len(starts)
     ndim = rows[starts + 2]
@@ -217,22 +217,20 @@ def _table(data: bytes, header: dict, rows: np.ndarray, starts: np.ndarray | Non
     return table
 
 
-def _row_starts(rows: np.ndarray, n: int) -> np.ndarray | None:
-    """Where each of the ``n`` rows starts (each is 4 + 3 * ndim long); None if the rows do
-    not end exactly there or an ndim is negative."""
+def _row_starts(rows: np.ndarray, n: int) -> np.ndarray:
+    """Where each of the ``n`` rows starts (each is 4 + 3 * ndim long); ``PlanningError`` if the
+    rows do not end exactly there or an ndim is negative (``LocalPlanDecoder.table`` then decodes
+    record by record for the precise error)."""
     values = rows.tolist()
     starts = []
     at, end = 0, len(values)
     for _ in range(n):
-        if at + 3 > end:
-            return None
-        nd = values[at + 2]
-        if nd < 0:
-            return None
+        if at + 3 > end or values[at + 2] < 0:
+            raise PlanningError("local save plan: truncated rows")
         starts.append(at)
-        at += 4 + 3 * nd
+        at += 4 + 3 * values[at + 2]
     if at != end:
-        return None
+        raise PlanningError("local save plan: trailing rows")
     return np.array(starts, dtype=np.int64)
 
 

@@ -3,8 +3,8 @@
 A box several ranks hold is written once: by the replica a holder's spec names as its
 ``replica_source`` (``named_source``: the lowest named rank among the holders), else by the holder
 with the fewest bytes assigned so far (``lightest_rank``: worst-fit, the boxes taken largest first
-by the planners). Every planner (``columns``, ``templates``, the record planner in ``plan``)
-chooses writers with these two rules, written once so the planners cannot disagree.
+by the planners). Both paths of the planner (``columns``, ``templates``) choose writers with
+these two rules, written once so they cannot disagree.
 """
 
 from __future__ import annotations
