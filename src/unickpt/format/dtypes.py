@@ -8,6 +8,7 @@ first call.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 from ..errors import CorruptMetadataError
@@ -39,18 +40,14 @@ _ITEMSIZE: dict[str, int] = {
 }
 DTYPE_NAMES: tuple[str, ...] = tuple(_ITEMSIZE)
 
-_tables: tuple[dict[str, torch.dtype], dict[torch.dtype, str]] | None = None
 
-
+@functools.cache
 def _torch_tables() -> tuple[dict[str, torch.dtype], dict[torch.dtype, str]]:
     """name -> torch.dtype and back, built on first use (the one place this module imports torch)."""
-    global _tables
-    if _tables is None:
-        import torch
+    import torch
 
-        to_dtype = {name: getattr(torch, name) for name in DTYPE_NAMES if hasattr(torch, name)}
-        _tables = (to_dtype, {dt: name for name, dt in to_dtype.items()})
-    return _tables
+    to_dtype = {name: getattr(torch, name) for name in DTYPE_NAMES if hasattr(torch, name)}
+    return to_dtype, {dt: name for name, dt in to_dtype.items()}
 
 
 def dtype_name(dtype: torch.dtype) -> str:
