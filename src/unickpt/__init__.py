@@ -3,56 +3,144 @@
 handle = unickpt.save("ckpts/step_100", {"model": m, "optimizer": opt,
                       "extra_state": {"step": 100, "rng": unickpt.rng_state()}}, framework="fsdp2")
 unickpt.load("ckpts/step_100", state, framework="auto")   # any world size / parallelism
+
+Importing ``unickpt`` is cheap: it does not import torch. Each public name is imported from its
+module on first access (PEP 562 ``__getattr__`` below, table ``_LAZY``), so the command line's
+metadata commands (``unickpt ls``, ``latest``, ``prune``, ``inspect``) and ``--help`` never pay
+for torch, ``torch.distributed.tensor`` or sympy; ``unickpt.save`` pays for them once, on first
+use. ``from unickpt import X``, ``unickpt.X`` and ``dir(unickpt)`` work for every name in
+``__all__``; type checkers read the ``TYPE_CHECKING`` imports.
 """
 
-from . import data  # the unickpt.data protocol; registers the "dataloader" metadata section
-from .api import SaveHandle, load, save, wait_all
-from .checkpointer import Checkpointer, default_checkpointer
-from .errors import (
-    AsyncSaveFailures,
-    CheckpointError,
-    ChecksumMismatchError,
-    CollectiveError,
-    CollectiveTimeoutError,
-    ConcurrentSaveError,
-    CorruptMetadataError,
-    DtypeMismatchError,
-    ExtraStateResizeError,
-    ForeignFolderError,
-    FrameworkError,
-    IncompleteCheckpointError,
-    LoaderStateError,
-    MissingDataFileError,
-    MissingDependencyError,
-    MissingKeysError,
-    NoProcessGroupError,
-    NotACheckpointError,
-    PlanningError,
-    RankDisagreementError,
-    RankFailures,
-    RemoteRankError,
-    SaveLockLostError,
-    ShapeMismatchError,
-    SizeLimitError,
-    SnapshotConflictError,
-    StorageError,
-    TransientStorageError,
-    TruncatedDataFileError,
-    UnexpectedKeysError,
-    UnsafeNameError,
-    UnsafePathError,
-    UnsupportedFormatVersionError,
-    UnsupportedValueError,
-)
-from .format import transforms  # LoadOptions(transforms=...): split_rows, megatron_qkv_split ...
-from .frameworks.flat import FlatTensors
-from .manager import CheckpointManager
-from .options import CoordinationOptions, LoadOptions, SaveOptions, StorageOptions
-from .state.extra import rng_state, set_rng_state
-from .state.items import PerRank
-from .tiering import TieredCheckpointManager
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# torch-free and registers the "dataloader" metadata section, so that decoding the metadata of a
+# checkpoint that holds one never depends on whether ``unickpt.data`` was imported yet
+from .state import loader as _loader  # noqa: F401
+
+if TYPE_CHECKING:
+    from . import data
+    from .api import SaveHandle, load, save, wait_all
+    from .checkpointer import Checkpointer, default_checkpointer
+    from .errors import (
+        AsyncSaveFailures,
+        CheckpointError,
+        ChecksumMismatchError,
+        CollectiveError,
+        CollectiveTimeoutError,
+        ConcurrentSaveError,
+        CorruptMetadataError,
+        DtypeMismatchError,
+        ExtraStateResizeError,
+        ForeignFolderError,
+        FrameworkError,
+        IncompleteCheckpointError,
+        LoaderStateError,
+        MissingDataFileError,
+        MissingDependencyError,
+        MissingKeysError,
+        NoProcessGroupError,
+        NotACheckpointError,
+        PlanningError,
+        RankDisagreementError,
+        RankFailures,
+        RemoteRankError,
+        SaveLockLostError,
+        ShapeMismatchError,
+        SizeLimitError,
+        SnapshotConflictError,
+        StorageError,
+        TransientStorageError,
+        TruncatedDataFileError,
+        UnexpectedKeysError,
+        UnsafeNameError,
+        UnsafePathError,
+        UnsupportedFormatVersionError,
+        UnsupportedValueError,
+    )
+    from .format import transforms
+    from .frameworks.flat import FlatTensors
+    from .manager import CheckpointManager
+    from .options import CoordinationOptions, LoadOptions, SaveOptions, StorageOptions
+    from .state.extra import rng_state, set_rng_state
+    from .state.items import PerRank
+    from .tiering import TieredCheckpointManager
 
 __version__ = "0.1.0"
+
+# public name -> (module relative to this package, attribute; None: the module itself)
+_LAZY: dict[str, tuple[str, str | None]] = {
+    "data": (".data", None),  # the unickpt.data protocol
+    "transforms": (".format.transforms", None),  # LoadOptions(transforms=...): split_rows, megatron_qkv_split ...
+    **{name: (".api", name) for name in ("SaveHandle", "load", "save", "wait_all")},
+    **{name: (".checkpointer", name) for name in ("Checkpointer", "default_checkpointer")},
+    **{
+        name: (".errors", name)
+        for name in (
+            "AsyncSaveFailures",
+            "CheckpointError",
+            "ChecksumMismatchError",
+            "CollectiveError",
+            "CollectiveTimeoutError",
+            "ConcurrentSaveError",
+            "CorruptMetadataError",
+            "DtypeMismatchError",
+            "ExtraStateResizeError",
+            "ForeignFolderError",
+            "FrameworkError",
+            "IncompleteCheckpointError",
+            "LoaderStateError",
+            "MissingDataFileError",
+            "MissingDependencyError",
+            "MissingKeysError",
+            "NoProcessGroupError",
+            "NotACheckpointError",
+            "PlanningError",
+            "RankDisagreementError",
+            "RankFailures",
+            "RemoteRankError",
+            "SaveLockLostError",
+            "ShapeMismatchError",
+            "SizeLimitError",
+            "SnapshotConflictError",
+            "StorageError",
+            "TransientStorageError",
+            "TruncatedDataFileError",
+            "UnexpectedKeysError",
+            "UnsafeNameError",
+            "UnsafePathError",
+            "UnsupportedFormatVersionError",
+            "UnsupportedValueError",
+        )
+    },
+    "FlatTensors": (".frameworks.flat", "FlatTensors"),
+    "CheckpointManager": (".manager", "CheckpointManager"),
+    **{name: (".options", name) for name in ("CoordinationOptions", "LoadOptions", "SaveOptions", "StorageOptions")},
+    **{name: (".state.extra", name) for name in ("rng_state", "set_rng_state")},
+    "PerRank": (".state.items", "PerRank"),
+    "TieredCheckpointManager": (".tiering", "TieredCheckpointManager"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The public ``name``, imported from its module on first access and then cached in the
+    package's namespace (so this runs once per name)."""
+    try:
+        module_name, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    module = importlib.import_module(module_name, __name__)
+    value = module if attr is None else getattr(module, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "transforms",

@@ -52,25 +52,29 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import warnings
 from collections.abc import MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .checkpointer import Checkpointer, default_checkpointer
-from .engine.runtime.worker import SaveHandle
 from .errors import CheckpointError, IncompleteCheckpointError
 from .folder.cleanup import checkpoint_files, delete_checkpoint, delete_files, lock_blocks_deletion
+from .folder.lock_owner import LockContext
 from .folder.markers import is_unickpt_name
 from .folder.probe import committed_metadata
 from .folder.publish import publisher_for
 from .folder.target import check_role
 from .format.records import DATA_DIR, METADATA_FILE, Metadata
-from .options import LoadOptions, SaveOptions
 from .storage import Storage, open_storage
 from .storage.base import SMALL_FILE_LIMIT
 from .storage.registry import split_url
+
+if TYPE_CHECKING:  # the checkpointer (torch) is imported on the first save or load, not for ls / prune
+    from .checkpointer import Checkpointer
+    from .engine.runtime.worker import SaveHandle
+    from .options import LoadOptions, SaveOptions
 
 __all__ = ["CheckpointManager", "CheckpointInfo", "LatestPointer", "RetentionPlan", "StepState", "STEP_STATUSES"]
 
@@ -144,6 +148,13 @@ class LatestPointer:
         return LatestPointer(step, path)
 
 
+def _lock_held_in_process(token: str) -> bool:
+    """Whether a live checkpointer of this process holds the save lock ``token``
+    (``checkpointer._lock_held_here``; False while no checkpointer can exist)."""
+    module = sys.modules.get(f"{__package__}.checkpointer")
+    return module is not None and bool(module._lock_held_here(token))
+
+
 def _folder(step: int) -> str:
     return f"step_{step:08d}"
 
@@ -171,7 +182,26 @@ class CheckpointManager:
         self.pointer_name = "latest" if role is None else f"latest.{role}"
         self._storage: Storage = open_storage(self.root)
         self._publisher = publisher_for(self._storage)  # ``latest`` and the steps' metadata
-        self._ckpt = checkpointer or default_checkpointer()
+        self._checkpointer = checkpointer  # None: ``default_checkpointer()``, taken at the first save or load
+
+    @property
+    def _ckpt(self) -> Checkpointer:
+        """The checkpointer of this manager's saves and loads (``unickpt.default_checkpointer()``
+        unless one was given), taken when first needed: listing and retention never need it."""
+        if self._checkpointer is None:
+            from .checkpointer import default_checkpointer
+
+            self._checkpointer = default_checkpointer()
+        return self._checkpointer
+
+    @property
+    def _locks(self) -> LockContext:
+        """The lock context retention judges save locks with: the checkpointer's, or, while this
+        manager has none yet, one asking every live checkpointer of this process (none exists
+        before ``unickpt.checkpointer`` is imported), as the checkpointer's would."""
+        if self._checkpointer is not None:
+            return self._checkpointer.resources.locks
+        return LockContext(held_here=_lock_held_in_process)
 
     # ------------------------------------------------------------------ paths
 
@@ -480,15 +510,15 @@ class CheckpointManager:
         )
 
     def _lock_is_live(self, step: int) -> bool:
-        return lock_blocks_deletion(self._storage, self._prefix(step), self._ckpt.resources.locks)
+        return lock_blocks_deletion(self._storage, self._prefix(step), self._locks)
 
     def _delete_checkpoint(self, step: int, names: list[str]) -> bool:
         """Delete the files of ``step`` that unickpt provably wrote (``folder.cleanup``), the
         metadata first, unless a save holds its lock. True when something was deleted."""
-        return delete_checkpoint(self._storage, self._prefix(step), names, self._ckpt.resources.locks)
+        return delete_checkpoint(self._storage, self._prefix(step), names, self._locks)
 
     def _owned_files(self, step: int, names: list[str]) -> tuple[tuple[str, ...], ...]:
         """The files of ``step`` (``names``: its names from ``_scan``) that unickpt provably wrote,
         in the order to delete them (``folder.cleanup.checkpoint_files``; nothing while a save
         holds its lock)."""
-        return checkpoint_files(self._storage, self._prefix(step), names, self._ckpt.resources.locks)
+        return checkpoint_files(self._storage, self._prefix(step), names, self._locks)

@@ -6,21 +6,28 @@ outcome on every rank: ``outcomes``), so a job of one process, of a flat group a
 (``tree`` over ``topology``) run the same code. ``torch_dist`` and ``single`` implement it;
 ``store`` and ``barrier`` carry the commit's reports without a collective; ``waits`` warns which
 ranks a wait is missing.
+
+The names below are imported from their modules on first access (``__getattr__``), so that the
+torch-free modules (``single``, ``topology``, ``base``) import without torch.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
-
-import torch.distributed as dist
+from typing import TYPE_CHECKING, Any
 
 from ..errors import NoProcessGroupError
-from .barrier import commit_barrier
-from .base import Coordinator, Settle, run_stage
-from .single import SingleProcessCoordinator
-from .topology import CoordinationOptions, TreeLayout
-from .torch_dist import CheckpointGroups, TorchDistCoordinator
-from .tree import TreeCoordinator
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
+
+    from .barrier import commit_barrier
+    from .base import Coordinator, Settle, run_stage
+    from .single import SingleProcessCoordinator
+    from .topology import CoordinationOptions, TreeLayout
+    from .torch_dist import CheckpointGroups, TorchDistCoordinator
+    from .tree import TreeCoordinator
 
 __all__ = [
     "Coordinator",
@@ -35,6 +42,29 @@ __all__ = [
     "commit_barrier",
     "make_coordinator",
 ]
+
+_LAZY = {
+    "commit_barrier": ".barrier",
+    "Coordinator": ".base",
+    "Settle": ".base",
+    "run_stage": ".base",
+    "SingleProcessCoordinator": ".single",
+    "CoordinationOptions": ".topology",
+    "TreeLayout": ".topology",
+    "CheckpointGroups": ".torch_dist",
+    "TorchDistCoordinator": ".torch_dist",
+    "TreeCoordinator": ".tree",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_LAZY[name], __name__), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def make_coordinator(
@@ -51,6 +81,12 @@ def make_coordinator(
 
     ``timeout``: seconds each collective may wait (default: the job's timeout); ``label``: what
     the collectives are for (``"save of <url>"``), named in their errors."""
+    import torch.distributed as dist
+
+    from .single import SingleProcessCoordinator
+    from .torch_dist import TorchDistCoordinator
+    from .tree import TreeCoordinator
+
     if dist.is_available() and dist.is_initialized():
         flat = TorchDistCoordinator(groups, group, channel, timeout=timeout, label=label)
         tree = flat.channel.tree

@@ -58,7 +58,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from ..coordination.base import Coordinator
 from ..coordination.outcomes import retitled
@@ -71,12 +71,14 @@ from ..errors import (
     StorageError,
     UnsafePathError,
 )
-from ..planning.save.model import RankSavePlan
 from ..storage.base import SMALL_FILE_LIMIT, Storage
 from .lock_owner import DEFAULT_LEASE_S, LockContext, LockOwner, stale_reason
 from .markers import LOCK_FILE, check_save_folder, delete_save_data, mark_save, marker_name
 from .probe import committed_save_id
 from .publish import publisher_for
+
+if TYPE_CHECKING:
+    from ..planning.save.model import RankSavePlan
 
 __all__ = [
     "LOCK_FILE",

@@ -9,7 +9,14 @@ the data files), ``build`` (a save's metadata from its plan and what every rank 
 ``values`` / ``dtypes`` / ``npdtype`` (plain values, tensors and dtypes by stable names), ``names``
 (the characters a name may hold), ``keymap`` / ``transforms`` (keys renamed and tensors derived
 as a checkpoint is read).
+
+``dumps_value`` / ``loads_value`` (``values``: tensors and numpy arrays) are imported on first
+access, so that decoding and validating metadata imports neither torch nor numpy.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from .codec import DEFAULT_CODEC, READERS, WRITERS, MetadataCodec, decode_metadata, encode_metadata
 from .dtypes import dtype_from_name, dtype_name
@@ -27,7 +34,9 @@ from .records import (
 )
 from .sections import DEFAULT_SECTIONS, SectionCodec, SectionRegistry, SectionWarning
 from .validation import validate_metadata
-from .values import dumps_value, loads_value
+
+if TYPE_CHECKING:
+    from .values import dumps_value, loads_value
 
 __all__ = [
     "DATA_DIR",
@@ -56,3 +65,15 @@ __all__ = [
     "loads_value",
     "printable",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("dumps_value", "loads_value"):
+        from . import values
+
+        return getattr(values, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -26,7 +26,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import crc32c
 import numpy as np
 
 __all__ = [
@@ -101,6 +100,8 @@ class Checksums(Protocol):
 def chunk_crcs(parts: Iterable[Buffer], chunk_size: int) -> list[int]:
     """CRC32C of each ``chunk_size`` chunk of the concatenation of ``parts`` (the bytes of one
     data file, in order; the last chunk may be shorter; none for an empty file)."""
+    import crc32c  # here, not at the top: decoding metadata (``unickpt ls`` / ``inspect``) needs no CRC
+
     out: list[int] = []
     crc, filled = 0, 0
     for part in parts:

@@ -30,9 +30,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ..coordination.single import SingleProcessCoordinator
 from ..folder.probe import read_metadata_bytes
@@ -42,6 +40,9 @@ from ..storage.base import METADATA_LIMIT
 from .pieces import PIECE_BYTES, check_data_files, iter_pieces
 from .printable import printable, quoted
 from .verify import VerifyReport, file_sizes, verify
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "TensorInfo",
@@ -384,6 +385,8 @@ def value_lines(md: Metadata, storage: Storage, key: str, first: int = 10, piece
     across pieces (Chan et al.'s pairwise update, in float64)."""
     if key not in md.tensors:
         return [f"no tensor {quoted(key)} (see the tensor table)"]
+    import torch  # only --values reads tensors: the rest of inspect runs without torch
+
     rec = md.tensors[key]
     check_data_files(storage, md, [key])
     dtype = dtype_from_name(rec.dtype)

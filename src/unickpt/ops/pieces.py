@@ -33,19 +33,19 @@ import itertools
 import math
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-
-import torch
+from typing import TYPE_CHECKING
 
 from ..coordination.single import SingleProcessCoordinator
-from ..engine.load.stage import read_stage
 from ..errors import CheckpointError, ChecksumMismatchError, MissingDataFileError, TruncatedDataFileError
 from ..format import Metadata, dtype_from_name
 from ..format.checksums import ChunkChecksums
-from ..planning.load.overlap import plan_local_load
-from ..planning.load.shards import ShardIndex
-from ..planning.specs import LoadItem, ShardSpec
 from ..storage import Storage
 from .printable import printable, quoted
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..planning.load.shards import ShardIndex
 
 __all__ = ["PIECE_BYTES", "slabs", "check_data_files", "iter_pieces"]
 
@@ -120,6 +120,13 @@ def iter_pieces(
     """The tensor ``fqn`` as consecutive pieces (``slabs``), each a tensor of the box's shape in
     the tensor's dtype. A piece is a view of one reusable buffer: valid until the next one is
     asked for (copy it to keep it). ``index``: a ShardIndex of ``md`` to share across tensors."""
+    import torch  # the tensor readers import torch, the file checks do not
+
+    from ..engine.load.stage import read_stage
+    from ..planning.load.overlap import plan_local_load
+    from ..planning.load.shards import ShardIndex
+    from ..planning.specs import LoadItem, ShardSpec
+
     rec = md.tensors.get(fqn)
     if rec is None:
         raise CheckpointError(f"{storage.url} has no tensor {quoted(fqn)}")

@@ -4,12 +4,21 @@ No I/O and no collectives, so every rule is tested in one process: ``specs`` (th
 adapters produce), ``boxes`` (N-D box geometry both sides share), ``save`` (every rank's local
 plan -> one global plan), ``load`` (what each rank reads and where it lands), ``objects`` (the
 ranks' JSON objects merged at commit). ``engine`` executes what these return.
+
+The names below are imported from their modules on first access (``__getattr__``), so that a
+torch-free module (``boxes``, ``load.shards`` ...) imports without ``specs`` (torch).
 """
 
-from .boxes import FlatPiece, decompose_flat_range, intersect, numel
-from .load import CopyOp, KeyReport, ShardRead, check_targets, plan_local_load
-from .save import GlobalSavePlan, LocalSavePlan, RankSavePlan, WriteEntry, plan_save
-from .specs import BlobSpec, LoadItem, SaveItem, ShardSpec
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .boxes import FlatPiece, decompose_flat_range, intersect, numel
+    from .load import CopyOp, KeyReport, ShardRead, check_targets, plan_local_load
+    from .save import GlobalSavePlan, LocalSavePlan, RankSavePlan, WriteEntry, plan_save
+    from .specs import BlobSpec, LoadItem, SaveItem, ShardSpec
 
 __all__ = [
     "FlatPiece",
@@ -31,3 +40,20 @@ __all__ = [
     "SaveItem",
     "ShardSpec",
 ]
+
+_LAZY = {
+    **dict.fromkeys(("FlatPiece", "decompose_flat_range", "intersect", "numel"), ".boxes"),
+    **dict.fromkeys(("CopyOp", "KeyReport", "ShardRead", "check_targets", "plan_local_load"), ".load"),
+    **dict.fromkeys(("GlobalSavePlan", "LocalSavePlan", "RankSavePlan", "WriteEntry", "plan_save"), ".save"),
+    **dict.fromkeys(("BlobSpec", "LoadItem", "SaveItem", "ShardSpec"), ".specs"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_LAZY[name], __name__), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

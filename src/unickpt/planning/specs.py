@@ -8,10 +8,12 @@ destination written in place). Specs are frozen records; items hold tensors and 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from .boxes import numel
+
+if TYPE_CHECKING:  # the tensors are only annotated: the specs themselves import without torch
+    import torch
 
 __all__ = ["Shape", "ShardSpec", "SaveItem", "LoadItem", "BlobSpec"]
 

@@ -4,8 +4,28 @@
 read), ``items`` (the kinds of value a key holds and how each is saved and applied), ``extra``
 (RNG, scheduler, step and other plain values, in the safe value encoding) and ``loader``
 (dataloader state that survives a change of the data-parallel size).
+
+The names below come from ``extra`` (which imports torch) on first access, so that ``loader``
+(torch-free: the ``"dataloader"`` metadata section) can be imported without torch.
 """
 
-from .extra import extra_blob_key, pick_extra_blob, rng_state, set_rng_state
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .extra import extra_blob_key, pick_extra_blob, rng_state, set_rng_state
 
 __all__ = ["rng_state", "set_rng_state", "extra_blob_key", "pick_extra_blob"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from . import extra
+
+    return getattr(extra, name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
