@@ -6,7 +6,7 @@ unickpt.load("ckpts/step_100", state, framework="auto")   # any world size / par
 """
 
 from . import data  # the unickpt.data protocol; registers the "dataloader" metadata section
-from .api import SaveHandle, load, save, wait_all
+from .api import SaveHandle, export_hf, load, save, wait_all
 from .checkpointer import Checkpointer, default_checkpointer
 from .errors import (
     AsyncSaveFailures,
@@ -47,7 +47,7 @@ from .errors import (
 from .format import transforms  # LoadOptions(transforms=...): split_rows, megatron_qkv_split ...
 from .frameworks.flat import FlatTensors
 from .manager import CheckpointManager
-from .options import CoordinationOptions, LoadOptions, SaveOptions, StorageOptions
+from .options import CoordinationOptions, HFExport, LoadOptions, SaveOptions, StorageOptions
 from .state.extra import rng_state, set_rng_state
 from .state.items import PerRank
 from .tiering import TieredCheckpointManager
@@ -59,6 +59,8 @@ __all__ = [
     "save",
     "load",
     "wait_all",
+    "export_hf",
+    "HFExport",
     "Checkpointer",
     "default_checkpointer",
     "SaveHandle",
