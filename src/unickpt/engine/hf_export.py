@@ -8,8 +8,9 @@ checkpoint's ``huggingface/`` folder, after the commit: see below), ``unickpt.ex
 
 Steps of ``export_pieces`` on every rank (* = collective, ``run_stage``: a failure anywhere is
 the same error on every rank):
-  describe*  each rank lists its pieces (output name, global shape, dtype, box, replica source)
-             and every rank receives every rank's list (one all_gather of a few ints per piece);
+  describe*  each rank lists its pieces (output name, global shape, dtype, box, replica source,
+             checkpoint key) and every rank receives every rank's list (one all_gather of a
+             few ints per piece; in a save rank 0 adds the committed metadata's tensor order);
   assign     (pure, the same result on every rank: ``assign``) the tensor order, the files and
              their headers (``format.hf_layout.plan_layout``: the layout ``unickpt merge``
              writes), one writer per distinct box (its replica source, else the file's owner
