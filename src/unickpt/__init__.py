@@ -23,7 +23,7 @@ from .state import loader as _loader  # noqa: F401
 
 if TYPE_CHECKING:
     from . import data
-    from .api import SaveHandle, load, save, wait_all
+    from .api import SaveHandle, export_hf, load, save, wait_all
     from .checkpointer import Checkpointer, default_checkpointer
     from .errors import (
         AsyncSaveFailures,
@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     from .format import transforms
     from .frameworks.flat import FlatTensors
     from .manager import CheckpointManager
-    from .options import CoordinationOptions, LoadOptions, SaveOptions, StorageOptions
+    from .options import CoordinationOptions, HFExport, LoadOptions, SaveOptions, StorageOptions
     from .state.extra import rng_state, set_rng_state
     from .state.items import PerRank
     from .tiering import TieredCheckpointManager
@@ -75,7 +75,7 @@ __version__ = "0.1.0"
 _LAZY: dict[str, tuple[str, str | None]] = {
     "data": (".data", None),  # the unickpt.data protocol
     "transforms": (".format.transforms", None),  # LoadOptions(transforms=...): split_rows, megatron_qkv_split ...
-    **{name: (".api", name) for name in ("SaveHandle", "load", "save", "wait_all")},
+    **{name: (".api", name) for name in ("SaveHandle", "export_hf", "load", "save", "wait_all")},
     **{name: (".checkpointer", name) for name in ("Checkpointer", "default_checkpointer")},
     **{
         name: (".errors", name)
@@ -118,7 +118,10 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     },
     "FlatTensors": (".frameworks.flat", "FlatTensors"),
     "CheckpointManager": (".manager", "CheckpointManager"),
-    **{name: (".options", name) for name in ("CoordinationOptions", "LoadOptions", "SaveOptions", "StorageOptions")},
+    **{
+        name: (".options", name)
+        for name in ("CoordinationOptions", "HFExport", "LoadOptions", "SaveOptions", "StorageOptions")
+    },
     **{name: (".state.extra", name) for name in ("rng_state", "set_rng_state")},
     "PerRank": (".state.items", "PerRank"),
     "TieredCheckpointManager": (".tiering", "TieredCheckpointManager"),
@@ -147,6 +150,8 @@ __all__ = [
     "save",
     "load",
     "wait_all",
+    "export_hf",
+    "HFExport",
     "Checkpointer",
     "default_checkpointer",
     "SaveHandle",

@@ -12,12 +12,14 @@ from collections.abc import MutableMapping
 from typing import Any
 
 from .checkpointer import default_checkpointer, live_checkpointers
+from .engine.hf_export import HFExportResult
 from .engine.runtime.worker import SaveHandle
 from .errors import AsyncSaveFailures
 from .folder.target import check_role
+from .format.hf_layout import HFExport
 from .options import LoadOptions, SaveOptions
 
-__all__ = ["save", "load", "wait_all", "SaveHandle", "check_role"]
+__all__ = ["save", "load", "wait_all", "export_hf", "SaveHandle", "check_role"]
 
 
 def save(
@@ -46,6 +48,18 @@ def load(
 ) -> None:
     """``Checkpointer.load`` of the default checkpointer (see there)."""
     default_checkpointer().load(path, state, framework=framework, strict=strict, role=role, options=options)
+
+
+def export_hf(
+    out: str,
+    state: MutableMapping[str, Any],
+    options: HFExport | None = None,
+    *,
+    framework: str = "auto",
+    timeout: float | None = None,
+) -> HFExportResult:
+    """``Checkpointer.export_hf`` of the default checkpointer (see there)."""
+    return default_checkpointer().export_hf(out, state, options, framework=framework, timeout=timeout)
 
 
 def wait_all() -> None:

@@ -37,6 +37,7 @@ import torch.distributed as dist
 
 from .coordination.topology import CoordinationOptions
 from .coordination.torch_dist import CheckpointGroups
+from .engine.hf_export import HFExportResult, export_state, hf_folder
 from .engine.load.pipeline import LoadPipeline
 from .engine.plan_cache import PlanCache
 from .engine.runtime.resources import Resources
@@ -46,11 +47,15 @@ from .engine.save.staging import StagingPool
 from .engine.save.step_guard import SnapshotGuard
 from .errors import CheckpointError
 from .folder.lock_owner import LockContext, LockTokens
+from .folder.probe import read_metadata_bytes
 from .folder.target import open_target
+from .format import decode_metadata
+from .format.hf_layout import HFExport
 from .format.records import Metadata
 from .monitoring.events import EventBus, Listener
 from .options import LoadOptions, SaveOptions
 from .storage import Storage
+from .storage.base import METADATA_LIMIT
 from .storage.retry import RetryingStorage
 
 __all__ = ["Checkpointer", "default_checkpointer", "live_checkpointers"]
@@ -123,12 +128,18 @@ class Checkpointer:
         writing and the commit run on this checkpointer's worker, after its earlier saves; a
         failure nobody waited for is raised by its next save/load or ``wait()``, or reported at
         exit (the process then exits non-zero). Every rank must pass the same path, framework
-        and role."""
+        and role. ``options.hf_export``: after the commit, the model is exported into the
+        checkpoint's ``huggingface/`` folder (``engine.hf_export``); the call (async too) returns
+        once that export is durable."""
         handle = self._start_save(path, state, framework, async_save, role, options, None, "")
-        if not async_save:
-            handle.wait()
+        export = (options or self.save_options).hf_export
+        md = None
+        if not async_save or export is not None:
+            md = handle.wait()
         else:
             self.resources.worker.track(handle)
+        if export is not None:
+            self._export_after_commit(path, role, state, export, framework, options, md)
         return handle
 
     def _submit_after(
@@ -151,11 +162,37 @@ class Checkpointer:
         inner = self._start_save(path, state, framework, async_save, role, options, owner, what)
         # the outer handle's wait_snapshot() is the inner save's: callers change tensors after it
         outer = SaveHandle(self.resources.worker.submit(lambda: then(inner)), snapshot=inner._snapshot, path=path)
-        if not async_save:
-            outer.wait()
+        export = (options or self.save_options).hf_export
+        md = None
+        if not async_save or export is not None:
+            md = outer.wait()
         else:
             self.resources.worker.track(outer, owner)
+        if export is not None:
+            self._export_after_commit(path, role, state, export, framework, options, md)
         return outer
+
+    def _export_after_commit(
+        self,
+        path: str,
+        role: str | None,
+        state: MutableMapping[str, Any],
+        export: HFExport,
+        framework: str,
+        options: SaveOptions | None,
+        md: Metadata | None,
+    ) -> None:
+        """``SaveOptions.hf_export``: the committed checkpoint's ``huggingface/`` folder, its
+        tensors in the order of the committed metadata as ``unickpt merge`` decodes it (rank 0
+        reads it back; ``md`` tells which ranks committed), so the files equal ``unickpt merge``'s.
+        After the commit, not before: the save refuses a folder holding files it did not write,
+        and a failed export leaves the committed checkpoint whole."""
+        timeout = (options or self.save_options).timeout
+        order: list[str] = []
+        if isinstance(md, Metadata):  # rank 0
+            storage = open_target(path, role, (options or self.save_options).storage)
+            order = list(decode_metadata(read_metadata_bytes(storage, METADATA_LIMIT), storage.url).tensors)
+        self._export_hf(hf_folder(path, role), state, export, framework, timeout, order)
 
     def _start_save(
         self,
@@ -221,6 +258,36 @@ class Checkpointer:
                 f"{unexpected[:10]}",
                 stacklevel=2,
             )
+
+    def export_hf(
+        self,
+        out: str,
+        state: MutableMapping[str, Any],
+        options: HFExport | None = None,
+        *,
+        framework: str = "auto",
+        timeout: float | None = None,
+    ) -> HFExportResult:
+        """Write the model of ``state`` as a Hugging Face safetensors folder ``out`` (new or
+        empty), every rank its own share of each file (``engine.hf_export``); collective, on
+        every rank. The files equal ``unickpt merge --model-only`` of a checkpoint of ``state``."""
+        self._check_open()
+        return self._export_hf(out, state, options or HFExport(), framework, timeout)
+
+    def _export_hf(
+        self,
+        out: str,
+        state: MutableMapping[str, Any],
+        options: HFExport,
+        framework: str,
+        timeout: float | None,
+        order: list[str] | None = None,
+    ) -> HFExportResult:
+        coord = self.resources.coordinator("foreground", timeout, f"Hugging Face export into {out}")
+        with self.events.phase("save.hf_export", coord.rank, path=out) as p:
+            result = export_state(out, state, options, coord, framework, order or ())
+            p.nbytes = result.bytes_written
+        return result
 
     def _watched(self, storage: Storage) -> Storage:
         """``storage`` reporting each retried transient failure as a ``storage.retry`` event

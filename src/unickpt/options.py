@@ -19,6 +19,7 @@ from typing import Any, Generic, TypeVar, overload
 
 from .coordination.topology import CoordinationOptions
 from .format.checksums import MAX_CHUNK, MIN_CHUNK, is_chunk_size
+from .format.hf_layout import HFExport
 from .format.transforms import RowsTensor
 from .storage.base import METADATA_LIMIT
 from .storage.options import StorageOptions
@@ -29,6 +30,7 @@ __all__ = [
     "ReadOptions",
     "LoadLimits",
     "RestoreOptions",
+    "HFExport",
     "StorageOptions",
     "CoordinationOptions",
     "ExtraStateOnResize",
@@ -87,6 +89,11 @@ class SaveOptions:
     # its background write and commit): with ~10^5 tensors it saves full collections that find
     # nothing (engine.gc_pause). False: the collector is left alone
     pause_gc: bool = True
+    # a Hugging Face safetensors export of the model (format.hf_layout.HFExport: dtype, shard size,
+    # config.json, renames) into the checkpoint's huggingface/ folder, every rank writing its own
+    # share (engine.hf_export), right after the commit; the call (async too) returns once those
+    # files are durable. Local (or shared POSIX) paths only. None: no export
+    hf_export: HFExport | None = None
 
     def __post_init__(self) -> None:
         _check_timeout(self.timeout)

@@ -101,7 +101,7 @@ def test_issue29_top_level_names_are_those_of_before() -> None:
     TieredCheckpointManager FlatTensors data TransientStorageError UnsupportedValueError RankDisagreementError
     CollectiveError CollectiveTimeoutError RemoteRankError AsyncSaveFailures SaveLockLostError ForeignFolderError
     UnsafePathError SizeLimitError MissingDependencyError""".split()
-    assert sorted(unickpt.__all__) == sorted(before)
+    assert set(before) <= set(unickpt.__all__)  # names may be added (issue 30: export_hf, HFExport)
     for name in before:
         assert getattr(unickpt, name) is not None, name
 

@@ -216,33 +216,23 @@ class UnickptCheckpointManager(BaseCheckpointManager):
         return True
 
     def _save_hf(self, path: str) -> None:
-        """The last step as Hugging Face safetensors through torchtitan's state-dict adapter: the
-        model's canonical ``state_dict()`` gathered whole on every rank (a collective), cast to
-        ``export_dtype``, ``sd_adapter.to_hf``; rank 0 writes ``model.safetensors`` and its
-        index into the new ``step-N`` folder (a folder that exists is refused, never overwritten)."""
-        import json
-        import os
+        """The last step as Hugging Face safetensors through torchtitan's state-dict adapter,
+        written by every rank, each its own share (``engine.hf_export``; no rank gathers the
+        model): the model's canonical ``state_dict()`` as sharded (DTensors), cast to
+        ``export_dtype``, ``sd_adapter.to_hf`` (renames; a reshape of a DTensor is DTensor's
+        own), then ``model.safetensors`` and its index in the new ``step-N`` folder (a folder
+        that is not empty is refused, never overwritten). Collective."""
+        from ..engine.hf_export import export_pieces, pieces_of_tensors
+        from ..format.hf_layout import HFExport
 
-        from safetensors.torch import save_file
-        from torch.distributed.tensor import DTensor
-
-        full: dict[str, torch.Tensor] = {}
+        sharded: dict[str, torch.Tensor] = {}
         for part in self.states[MODEL]:
             for key, value in part.state_dict().items():
-                t = value.full_tensor() if isinstance(value, DTensor) else value
-                full[key] = t.detach().to(self.export_dtype) if t.is_floating_point() else t.detach()
-        hf = {k: v.contiguous() for k, v in self.sd_adapter.to_hf(full).items()}
-        if self.checkpointer.rank() == 0:
-            os.makedirs(path, exist_ok=False)
-            save_file(hf, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
-            index = {
-                "metadata": {"total_size": sum(v.numel() * v.element_size() for v in hf.values())},
-                "weight_map": {k: "model.safetensors" for k in sorted(hf)},
-            }
-            with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
-                json.dump(index, f, indent=2)
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.barrier()
+                v = value.detach()
+                sharded[key] = v.to(self.export_dtype) if v.is_floating_point() else v
+        hf = self.sd_adapter.to_hf(sharded)
+        coord = self.checkpointer.resources.coordinator("foreground", None, f"Hugging Face export into {path}")
+        export_pieces(path, pieces_of_tensors(hf), HFExport(max_shard_bytes=1 << 62), coord)
 
     def _check_export_dtype(self) -> None:
         for part in self.states[MODEL]:

@@ -49,6 +49,7 @@ PHASES = (
     "save.serialize",
     "load.transfer",
     "storage.retry",
+    "save.hf_export",
 )
 
 

@@ -25,7 +25,6 @@ after each output file (the CLI: stderr is not a terminal).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -40,6 +39,15 @@ from ..coordination.single import SingleProcessCoordinator
 from ..engine.load.stage import read_stage
 from ..errors import CheckpointError
 from ..format import Metadata, dtype_from_name
+from ..format.hf_layout import (
+    CAST_DTYPES,
+    INDEX_FILE,
+    SAFETENSORS_DTYPES,
+    FileLayout,
+    index_json,
+    out_dtype,
+    plan_layout,
+)
 from ..planning.load.overlap import CopyOp, shard_read
 from ..planning.load.shards import ShardIndex
 from ..planning.specs import LoadItem, ShardSpec
@@ -59,21 +67,6 @@ __all__ = [
 ]
 
 _ONE = SingleProcessCoordinator()
-SAFETENSORS_DTYPES = {
-    torch.float64: "F64",
-    torch.float32: "F32",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.int64: "I64",
-    torch.int32: "I32",
-    torch.int16: "I16",
-    torch.int8: "I8",
-    torch.uint8: "U8",
-    torch.bool: "BOOL",
-    torch.float8_e4m3fn: "F8_E4M3",
-    torch.float8_e5m2: "F8_E5M2",
-}
-CAST_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 _UNITS.update({"KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40})
@@ -164,8 +157,7 @@ def iter_full_tensors(
         yield key, read_full_tensor(md, storage, key, threads)
 
 
-def _out_dtype(src: torch.dtype, cast: torch.dtype | None) -> torch.dtype:
-    return cast if cast is not None and src.is_floating_point else src
+_out_dtype = out_dtype
 
 
 def _check_out(out: str) -> None:
@@ -179,22 +171,10 @@ def _check_out(out: str) -> None:
     os.makedirs(out, exist_ok=True)
 
 
-def _plan_files(sizes: dict[str, int], max_shard_bytes: int) -> list[list[str]]:
-    groups: list[list[str]] = [[]]
-    used = 0
-    for key, n in sizes.items():
-        if groups[-1] and used + n > max_shard_bytes:
-            groups.append([])
-            used = 0
-        groups[-1].append(key)
-        used += n
-    return [g for g in groups if g] or [[]]
-
-
 def _write_safetensors_file(
     final: str,
+    layout: FileLayout,
     keys: list[str],
-    names: dict[str, str],
     md: Metadata,
     storage: Storage,
     cast: torch.dtype | None,
@@ -203,30 +183,14 @@ def _write_safetensors_file(
     index: ShardIndex,
     piece_bytes: int,
 ) -> int:
-    """One safetensors file holding ``keys``: the header from the metadata, then each tensor's
-    bytes streamed piece by piece (module docstring); returns the file's size."""
-    header: dict[str, object] = {"__metadata__": {"format": "pt", "producer": "unickpt merge"}}
-    at = 0
-    for key in keys:
-        rec = md.tensors[key]
-        dtype = _out_dtype(dtype_from_name(rec.dtype), cast)
-        if dtype not in SAFETENSORS_DTYPES:
-            raise CheckpointError(f"merge: {quoted(key)} has dtype {rec.dtype}, which safetensors cannot hold")
-        n = math.prod(rec.shape) * dtype.itemsize
-        header[names[key]] = {
-            "dtype": SAFETENSORS_DTYPES[dtype],
-            "shape": list(rec.shape),
-            "data_offsets": [at, at + n],
-        }
-        at += n
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
+    """One safetensors file holding ``keys``: the header ``format.hf_layout`` computed from the
+    metadata, then each tensor's bytes streamed piece by piece (module docstring); returns the
+    file's size."""
     tmp = final + ".unickpt-partial"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(len(raw).to_bytes(8, "little"))
-            f.write(raw)
+            f.write(layout.header)
             for key in keys:
                 for piece in iter_pieces(md, storage, key, threads=threads, piece_bytes=piece_bytes, index=index):
                     t = piece.to(_out_dtype(piece.dtype, cast)).contiguous()
@@ -241,7 +205,7 @@ def _write_safetensors_file(
         if os.path.lexists(tmp):
             os.unlink(tmp)
         raise
-    return 8 + len(raw) + at
+    return layout.size
 
 
 def merge(
@@ -304,27 +268,35 @@ def merge(
             written = os.path.getsize(target)
             say(f"wrote {target} ({len(full)} tensors, {human_bytes(written)})")
         else:
-            groups = _plan_files(sizes, max_shard_bytes)
-            single = len(groups) == 1
-            weight_map: dict[str, str] = {}
+            for key in names:
+                if _out_dtype(dtype_from_name(md.tensors[key].dtype), cast) not in SAFETENSORS_DTYPES:
+                    raise CheckpointError(
+                        f"merge: {quoted(key)} has dtype {md.tensors[key].dtype}, which safetensors cannot hold"
+                    )
+            layout = plan_layout(
+                [
+                    (name, _out_dtype(dtype_from_name(md.tensors[k].dtype), cast), tuple(md.tensors[k].shape))
+                    for k, name in names.items()
+                ],
+                max_shard_bytes,
+            )
+            key_of = {name: k for k, name in names.items()}
             shard_index = ShardIndex(md)
-            for i, group in enumerate(groups):
-                fname = "model.safetensors" if single else f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
+            for i, flay in enumerate(layout.files):
+                group = [key_of[n] for n in flay.tensors]
                 size = _write_safetensors_file(
-                    os.path.join(out, fname), group, names, md, storage, cast, threads, bar, shard_index, piece_bytes
+                    os.path.join(out, flay.name), flay, group, md, storage, cast, threads, bar, shard_index, piece_bytes
                 )
                 written += size
-                files.append(fname)
+                files.append(flay.name)
                 say(
-                    f"wrote {fname} ({i + 1} of {len(groups)}: {len(group)} tensors, {human_bytes(size)}; "
+                    f"wrote {flay.name} ({i + 1} of {len(layout.files)}: {len(group)} tensors, {human_bytes(size)}; "
                     f"{time.perf_counter() - t0:.1f} s so far)"
                 )
-                weight_map.update({names[k]: fname for k in group})
-            if not single:
-                index = {"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map}
-                with open(os.path.join(out, "model.safetensors.index.json"), "x") as f:
-                    json.dump(index, f, indent=2, sort_keys=True)
-                files.append("model.safetensors.index.json")
+            if len(layout.files) > 1:
+                with open(os.path.join(out, INDEX_FILE), "xb") as f:
+                    f.write(index_json(layout))
+                files.append(INDEX_FILE)
         if hf_config is not None:
             shutil.copyfile(hf_config, os.path.join(out, "config.json"))
             files.append("config.json")

@@ -1,0 +1,443 @@
+"""A Hugging Face safetensors export written by every rank, each its own share: no rank gathers
+the model.
+
+Callers: ``Checkpointer.save`` with ``SaveOptions(hf_export=HFExport(...))`` (into the
+checkpoint's ``huggingface/`` folder, after the commit: see below), ``unickpt.export_hf``
+/ ``Checkpointer.export_hf`` (any folder), and torchtitan's ``last_save_in_hf``
+(``integrations.torchtitan``: the pieces of ``sd_adapter.to_hf`` of the sharded state dict).
+
+Steps of ``export_pieces`` on every rank (* = collective, ``run_stage``: a failure anywhere is
+the same error on every rank):
+  describe*  each rank lists its pieces (output name, global shape, dtype, box, replica source,
+             checkpoint key) and every rank receives every rank's list (one all_gather of a
+             few ints per piece; in a save rank 0 adds the committed metadata's tensor order);
+  assign     (pure, the same result on every rank: ``assign``) the tensor order, the files and
+             their headers (``format.hf_layout.plan_layout``: the layout ``unickpt merge``
+             writes), one writer per distinct box (its replica source, else the file's owner
+             when it holds the box, else one of its holders), refused when the boxes of a tensor
+             overlap or leave a gap;
+  folder*    rank 0 creates the output folder (a link, a file, or a folder that is not empty
+             is refused: nothing of anybody else is overwritten);
+  create*    file ``i``'s owner (rank ``i % world``) creates ``<name>.unickpt-partial``
+             (``O_EXCL | O_NOFOLLOW``), writes its header and sizes it;
+  write*     every rank ``pwrite``s its boxes' bytes, cast to the export dtype, at the offsets
+             ``format.hf_layout.box_runs`` gives (a dim-0 box is one run; a box split along a
+             later dim one run per row), then ``fsync``s its writes;
+  publish*   each owner renames its files into place and syncs the folder;
+  index*     rank 0 writes ``model.safetensors.index.json`` and copies ``config.json``
+             (temporary name, fsync, rename, folder sync).
+A failure after ``create`` removes the partial files (each owner its own). Memory: each rank
+holds at most one of its local boxes cast to the export dtype.
+
+In a save (``SaveOptions.hf_export``) the export runs right after the commit, on the caller's
+thread, and the call returns once every rank's HF files are durable and renamed (an async save
+with ``hf_export`` therefore returns after its commit: meant for the last save of a run). After
+the commit and not before because (1) the save refuses a folder holding files it did not write
+(``folder.markers.check_save_folder``): exported files first would make every such save fail,
+and (2) the committed checkpoint is the truth the HF files derive from: a failed export leaves
+it whole, and ``unickpt merge`` of it writes the same files offline. A reader never sees a
+partial HF file: each appears under its final name only once complete, the index last.
+
+Storage: a path every rank sees through the local file system (a shared file system across
+hosts); other storages (``s3://`` ...) are refused: export with ``unickpt merge`` from the
+committed checkpoint instead.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import time
+from collections.abc import Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..coordination import Coordinator, run_stage
+from ..errors import CheckpointError
+from ..format.hf_layout import (
+    HF_FOLDER,
+    INDEX_FILE,
+    SAFETENSORS_DTYPES,
+    HFExport,
+    HFLayout,
+    box_runs,
+    index_json,
+    out_dtype,
+    plan_layout,
+)
+
+__all__ = [
+    "ExportPiece",
+    "HFExportResult",
+    "Assignment",
+    "assign",
+    "export_pieces",
+    "export_state",
+    "pieces_of_state",
+    "pieces_of_tensors",
+    "hf_folder",
+]
+
+PARTIAL = ".unickpt-partial"
+Box = tuple[tuple[int, ...], tuple[int, ...]]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ExportPiece:
+    """This rank's box ``offsets``/``lengths`` of output tensor ``name`` (global ``shape``);
+    ``tensor`` holds exactly the box (shape == lengths, any strides, any device)."""
+
+    name: str
+    shape: tuple[int, ...]
+    offsets: tuple[int, ...]
+    lengths: tuple[int, ...]
+    tensor: torch.Tensor
+    replica_source: int | None = None
+    source: str = ""  # the checkpoint key it was saved under ("" outside a save)
+
+
+@dataclass(frozen=True, slots=True)
+class HFExportResult:
+    out: str
+    files: tuple[str, ...]
+    tensors: int
+    bytes_written: int  # every file's size, headers included (all ranks together)
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """What ``assign`` decides (identical on every rank)."""
+
+    layout: HFLayout
+    writers: dict[tuple[str, Box], int]  # (name, box) -> the rank that writes it
+
+
+def hf_folder(path: str, role: str | None = None) -> str:
+    """The ``huggingface/`` folder of the checkpoint at the local ``path`` (``path/role``)."""
+    local = _local_path(path)
+    if role is not None:
+        local = os.path.join(local, role)
+    return os.path.join(local, HF_FOLDER)
+
+
+def _local_path(path: str) -> str:
+    text = str(path)
+    if text.startswith("file://"):
+        text = text[len("file://") :]
+    elif "://" in text:
+        raise CheckpointError(
+            f"Hugging Face export into {text}: only a local (or shared POSIX) path can be written by every rank; "
+            "export the committed checkpoint with `unickpt merge` instead"
+        )
+    return os.path.abspath(os.path.expanduser(text))
+
+
+def pieces_of_state(state: Mapping[str, Any], options: HFExport, framework: str = "auto") -> list[ExportPiece]:
+    """The model's pieces of ``state`` as a save would name them (``model.<fqn>``), named
+    without ``model.``, renamed by ``options.key_map`` (the names ``unickpt merge --model-only``
+    writes). No collective."""
+    from ..frameworks import get_framework
+    from ..state.layout import StateLayout
+
+    layout = StateLayout.of(state)
+    adapter = get_framework(framework, layout.framework_state)
+    view = adapter.save_view(layout.framework_state)
+    out = []
+    for item in view.items:
+        spec = item.spec
+        if not spec.fqn.startswith("model."):
+            continue
+        plain = spec.fqn[len("model.") :]
+        name = options.key_map(plain) if options.key_map is not None else plain
+        if name is None:
+            continue
+        out.append(
+            ExportPiece(
+                name,
+                tuple(spec.global_shape),
+                tuple(spec.offsets),
+                tuple(spec.lengths),
+                item.tensor,
+                spec.replica_source,
+                spec.fqn,
+            )
+        )
+    return out
+
+
+def pieces_of_tensors(tensors: Mapping[str, torch.Tensor]) -> list[ExportPiece]:
+    """This rank's pieces of a name -> tensor mapping whose values are DTensors (each rank its
+    local box) or plain tensors (every rank the whole tensor; one of them writes it). A DTensor
+    whose local part is not one box (a strided shard, a partial sum) is made whole first
+    (``full_tensor``, a collective decided by its placements alone, so every rank takes it)."""
+    from ..frameworks._fsdp_internals import dtensor_local, dtensor_local_box
+
+    out = []
+    for name, value in tensors.items():
+        t = value
+        placements = getattr(t, "placements", None)
+        if placements is not None and not all(_plain_placement(p) for p in placements):
+            t = t.full_tensor()  # type: ignore[attr-defined]
+            placements = None
+        shape = tuple(int(n) for n in t.shape)
+        if placements is None:
+            out.append(ExportPiece(name, shape, (0,) * len(shape), shape, t.detach()))
+            continue
+        offsets, lengths = dtensor_local_box(t)
+        out.append(ExportPiece(name, shape, tuple(offsets), tuple(lengths), dtensor_local(t).detach()))
+    return out
+
+
+def _plain_placement(p: Any) -> bool:
+    """A ``Shard`` (not a strided one) or a ``Replicate`` placement: the local part is one box."""
+    kind = type(p).__name__
+    return kind in ("Shard", "Replicate")
+
+
+def assign(
+    described: Sequence[Sequence[Sequence[Any]]],
+    world: int,
+    cast: torch.dtype | None,
+    max_shard_bytes: int,
+    order: Sequence[str] = (),
+) -> Assignment:
+    """From every rank's ``(name, shape, dtype name, offsets, lengths, replica source, source
+    key)`` lists: the layout and one writer per distinct box. Tensor order: that of their source
+    keys in ``order`` (a committed checkpoint's tensor order, the order ``unickpt merge``
+    writes), the others after them in order of first appearance (rank 0's first). Refuses a
+    tensor whose ranks disagree on shape or dtype, whose boxes overlap without being equal, or
+    that its boxes do not cover."""
+    meta: dict[str, tuple[tuple[int, ...], str]] = {}
+    holders: dict[str, dict[Box, list[int]]] = {}
+    source: dict[tuple[str, Box], int] = {}
+    key_of: dict[str, str] = {}
+    for rank, pieces in enumerate(described):
+        for name, shape_list, dtype, offsets_list, lengths_list, replica, key in pieces:
+            key_of.setdefault(name, key)
+            shape, offsets, lengths = tuple(shape_list), tuple(offsets_list), tuple(lengths_list)
+            have = meta.setdefault(name, (shape, dtype))
+            if have != (shape, dtype):
+                raise CheckpointError(
+                    f"Hugging Face export: ranks disagree on {name!r}: shape {list(have[0])} {have[1]} "
+                    f"and {list(shape)} {dtype} (rank {rank}); two tensors renamed onto one name?"
+                )
+            box = (offsets, lengths)
+            holders.setdefault(name, {}).setdefault(box, []).append(rank)
+            if replica is not None:
+                source[(name, box)] = int(replica)
+    position = {k: i for i, k in enumerate(order)}
+    first = {name: i for i, name in enumerate(meta)}
+    entries = []
+    for name in sorted(meta, key=lambda n: (position.get(key_of[n], len(position)), first[n])):
+        shape, dtype_name = meta[name]
+        dtype = out_dtype(_dtype(dtype_name), cast)
+        if dtype not in SAFETENSORS_DTYPES:
+            raise CheckpointError(
+                f"Hugging Face export: {name!r} has dtype {dtype_name}, which safetensors cannot hold"
+            )
+        _check_cover(name, shape, list(holders[name]))
+        entries.append((name, dtype, shape))
+    layout = plan_layout(entries, max_shard_bytes)
+    writers: dict[tuple[str, Box], int] = {}
+    for i, f in enumerate(layout.files):
+        owner = i % world
+        for n, name in enumerate(f.tensors):
+            for box, ranks in holders[name].items():
+                src = source.get((name, box))
+                if src is not None and src in ranks:
+                    writers[(name, box)] = src
+                elif owner in ranks:
+                    writers[(name, box)] = owner
+                else:
+                    writers[(name, box)] = ranks[n % len(ranks)]
+    return Assignment(layout, writers)
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        raise CheckpointError(f"Hugging Face export: unknown dtype {name!r}")
+    return dtype
+
+
+def _check_cover(name: str, shape: tuple[int, ...], boxes: list[Box]) -> None:
+    """The distinct boxes of ``name`` tile it exactly: pairwise disjoint, volumes summing to it."""
+    nonempty = [b for b in boxes if all(n > 0 for n in b[1])]
+    for i, (oa, la) in enumerate(nonempty):
+        for ob, lb in nonempty[i + 1 :]:
+            if all(a < b + m and b < a + n for a, n, b, m in zip(oa, la, ob, lb)):
+                raise CheckpointError(
+                    f"Hugging Face export: {name!r} has overlapping boxes "
+                    f"{list(oa)}+{list(la)} and {list(ob)}+{list(lb)}"
+                )
+    if sum(math.prod(b[1]) for b in nonempty) != math.prod(shape):
+        raise CheckpointError(f"Hugging Face export: the ranks' boxes of {name!r} do not cover its shape {list(shape)}")
+
+
+def export_pieces(
+    out: str, pieces: Sequence[ExportPiece], options: HFExport, coord: Coordinator, order: Sequence[str] = ()
+) -> HFExportResult:
+    """Write ``pieces`` (this rank's) as a Hugging Face folder ``out`` together with every rank
+    of ``coord`` (module docstring). ``order``: the checkpoint's tensor order (``assign``; any
+    one rank may give it). Collective; returns once every file is durable and named."""
+    t0 = time.perf_counter()
+    out = _local_path(out)
+    rank, world = coord.rank, coord.world_size
+
+    def describe() -> list[list[Any]]:
+        seen: set[tuple[str, Box]] = set()
+        mine = []
+        for p in pieces:
+            if tuple(p.tensor.shape) != tuple(p.lengths):
+                raise CheckpointError(f"Hugging Face export: {p.name!r}: local shape differs from its box")
+            box = (tuple(p.offsets), tuple(p.lengths))
+            if (p.name, box) in seen:
+                raise CheckpointError(f"Hugging Face export: two tensors are named {p.name!r}")
+            seen.add((p.name, box))
+            dtype = str(p.tensor.dtype).removeprefix("torch.")
+            mine.append([p.name, list(p.shape), dtype, list(p.offsets), list(p.lengths), p.replica_source, p.source])
+        return mine
+
+    mine = run_stage(coord, "hf export (describe)", describe)
+    everyone = [(mine, list(order))] if world == 1 else coord.all_gather_object((mine, list(order)))
+    described = [d for d, _ in everyone]
+    job_order = next((o for _, o in everyone if o), [])
+    limit = options.max_shard_bytes
+    plan = run_stage(coord, "hf export (assign)", lambda: assign(described, world, options.cast, limit, job_order))
+    files = plan.layout.files
+    owned = [i for i in range(len(files)) if i % world == rank]
+    run_stage(coord, "hf export (folder)", lambda: _prepare_folder(out) if rank == 0 else None)
+    created: list[str] = []
+    try:
+        run_stage(coord, "hf export (create)", lambda: _create(out, [files[i] for i in owned], created))
+        run_stage(coord, "hf export (write)", lambda: _write(out, plan, pieces, rank, options.cast))
+        run_stage(coord, "hf export (publish)", lambda: _publish(out, created))
+        created.clear()
+        run_stage(coord, "hf export (index)", lambda: _index(out, plan.layout, options) if rank == 0 else None)
+    except BaseException:
+        for tmp in created:
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+        raise
+    names = [f.name for f in files]
+    if len(files) > 1 or options.always_index:
+        names.append(INDEX_FILE)
+    if options.config is not None:
+        names.append("config.json")
+    total = sum(f.size for f in files)
+    return HFExportResult(out, tuple(names), len(plan.layout.where()), total, time.perf_counter() - t0)
+
+
+def _prepare_folder(out: str) -> None:
+    parent = os.path.dirname(out)
+    for p in (parent, out):
+        if os.path.islink(p):
+            raise CheckpointError(f"Hugging Face export: refusing to write into {p}: it is a symbolic link")
+    if os.path.lexists(out):
+        if not os.path.isdir(out):
+            raise CheckpointError(f"Hugging Face export: {out} exists and is not a folder")
+        if os.listdir(out):
+            raise CheckpointError(f"Hugging Face export: {out} is not empty; the export writes into a new folder only")
+    os.makedirs(out, exist_ok=True)
+
+
+def _create(out: str, files: Sequence[Any], created: list[str]) -> None:
+    for f in files:
+        tmp = os.path.join(out, f.name + PARTIAL)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        created.append(tmp)
+        try:
+            os.pwrite(fd, f.header, 0)
+            os.ftruncate(fd, f.size)
+        finally:
+            os.close(fd)
+
+
+def _write(out: str, plan: Assignment, pieces: Sequence[ExportPiece], rank: int, cast: torch.dtype | None) -> None:
+    where = plan.layout.where()
+    fds: dict[int, int] = {}
+    try:
+        for p in pieces:
+            box = (tuple(p.offsets), tuple(p.lengths))
+            if plan.writers.get((p.name, box)) != rank or math.prod(p.lengths) == 0:
+                continue
+            file_index, start = where[p.name]
+            if file_index not in fds:
+                path = os.path.join(out, plan.layout.files[file_index].name + PARTIAL)
+                fds[file_index] = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
+            fd = fds[file_index]
+            local = p.tensor.detach().to("cpu", out_dtype(p.tensor.dtype, cast)).contiguous()
+            data = memoryview(local.reshape(-1).view(torch.uint8).numpy().data).cast("B")
+            at = 0
+            for off, n in box_runs(p.shape, p.offsets, p.lengths, local.element_size()):
+                _pwrite_all(fd, data[at : at + n], start + off)
+                at += n
+            del local, data
+        for fd in fds.values():
+            os.fsync(fd)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
+def _pwrite_all(fd: int, data: memoryview, at: int) -> None:
+    while len(data):
+        n = os.pwrite(fd, data, at)
+        data, at = data[n:], at + n
+
+
+def _publish(out: str, created: list[str]) -> None:
+    for tmp in created:
+        os.rename(tmp, tmp[: -len(PARTIAL)])
+    if created:
+        _sync_folder(out)
+
+
+def _index(out: str, layout: HFLayout, options: HFExport) -> None:
+    if len(layout.files) > 1 or options.always_index:
+        _write_atomically(os.path.join(out, INDEX_FILE), index_json(layout))
+    if options.config is not None:
+        if not os.path.isfile(options.config):
+            raise CheckpointError(f"Hugging Face export: config {options.config} is not a file")
+        tmp = os.path.join(out, "config.json" + PARTIAL)
+        shutil.copyfile(options.config, tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.rename(tmp, os.path.join(out, "config.json"))
+    _sync_folder(out)
+
+
+def _write_atomically(final: str, data: bytes) -> None:
+    tmp = final + PARTIAL
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        _pwrite_all(fd, memoryview(data), 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, final)
+
+
+def _sync_folder(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def export_state(
+    out: str,
+    state: MutableMapping[str, Any],
+    options: HFExport,
+    coord: Coordinator,
+    framework: str = "auto",
+    order: Sequence[str] = (),
+) -> HFExportResult:
+    """``export_pieces`` of the model in ``state`` (``pieces_of_state``); collective."""
+    pieces = run_stage(coord, "hf export (state)", lambda: pieces_of_state(state, options, framework))
+    return export_pieces(out, pieces, options, coord, order)
