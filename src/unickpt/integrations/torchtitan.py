@@ -222,8 +222,8 @@ class UnickptCheckpointManager(BaseCheckpointManager):
         ``export_dtype``, ``sd_adapter.to_hf`` (renames; a reshape of a DTensor is DTensor's
         own), then ``model.safetensors`` and its index in the new ``step-N`` folder (a folder
         that is not empty is refused, never overwritten). Collective."""
+        from .. import HFExport
         from ..engine.hf_export import export_pieces, pieces_of_tensors
-        from ..format.hf_layout import HFExport
 
         sharded: dict[str, torch.Tensor] = {}
         for part in self.states[MODEL]:
