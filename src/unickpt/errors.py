@@ -51,6 +51,7 @@ __all__ = [
     "ChecksumMismatchError",
     "StorageError",
     "TransientStorageError",
+    "WriterProcessError",
     "MissingDependencyError",
     "ConcurrentSaveError",
     "SaveLockLostError",
@@ -169,6 +170,11 @@ class TransientStorageError(StorageError):
 
     Backends raise it for errors they know to be transient; ``storage.retry.RetryingStorage``
     retries it with backoff and raises a plain ``StorageError`` once the retries are spent."""
+
+
+class WriterProcessError(CheckpointError, RuntimeError):
+    """The writer process of an async save (``SaveOptions(writer="process")``) died or broke its
+    protocol before the save's files were durable; the save is not committed."""
 
 
 class MissingDependencyError(ConfigurationError, ImportError):
