@@ -224,10 +224,10 @@ class StagingPool:
             if deferred:  # version counters read now, in the call: the state the save stands for
                 versions = [items[e.item_index].tensor._version for e in deferred]
                 copied = self._snapshotter.submit(_copy_checked, deferred, versions, items, images)
-            images = None
+            shared_images = None
             if shared:
-                images = {f: b for f, b in zip(files, slot.buffers) if isinstance(b, SharedImage)}
-            return StagedFiles(parts, ready, self, slot, sum(sizes.values()), copied, images)
+                shared_images = {f: b for f, b in zip(files, slot.buffers) if isinstance(b, SharedImage)}
+            return StagedFiles(parts, ready, self, slot, sum(sizes.values()), copied, shared_images)
         except BaseException:
             self._release(slot)
             raise
