@@ -15,7 +15,8 @@ Who calls what, in order:
      rank's durable files, and a failure still fails the save on every rank);
   3. ``StagingPool.close`` (``Checkpointer.close``, after its saves drained) calls ``close``:
      ``exit``, then waits for the process. At interpreter exit the save worker's drain waits for
-     queued saves first; the process then sees its socket close and exits.
+     queued saves first, then an ``atexit`` handler stops the process the same way (a parent
+     that dies without either: the process sees its socket close and exits).
 One process per checkpointer, started once and reused by every async save; one request at a
 time (the save worker runs saves in order). A process that died (killed, out of memory) is
 reported as ``WriterProcessError`` by the save it was serving (never a hang: its socket closes),
@@ -25,6 +26,7 @@ plain local files, async saves use the writer threads.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import mmap
 import os
@@ -33,6 +35,7 @@ import socket
 import subprocess
 import sys
 import threading
+import weakref
 from typing import Any
 
 from ...errors import StorageError, WriterProcessError
@@ -88,6 +91,7 @@ class WriterProcess:
         self._forget: set[int] = set()  # freed images it should unmap at the next request
         self._requests = itertools.count(1)
         self._closed = False
+        self._at_exit = False
 
     @property
     def pid(self) -> int | None:
@@ -124,6 +128,9 @@ class WriterProcess:
         finally:
             child.close()
         self._sock, self._ready, self._mapped = parent, False, set()
+        if not self._at_exit:  # after the save worker's drain (exit_hook): stop it in order
+            self._at_exit = True
+            atexit.register(_stop_at_exit, weakref.ref(self))
 
     def forget(self, image: SharedImage) -> None:
         """``image`` is being freed: the process unmaps it at its next request."""
@@ -244,6 +251,16 @@ class WriterProcess:
         with self._lock:
             self._closed = True
             self._stop(kill=False)
+
+
+def _stop_at_exit(writer: weakref.ref[WriterProcess]) -> None:
+    """At interpreter exit (the saves drained): stop the process if its checkpointer was not closed."""
+    w = writer()
+    if w is not None:
+        try:
+            w.close()
+        except Exception:  # never break the interpreter's shutdown; the process exits at EOF anyway
+            pass
 
 
 def _signal_name(n: int) -> str:
