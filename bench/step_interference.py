@@ -21,6 +21,10 @@ host it shows the extra work done by the training thread itself). Per method, ov
   cpu extra/ckpt    the same in the training thread's CPU time;
   blocks            the save call (plus, for DCP, its staging wait before the next step);
   durable           from the call until the save is committed;
+  other thr cpu     CPU seconds of the rank process's threads other than the training thread over
+                    the window (snapshot copy, writer threads, gloo; "none": the baseline);
+  writer proc cpu   CPU seconds of unickpt's writer process over the window (DCP's THREAD
+                    checkpointer writes in threads: counted in "other thr cpu");
   first             the first (untimed) save of each method: plan, buffers, DCP's/unickpt's process start.
 Every saved checkpoint of the last round is loaded back and checked bit-exact (unickpt) before
 the report.
@@ -195,6 +199,7 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict:
             barrier()
             h, blocks, t_issue = None, 0.0, float("nan")
             walls, cpus, overlap = [], [], []
+            p0, t0_thread, w0_cpu = time.process_time(), time.thread_time(), _writer_cpu(s)
             for i in range(cfg["every"]):
                 t0, c0 = time.perf_counter(), time.thread_time()
                 if i == 0 and s is not None:
@@ -222,18 +227,39 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict:
                     "blocks": blocks,
                     "durable": durable,
                     "waited": waited,
+                    # CPU seconds of this process's other threads (snapshot, writers, gloo) and of
+                    # the writer process over the window, until the save is durable
+                    "other_cpu": (time.process_time() - p0) - (time.thread_time() - t0_thread),
+                    "writer_cpu": _writer_cpu(s) - w0_cpu,
                 }
             )
             barrier()
             if rank == 0 and r < cfg["rounds"] - 1:
                 rmtree(path)
             barrier()
+        if rank == 0:
+            progress(f"ws={ws}: round {r + 1} of {cfg['rounds']} done")
     if rank == 0:
         progress(f"ws={ws}: rounds done")
     check = _check_loads(model, framework, tmp, cfg["rounds"] - 1, saved_state)
     for s in savers.values():
         s.close()
     return {"windows": windows, "first": first, "check": check}
+
+
+def _writer_cpu(saver) -> float:
+    """CPU seconds (user + system) the saver's writer process has used so far (0: none)."""
+    if not isinstance(saver, _Unickpt):
+        return 0.0
+    pid = saver.ckpt.resources.staging.writer.pid
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def _local_model(model) -> dict:
@@ -288,6 +314,8 @@ def summarize(results: list[dict], ws: int) -> str:
                 "overlap": [any(o) for o in zip(*(w["overlap"] for w in ws_windows))],
                 "blocks": max(w["blocks"] for w in ws_windows),
                 "durable": max(w["durable"] for w in ws_windows),
+                "other_cpu": max(w["other_cpu"] for w in ws_windows),
+                "writer_cpu": max(w["writer_cpu"] for w in ws_windows),
             }
         )
     base = _median([t for w in windows if w["method"] == "none" for t in w["walls"]])
@@ -298,7 +326,8 @@ def summarize(results: list[dict], ws: int) -> str:
         if not mine:
             continue
         if m == "none":
-            rows.append([m, f"{base:.3f}", "", "", "", "", "", "", ""])
+            other = _median([w["other_cpu"] for w in mine])
+            rows.append([m, f"{base:.3f}", "", "", "", "", "", "", "", f"{other:.2f}", ""])
             continue
         ov = [t for w in mine for t, o in zip(w["walls"], w["overlap"]) if o]
         extra = [sum(t - base for t, o in zip(w["walls"], w["overlap"]) if o) for w in mine]
@@ -315,10 +344,24 @@ def summarize(results: list[dict], ws: int) -> str:
                 f"{_median(cpu_extra):.3f}",
                 f"{_median([w['blocks'] for w in mine]):.3f}",
                 f"{_median([w['durable'] for w in mine]):.2f}",
+                f"{_median([w['other_cpu'] for w in mine]):.2f}",
+                f"{_median([w['writer_cpu'] for w in mine]):.2f}",
             ]
         )
     first = results[0]["first"]
-    header = ["method", "step (none)", "overlap med", "p90", "n", "extra/ckpt", "cpu extra", "blocks", "durable"]
+    header = [
+        "method",
+        "step (none)",
+        "overlap med",
+        "p90",
+        "n",
+        "extra/ckpt",
+        "cpu extra",
+        "blocks",
+        "durable",
+        "other thr cpu",
+        "writer proc cpu",
+    ]
     out = table(f"world size {ws}: seconds (slowest rank per step)", header, rows)
     out += "\nfirst save (untimed against training): " + ", ".join(f"{k} {v:.2f} s" for k, v in first.items())
     out += "\nload check: " + results[0]["check"]
