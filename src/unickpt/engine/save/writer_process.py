@@ -89,6 +89,7 @@ class WriterProcess:
         self._ready = False
         self._mapped: set[int] = set()  # images the running process has mapped
         self._forget: set[int] = set()  # freed images it should unmap at the next request
+        self._forget_lock = threading.Lock()  # not ``_lock``: the caller's thread never waits for a write
         self._requests = itertools.count(1)
         self._closed = False
         self._at_exit = False
@@ -133,10 +134,10 @@ class WriterProcess:
             atexit.register(_stop_at_exit, weakref.ref(self))
 
     def forget(self, image: SharedImage) -> None:
-        """``image`` is being freed: the process unmaps it at its next request."""
-        with self._lock:
-            if image.id in self._mapped:
-                self._forget.add(image.id)
+        """``image`` is being freed: the process unmaps it at its next request (an id it never
+        mapped is ignored there)."""
+        with self._forget_lock:
+            self._forget.add(image.id)
 
     def write(
         self, root: str, direct: bool, files: list[FileToWrite], chunk: int, threads: int
@@ -157,6 +158,8 @@ class WriterProcess:
                 new = [img for img in {id(i): i for _, _, _, i in files if i is not None}.values()]
                 new = [img for img in new if img.id not in self._mapped]
                 rid = next(self._requests)
+                with self._forget_lock:
+                    forget, self._forget = self._forget, set()
                 request = {
                     "op": "write",
                     "id": rid,
@@ -169,12 +172,11 @@ class WriterProcess:
                         for f, p, n, i in files
                     ],
                     "new_images": [img.id for img in new],
-                    "forget": sorted(self._forget),
+                    "forget": sorted(forget),
                 }
                 socket.send_fds(sock, [encode_message(request)], [img.fd for img in new])
                 self._mapped.update(img.id for img in new)
-                self._mapped.difference_update(self._forget)
-                self._forget.clear()
+                self._mapped.difference_update(forget)
                 reply = self._receive(sock)
             except (OSError, MessageError) as e:
                 raise self._died(e) from None
@@ -228,7 +230,9 @@ class WriterProcess:
     def _stop(self, kill: bool) -> None:
         sock, proc = self._sock, self._proc
         self._sock, self._proc, self._ready = None, None, False
-        self._mapped, self._forget = set(), set()
+        self._mapped = set()
+        with self._forget_lock:
+            self._forget = set()
         if sock is not None:
             if not kill:
                 try:
