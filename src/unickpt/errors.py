@@ -14,7 +14,8 @@ can do about it (catch a family rather than listing its members):
 - ``ConfigurationError``: the caller's input or set-up (a state the adapter cannot take, a
   key map or shards that cannot form a plan, an unsafe name, a foreign folder, a missing extra,
   no process group);
-- ``StorageError``: a storage operation failed (``TransientStorageError``, ``UnsafePathError``);
+- ``StorageError``: a storage operation failed (``TransientStorageError``, ``UnsafePathError``,
+  ``WriterProcessError``);
 - ``InternalError``: an invariant of unickpt itself failed (a bug: please report it).
 ``NotACheckpointError``, ``IncompleteCheckpointError``, ``UnsupportedFormatVersionError``,
 ``SizeLimitError`` and ``AsyncSaveFailures`` derive from ``CheckpointError`` directly.
@@ -51,6 +52,7 @@ __all__ = [
     "ChecksumMismatchError",
     "StorageError",
     "TransientStorageError",
+    "WriterProcessError",
     "MissingDependencyError",
     "ConcurrentSaveError",
     "SaveLockLostError",
@@ -169,6 +171,11 @@ class TransientStorageError(StorageError):
 
     Backends raise it for errors they know to be transient; ``storage.retry.RetryingStorage``
     retries it with backoff and raises a plain ``StorageError`` once the retries are spent."""
+
+
+class WriterProcessError(StorageError):
+    """The writer process of an async save (``SaveOptions(writer="process")``) died or broke its
+    protocol before the save's files were durable; the save is not committed."""
 
 
 class MissingDependencyError(ConfigurationError, ImportError):

@@ -94,9 +94,17 @@ class SaveOptions:
     # share (engine.hf_export), right after the commit; the call (async too) returns once those
     # files are durable. Local (or shared POSIX) paths only. None: no export
     hf_export: HFExport | None = None
+    # who writes an async save's files: "threads" (writer threads in this process) or "process"
+    # (a writer process per checkpointer, fed the snapshot through shared memory, so writing and
+    # checksumming never compete with training for this interpreter; Linux, local files and CPU
+    # snapshots only, else threads). Blocking saves always write from the live tensors in
+    # threads. Measured in docs/performance.md ("Training during a background save")
+    writer: str = "threads"
 
     def __post_init__(self) -> None:
         _check_timeout(self.timeout)
+        if self.writer not in ("threads", "process"):
+            raise ValueError(f"SaveOptions.writer must be 'threads' or 'process', got {self.writer!r}")
         chunk = self.checksum_chunk_bytes
         if chunk is not None and not is_chunk_size(chunk):
             raise ValueError(

@@ -15,7 +15,9 @@ same pipeline and then ``handle.wait()``. Stages, in order, on every rank (* = c
              parameters and state on the snapshot thread, which that optimizer's next step()
              waits for (``SnapshotGuard``): the snapshot's future (``Snapshot.copied``);
   lock*      (worker thread, background group) ``lock.run_locked`` takes the save lock;
-  write      (worker) ``write.write_stage``: data files with their checksums;
+  write      (worker) ``write.write_stage``: data files with their checksums (writer threads;
+             ``SaveOptions(writer="process")``: an async save's shared images are written by the
+             checkpointer's writer process instead, ``writer_process``);
   commit*    (worker, background) ``commit.commit_stage``: metadata published by rank 0.
 ``start`` returns a ``SaveHandle`` whose future is the commit's.
 """
@@ -32,16 +34,18 @@ from ...coordination import Coordinator, Settle, run_stage
 from ...errors import RankDisagreementError
 from ...folder.lock import SaveLock, run_locked
 from ...folder.target import claims
-from ...format.build import SaveSource
+from ...format.build import FileSums, SaveSource
 from ...format.names import check_save_names
 from ...format.records import Metadata
 from ...frameworks import FrameworkAdapter, SaveView, get_framework, supports_step_hooks
 from ...monitoring.phases import PhaseRecorder, RecordingBus
 from ...options import SaveOptions
-from ...planning.save.model import LocalSavePlan, RankSavePlan
+from ...planning.save.model import LocalSavePlan, RankSavePlan, data_path
 from ...planning.specs import BlobSpec, SaveItem
 from ...state.layout import StateLayout, replicated_disagreement
 from ...storage import Buffer, Storage
+from ...storage.local import LocalStorage
+from ...storage.retry import unwrap
 from ..gc_pause import GCHold
 from ..plan_cache import CachedPlan, PlanKey, plan_stage
 from ..runtime.resources import Resources
@@ -50,6 +54,7 @@ from .commit import commit_stage
 from .staging import StagedFiles, live_parts, on_device
 from .step_guard import protected_storages, storage_key
 from .write import write_stage
+from .writer_process import supported as process_writer_supported
 
 __all__ = ["SavePipeline", "Described", "Snapshot"]
 
@@ -169,14 +174,27 @@ class SavePipeline:
             return self._snapshot(plan, staged, None)
         later = self._copied_later(d.layout.optimizer)
         with self.res.events.phase("save.stage", self.coord.rank, path=self.storage.url, save_id=plan.save_id) as p:
+            shared = self._process_writer()
             staged = run_stage(
-                self.coord, "save (stage)", lambda: self.res.staging.stage(d.view.items, plan, d.blobs, later)
+                self.coord,
+                "save (stage)",
+                lambda: self.res.staging.stage(d.view.items, plan, d.blobs, later, shared=shared),
             )
             p.nbytes = staged.nbytes
         copied = staged.copied
         if copied is not None:
             self.res.guard.guard(d.layout.optimizer, copied)
         return self._snapshot(plan, staged, copied)
+
+    def _process_writer(self) -> bool:
+        """Whether this async save's files go to the writer process: asked for, on a host that
+        has it, to plain local files (``type(...) is LocalStorage``: not a subclass with other
+        file modes, not another backend)."""
+        return (
+            self.options.writer == "process"
+            and process_writer_supported()
+            and type(unwrap(self.storage)) is LocalStorage
+        )
 
     @staticmethod
     def _snapshot(plan: RankSavePlan, staged: StagedFiles, copied: Future[None] | None) -> Snapshot:
@@ -206,9 +224,12 @@ class SavePipeline:
                 snap.staged.wait_ready()
             with events.phase("save.write", rank, path=url, save_id=plan.save_id) as p:
                 chunk = cached.chunk
-                files = write_stage(
-                    self.storage, plan, snap.entry_bytes, snap.file_parts, self.options.io_threads, events, chunk
-                )
+                if snap.staged is not None and snap.staged.shared is not None:
+                    files = self._write_in_process(plan, snap.staged, chunk)
+                else:
+                    files = write_stage(
+                        self.storage, plan, snap.entry_bytes, snap.file_parts, self.options.io_threads, events, chunk
+                    )
                 sums = (chunk, files)
                 p.nbytes = nbytes
         except Exception as e:  # reported to all ranks by commit_stage
@@ -232,6 +253,16 @@ class SavePipeline:
         )
         events.emit("save.end", rank, self.t0, path=url, save_id=plan.save_id, nbytes=nbytes)
         return md
+
+    def _write_in_process(self, plan: RankSavePlan, staged: StagedFiles, chunk: int) -> FileSums:
+        """The write stage by the writer process: each file straight from its shared image."""
+        local = unwrap(self.storage)
+        assert isinstance(local, LocalStorage) and staged.shared is not None
+        files = [
+            (f, data_path(plan.save_id, f), memoryview(parts[0]).nbytes if parts else 0, staged.shared.get(f))
+            for f, parts in staged.parts.items()
+        ]
+        return self.res.staging.writer.write(local.root, local.direct_io, files, chunk, self.options.io_threads)
 
     # ------------------------------------------------------------------ the whole save
 

@@ -12,6 +12,8 @@ the next optimizer step (or any kernel) can not modify a tensor before its snaps
 while the host returns at once. On CPU, the entries the caller marks ``later`` (tensors only
 ``optimizer.step()`` modifies, see ``step_guard``) are copied by the snapshot thread after
 ``stage`` returns; ``StagedFiles.copied`` tells when, and the writer waits for it.
+With ``shared=True`` (``SaveOptions(writer="process")``) the images are ``SharedImage``s
+(memfd shared memory) that the pool's ``WriterProcess`` maps and writes (``writer_process``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ...planning.specs import SaveItem
 from ...storage.aligned import AlignedBuffer
 from ...storage.base import Buffer
 from ..bytes_view import tensor_bytes
+from .writer_process import SharedImage, WriterProcess
 
 __all__ = ["live_parts", "on_device", "StagedFiles", "StagingPool"]
 
@@ -88,7 +91,7 @@ def _end_of(plan: RankSavePlan, file: str, before: WriteEntry) -> int:
 
 @dataclass
 class _Slot:
-    buffers: list[AlignedBuffer | torch.Tensor] = field(default_factory=list)
+    buffers: list[_Image] = field(default_factory=list)
     busy: bool = False
 
 
@@ -102,6 +105,7 @@ class StagedFiles:
     _slot: _Slot
     nbytes: int
     copied: Future[None] | None = None  # the background part of the copy (CPU), if any
+    shared: dict[str, SharedImage] | None = None  # shared=True: each file's image (None: private)
 
     def wait_ready(self) -> None:
         """Block until every byte is in the images; re-raises a failed background copy."""
@@ -115,8 +119,10 @@ class StagedFiles:
 
 
 class StagingPool:
-    """Two (``slots``) reusable sets of file images and the snapshot thread that fills deferred
-    entries. Owned by a ``Checkpointer``; ``close()`` frees the memory once no save uses it."""
+    """Two (``slots``) reusable sets of file images, the snapshot thread that fills deferred
+    entries and the writer process of shared images (``writer``, started by the first
+    ``shared`` stage). Owned by a ``Checkpointer``; ``close()`` stops the process and frees the
+    memory once no save uses it."""
 
     def __init__(self, slots: int = 2) -> None:
         self._slots = [_Slot() for _ in range(slots)]
@@ -125,20 +131,29 @@ class StagingPool:
         # copies the deferred part of snapshots (normal priority: an optimizer step may wait on
         # it); its one thread starts at the first submit
         self._snapshotter = ThreadPoolExecutor(1, thread_name_prefix="unickpt-snapshot")
+        self.writer = WriterProcess()
 
     def close(self) -> None:
         """Wait for snapshot copies in flight, stop the snapshot thread and free every buffer
         (the caller has drained its saves: no slot is busy)."""
         self._snapshotter.shutdown(wait=True)
+        self.writer.close()
         with self._cond:
             for slot in self._slots:
                 for b in slot.buffers:
-                    if isinstance(b, AlignedBuffer):
+                    if not isinstance(b, torch.Tensor):
                         b.close()
                 slot.buffers = []
 
     def capacity_bytes(self) -> int:
         return sum(_cap(b) for s in self._slots for b in s.buffers)
+
+    def _free(self, b: _Image) -> None:
+        """Free an image no slot keeps (the writer process unmaps a shared one at its next request)."""
+        if isinstance(b, SharedImage):
+            self.writer.forget(b)
+        if not isinstance(b, torch.Tensor):
+            b.close()
 
     def _acquire(self) -> _Slot:
         with self._cond:
@@ -160,18 +175,23 @@ class StagingPool:
         plan: RankSavePlan,
         blobs: dict[str, bytes],
         later: Callable[[SaveItem], bool] | None = None,
+        shared: bool = False,
     ) -> StagedFiles:
         """Copy every entry of ``plan`` into a free slot's file images (blocks while both are
         busy); CPU tensor entries whose item satisfies ``later`` are copied on the snapshot
-        thread after the return (``StagedFiles.copied``)."""
+        thread after the return (``StagedFiles.copied``). ``shared``: into ``SharedImage``s for
+        the writer process (CPU tensors only; it is started here if it does not run)."""
         sizes: dict[str, int] = {}
         for e in plan.entries:
             sizes[e.file] = max(sizes.get(e.file, 0), e.byte_offset + e.byte_length)
         files = list(sizes)
         cuda = any(items[e.item_index].tensor.is_cuda for e in plan.entries if not e.blob_key)
+        shared = shared and not cuda
+        if shared:
+            self.writer.start()
         slot = self._acquire()
         try:
-            _fit(slot, [sizes[f] for f in files], pinned=cuda)
+            _fit(slot, [sizes[f] for f in files], pinned=cuda, shared=shared, free=self._free)
             images = {f: _as_uint8(slot.buffers[i])[: sizes[f]] for i, f in enumerate(files)}
             stream = None
             if cuda:
@@ -204,7 +224,10 @@ class StagingPool:
             if deferred:  # version counters read now, in the call: the state the save stands for
                 versions = [items[e.item_index].tensor._version for e in deferred]
                 copied = self._snapshotter.submit(_copy_checked, deferred, versions, items, images)
-            return StagedFiles(parts, ready, self, slot, sum(sizes.values()), copied)
+            shared_images = None
+            if shared:
+                shared_images = {f: b for f, b in zip(files, slot.buffers) if isinstance(b, SharedImage)}
+            return StagedFiles(parts, ready, self, slot, sum(sizes.values()), copied, shared_images)
         except BaseException:
             self._release(slot)
             raise
@@ -276,31 +299,45 @@ class _null:
         return None
 
 
-def _cap(b: AlignedBuffer | torch.Tensor) -> int:
-    return b.capacity if isinstance(b, AlignedBuffer) else b.numel()
+_Image = AlignedBuffer | SharedImage | torch.Tensor  # private, shared (writer process), pinned
 
 
-def _as_uint8(b: AlignedBuffer | torch.Tensor) -> torch.Tensor:
-    return torch.frombuffer(b.view, dtype=torch.uint8) if isinstance(b, AlignedBuffer) else b
+def _cap(b: _Image) -> int:
+    return b.numel() if isinstance(b, torch.Tensor) else b.capacity
 
 
-def _fit(slot: _Slot, sizes: list[int], pinned: bool) -> None:
+def _as_uint8(b: _Image) -> torch.Tensor:
+    return b if isinstance(b, torch.Tensor) else torch.frombuffer(b.view, dtype=torch.uint8)
+
+
+def _kind(b: _Image) -> str:
+    return "pinned" if isinstance(b, torch.Tensor) else "shared" if isinstance(b, SharedImage) else "private"
+
+
+def _fit(
+    slot: _Slot, sizes: list[int], pinned: bool, shared: bool = False, free: Callable[[_Image], None] | None = None
+) -> None:
     """Make the slot hold one buffer per file, each at least as large; reuse what fits tightly
     (at most one page larger: with an unchanged layout, the same buffers), free the rest, so the
     pool holds at most 2x this rank's checkpoint bytes once both slots served the layout."""
+    kind = "pinned" if pinned else "shared" if shared else "private"
     have = sorted(slot.buffers, key=_cap)
-    out: list[AlignedBuffer | torch.Tensor] = []
+    out: list[_Image] = []
     for size in sizes:
-        fits = (size <= _cap(b) <= max(size, 1) + 4096 and isinstance(b, torch.Tensor) == pinned for b in have)
+        fits = (size <= _cap(b) <= max(size, 1) + 4096 and _kind(b) == kind for b in have)
         at = next((i for i, ok in enumerate(fits) if ok), None)
         if at is not None:  # by position: ``list.remove`` would compare pinned tensors with ``==``
             pick = have.pop(at)
         elif pinned:
             pick = torch.empty(max(size, 1), dtype=torch.uint8, pin_memory=True)
+        elif shared:
+            pick = SharedImage(size)
         else:
             pick = AlignedBuffer(size)
         out.append(pick)
     for b in have:
-        if isinstance(b, AlignedBuffer):
+        if free is not None:
+            free(b)
+        elif not isinstance(b, torch.Tensor):
             b.close()
     slot.buffers = out
