@@ -81,6 +81,38 @@ from _common import (
 )
 
 
+def _busy(detail: str) -> float:
+    """The thread-seconds a ``load.copy`` / ``load.read.io`` / ``load.checksum`` event reports
+    (its detail starts with them)."""
+    try:
+        return float(detail.split(maxsplit=1)[0])
+    except (IndexError, ValueError):
+        return float("nan")
+
+
+def load_phases(events, cpu: float) -> dict[str, float]:
+    """Seconds of one unickpt load by phase on this rank, from its events: describe (state
+    layout, every rank agrees on what it loads), metadata (read + decode), plan (validate + load
+    plan + keys agreed), exchange (the needs sent to the coordinator and each rank's part back),
+    read (the read stage, wall), then inside it as thread-seconds summed over the reader
+    threads: io (in read calls), crc (verifying checksums), copy (copies of what could not land
+    in place); apply (staging copied, optimizer state installed), total; cpu: this process's CPU
+    seconds for the whole load (all threads)."""
+    by = {}
+    for e in events:
+        by[e.phase] = e
+    out: dict[str, float] = {}
+    for key, phase in (("describe", "load.describe"), ("metadata", "load.metadata"), ("plan", "load.plan"),
+                       ("exchange", "load.exchange"), ("read", "load.read")):  # fmt: skip
+        out[key] = by[phase].seconds if phase in by else 0.0
+    for key, phase in (("io", "load.read.io"), ("crc", "load.checksum"), ("copy", "load.copy")):
+        out[key] = _busy(by[phase].detail) if phase in by else 0.0
+    out["apply"] = by["load.apply"].seconds if "load.apply" in by else 0.0
+    out["total"] = by["load.end"].seconds if "load.end" in by else float("nan")
+    out["cpu"] = cpu
+    return out
+
+
 def _batch(dim: int, seed: int):
     import torch
 
@@ -180,6 +212,7 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict:
         barrier()
 
     loads = {"unickpt": [], "dcp": [], "raw_read": [], "raw_read_direct": []}
+    cpu = {name: [] for name in loads}  # CPU seconds of this process per load
     rbufs = [RawBuffer(seed=99 + i) for i in range(4)]
 
     def check(what: str) -> None:
@@ -198,9 +231,11 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict:
                 scramble(model, optim)
             cold()
             log.take()
+            c0 = time.process_time()
             loads[name].append(timed(op)[0])
+            cpu[name].append(time.process_time() - c0)
             if name == "unickpt":
-                phases["load"].append(phase_breakdown(log.take()))
+                phases["load"].append(load_phases(log.take(), cpu[name][-1]))
             if not name.startswith("raw"):
                 check(f"rank {rank}: {name} same-layout load")
     for b in bufs + rbufs:
@@ -209,6 +244,7 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict:
     out = {
         "saves": saves,
         "loads": loads,
+        "cpu": cpu,
         "phases": phases,
         "first": {"unickpt": first_u, "dcp": first_d},
         "per_rank": per_rank,
@@ -256,11 +292,11 @@ def reshard_main(rank: int, ws: int, cfg: dict, ref: dict) -> dict:
             scramble(model, optim)
             evict([upath, dpath])
             log.take()
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             op()
             times[name].append(time.perf_counter() - t0)
             if name == "unickpt":
-                phases.append(phase_breakdown(log.take()))
+                phases.append(load_phases(log.take(), time.process_time() - c0))
             check(f"{name} resharding load")
     return {"times": times, "phases": phases, "loss": float(model(_batch(cfg["dim"], 1)).square().mean().detach())}
 
@@ -370,6 +406,11 @@ def main() -> None:
         ["unickpt save GB/s / best raw write GB/s", f"{ub / median(s['unickpt']) / (rb / w_raw):.2f}", ""],
         ["DCP save GB/s / best raw write GB/s", f"{db / median(s['dcp']) / (rb / w_raw):.2f}", ""],
         ["unickpt load GB/s / best raw cold read GB/s", f"{ub / median(ld['unickpt']) / (rb / r_raw):.2f}", ""],
+        [
+            "unickpt load GB/s / raw buffered cold read GB/s",
+            f"{bw(ub, ld['unickpt']) / bw(rb, ld['raw_read']):.2f}",
+            paired([x / rb for x in ld["raw_read"]], [x / ub for x in ld["unickpt"]]),
+        ],
         ["DCP load GB/s / best raw cold read GB/s", f"{db / median(ld['dcp']) / (rb / r_raw):.2f}", ""],
         ["unickpt reshard load s / same-layout load s", f"{median(rt['unickpt']) / median(ld['unickpt']):.2f}", ""],
         ["DCP reshard load s / same-layout load s", f"{median(rt['dcp']) / median(ld['dcp']):.2f}", ""],
@@ -412,6 +453,17 @@ def main() -> None:
             ["rank", "op", "phases"],
             prow,
             left=(0, 1, 2),
+        )
+    )
+    cpu_rows = [
+        [rank, *(f"{median(r['cpu'][k]):.3f}" for k in ("unickpt", "dcp", "raw_read", "raw_read_direct"))]
+        for rank, r in enumerate(res)
+    ]
+    print(
+        table(
+            "CPU seconds per rank of one cold load (median; all threads of the rank's process)",
+            ["rank", "unickpt", "DCP", "raw buffered", "raw O_DIRECT"],
+            cpu_rows,
         )
     )
     print(f"checkpoint sizes on disk: unickpt {ub / GiB:.4f} GiB, DCP {db / GiB:.4f} GiB")

@@ -49,6 +49,10 @@ PHASES = (
     "save.serialize",
     "load.transfer",
     "storage.retry",
+    "load.describe",
+    "load.exchange",
+    "load.read.io",
+    "load.checksum",
 )
 
 
