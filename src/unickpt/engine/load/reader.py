@@ -364,7 +364,14 @@ def _reads_ahead(storage: Storage) -> bool:
     """Whether the kernel reads ahead of each file's reader: local files read through the page
     cache (not ``StorageOptions.direct_reads``: an O_DIRECT read is only what it asks for, so
     several threads per file keep the device's queue full)."""
-    return storage.capabilities.shared_page_cache and not getattr(storage, "direct_reads", False)
+    if not storage.capabilities.shared_page_cache:
+        return False
+    layer: object = storage
+    while layer is not None:  # a backend inside its wrappers (``RetryingStorage.inner``)
+        if getattr(layer, "direct_reads", False):
+            return False
+        layer = getattr(layer, "inner", None)
+    return True
 
 
 def _run_jobs(
