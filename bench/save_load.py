@@ -32,6 +32,11 @@ What runs (one invocation, all numbers from the same run):
   given two ways: of the medians, and "paired" (median over repeats of the ratio of the two runs
   of one repeat, which ran back to back: robust to the shared disk's slow swings). "Best raw" is
   the faster of the raw baselines: the disk's own limit as far as this run can tell.
+* Where a load's time goes: per rank, the median of unickpt's load phases from its monitoring
+  events (``load_phases``: describe, metadata, plan, exchange, read; inside read the readers'
+  thread-seconds in read calls, checksums and copies; apply) and the CPU seconds of every cold
+  load (unickpt, DCP, raw), all threads of the rank's process: on a shared machine CPU and
+  ratios within one run say more than wall times.
 
 Usage:  python bench/save_load.py [--gib 1.0] [--repeats 3] [--world-size 2] [--dir /tmp]
 """
