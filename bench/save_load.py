@@ -19,7 +19,8 @@ What runs (one invocation, all numbers from the same run):
       one thread each (as unickpt does), + fsync.
 * Loads (cold: before each one every checkpoint file is evicted from the page cache with
   ``posix_fadvise(DONTNEED)``; every local tensor is overwritten first and checked after):
-    - same layout at the saving world size: ``unickpt.load(..., framework="fsdp2")``;
+    - same layout at the saving world size: ``unickpt.load(..., framework="fsdp2")``, and again
+      with ``StorageOptions(direct_reads=True)`` (O_DIRECT reads);
       DCP ``get_state_dict`` + ``dcp.load`` + ``set_state_dict``; raw: the raw O_DIRECT files
       read (a) buffered, one thread per file, 16 MiB ``preadv`` into pre-touched buffers, and
       (b) with O_DIRECT by 4 threads per rank, 16 MiB chunks (the deep queue the device likes);
@@ -216,7 +217,8 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict:
             evict([upath, dpath, rawdir])
         barrier()
 
-    loads = {"unickpt": [], "dcp": [], "raw_read": [], "raw_read_direct": []}
+    loads = {"unickpt": [], "unickpt_direct": [], "dcp": [], "raw_read": [], "raw_read_direct": []}
+    direct = unickpt.LoadOptions(storage=unickpt.StorageOptions(direct_reads=True))
     cpu = {name: [] for name in loads}  # CPU seconds of this process per load
     rbufs = [RawBuffer(seed=99 + i) for i in range(4)]
 
@@ -225,6 +227,7 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict:
 
     lops = [
         ("unickpt", lambda: unickpt.load(upath, state, framework="fsdp2")),
+        ("unickpt_direct", lambda: unickpt.load(upath, state, framework="fsdp2", options=direct)),
         ("dcp", lambda: dcp_load(model, optim, dpath)),
         ("raw_read", lambda: raw_read(direct_files, bufs)),
         ("raw_read_direct", lambda: raw_read_direct(direct_files, rbufs)),
@@ -353,6 +356,7 @@ def main() -> None:
         row("raw write buffered+fsync", s["raw_buffered"], rb),
         row(f"raw write O_DIRECT ({args.files_per_rank} files/rank)+fsync", s["raw_direct"], rb),
         row(f"unickpt load (ws={ws}, same layout)", ld["unickpt"], ub),
+        row(f"unickpt load, O_DIRECT reads (ws={ws})", ld["unickpt_direct"], ub),
         row(f"DCP load (ws={ws}, same layout)", ld["dcp"], db),
         row("raw cold read buffered (1 thread/file)", ld["raw_read"], rb),
         row("raw cold read O_DIRECT (4 threads/rank)", ld["raw_read_direct"], rb),
@@ -416,6 +420,11 @@ def main() -> None:
             f"{bw(ub, ld['unickpt']) / bw(rb, ld['raw_read']):.2f}",
             paired([x / rb for x in ld["raw_read"]], [x / ub for x in ld["unickpt"]]),
         ],
+        [
+            "unickpt O_DIRECT load GB/s / best raw cold read GB/s",
+            f"{ub / median(ld['unickpt_direct']) / (rb / r_raw):.2f}",
+            "",
+        ],
         ["DCP load GB/s / best raw cold read GB/s", f"{db / median(ld['dcp']) / (rb / r_raw):.2f}", ""],
         ["unickpt reshard load s / same-layout load s", f"{median(rt['unickpt']) / median(ld['unickpt']):.2f}", ""],
         ["DCP reshard load s / same-layout load s", f"{median(rt['dcp']) / median(ld['dcp']):.2f}", ""],
@@ -460,14 +469,12 @@ def main() -> None:
             left=(0, 1, 2),
         )
     )
-    cpu_rows = [
-        [rank, *(f"{median(r['cpu'][k]):.3f}" for k in ("unickpt", "dcp", "raw_read", "raw_read_direct"))]
-        for rank, r in enumerate(res)
-    ]
+    kinds = ("unickpt", "unickpt_direct", "dcp", "raw_read", "raw_read_direct")
+    cpu_rows = [[rank, *(f"{median(r['cpu'][k]):.3f}" for k in kinds)] for rank, r in enumerate(res)]
     print(
         table(
             "CPU seconds per rank of one cold load (median; all threads of the rank's process)",
-            ["rank", "unickpt", "DCP", "raw buffered", "raw O_DIRECT"],
+            ["rank", "unickpt", "unickpt O_DIRECT", "DCP", "raw buffered", "raw O_DIRECT"],
             cpu_rows,
         )
     )
