@@ -19,7 +19,8 @@ What runs (one invocation, all numbers from the same run):
       one thread each (as unickpt does), + fsync.
 * Loads (cold: before each one every checkpoint file is evicted from the page cache with
   ``posix_fadvise(DONTNEED)``; every local tensor is overwritten first and checked after):
-    - same layout at the saving world size: ``unickpt.load(..., framework="fsdp2")``;
+    - same layout at the saving world size: ``unickpt.load(..., framework="fsdp2")``, and again
+      with ``StorageOptions(direct_reads=True)`` (O_DIRECT reads);
       DCP ``get_state_dict`` + ``dcp.load`` + ``set_state_dict``; raw: the raw O_DIRECT files
       read (a) buffered, one thread per file, 16 MiB ``preadv`` into pre-touched buffers, and
       (b) with O_DIRECT by 4 threads per rank, 16 MiB chunks (the deep queue the device likes);
@@ -32,6 +33,11 @@ What runs (one invocation, all numbers from the same run):
   given two ways: of the medians, and "paired" (median over repeats of the ratio of the two runs
   of one repeat, which ran back to back: robust to the shared disk's slow swings). "Best raw" is
   the faster of the raw baselines: the disk's own limit as far as this run can tell.
+* Where a load's time goes: per rank, the median of unickpt's load phases from its monitoring
+  events (``load_phases``: describe, metadata, plan, exchange, read; inside read the readers'
+  thread-seconds in read calls, checksums and copies; apply) and the CPU seconds of every cold
+  load (unickpt, DCP, raw), all threads of the rank's process: on a shared machine CPU and
+  ratios within one run say more than wall times.
 
 Usage:  python bench/save_load.py [--gib 1.0] [--repeats 3] [--world-size 2] [--dir /tmp]
 """
@@ -79,6 +85,38 @@ from _common import (
     train_step,
     unickpt_bytes_per_rank,
 )
+
+
+def _busy(detail: str) -> float:
+    """The thread-seconds a ``load.copy`` / ``load.read.io`` / ``load.checksum`` event reports
+    (its detail starts with them)."""
+    try:
+        return float(detail.split(maxsplit=1)[0])
+    except (IndexError, ValueError):
+        return float("nan")
+
+
+def load_phases(events, cpu: float) -> dict[str, float]:
+    """Seconds of one unickpt load by phase on this rank, from its events: describe (state
+    layout, every rank agrees on what it loads), metadata (read + decode), plan (validate + load
+    plan + keys agreed), exchange (the needs sent to the coordinator and each rank's part back),
+    read (the read stage, wall), then inside it as thread-seconds summed over the reader
+    threads: io (in read calls), crc (verifying checksums), copy (copies of what could not land
+    in place); apply (staging copied, optimizer state installed), total; cpu: this process's CPU
+    seconds for the whole load (all threads)."""
+    by = {}
+    for e in events:
+        by[e.phase] = e
+    out: dict[str, float] = {}
+    for key, phase in (("describe", "load.describe"), ("metadata", "load.metadata"), ("plan", "load.plan"),
+                       ("exchange", "load.exchange"), ("read", "load.read")):  # fmt: skip
+        out[key] = by[phase].seconds if phase in by else 0.0
+    for key, phase in (("io", "load.read.io"), ("crc", "load.checksum"), ("copy", "load.copy")):
+        out[key] = _busy(by[phase].detail) if phase in by else 0.0
+    out["apply"] = by["load.apply"].seconds if "load.apply" in by else 0.0
+    out["total"] = by["load.end"].seconds if "load.end" in by else float("nan")
+    out["cpu"] = cpu
+    return out
 
 
 def _batch(dim: int, seed: int):
@@ -179,7 +217,9 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict:
             evict([upath, dpath, rawdir])
         barrier()
 
-    loads = {"unickpt": [], "dcp": [], "raw_read": [], "raw_read_direct": []}
+    loads = {"unickpt": [], "unickpt_direct": [], "dcp": [], "raw_read": [], "raw_read_direct": []}
+    direct = unickpt.LoadOptions(storage=unickpt.StorageOptions(direct_reads=True))
+    cpu = {name: [] for name in loads}  # CPU seconds of this process per load
     rbufs = [RawBuffer(seed=99 + i) for i in range(4)]
 
     def check(what: str) -> None:
@@ -187,6 +227,7 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict:
 
     lops = [
         ("unickpt", lambda: unickpt.load(upath, state, framework="fsdp2")),
+        ("unickpt_direct", lambda: unickpt.load(upath, state, framework="fsdp2", options=direct)),
         ("dcp", lambda: dcp_load(model, optim, dpath)),
         ("raw_read", lambda: raw_read(direct_files, bufs)),
         ("raw_read_direct", lambda: raw_read_direct(direct_files, rbufs)),
@@ -198,9 +239,11 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict:
                 scramble(model, optim)
             cold()
             log.take()
+            c0 = time.process_time()
             loads[name].append(timed(op)[0])
+            cpu[name].append(time.process_time() - c0)
             if name == "unickpt":
-                phases["load"].append(phase_breakdown(log.take()))
+                phases["load"].append(load_phases(log.take(), cpu[name][-1]))
             if not name.startswith("raw"):
                 check(f"rank {rank}: {name} same-layout load")
     for b in bufs + rbufs:
@@ -209,6 +252,7 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict:
     out = {
         "saves": saves,
         "loads": loads,
+        "cpu": cpu,
         "phases": phases,
         "first": {"unickpt": first_u, "dcp": first_d},
         "per_rank": per_rank,
@@ -256,11 +300,11 @@ def reshard_main(rank: int, ws: int, cfg: dict, ref: dict) -> dict:
             scramble(model, optim)
             evict([upath, dpath])
             log.take()
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             op()
             times[name].append(time.perf_counter() - t0)
             if name == "unickpt":
-                phases.append(phase_breakdown(log.take()))
+                phases.append(load_phases(log.take(), time.process_time() - c0))
             check(f"{name} resharding load")
     return {"times": times, "phases": phases, "loss": float(model(_batch(cfg["dim"], 1)).square().mean().detach())}
 
@@ -312,6 +356,7 @@ def main() -> None:
         row("raw write buffered+fsync", s["raw_buffered"], rb),
         row(f"raw write O_DIRECT ({args.files_per_rank} files/rank)+fsync", s["raw_direct"], rb),
         row(f"unickpt load (ws={ws}, same layout)", ld["unickpt"], ub),
+        row(f"unickpt load, O_DIRECT reads (ws={ws})", ld["unickpt_direct"], ub),
         row(f"DCP load (ws={ws}, same layout)", ld["dcp"], db),
         row("raw cold read buffered (1 thread/file)", ld["raw_read"], rb),
         row("raw cold read O_DIRECT (4 threads/rank)", ld["raw_read_direct"], rb),
@@ -370,6 +415,16 @@ def main() -> None:
         ["unickpt save GB/s / best raw write GB/s", f"{ub / median(s['unickpt']) / (rb / w_raw):.2f}", ""],
         ["DCP save GB/s / best raw write GB/s", f"{db / median(s['dcp']) / (rb / w_raw):.2f}", ""],
         ["unickpt load GB/s / best raw cold read GB/s", f"{ub / median(ld['unickpt']) / (rb / r_raw):.2f}", ""],
+        [
+            "unickpt load GB/s / raw buffered cold read GB/s",
+            f"{bw(ub, ld['unickpt']) / bw(rb, ld['raw_read']):.2f}",
+            paired([x / rb for x in ld["raw_read"]], [x / ub for x in ld["unickpt"]]),
+        ],
+        [
+            "unickpt O_DIRECT load GB/s / best raw cold read GB/s",
+            f"{ub / median(ld['unickpt_direct']) / (rb / r_raw):.2f}",
+            "",
+        ],
         ["DCP load GB/s / best raw cold read GB/s", f"{db / median(ld['dcp']) / (rb / r_raw):.2f}", ""],
         ["unickpt reshard load s / same-layout load s", f"{median(rt['unickpt']) / median(ld['unickpt']):.2f}", ""],
         ["DCP reshard load s / same-layout load s", f"{median(rt['dcp']) / median(ld['dcp']):.2f}", ""],
@@ -412,6 +467,15 @@ def main() -> None:
             ["rank", "op", "phases"],
             prow,
             left=(0, 1, 2),
+        )
+    )
+    kinds = ("unickpt", "unickpt_direct", "dcp", "raw_read", "raw_read_direct")
+    cpu_rows = [[rank, *(f"{median(r['cpu'][k]):.3f}" for k in kinds)] for rank, r in enumerate(res)]
+    print(
+        table(
+            "CPU seconds per rank of one cold load (median; all threads of the rank's process)",
+            ["rank", "unickpt", "unickpt O_DIRECT", "DCP", "raw buffered", "raw O_DIRECT"],
+            cpu_rows,
         )
     )
     print(f"checkpoint sizes on disk: unickpt {ub / GiB:.4f} GiB, DCP {db / GiB:.4f} GiB")

@@ -50,6 +50,10 @@ PHASES = (
     "load.transfer",
     "storage.retry",
     "save.hf_export",
+    "load.describe",
+    "load.exchange",
+    "load.read.io",
+    "load.checksum",
 )
 
 

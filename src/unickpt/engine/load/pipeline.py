@@ -111,7 +111,8 @@ class LoadPipeline:
         coord, storage = self.coord, self.storage
         t0 = time.perf_counter()
         self.res.events.emit("load.begin", coord.rank, path=storage.url)
-        layout, adapter = self.describe()
+        with self.res.events.phase("load.describe", coord.rank, path=storage.url):
+            layout, adapter = self.describe()
         with gc_paused(self.options.pause_gc):  # a record per shard and tensor: no full collections
             skipped = self._attempts(layout, adapter)
         self.res.events.emit("load.end", coord.rank, t0, path=storage.url)

@@ -5,13 +5,14 @@ need placed as soon as the units covering it are verified.
 range of a data file and where it lands) and calls ``read_needs``: small neighbouring needs
 grouped (``_group_small``), the needs' spans grouped into runs
 (``planning.load.runs.plan_runs``), the files checked (``_check_files``), every run handed to a
-``RunJob`` and the pieces of all runs read by one thread pool (``_read_pieces``).
+``RunJob`` and the pieces of all runs read by the reader threads (``engine.load.schedule``:
+one thread per file at a time on local files, one pool over all pieces elsewhere).
 
 A run's bytes land, piece by piece, in *segments*: the
 destination memory itself for a need that has one contiguous destination (``Need.dest``: a live
 tensor, or the buffer a batch is forwarded from), and temporaries for everything else (small
 tensors read together, parts of shards that are copied elsewhere, chunk edges). Pieces are cut
-at 16 MiB lines of file offset and read by the reader pool in any order; the thread finishing
+at 16 MiB lines of file offset and read by the readers in any order; the thread finishing
 the last piece of a checksum unit verifies it, and the thread verifying the last unit of a need
 hands it on: the bytes of small tensors with contiguous destinations (``Need.into``) are
 copied there as plain bytes, in a batch with the others that unit completes; any other need is
@@ -26,7 +27,6 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import crc32c
@@ -38,10 +38,35 @@ from ...format.records import Metadata
 from ...planning.load.runs import MERGE_GAP, Run, Span, cover_of, extent_of, plan_runs
 from ...storage.base import Storage
 from ..bytes_view import tensor_bytes
+from .schedule import read_pieces
 
-__all__ = ["Need", "RunJob", "PIECE", "read_needs"]
+__all__ = ["Need", "RunJob", "ReadClock", "PIECE", "read_needs"]
 
 Copied = Callable[[float, float, int], None]  # (start, end, bytes) of a batch of copies into place
+
+
+class ReadClock:
+    """Thread-seconds one rank's readers spent in read calls (``io``, with their bytes) and in
+    checksum verification (``checksum``, with the bytes verified): monitoring's ``load.read.io``
+    and ``load.checksum`` (``engine.load.stage`` emits them). Any reader thread adds."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.io = self.checksum = 0.0
+        self.io_bytes = self.checksum_bytes = 0
+        self.first, self.last = float("inf"), 0.0
+
+    def add_io(self, t0: float, t1: float, nbytes: int) -> None:
+        with self._lock:
+            self.io += t1 - t0
+            self.io_bytes += nbytes
+            self.first, self.last = min(self.first, t0), max(self.last, t1)
+
+    def add_checksum(self, t0: float, t1: float, nbytes: int) -> None:
+        with self._lock:
+            self.checksum += t1 - t0
+            self.checksum_bytes += nbytes
+
 
 PIECE = 16 << 20  # runs are read as parallel ranged reads cut at multiples of this file offset
 
@@ -100,12 +125,14 @@ class RunJob:
         holders: Callable[[int, int], list[str]] | None = None,
         piece: int = PIECE,
         copied: Callable[[float, float, int], None] | None = None,
+        clock: ReadClock | None = None,
     ) -> None:
         self.run, self.name, self.needs, self.units = run, name, list(needs), units
         self.read_into, self.verify, self.source, self.rank = read_into, verify, source, rank
         self.holders = holders  # what bytes [lo, hi) of the file hold (for errors)
         self.piece = piece
         self.copied = copied
+        self.clock = clock if clock is not None else ReadClock()
         self._lock = threading.Lock()
         self.segments = self._segments()
         self._seg_starts = [s.lo for s in self.segments]
@@ -204,7 +231,10 @@ class RunJob:
         lo, hi = self._pieces[p]
         for seg in self._segments_in(lo, hi):
             a, b = max(lo, seg.lo), min(hi, seg.hi)
-            self.read_into(self.name, a, self._memory(seg)[a - seg.lo : b - seg.lo])
+            memory = self._memory(seg)[a - seg.lo : b - seg.lo]
+            t0 = time.perf_counter()
+            self.read_into(self.name, a, memory)
+            self.clock.add_io(t0, time.perf_counter(), b - a)
         finished = []
         with self._lock:
             for u in self._units_in(lo, hi):
@@ -234,10 +264,12 @@ class RunJob:
     def _check(self, u: int) -> None:
         lo, hi, want = self.units.starts[u], self.units.ends[u], self.units.crcs[u]
         crc = 0
+        t0 = time.perf_counter()
         for seg in self._segments_in(lo, hi):
             a, b = max(lo, seg.lo), min(hi, seg.hi)
             assert seg.view is not None
             crc = crc32c.crc32c(seg.view[a - seg.lo : b - seg.lo], crc)
+        self.clock.add_checksum(t0, time.perf_counter(), hi - lo)
         if crc != want:
             named = self.holders(lo, hi) if self.holders is not None else [repr(n.what) for n in self._unit_needs[u]]
             holders = ", ".join(named[:6]) + (f" and {len(named) - 6} more" if len(named) > 6 else "")
@@ -310,21 +342,36 @@ def read_needs(
     rank: int,
     spans: dict[str, list[float]],
     copied: Copied,
+    clock: ReadClock | None = None,
 ) -> int:
     """Read every need of this rank (``cached``: the indices of those read through the shared
     page cache): spans -> runs (``planning.load.runs``) -> one reader pool over the pieces of
     all runs; returns the bytes read. ``spans`` (monitoring): per file, the first piece's start,
     the last piece's end and the bytes read; ``copied`` times the runs' copies of small needs
-    into place (``Need.into``)."""
+    into place (``Need.into``); ``clock`` (monitoring) sums the time in read calls and checksums."""
     index = {f: i for i, f in enumerate(md.files)}
     names = {index[n.name]: n.what for n in wanted}
     wanted, cached = _group_small(wanted, cached)
     tagged = [Span(index[n.name], n.lo, n.hi, t) for t, n in enumerate(wanted)]
     runs = plan_runs(tagged, extent_of(md, verify))
     _check_files(md, storage, runs, names, rank)
-    jobs = _run_jobs(md, storage, runs, wanted, cached, verify, rank, copied)
-    _read_pieces(jobs, threads, spans)
+    jobs = _run_jobs(md, storage, runs, wanted, cached, verify, rank, copied, clock)
+    read_pieces(jobs, threads, spans, streams=_reads_ahead(storage))
     return sum(job.nbytes for job in jobs)
+
+
+def _reads_ahead(storage: Storage) -> bool:
+    """Whether the kernel reads ahead of each file's reader: local files read through the page
+    cache (not ``StorageOptions.direct_reads``: an O_DIRECT read is only what it asks for, so
+    several threads per file keep the device's queue full)."""
+    if not storage.capabilities.shared_page_cache:
+        return False
+    layer: object = storage
+    while layer is not None:  # a backend inside its wrappers (``RetryingStorage.inner``)
+        if getattr(layer, "direct_reads", False):
+            return False
+        layer = getattr(layer, "inner", None)
+    return True
 
 
 def _run_jobs(
@@ -336,6 +383,7 @@ def _run_jobs(
     verify: bool,
     rank: int,
     copied: Copied,
+    clock: ReadClock | None = None,
 ) -> list[RunJob]:
     """A ``RunJob`` per run: read through the shared page cache when one of its needs is, its
     checksum units, its needs."""
@@ -347,34 +395,10 @@ def _run_jobs(
         holders = functools.partial(_holders, md, run.file_index)
         needs = [wanted[t] for t in run.tags]
         name = md.files[run.file_index]
-        jobs.append(RunJob(run, name, needs, units, read, verify, storage.url, rank, holders, copied=copied))
+        jobs.append(
+            RunJob(run, name, needs, units, read, verify, storage.url, rank, holders, copied=copied, clock=clock)
+        )
     return jobs
-
-
-def _read_pieces(jobs: list[RunJob], threads: int, spans: dict[str, list[float]]) -> None:
-    """The pieces of every run, read by one pool of ``threads`` readers; each piece's time and
-    bytes added to its file's entry of ``spans``. After a failure the pieces not started yet
-    are dropped and the first failure is raised."""
-    lock = threading.Lock()
-
-    def piece(job: RunJob, p: int, n: int) -> None:
-        t0 = time.perf_counter()
-        job.read_piece(p)
-        t1 = time.perf_counter()
-        with lock:
-            span = spans.setdefault(job.name, [t0, t1, 0])
-            span[0], span[1], span[2] = min(span[0], t0), max(span[1], t1), span[2] + n
-
-    pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="unickpt-read")
-    try:
-        futures = []
-        for job in jobs:
-            job.start()
-            futures += [pool.submit(piece, job, p, hi - lo) for p, (lo, hi) in enumerate(job.pieces())]
-        for f in futures:
-            f.result()
-    finally:  # after a failure: drop the pieces not started yet
-        pool.shutdown(wait=True, cancel_futures=True)
 
 
 _GROUP_BYTES = 1 << 20  # small needs are grouped up to this many bytes

@@ -9,7 +9,9 @@ the read assignment (``_assign``: the needs exchanged at the coordinator,
 ``planning.load.runs.place_need``) -> forwarding set up (``engine.load.forwarding.Transfer``:
 receives posted) -> every need read (``engine.load.reader.read_needs``), each forwarded batch sent
 the moment its last shard is verified -> every transfer completed -> all ranks agree the reads
-succeeded -> received batches copied into place (``_place_received``) -> monitoring events.
+succeeded -> received batches copied into place (``_place_received``) -> monitoring events
+(``load.exchange``, ``load.read.file`` per file, ``load.read.io`` and ``load.checksum``: the
+readers' thread-seconds in read calls and in checksums, ``load.transfer``, ``load.copy``).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from ...storage.base import Storage
 from ..bytes_view import box_view, sub_box, tensor_bytes
 from .exchange import exchange_needs
 from .forwarding import Transfer
-from .reader import Need, read_needs
+from .reader import Need, ReadClock, read_needs
 
 __all__ = ["read_stage"]
 
@@ -63,7 +65,11 @@ def read_stage(
     docstring for the order)."""
     me = coord.rank
     mine = {(r.fqn, r.shard_index): r for r in reads}
+    t_exchange = time.perf_counter()
     part = _assign(md, storage, coord, mine, verify, dedup)
+    if coord.world_size > 1:
+        events.emit("load.exchange", me, t_exchange, path=storage.url)
+    clock = ReadClock()  # thread-seconds in read calls and in checksums (monitoring)
     batches = list(part.batches or ())  # the coordinator's: shards others need too
     copies = _CopyClock()  # copies into place run on the reader threads, overlapping reads
     spans: dict[str, list[float]] = {}  # file -> [first piece start, last piece end, bytes]
@@ -73,7 +79,7 @@ def read_stage(
     total = 0
     try:
         wanted, cached = _needs(md, items, mine, part, me, transfer, copies)
-        total = read_needs(md, storage, wanted, cached, threads, verify, me, spans, copies.add)
+        total = read_needs(md, storage, wanted, cached, threads, verify, me, spans, copies.add, clock)
     except Exception as e:  # agreed on below, after every transfer has completed
         error = e
     if transfer is not None:
@@ -81,6 +87,12 @@ def read_stage(
     total = run_stage(coord, "load (read)", lambda: _raise_or(error, total))
     for name, (t0, t1, nbytes) in sorted(spans.items()):  # per-file read throughput (monitoring)
         events.emit("load.read.file", me, t0, path=name, nbytes=int(nbytes), end=t1)
+    if clock.io_bytes:  # thread-seconds in read calls / checksums, overlapping each other
+        detail = f"{clock.io:.6f} thread-seconds in read calls"
+        events.emit("load.read.io", me, clock.first, end=clock.last, nbytes=clock.io_bytes, detail=detail)
+    if clock.checksum_bytes:
+        detail = f"{clock.checksum:.6f} thread-seconds verifying checksums, overlapped with the reads"
+        events.emit("load.checksum", me, clock.first, end=clock.last, nbytes=clock.checksum_bytes, detail=detail)
     if transfer is not None:
         t_apply = time.perf_counter()
         received = _place_received(md, items, mine, transfer, copies)
