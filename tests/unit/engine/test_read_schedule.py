@@ -19,7 +19,7 @@ import torch
 import unickpt
 from unickpt.engine.load.schedule import read_pieces
 from unickpt.errors import ChecksumMismatchError, IntegrityError
-from unickpt.options import LoadOptions
+from unickpt.options import LoadOptions, ReadOptions
 
 
 class _Job:
@@ -167,7 +167,7 @@ def test_cold_load_lands_bit_exact_in_place_and_records_its_phases(tmp_path: Pat
     bus = unickpt.default_checkpointer().events
     bus.add_listener(events.append)
     try:
-        unickpt.load(str(tmp_path / "ck"), live, framework="torch", options=LoadOptions(io_threads=3))
+        unickpt.load(str(tmp_path / "ck"), live, framework="torch", options=LoadOptions(io=ReadOptions(threads=3)))
     finally:
         bus.remove_listener(events.append)
     assert _same(_tensors(live), want)
