@@ -11,13 +11,13 @@ template differ only by their rank: an FSDP job of 4,096 ranks is one template. 
 templates:
 1. split tensors: every template holds exactly one rule row of the tensor along the same
    dimension (or, for templates whose ranks all fall past the last non-empty chunk, none);
-   they are written by their ranks and laid out as ``regular`` lays them out;
+   they are written by their ranks and laid out as ``split`` lays them out;
 2. the other (explicit) boxes are deduplicated across templates; a box's holders are the ranks
    of the templates holding it; each is written by its only holder, the replica source a holder
    names, else worst-fit (largest first to the holder with the fewest bytes, split chunks
    counted), exactly as the column planner decides;
 3. byte layout: each rank's chunks first (``SplitLayout``'s offsets), then its explicit boxes
-   and blobs, largest first to the lightest file, as ``regular.regularize`` places them.
+   and blobs, largest first to the lightest file, as ``split.lay_out_rank`` places them.
 The result is a ``GlobalSavePlan`` whose ``rank_plans`` is a ``RegularRankPlans``: a rank's
 entries are computed when asked (``plan_stage`` encodes each rank's part from its columns,
 ``rank_rows``), never held for every rank. Anything else (ranks disagreeing, a box held twice by
@@ -338,7 +338,7 @@ def _plan(
     for j, rows_of in enumerate(split_rows):
         for ti, i in rows_of.items():
             item[ti, j] = i
-    # parts: largest chunk 0 first to the part with the fewest bytes (regular._parts)
+    # parts: largest chunk 0 first to the part with the fewest bytes (split.split_parts)
     part = np.array(largest_first((chunk * row_bytes).tolist(), parts), dtype=np.int64)
     members = {k: np.flatnonzero(part == k) for k in range(parts)}
     split = _Split(split_fqns, dims, extent, chunk, row_bytes, part, item, members)
@@ -377,7 +377,7 @@ def _plan(
         placed[rank] = sorted(out, key=lambda e: e[0])  # by part, each part's in placement order
     used = sorted(set(part.tolist()))
     if not uses[:, used].all():
-        raise NotRegular("a rank without a file of a layout part")  # regularize's fallback decides
+        raise NotRegular("a rank without a file of a layout part")  # the column planner's retry decides
     rank_parts = [tuple(np.flatnonzero(u).tolist()) for u in uses]
     files = tuple(file_name(r, k) for r in range(world) for k in rank_parts[r])
     index = {f: i for i, f in enumerate(files)}
