@@ -26,7 +26,7 @@ import numpy as np
 
 from .layout import largest_first, padded, place
 
-__all__ = ["RankWithoutFile", "split_dims", "full_chunks", "split_parts", "lay_out_rank"]
+__all__ = ["RankWithoutFile", "split_dims", "full_chunks", "split_parts", "lay_out_rank", "place_others"]
 
 
 class RankWithoutFile(Exception):
@@ -114,8 +114,23 @@ def lay_out_rank(
         ends[k] += padded(size)
         loads[k] += size
     size_of = sizes.tolist()
-    rest = sorted(np.flatnonzero(part_of < 0).tolist(), key=lambda i: (-size_of[i], *rest_key[i]))
-    for i, (j, (k, off)) in enumerate(zip(rest, place([size_of[j] for j in rest], loads, ends))):
+    rest = np.flatnonzero(part_of < 0).tolist()
+    spots = place_others([size_of[j] for j in rest], [rest_key[j] for j in rest], loads, ends)
+    for i, (r, k, off) in enumerate(spots):
+        j = rest[r]
         part[j], offset[j], seq[j] = k, off, len(at) + i
     order = np.lexsort((seq, part))
     return order, part[order], offset[order]
+
+
+def place_others(
+    sizes: list[int], ties: list[tuple[bool, int, str]], loads: list[int], ends: list[int]
+) -> list[tuple[int, int, int]]:
+    """A rank's entries outside the split tensors, after its split chunks (``loads``: the bytes
+    each part holds; ``ends``: where each part's next entry starts): largest first, equal sizes
+    by ``ties`` (is a blob, item index or 0, blob key), each to the part with the fewest bytes.
+    Returns (index into ``sizes``, part, byte offset) in placement order. ``lay_out_rank`` and
+    ``templates`` place them with this one rule."""
+    order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], *ties[i]))
+    spots = place([sizes[i] for i in order], loads, ends)
+    return [(i, k, off) for i, (k, off) in zip(order, spots)]

@@ -38,8 +38,9 @@ from ...errors import CorruptMetadataError
 from ...format.dtypes import itemsize
 from ...format.validation import box_coverage_problem
 from ..specs import BlobSpec, Shape
-from .layout import largest_first, padded, place
+from .layout import padded
 from .model import GlobalSavePlan, LocalSavePlan, RankSavePlan, WriteEntry, file_name
+from .split import place_others, split_parts
 from .table import ShardTable
 from .writers import lightest_rank, named_source
 
@@ -339,7 +340,8 @@ def _plan(
         for ti, i in rows_of.items():
             item[ti, j] = i
     # parts: largest chunk 0 first to the part with the fewest bytes (split.split_parts)
-    part = np.array(largest_first((chunk * row_bytes).tolist(), parts), dtype=np.int64)
+    by_part = split_parts(list(range(len(split_fqns))), (chunk * row_bytes).tolist(), parts)
+    part = np.array(list(by_part.values()), dtype=np.int64)
     members = {k: np.flatnonzero(part == k) for k in range(parts)}
     split = _Split(split_fqns, dims, extent, chunk, row_bytes, part, item, members)
 
@@ -360,20 +362,24 @@ def _plan(
     writers = _choose(templates, template_of, explicit, tensors, sizes, loads_by_part.sum(axis=1))
 
     # 3. each rank's explicit entries and blobs, largest first to the lightest part
-    work: dict[int, list[tuple[int, int, int, str]]] = {}  # rank -> [(nbytes, kind, item, key)]
+    work: dict[int, list[tuple[int, bool, int, str]]] = {}  # rank -> [(nbytes, is a blob, item, key)]
     for fqn, _, lens, rank, idx in writers:
-        work.setdefault(rank, []).append((math.prod(lens) * sizes[fqn], 0, idx, ""))
+        work.setdefault(rank, []).append((math.prod(lens) * sizes[fqn], False, idx, ""))
     for rank, own in enumerate(blobs):
         for b in own:
             if not 0 <= b.nbytes <= _MAX_BLOB:
                 raise NotRegular(f"blob {b.key!r}: absurd size")  # the column planner refuses it
-            work.setdefault(rank, []).append((b.nbytes, 1, 0, b.key))
+            work.setdefault(rank, []).append((b.nbytes, True, 0, b.key))
     placed: dict[int, list[tuple[int, int, int, int, str]]] = {}
     for rank, items in work.items():
-        items.sort(key=lambda w: (-w[0], w[1], w[2], w[3]))
-        spots = place([w[0] for w in items], loads_by_part[rank].tolist(), ends_by_part[rank].tolist())
-        out = [(k, off, nbytes, -1 if key else idx, key) for (nbytes, _, idx, key), (k, off) in zip(items, spots)]
-        uses[rank, [k for k, _ in spots]] = True
+        spots = place_others(
+            [w[0] for w in items],
+            [w[1:] for w in items],
+            loads_by_part[rank].tolist(),
+            ends_by_part[rank].tolist(),
+        )
+        out = [(k, off, items[i][0], -1 if items[i][3] else items[i][2], items[i][3]) for i, k, off in spots]
+        uses[rank, [k for _, k, _ in spots]] = True
         placed[rank] = sorted(out, key=lambda e: e[0])  # by part, each part's in placement order
     used = sorted(set(part.tolist()))
     if not uses[:, used].all():
