@@ -2,17 +2,20 @@
 instead of one Python record per shard and rank.
 
 ``plan.plan_save`` calls it on the coordinator for every job the templates do not fit. Steps:
-tensors checked across ranks (``_Rows.disagreements``: a refusal names every rank that disagrees),
-boxes deduplicated by one lexsort, each written by its only holder, the replica source a holder
-names, else worst-fit in one ordered pass (``_choose_writers``; a rank holding one box twice is
-one holder of it); the written boxes tile their tensors (``_tiling_problems``: one-dimension
-splits on columns, anything else by ``format.validation.box_coverage_problem``); each rank's
-items spread over its files lightest-first (``layout_columns``: equal-size runs without a loop);
-the byte layout self-checked (``format.validation.overlap_problems``: a failure is a bug,
-``InternalError``). Every refusal raises (``PlanningError``; an unknown dtype
-``CorruptMetadataError``); sizes near int64's limits (a tensor of 2^55 elements, a job of 2^61
-bytes, a blob of 2^56 bytes: no machine holds them) are refused, never planned with wrapped
-integers. Records are built once at the end, sharing one tuple per distinct box (``_tuples``).
+tensors checked across ranks (``_Rows.disagreements``: a refusal names every rank that
+disagrees), boxes deduplicated by one lexsort, each written by its only holder, the replica
+source a holder names, else worst-fit in one ordered pass (``_choose_writers``; a rank holding
+one box twice is one holder of it); the written boxes tile their tensors (``_tiling_problems``:
+one-dimension splits on columns, anything else by ``format.validation.box_coverage_problem``);
+tensors the ranks write as ``torch.chunk`` parts, rank r chunk r, laid out alike in every rank's
+files and recorded as layouts (``split``: ``split_dims``, then ``lay_out_rank`` per rank, with
+its retry with fewer split tensors, then none); without them each rank's items spread over its
+files lightest-first (``layout_columns``: equal-size runs without a loop); the byte layout
+self-checked (``format.validation.overlap_problems``: a failure is a bug, ``InternalError``).
+Every refusal raises (``PlanningError``; an unknown dtype ``CorruptMetadataError``); sizes near
+int64's limits (a tensor of 2^55 elements, a job of 2^61 bytes, a blob of 2^56 bytes: no machine
+holds them) are refused, never planned with wrapped integers. Records are built once at the end,
+sharing one tuple per distinct box (``_tuples``).
 Property-tested against the plain per-record planner, ``tests/support/save_oracle.py``:
 tests/unit/planning/test_save_planner.py and test_save_oracle.py.
 """

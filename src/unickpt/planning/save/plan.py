@@ -16,7 +16,7 @@ while the local plans do not change. Steps:
    passes here decodes;
 5. split tensors: tensors every rank holds one chunk of (FSDP over the whole job) are laid
    out alike in every rank's files and recorded as layouts, so the metadata describes each
-   once (decided with step 4, in one place per path: ``split`` on columns).
+   once (decided with step 4: ``split``'s rules, which both paths use).
 ``plan_save`` takes the ranks' ``ShardTable``s (the coordinator decodes them as the planner
 asks: ``wire.LocalPlans``) and runs these steps on templates of ranks (``templates``) or on
 columns (``columns``), with the rules of ``writers`` (step 2) and ``layout`` (step 4) written
