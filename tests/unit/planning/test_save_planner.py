@@ -1,7 +1,8 @@
 """The save planner's paths give the record planner's plan (``tests.support.save_oracle``, the
 reference), on random jobs (hypothesis):
-- columns (``columns.plan_tables``): the same global plan on every job (a rank holding one box
-  twice, grid tilings, blobs only), or exactly the oracle's error (disagreeing ranks, bad tilings);
+- columns (``columns.plan_tables``): the same global plan, split tensors laid out alike, on
+  every job (a rank holding one box twice, grid tilings, blobs only), or exactly the oracle's
+  error (disagreeing ranks, bad tilings);
 - templates (``templates.plan_regular``): on jobs mixing tensors every rank holds one
   ``torch.chunk`` of (with empty tails), replicated tensors and 0-d steps (some with a named
   replica source), rank-0-only tensors, per-rank blobs and per-rank spec orders, its plan equals
@@ -19,11 +20,11 @@ from hypothesis import strategies as st
 from tests.support.save_oracle import layout as _layout
 from tests.support.save_oracle import outcome as _outcome
 from tests.support.save_oracle import plan_records as _plan_records
+from tests.support.save_oracle import regularize
 from unickpt.errors import CheckpointError
 from unickpt.planning.save.columns import plan_tables as _plan_tables
 from unickpt.planning.save.model import GlobalSavePlan, LocalSavePlan, rank_plan_rows
 from unickpt.planning.save.plan import plan_save
-from unickpt.planning.save.regular import regularize
 from unickpt.planning.save.table import ShardTable
 from unickpt.planning.save.templates import NotRegular, RegularRankPlans, chunk_rule, plan_regular
 from unickpt.planning.save.wire import (
@@ -104,9 +105,8 @@ def column_jobs(draw, odd: bool = False) -> tuple[list[LocalSavePlan], int]:
 def test_common_jobs_are_planned_on_columns_as_on_records(job):
     plans, files = job
     tables = [decode_local_table(encode_local_plan(p)) for p in plans]  # as the coordinator gets them
-    fast = _plan_tables(tables, "20250101T000000-abc", files)
-    assert fast == _plan_records(plans, "20250101T000000-abc", files)
-    want = regularize(_plan_records(plans, "20250101T000000-abc", files), files)  # what plan_save adds
+    want = regularize(_plan_records(plans, "20250101T000000-abc", files), files)  # split tensors laid out alike
+    assert _plan_tables(tables, "20250101T000000-abc", files) == want
     assert plan_save(tables, "20250101T000000-abc", files) == want
 
 
@@ -115,9 +115,9 @@ def test_common_jobs_are_planned_on_columns_as_on_records(job):
 def test_any_job_is_planned_or_refused_as_on_records(job):
     plans, files = job
     want = _outcome(_plan_records, plans, "s", files)
-    assert _outcome(_plan_tables, [ShardTable.of(p) for p in plans], "s", files) == want  # plan or refusal
-    if not isinstance(want, tuple):  # plan_save lays split tensors out alike (planning.regular)
+    if not isinstance(want, tuple):  # split tensors laid out alike (planning.save.split)
         want = regularize(want, files)
+    assert _outcome(_plan_tables, [ShardTable.of(p) for p in plans], "s", files) == want  # plan or refusal
     assert _outcome(plan_save, plans, "s", files) == want
     assert _outcome(plan_save, [ShardTable.of(p) for p in plans], "s", files) == want
 

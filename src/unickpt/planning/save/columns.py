@@ -2,17 +2,20 @@
 instead of one Python record per shard and rank.
 
 ``plan.plan_save`` calls it on the coordinator for every job the templates do not fit. Steps:
-tensors checked across ranks (``_Rows.disagreements``: a refusal names every rank that disagrees),
-boxes deduplicated by one lexsort, each written by its only holder, the replica source a holder
-names, else worst-fit in one ordered pass (``_choose_writers``; a rank holding one box twice is
-one holder of it); the written boxes tile their tensors (``_tiling_problems``: one-dimension
-splits on columns, anything else by ``format.validation.box_coverage_problem``); each rank's
-items spread over its files lightest-first (``layout_columns``: equal-size runs without a loop);
-the byte layout self-checked (``format.validation.overlap_problems``: a failure is a bug,
-``InternalError``). Every refusal raises (``PlanningError``; an unknown dtype
-``CorruptMetadataError``); sizes near int64's limits (a tensor of 2^55 elements, a job of 2^61
-bytes, a blob of 2^56 bytes: no machine holds them) are refused, never planned with wrapped
-integers. Records are built once at the end, sharing one tuple per distinct box (``_tuples``).
+tensors checked across ranks (``_Rows.disagreements``: a refusal names every rank that
+disagrees), boxes deduplicated by one lexsort, each written by its only holder, the replica
+source a holder names, else worst-fit in one ordered pass (``_choose_writers``; a rank holding
+one box twice is one holder of it); the written boxes tile their tensors (``_tiling_problems``:
+one-dimension splits on columns, anything else by ``format.validation.box_coverage_problem``);
+tensors the ranks write as ``torch.chunk`` parts, rank r chunk r, laid out alike in every rank's
+files and recorded as layouts (``split``: ``split_dims``, then ``lay_out_rank`` per rank, with
+its retry with fewer split tensors, then none); without them each rank's items spread over its
+files lightest-first (``layout_columns``: equal-size runs without a loop); the byte layout
+self-checked (``format.validation.overlap_problems``: a failure is a bug, ``InternalError``).
+Every refusal raises (``PlanningError``; an unknown dtype ``CorruptMetadataError``); sizes near
+int64's limits (a tensor of 2^55 elements, a job of 2^61 bytes, a blob of 2^56 bytes: no machine
+holds them) are refused, never planned with wrapped integers. Records are built once at the end,
+sharing one tuple per distinct box (``_tuples``).
 Property-tested against the plain per-record planner, ``tests/support/save_oracle.py``:
 tests/unit/planning/test_save_planner.py and test_save_oracle.py.
 """
@@ -30,6 +33,7 @@ from ...format.validation import box_coverage_problem, overlap_problems
 from ..specs import Shape
 from .layout import layout_columns
 from .model import GlobalSavePlan, RankSavePlan, WriteEntry, file_name
+from .split import RankWithoutFile, full_chunks, lay_out_rank, split_dims, split_parts
 from .table import ShardTable
 from .writers import lightest_rank, named_source
 
@@ -55,18 +59,68 @@ def plan_tables(tables: list[ShardTable], save_id: str, files_per_rank: int) -> 
     if problems:
         raise PlanningError("the ranks' shards do not tile their tensors:\n  " + "\n  ".join(problems[:20]))
     chosen.sort()  # (rank, index) order: rows are concatenated rank by rank
+    world = len(tables)
+    dim, chunks = split_dims(
+        rows.name[chosen],
+        rows.rank[chosen],
+        rows.shape[chosen],
+        rows.offsets[chosen],
+        rows.lengths[chosen],
+        len(rows.names),
+        world,
+    )
+    laid = None
+    for attempt in (dim, full_chunks(dim, chunks, world)):
+        if (attempt >= 0).any():
+            try:
+                laid = _lay_out(tables, rows, chosen, save_id, files_per_rank, attempt)
+                dim = attempt
+                break
+            except RankWithoutFile:  # keep fewer tensors (then none) as split layouts
+                pass
+    if laid is None:
+        dim = np.full(len(rows.names), -1, dtype=np.int64)
+        laid = _lay_out(tables, rows, chosen, save_id, files_per_rank, dim)
+    rank_plans, all_files, layouts = laid
     names = rows.names
-    owners = rows.name[chosen].tolist()
+    listed = chosen[dim[rows.name[chosen]] < 0]  # the layouts describe the split tensors' boxes
+    owners = rows.name[listed].tolist()
+    offs = _tuples(rows.offsets[listed], rows.ndim[listed])
+    lens = _tuples(rows.lengths[listed], rows.ndim[listed])
+    ranks, items = rows.rank[listed].tolist(), rows.index[listed].tolist()
+    writers = tuple(zip([names[g] for g in owners], offs, lens, ranks, items))
+    return GlobalSavePlan(save_id, tuple(rank_plans), tuple(all_files), rows.tensors(), writers, layouts)
+
+
+def _lay_out(
+    tables: list[ShardTable], rows: _Rows, chosen: np.ndarray, save_id: str, files_per_rank: int, dim: np.ndarray
+) -> tuple[list[RankSavePlan], list[str], tuple[tuple[tuple[int, ...], tuple[tuple[str, int], ...]], ...]]:
+    """Every rank's entries (its chosen boxes in (rank, index) order, then its blobs) in its
+    files: with split tensors (``dim``: per tensor id, the dimension it is split along, or -1)
+    by ``split.lay_out_rank``, else ``layout_columns``; self-checked. Returns the rank plans,
+    the data files and the split layouts (per used part: each rank's file index of that part,
+    the part's (fqn, dim) in the tensor order). ``RankWithoutFile`` where a rank would lack a
+    file a layout names."""
+    world = len(tables)
+    names = rows.names
     items = rows.index[chosen].tolist()
-    offs = _tuples(rows.offsets[chosen], rows.ndim[chosen])
-    lens = _tuples(rows.lengths[chosen], rows.ndim[chosen])
-    writers = tuple(zip([names[g] for g in owners], offs, lens, rows.rank[chosen].tolist(), items))
     sizes = rows.nbytes[chosen]
+    firsts = np.unique(rows.first)
+    pos = np.zeros(len(names), dtype=np.int64)
+    pos[rows.name[firsts]] = np.arange(len(firsts))  # each tensor's place in the job's tensor order
+    split = [g for g in rows.name[firsts].tolist() if dim[g] >= 0]
+    part_by_name = np.full(len(names), -1, dtype=np.int64)
+    if split:
+        rank0 = chosen[(rows.rank[chosen] == 0) & (dim[rows.name[chosen]] >= 0)]
+        chunk0 = dict(zip(rows.name[rank0].tolist(), rows.nbytes[rank0].tolist()))
+        for g, k in split_parts(split, [chunk0[g] for g in split], files_per_rank).items():
+            part_by_name[g] = k
+    per_part = [[g for g in split if part_by_name[g] == k] for k in range(files_per_rank)]
     rank_plans: list[RankSavePlan] = []
     all_files: list[str] = []
     columns: list[tuple[np.ndarray, ...]] = []  # per entry: owner, file index, byte offset, byte length
     blob_owner = len(names)  # owner ids of blobs follow the tensors'
-    bounds = np.searchsorted(rows.rank[chosen], np.arange(len(tables) + 1))
+    bounds = np.searchsorted(rows.rank[chosen], np.arange(world + 1))
     for t in tables:
         lo, hi = int(bounds[t.rank]), int(bounds[t.rank + 1])
         work_sizes = np.concatenate([sizes[lo:hi], np.array([b.nbytes for b in t.blobs], dtype=np.int64)])
@@ -74,9 +128,18 @@ def plan_tables(tables: list[ShardTable], save_id: str, files_per_rank: int) -> 
         work_keys = [""] * (hi - lo) + [b.key for b in t.blobs]
         work_owners = np.concatenate([rows.name[chosen[lo:hi]], blob_owner + np.arange(len(t.blobs), dtype=np.int64)])
         blob_owner += len(t.blobs)
-        order, part, offset = layout_columns(work_sizes, files_per_rank)
+        if split:
+            tensor_ids = work_owners.copy()
+            tensor_ids[hi - lo :] = 0
+            part_of = np.where(np.arange(len(work_sizes)) < hi - lo, part_by_name[tensor_ids], -1)
+            rest_key = [(bool(k), 0 if k else i, k) for i, k in zip(work_items, work_keys)]
+            order, part, offset = lay_out_rank(work_sizes, part_of, pos[tensor_ids], rest_key, files_per_rank)
+        else:
+            order, part, offset = layout_columns(work_sizes, files_per_rank)
         order_of = order.tolist()
         used = np.unique(part).tolist()  # parts in order (a part that got no entry has no file)
+        if split and any(per_part[k] and k not in used for k in range(files_per_rank)):
+            raise RankWithoutFile
         files = [file_name(t.rank, p) for p in used]
         local = np.searchsorted(np.array(used, dtype=np.int64), part)
         entry_sizes = work_sizes[order]
@@ -95,7 +158,16 @@ def plan_tables(tables: list[ShardTable], save_id: str, files_per_rank: int) -> 
         all_files.extend(files)
     blobs = [b.key for t in tables for b in t.blobs]
     _check_columns(all_files, columns, [*names, *blobs])
-    return GlobalSavePlan(save_id, tuple(rank_plans), tuple(all_files), rows.tensors(), writers)
+    index = {f: i for i, f in enumerate(all_files)}
+    layouts = tuple(
+        (
+            tuple(index[file_name(r, k)] for r in range(world)),
+            tuple((names[g], int(dim[g])) for g in per_part[k]),
+        )
+        for k in range(files_per_rank)
+        if per_part[k]
+    )
+    return rank_plans, all_files, layouts
 
 
 _MAX_BLOB = 1 << 56

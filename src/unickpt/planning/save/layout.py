@@ -3,7 +3,7 @@
 Each rank's items go into its files (parts) by one rule: in the order given (largest first),
 each to the part holding the fewest bytes so far, the lowest part on a tie
 (``lightest_first``); every entry starts at a multiple of ``ENTRY_ALIGN`` bytes (``padded``).
-The planner's paths (``columns``, ``templates``, ``regular``) call these; ``layout_columns`` is
+The planner's paths (``columns`` with ``split``, ``templates``) call these; ``layout_columns`` is
 the same rule for one rank's items as numpy columns.
 """
 

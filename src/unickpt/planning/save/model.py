@@ -101,7 +101,7 @@ class GlobalSavePlan:
     tensors: dict[str, tuple[str, Shape]]  # fqn -> (dtype, global shape)
     # (fqn, offsets, lengths, rank, item_index): which rank writes each kept box outside the layouts
     writers: tuple[tuple[str, Shape, Shape, int, int], ...]
-    # regular layouts (planning.save.regular): per layout, the index in ``files`` of each part's
+    # split layouts (planning.save.split): per layout, the index in ``files`` of each part's
     # file (part r: rank r's) and its tensors in byte order with the dimension they are split along
     layouts: tuple[tuple[tuple[int, ...], tuple[tuple[str, int], ...]], ...] = ()
 

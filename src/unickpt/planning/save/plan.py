@@ -14,9 +14,9 @@ while the local plans do not change. Steps:
    entry starting at a multiple of ENTRY_ALIGN bytes; self-check that no two entries of a file
    overlap (``format.validation.overlap_problems``, again the decoder's check), so a plan that
    passes here decodes;
-5. ``regular.regularize``: tensors every rank holds one chunk of (FSDP over the whole
-   job) are laid out alike in every rank's files and recorded as layouts, so the metadata
-   describes each once.
+5. split tensors: tensors every rank holds one chunk of (FSDP over the whole job) are laid
+   out alike in every rank's files and recorded as layouts, so the metadata describes each
+   once (decided with step 4: ``split``'s rules, which both paths use).
 ``plan_save`` takes the ranks' ``ShardTable``s (the coordinator decodes them as the planner
 asks: ``wire.LocalPlans``) and runs these steps on templates of ranks (``templates``) or on
 columns (``columns``), with the rules of ``writers`` (step 2) and ``layout`` (step 4) written
@@ -31,7 +31,6 @@ from collections.abc import Sequence
 from ...errors import PlanningError
 from .columns import plan_tables
 from .model import GlobalSavePlan, LocalSavePlan
-from .regular import regularize
 from .table import ShardTable
 from .templates import NotRegular, plan_regular
 
@@ -45,7 +44,7 @@ def plan_save(
     ``wire.LocalPlans``, which decodes the gathered bytes when a table is asked for). Regular
     jobs are planned on templates of ranks (``templates.plan_regular``, which reads one rank's
     table at a time); every other job on columns (``columns.plan_tables``, which raises
-    ``PlanningError`` for a job that cannot be saved), then ``regular.regularize``."""
+    ``PlanningError`` for a job that cannot be saved, and lays out split tensors itself)."""
     world = len(local_plans)
     if files_per_rank < 1:
         raise PlanningError("files_per_rank must be >= 1")
@@ -56,4 +55,4 @@ def plan_save(
     tables = [p if isinstance(p, ShardTable) else ShardTable.of(p) for p in local_plans]
     if [t.rank for t in tables] != list(range(world)):
         raise PlanningError("local plans must come from ranks 0..world_size-1 in order")
-    return regularize(plan_tables(tables, save_id, files_per_rank), files_per_rank)
+    return plan_tables(tables, save_id, files_per_rank)

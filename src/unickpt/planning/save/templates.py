@@ -11,13 +11,13 @@ template differ only by their rank: an FSDP job of 4,096 ranks is one template. 
 templates:
 1. split tensors: every template holds exactly one rule row of the tensor along the same
    dimension (or, for templates whose ranks all fall past the last non-empty chunk, none);
-   they are written by their ranks and laid out as ``regular`` lays them out;
+   they are written by their ranks and laid out as ``split`` lays them out;
 2. the other (explicit) boxes are deduplicated across templates; a box's holders are the ranks
    of the templates holding it; each is written by its only holder, the replica source a holder
    names, else worst-fit (largest first to the holder with the fewest bytes, split chunks
    counted), exactly as the column planner decides;
 3. byte layout: each rank's chunks first (``SplitLayout``'s offsets), then its explicit boxes
-   and blobs, largest first to the lightest file, as ``regular.regularize`` places them.
+   and blobs, largest first to the lightest file, as ``split.lay_out_rank`` places them.
 The result is a ``GlobalSavePlan`` whose ``rank_plans`` is a ``RegularRankPlans``: a rank's
 entries are computed when asked (``plan_stage`` encodes each rank's part from its columns,
 ``rank_rows``), never held for every rank. Anything else (ranks disagreeing, a box held twice by
@@ -38,8 +38,9 @@ from ...errors import CorruptMetadataError
 from ...format.dtypes import itemsize
 from ...format.validation import box_coverage_problem
 from ..specs import BlobSpec, Shape
-from .layout import largest_first, padded, place
+from .layout import padded
 from .model import GlobalSavePlan, LocalSavePlan, RankSavePlan, WriteEntry, file_name
+from .split import place_others, split_parts
 from .table import ShardTable
 from .writers import lightest_rank, named_source
 
@@ -338,8 +339,9 @@ def _plan(
     for j, rows_of in enumerate(split_rows):
         for ti, i in rows_of.items():
             item[ti, j] = i
-    # parts: largest chunk 0 first to the part with the fewest bytes (regular._parts)
-    part = np.array(largest_first((chunk * row_bytes).tolist(), parts), dtype=np.int64)
+    # parts: largest chunk 0 first to the part with the fewest bytes (split.split_parts)
+    by_part = split_parts(list(range(len(split_fqns))), (chunk * row_bytes).tolist(), parts)
+    part = np.array(list(by_part.values()), dtype=np.int64)
     members = {k: np.flatnonzero(part == k) for k in range(parts)}
     split = _Split(split_fqns, dims, extent, chunk, row_bytes, part, item, members)
 
@@ -360,24 +362,28 @@ def _plan(
     writers = _choose(templates, template_of, explicit, tensors, sizes, loads_by_part.sum(axis=1))
 
     # 3. each rank's explicit entries and blobs, largest first to the lightest part
-    work: dict[int, list[tuple[int, int, int, str]]] = {}  # rank -> [(nbytes, kind, item, key)]
+    work: dict[int, list[tuple[int, bool, int, str]]] = {}  # rank -> [(nbytes, is a blob, item, key)]
     for fqn, _, lens, rank, idx in writers:
-        work.setdefault(rank, []).append((math.prod(lens) * sizes[fqn], 0, idx, ""))
+        work.setdefault(rank, []).append((math.prod(lens) * sizes[fqn], False, idx, ""))
     for rank, own in enumerate(blobs):
         for b in own:
             if not 0 <= b.nbytes <= _MAX_BLOB:
                 raise NotRegular(f"blob {b.key!r}: absurd size")  # the column planner refuses it
-            work.setdefault(rank, []).append((b.nbytes, 1, 0, b.key))
+            work.setdefault(rank, []).append((b.nbytes, True, 0, b.key))
     placed: dict[int, list[tuple[int, int, int, int, str]]] = {}
     for rank, items in work.items():
-        items.sort(key=lambda w: (-w[0], w[1], w[2], w[3]))
-        spots = place([w[0] for w in items], loads_by_part[rank].tolist(), ends_by_part[rank].tolist())
-        out = [(k, off, nbytes, -1 if key else idx, key) for (nbytes, _, idx, key), (k, off) in zip(items, spots)]
-        uses[rank, [k for k, _ in spots]] = True
+        spots = place_others(
+            [w[0] for w in items],
+            [w[1:] for w in items],
+            loads_by_part[rank].tolist(),
+            ends_by_part[rank].tolist(),
+        )
+        out = [(k, off, items[i][0], -1 if items[i][3] else items[i][2], items[i][3]) for i, k, off in spots]
+        uses[rank, [k for _, k, _ in spots]] = True
         placed[rank] = sorted(out, key=lambda e: e[0])  # by part, each part's in placement order
     used = sorted(set(part.tolist()))
     if not uses[:, used].all():
-        raise NotRegular("a rank without a file of a layout part")  # regularize's fallback decides
+        raise NotRegular("a rank without a file of a layout part")  # the column planner's retry decides
     rank_parts = [tuple(np.flatnonzero(u).tolist()) for u in uses]
     files = tuple(file_name(r, k) for r in range(world) for k in rank_parts[r])
     index = {f: i for i, f in enumerate(files)}
