@@ -31,15 +31,77 @@ from typing import Any
 
 import numpy as np
 
+# What the oracle takes from unickpt: the plan's record types and errors (so plans and refusals
+# compare equal), the dtype size table, and the wording of the two refusals it words the same
+# way (format.validation). Every planning rule (writer choice, replicas, layout, alignment,
+# torch.chunk rows, the split layouts) is stated below on its own.
 from unickpt.errors import CheckpointError, PlanningError
 from unickpt.format.dtypes import itemsize
-from unickpt.format.layouts import chunk_rows
 from unickpt.format.validation import box_coverage_problem, overlap_problems
-from unickpt.planning.boxes import numel
-from unickpt.planning.save.layout import largest_first, padded, place
 from unickpt.planning.save.model import GlobalSavePlan, LocalSavePlan, RankSavePlan, WriteEntry, file_name
-from unickpt.planning.save.writers import lightest_rank, named_source
 from unickpt.planning.specs import Shape
+
+ALIGN = 64  # every entry of a data file starts at a multiple of 64 bytes
+
+
+def numel(shape) -> int:
+    return math.prod(shape)
+
+
+def padded(nbytes):
+    """``nbytes`` rounded up to the next multiple of ``ALIGN``."""
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+def chunk_rows(n: int, parts: int, p: int) -> tuple[int, int]:
+    """(first row, rows) of ``torch.chunk``'s part ``p`` of ``n`` rows into ``parts`` (chunks of
+    ceil(n / parts) rows; the last ones short or empty)."""
+    c = -(-n // parts) if parts else 0
+    lo = min(n, p * c)
+    return lo, min(n, lo + c) - lo
+
+
+def lightest_rank(ranks, load) -> int:
+    """The rank among ``ranks`` with the fewest bytes so far, the lowest on a tie."""
+    return min(ranks, key=lambda r: (load[r], r))
+
+
+def named_source(sources, holds) -> int | None:
+    """The lowest named source (-1: none) that holds the box, or None to balance."""
+    named = sorted(set(sources) - {-1})
+    return next((s for s in named if holds(s)), None)
+
+
+def _lightest_parts(sizes: list[int], loads: list[int]) -> list[int]:
+    """Each item, in this order, to the part with the fewest bytes so far (lowest on a tie)."""
+    loads = list(loads)
+    out = []
+    for size in sizes:
+        k = min(range(len(loads)), key=lambda j: (loads[j], j))
+        loads[k] += size
+        out.append(k)
+    return out
+
+
+def largest_first(sizes: list[int], parts: int) -> list[int]:
+    """The part of each item when items go largest first (ties in their order) to the lightest."""
+    order = sorted(range(len(sizes)), key=lambda i: -sizes[i])
+    out = [0] * len(sizes)
+    for i, k in zip(order, _lightest_parts([sizes[i] for i in order], [0] * parts)):
+        out[i] = k
+    return out
+
+
+def place(sizes: list[int], loads: list[int], ends: list[int]) -> list[tuple[int, int]]:
+    """(part, byte offset) of each item in this order: to the lightest part from ``loads``, at
+    that part's next aligned end."""
+    ends = list(ends)
+    out = []
+    for size, k in zip(sizes, _lightest_parts(sizes, loads)):
+        out.append((k, ends[k]))
+        ends[k] += padded(size)
+    return out
+
 
 __all__ = [
     "plan_records",
