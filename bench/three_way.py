@@ -19,9 +19,10 @@ in ``tcp_config``), with torchtitan's payload (model state dict, flat optimizer 
 Measured, per library, in fresh rank processes per library and per round, rounds interleaved
 (unickpt, [unickpt@baseline], DCP, torch-checkpointing, raw, unickpt, ...):
 
-* first save (a fresh process: plans, caches, helper processes) and blocking save (the second);
-* async save: the call, "training held up" (call + the next training step - a normal step) and
-  the time until it is written (durable for unickpt, DCP and raw; torch-checkpointing never
+* first save (an async save in a fresh process, call to written: plans, staging buffers, helper
+  processes) and blocking save (the second save);
+* async save (the third): the call, "training held up" (call + the next training step - a normal
+  step) and the time until it is written (durable for unickpt and DCP; torch-checkpointing never
   fsyncs);
 * cold load, same layout (the async checkpoint: its snapshot is checked too); resharding load
   2 -> 1 (one process, the blocking checkpoint); 20,000 small tensors save and cold load;
@@ -117,13 +118,14 @@ def run_session(lib: str, session: str, ws: int, cfg: dict, work: str, args: arg
     ]
     deadline = time.monotonic() + args.timeout
     failed = ""
-    while any(p.poll() is None for p in procs):
-        if any(p.returncode not in (None, 0) for p in procs) or time.monotonic() > deadline:
-            failed = "a rank failed" if time.monotonic() <= deadline else f"timeout {args.timeout} s"
-            break
-        time.sleep(0.05)
-    if failed:
-        time.sleep(2)  # let the others write their own error reports first
+    try:
+        while any(p.poll() is None for p in procs):
+            if any(p.returncode not in (None, 0) for p in procs) or time.monotonic() > deadline:
+                failed = "a rank failed" if time.monotonic() <= deadline else f"timeout {args.timeout} s"
+                time.sleep(2)  # let the others write their own error reports first
+                break
+            time.sleep(0.05)
+    finally:  # a failed session, or this run interrupted: no rank (nor its helper processes) outlives it
         for p in procs:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
@@ -253,7 +255,11 @@ def report(out: dict, args: argparse.Namespace) -> str:
     libs, res = out["libs"], out["results"]
     header = ["seconds, median [min-max]"] + [NAMES[lib] for lib in libs]
     rows = [[label] + [cell(res, lib, op) for lib in libs] for label, op in ROWS]
-    text = [table(f"times ({args.rounds} rounds; small tensors: {args.small_rounds})", header, rows)]
+    done = [len(res[lib]["times"].get(op, [])) for lib in libs for op in ("load", "small load")]
+    rounds = f"{max(done[0::2], default=0)} rounds; small tensors: {max(done[1::2], default=0)}"
+    if not out.get("complete", True):
+        rounds += f"; STOPPED EARLY (of {args.rounds})"
+    text = [table(f"times ({rounds})", header, rows)]
     others = [lib for lib in libs if lib != "unickpt"]
     rows = []
     for label, op in ROWS:
@@ -347,6 +353,7 @@ def main() -> None:
     if args.baseline:
         head.append(f"unickpt@baseline: {args.baseline}")
     t0 = time.monotonic()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # kill: the sessions' clean-up still runs
 
     def dump(out: dict, complete: bool = False) -> None:
         if args.json:
