@@ -179,7 +179,10 @@ class PeakMem:
                 total += c.memory_info().rss
             except Exception:
                 pass
-        return self._me.memory_info().rss, total
+        try:
+            return self._me.memory_info().rss, total
+        except OSError:  # e.g. no descriptor left for /proc: this sample is skipped
+            return 0, total
 
     def _run(self) -> None:
         kids: list[Any] = []
@@ -276,6 +279,7 @@ class Lib:
 
     def __init__(self, model: Any, optim: Any, cfg: dict) -> None:
         self.model, self.optim, self.cfg = model, optim, cfg
+        self.notes: list[str] = []  # what this run of the library did differently, for the report
 
     def start(self, path: str) -> Any:
         raise NotImplementedError
@@ -338,7 +342,17 @@ class DCP(Lib):
 class TorchCheckpointing(Lib):
     def __init__(self, model: Any, optim: Any, cfg: dict) -> None:
         super().__init__(model, optim, cfg)
+        import resource
+
+        import torch.multiprocessing as torch_mp
+
         _tcp_cpu_gather()
+        tensors = len(local_tensors(model, optim))
+        if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < 2 * tensors + 1024:
+            # its shared-memory staging holds a descriptor per tensor: past the open-file limit,
+            # torch's own answer (shm files by name instead of descriptors)
+            torch_mp.set_sharing_strategy("file_system")
+            self.notes.append(f"torch-checkpointing, {tensors} tensors: torch sharing strategy file_system")
         self.mgr = tcp_config(cfg["tcp_port"]).build()
         proc = getattr(getattr(self.mgr, "_saver", None), "_checkpoint_process", None)
         if proc is not None:  # its writer process is started with the manager, at trainer start-up
@@ -500,6 +514,7 @@ def session_big(rank: int, cfg: dict) -> dict:
     out["cache"] = _cold([load_from], rank)
     out["times"]["load"] = mem.region("load", lambda: _timed(lambda: lib.load(load_from)))
     out["check"] = {"load": mismatches(digests(model, optim), want)[:5]}
+    out["notes"] = lib.notes
     lib.close()
     mem.close()
     barrier()
@@ -511,6 +526,7 @@ def session_big(rank: int, cfg: dict) -> dict:
         small = session_small(rank, {**cfg, "tcp_port": cfg["tcp_port2"]})
         for k in ("times", "mem", "check"):
             out[k].update(small[k])
+        out["notes"] += small["notes"]
     return out
 
 
@@ -550,6 +566,7 @@ def session_small(rank: int, cfg: dict) -> dict:
     out["cache"] = _cold([path], rank)
     out["times"]["small load"] = mem.region("small load", lambda: _timed(lambda: lib.load(path)))
     out["check"] = {"small load": mismatches(digests(model, optim), want)[:5]}
+    out["notes"] = lib.notes
     lib.close()
     mem.close()
     barrier()
@@ -571,6 +588,17 @@ def main() -> None:
         LOCAL_WORLD_SIZE=str(ws),
     )
     report = f"{cfg['out']}.r{rank}.json"
+    import resource
+
+    # torch-checkpointing's shared-memory staging holds a descriptor per tensor (26,800 in the
+    # small case): every library's ranks get a limit above that, as root may set it
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    for limit in (1 << 20, hard):
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, max(limit, hard)))
+            break
+        except (OSError, ValueError):
+            continue
     try:
         import warnings
 

@@ -166,6 +166,8 @@ def run(args: argparse.Namespace, dump: Any) -> dict:
     stopped half way still leaves what it measured)."""
     libs = ["unickpt"] + (["unickpt@baseline"] if args.baseline else []) + ["dcp"]
     libs += (["tcp"] if have_tcp() and not args.no_tcp else []) + ["raw"]
+    if args.libs:
+        libs = [lib for lib in libs if lib in args.libs.split(",")]
     nbytes = args.layers * (args.dim * args.dim + args.dim) * 12
     work = make_tmp(args.dir, 3 * nbytes + 3 * args.params * args.rows * 50 * 12)
     res: dict[str, Any] = {lib: {"times": {}, "mem": {}, "failed": {}} for lib in libs}
@@ -186,6 +188,7 @@ def run(args: argparse.Namespace, dump: Any) -> dict:
             res[lib]["times"].setdefault(op, []).append(seconds)
         for rep in reps:
             cache_how.add(rep.get("cache", "") or "")
+            notes.extend(n for n in rep.get("notes", []) if n not in notes)
             for op, bad in rep["check"].items():
                 if bad:
                     res[lib]["failed"].setdefault(op, []).append(f"not bit-exact: {bad}")
@@ -317,6 +320,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3, help="normal training steps timed before the saves")
     ap.add_argument("--baseline-src", default=None, help="another unickpt source tree: column unickpt@baseline")
     ap.add_argument("--no-tcp", action="store_true", help="leave torch-checkpointing out")
+    ap.add_argument("--libs", default=None, help="only these columns, e.g. unickpt,tcp (names as in --json)")
     ap.add_argument("--no-small", action="store_true")
     ap.add_argument("--no-reshard", action="store_true")
     ap.add_argument("--quick", action="store_true", help="smoke run: tiny sizes, 1 round, --merge-small")
