@@ -58,7 +58,7 @@ bench: setup
 bench-deps: setup-demo
 	$(BIN)/python -m pip install -q -e '.[bench]'
 
-# unickpt vs DCP vs torch-checkpointing vs raw bytes (~10 min on 2 cores; --quick: a smoke run)
+# unickpt vs DCP vs torch-checkpointing vs raw bytes (est. ~10 min on a quiet 2-core VM; --quick: a smoke run)
 bench-three-way: bench-deps
 	mkdir -p bench_out
 	PYTHONPATH=src $(BIN)/python bench/three_way.py --json bench_out/three_way.json
