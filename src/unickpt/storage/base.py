@@ -116,6 +116,10 @@ class StorageCapabilities:
     # local/NFS files): ranks of one host read shared bytes themselves (``read_into_cached``)
     # instead of forwarding them over the process group.
     shared_page_cache: bool
+    # The kernel reads ahead of one reader going through a file front to back (local files read
+    # through the page cache, not with O_DIRECT): the load engine then gives each file one reader
+    # (``engine.load.schedule``) instead of spreading one file's pieces over its threads.
+    reads_ahead: bool = False
 
     def __post_init__(self) -> None:
         if self.rename_replaces and not self.atomic_rename:

@@ -38,6 +38,7 @@ that never recreates a file that is gone).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import errno
 import fcntl
 import os
@@ -244,6 +245,7 @@ CAPABILITIES = StorageCapabilities(
     conditional_create=True,
     needs_sync=True,
     shared_page_cache=True,
+    reads_ahead=True,
 )
 
 
@@ -260,6 +262,8 @@ class LocalStorage:
         self.url = self.root
         self.direct_io = options.resolved_direct_writes()  # O_DIRECT writes of files >= 1 MiB
         self.direct_reads = options.resolved_direct_reads()  # O_DIRECT reads of ranges >= 1 MiB
+        if self.direct_reads:  # an O_DIRECT read is only what it asks for: no read-ahead
+            self.capabilities = dataclasses.replace(type(self).capabilities, reads_ahead=False)
 
     def __repr__(self) -> str:
         return f"LocalStorage({self.root!r})"

@@ -204,11 +204,13 @@ def test_a_flipped_byte_fails_the_cold_load(tmp_path: Path, staged: bool) -> Non
 def test_one_reader_per_file_only_where_the_kernel_reads_ahead(tmp_path: Path) -> None:
     """Local files through the page cache: streams; O_DIRECT reads (no readahead) and storage
     without a page cache (every read a round trip): one pool over all pieces."""
-    from unickpt.engine.load.reader import _reads_ahead
     from unickpt.storage import open_storage
     from unickpt.storage.memory import MemoryStorage, MemoryStore
     from unickpt.storage.options import StorageOptions
 
-    assert _reads_ahead(open_storage(str(tmp_path), StorageOptions(direct_reads=False)))
-    assert not _reads_ahead(open_storage(str(tmp_path), StorageOptions(direct_reads=True)))
-    assert not _reads_ahead(MemoryStorage("x", store=MemoryStore()))
+    def reads_ahead(storage) -> bool:
+        return storage.capabilities.reads_ahead
+
+    assert reads_ahead(open_storage(str(tmp_path), StorageOptions(direct_reads=False)))
+    assert not reads_ahead(open_storage(str(tmp_path), StorageOptions(direct_reads=True)))
+    assert not reads_ahead(MemoryStorage("x", store=MemoryStore()))

@@ -356,22 +356,8 @@ def read_needs(
     runs = plan_runs(tagged, extent_of(md, verify))
     _check_files(md, storage, runs, names, rank)
     jobs = _run_jobs(md, storage, runs, wanted, cached, verify, rank, copied, clock)
-    read_pieces(jobs, threads, spans, streams=_reads_ahead(storage))
+    read_pieces(jobs, threads, spans, streams=storage.capabilities.reads_ahead)
     return sum(job.nbytes for job in jobs)
-
-
-def _reads_ahead(storage: Storage) -> bool:
-    """Whether the kernel reads ahead of each file's reader: local files read through the page
-    cache (not ``StorageOptions.direct_reads``: an O_DIRECT read is only what it asks for, so
-    several threads per file keep the device's queue full)."""
-    if not storage.capabilities.shared_page_cache:
-        return False
-    layer: object = storage
-    while layer is not None:  # a backend inside its wrappers (``RetryingStorage.inner``)
-        if getattr(layer, "direct_reads", False):
-            return False
-        layer = getattr(layer, "inner", None)
-    return True
 
 
 def _run_jobs(
