@@ -6,6 +6,8 @@ benchmarks): N gloo ranks in fresh processes, results in the safe value encoding
 * ``launch_ranks(fn, ws, *args, victim=r)``: a rank that is expected to die (fault injection);
   survivors get ``grace`` seconds, then SIGKILL; one ``RankOutcome`` per rank.
 * ``run_jobs([(fn, args), ...])``: independent one-process jobs at the same time.
+* ``run_save_load_matrix(save_many, load_many, cases, root)``: a resharding matrix (checkpoints
+  saved at some world sizes, loaded at others) in the fewest spawns.
 
 Tests use one torch thread per process (2 cores shared by several ranks). Their ranks never see
 a GPU (``CUDA_VISIBLE_DEVICES`` empty in the children): they are gloo CPU tests, and on a machine
@@ -25,7 +27,7 @@ from unickpt.testing.launch import launch_ranks as _launch_ranks
 from unickpt.testing.launch import run_jobs as _run_jobs
 from unickpt.testing.launch import run_ranks as _run_ranks
 
-__all__ = ["free_port", "run_ranks", "launch_ranks", "run_jobs", "RankOutcome"]
+__all__ = ["free_port", "run_ranks", "launch_ranks", "run_jobs", "RankOutcome", "run_save_load_matrix"]
 
 
 @contextmanager
@@ -67,3 +69,62 @@ def launch_ranks(
 def run_jobs(jobs: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]], timeout: float = 180.0) -> list[RankOutcome]:
     with _cpu_children():
         return _run_jobs(jobs, timeout=timeout, threads=1)
+
+
+# ----------------------------------------------------------------------------- save/load matrix
+
+Case = tuple[str, int, str, int]  # (source spec, source world size, destination spec, destination world size)
+
+
+def saves_then_loads(
+    rank: int,
+    ws: int,
+    save_many: Callable[..., list[Any]],
+    saves: list[list[Any]],
+    load_many: Callable[..., list[Any]],
+    loads: list[list[Any]],
+) -> list[list[Any]]:
+    """One job of ``run_save_load_matrix``: ``save_many(rank, ws, saves)``, then
+    ``load_many(rank, ws, loads)`` (every load's checkpoint was saved by an earlier job)."""
+    return [save_many(rank, ws, saves) if saves else [], load_many(rank, ws, loads) if loads else []]
+
+
+def run_save_load_matrix(
+    save_many: Callable[..., list[Any]],
+    load_many: Callable[..., list[Any]],
+    cases: Sequence[Case],
+    root: str,
+    extra_sources: Sequence[tuple[str, int]] = (),
+    run: Callable[..., list[Any]] = run_ranks,
+) -> tuple[dict[tuple[str, int], tuple[str, Any]], dict[Case, list[Any]]]:
+    """Save every source of ``cases`` (and ``extra_sources``) once and run every case's load, in as
+    few spawned jobs as the rule "a load runs in a later job than its save" allows: one job per
+    world size does that size's saves and the loads whose checkpoint an earlier job saved.
+
+    ``save_many(rank, ws, [[spec, ckpt], ...])`` returns one result per save (rank 0's is the
+    reference); ``load_many(rank, ws, [[spec, ckpt, ref], ...])`` one result per load. ``run(fn,
+    ws, *args)`` runs one job (default: ``run_ranks``). Returns ``({(spec, ws): (ckpt, ref)},
+    {case: per-rank load results})``."""
+    to_save = sorted({(s, w) for s, w, _, _ in cases} | set(extra_sources))
+    to_load = list(dict.fromkeys(cases))
+    saved: dict[tuple[str, int], tuple[str, Any]] = {}
+    loaded: dict[Case, list[Any]] = {}
+    while to_save or to_load:
+        ran = False
+        for ws in sorted({w for _, w in to_save} | {c[3] for c in to_load}):
+            saves = [s for s in to_save if s[1] == ws]
+            ready = [c for c in to_load if c[3] == ws and (c[0], c[1]) in saved]
+            if not saves and not ready:
+                continue
+            save_args = [[spec, os.path.join(root, f"{spec}-{ws}")] for spec, _ in saves]
+            load_args = [[dst, *saved[(src, src_ws)]] for src, src_ws, dst, _ in ready]
+            per_rank = run(saves_then_loads, ws, save_many, save_args, load_many, load_args)
+            for i, (source, (_, ckpt)) in enumerate(zip(saves, save_args)):
+                saved[source] = (ckpt, per_rank[0][0][i])
+            for i, case in enumerate(ready):
+                loaded[case] = [r[1][i] for r in per_rank]
+            to_save = [s for s in to_save if s not in saves]
+            to_load = [c for c in to_load if c not in ready]
+            ran = True
+        assert ran, f"no job can run: {to_load}"
+    return saved, loaded
