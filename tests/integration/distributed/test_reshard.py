@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tests.workers.harness import run_ranks, run_save_load_matrix
+from tests.workers.harness import SaveLoadMatrix, run_ranks
 from tests.workers.reshard_workers import check, load_many, save_many
 
 
@@ -39,7 +39,8 @@ def reshard_runs(tmp_path_factory):
     (ws 4 saves and loads in one job; ws 1 runs in this process). Returns ``({(framework, ws):
     (ckpt, ref)}, {case: per-rank load results})``."""
     base = str(tmp_path_factory.mktemp("ckpt"))
-    return run_save_load_matrix(save_many, load_many, CASES, base, extra_sources=[("ddp", 2)], run=_run)
+    m = SaveLoadMatrix(save_many, load_many, CASES, base, extra_sources=[("ddp", 2)], run=_run).run_all()
+    return m.saved, m.loaded
 
 
 @pytest.mark.parametrize("src,src_ws,dst,dst_ws", CASES)
