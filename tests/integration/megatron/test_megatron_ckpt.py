@@ -80,10 +80,10 @@ VOCABS = [80, 48]
 
 
 @pytest.fixture(scope="module")
-def loads(tp2pp2, dp2, tmp_path_factory) -> dict:
+def loads(tp2pp2, dp2, tmp_path_factory) -> _ByWorldSize:
     """Every job that only loads the tp2pp2 or dp2 checkpoint (and the careless-use job), one
-    spawn per world size (``calls_in_turn``), each in a later job than the save. Returns
-    ``{key: per-rank results}``; the keys are the tests' (see each test)."""
+    spawn per world size (``calls_in_turn``), each in a later job than the save, run when a test
+    first asks for one of that size. ``loads[key]``: per-rank results; the keys are the tests'."""
     tp2pp2_path, dp2_path = tp2pp2[0], dp2[0]
     jobs: dict = {"careless": (1, careless_job, [str(tmp_path_factory.mktemp("careless") / "ck")])}
     # key -> (world size, function, arguments), run in this order within a world size
@@ -104,13 +104,24 @@ def loads(tp2pp2, dp2, tmp_path_factory) -> dict:
             load_job,
             [tp2pp2_path, 1, 1, 1, True, None, False, False, "megatron", False, vocab],
         )
-    out: dict = {}
-    for world in sorted({w for w, _, _ in jobs.values()}):
-        keys = [k for k, (w, _, _) in jobs.items() if w == world]
-        per_rank = run_ranks(calls_in_turn, world, [[jobs[k][1], jobs[k][2]] for k in keys], timeout=900)
-        for i, k in enumerate(keys):
-            out[k] = [r[i] for r in per_rank]
-    return out
+    return _ByWorldSize(jobs)
+
+
+class _ByWorldSize:
+    """``loads[key]``: the per-rank results of one job; the first key of a world size runs all of
+    that size's jobs in one spawn (so the work spreads over the tests that ask)."""
+
+    def __init__(self, jobs: dict) -> None:
+        self.jobs, self.results = jobs, {}
+
+    def __getitem__(self, key) -> list:
+        if key not in self.results:
+            world = self.jobs[key][0]
+            keys = [k for k, (w, _, _) in self.jobs.items() if w == world]
+            per_rank = run_ranks(calls_in_turn, world, [[self.jobs[k][1], self.jobs[k][2]] for k in keys], timeout=900)
+            for i, k in enumerate(keys):
+                self.results[k] = [r[i] for r in per_rank]
+        return self.results[key]
 
 
 @pytest.mark.parametrize(
