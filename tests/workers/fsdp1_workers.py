@@ -206,6 +206,15 @@ def tied_bn_save(rank: int, ws: int, ckpt: str, use_orig_params: bool) -> None:
     unickpt.save(ckpt, {"model": model}, framework="auto").wait()
 
 
+def save_view_and_tied_saves(rank: int, ws: int, specs: list[str], tied: list[list]) -> list[dict]:
+    """One spawn for two checks: ``no_collective_save_view(specs)`` (its result), then
+    ``tied_bn_save`` for each ``[ckpt, use_orig_params]`` of ``tied``."""
+    out = no_collective_save_view(rank, ws, specs)
+    for ckpt, use_orig_params in tied:
+        tied_bn_save(rank, ws, ckpt, use_orig_params)
+    return out
+
+
 def load_expecting_error(rank: int, ws: int, specs: list[str], ckpt: str) -> list[str]:
     """Load ``ckpt`` into each of ``specs``; the error messages ("" where it loaded)."""
     out = []

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from tests.workers.fabric_workers import fabric_run
 from unickpt.integrations.lightning import UnickptDDPStrategy, UnickptFSDPStrategy, UnickptModelParallelStrategy
 
-KINDS = ("ddp", "fsdp2")  # test_lightning's main test; "fsdp1" (FSDPStrategy) runs in its own spawns
+KINDS = ("ddp", "fsdp2")  # test_lightning's main test; "fsdp1" (FSDPStrategy) has its own test (same spawns)
 BACKENDS = ("unickpt", "stock")
 SAMPLES, BATCH = 24, 4  # 3 steps per epoch at ws=2, 2 at ws=3, 6 at ws=1
 

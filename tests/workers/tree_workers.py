@@ -244,3 +244,9 @@ def fsdp2_regular(rank: int, ws: int, base: str) -> dict[str, Any]:
     for c in (tree, flat):
         c.close()
     return out
+
+
+def tree_vs_flat_and_fsdp2_regular(rank: int, ws: int, ddp_base: str, fsdp2_base: str) -> list[dict[str, Any]]:
+    """One 8-rank spawn for two tests: ``tree_vs_flat`` (in ``ddp_base``), then ``fsdp2_regular``
+    (in ``fsdp2_base``); their two results."""
+    return [tree_vs_flat(rank, ws, ddp_base), fsdp2_regular(rank, ws, fsdp2_base)]

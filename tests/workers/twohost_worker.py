@@ -11,6 +11,8 @@ Scenarios
   differ from the reference and whether the next loss is the uninterrupted run's.
 - ``load_replicated``: a fresh DDP model (every rank needs every byte) loads it the same way;
   the report holds the host name, the bytes read and forwarded, the keys that differ.
+- ``loads``: ``load`` then ``load_replicated`` in one job (each counts only its own load's
+  bytes): ``{"load": report, "load_replicated": report}``.
 - ``crash_in_commit``: save step 1, then the coordinator (rank 0) is SIGKILLed entering the
   metadata publication of the next save over the same folder: the lock stays behind.
 - ``save_again``: a new job tries to save over that folder (reporting the error it got).
@@ -108,6 +110,11 @@ def load_replicated(rank: int, ckpt: str) -> dict:
     return {"host": socket.gethostname(), "read_bytes": read[0], "moved_bytes": moved[0], "mismatched": bad}
 
 
+def loads(rank: int, ckpt: str) -> dict:
+    """``load``, then ``load_replicated``, in one process group (one start-up for both)."""
+    return {"load": load(rank, ckpt), "load_replicated": load_replicated(rank, ckpt)}
+
+
 def crash_in_commit(rank: int, ckpt: str) -> dict:
     import torch.distributed as dist
 
@@ -153,6 +160,7 @@ def main() -> None:
             "save": save,
             "load": load,
             "load_replicated": load_replicated,
+            "loads": loads,
             "crash_in_commit": crash_in_commit,
             "save_again": save_again,
         }

@@ -3,7 +3,8 @@ and without use_orig_params, SHARD_GRAD_OP, NO_SHARD, SGD; and a save_view that 
 collective, makes zero-copy views, saves no padding and refuses unsharded flat parameters.
 
 Checkpoints are saved once per source world size (all sources of one world size in one spawn)
-and every load of one destination world size runs in one spawn; each pair is still its own test.
+and every load of one destination world size runs in one spawn (the ws-4 loads in the ws-4 saves'
+spawn); each pair is still its own test. The save_view and tied-weights checks share one ws-2 spawn.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import os
 
 import pytest
 
-from tests.workers.fsdp1_workers import load_many, no_collective_save_view, save_many
-from tests.workers.harness import run_ranks
+from tests.workers.fsdp1_workers import load_many, save_many, save_view_and_tied_saves
+from tests.workers.harness import SaveLoadMatrix, run_ranks
 from tests.workers.reshard_workers import check
 
 # (source spec, source ws, destination spec, destination ws); specs: see fsdp1_workers.make
@@ -44,33 +45,12 @@ PAIRS = [
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Lazily saves every source of a world size, and loads every pair of a destination ws."""
-    root = tmp_path_factory.mktemp("fsdp1")
-    saved: dict[tuple[str, int], tuple[str, dict]] = {}
-    loaded: dict[tuple, dict] = {}
-
-    def source(spec: str, ws: int) -> tuple[str, dict]:
-        if (spec, ws) not in saved:
-            specs = sorted({(s, w) for s, w, _, _ in PAIRS if w == ws} | {(spec, ws)})
-            jobs = [(s, str(root / f"{s}-{w}")) for s, w in specs]
-            res = run_ranks(save_many, ws, jobs)
-            for j, (s, ckpt) in enumerate(jobs):
-                saved[(s, ws)] = (ckpt, res[0][j])
-        return saved[(spec, ws)]
-
-    def load(pair: tuple) -> list[dict]:
-        if pair not in loaded:
-            group = [p for p in PAIRS if p[3] == pair[3]]
-            jobs = []
-            for src, sws, dst, _ in group:
-                ckpt, ref = source(src, sws)
-                jobs.append((dst, ckpt, ref))
-            res = run_ranks(load_many, pair[3], jobs)
-            for j, p in enumerate(group):
-                loaded[p] = [r[j] for r in res]
-        return loaded[pair]
-
-    return source, load
+    """Every source saved once and every pair loaded, one spawned job per world size doing that
+    size's saves and the loads whose checkpoint an earlier job saved (ws 4 saves and loads in one
+    job), run lazily as the tests ask. Returns ``(source(spec, ws) -> (ckpt, ref), load(pair) ->
+    per-rank results)``."""
+    matrix = SaveLoadMatrix(save_many, load_many, PAIRS, str(tmp_path_factory.mktemp("fsdp1")))
+    return matrix.source, matrix.load
 
 
 @pytest.mark.parametrize("src,src_ws,dst,dst_ws", PAIRS, ids=[f"{a}{b}-to-{c}{d}" for a, b, c, d in PAIRS])
@@ -103,10 +83,23 @@ def test_fsdp1_checkpoint_has_irregular_boxes_and_no_padding(runs):
     assert len(w.shards) > 1
 
 
-def test_fsdp1_save_view_issues_no_collective():
-    res = run_ranks(no_collective_save_view, 2, ["fsdp", "fsdp-orig", "fsdp-sgo"])
+SAVE_VIEW_SPECS = ["fsdp", "fsdp-orig", "fsdp-sgo"]
+
+
+@pytest.fixture(scope="module")
+def ws2_checks(tmp_path_factory):
+    """One ws-2 spawn: ``no_collective_save_view`` of SAVE_VIEW_SPECS, then the tied-weights model
+    saved with use_orig_params False and True. Returns ``(per-rank save_view results, {flag: ckpt})``."""
+    root = tmp_path_factory.mktemp("ws2")
+    tied = {flag: str(root / f"tied-{flag}") for flag in (False, True)}
+    res = run_ranks(save_view_and_tied_saves, 2, SAVE_VIEW_SPECS, [[ckpt, flag] for flag, ckpt in tied.items()])
+    return res, tied
+
+
+def test_fsdp1_save_view_issues_no_collective(ws2_checks):
+    res, _ = ws2_checks
     for rank, per_rank in enumerate(res):
-        for spec, r in zip(["fsdp", "fsdp-orig", "fsdp-sgo"], per_rank):
+        for spec, r in zip(SAVE_VIEW_SPECS, per_rank):
             assert r["adapter"] == "fsdp"
             assert "summon_full_params" in r["refused"] and "FSDP module" in r["refused"]
             assert not r["calls"], (rank, spec, r["calls"])
@@ -121,16 +114,15 @@ def test_fsdp1_save_view_issues_no_collective():
 
 
 @pytest.mark.parametrize("use_orig_params", [False, True])
-def test_fsdp1_tied_buffers_ignored_into_torch(tmp_path, use_orig_params):
+def test_fsdp1_tied_buffers_ignored_into_torch(ws2_checks, use_orig_params):
     """Tied weights are saved under both names, BatchNorm buffers and an ignored module's
     parameters as plain replicated tensors: a plain torch model loads it strictly, bit-exact."""
     import torch
 
     import unickpt
-    from tests.workers.fsdp1_workers import tied_bn_model, tied_bn_save
+    from tests.workers.fsdp1_workers import tied_bn_model
 
-    ckpt = str(tmp_path / "tied")
-    run_ranks(tied_bn_save, 2, ckpt, use_orig_params)
+    ckpt = ws2_checks[1][use_orig_params]
     ref = tied_bn_model(0).state_dict()
     model = tied_bn_model(1)
     unickpt.load(ckpt, {"model": model}, framework="torch")

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tests.workers.harness import run_ranks
+from tests.workers.harness import SaveLoadMatrix, run_ranks
 from tests.workers.reshard_workers import check, load_many, save_many
 
 
@@ -30,31 +30,17 @@ CASES = [
     ("dtensor", 2, "fsdp2", 2),
     ("fsdp2+tp", 4, "ddp", 2),
 ]
-SOURCES = sorted({(src, src_ws) for src, src_ws, _, _ in CASES} | {("ddp", 2)})
 
 
 @pytest.fixture(scope="module")
 def reshard_runs(tmp_path_factory):
-    """Checkpoints saved once per (framework, world size), one spawned job per world size; then
-    the loads of CASES, one job per destination world size (each load in a later job than its
-    save). Returns ``({(framework, ws): (ckpt, ref)}, {case: per-rank load results})``."""
-    base = tmp_path_factory.mktemp("ckpt")
-    saved: dict = {}
-    for ws in sorted({w for _, w in SOURCES}):
-        sources = [(fw, w) for fw, w in SOURCES if w == ws]
-        steps = [[fw, str(base / f"{fw}-{ws}")] for fw, _ in sources]
-        per_rank = _run(save_many, ws, steps)
-        for i, ((fw, _), (_, ckpt)) in enumerate(zip(sources, steps)):
-            ref = dict(per_rank[0][i])
-            ref["next_loss"] = per_rank[0][i]["next_loss"]
-            saved[(fw, ws)] = (ckpt, ref)
-    loads: dict = {}
-    for ws in sorted({case[3] for case in CASES}):
-        cases = [case for case in CASES if case[3] == ws]
-        per_rank = _run(load_many, ws, [[dst, *saved[(src, src_ws)]] for src, src_ws, dst, _ in cases])
-        for i, case in enumerate(cases):
-            loads[case] = [r[i] for r in per_rank]
-    return saved, loads
+    """Checkpoints saved once per (framework, world size) and the loads of CASES, one spawned job
+    per world size doing that size's saves and the loads whose checkpoint an earlier job saved
+    (ws 4 saves and loads in one job; ws 1 runs in this process). Returns ``({(framework, ws):
+    (ckpt, ref)}, {case: per-rank load results})``."""
+    base = str(tmp_path_factory.mktemp("ckpt"))
+    m = SaveLoadMatrix(save_many, load_many, CASES, base, extra_sources=[("ddp", 2)], run=_run).run_all()
+    return m.saved, m.loaded
 
 
 @pytest.mark.parametrize("src,src_ws,dst,dst_ws", CASES)

@@ -8,10 +8,12 @@ Each spawn runs several cases (process starts dominate the cost); each case is i
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
-from tests.workers.harness import run_ranks
+from tests.workers.harness import calls_in_turn, run_ranks
 from tests.workers.resume_workers import (
     STAGE_GROUPS,
     STAGE_LAYERS,
@@ -20,6 +22,7 @@ from tests.workers.resume_workers import (
     cast_load,
     ddp_buffers,
     pipeline_stages,
+    pipelining_stages,
     refused_flat_step,
     rollback,
     stage_optimizer,
@@ -39,12 +42,45 @@ def ws3(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def ws2(tmp_path_factory):
-    """One ws=2 spawn for the rollback (dtensor), absent-state and DDP-buffer cases."""
-    root = tmp_path_factory.mktemp("resume2")
+def ws2_jobs(tmp_path_factory):
+    """One ws=2 spawn for every ws=2 case of this file: the rollback (dtensor), absent-state and
+    DDP-buffer cases, the refused flat step and the forwarded cast (their checkpoints saved here
+    first), torch pipelining, and the pipeline stages (last: it ends with a refused save).
+    Returns ``(folders, {case: per-rank results}, the fp32 checkpoint's state dict)``."""
+    import unickpt
+    from tests.workers.fsdp1_workers import CFG
+    from tests.workers.fsdp1_workers import make as make_spec
+    from unickpt.testing.toy import ToyTransformer, train_step
 
-    res = run_ranks(_ws2_cases, 2, str(root))
-    return res
+    root = str(tmp_path_factory.mktemp("resume2"))
+    dirs = {name: f"{root}/{name}" for name in ("cases", "steps", "fp32", "pipelining", "pipeline")}
+    for name in ("cases", "pipelining", "pipeline"):  # each case's own folder (its tmp_path before)
+        os.mkdir(dirs[name])
+    # refused flat step: FSDP1 flat parameters keep one step, this checkpoint's steps differ
+    model, optim, _ = make_spec("torch", 0)
+    train_step(model, optim, 0, CFG)
+    optim.state[model.blocks[1].fc2.bias]["step"].fill_(5.0)
+    unickpt.save(dirs["steps"], {"model": model, "optimizer": optim}, framework="torch").wait()
+    # forwarded cast: an fp32 checkpoint
+    torch.manual_seed(0)
+    fp32 = ToyTransformer(CFG)
+    unickpt.save(dirs["fp32"], {"model": fp32}, framework="torch").wait()
+    calls = [
+        [_ws2_cases, [dirs["cases"]]],
+        [refused_flat_step, [dirs["steps"]]],
+        [cast_load, [dirs["fp32"]]],
+        [pipelining_stages, [dirs["pipelining"]]],
+        [pipeline_stages, [dirs["pipeline"]]],
+    ]
+    per_rank = run_ranks(calls_in_turn, 2, calls, timeout=600)
+    names = ["cases", "refused_flat_step", "cast_load", "pipelining", "pipeline"]
+    return dirs, {name: [r[i] for r in per_rank] for i, name in enumerate(names)}, fp32.state_dict()
+
+
+@pytest.fixture(scope="module")
+def ws2(ws2_jobs):
+    """The rollback (dtensor), absent-state and DDP-buffer cases (in ``ws2_jobs``'s spawn)."""
+    return ws2_jobs[1]["cases"]
 
 
 def _ws2_cases(rank: int, ws: int, root: str) -> dict:
@@ -115,9 +151,9 @@ def test_item8_ddp_buffers_from_the_broadcast_source(ws2):
 
 
 @pytest.fixture(scope="module")
-def pipeline(tmp_path_factory):
-    root = tmp_path_factory.mktemp("pipeline")
-    return str(root), run_ranks(pipeline_stages, 2, str(root))
+def pipeline(ws2_jobs):
+    """``pipeline_stages`` (in ``ws2_jobs``'s spawn): its folder and per-rank results."""
+    return ws2_jobs[0]["pipeline"], ws2_jobs[1]["pipeline"]
 
 
 def test_item5_pipeline_stages_restore_their_own_param_groups(pipeline):
@@ -174,20 +210,11 @@ def test_item5_ranks_disagreeing_on_hyperparameters_refused(pipeline):
 # ----------------------------------------------------------------------------- refused loads, casts
 
 
-def test_item2_refused_flat_step_changes_nothing(tmp_path):
-    """FSDP1 flat parameters keep one step: a checkpoint with differing per-parameter steps is
-    refused on every rank before anything is applied, into trained and fresh optimizers."""
-    import unickpt
-    from tests.workers.fsdp1_workers import CFG
-    from tests.workers.fsdp1_workers import make as make_spec
-    from unickpt.testing.toy import train_step
-
-    model, optim, _ = make_spec("torch", 0)
-    train_step(model, optim, 0, CFG)
-    optim.state[model.blocks[1].fc2.bias]["step"].fill_(5.0)
-    ckpt = str(tmp_path / "steps")
-    unickpt.save(ckpt, {"model": model, "optimizer": optim}, framework="torch").wait()
-    for rank, r in enumerate(run_ranks(refused_flat_step, 2, ckpt)):
+def test_item2_refused_flat_step_changes_nothing(ws2_jobs):
+    """FSDP1 flat parameters keep one step: a checkpoint with differing per-parameter steps (saved
+    by ``ws2_jobs``) is refused on every rank before anything is applied, into trained and fresh
+    optimizers."""
+    for rank, r in enumerate(ws2_jobs[1]["refused_flat_step"]):
         for label in ("trained", "fresh"):
             assert "use_orig_params=True" in r[label]["error"], (rank, label, r[label])
             assert not r[label]["changed"], (rank, label, r[label]["changed"][:8])
@@ -195,30 +222,21 @@ def test_item2_refused_flat_step_changes_nothing(tmp_path):
             assert before == after, (rank, label)
 
 
-def test_item10_cast_dtypes_forwarded_reads_bit_exact(tmp_path):
-    """fp32 checkpoint -> bf16 DDP replicas (each saved byte read once and forwarded): every
-    tensor equals torch's own ``.to(torch.bfloat16)`` of the saved one."""
-    import unickpt
-    from tests.workers.fsdp1_workers import CFG
-    from unickpt.testing.toy import ToyTransformer
-
-    torch.manual_seed(0)
-    src = ToyTransformer(CFG)
-    ckpt = str(tmp_path / "fp32")
-    unickpt.save(ckpt, {"model": src}, framework="torch").wait()
-    want = {k: v.to(torch.bfloat16) for k, v in src.state_dict().items()}
-    for got in run_ranks(cast_load, 2, ckpt):
+def test_item10_cast_dtypes_forwarded_reads_bit_exact(ws2_jobs):
+    """fp32 checkpoint (saved by ``ws2_jobs``) -> bf16 DDP replicas (each saved byte read once and
+    forwarded): every tensor equals torch's own ``.to(torch.bfloat16)`` of the saved one."""
+    want = {k: v.to(torch.bfloat16) for k, v in ws2_jobs[2].items()}
+    for got in ws2_jobs[1]["cast_load"]:
         assert set(got) == set(want)
         for k, v in want.items():
             assert got[k].dtype == torch.bfloat16 and torch.equal(got[k], v), k
 
 
-def test_item5_torch_pipelining_two_stages(tmp_path):
-    """A real ``torch.distributed.pipelining`` job (GPipe, 2 stages on gloo): each stage resumes
-    strictly with its own hyper-parameters and state, and the next step's loss is unchanged."""
-    from tests.workers.resume_workers import pipelining_stages
-
-    res = run_ranks(pipelining_stages, 2, str(tmp_path))
+def test_item5_torch_pipelining_two_stages(ws2_jobs):
+    """A real ``torch.distributed.pipelining`` job (GPipe, 2 stages on gloo, in ``ws2_jobs``'s
+    spawn): each stage resumes strictly with its own hyper-parameters and state, and the next
+    step's loss is unchanged."""
+    res = ws2_jobs[1]["pipelining"]
     assert [r["lr"] for r in res] == [1e-2, 4e-3]
     for rank, r in enumerate(res):
         assert r["groups_equal"] and r["state_equal"] and r["next_loss_equal"], (rank, r)

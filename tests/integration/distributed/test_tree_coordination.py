@@ -19,7 +19,7 @@ import torch
 
 import unickpt
 from tests.workers.harness import launch_ranks, run_ranks
-from tests.workers.tree_workers import _model, fsdp2_regular, held_commit, killed_in_save, tree_vs_flat
+from tests.workers.tree_workers import _model, held_commit, killed_in_save, tree_vs_flat_and_fsdp2_regular
 from unickpt.format.records import METADATA_FILE
 
 
@@ -30,9 +30,17 @@ def _normalized_metadata(path: str) -> dict:
     return json.loads(json.dumps(doc).replace(sid, "SID"))
 
 
-def test_tree_and_flat_give_identical_collectives_plans_and_checkpoints(tmp_path):
-    base = str(tmp_path)
-    res = run_ranks(tree_vs_flat, 8, base, timeout=400)
+@pytest.fixture(scope="module")
+def eight_ranks(tmp_path_factory) -> tuple[str, str, list[list[dict]]]:
+    """One spawn of 8 ranks for the next two tests: ``tree_vs_flat`` (DDP) in one folder, then
+    ``fsdp2_regular`` in another. Returns ``(ddp folder, fsdp2 folder, per-rank [ddp, fsdp2] results)``."""
+    ddp, fsdp2 = str(tmp_path_factory.mktemp("tree-ddp")), str(tmp_path_factory.mktemp("tree-fsdp2"))
+    return ddp, fsdp2, run_ranks(tree_vs_flat_and_fsdp2_regular, 8, ddp, fsdp2, timeout=600)
+
+
+def test_tree_and_flat_give_identical_collectives_plans_and_checkpoints(eight_ranks):
+    base = eight_ranks[0]
+    res = [r[0] for r in eight_ranks[2]]
     for rank, r in enumerate(res):
         assert r["kinds"] == ["TreeCoordinator", "TorchDistCoordinator"]
         assert r["layout"] == "8 ranks: 2 host(s) (4 rank(s) each) -> 1 group(s) (fan-out 2)"
@@ -52,11 +60,11 @@ def test_tree_and_flat_give_identical_collectives_plans_and_checkpoints(tmp_path
         assert "rank 5: (3, 4, 2)" in r["odd"]["msg"] and "rank 0: (2, 4, 2)" in r["odd"]["msg"], r["odd"]
 
 
-def test_fsdp2_is_planned_as_a_regular_job_through_tree_and_flat(tmp_path):
+def test_fsdp2_is_planned_as_a_regular_job_through_tree_and_flat(eight_ranks):
     """8 FSDP2 ranks: rank 0 plans on templates (no entry record per rank), the tree and the
     flat coordination give every rank the same part, and the checkpoints load bit-exact."""
-    base = str(tmp_path)
-    res = run_ranks(fsdp2_regular, 8, base, timeout=400)
+    base = eight_ranks[1]
+    res = [r[1] for r in eight_ranks[2]]
     assert res[0]["planner"] == "RegularRankPlans" and res[0]["layout_tensors"] > 0, res[0]
     for rank, r in enumerate(res):
         assert r["tree"] == r["flat"], rank

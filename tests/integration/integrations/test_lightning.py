@@ -33,42 +33,60 @@ def _per_rank(results: list[dict], kind: str, backend: str) -> list[list[float]]
     return [r[f"{kind}/{backend}"] for r in results]
 
 
-def test_trainer_checkpoints_and_resumes_on_1_and_3_processes_like_stock_lightning(tmp_path) -> None:
-    _save_on_2_resume_on_3_and_1(str(tmp_path), KINDS)
+@pytest.fixture(scope="module")
+def lightning_runs(tmp_path_factory) -> tuple[str, dict, list[dict], list[dict], list[dict]]:
+    """Every kind (KINDS and "fsdp1") trained and saved on 2 processes, resumed on 3 (from epoch 0)
+    and on 1 (``"last"``): one spawn per world size for all kinds. Returns ``(root, files, trained,
+    on3, on1)``; ``files``: what the training left (before the resumes add to the same folders)."""
+    root = str(tmp_path_factory.mktemp("lightning"))
+    kinds = (*KINDS, "fsdp1")
+    names = ",".join(kinds)
+    trained = run_ranks(train, 2, root, names, timeout=500)
+    files: dict = {}
+    for kind in kinds:
+        for name in ("epoch=0.ckpt", "epoch=1.ckpt", "last.ckpt"):
+            files[f"{kind}/{name}"] = os.path.isfile(os.path.join(root, kind, "unickpt", name, METADATA_FILE))
+        for backend in ("unickpt", "stock"):
+            files[f"{kind}/{backend}/latest"] = os.listdir(os.path.join(root, kind, backend, "latest"))
+    on3 = run_ranks(resume, 3, root, "epoch0", names, timeout=500)
+    on1 = run_ranks(resume, 1, root, "last", names, timeout=500)
+    return root, files, trained, on3, on1
 
 
-def test_fsdp1_strategy_checkpoints_and_resumes_on_1_and_3_processes_like_stock_lightning(tmp_path) -> None:
+def test_trainer_checkpoints_and_resumes_on_1_and_3_processes_like_stock_lightning(lightning_runs) -> None:
+    _check_saved_on_2_resumed_on_3_and_1(*lightning_runs, KINDS)
+
+
+def test_fsdp1_strategy_checkpoints_and_resumes_on_1_and_3_processes_like_stock_lightning(lightning_runs) -> None:
     """``UnickptFSDPStrategy`` / ``UnickptFabricFSDPStrategy`` (FSDP1), the same Trainer and Fabric checks
-    as the test above, in spawns of their own. The real classes run on CPU: Lightning's connectors
+    as the test above (in the same spawns). The real classes run on CPU: Lightning's connectors
     refuse only ``type(strategy) is FSDPStrategy`` without a GPU, and the module is wrapped by the
     user (``configure_model`` / before ``fabric.setup_module``) on the CPU device, because Lightning's
     own wrapping passes ``device_id=None``, which torch's FSDP1 refuses without an accelerator. Stock is
     Lightning's ``FSDPStrategy`` with ``state_dict_type="sharded"`` (``StockFSDPStrategy``)."""
-    _save_on_2_resume_on_3_and_1(str(tmp_path), ("fsdp1",))
+    root = lightning_runs[0]
+    _check_saved_on_2_resumed_on_3_and_1(*lightning_runs, ("fsdp1",))
     for saved in ("fsdp1/unickpt/epoch=0.ckpt", "fabric/fsdp1/unickpt/step3"):
         # every rank saved its FSDP1 flat-parameter shards (not a gathered copy)
-        _, meta, _ = load_metadata(str(tmp_path / saved))
+        _, meta, _ = load_metadata(os.path.join(root, saved))
         assert (meta.topology.framework, meta.topology.world_size) == ("fsdp", 2), saved
 
 
-def _save_on_2_resume_on_3_and_1(root: str, kinds: tuple[str, ...]) -> None:
-    """Train and save on 2 processes, resume on 3 (from epoch 0) and on 1 (``"last"``): one spawn per
-    world size for all ``kinds``; every loss equals stock Lightning's."""
-    names = ",".join(kinds)
-    trained = run_ranks(train, 2, root, names, timeout=500)
+def _check_saved_on_2_resumed_on_3_and_1(
+    root: str, files: dict, trained: list[dict], on3: list[dict], on1: list[dict], kinds: tuple[str, ...]
+) -> None:
+    """``kinds`` trained and saved on 2 processes, resumed on 3 (from epoch 0) and on 1 (``"last"``):
+    every loss equals stock Lightning's."""
     for kind in kinds:
         # checkpointing does not change training; both backends train alike
         assert _per_rank(trained, kind, "unickpt") == _per_rank(trained, kind, "stock"), kind
-        ours = os.path.join(root, kind, "unickpt")
         for name in ("epoch=0.ckpt", "epoch=1.ckpt", "last.ckpt"):
-            assert os.path.isfile(os.path.join(ours, name, METADATA_FILE)), name  # a unickpt checkpoint
+            assert files[f"{kind}/{name}"], name  # a unickpt checkpoint
         # the newest-only callback removed step 3 (DDP: while step 6 was being saved asynchronously),
         # as it does with Lightning's own files
-        assert os.listdir(os.path.join(ours, "latest")) == ["step=6.ckpt"]
-        assert os.listdir(os.path.join(root, kind, "stock", "latest")) == ["step=6.ckpt"]
+        assert files[f"{kind}/unickpt/latest"] == ["step=6.ckpt"]
+        assert files[f"{kind}/stock/latest"] == ["step=6.ckpt"]
 
-    on3 = run_ranks(resume, 3, root, "epoch0", names, timeout=500)
-    on1 = run_ranks(resume, 1, root, "last", names, timeout=500)
     for kind in kinds:
         for results, steps in ((on3, 2), (on1, 6)):  # epoch 1 at 2 steps; epoch 2 at 6 steps
             ours, stock = _per_rank(results, kind, "unickpt"), _per_rank(results, kind, "stock")

@@ -13,7 +13,7 @@ HAVE_MEGATRON = importlib.util.find_spec("megatron.core") is not None
 pytestmark = pytest.mark.skipif(not HAVE_MEGATRON, reason="megatron-core not installed")
 
 if HAVE_MEGATRON:
-    from tests.workers.harness import run_ranks
+    from tests.workers.harness import calls_in_turn, run_ranks
     from tests.workers.loader_data import all_tokens, write_dataset
     from tests.workers.megatron_ckpt_workers import (
         careless_job,
@@ -63,27 +63,79 @@ def tp2pp2(tmp_path_factory):
     return path, run_ranks(save_job, 4, path, 2, 2, 1, True)
 
 
+TP2PP2_LAYOUTS = [
+    pytest.param((1, 1, 1, False, None), id="tp1pp1-1rank-fp32opt"),
+    pytest.param((1, 1, 2, True, None), id="tp1pp1dp2-distopt"),
+    pytest.param((1, 1, 4, True, None), id="tp1pp1dp4-distopt"),
+    pytest.param((1, 2, 1, True, None), id="tp1pp2-distopt"),
+    pytest.param((4, 1, 1, True, None), id="tp4-distopt"),
+    pytest.param((1, 2, 2, True, 2), id="tp1pp2dp2-vp2-distopt"),
+]
+DP2_LAYOUTS = [
+    pytest.param((1, 1, 1), id="dp1"),
+    pytest.param((1, 1, 4), id="dp4"),
+    pytest.param((2, 2, 1), id="tp2pp2"),
+]
+VOCABS = [80, 48]
+
+
+@pytest.fixture(scope="module")
+def loads(tp2pp2, dp2, tmp_path_factory) -> _ByWorldSize:
+    """Every job that only loads the tp2pp2 or dp2 checkpoint (and the careless-use job), one
+    spawn per world size (``calls_in_turn``), each in a later job than the save, run when a test
+    first asks for one of that size. ``loads[key]``: per-rank results; the keys are the tests'."""
+    tp2pp2_path, dp2_path = tp2pp2[0], dp2[0]
+    jobs: dict = {"careless": (1, careless_job, [str(tmp_path_factory.mktemp("careless") / "ck")])}
+    # key -> (world size, function, arguments), run in this order within a world size
+    for p in TP2PP2_LAYOUTS:
+        tp, pp, dp, dist_opt, vp = p.values[0]
+        jobs[("tp2pp2", p.values[0])] = (tp * pp * dp, load_job, [tp2pp2_path, tp, pp, dp, dist_opt, vp])
+    jobs["tp2pp2-same"] = (4, load_job, [tp2pp2_path, 2, 2, 1, True, None, False, True])
+    for p in DP2_LAYOUTS:
+        tp, pp, dp = p.values[0]
+        jobs[("dp2", p.values[0])] = (tp * pp * dp, load_job, [dp2_path, tp, pp, dp, True])
+    for world, fsdp2 in ((1, False), (2, True)):
+        jobs[("consolidate", fsdp2)] = (world, consolidate_job, [tp2pp2_path, fsdp2])
+    jobs["fp32-into-bf16"] = (2, load_job, [dp2_path, 1, 1, 2, True, None, True, False, "megatron", True])
+    jobs["hf"] = (1, hf_job, [tp2pp2_path])
+    for vocab in VOCABS:
+        jobs[("vocab", vocab)] = (
+            1,
+            load_job,
+            [tp2pp2_path, 1, 1, 1, True, None, False, False, "megatron", False, vocab],
+        )
+    return _ByWorldSize(jobs)
+
+
+class _ByWorldSize:
+    """``loads[key]``: the per-rank results of one job; the first key of a world size runs all of
+    that size's jobs in one spawn (so the work spreads over the tests that ask)."""
+
+    def __init__(self, jobs: dict) -> None:
+        self.jobs, self.results = jobs, {}
+
+    def __getitem__(self, key) -> list:
+        if key not in self.results:
+            world = self.jobs[key][0]
+            keys = [k for k, (w, _, _) in self.jobs.items() if w == world]
+            per_rank = run_ranks(calls_in_turn, world, [[self.jobs[k][1], self.jobs[k][2]] for k in keys], timeout=900)
+            for i, k in enumerate(keys):
+                self.results[k] = [r[i] for r in per_rank]
+        return self.results[key]
+
+
 @pytest.mark.parametrize(
     "layout",
-    [
-        pytest.param((1, 1, 1, False, None), id="tp1pp1-1rank-fp32opt"),
-        pytest.param((1, 1, 2, True, None), id="tp1pp1dp2-distopt"),
-        pytest.param((1, 1, 4, True, None), id="tp1pp1dp4-distopt"),
-        pytest.param((1, 2, 1, True, None), id="tp1pp2-distopt"),
-        pytest.param((4, 1, 1, True, None), id="tp4-distopt"),
-        pytest.param((1, 2, 2, True, 2), id="tp1pp2dp2-vp2-distopt"),
-    ],
+    TP2PP2_LAYOUTS,
 )
-def test_tp2pp2_distopt_reshards(tp2pp2, layout):
-    path, saved = tp2pp2
-    tp, pp, dp, dist_opt, vp = layout
-    got = run_ranks(load_job, tp * pp * dp, path, tp, pp, dp, dist_opt, vp)
-    check_resumed(saved, got)
+def test_tp2pp2_distopt_reshards(tp2pp2, loads, layout):
+    _, saved = tp2pp2
+    check_resumed(saved, loads[("tp2pp2", layout)])
 
 
-def test_tp2pp2_resumes_at_the_same_layout_bit_exact(tp2pp2):
-    path, saved = tp2pp2
-    check_resumed(saved, run_ranks(load_job, 4, path, 2, 2, 1, True, None, False, True), same_layout=True)
+def test_tp2pp2_resumes_at_the_same_layout_bit_exact(tp2pp2, loads):
+    _, saved = tp2pp2
+    check_resumed(saved, loads["tp2pp2-same"], same_layout=True)
 
 
 @pytest.fixture(scope="module")
@@ -93,18 +145,10 @@ def dp2(tmp_path_factory):
     return path, run_ranks(save_job, 2, path, 1, 1, 2, True)
 
 
-@pytest.mark.parametrize(
-    "layout",
-    [
-        pytest.param((1, 1, 1), id="dp1"),
-        pytest.param((1, 1, 4), id="dp4"),
-        pytest.param((2, 2, 1), id="tp2pp2"),
-    ],
-)
-def test_dp2_distopt_reshards(dp2, layout):
-    path, saved = dp2
-    tp, pp, dp = layout
-    check_resumed(saved, run_ranks(load_job, tp * pp * dp, path, tp, pp, dp, True))
+@pytest.mark.parametrize("layout", DP2_LAYOUTS)
+def test_dp2_distopt_reshards(dp2, loads, layout):
+    _, saved = dp2
+    check_resumed(saved, loads[("dp2", layout)])
 
 
 def test_bf16_main_params_reshard_tp2_to_tp1_dp2(tmp_path):
@@ -120,13 +164,14 @@ def test_bf16_main_params_reshard_tp2_to_tp1_dp2(tmp_path):
 
 
 @pytest.mark.parametrize("world,fsdp2", [pytest.param(1, False, id="plain-torch"), pytest.param(2, True, id="fsdp2")])
-def test_tp2pp2_loads_into_a_plain_torch_model_by_module_names(tp2pp2, world, fsdp2):
+def test_tp2pp2_loads_into_a_plain_torch_model_by_module_names(tp2pp2, loads, world, fsdp2):
     """Consolidation for evaluation: the TP2xPP2 checkpoint loads into megatron's GPTModel used as
     a plain module (no megatron DDP or optimizer) and into FSDP2 over it, under the module's own
     names through LoadOptions(key_map=...) (megatron's sharded keys rename the layer norms), with
     a torch AdamW taking the saved moments and learning rate."""
-    path, saved = tp2pp2
-    got = run_ranks(consolidate_job, world, path, fsdp2)[0]
+    _, saved = tp2pp2
+    got = loads[("consolidate", fsdp2)][0]
+    assert len(loads[("consolidate", fsdp2)]) == world
     ref = saved[0]
     names = got["names"]  # megatron key -> module name
     assert any(k != v for k, v in names.items())  # renamed keys exist (layer norms)
@@ -151,12 +196,12 @@ def test_dataloader_of_tp_rank0_first_stage_reshards_with_the_model(tmp_path):
     assert sorted(t for r in before + after for t in r) == all_tokens(sources)
 
 
-def test_fp32_checkpoint_into_a_bf16_job_sets_main_params_from_the_model(dp2):
+def test_fp32_checkpoint_into_a_bf16_job_sets_main_params_from_the_model(dp2, loads):
     """A checkpoint without main copies (fp32 job) loads into a bf16 job with cast_dtypes: the
     model is the saved one rounded to bf16, Adam's moments are the saved ones, and the fp32
     main params follow the loaded model (megatron's reload_model_params)."""
-    path, saved = dp2
-    got = run_ranks(load_job, 2, path, 1, 1, 2, True, None, True, False, "megatron", True)[0]
+    _, saved = dp2
+    got = loads["fp32-into-bf16"][0]
     ref = saved[0]
     for key, t in ref["model"].items():
         assert torch.equal(got["model"][key], t.to(torch.bfloat16)), key
@@ -165,19 +210,19 @@ def test_fp32_checkpoint_into_a_bf16_job_sets_main_params_from_the_model(dp2):
             assert torch.equal(got["optim"][key][field], ref["optim"][key][field]), (key, field)
 
 
-def test_careless_use_gets_clear_errors_and_torch_optimizers_work(tmp_path):
-    got = run_ranks(careless_job, 1, str(tmp_path / "ck"))[0]
+def test_careless_use_gets_clear_errors_and_torch_optimizers_work(loads):
+    got = loads["careless"][0]
     assert got["detected"] == "megatron"  # framework="auto" finds megatron-core chunks
     assert "sharded_state_dict" in got["not_megatron"]
     assert "global shape" in got["other_shape"] and "the model differs" in got["other_shape"]
     assert got["adam_round_trip"]
 
 
-def test_tp2pp2_loads_into_a_hugging_face_model_through_key_map(tp2pp2):
+def test_tp2pp2_loads_into_a_hugging_face_model_through_key_map(tp2pp2, loads):
     """Megatron's global keys map onto Hugging Face GPTNeoX names one to one (its fused QKV is
     interleaved per head like Megatron's): every HF tensor and its Adam moment is the saved one."""
-    path, saved = tp2pp2
-    got = run_ranks(hf_job, 1, path)[0]
+    _, saved = tp2pp2
+    got = loads["hf"][0]
     ref = saved[0]
     mapped = {megatron_to_neox(k): k for k in ref["model"] if megatron_to_neox(k) is not None}
     assert sorted(mapped) == sorted(got["model"])  # every HF tensor comes from the checkpoint
@@ -186,14 +231,14 @@ def test_tp2pp2_loads_into_a_hugging_face_model_through_key_map(tp2pp2):
         assert torch.equal(got["exp_avg"][hf], ref["optim"][key]["exp_avg"]), hf
 
 
-@pytest.mark.parametrize("vocab", [80, 48])
-def test_padded_vocabulary_of_another_size_loads_the_rows_both_have(tp2pp2, vocab):
+@pytest.mark.parametrize("vocab", VOCABS)
+def test_padded_vocabulary_of_another_size_loads_the_rows_both_have(tp2pp2, loads, vocab):
     """Megatron pads the vocabulary to a multiple of the TP size, so another TP size can have
     another row count in the embeddings and output layer (``allow_shape_mismatch``): the rows
     both have load bit-exact, extra live rows keep their values with zero Adam state, saved rows
     the job lacks are left out; every other tensor loads as usual."""
-    path, saved = tp2pp2
-    got = run_ranks(load_job, 1, path, 1, 1, 1, True, None, False, False, "megatron", False, vocab)[0]
+    _, saved = tp2pp2
+    got = loads[("vocab", vocab)][0]
     ref = saved[0]
     padded = {"embedding.word_embeddings.weight", "output_layer.weight"}
     n = min(vocab, 64)
