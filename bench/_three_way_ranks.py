@@ -296,6 +296,13 @@ class Unickpt(Lib):
         super().__init__(model, optim, cfg)
         import unickpt
 
+        # the modules ``import unickpt`` defers to the first call, imported here, outside the
+        # timed calls, as the peers' are by this script's imports
+        import unickpt.api
+        import unickpt.engine.load.pipeline
+        import unickpt.engine.save.pipeline
+        import unickpt.frameworks.registry
+
         self.u = unickpt
         self.state = {"model": model, "optimizer": optim}
 
