@@ -14,8 +14,9 @@ use. ``from unickpt import X``, ``unickpt.X`` and ``dir(unickpt)`` work for ever
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ._lazy import lazy_exports
 
 # torch-free and registers the "dataloader" metadata section, so that decoding the metadata of a
 # checkpoint that holds one never depends on whether ``unickpt.data`` was imported yet
@@ -128,21 +129,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """The public ``name``, imported from its module on first access and then cached in the
-    package's namespace (so this runs once per name)."""
-    try:
-        module_name, attr = _LAZY[name]
-    except KeyError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-    module = importlib.import_module(module_name, __name__)
-    value = module if attr is None else getattr(module, attr)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY)
 
 
 __all__ = [

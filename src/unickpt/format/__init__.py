@@ -16,8 +16,9 @@ access, so that decoding and validating metadata imports neither torch nor numpy
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from .._lazy import lazy_exports
 from .codec import DEFAULT_CODEC, READERS, WRITERS, MetadataCodec, decode_metadata, encode_metadata
 from .dtypes import dtype_from_name, dtype_name
 from .names import printable
@@ -67,13 +68,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name in ("dumps_value", "loads_value"):
-        from . import values
-
-        return getattr(values, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, dict.fromkeys(("dumps_value", "loads_value"), ".values"))

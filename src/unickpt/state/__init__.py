@@ -11,7 +11,9 @@ The names below come from ``extra`` (which imports torch) on first access, so th
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from .extra import extra_blob_key, pick_extra_blob, rng_state, set_rng_state
@@ -19,13 +21,4 @@ if TYPE_CHECKING:
 __all__ = ["rng_state", "set_rng_state", "extra_blob_key", "pick_extra_blob"]
 
 
-def __getattr__(name: str) -> Any:
-    if name not in __all__:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from . import extra
-
-    return getattr(extra, name)
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, dict.fromkeys(__all__, ".extra"))
