@@ -57,6 +57,7 @@ import torch
 
 from ..coordination import Coordinator, run_stage
 from ..errors import CheckpointError
+from ..folder.target import prepare_output_folder
 from ..format.hf_layout import (
     HF_FOLDER,
     INDEX_FILE,
@@ -310,7 +311,11 @@ def export_pieces(
     plan = run_stage(coord, "hf export (assign)", lambda: assign(described, world, options.cast, limit, job_order))
     files = plan.layout.files
     owned = [i for i in range(len(files)) if i % world == rank]
-    run_stage(coord, "hf export (folder)", lambda: _prepare_folder(out) if rank == 0 else None)
+    run_stage(
+        coord,
+        "hf export (folder)",
+        lambda: prepare_output_folder(out, "Hugging Face export", refuse_linked_parent=True) if rank == 0 else None,
+    )
     created: list[str] = []
     try:
         run_stage(coord, "hf export (create)", lambda: _create(out, [files[i] for i in owned], created))
@@ -330,19 +335,6 @@ def export_pieces(
         names.append("config.json")
     total = sum(f.size for f in files)
     return HFExportResult(out, tuple(names), len(plan.layout.where()), total, time.perf_counter() - t0)
-
-
-def _prepare_folder(out: str) -> None:
-    parent = os.path.dirname(out)
-    for p in (parent, out):
-        if os.path.islink(p):
-            raise CheckpointError(f"Hugging Face export: refusing to write into {p}: it is a symbolic link")
-    if os.path.lexists(out):
-        if not os.path.isdir(out):
-            raise CheckpointError(f"Hugging Face export: {out} exists and is not a folder")
-        if os.listdir(out):
-            raise CheckpointError(f"Hugging Face export: {out} is not empty; the export writes into a new folder only")
-    os.makedirs(out, exist_ok=True)
 
 
 def _create(out: str, files: Sequence[Any], created: list[str]) -> None:

@@ -8,6 +8,9 @@ collective (``run_stage(agree=...)``) before anything is written or read.
 
 from __future__ import annotations
 
+import os
+
+from ..errors import CheckpointError
 from ..format.records import DATA_DIR
 from ..storage import Storage, StorageOptions, open_storage
 
@@ -37,3 +40,19 @@ def open_target(path: str, role: str | None, options: StorageOptions | None = No
 def claims(operation: str, url: str, framework: str, role: str | None) -> dict[str, object]:
     """What every rank of one save/load must pass alike (checked in its first collective)."""
     return {"operation": operation, "path": url, "framework": framework, "role": role}
+
+
+def prepare_output_folder(out: str, what: str, *, refuse_linked_parent: bool = False) -> None:
+    """Create the local folder ``out`` that ``what`` (``"merge"``, ``"Hugging Face export"``)
+    writes files into, or accept it if it exists empty; refuse a link at ``out`` (and at its
+    parent with ``refuse_linked_parent``), a file, and a folder that holds anything (its files
+    are never overwritten)."""
+    for p in (os.path.dirname(out), out) if refuse_linked_parent else (out,):
+        if p and os.path.islink(p):
+            raise CheckpointError(f"{what}: refusing to write into {p}: it is a symbolic link")
+    if os.path.lexists(out):
+        if not os.path.isdir(out):
+            raise CheckpointError(f"{what}: {out} exists and is not a folder")
+        if os.listdir(out):
+            raise CheckpointError(f"{what}: {out} is not empty; {what} writes into a new or empty folder only")
+    os.makedirs(out, exist_ok=True)

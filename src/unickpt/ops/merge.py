@@ -38,6 +38,7 @@ import torch
 from ..coordination.single import SingleProcessCoordinator
 from ..engine.load.stage import read_stage
 from ..errors import CheckpointError
+from ..folder.target import prepare_output_folder
 from ..format import Metadata, dtype_from_name
 from ..format.hf_layout import (
     CAST_DTYPES,
@@ -160,17 +161,6 @@ def iter_full_tensors(
 _out_dtype = out_dtype
 
 
-def _check_out(out: str) -> None:
-    if os.path.islink(out):
-        raise CheckpointError(f"merge: refusing to write into {out}: it is a symbolic link")
-    if os.path.exists(out):
-        if not os.path.isdir(out):
-            raise CheckpointError(f"merge: {out} exists and is not a folder")
-        if os.listdir(out):
-            raise CheckpointError(f"merge: {out} is not empty; merge writes into a new or empty folder only")
-    os.makedirs(out, exist_ok=True)
-
-
 def _write_safetensors_file(
     final: str,
     layout: FileLayout,
@@ -246,7 +236,7 @@ def merge(
     if not names:
         raise CheckpointError(f"merge: {storage.url} has no tensors to merge (model_only={model_only})")
     check_data_files(storage, md, names)
-    _check_out(out)
+    prepare_output_folder(out, "merge")
     say = report if report is not None else (lambda line: None)
     sizes = {
         k: math.prod(md.tensors[k].shape) * _out_dtype(dtype_from_name(md.tensors[k].dtype), cast).itemsize
