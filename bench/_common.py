@@ -590,3 +590,43 @@ def machine_line() -> str:
         f"machine: {os.cpu_count()} cores, load average {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} "
         f"(other jobs share this machine), torch {torch.__version__}"
     )
+
+
+def build_many_small(params: int, rows: int, seed: int, named: bool = False):
+    """The many-small-tensors job of bench/many_small.py and bench/three_way.py: ``params``
+    parameters of ``rows`` x 50 in units of 100, each unit and the root ``fully_shard``-ed,
+    AdamW with its state made by one step (``named``: built from ``named_parameters``, so its
+    param groups carry the names, as torchtitan builds it)."""
+    import torch
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+    class Unit(nn.Module):  # fully_shard wants modules with a forward
+        def __init__(self, n: int) -> None:
+            super().__init__()
+            self.ps = nn.ParameterList(nn.Parameter(torch.randn(rows, 50)) for _ in range(n))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x + sum(p.sum() for p in self.ps)
+
+    class Root(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.units = nn.ModuleList(Unit(min(100, params - g)) for g in range(0, params, 100))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            for u in self.units:
+                x = u(x)
+            return x
+
+    torch.manual_seed(seed)
+    model = Root()
+    for unit in model.units:
+        fully_shard(unit)
+    fully_shard(model)
+    optim = torch.optim.AdamW(model.named_parameters() if named else model.parameters(), lr=1e-3)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    optim.step()
+    optim.zero_grad()
+    return model, optim

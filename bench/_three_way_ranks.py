@@ -45,7 +45,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import barrier, dcp_load, dcp_save, drop_page_cache, local_tensors, rmtree, scramble
+from _common import barrier, build_many_small, dcp_load, dcp_save, drop_page_cache, local_tensors, rmtree, scramble
 
 # --------------------------------------------------------------------------------------------
 # models
@@ -66,34 +66,7 @@ def build_big(layers: int, dim: int, seed: int) -> tuple[Any, Any]:
 
 
 def build_small(params: int, rows: int, seed: int) -> tuple[Any, Any]:
-    import torch
-    from torch import nn
-    from torch.distributed.fsdp import fully_shard
-
-    class Unit(nn.Module):
-        def __init__(self, n: int) -> None:
-            super().__init__()
-            self.ps = nn.ParameterList(nn.Parameter(torch.randn(rows, 50)) for _ in range(n))
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return x + sum(p.sum() for p in self.ps)
-
-    class Root(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.units = nn.ModuleList(Unit(min(100, params - g)) for g in range(0, params, 100))
-
-    torch.manual_seed(seed)
-    model = Root()
-    for unit in model.units:
-        fully_shard(unit)
-    fully_shard(model)
-    optim = torch.optim.AdamW(model.named_parameters(), lr=1e-3)
-    for p in model.parameters():
-        p.grad = torch.ones_like(p)
-    optim.step()
-    optim.zero_grad()
-    return model, optim
+    return build_many_small(params, rows, seed, named=True)
 
 
 def train_step(model: Any, optim: Any, x: Any, guard: Any = None) -> None:

@@ -21,43 +21,24 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import dcp_load, dcp_save, evict, fmt_s, machine_line, make_tmp, median, rmtree, spawn, table, timed
+from _common import (
+    build_many_small,
+    dcp_load,
+    dcp_save,
+    evict,
+    fmt_s,
+    machine_line,
+    make_tmp,
+    median,
+    rmtree,
+    spawn,
+    table,
+    timed,
+)
 
 
 def _build(params: int, rows: int, seed: int):
-    import torch
-    from torch import nn
-    from torch.distributed.fsdp import fully_shard
-
-    class Unit(nn.Module):  # fully_shard wants modules with a forward
-        def __init__(self, n: int) -> None:
-            super().__init__()
-            self.ps = nn.ParameterList(nn.Parameter(torch.randn(rows, 50)) for _ in range(n))
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return x + sum(p.sum() for p in self.ps)
-
-    class Root(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.units = nn.ModuleList(Unit(min(100, params - g)) for g in range(0, params, 100))
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            for u in self.units:
-                x = u(x)
-            return x
-
-    torch.manual_seed(seed)
-    model = Root()
-    for unit in model.units:
-        fully_shard(unit)
-    fully_shard(model)
-    optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    for p in model.parameters():
-        p.grad = torch.ones_like(p)
-    optim.step()
-    optim.zero_grad()
-    return model, optim
+    return build_many_small(params, rows, seed)
 
 
 def _fingerprint(model, optim) -> float:
