@@ -23,13 +23,17 @@ What the Trainer calls, in its order, and what the mixin does there:
   stateful dataloaders, scaler, registered objects, per-rank RNG) plus ``lr_scheduler`` to
   ``checkpoint-N/unickpt`` (``unickpt_async_save=True``: returns once the snapshot is taken,
   after waiting for the previous save, so the Trainer's rotation only ever deletes committed
-  checkpoints); ``_save_scaler`` / ``_save_rng_state`` have nothing left to do; then the Trainer
-  writes ``trainer_state.json`` and rotates (``save_total_limit``).
+  checkpoints; synchronously where the Trainer deletes this one at the end of ``train()``:
+  ``save_total_limit=1`` with a best checkpoint elsewhere); ``_save_scaler`` /
+  ``_save_rng_state`` have nothing left to do; then the Trainer writes ``trainer_state.json``
+  and rotates (``save_total_limit``).
 * ``train(resume_from_checkpoint=...)``: ``_load_from_checkpoint`` (before ``accelerator.prepare``)
   skips the weights of a folder holding a unickpt checkpoint; after ``prepare``,
   ``_load_optimizer_and_scheduler`` loads the model, optimizer, scheduler, scaler and the rest in
-  place, resharded to this job's world size, and keeps the RNG states, which ``_load_rng_state``
-  sets where the Trainer sets its own. A folder without ``unickpt/`` (a stock checkpoint) goes
+  place (a buffer the model grew first goes through its own ``load_state_dict``, as in the
+  Trainer's own weight load: ``accelerate.resize_from_checkpoint``), resharded to this job's
+  world size, and keeps the RNG states, which ``_load_rng_state`` sets where the Trainer sets
+  its own. A folder without ``unickpt/`` (a stock checkpoint) goes
   the Trainer's own way.
 * ``train`` returns (or raises) after waiting for the pending asynchronous save.
 """
@@ -43,7 +47,7 @@ from transformers import Trainer
 
 from .. import PerRank, default_checkpointer, load, save, set_rng_state
 from ..format.records import METADATA_FILE
-from .accelerate import RngState, accelerate_state
+from .accelerate import RngState, accelerate_state, resize_from_checkpoint
 
 __all__ = ["UnickptTrainerMixin", "UnickptTrainer", "UNICKPT_SUBDIR"]
 
@@ -79,10 +83,22 @@ class UnickptTrainerMixin(_Base):
 
     # ---------------------------------------------------------------- save
 
+    def _deleted_without_rotation(self, output_dir: str) -> bool:
+        """With ``save_total_limit=1`` and a best checkpoint elsewhere, the Trainer deletes the
+        checkpoint it saves at the end of ``train()``, without waiting for anything: that save
+        must have committed by then (the same on every rank: the Trainer's arguments and state)."""
+        best = self.state.best_model_checkpoint
+        return (
+            self.args.save_total_limit == 1
+            and best is not None
+            and os.path.abspath(best) != os.path.abspath(output_dir)
+        )
+
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         default_checkpointer().wait()  # the previous save commits before the Trainer may rotate it away
         path = os.path.join(output_dir, UNICKPT_SUBDIR)
-        save(path, self._unickpt_state(RngState()), async_save=self.unickpt_async_save)
+        async_save = self.unickpt_async_save and not self._deleted_without_rotation(output_dir)
+        save(path, self._unickpt_state(RngState()), async_save=async_save)
 
     def _save_scaler(self, output_dir: str) -> None:
         pass  # in the unickpt checkpoint
@@ -103,7 +119,9 @@ class UnickptTrainerMixin(_Base):
             super()._load_optimizer_and_scheduler(checkpoint)
             return
         rng = RngState(apply=False)
-        load(path, self._unickpt_state(rng))
+        state = self._unickpt_state(rng)
+        resize_from_checkpoint(path, state)  # a buffer the model grew, through its own load_state_dict
+        load(path, state)
         self._unickpt_rng = rng.loaded
 
     def _load_scaler(self, checkpoint: str | None) -> None:
