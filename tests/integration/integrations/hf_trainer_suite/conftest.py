@@ -1,6 +1,7 @@
-"""The Hugging Face Trainer's own checkpoint tests (transformers ``tests/trainer/``, see each
-module's docstring) run against ``unickpt.integrations.hf_trainer``: every Trainer these tests
-build is a ``UnickptTrainer``, so every checkpoint they save and resume goes through unickpt. One
+"""The Hugging Face Trainer's own checkpoint tests (the scenarios of transformers'
+``tests/trainer/``, rewritten here: see each module's docstring) run against
+``unickpt.integrations.hf_trainer``: every Trainer these tests build is a ``UnickptTrainer``, so
+every checkpoint they save and resume goes through unickpt. One
 process, no process group, in the test's own working directory. Tests named in ``ASYNC_TOO``
 (rotation and resume close behind a save) run a second time with ``unickpt_async_save = True``;
 every test leaves no pending save behind."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import random
 from typing import Any
 
 import numpy as np
@@ -142,3 +143,14 @@ def assert_unickpt_checkpoints(output_dir: str, steps: range, *, pretrained: boo
         assert expected <= names, (checkpoint, sorted(names))
         assert has_unickpt_checkpoint(checkpoint), checkpoint
         assert not names & {*STOCK_TRAINING_STATE_FILES, "rng_state.pth"}, (checkpoint, sorted(names))
+
+
+class NoisyLinePreTrained(LinePreTrained):
+    """The line model plus noise from the torch, numpy and ``random`` generators in each forward
+    (upstream's ``RegressionRandomPreTrainedModel``): a resume that does not restore the
+    generators diverges from the uninterrupted run."""
+
+    def forward(self, input_x: torch.Tensor, labels: Any = None, **_: Any) -> tuple[torch.Tensor, ...]:
+        noise = 0.05 * (torch.randn(()) + float(np.random.rand()) + random.random())
+        y = input_x * self.a + self.b + noise
+        return (y,) if labels is None else (nn.functional.mse_loss(y, labels), y)
