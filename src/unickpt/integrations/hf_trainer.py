@@ -83,7 +83,7 @@ class UnickptTrainerMixin(_Base):
 
     # ---------------------------------------------------------------- save
 
-    def _deleted_without_rotation(self, output_dir: str) -> bool:
+    def _deleted_at_train_end(self, output_dir: str) -> bool:
         """With ``save_total_limit=1`` and a best checkpoint elsewhere, the Trainer deletes the
         checkpoint it saves at the end of ``train()``, without waiting for anything: that save
         must have committed by then (the same on every rank: the Trainer's arguments and state)."""
@@ -97,7 +97,7 @@ class UnickptTrainerMixin(_Base):
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         default_checkpointer().wait()  # the previous save commits before the Trainer may rotate it away
         path = os.path.join(output_dir, UNICKPT_SUBDIR)
-        async_save = self.unickpt_async_save and not self._deleted_without_rotation(output_dir)
+        async_save = self.unickpt_async_save and not self._deleted_at_train_end(output_dir)
         save(path, self._unickpt_state(RngState()), async_save=async_save)
 
     def _save_scaler(self, output_dir: str) -> None:
