@@ -23,8 +23,9 @@ What the Trainer calls, in its order, and what the mixin does there:
   stateful dataloaders, scaler, registered objects, per-rank RNG) plus ``lr_scheduler`` to
   ``checkpoint-N/unickpt`` (``unickpt_async_save=True``: returns once the snapshot is taken,
   after waiting for the previous save, so the Trainer's rotation only ever deletes committed
-  checkpoints; synchronously where the Trainer deletes this one at the end of ``train()``:
-  ``save_total_limit=1`` with a best checkpoint elsewhere); ``_save_scaler`` /
+  checkpoints; synchronously where the Trainer deletes this one at the end of ``train()``
+  (``save_total_limit=1`` with a best checkpoint elsewhere) and for a just-in-time checkpoint
+  (``enable_jit_checkpoint``: the job is about to be killed)); ``_save_scaler`` /
   ``_save_rng_state`` have nothing left to do; then the Trainer writes ``trainer_state.json``
   and rotates (``save_total_limit``).
 * ``train(resume_from_checkpoint=...)``: ``_load_from_checkpoint`` (before ``accelerator.prepare``)
@@ -52,6 +53,8 @@ from .accelerate import RngState, accelerate_state, resize_from_checkpoint
 __all__ = ["UnickptTrainerMixin", "UnickptTrainer", "UNICKPT_SUBDIR"]
 
 UNICKPT_SUBDIR = "unickpt"  # the unickpt checkpoint inside each checkpoint-N folder
+# what transformers' CheckpointManager writes in checkpoint-N while a just-in-time save runs
+_JIT_INCOMPLETE_MARKER = "checkpoint-is-incomplete.txt"
 
 if TYPE_CHECKING:  # what the mixin is mixed into
     _Base = Trainer
@@ -83,21 +86,26 @@ class UnickptTrainerMixin(_Base):
 
     # ---------------------------------------------------------------- save
 
-    def _deleted_at_train_end(self, output_dir: str) -> bool:
-        """With ``save_total_limit=1`` and a best checkpoint elsewhere, the Trainer deletes the
-        checkpoint it saves at the end of ``train()``, without waiting for anything: that save
-        must have committed by then (the same on every rank: the Trainer's arguments and state)."""
+    def _commits_before_return(self, output_dir: str) -> bool:
+        """Whether the save to ``output_dir`` must commit before ``_save_optimizer_and_scheduler``
+        returns, even with ``unickpt_async_save`` (the same on every rank):
+
+        * the Trainer deletes it at the end of ``train()`` without waiting for anything:
+          ``save_total_limit=1`` and a best checkpoint elsewhere;
+        * it is a just-in-time checkpoint (``enable_jit_checkpoint``, after SIGTERM): the
+          Trainer's ``CheckpointManager`` marks the folder incomplete (each rank writes the
+          marker before its own save) and unmarks it when ``_save_checkpoint`` returns, and the
+          job is about to be killed."""
         best = self.state.best_model_checkpoint
-        return (
-            self.args.save_total_limit == 1
-            and best is not None
-            and os.path.abspath(best) != os.path.abspath(output_dir)
-        )
+        if self.args.save_total_limit == 1 and best is not None:
+            if os.path.abspath(best) != os.path.abspath(output_dir):
+                return True
+        return os.path.exists(os.path.join(output_dir, _JIT_INCOMPLETE_MARKER))
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         default_checkpointer().wait()  # the previous save commits before the Trainer may rotate it away
         path = os.path.join(output_dir, UNICKPT_SUBDIR)
-        async_save = self.unickpt_async_save and not self._deleted_at_train_end(output_dir)
+        async_save = self.unickpt_async_save and not self._commits_before_return(output_dir)
         save(path, self._unickpt_state(RngState()), async_save=async_save)
 
     def _save_scaler(self, output_dir: str) -> None:
