@@ -38,7 +38,7 @@ from typing import Protocol, runtime_checkable
 
 __all__ = ["PieceJob", "SplitJob", "read_pieces"]
 
-_BACKLOG = 2  # pieces per reader read and waiting for their verification
+_BACKLOG = 4  # pieces per reader read and waiting for their verification
 
 
 class PieceJob(Protocol):
