@@ -2,7 +2,8 @@
 them end to end, single process.
 
 On local files each file is read front to back by one thread at a time (several files side by
-side); elsewhere one pool reads all pieces. A failure stops every reader at its next piece and is
+side), its pieces verified on verifier threads while the reader reads on (a bounded backlog);
+elsewhere one pool reads all pieces. A failure stops every reader at its next piece and is
 raised only once no reader is still writing. End to end (``unickpt.load`` of a model + Adam from
 local files): every byte lands bit for bit straight in the live tensors (no copies into place),
 the load's phase records count the bytes read and verified, and a flipped byte raises
@@ -214,3 +215,92 @@ def test_one_reader_per_file_only_where_the_kernel_reads_ahead(tmp_path: Path) -
     assert reads_ahead(open_storage(str(tmp_path), StorageOptions(direct_reads=False)))
     assert not reads_ahead(open_storage(str(tmp_path), StorageOptions(direct_reads=True)))
     assert not reads_ahead(MemoryStorage("x", store=MemoryStore()))
+
+
+# ------------------------------------------------------------------ reads apart from their verification
+
+
+class _SplitJob(_Job):
+    """A ``SplitJob``: ``read_bytes`` logs the read; ``settle`` logs the piece settled, on which
+    thread, and how many pieces were read and not yet settled at the time; ``bad`` pieces fail
+    their settling (a checksum mismatch)."""
+
+    def __init__(self, *args, gate: threading.Event | None = None) -> None:
+        super().__init__(*args)
+        self.settled: list[tuple[int, str]] = []
+        self.bad: set[int] = set()
+        self.unsettled = {"now": 0, "max": 0}
+        self.hold = gate  # settling waits for it (the readers run ahead meanwhile)
+
+    def read_piece(self, p: int) -> None:  # never called on a split job in streams order
+        raise AssertionError("read_piece called on a split job")
+
+    def read_bytes(self, p: int) -> None:
+        with self.lock:
+            self.log.append((self.name, self._pieces[p][0], threading.current_thread().name))
+            self.unsettled["now"] += 1
+            self.unsettled["max"] = max(self.unsettled["max"], self.unsettled["now"])
+
+    def settle(self, p: int) -> None:
+        if self.hold is not None:
+            assert self.hold.wait(30)
+        with self.lock:
+            self.unsettled["now"] -= 1
+            self.settled.append((p, threading.current_thread().name))
+        if p in self.bad:
+            raise ChecksumMismatchError(f"checksum mismatch in {self.name} piece {p}")
+
+
+def _split_jobs(layout: dict[str, list[list[tuple[int, int]]]]) -> list[_SplitJob]:
+    log: list = []
+    active: dict = {}
+    lock = threading.Lock()
+    return [_SplitJob(name, pieces, log, active, lock) for name, runs in layout.items() for pieces in runs]
+
+
+@pytest.mark.parametrize("threads", [1, 2, 4])
+def test_split_jobs_are_read_by_the_readers_and_every_piece_settled_by_verifiers(threads: int) -> None:
+    jobs = _split_jobs(LAYOUT)
+    spans: dict[str, list[float]] = {}
+    read_pieces(jobs, threads, spans, streams=True)
+    log = jobs[0].log
+    for name, runs in LAYOUT.items():
+        want = sorted(lo for pieces in runs for lo, _ in pieces)
+        assert [lo for f, lo, _ in log if f == name] == want  # still read in file order, each once
+        assert spans[name][2] == sum(hi - lo for pieces in runs for lo, hi in pieces)
+    for job in jobs:  # every piece settled once before read_pieces returned, on a verifier thread
+        assert sorted(p for p, _ in job.settled) == list(range(len(job.pieces())))
+        assert all(t.startswith("unickpt-verify") for _, t in job.settled)
+
+
+def test_readers_run_ahead_of_verification_by_a_bounded_backlog() -> None:
+    """Settling is held: the one reader reads on until ``_BACKLOG`` pieces wait for their
+    verification, and no further; once released, everything is settled."""
+    from unickpt.engine.load import schedule
+
+    release = threading.Event()
+    job = _SplitJob("a", [(i * 8, i * 8 + 8) for i in range(10)], [], {}, threading.Lock(), gate=release)
+    done = threading.Thread(target=read_pieces, args=([job], 1, {}, True))
+    done.start()
+    while len(job.log) < schedule._BACKLOG:  # the reader fills the backlog without any settling
+        done.join(0.01)
+    done.join(0.2)  # a reader that ignored the bound would read all 10 pieces meanwhile
+    assert len(job.log) == schedule._BACKLOG
+    release.set()
+    done.join(30)
+    assert not done.is_alive()
+    assert job.unsettled == {"now": 0, "max": schedule._BACKLOG}
+    assert sorted(p for p, _ in job.settled) == list(range(10))
+
+
+def test_a_failed_verification_stops_the_readers_and_is_raised_after_all_stopped() -> None:
+    """Piece 1 of "a" fails its checksum: the error is raised (the same error object), the
+    readers stop at their next piece (not every later piece of "a" is read) and no verifier is
+    still running when ``read_pieces`` returns."""
+    jobs = _split_jobs({"a": [[(i * 8, i * 8 + 8) for i in range(40)]], "b": [[(0, 4), (4, 8)]]})
+    jobs[0].bad = {1}
+    with pytest.raises(ChecksumMismatchError, match="checksum mismatch in a piece 1"):
+        read_pieces(jobs, 2, {}, streams=True)
+    settled_at_return = [list(j.settled) for j in jobs]
+    assert len([f for f, _, _ in jobs[0].log if f == "a"]) < 40  # stopped early
+    assert [list(j.settled) for j in jobs] == settled_at_return  # nothing settles after the return

@@ -227,7 +227,13 @@ class RunJob:
 
     def read_piece(self, p: int) -> None:
         """Read piece ``p`` of the run into its segments; then verify the units it completed
-        and hand on the needs they (or it) completed."""
+        and hand on the needs they (or it) completed (``read_bytes`` then ``settle``)."""
+        self.read_bytes(p)
+        self.settle(p)
+
+    def read_bytes(self, p: int) -> None:
+        """Only read piece ``p`` into its segments (``settle(p)`` must follow, on any thread,
+        before the run's units it completes are verified)."""
         lo, hi = self._pieces[p]
         for seg in self._segments_in(lo, hi):
             a, b = max(lo, seg.lo), min(hi, seg.hi)
@@ -235,6 +241,11 @@ class RunJob:
             t0 = time.perf_counter()
             self.read_into(self.name, a, memory)
             self.clock.add_io(t0, time.perf_counter(), b - a)
+
+    def settle(self, p: int) -> None:
+        """After ``read_bytes(p)``: verify the units piece ``p`` completed and hand on the needs
+        they (or it) completed; raises ``ChecksumMismatchError`` for a unit that differs."""
+        lo, hi = self._pieces[p]
         finished = []
         with self._lock:
             for u in self._units_in(lo, hi):

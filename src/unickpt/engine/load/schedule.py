@@ -14,8 +14,17 @@
   which have no readahead) one pool of ``threads`` readers over all pieces, in run order, so
   one file's pieces are in flight in parallel.
 
+In ``streams`` order a job that splits its pieces (``SplitJob``: ``read_bytes`` then ``settle``,
+as ``RunJob`` does) only has its bytes read by the file's reader; the rest of the piece (its
+checksums, the copies into place) runs on ``verifiers`` threads of its own, so the reader's next
+read is already in flight while the last piece is verified: the device keeps streaming the file
+instead of waiting out each piece's checksum (one reader per file would otherwise alternate
+read, verify, read). At most ``_BACKLOG`` pieces per reader are read and not yet settled (a
+bound on the temporaries held). Every piece is still settled (verified) before
+``read_pieces`` returns.
+
 Either way a failure stops the readers at their next piece and the first failure is raised
-once every reader has stopped (no thread is left writing into a destination).
+once every reader and verifier has stopped (no thread is left writing into a destination).
 """
 
 from __future__ import annotations
@@ -25,9 +34,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
-__all__ = ["PieceJob", "read_pieces"]
+__all__ = ["PieceJob", "SplitJob", "read_pieces"]
+
+_BACKLOG = 4  # pieces per reader read and waiting for their verification
 
 
 class PieceJob(Protocol):
@@ -42,15 +53,28 @@ class PieceJob(Protocol):
     def read_piece(self, p: int) -> None: ...
 
 
+@runtime_checkable
+class SplitJob(Protocol):
+    """A ``PieceJob`` whose pieces are read (``read_bytes``) apart from the rest of their
+    handling (``settle``: checksums, hand-over), which may then run on another thread."""
+
+    def read_bytes(self, p: int) -> None: ...
+
+    def settle(self, p: int) -> None: ...
+
+
 def read_pieces(jobs: Sequence[PieceJob], threads: int, spans: dict[str, list[float]], streams: bool) -> None:
     """Read every piece of ``jobs`` (``streams``: one thread per file at a time, else one pool
     over all pieces); each piece's time and bytes added to its file's entry of ``spans``
     (``[first start, last end, bytes]``). Raises the first failure after all readers stopped."""
     lock = threading.Lock()
 
-    def piece(job: PieceJob, p: int, n: int) -> None:
+    def piece(job: PieceJob, p: int, n: int, bytes_only: bool = False) -> None:
         t0 = time.perf_counter()
-        job.read_piece(p)
+        if bytes_only:
+            job.read_bytes(p)  # type: ignore[attr-defined]  # a SplitJob: settled elsewhere
+        else:
+            job.read_piece(p)
         t1 = time.perf_counter()
         with lock:
             span = spans.setdefault(job.name, [t0, t1, 0])
@@ -64,21 +88,24 @@ def read_pieces(jobs: Sequence[PieceJob], threads: int, spans: dict[str, list[fl
         _pool(jobs, threads, piece)
 
 
-def _pool(jobs: Sequence[PieceJob], threads: int, piece: Callable[[PieceJob, int, int], None]) -> None:
+def _pool(jobs: Sequence[PieceJob], threads: int, piece: Callable[[PieceJob, int, int, bool], None]) -> None:
     """One pool of ``threads`` over every piece, in run order; after a failure the pieces not
     started yet are dropped."""
     pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="unickpt-read")
     try:
-        futures = [pool.submit(piece, job, p, hi - lo) for job in jobs for p, (lo, hi) in enumerate(job.pieces())]
+        futures = [
+            pool.submit(piece, job, p, hi - lo, False) for job in jobs for p, (lo, hi) in enumerate(job.pieces())
+        ]
         for f in futures:
             f.result()
     finally:  # after a failure: drop the pieces not started yet
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _by_file(jobs: Sequence[PieceJob], threads: int, piece: Callable[[PieceJob, int, int], None]) -> None:
+def _by_file(jobs: Sequence[PieceJob], threads: int, piece: Callable[[PieceJob, int, int, bool], None]) -> None:
     """Each file's pieces in file order by one thread; up to ``threads`` files at a time, the
-    largest first (the last file to start is a small one)."""
+    largest first (the last file to start is a small one). Pieces of a ``SplitJob`` are settled
+    on verifier threads (module docstring)."""
     files: dict[str, list[tuple[int, int, PieceJob, int]]] = {}
     for job in jobs:
         for p, (lo, hi) in enumerate(job.pieces()):
@@ -88,6 +115,34 @@ def _by_file(jobs: Sequence[PieceJob], threads: int, piece: Callable[[PieceJob, 
     queue = deque(streams)
     take = threading.Lock()
     failures: list[BaseException] = []
+    workers = min(max(1, threads), len(streams))
+    split = any(isinstance(job, SplitJob) for job in jobs)
+    verify_pool = ThreadPoolExecutor(verifiers(workers), thread_name_prefix="unickpt-verify") if split else None
+    slots = threading.BoundedSemaphore(_BACKLOG * workers)
+
+    def failed(e: BaseException) -> None:
+        with take:
+            failures.append(e)
+
+    def settle(job: SplitJob, p: int) -> None:
+        try:
+            if not failures:  # after a failure the load fails anyway: nothing more to verify
+                job.settle(p)
+        except BaseException as e:
+            failed(e)
+        finally:
+            slots.release()
+
+    def read_split(job: PieceJob, p: int, n: int) -> None:
+        """``piece`` for a split job: times only its read; its settling queued to a verifier."""
+        assert verify_pool is not None and isinstance(job, SplitJob)
+        slots.acquire()
+        try:
+            piece(job, p, n, True)
+        except BaseException:
+            slots.release()
+            raise
+        verify_pool.submit(settle, job, p)
 
     def reader() -> None:
         while True:
@@ -96,21 +151,32 @@ def _by_file(jobs: Sequence[PieceJob], threads: int, piece: Callable[[PieceJob, 
                     return
                 stream = queue.popleft()
             for lo, hi, job, p in stream:
-                if failures:  # another reader failed: stop at this piece
+                if failures:  # another reader (or a verifier) failed: stop at this piece
                     return
                 try:
-                    piece(job, p, hi - lo)
+                    if isinstance(job, SplitJob):
+                        read_split(job, p, hi - lo)
+                    else:
+                        piece(job, p, hi - lo, False)
                 except BaseException as e:
-                    with take:
-                        failures.append(e)
+                    failed(e)
                     return
 
-    workers = min(max(1, threads), len(streams))
-    if workers <= 1:
-        reader()
-    else:
-        with ThreadPoolExecutor(workers, thread_name_prefix="unickpt-read") as pool:
-            for f in [pool.submit(reader) for _ in range(workers)]:
-                f.result()
+    try:
+        if workers <= 1:
+            reader()
+        else:
+            with ThreadPoolExecutor(workers, thread_name_prefix="unickpt-read") as pool:
+                for f in [pool.submit(reader) for _ in range(workers)]:
+                    f.result()
+    finally:
+        if verify_pool is not None:  # every piece read is settled (or skipped after a failure)
+            verify_pool.shutdown(wait=True)
     if failures:
         raise failures[0]
+
+
+def verifiers(readers: int) -> int:
+    """Verifier threads for ``readers`` streams: one per two readers (a checksum runs several
+    times faster than a page-cache read delivers bytes), at least one."""
+    return max(1, readers // 2)
