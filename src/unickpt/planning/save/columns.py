@@ -4,8 +4,8 @@ instead of one Python record per shard and rank.
 ``plan.plan_save`` calls it on the coordinator for every job the templates do not fit. Steps:
 tensors checked across ranks (``_Rows.disagreements``: a refusal names every rank that
 disagrees), boxes deduplicated by one lexsort, each written by its only holder, the replica
-source a holder names, else worst-fit in one ordered pass (``_choose_writers``; a rank holding
-one box twice is one holder of it); the written boxes tile their tensors (``_tiling_problems``:
+source a holder names, else worst-fit (``writers.choose_writers`` with one group per rank; a
+rank holding one box twice is one holder of it); the written boxes tile their tensors (``_tiling_problems``:
 one-dimension splits on columns, anything else by ``format.validation.box_coverage_problem``);
 tensors the ranks write as ``torch.chunk`` parts, rank r chunk r, laid out alike in every rank's
 files and recorded as layouts (``split``: ``split_dims``, then ``lay_out_rank`` per rank, with
@@ -35,7 +35,7 @@ from .layout import layout_columns
 from .model import GlobalSavePlan, RankSavePlan, WriteEntry, file_name
 from .split import RankWithoutFile, full_chunks, lay_out_rank, split_dims, split_parts
 from .table import ShardTable
-from .writers import lightest_rank, named_source
+from .writers import choose_writers
 
 __all__ = ["plan_tables"]
 
@@ -282,60 +282,23 @@ class _Rows:
 
 
 def _choose_writers(rows: _Rows, world: int) -> tuple[np.ndarray, np.ndarray]:
-    """The row that writes each distinct kept box: its only holder, the replica source a
-    holder names, else worst-fit (largest first, then by (fqn, offsets, lengths), to the
-    replica with the fewest bytes so far, the lowest rank on a tie). A rank holding one box
-    twice is one holder: as the named source its last row writes, as the balanced choice its
-    first. Also each chosen box's place in the record order (what a refusal lists boxes in):
-    its first holder's row for the fixed ones, after every row the balanced ones in turn."""
+    """The row that writes each distinct kept box (``writers.choose_writers`` with one group per
+    rank), and each chosen box's place in the record order (what a refusal lists boxes in)."""
     kept = np.flatnonzero(rows.kept)
-    keys = np.column_stack([rows.name[kept], rows.offsets[kept], rows.lengths[kept]])
-    order = np.lexsort(keys.T[::-1])  # by tensor, offsets, lengths; stable: holders in rank order
-    ks = keys[order]
-    starts = np.flatnonzero(np.concatenate([[True], (ks[1:] != ks[:-1]).any(axis=1)]))
-    counts = np.diff(np.append(starts, len(ks)))
-    unique = kept[order[starts[counts == 1]]]
-    load = np.zeros(world, dtype=np.int64)
-    np.add.at(load, rows.rank[unique], rows.nbytes[unique])
-    loads = load.tolist()
-    shared = counts > 1
-    if not shared.any():
-        return unique, unique.copy()
-    # the replicated boxes, in worst-fit order: bytes descending, then (fqn, offsets, lengths)
-    heads = kept[order[starts[shared]]]
-    by_name = np.empty(len(rows.names), dtype=np.int64)
-    by_name[sorted(range(len(rows.names)), key=rows.names.__getitem__)] = np.arange(len(rows.names))
-    # np.lexsort: the last key is the primary one; a box's dims compare first to last
-    worst_first = np.lexsort(
-        np.concatenate(
-            [rows.lengths[heads].T[::-1], rows.offsets[heads].T[::-1], [by_name[rows.name[heads]], -rows.nbytes[heads]]]
-        )
+    chosen, _, record_order = choose_writers(
+        rows.names,
+        rows.name[kept],
+        rows.offsets[kept],
+        rows.lengths[kept],
+        rows.nbytes[kept],
+        rows.source[kept],
+        rows.rank[kept],
+        np.zeros(world, dtype=np.int64),
     )
-    members = kept[order].tolist()
-    group_rows = [members[a : a + c] for a, c in zip(starts[shared].tolist(), counts[shared].tolist())]
-    ranks, sources, nbytes = rows.rank.tolist(), rows.source.tolist(), rows.nbytes.tolist()
-    heads_of = heads.tolist()
-    preferred, preferred_heads, balanced = [], [], []
-    for k in worst_first.tolist():
-        group = group_rows[k]
-        holders = {ranks[r]: r for r in group}  # a rank holding the box twice: its last row
-        src = named_source((sources[r] for r in group), holders.__contains__)
-        if src is not None:
-            preferred.append(holders[src])
-            preferred_heads.append(heads_of[k])
-            loads[src] += nbytes[holders[src]]
-        elif len(holders) != len(group):
-            balanced.append({ranks[r]: r for r in reversed(group)})  # its first row
-        else:
-            balanced.append(holders)
-    picks = []
-    for holders in balanced:
-        rank = lightest_rank(list(holders), loads)
-        picks.append(holders[rank])
-        loads[rank] += nbytes[holders[rank]]
-    chosen = np.concatenate([unique, np.array(preferred + picks, dtype=np.int64)])
-    later = len(rows.rank) + np.arange(len(picks), dtype=np.int64)
-    return chosen, np.concatenate([unique, np.array(preferred_heads, dtype=np.int64), later])
+    later = record_order >= len(kept)  # the balanced boxes: after every row, in turn
+    at = kept[np.minimum(record_order, len(kept) - 1)]
+    record_order = np.where(later, record_order - len(kept) + len(rows.rank), at)
+    return kept[chosen], record_order
 
 
 def _tiling_problems(rows: _Rows, chosen: np.ndarray, record_order: np.ndarray) -> list[str]:

@@ -15,7 +15,7 @@ templates:
 2. the other (explicit) boxes are deduplicated across templates; a box's holders are the ranks
    of the templates holding it; each is written by its only holder, the replica source a holder
    names, else worst-fit (largest first to the holder with the fewest bytes, split chunks
-   counted), exactly as the column planner decides;
+   counted): ``writers.choose_writers`` over the templates, the column planner's rule;
 3. byte layout: each rank's chunks first (``SplitLayout``'s offsets), then its explicit boxes
    and blobs, largest first to the lightest file, as ``split.lay_out_rank`` places them.
 The result is a ``GlobalSavePlan`` whose ``rank_plans`` is a ``RegularRankPlans``: a rank's
@@ -29,7 +29,7 @@ plans it or raises its precise error. The plans are equal (tests/unit/planning/t
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,7 +42,7 @@ from .layout import padded
 from .model import GlobalSavePlan, LocalSavePlan, RankSavePlan, WriteEntry, file_name
 from .split import place_others, split_parts
 from .table import ShardTable
-from .writers import lightest_rank, named_source
+from .writers import choose_writers
 
 __all__ = ["plan_regular", "chunk_rule", "RegularRankPlans", "NotRegular", "MAX_TEMPLATES"]
 
@@ -398,11 +398,6 @@ def _plan(
     return GlobalSavePlan(save_id, plans, files, tensors, tuple(writers), layouts)
 
 
-def _holds(template_of: np.ndarray, row_in: dict[int, int]) -> Callable[[int], bool]:
-    """Whether rank ``s`` is of a template holding the box (``row_in``: template -> its row)."""
-    return lambda s: 0 <= s < len(template_of) and int(template_of[s]) in row_in
-
-
 def _choose(
     templates: list[_Template],
     template_of: np.ndarray,
@@ -411,47 +406,49 @@ def _choose(
     sizes: dict[str, int],
     split_load: np.ndarray,
 ) -> list[tuple[str, Shape, Shape, int, int]]:
-    """The writer of each explicit box (fqn, offsets, lengths, rank, row) in (rank, row) order;
-    ``NotRegular`` for a rank holding a box twice, a tensor nobody writes, boxes that do not tile."""
-    holders: dict[tuple[str, Shape, Shape], list[tuple[int, int]]] = {}  # -> [(template, row)]
-    for fqn, held in explicit.items():
+    """The writer of each explicit box (fqn, offsets, lengths, rank, row) in (rank, row) order,
+    chosen by ``writers.choose_writers`` over the templates; ``NotRegular`` for a rank holding a
+    box twice, a tensor nobody writes, boxes that do not tile."""
+    fqns = list(explicit)
+    width = max([1, *(len(tensors[f][1]) for f in fqns)])
+    cols: list[tuple[int, Shape, Shape, int, int, int, int]] = []  # name, offs, lens, nbytes, source, template, row
+    seen: set[tuple[int, Shape, Shape, int]] = set()
+    for g, fqn in enumerate(fqns):
         shape = tensors[fqn][1]
+        nd = len(shape)
         empty_tensor = math.prod(shape) == 0
-        for ti, i in held:
+        pad = width - nd
+        for ti, i in explicit[fqn]:
             t = templates[ti].table
-            nd = len(shape)
             offs, lens = tuple(t.offsets[i, :nd].tolist()), tuple(t.lengths[i, :nd].tolist())
             if not empty_tensor and nd and math.prod(lens) == 0:
                 continue  # an empty shard: nothing to write
-            got = holders.setdefault((fqn, offs, lens), [])
-            if any(g == ti for g, _ in got):
+            if (g, offs, lens, ti) in seen:
                 raise NotRegular(f"a rank holds {fqn} {offs}+{lens} twice")
-            got.append((ti, i))
-    load = split_load.astype(np.int64).copy()
-    ranks_of = [np.array(tm.ranks, dtype=np.int64) for tm in templates]  # ascending
+            seen.add((g, offs, lens, ti))
+            nbytes = math.prod(lens) * sizes[fqn]
+            cols.append((g, offs + (0,) * pad, lens + (1,) * pad, nbytes, int(t.source[i]), ti, i))
+
+    def column(k: int) -> np.ndarray:
+        return np.array([c[k] for c in cols], dtype=np.int64).reshape(len(cols), -1 if cols else 1)
+
+    rows, ranks, _ = choose_writers(
+        fqns,
+        column(0)[:, 0],
+        column(1).reshape(len(cols), width),
+        column(2).reshape(len(cols), width),
+        column(3)[:, 0],
+        column(4)[:, 0],
+        column(5)[:, 0],
+        split_load,
+        [np.array(tm.ranks, dtype=np.int64) for tm in templates],
+        template_of,
+    )
     chosen: list[tuple[str, Shape, Shape, int, int]] = []
-    balanced = []
-    for key, held in holders.items():
-        fqn, _, lens = key
-        nbytes = math.prod(lens) * sizes[fqn]
-        row_in = dict(held)  # template -> its row holding the box
-        ranks = ranks_of[held[0][0]] if len(held) == 1 else np.sort(np.concatenate([ranks_of[ti] for ti, _ in held]))
-        if len(ranks) == 1:
-            r = int(ranks[0])
-            chosen.append((*key, r, row_in[int(template_of[r])]))
-            load[r] += nbytes
-            continue
-        src = named_source((int(templates[ti].table.source[i]) for ti, i in held), _holds(template_of, row_in))
-        if src is not None:
-            chosen.append((*key, src, row_in[int(template_of[src])]))
-            load[src] += nbytes
-        else:
-            balanced.append((-nbytes, key, ranks, row_in))
-    balanced.sort(key=lambda b: (b[0], b[1]))
-    for neg, key, ranks, row_in in balanced:
-        r = lightest_rank(ranks, load)
-        chosen.append((*key, r, row_in[int(template_of[r])]))
-        load[r] -= neg
+    for r, rank in zip(rows.tolist(), ranks.tolist()):
+        g = cols[r][0]
+        nd = len(tensors[fqns[g]][1])
+        chosen.append((fqns[g], cols[r][1][:nd], cols[r][2][:nd], rank, cols[r][6]))
     by_tensor: dict[str, list[tuple[Shape, Shape]]] = {}
     for fqn, offs, lens, _, _ in chosen:
         by_tensor.setdefault(fqn, []).append((offs, lens))
