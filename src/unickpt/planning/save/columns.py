@@ -8,9 +8,9 @@ source a holder names, else worst-fit (``writers.choose_writers`` with one group
 rank holding one box twice is one holder of it); the written boxes tile their tensors (``_tiling_problems``:
 one-dimension splits on columns, anything else by ``format.validation.box_coverage_problem``);
 tensors the ranks write as ``torch.chunk`` parts, rank r chunk r, laid out alike in every rank's
-files and recorded as layouts (``split``: ``split_dims``, then ``lay_out_rank`` per rank, with
-its retry with fewer split tensors, then none); without them each rank's items spread over its
-files lightest-first (``layout_columns``: equal-size runs without a loop); the byte layout
+files and recorded as layouts (``split``: ``split_dims``, with its retry with fewer split
+tensors, then none); each rank's entries laid out in its files by ``layout.lay_out_rank``
+(equal-size runs placed without a loop); the byte layout
 self-checked (``format.validation.overlap_problems``: a failure is a bug, ``InternalError``).
 Every refusal raises (``PlanningError``; an unknown dtype ``CorruptMetadataError``); sizes near
 int64's limits (a tensor of 2^55 elements, a job of 2^61 bytes, a blob of 2^56 bytes: no machine
@@ -31,9 +31,9 @@ from ...errors import InternalError, PlanningError
 from ...format.dtypes import itemsize
 from ...format.validation import box_coverage_problem, overlap_problems
 from ..specs import Shape
-from .layout import layout_columns
+from .layout import lay_out_rank
 from .model import GlobalSavePlan, RankSavePlan, WriteEntry, file_name
-from .split import RankWithoutFile, full_chunks, lay_out_rank, split_dims, split_parts
+from .split import RankWithoutFile, full_chunks, split_dims, split_parts
 from .table import ShardTable
 from .writers import choose_writers
 
@@ -97,7 +97,7 @@ def _lay_out(
 ) -> tuple[list[RankSavePlan], list[str], tuple[tuple[tuple[int, ...], tuple[tuple[str, int], ...]], ...]]:
     """Every rank's entries (its chosen boxes in (rank, index) order, then its blobs) in its
     files: with split tensors (``dim``: per tensor id, the dimension it is split along, or -1)
-    by ``split.lay_out_rank``, else ``layout_columns``; self-checked. Returns the rank plans,
+    by ``layout.lay_out_rank``; self-checked. Returns the rank plans,
     the data files and the split layouts (per used part: each rank's file index of that part,
     the part's (fqn, dim) in the tensor order). ``RankWithoutFile`` where a rank would lack a
     file a layout names."""
@@ -132,10 +132,12 @@ def _lay_out(
             tensor_ids = work_owners.copy()
             tensor_ids[hi - lo :] = 0
             part_of = np.where(np.arange(len(work_sizes)) < hi - lo, part_by_name[tensor_ids], -1)
-            rest_key = [(bool(k), 0 if k else i, k) for i, k in zip(work_items, work_keys)]
-            order, part, offset = lay_out_rank(work_sizes, part_of, pos[tensor_ids], rest_key, files_per_rank)
+            tie = np.arange(len(work_sizes), dtype=np.int64)  # boxes by item, then blobs by key
+            keys = work_keys[hi - lo :]
+            tie[[hi - lo + i for i in sorted(range(len(keys)), key=keys.__getitem__)]] = tie[hi - lo :].copy()
+            order, part, offset = lay_out_rank(work_sizes, files_per_rank, tie, part_of, pos[tensor_ids])
         else:
-            order, part, offset = layout_columns(work_sizes, files_per_rank)
+            order, part, offset = lay_out_rank(work_sizes, files_per_rank)
         order_of = order.tolist()
         used = np.unique(part).tolist()  # parts in order (a part that got no entry has no file)
         if split and any(per_part[k] and k not in used for k in range(files_per_rank)):

@@ -17,7 +17,9 @@ templates:
    names, else worst-fit (largest first to the holder with the fewest bytes, split chunks
    counted): ``writers.choose_writers`` over the templates, the column planner's rule;
 3. byte layout: each rank's chunks first (``SplitLayout``'s offsets), then its explicit boxes
-   and blobs, largest first to the lightest file, as ``split.lay_out_rank`` places them.
+   and blobs, largest first to the lightest file: ``layout.lay_out_rank``'s two steps, its
+   other entries placed at plan time (``place_rest``), its chunks when its plan is asked for
+   (``stack``).
 The result is a ``GlobalSavePlan`` whose ``rank_plans`` is a ``RegularRankPlans``: a rank's
 entries are computed when asked (``plan_stage`` encodes each rank's part from its columns,
 ``rank_rows``), never held for every rank. Anything else (ranks disagreeing, a box held twice by
@@ -38,9 +40,9 @@ from ...errors import CorruptMetadataError
 from ...format.dtypes import itemsize
 from ...format.validation import box_coverage_problem
 from ..specs import BlobSpec, Shape
-from .layout import padded
+from .layout import padded, place_rest, stack
 from .model import GlobalSavePlan, LocalSavePlan, RankSavePlan, WriteEntry, file_name
-from .split import place_others, split_parts
+from .split import split_parts
 from .table import ShardTable
 from .writers import choose_writers
 
@@ -208,39 +210,25 @@ class RegularRankPlans(Sequence[RankSavePlan]):
         its blob keys."""
         s = self.split
         nbytes = s.rows_of(rank) * s.row_bytes
-        aligned = padded(nbytes)
         items = s.item[self.template_of[rank]]
-        parts = self.parts[rank]
-        local = {k: i for i, k in enumerate(parts)}
-        blocks = []
-        blobs: list[str] = []
+        local = np.full(len(s.members), -1, dtype=np.int64)
+        local[list(self.parts[rank])] = np.arange(len(self.parts[rank]))
+        at = np.flatnonzero(nbytes > 0)  # empty chunks take no bytes and get no entry
+        at = at[np.argsort(s.part[at], kind="stable")]  # by part, each part's in the tensor order
+        chunk_part = s.part[at]
+        chunks = np.empty((len(at), 5), dtype=np.int64)
+        chunks[:, 0], chunks[:, 1], chunks[:, 3], chunks[:, 4] = items[at], chunk_part, nbytes[at], -1
+        chunks[:, 2] = stack(chunk_part, nbytes[at], np.zeros(len(s.members), dtype=np.int64))
         extra = self.explicit.get(rank, [])
-        for k in parts:
-            members = s.members[k]  # the part's tensors in byte order
-            sizes = aligned[members]
-            kept = nbytes[members] > 0  # empty chunks take no bytes and get no entry
-            at = members[kept]
-            starts = (np.cumsum(sizes) - sizes)[kept]
-            block = np.empty((len(at), 5), dtype=np.int64)
-            block[:, 0], block[:, 1], block[:, 2], block[:, 3], block[:, 4] = (
-                items[at],
-                local[k],
-                starts,
-                nbytes[at],
-                -1,
-            )
-            blocks.append(block)
-            mine = [e for e in extra if e[0] == k]
-            if mine:
-                more = np.empty((len(mine), 5), dtype=np.int64)
-                for i, (_, off, n, item, key) in enumerate(mine):
-                    b = -1
-                    if key:
-                        b = len(blobs)
-                        blobs.append(key)
-                    more[i] = (item, local[k], off, n, b)
-                blocks.append(more)
-        rows = np.concatenate(blocks) if blocks else np.zeros((0, 5), dtype=np.int64)
+        blobs = [key for *_, key in extra if key]
+        more = np.empty((len(extra), 5), dtype=np.int64)
+        b = 0
+        for i, (k, off, n, item, key) in enumerate(extra):
+            more[i] = (item, k, off, n, b if key else -1)
+            b += bool(key)
+        both = np.concatenate([chunks, more])
+        rows = both[np.argsort(both[:, 1], kind="stable")]  # by part: its chunks, then its other entries
+        rows[:, 1] = local[rows[:, 1]]
         return self.files_of(rank), rows, blobs
 
     def explicit_entries(self) -> Iterator[tuple[int, WriteEntry]]:
@@ -372,14 +360,16 @@ def _plan(
             work.setdefault(rank, []).append((b.nbytes, True, 0, b.key))
     placed: dict[int, list[tuple[int, int, int, int, str]]] = {}
     for rank, items in work.items():
-        spots = place_others(
-            [w[0] for w in items],
-            [w[1:] for w in items],
-            loads_by_part[rank].tolist(),
-            ends_by_part[rank].tolist(),
-        )
-        out = [(k, off, items[i][0], -1 if items[i][3] else items[i][2], items[i][3]) for i, k, off in spots]
-        uses[rank, [k for _, k, _ in spots]] = True
+        ties = [w[1:] for w in items]
+        tie = np.empty(len(items), dtype=np.int64)
+        tie[sorted(range(len(items)), key=ties.__getitem__)] = np.arange(len(items))
+        sizes_of = np.array([w[0] for w in items], dtype=np.int64)
+        order, at_part, at = place_rest(sizes_of, tie, loads_by_part[rank], ends_by_part[rank])
+        out = [
+            (k, off, items[i][0], -1 if items[i][3] else items[i][2], items[i][3])
+            for i, k, off in zip(order.tolist(), at_part.tolist(), at.tolist())
+        ]
+        uses[rank, at_part] = True
         placed[rank] = sorted(out, key=lambda e: e[0])  # by part, each part's in placement order
     used = sorted(set(part.tolist()))
     if not uses[:, used].all():
