@@ -36,12 +36,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...errors import CorruptMetadataError
+from ...errors import CorruptMetadataError, PlanningError
 from ...format.dtypes import itemsize
-from ...format.validation import box_coverage_problem
 from ..specs import BlobSpec, Shape
 from .layout import padded, place_rest, stack
 from .model import GlobalSavePlan, LocalSavePlan, RankSavePlan, WriteEntry, file_name
+from .rows import MAX_BLOB, MAX_TOTAL, JobRows, tiling_problems
 from .split import split_parts
 from .table import ShardTable
 from .writers import choose_writers
@@ -57,8 +57,6 @@ class NotRegular(Exception):
 
 # beyond this many distinct templates a job is not regular enough to gain (the column planner)
 MAX_TEMPLATES = 64
-_MAX_BYTES = 1 << 61
-_MAX_BLOB = 1 << 56
 
 
 def chunk_rule(t: ShardTable, world: int) -> np.ndarray:
@@ -270,39 +268,38 @@ def _plan(
     save_id: str,
     parts: int,
 ) -> GlobalSavePlan:
-    # job-wide tensors in first-appearance order (templates by first rank, rows in order)
-    tensors: dict[str, tuple[str, Shape]] = {}
-    rows_by_tensor: dict[str, list[tuple[int, int]]] = {}  # fqn -> [(template, row)]
-    for ti, tm in enumerate(templates):
-        t = tm.table
-        for i, (n, d, nd) in enumerate(zip(t.name.tolist(), t.dtype.tolist(), t.ndim.tolist())):
-            fqn = t.names[n]
-            meta = (t.dtypes[d], tuple(t.shape[i, :nd].tolist()))
-            if tensors.setdefault(fqn, meta) != meta:
-                raise NotRegular(f"ranks disagree on {fqn}")  # the column planner names them
-            rows_by_tensor.setdefault(fqn, []).append((ti, i))
+    # the templates' tables as one set of rows (rows.JobRows: templates by first rank, rows in order)
     try:
-        sizes = {fqn: itemsize(dtype) for fqn, (dtype, _) in tensors.items()}
-    except CorruptMetadataError:
-        raise NotRegular("an unknown dtype") from None
-    if any(sum(math.log2(max(x, 1)) for x in shape) > 55 for _, shape in tensors.values()):
-        raise NotRegular("a tensor of more than 2^55 elements")
+        rows = JobRows.of([tm.table for tm in templates])
+    except (CorruptMetadataError, PlanningError):
+        raise NotRegular("an unknown dtype, or a tensor past the size limits") from None  # the column planner's
+    if rows.disagreements():
+        raise NotRegular("ranks disagree on a tensor")  # the column planner names them
+    tensors = rows.tensors()
+    sizes = {fqn: itemsize(dtype) for fqn, (dtype, _) in tensors.items()}
+    group = np.repeat(np.arange(len(templates), dtype=np.int64), [len(tm.table) for tm in templates])
+    rule = np.concatenate([tm.rule for tm in templates]) if templates else np.zeros(0, dtype=np.int64)
+    rows_by_tensor: dict[int, list[int]] = {int(g): [] for g in rows.name[np.unique(rows.first)].tolist()}
+    for r, g in enumerate(rows.name.tolist()):
+        rows_by_tensor[g].append(r)
+    groups, index = group.tolist(), rows.index.tolist()
 
     # 1. split tensors
     split_fqns: list[str] = []
     split_dim: list[int] = []
     split_rows: list[dict[int, int]] = []
-    explicit: dict[str, list[tuple[int, int]]] = {}
-    for fqn, held in rows_by_tensor.items():
-        ruled = [(ti, i) for ti, i in held if templates[ti].rule[i] >= 0]
+    explicit: list[int] = []  # the rows of tensors outside the split ones
+    for g, held in rows_by_tensor.items():
+        fqn = rows.names[g]
+        ruled = [r for r in held if rule[r] >= 0]
         shape = tensors[fqn][1]
         if not ruled:
-            explicit[fqn] = held
+            explicit.extend(held)
             continue
         if math.prod(shape) == 0 or len(ruled) != len(held):
             raise NotRegular(f"{fqn}: chunks on some ranks, other boxes on others (or no elements)")
-        seen = {int(templates[ti].rule[i]) for ti, i in ruled}
-        per_template = [ti for ti, _ in ruled]
+        seen = {int(rule[r]) for r in ruled}
+        per_template = [groups[r] for r in ruled]
         if len(seen) != 1 or len(set(per_template)) != len(per_template):
             raise NotRegular(f"{fqn}: split along several dimensions, or twice on a rank")
         d = seen.pop()
@@ -314,7 +311,7 @@ def _plan(
                 raise NotRegular(f"{fqn}: split over part of the job")  # a rank with a non-empty chunk does not hold it
         split_fqns.append(fqn)
         split_dim.append(d)
-        split_rows.append(dict(ruled))
+        split_rows.append({groups[r]: index[r] for r in ruled})
     if not split_fqns:
         raise NotRegular("no tensor split over every rank")
     dims = np.array(split_dim, dtype=np.int64)
@@ -335,7 +332,7 @@ def _plan(
 
     # each rank's split bytes per part: raw (what parts are balanced by) and aligned (offsets)
     raw = split.rows_of(np.arange(world, dtype=np.int64)[:, None]) * row_bytes  # (world, tensors)
-    if float(raw.sum(dtype=np.float64)) > _MAX_BYTES:
+    if float(raw.sum(dtype=np.float64)) > MAX_TOTAL:
         raise NotRegular("more than 2^61 bytes")
     loads_by_part = np.zeros((world, parts), dtype=np.int64)
     ends_by_part = np.zeros((world, parts), dtype=np.int64)
@@ -347,7 +344,8 @@ def _plan(
     del raw
 
     # 2. explicit boxes: holders, then writers
-    writers = _choose(templates, template_of, explicit, tensors, sizes, loads_by_part.sum(axis=1))
+    ranks_of = [np.array(tm.ranks, dtype=np.int64) for tm in templates]
+    writers = _choose(rows, group, np.array(sorted(explicit), dtype=np.int64), ranks_of, template_of, loads_by_part)
 
     # 3. each rank's explicit entries and blobs, largest first to the lightest part
     work: dict[int, list[tuple[int, bool, int, str]]] = {}  # rank -> [(nbytes, is a blob, item, key)]
@@ -355,7 +353,7 @@ def _plan(
         work.setdefault(rank, []).append((math.prod(lens) * sizes[fqn], False, idx, ""))
     for rank, own in enumerate(blobs):
         for b in own:
-            if not 0 <= b.nbytes <= _MAX_BLOB:
+            if not 0 <= b.nbytes <= MAX_BLOB:
                 raise NotRegular(f"blob {b.key!r}: absurd size")  # the column planner refuses it
             work.setdefault(rank, []).append((b.nbytes, True, 0, b.key))
     placed: dict[int, list[tuple[int, int, int, int, str]]] = {}
@@ -389,65 +387,50 @@ def _plan(
 
 
 def _choose(
-    templates: list[_Template],
+    rows: JobRows,
+    group: np.ndarray,
+    explicit: np.ndarray,
+    ranks_of: list[np.ndarray],
     template_of: np.ndarray,
-    explicit: dict[str, list[tuple[int, int]]],
-    tensors: dict[str, tuple[str, Shape]],
-    sizes: dict[str, int],
-    split_load: np.ndarray,
+    loads_by_part: np.ndarray,
 ) -> list[tuple[str, Shape, Shape, int, int]]:
-    """The writer of each explicit box (fqn, offsets, lengths, rank, row) in (rank, row) order,
-    chosen by ``writers.choose_writers`` over the templates; ``NotRegular`` for a rank holding a
-    box twice, a tensor nobody writes, boxes that do not tile."""
-    fqns = list(explicit)
-    width = max([1, *(len(tensors[f][1]) for f in fqns)])
-    cols: list[tuple[int, Shape, Shape, int, int, int, int]] = []  # name, offs, lens, nbytes, source, template, row
-    seen: set[tuple[int, Shape, Shape, int]] = set()
-    for g, fqn in enumerate(fqns):
-        shape = tensors[fqn][1]
-        nd = len(shape)
-        empty_tensor = math.prod(shape) == 0
-        pad = width - nd
-        for ti, i in explicit[fqn]:
-            t = templates[ti].table
-            offs, lens = tuple(t.offsets[i, :nd].tolist()), tuple(t.lengths[i, :nd].tolist())
-            if not empty_tensor and nd and math.prod(lens) == 0:
-                continue  # an empty shard: nothing to write
-            if (g, offs, lens, ti) in seen:
-                raise NotRegular(f"a rank holds {fqn} {offs}+{lens} twice")
-            seen.add((g, offs, lens, ti))
-            nbytes = math.prod(lens) * sizes[fqn]
-            cols.append((g, offs + (0,) * pad, lens + (1,) * pad, nbytes, int(t.source[i]), ti, i))
-
-    def column(k: int) -> np.ndarray:
-        return np.array([c[k] for c in cols], dtype=np.int64).reshape(len(cols), -1 if cols else 1)
-
-    rows, ranks, _ = choose_writers(
-        fqns,
-        column(0)[:, 0],
-        column(1).reshape(len(cols), width),
-        column(2).reshape(len(cols), width),
-        column(3)[:, 0],
-        column(4)[:, 0],
-        column(5)[:, 0],
-        split_load,
-        [np.array(tm.ranks, dtype=np.int64) for tm in templates],
+    """The writer of each explicit box (fqn, offsets, lengths, rank, row) in (rank, row) order:
+    ``writers.choose_writers`` over the templates' ``explicit`` rows (ascending), every rank's
+    split bytes counted; ``NotRegular`` for a rank holding a box twice, or boxes that do not
+    tile a tensor (``rows.tiling_problems``: the column planner then names the problem)."""
+    ex = explicit[rows.kept[explicit]]  # empty shards: nothing to write
+    keys = np.column_stack([group[ex], rows.name[ex], rows.offsets[ex], rows.lengths[ex]])
+    if len(np.unique(keys, axis=0)) != len(ex):
+        raise NotRegular("a rank holds a box twice")
+    chosen, ranks, record_order = choose_writers(
+        rows.names,
+        rows.name[ex],
+        rows.offsets[ex],
+        rows.lengths[ex],
+        rows.nbytes[ex],
+        rows.source[ex],
+        group[ex],
+        loads_by_part.sum(axis=1),
+        ranks_of,
         template_of,
     )
-    chosen: list[tuple[str, Shape, Shape, int, int]] = []
-    for r, rank in zip(rows.tolist(), ranks.tolist()):
-        g = cols[r][0]
-        nd = len(tensors[fqns[g]][1])
-        chosen.append((fqns[g], cols[r][1][:nd], cols[r][2][:nd], rank, cols[r][6]))
-    by_tensor: dict[str, list[tuple[Shape, Shape]]] = {}
-    for fqn, offs, lens, _, _ in chosen:
-        by_tensor.setdefault(fqn, []).append((offs, lens))
-    for fqn in explicit:
-        shape = tensors[fqn][1]
-        if math.prod(shape) == 0:
-            continue
-        boxes = by_tensor.get(fqn)
-        if not boxes or box_coverage_problem(shape, boxes) is not None:
-            raise NotRegular(f"{fqn}: boxes that do not tile it")  # the column planner names the problem
-    chosen.sort(key=lambda w: (w[3], w[4]))
-    return chosen
+    among = np.zeros(len(rows.names), dtype=bool)
+    among[rows.name[explicit]] = True
+    record_order = np.where(record_order < len(ex), ex[np.minimum(record_order, len(ex) - 1)], record_order)
+    if tiling_problems(rows, ex[chosen], record_order, among):
+        raise NotRegular("boxes that do not tile a tensor")  # the column planner names the problem
+    at = ex[chosen]
+    by = np.lexsort((rows.index[at], ranks))
+    at, ranks = at[by], ranks[by]
+    names, ndims = rows.names, rows.ndim[at].tolist()
+    return [
+        (names[g], tuple(o[:nd]), tuple(n[:nd]), rank, i)
+        for g, o, n, nd, rank, i in zip(
+            rows.name[at].tolist(),
+            rows.offsets[at].tolist(),
+            rows.lengths[at].tolist(),
+            ndims,
+            ranks.tolist(),
+            rows.index[at].tolist(),
+        )
+    ]
