@@ -27,13 +27,36 @@ import numpy as np
 
 from .layout import largest_first
 
-__all__ = ["RankWithoutFile", "split_dims", "full_chunks", "split_parts"]
+__all__ = ["RankWithoutFile", "chunk_dims", "split_dims", "full_chunks", "split_parts"]
 
 
 class RankWithoutFile(Exception):
     """A layout part would name a file its rank does not write (the rank holds only empty
     chunks of that part's tensors and nothing else there): the planner lays out fewer split
     tensors, or none."""
+
+
+def chunk_dims(
+    shape: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, rank: int | np.ndarray, world: int
+) -> np.ndarray:
+    """Per row (padded global shape, offsets, lengths of a box held by ``rank``: one for all
+    rows, or one per row): the dimension ``d`` when the box is ``torch.chunk`` part ``rank`` of
+    its tensor along ``d`` over ``world`` parts (every other dimension whole, and part 0 not the
+    whole extent), else -1. At most one dimension can match. The one statement of the rule:
+    ``templates.chunk_rule`` applies it to one rank's table, ``split_dims`` to written boxes."""
+    n, width = shape.shape
+    if n == 0 or width == 0:
+        return np.full(n, -1, dtype=np.int64)
+    if isinstance(rank, np.ndarray):
+        rank = rank[:, None]
+    size = -(-shape // world)
+    lo = np.minimum(shape, rank * size)
+    rows = np.minimum(shape, lo + size) - lo
+    full = (offsets == 0) & (lengths == shape)
+    along = (offsets == lo) & (lengths == rows) & (size < shape)
+    others_full = (full.sum(axis=1, keepdims=True) - full) == width - 1
+    ok = along & others_full
+    return np.where(ok.any(axis=1), ok.argmax(axis=1), -1)
 
 
 def split_dims(
@@ -47,22 +70,18 @@ def split_dims(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per tensor id (``space`` of them): the dimension its written boxes (one row each: tensor
     id, writing rank, padded global shape, offsets, lengths) split it along as ``torch.chunk``
-    parts over the ranks, rank r chunk r, every non-empty chunk once; -1 for every other tensor.
-    Also per tensor id its number of non-empty chunks."""
+    parts over the ranks, rank r chunk r (``chunk_dims``), every non-empty chunk once; -1 for
+    every other tensor. Also per tensor id its number of non-empty chunks."""
     dim = np.full(space, -1, dtype=np.int64)
     chunks = np.zeros(space, dtype=np.int64)
     if world < 2 or not len(name):
         return dim, chunks
-    cut = (offsets != 0) | (lengths != shape)
-    d = np.where(cut.sum(axis=1) == 1, cut.argmax(axis=1), 0)
-    at = d[:, None]
+    d = chunk_dims(shape, offsets, lengths, rank, world)
+    at = np.maximum(d, 0)[:, None]
     extent = np.take_along_axis(shape, at, axis=1)[:, 0]
-    lo = np.take_along_axis(offsets, at, axis=1)[:, 0]
     n = np.take_along_axis(lengths, at, axis=1)[:, 0]
     size = -(-extent // world)
-    want_lo = np.minimum(extent, rank * size)
-    want_n = np.minimum(extent, want_lo + size) - want_lo
-    ok = (cut.sum(axis=1) == 1) & (lo == want_lo) & (n == want_n) & (n > 0) & (np.prod(shape, axis=1) > 0)
+    ok = (d >= 0) & (n > 0) & (np.prod(shape, axis=1) > 0)
     count = np.bincount(name, minlength=space)
     good = np.bincount(name, weights=ok, minlength=space).astype(np.int64) == count
     low = np.full(space, np.iinfo(np.int64).max, dtype=np.int64)

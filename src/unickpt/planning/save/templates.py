@@ -42,7 +42,7 @@ from ..specs import BlobSpec, Shape
 from .layout import padded, place_rest, stack
 from .model import GlobalSavePlan, LocalSavePlan, RankSavePlan, WriteEntry, file_name
 from .rows import MAX_BLOB, MAX_TOTAL, JobRows, tiling_problems
-from .split import split_parts
+from .split import chunk_dims, split_parts
 from .table import ShardTable
 from .writers import choose_writers
 
@@ -61,20 +61,8 @@ MAX_TEMPLATES = 64
 
 def chunk_rule(t: ShardTable, world: int) -> np.ndarray:
     """Per row of ``t`` (rank ``t.rank`` of ``world``): the dimension ``d`` when its box is
-    ``torch.chunk`` part ``t.rank`` of its tensor along ``d`` over ``world`` parts (every other
-    dimension whole, and part 0 not the whole extent), else -1. At most one dimension can match."""
-    n, width = t.shape.shape
-    if n == 0 or width == 0:
-        return np.full(n, -1, dtype=np.int64)
-    shape, offs, lens = t.shape, t.offsets, t.lengths
-    size = -(-shape // world)
-    lo = np.minimum(shape, t.rank * size)
-    rows = np.minimum(shape, lo + size) - lo
-    full = (offs == 0) & (lens == shape)
-    along = (offs == lo) & (lens == rows) & (size < shape)
-    others_full = (full.sum(axis=1, keepdims=True) - full) == width - 1
-    ok = along & others_full
-    return np.where(ok.any(axis=1), ok.argmax(axis=1), -1)
+    ``torch.chunk`` part ``t.rank`` of its tensor along ``d`` (``split.chunk_dims``), else -1."""
+    return chunk_dims(t.shape, t.offsets, t.lengths, t.rank, world)
 
 
 @dataclass(eq=False)
