@@ -8,14 +8,15 @@ the ranks' local plans one at a time (bytes are decoded here and dropped: the co
 holds every rank's table at once) and reduces each to a *template*: its rows with the split rows'
 boxes replaced by their rule ("chunk of rank r along dimension d", ``chunk_rule``). Ranks of one
 template differ only by their rank: an FSDP job of 4,096 ranks is one template. It then plans on
-templates:
+the templates' tables as one set of rows (``rows.JobRows``: the ranks agree, sizes in bounds):
 1. split tensors: every template holds exactly one rule row of the tensor along the same
    dimension (or, for templates whose ranks all fall past the last non-empty chunk, none);
    they are written by their ranks and laid out as ``split`` lays them out;
 2. the other (explicit) boxes are deduplicated across templates; a box's holders are the ranks
    of the templates holding it; each is written by its only holder, the replica source a holder
    names, else worst-fit (largest first to the holder with the fewest bytes, split chunks
-   counted): ``writers.choose_writers`` over the templates, the column planner's rule;
+   counted): ``writers.choose_writers`` over the templates, the column planner's rule; the
+   written boxes tile their tensors (``rows.tiling_problems``);
 3. byte layout: each rank's chunks first (``SplitLayout``'s offsets), then its explicit boxes
    and blobs, largest first to the lightest file: ``layout.lay_out_rank``'s two steps, its
    other entries placed at plan time (``place_rest``), its chunks when its plan is asked for
