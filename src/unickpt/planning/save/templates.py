@@ -389,7 +389,8 @@ def _choose(
     tile a tensor (``rows.tiling_problems``: the column planner then names the problem)."""
     ex = explicit[rows.kept[explicit]]  # empty shards: nothing to write
     keys = np.column_stack([group[ex], rows.name[ex], rows.offsets[ex], rows.lengths[ex]])
-    if len(np.unique(keys, axis=0)) != len(ex):
+    keys = keys[np.lexsort(keys.T[::-1])]
+    if (keys[1:] == keys[:-1]).all(axis=1).any():
         raise NotRegular("a rank holds a box twice")
     chosen, ranks, record_order = choose_writers(
         rows.names,
