@@ -188,11 +188,11 @@ def test_planning_uses_format_validation() -> None:
     imports planning."""
     from unickpt.planning import load
     from unickpt.planning.load import targets
-    from unickpt.planning.save import columns
+    from unickpt.planning.save import columns, rows
 
     assert load.check_targets is targets.check_targets and load.keys_error is targets.keys_error
     assert not hasattr(validation, "check_targets") and not hasattr(validation, "keys_error")
-    assert columns.box_coverage_problem is validation.box_coverage_problem
+    assert rows.box_coverage_problem is validation.box_coverage_problem
     assert columns.overlap_problems is validation.overlap_problems
     for path in (SRC / "format").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):

@@ -160,12 +160,38 @@ def test_lightest_first_runs_equal_the_heap_loop(sizes, parts):
     assert _lightest_first(np.array(ordered, dtype=np.int64), parts).tolist() == want
 
 
+@given(
+    st.lists(st.sampled_from([0, 4, 64, 4800]) | st.integers(0, 5000), max_size=120),
+    st.lists(st.integers(0, 9000), min_size=1, max_size=5),
+)
+@COLUMN_SETTINGS
+def test_lightest_first_from_loads_equals_the_heap_loop(sizes, loads):
+    """Starting from parts that already hold bytes (a rank's split chunks), the runs give the
+    heap's choices too."""
+    import heapq
+
+    import numpy as np
+
+    from unickpt.planning.save.layout import _lightest_first
+
+    ordered = sorted(sizes, reverse=True)
+    heap = [(load, p) for p, load in enumerate(loads)]
+    heapq.heapify(heap)
+    want = []
+    for size in ordered:
+        load, p = heapq.heappop(heap)
+        heapq.heappush(heap, (load + size, p))
+        want.append(p)
+    got = _lightest_first(np.array(ordered, dtype=np.int64), len(loads), np.array(loads, dtype=np.int64))
+    assert got.tolist() == want
+
+
 @given(st.lists(st.sampled_from([0, 3, 64, 100]) | st.integers(0, 500), max_size=60), st.integers(1, 4))
 @COLUMN_SETTINGS
 def test_layout_columns_equal_the_record_layout(sizes, parts):
     import numpy as np
 
-    from unickpt.planning.save.layout import layout_columns as _layout_columns
+    from unickpt.planning.save.layout import lay_out_rank as _layout_columns
     from unickpt.planning.save.model import file_name
 
     work = [(n, i, "") for i, n in enumerate(sizes)]

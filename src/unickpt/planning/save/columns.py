@@ -2,40 +2,33 @@
 instead of one Python record per shard and rank.
 
 ``plan.plan_save`` calls it on the coordinator for every job the templates do not fit. Steps:
-tensors checked across ranks (``_Rows.disagreements``: a refusal names every rank that
-disagrees), boxes deduplicated by one lexsort, each written by its only holder, the replica
-source a holder names, else worst-fit in one ordered pass (``_choose_writers``; a rank holding
-one box twice is one holder of it); the written boxes tile their tensors (``_tiling_problems``:
-one-dimension splits on columns, anything else by ``format.validation.box_coverage_problem``);
-tensors the ranks write as ``torch.chunk`` parts, rank r chunk r, laid out alike in every rank's
-files and recorded as layouts (``split``: ``split_dims``, then ``lay_out_rank`` per rank, with
-its retry with fewer split tensors, then none); without them each rank's items spread over its
-files lightest-first (``layout_columns``: equal-size runs without a loop); the byte layout
-self-checked (``format.validation.overlap_problems``: a failure is a bug, ``InternalError``).
-Every refusal raises (``PlanningError``; an unknown dtype ``CorruptMetadataError``); sizes near
-int64's limits (a tensor of 2^55 elements, a job of 2^61 bytes, a blob of 2^56 bytes: no machine
-holds them) are refused, never planned with wrapped integers. Records are built once at the end,
-sharing one tuple per distinct box (``_tuples``).
+the ranks' tables as one set of rows (``rows.JobRows``, one group per rank: sizes past int64's
+limits refused); tensors checked across ranks (``JobRows.disagreements``: a refusal names every
+rank that disagrees); each distinct box written by its only holder, the replica source a holder
+names, else worst-fit (``writers.choose_writers``; a rank holding one box twice is one holder of
+it); the written boxes tile their tensors (``rows.tiling_problems``); tensors the ranks write as
+``torch.chunk`` parts, rank r chunk r, laid out alike in every rank's files and recorded as
+layouts (``split``: ``split_dims``, with its retry with fewer split tensors, then none); each
+rank's entries laid out in its files by ``layout.lay_out_rank``; the byte layout self-checked
+(``format.validation.overlap_problems``: a failure is a bug, ``InternalError``). Every refusal
+raises (``PlanningError``; an unknown dtype ``CorruptMetadataError``). Records are built once at
+the end, sharing one tuple per distinct box (``rows.tuples``).
 Property-tested against the plain per-record planner, ``tests/support/save_oracle.py``:
 tests/unit/planning/test_save_planner.py and test_save_oracle.py.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from dataclasses import dataclass
-
 import numpy as np
 
 from ...errors import InternalError, PlanningError
-from ...format.dtypes import itemsize
-from ...format.validation import box_coverage_problem, overlap_problems
-from ..specs import Shape
-from .layout import layout_columns
+from ...format.validation import overlap_problems
+from .layout import lay_out_rank
 from .model import GlobalSavePlan, RankSavePlan, WriteEntry, file_name
-from .split import RankWithoutFile, full_chunks, lay_out_rank, split_dims, split_parts
+from .rows import MAX_BLOB, MAX_TOTAL, JobRows, tiling_problems, tuples
+from .split import RankWithoutFile, full_chunks, split_dims, split_parts
 from .table import ShardTable
-from .writers import lightest_rank, named_source
+from .writers import choose_writers
 
 __all__ = ["plan_tables"]
 
@@ -44,18 +37,18 @@ def plan_tables(tables: list[ShardTable], save_id: str, files_per_rank: int) -> 
     """The global plan of ``tables`` (rank r's at index r; module docstring); raises
     ``PlanningError`` for a job that cannot be saved (ranks disagreeing on a tensor, boxes that
     do not tile it, absurd sizes)."""
-    rows = _Rows.of(tables)
+    rows = JobRows.of(tables)
     problems = rows.disagreements()
     if problems:
         raise PlanningError("ranks disagree on tensor metadata:\n  " + "\n  ".join(problems[:20]))
-    if float(rows.nbytes[rows.kept].sum(dtype=np.float64)) > _MAX_TOTAL:
-        raise PlanningError(f"the job's tensors hold more than 2^{_MAX_TOTAL.bit_length() - 1} bytes")
+    if float(rows.nbytes[rows.kept].sum(dtype=np.float64)) > MAX_TOTAL:
+        raise PlanningError(f"the job's tensors hold more than 2^{MAX_TOTAL.bit_length() - 1} bytes")
     for t in tables:
         for b in t.blobs:
-            if not 0 <= b.nbytes <= _MAX_BLOB:
-                raise PlanningError(f"blob {b.key!r} of rank {t.rank}: {b.nbytes} bytes is outside [0, {_MAX_BLOB}]")
+            if not 0 <= b.nbytes <= MAX_BLOB:
+                raise PlanningError(f"blob {b.key!r} of rank {t.rank}: {b.nbytes} bytes is outside [0, {MAX_BLOB}]")
     chosen, record_order = _choose_writers(rows, len(tables))
-    problems = _tiling_problems(rows, chosen, record_order)
+    problems = tiling_problems(rows, chosen, record_order)
     if problems:
         raise PlanningError("the ranks' shards do not tile their tensors:\n  " + "\n  ".join(problems[:20]))
     chosen.sort()  # (rank, index) order: rows are concatenated rank by rank
@@ -85,19 +78,19 @@ def plan_tables(tables: list[ShardTable], save_id: str, files_per_rank: int) -> 
     names = rows.names
     listed = chosen[dim[rows.name[chosen]] < 0]  # the layouts describe the split tensors' boxes
     owners = rows.name[listed].tolist()
-    offs = _tuples(rows.offsets[listed], rows.ndim[listed])
-    lens = _tuples(rows.lengths[listed], rows.ndim[listed])
+    offs = tuples(rows.offsets[listed], rows.ndim[listed])
+    lens = tuples(rows.lengths[listed], rows.ndim[listed])
     ranks, items = rows.rank[listed].tolist(), rows.index[listed].tolist()
     writers = tuple(zip([names[g] for g in owners], offs, lens, ranks, items))
     return GlobalSavePlan(save_id, tuple(rank_plans), tuple(all_files), rows.tensors(), writers, layouts)
 
 
 def _lay_out(
-    tables: list[ShardTable], rows: _Rows, chosen: np.ndarray, save_id: str, files_per_rank: int, dim: np.ndarray
+    tables: list[ShardTable], rows: JobRows, chosen: np.ndarray, save_id: str, files_per_rank: int, dim: np.ndarray
 ) -> tuple[list[RankSavePlan], list[str], tuple[tuple[tuple[int, ...], tuple[tuple[str, int], ...]], ...]]:
     """Every rank's entries (its chosen boxes in (rank, index) order, then its blobs) in its
     files: with split tensors (``dim``: per tensor id, the dimension it is split along, or -1)
-    by ``split.lay_out_rank``, else ``layout_columns``; self-checked. Returns the rank plans,
+    by ``layout.lay_out_rank``; self-checked. Returns the rank plans,
     the data files and the split layouts (per used part: each rank's file index of that part,
     the part's (fqn, dim) in the tensor order). ``RankWithoutFile`` where a rank would lack a
     file a layout names."""
@@ -132,10 +125,12 @@ def _lay_out(
             tensor_ids = work_owners.copy()
             tensor_ids[hi - lo :] = 0
             part_of = np.where(np.arange(len(work_sizes)) < hi - lo, part_by_name[tensor_ids], -1)
-            rest_key = [(bool(k), 0 if k else i, k) for i, k in zip(work_items, work_keys)]
-            order, part, offset = lay_out_rank(work_sizes, part_of, pos[tensor_ids], rest_key, files_per_rank)
+            tie = np.arange(len(work_sizes), dtype=np.int64)  # boxes by item, then blobs by key
+            keys = work_keys[hi - lo :]
+            tie[[hi - lo + i for i in sorted(range(len(keys)), key=keys.__getitem__)]] = tie[hi - lo :].copy()
+            order, part, offset = lay_out_rank(work_sizes, files_per_rank, tie, part_of, pos[tensor_ids])
         else:
-            order, part, offset = layout_columns(work_sizes, files_per_rank)
+            order, part, offset = lay_out_rank(work_sizes, files_per_rank)
         order_of = order.tolist()
         used = np.unique(part).tolist()  # parts in order (a part that got no entry has no file)
         if split and any(per_part[k] and k not in used for k in range(files_per_rank)):
@@ -170,246 +165,24 @@ def _lay_out(
     return rank_plans, all_files, layouts
 
 
-_MAX_BLOB = 1 << 56
-_MAX_TOTAL = 1 << 61  # byte offsets stay far inside int64
-_MAX_NUMEL_LOG2 = 55  # a tensor's elements (times an item size) far inside int64
-
-
-@dataclass(frozen=True, eq=False)
-class _Rows:
-    """Every rank's table concatenated (rows in rank order, then spec order), names and dtypes
-    as job-wide ids; ``first``: each row's tensor's first row; ``nbytes`` of each box."""
-
-    names: list[str]
-    dtypes: list[str]
-    rank: np.ndarray
-    index: np.ndarray
-    name: np.ndarray
-    dtype: np.ndarray
-    ndim: np.ndarray
-    source: np.ndarray
-    shape: np.ndarray
-    offsets: np.ndarray
-    lengths: np.ndarray
-    first: np.ndarray
-    nbytes: np.ndarray
-    kept: np.ndarray  # rows not skipped as empty shards
-
-    @classmethod
-    def of(cls, tables: list[ShardTable]) -> _Rows:
-        names: dict[str, int] = {}
-        dtypes: dict[str, int] = {}
-        width = max([1, *(t.shape.shape[1] for t in tables)])  # >= 1: a padded full dim of 1 for 0-d jobs
-        cols: dict[str, list[np.ndarray]] = defaultdict(list)
-        seen: tuple[str, ...] | None = None
-        name_ids = np.zeros(0, dtype=np.int64)
-        for t in tables:
-            if t.names != seen:  # ranks of one job usually list the same names in the same order
-                name_ids = np.array([names.setdefault(x, len(names)) for x in t.names], dtype=np.int64)
-                seen = t.names
-            dtype_ids = np.array([dtypes.setdefault(x, len(dtypes)) for x in t.dtypes], dtype=np.int64)
-            n, w = t.shape.shape
-            cols["rank"].append(np.full(n, t.rank, dtype=np.int64))
-            cols["index"].append(np.arange(n, dtype=np.int64))
-            cols["name"].append(name_ids[t.name] if n else np.zeros(0, dtype=np.int64))
-            cols["dtype"].append(dtype_ids[t.dtype] if n else np.zeros(0, dtype=np.int64))
-            cols["ndim"].append(t.ndim)
-            cols["source"].append(t.source)
-            for key, pad, a in (("shape", 1, t.shape), ("offsets", 0, t.offsets), ("lengths", 1, t.lengths)):
-                cols[key].append(np.pad(a, ((0, 0), (0, width - w)), constant_values=pad) if w < width else a)
-        c = {k: np.concatenate(v) for k, v in cols.items()}
-        for k in ("rank", "index", "name", "dtype", "ndim", "source", "shape", "offsets", "lengths"):  # no ranks
-            c.setdefault(k, np.zeros((0, width) if k in ("shape", "offsets", "lengths") else 0, dtype=np.int64))
-        sizes = np.array([itemsize(d) for d in dtypes], dtype=np.int64)  # CorruptMetadataError: unknown
-        huge = np.log2(np.maximum(c["shape"], 1)).sum(axis=1) > _MAX_NUMEL_LOG2
-        if huge.any():
-            r = int(np.flatnonzero(huge)[0])
-            nd = int(c["ndim"][r])
-            raise PlanningError(
-                f"{list(names)[int(c['name'][r])]}: global shape {tuple(c['shape'][r, :nd].tolist())} has more than "
-                f"2^{_MAX_NUMEL_LOG2} elements"
-            )
-        tensor_numel = np.prod(c["shape"], axis=1)
-        box_numel = np.prod(c["lengths"], axis=1)
-        _, first, inverse = np.unique(c["name"], return_index=True, return_inverse=True)
-        kept = ~((box_numel == 0) & (c["ndim"] > 0) & (tensor_numel != 0))
-        return cls(
-            list(names),
-            list(dtypes),
-            **c,
-            first=first[inverse.reshape(-1)],
-            nbytes=box_numel * sizes[c["dtype"]],
-            kept=kept,
-        )
-
-    def disagreements(self) -> list[str]:
-        """Every row whose dtype or global shape differs from its tensor's first row (rank
-        order, then spec order)."""
-        f = self.first
-        bad = (self.dtype != self.dtype[f]) | (self.ndim != self.ndim[f]) | (self.shape != self.shape[f]).any(axis=1)
-        out = []
-        for r in np.flatnonzero(bad).tolist():
-            g = int(f[r])
-            fqn = self.names[int(self.name[r])]
-            mine, seen = self.dtypes[int(self.dtype[r])], self.dtypes[int(self.dtype[g])]
-            out.append(
-                f"{fqn}: rank {int(self.rank[r])} has dtype {mine} shape {self._shape(r)}, "
-                f"another rank has dtype {seen} shape {self._shape(g)}"
-            )
-        return out
-
-    def _shape(self, r: int) -> Shape:
-        return tuple(self.shape[r, : int(self.ndim[r])].tolist())
-
-    def box(self, r: int) -> tuple[str, Shape, Shape]:
-        nd = int(self.ndim[r])
-        return (
-            self.names[int(self.name[r])],
-            tuple(int(v) for v in self.offsets[r, :nd]),
-            tuple(int(v) for v in self.lengths[r, :nd]),
-        )
-
-    def tensors(self) -> dict[str, tuple[str, Shape]]:
-        """fqn -> (dtype, global shape), in the order the rows first name them."""
-        firsts = np.unique(self.first)
-        names, dtypes = self.names, self.dtypes
-        return dict(
-            zip(
-                [names[g] for g in self.name[firsts].tolist()],
-                zip([dtypes[d] for d in self.dtype[firsts].tolist()], _tuples(self.shape[firsts], self.ndim[firsts])),
-            )
-        )
-
-
-def _choose_writers(rows: _Rows, world: int) -> tuple[np.ndarray, np.ndarray]:
-    """The row that writes each distinct kept box: its only holder, the replica source a
-    holder names, else worst-fit (largest first, then by (fqn, offsets, lengths), to the
-    replica with the fewest bytes so far, the lowest rank on a tie). A rank holding one box
-    twice is one holder: as the named source its last row writes, as the balanced choice its
-    first. Also each chosen box's place in the record order (what a refusal lists boxes in):
-    its first holder's row for the fixed ones, after every row the balanced ones in turn."""
+def _choose_writers(rows: JobRows, world: int) -> tuple[np.ndarray, np.ndarray]:
+    """The row that writes each distinct kept box (``writers.choose_writers`` with one group per
+    rank), and each chosen box's place in the record order (what a refusal lists boxes in)."""
     kept = np.flatnonzero(rows.kept)
-    keys = np.column_stack([rows.name[kept], rows.offsets[kept], rows.lengths[kept]])
-    order = np.lexsort(keys.T[::-1])  # by tensor, offsets, lengths; stable: holders in rank order
-    ks = keys[order]
-    starts = np.flatnonzero(np.concatenate([[True], (ks[1:] != ks[:-1]).any(axis=1)]))
-    counts = np.diff(np.append(starts, len(ks)))
-    unique = kept[order[starts[counts == 1]]]
-    load = np.zeros(world, dtype=np.int64)
-    np.add.at(load, rows.rank[unique], rows.nbytes[unique])
-    loads = load.tolist()
-    shared = counts > 1
-    if not shared.any():
-        return unique, unique.copy()
-    # the replicated boxes, in worst-fit order: bytes descending, then (fqn, offsets, lengths)
-    heads = kept[order[starts[shared]]]
-    by_name = np.empty(len(rows.names), dtype=np.int64)
-    by_name[sorted(range(len(rows.names)), key=rows.names.__getitem__)] = np.arange(len(rows.names))
-    # np.lexsort: the last key is the primary one; a box's dims compare first to last
-    worst_first = np.lexsort(
-        np.concatenate(
-            [rows.lengths[heads].T[::-1], rows.offsets[heads].T[::-1], [by_name[rows.name[heads]], -rows.nbytes[heads]]]
-        )
+    chosen, _, record_order = choose_writers(
+        rows.names,
+        rows.name[kept],
+        rows.offsets[kept],
+        rows.lengths[kept],
+        rows.nbytes[kept],
+        rows.source[kept],
+        rows.rank[kept],
+        np.zeros(world, dtype=np.int64),
     )
-    members = kept[order].tolist()
-    group_rows = [members[a : a + c] for a, c in zip(starts[shared].tolist(), counts[shared].tolist())]
-    ranks, sources, nbytes = rows.rank.tolist(), rows.source.tolist(), rows.nbytes.tolist()
-    heads_of = heads.tolist()
-    preferred, preferred_heads, balanced = [], [], []
-    for k in worst_first.tolist():
-        group = group_rows[k]
-        holders = {ranks[r]: r for r in group}  # a rank holding the box twice: its last row
-        src = named_source((sources[r] for r in group), holders.__contains__)
-        if src is not None:
-            preferred.append(holders[src])
-            preferred_heads.append(heads_of[k])
-            loads[src] += nbytes[holders[src]]
-        elif len(holders) != len(group):
-            balanced.append({ranks[r]: r for r in reversed(group)})  # its first row
-        else:
-            balanced.append(holders)
-    picks = []
-    for holders in balanced:
-        rank = lightest_rank(list(holders), loads)
-        picks.append(holders[rank])
-        loads[rank] += nbytes[holders[rank]]
-    chosen = np.concatenate([unique, np.array(preferred + picks, dtype=np.int64)])
-    later = len(rows.rank) + np.arange(len(picks), dtype=np.int64)
-    return chosen, np.concatenate([unique, np.array(preferred_heads, dtype=np.int64), later])
-
-
-def _tiling_problems(rows: _Rows, chosen: np.ndarray, record_order: np.ndarray) -> list[str]:
-    """Where the chosen boxes do not tile a tensor of any elements, in the tensors' order
-    (``fqn: problem``, the boxes given to ``box_coverage_problem`` in the record order). Boxes
-    that split a tensor along one dimension are checked on columns; the others, and tensors
-    nobody writes, by ``box_coverage_problem``."""
-    names = rows.name[chosen]
-    full = rows.shape[chosen]
-    offs, lens = rows.offsets[chosen], rows.lengths[chosen]
-    cut = (offs != 0) | (lens != full)
-    ncut = cut.sum(axis=1)
-    dim = np.where(ncut == 1, cut.argmax(axis=1), -1)
-    space = len(rows.names)
-    split = np.full(space, -1, dtype=np.int64)
-    np.maximum.at(split, names, dim)
-    boxes = np.bincount(names, minlength=space)
-    odd = np.zeros(space, dtype=bool)
-    odd[names[(ncut > 1) | (dim != split[names])]] = True
-    odd |= (split == -1) & (boxes != 1)
-    along = split[names] >= 0
-    d = np.maximum(split[names], 0)
-    start = np.take_along_axis(offs, d[:, None], axis=1)[:, 0]
-    end = start + np.take_along_axis(lens, d[:, None], axis=1)[:, 0]
-    size = np.take_along_axis(full, d[:, None], axis=1)[:, 0]
-    o = np.lexsort((start, names))
-    g, st, en, sz = names[o], start[o], end[o], size[o]
-    first = np.concatenate([[True], g[1:] != g[:-1]])
-    last = np.concatenate([g[1:] != g[:-1], [True]])
-    prev_end = np.concatenate([[0], en[:-1]])
-    gap = np.where(first, st != 0, st != prev_end) | (last & (en != sz))
-    odd[g[gap & along[o]]] = True
-    firsts = np.unique(rows.first)  # each tensor's first row: the tensors' order
-    tensor_names = rows.name[firsts]
-    live = np.prod(rows.shape[firsts], axis=1) != 0
-    check = np.zeros(space, dtype=bool)
-    check[tensor_names[live]] = True  # names a table lists but no row uses are no tensors
-    check &= odd | (boxes == 0)
-    if not check.any():
-        return []
-    by_record = np.lexsort((record_order, names))  # by tensor, each tensor's boxes in the record order
-    sorted_names = names[by_record]
-    problems = []
-    for t, r0 in zip(tensor_names.tolist(), firsts.tolist()):
-        if not check[t]:
-            continue
-        a, b = np.searchsorted(sorted_names, [t, t + 1]).tolist()
-        nd = int(rows.ndim[r0])
-        shape = tuple(rows.shape[r0, :nd].tolist())
-        written = chosen[by_record[a:b]].tolist()
-        tiles = [(tuple(rows.offsets[r, :nd].tolist()), tuple(rows.lengths[r, :nd].tolist())) for r in written]
-        problem = box_coverage_problem(shape, tiles)
-        if problem is not None:
-            problems.append(f"{rows.names[t]}: {problem}")
-    return problems
-
-
-def _tuples(values: np.ndarray, ndim: np.ndarray) -> list[tuple[int, ...]]:
-    """Each row's first ``ndim`` values as a tuple of Python ints; rows that are alike share
-    one tuple (a job's boxes repeat a few patterns: one tuple per pattern, not per row)."""
-    if len(values) == 0:
-        return []
-    table = np.column_stack([ndim, values])
-    key = np.zeros(len(table), dtype=np.int64)
-    radix = 1
-    for column in table.T:  # one integer per row pattern: mixed radix of the columns' codes
-        codes, code = np.unique(column, return_inverse=True)
-        if radix * len(codes) >= 1 << 62:
-            return [tuple(row[1 : 1 + row[0]]) for row in table.tolist()]  # too many patterns
-        key += code.reshape(-1) * radix
-        radix *= len(codes)
-    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-    made = [tuple(row[1 : 1 + row[0]]) for row in table[first].tolist()]
-    return [made[i] for i in inverse.reshape(-1).tolist()]
+    later = record_order >= len(kept)  # the balanced boxes: after every row, in turn
+    at = kept[np.minimum(record_order, len(kept) - 1)]
+    record_order = np.where(later, record_order - len(kept) + len(rows.rank), at)
+    return kept[chosen], record_order
 
 
 def _check_columns(files: list[str], columns: list[tuple[np.ndarray, ...]], owners: list[str]) -> None:

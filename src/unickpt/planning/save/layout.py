@@ -1,10 +1,16 @@
-"""The byte layout rules of a save plan, written once (pure functions).
+"""The byte layout of a save plan, written once (pure functions).
 
-Each rank's items go into its files (parts) by one rule: in the order given (largest first),
-each to the part holding the fewest bytes so far, the lowest part on a tie
-(``lightest_first``); every entry starts at a multiple of ``ENTRY_ALIGN`` bytes (``padded``).
-The planner's paths (``columns`` with ``split``, ``templates``) call these; ``layout_columns`` is
-the same rule for one rank's items as numpy columns.
+One rank's entries go into its files (parts) by one rule (``lay_out_rank``): its split chunks
+(``split``: tensors every rank holds one ``torch.chunk`` of) first, each in its tensor's part, in
+the job's tensor order, each at the next aligned offset (``stack``: where ``SplitLayout``
+computes them); then its other entries (``place_rest``) largest first, equal sizes in a given
+tie order, each to the part holding the fewest bytes so far (split chunks counted), the lowest
+part on a tie, at that part's next aligned offset; in a job without split tensors and one file,
+its entries in their order. Every entry starts at a multiple of ``ENTRY_ALIGN`` bytes
+(``padded``). ``columns`` calls ``lay_out_rank`` for each rank; ``templates`` calls its two steps
+itself (``stack`` for a rank's chunks when its plan is asked for, ``place_rest`` for its other
+entries at plan time, from every rank's chunk bytes computed at once). ``largest_first`` gives
+the split tensors' parts (``split.split_parts``).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import numpy as np
 
 from .model import ENTRY_ALIGN
 
-__all__ = ["padded", "lightest_first", "largest_first", "place", "layout_columns"]
+__all__ = ["padded", "lightest_first", "largest_first", "stack", "place_rest", "lay_out_rank"]
 
 N = TypeVar("N", int, np.ndarray)
 
@@ -50,50 +56,89 @@ def largest_first(sizes: list[int], parts: int) -> list[int]:
     return out
 
 
-def place(sizes: list[int], loads: list[int], ends: list[int]) -> list[tuple[int, int]]:
-    """(part, byte offset) of each item, in this order: ``lightest_first`` from ``loads``, each
-    at its part's next aligned offset (``ends``: where each part's next entry starts)."""
-    ends = list(ends)
-    out = []
-    for size, k in zip(sizes, lightest_first(sizes, loads)):
-        out.append((k, ends[k]))
-        ends[k] += padded(size)
+def stack(part: np.ndarray, sizes: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The byte offset of each entry (in placement order, ``part``: its part) when each goes at
+    its part's next aligned offset, the parts' first entries at ``starts`` (one per part)."""
+    n = len(part)
+    if not n:
+        return np.zeros(0, dtype=np.int64)
+    by_part = np.argsort(part, kind="stable")
+    p = part[by_part]
+    aligned = padded(sizes[by_part])
+    before = np.cumsum(aligned) - aligned
+    first = np.flatnonzero(np.concatenate([[True], p[1:] != p[:-1]]))
+    before -= np.repeat(before[first], np.diff(np.append(first, n)))
+    out = np.empty(n, dtype=np.int64)
+    out[by_part] = before + starts[p]
     return out
 
 
-def layout_columns(sizes: np.ndarray, parts: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``largest_first`` of one rank's items on columns: the entries' order (indices into
-    ``sizes``, grouped by file, in the order the files got them), each one's part (file) and
+def place_rest(
+    sizes: np.ndarray, tie: np.ndarray, loads: np.ndarray, ends: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A rank's entries outside its split chunks (``loads``: the bytes each part holds so far;
+    ``ends``: where each part's next entry starts): largest first, equal sizes in ``tie`` order,
+    each to the part with the fewest bytes, the lowest part on a tie, at its next aligned offset.
+    Returns the placement order (indices into ``sizes``) and each placed entry's part and
+    offset, in that order."""
+    order = np.lexsort((tie, -sizes))
+    placed = sizes[order]
+    part = _lightest_first(placed, len(loads), np.asarray(loads, dtype=np.int64))
+    return order, part, stack(part, placed, np.asarray(ends, dtype=np.int64))
+
+
+def lay_out_rank(
+    sizes: np.ndarray,
+    parts: int,
+    tie: np.ndarray | None = None,
+    part_of: np.ndarray | None = None,
+    order_key: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One rank's entries (``sizes``: their bytes) in its ``parts`` files (module docstring).
+    ``part_of``: each entry's split-tensor part, -1 for the others, None in a job without split
+    tensors; ``order_key``: the split ones' place in the job's tensor order; ``tie``: the
+    others' order among equal sizes (default: their order). Returns the entries' order
+    (indices into ``sizes``, grouped by part, each part in byte order), each one's part and
     byte offset."""
     n = len(sizes)
-    parts = min(parts, n)
-    if parts <= 1:
-        order = np.arange(n)
-        part = np.zeros(n, dtype=np.int64)
-    else:  # largest first (stable) to the lightest file
-        by_size = np.argsort(-sizes, kind="stable")
-        got = _lightest_first(sizes[by_size], parts)
-        grouped = np.argsort(got, kind="stable")  # by file, each file's entries in assignment order
-        order, part = by_size[grouped], got[grouped]
-    aligned = padded(sizes[order])
-    offset = np.cumsum(aligned) - aligned
-    if parts > 1:  # every file starts at byte 0
-        first = np.flatnonzero(np.concatenate([[True], part[1:] != part[:-1]]))
-        offset -= np.repeat(offset[first], np.diff(np.append(first, n)))
-    return order, part, offset
+    if tie is None:
+        tie = np.arange(n, dtype=np.int64)
+    if part_of is None:
+        if min(parts, n) <= 1:  # one file: the entries in their order
+            aligned = padded(sizes)
+            return np.arange(n, dtype=np.int64), np.zeros(n, dtype=np.int64), np.cumsum(aligned) - aligned
+        part_of = np.full(n, -1, dtype=np.int64)
+    at = np.flatnonzero(part_of >= 0)
+    if order_key is not None:
+        at = at[np.lexsort((order_key[at], part_of[at]))]
+    chunk_part = part_of[at]
+    chunk_sizes = sizes[at]
+    loads = np.zeros(parts, dtype=np.int64)
+    ends = np.zeros(parts, dtype=np.int64)
+    np.add.at(loads, chunk_part, chunk_sizes)
+    np.add.at(ends, chunk_part, padded(chunk_sizes))
+    rest = np.flatnonzero(part_of < 0)
+    rest_order, rest_part, rest_offset = place_rest(sizes[rest], tie[rest], loads, ends)
+    index = np.concatenate([at, rest[rest_order]])
+    part = np.concatenate([chunk_part, rest_part])
+    offset = np.concatenate([stack(chunk_part, chunk_sizes, np.zeros(parts, dtype=np.int64)), rest_offset])
+    order = np.argsort(part, kind="stable")  # by part, each part's chunks first, then in placement order
+    return index[order], part[order], offset[order]
 
 
-def _lightest_first(sizes: np.ndarray, parts: int) -> np.ndarray:
+def _lightest_first(sizes: np.ndarray, parts: int, loads: np.ndarray | None = None) -> np.ndarray:
     """The part each of ``sizes`` (in this order) goes to when each goes to the part with the
-    fewest bytes so far, the lowest part on a tie. Items of one size do not need the loop: part
-    ``p`` offers them "slots" at loads ``L_p, L_p + s, L_p + 2s, ...``, and the lightest-first
-    choices of a run of ``m`` such items are the ``m`` smallest slots by (load, part): the
-    merge of increasing sequences (property-tested against the loop)."""
+    fewest bytes so far (``loads`` at first: default none), the lowest part on a tie. Items of
+    one size do not need the loop: part ``p`` offers them "slots" at loads ``L_p, L_p + s,
+    L_p + 2s, ...``, and the lightest-first choices of a run of ``m`` such items are the ``m``
+    smallest slots by (load, part): the merge of increasing sequences (property-tested against
+    the loop)."""
     n = len(sizes)
     starts = np.flatnonzero(np.concatenate([[True], sizes[1:] != sizes[:-1]])) if n else np.zeros(0, dtype=np.int64)
     if len(starts) * 16 > n:  # many distinct sizes: one heap step per item
-        return np.array(lightest_first(sizes.tolist(), [0] * parts), dtype=np.int64)
-    loads = np.zeros(parts, dtype=np.int64)
+        start = [0] * parts if loads is None else loads.tolist()
+        return np.array(lightest_first(sizes.tolist(), start), dtype=np.int64)
+    loads = np.zeros(parts, dtype=np.int64) if loads is None else loads.astype(np.int64, copy=True)
     out = np.empty(n, dtype=np.int64)
     ids = np.arange(parts, dtype=np.int64)
     for a, b in zip(starts.tolist(), [*starts[1:].tolist(), n]):

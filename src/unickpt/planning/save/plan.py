@@ -2,26 +2,30 @@
 
 Runs on the coordinator (rank 0) in the plan stage (``engine.plan_cache``), after the gather of
 the ranks' ``LocalSavePlan``s; the result is scattered back as ``RankSavePlan``s and reused (cached)
-while the local plans do not change. Steps:
-1. check every rank agrees on each tensor's dtype and global shape;
-2. deduplicate: identical boxes on several ranks are replicas; each is written once: by the
-   replica a holder's spec names as ``replica_source`` (the copy the framework treats as
-   authoritative, e.g. DDP buffers: rank 0 of the DDP group), else by the replica with the
-   fewest bytes assigned so far (worst-fit, largest boxes first);
-3. check the written boxes of each tensor neither overlap nor leave gaps
-   (``format.validation.box_coverage_problem``, the same check the metadata decoder runs);
-4. lay out bytes: each rank's items go into ``files_per_rank`` files, balanced by bytes, each
-   entry starting at a multiple of ENTRY_ALIGN bytes; self-check that no two entries of a file
-   overlap (``format.validation.overlap_problems``, again the decoder's check), so a plan that
-   passes here decodes;
-5. split tensors: tensors every rank holds one chunk of (FSDP over the whole job) are laid
-   out alike in every rank's files and recorded as layouts, so the metadata describes each
-   once (decided with step 4: ``split``'s rules, which both paths use).
-``plan_save`` takes the ranks' ``ShardTable``s (the coordinator decodes them as the planner
-asks: ``wire.LocalPlans``) and runs these steps on templates of ranks (``templates``) or on
-columns (``columns``), with the rules of ``writers`` (step 2) and ``layout`` (step 4) written
-once. Every refusal raises (``PlanningError``). The plain per-record statement of these steps is
-the tests' oracle (tests/support/save_oracle.py), which both paths are property-tested against.
+while the local plans do not change. The rules, each written once:
+1. the ranks agree on each tensor's dtype and global shape (``rows.JobRows.disagreements``);
+2. identical boxes on several ranks are replicas, each written once: by the replica a holder's
+   spec names as ``replica_source`` (e.g. DDP buffers: rank 0 of the DDP group), else by the
+   replica with the fewest bytes assigned so far (worst-fit, largest boxes first):
+   ``writers.choose_writers``;
+3. the written boxes of each tensor neither overlap nor leave gaps (``rows.tiling_problems``,
+   ``format.validation.box_coverage_problem``: the decoder's check);
+4. split tensors: tensors every rank holds one ``torch.chunk`` part of (``split.chunk_dims``;
+   FSDP over the whole job) are laid out alike in every rank's files and recorded as layouts,
+   so the metadata describes each once (``split.split_parts``);
+5. each rank's entries go into ``files_per_rank`` files, its split chunks first, then the rest
+   largest first to the lightest file, each at a multiple of ENTRY_ALIGN bytes
+   (``layout.lay_out_rank``), self-checked with ``format.validation.overlap_problems``.
+``plan_save`` takes the ranks' ``ShardTable``s (the coordinator decodes them as the planner asks:
+``wire.LocalPlans``) and groups ranks by equal tables: first ``templates.plan_regular``, which
+reads one rank's table at a time, reduces each to a template (its table modulo the chunk rule:
+an FSDP job of 4,096 ranks is one template), applies rules 1-5 to the templates' rows and
+returns rank plans computed when asked (``RegularRankPlans``: the coordinator never holds every
+rank's entries); for any other job (templates that do not fit: ``templates.NotRegular``, which
+never leaves this module) ``columns.plan_tables`` applies the same rules to one group per rank
+and returns every rank's plan. Every refusal raises (``PlanningError``). The plain per-record
+statement of these rules is the tests' oracle (tests/support/save_oracle.py), which both paths
+are property-tested against.
 """
 
 from __future__ import annotations
@@ -41,10 +45,9 @@ def plan_save(
     local_plans: Sequence[LocalSavePlan | ShardTable], save_id: str, files_per_rank: int = 1
 ) -> GlobalSavePlan:
     """The global plan of every rank's local plan (records or tables: the coordinator passes
-    ``wire.LocalPlans``, which decodes the gathered bytes when a table is asked for). Regular
-    jobs are planned on templates of ranks (``templates.plan_regular``, which reads one rank's
-    table at a time); every other job on columns (``columns.plan_tables``, which raises
-    ``PlanningError`` for a job that cannot be saved, and lays out split tensors itself)."""
+    ``wire.LocalPlans``, which decodes the gathered bytes when a table is asked for): on
+    templates of ranks (``templates.plan_regular``) where they fit, else on one group per rank
+    (``columns.plan_tables``, which raises ``PlanningError`` for a job that cannot be saved)."""
     world = len(local_plans)
     if files_per_rank < 1:
         raise PlanningError("files_per_rank must be >= 1")

@@ -4,9 +4,10 @@ alike in every rank's files so the metadata describes them once (``format.layout
 instead of one row per rank.
 
 ``columns.plan_tables`` calls ``split_dims`` on the chosen writers (after ``_choose_writers``,
-before the byte layout), ``split_parts`` for the part (file) of each split tensor, and
-``lay_out_rank`` for each rank's entries when there are split tensors (``layout.layout_columns``
-otherwise). The rule (the tests' oracle states it on records: tests/support/save_oracle.py):
+before the byte layout) and ``split_parts`` for the part (file) of each split tensor
+(``templates`` calls ``split_parts`` too); each rank's bytes are laid out by
+``layout.lay_out_rank``. The rule (the tests' oracle states it on records:
+tests/support/save_oracle.py):
 - a tensor is split when it has at least one dimension, some elements, and every rank whose
   chunk is not empty writes exactly that chunk along one dimension (chunk r of ``world`` parts,
   ``torch.chunk``'s rule, the other dimensions whole); ranks past the last non-empty chunk write
@@ -24,15 +25,38 @@ from __future__ import annotations
 
 import numpy as np
 
-from .layout import largest_first, padded, place
+from .layout import largest_first
 
-__all__ = ["RankWithoutFile", "split_dims", "full_chunks", "split_parts", "lay_out_rank", "place_others"]
+__all__ = ["RankWithoutFile", "chunk_dims", "split_dims", "full_chunks", "split_parts"]
 
 
 class RankWithoutFile(Exception):
     """A layout part would name a file its rank does not write (the rank holds only empty
     chunks of that part's tensors and nothing else there): the planner lays out fewer split
     tensors, or none."""
+
+
+def chunk_dims(
+    shape: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, rank: int | np.ndarray, world: int
+) -> np.ndarray:
+    """Per row (padded global shape, offsets, lengths of a box held by ``rank``: one for all
+    rows, or one per row): the dimension ``d`` when the box is ``torch.chunk`` part ``rank`` of
+    its tensor along ``d`` over ``world`` parts (every other dimension whole, and part 0 not the
+    whole extent), else -1. At most one dimension can match. The one statement of the rule:
+    ``templates.chunk_rule`` applies it to one rank's table, ``split_dims`` to written boxes."""
+    n, width = shape.shape
+    if n == 0 or width == 0:
+        return np.full(n, -1, dtype=np.int64)
+    if isinstance(rank, np.ndarray):
+        rank = rank[:, None]
+    size = -(-shape // world)
+    lo = np.minimum(shape, rank * size)
+    rows = np.minimum(shape, lo + size) - lo
+    full = (offsets == 0) & (lengths == shape)
+    along = (offsets == lo) & (lengths == rows) & (size < shape)
+    others_full = (full.sum(axis=1, keepdims=True) - full) == width - 1
+    ok = along & others_full
+    return np.where(ok.any(axis=1), ok.argmax(axis=1), -1)
 
 
 def split_dims(
@@ -46,22 +70,18 @@ def split_dims(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per tensor id (``space`` of them): the dimension its written boxes (one row each: tensor
     id, writing rank, padded global shape, offsets, lengths) split it along as ``torch.chunk``
-    parts over the ranks, rank r chunk r, every non-empty chunk once; -1 for every other tensor.
-    Also per tensor id its number of non-empty chunks."""
+    parts over the ranks, rank r chunk r (``chunk_dims``), every non-empty chunk once; -1 for
+    every other tensor. Also per tensor id its number of non-empty chunks."""
     dim = np.full(space, -1, dtype=np.int64)
     chunks = np.zeros(space, dtype=np.int64)
     if world < 2 or not len(name):
         return dim, chunks
-    cut = (offsets != 0) | (lengths != shape)
-    d = np.where(cut.sum(axis=1) == 1, cut.argmax(axis=1), 0)
-    at = d[:, None]
+    d = chunk_dims(shape, offsets, lengths, rank, world)
+    at = np.maximum(d, 0)[:, None]
     extent = np.take_along_axis(shape, at, axis=1)[:, 0]
-    lo = np.take_along_axis(offsets, at, axis=1)[:, 0]
     n = np.take_along_axis(lengths, at, axis=1)[:, 0]
     size = -(-extent // world)
-    want_lo = np.minimum(extent, rank * size)
-    want_n = np.minimum(extent, want_lo + size) - want_lo
-    ok = (cut.sum(axis=1) == 1) & (lo == want_lo) & (n == want_n) & (n > 0) & (np.prod(shape, axis=1) > 0)
+    ok = (d >= 0) & (n > 0) & (np.prod(shape, axis=1) > 0)
     count = np.bincount(name, minlength=space)
     good = np.bincount(name, weights=ok, minlength=space).astype(np.int64) == count
     low = np.full(space, np.iinfo(np.int64).max, dtype=np.int64)
@@ -85,52 +105,3 @@ def split_parts(split: list[int], chunk0_bytes: list[int], parts: int) -> dict[i
     order; ``chunk0_bytes``: the bytes of each one's chunk 0): largest first to the part with
     the fewest bytes, ties in the tensor order."""
     return dict(zip(split, largest_first(chunk0_bytes, parts)))
-
-
-def lay_out_rank(
-    sizes: np.ndarray,
-    part_of: np.ndarray,
-    order_key: np.ndarray,
-    rest_key: list[tuple[bool, int, str]],
-    parts: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One rank's entries (``sizes``: its items' bytes; ``part_of``: each one's layout part, -1
-    for the others; ``order_key``: the split ones' place in the job's tensor order;
-    ``rest_key``: (is a blob, item index, blob key) of each, the others' tie order among equal
-    sizes): the split chunks first in each part in the tensor order, then the others largest
-    first to the part with the fewest bytes. Returns the entries' order (indices into ``sizes``,
-    grouped by part, each part in byte order), each one's part and byte offset."""
-    n = len(sizes)
-    at = np.flatnonzero(part_of >= 0)
-    at = at[np.lexsort((order_key[at], part_of[at]))]
-    part = np.empty(n, dtype=np.int64)
-    offset = np.empty(n, dtype=np.int64)
-    seq = np.empty(n, dtype=np.int64)
-    ends = [0] * parts
-    loads = [0] * parts
-    for i, (k, size) in enumerate(zip(part_of[at].tolist(), sizes[at].tolist())):
-        j = int(at[i])
-        part[j], offset[j], seq[j] = k, ends[k], i
-        ends[k] += padded(size)
-        loads[k] += size
-    size_of = sizes.tolist()
-    rest = np.flatnonzero(part_of < 0).tolist()
-    spots = place_others([size_of[j] for j in rest], [rest_key[j] for j in rest], loads, ends)
-    for i, (r, k, off) in enumerate(spots):
-        j = rest[r]
-        part[j], offset[j], seq[j] = k, off, len(at) + i
-    order = np.lexsort((seq, part))
-    return order, part[order], offset[order]
-
-
-def place_others(
-    sizes: list[int], ties: list[tuple[bool, int, str]], loads: list[int], ends: list[int]
-) -> list[tuple[int, int, int]]:
-    """A rank's entries outside the split tensors, after its split chunks (``loads``: the bytes
-    each part holds; ``ends``: where each part's next entry starts): largest first, equal sizes
-    by ``ties`` (is a blob, item index or 0, blob key), each to the part with the fewest bytes.
-    Returns (index into ``sizes``, part, byte offset) in placement order. ``lay_out_rank`` and
-    ``templates`` place them with this one rule."""
-    order = sorted(range(len(sizes)), key=lambda i: (-sizes[i], *ties[i]))
-    spots = place([sizes[i] for i in order], loads, ends)
-    return [(i, k, off) for i, (k, off) in zip(order, spots)]

@@ -8,16 +8,19 @@ the ranks' local plans one at a time (bytes are decoded here and dropped: the co
 holds every rank's table at once) and reduces each to a *template*: its rows with the split rows'
 boxes replaced by their rule ("chunk of rank r along dimension d", ``chunk_rule``). Ranks of one
 template differ only by their rank: an FSDP job of 4,096 ranks is one template. It then plans on
-templates:
+the templates' tables as one set of rows (``rows.JobRows``: the ranks agree, sizes in bounds):
 1. split tensors: every template holds exactly one rule row of the tensor along the same
    dimension (or, for templates whose ranks all fall past the last non-empty chunk, none);
    they are written by their ranks and laid out as ``split`` lays them out;
 2. the other (explicit) boxes are deduplicated across templates; a box's holders are the ranks
    of the templates holding it; each is written by its only holder, the replica source a holder
    names, else worst-fit (largest first to the holder with the fewest bytes, split chunks
-   counted), exactly as the column planner decides;
+   counted): ``writers.choose_writers`` over the templates, the column planner's rule; the
+   written boxes tile their tensors (``rows.tiling_problems``);
 3. byte layout: each rank's chunks first (``SplitLayout``'s offsets), then its explicit boxes
-   and blobs, largest first to the lightest file, as ``split.lay_out_rank`` places them.
+   and blobs, largest first to the lightest file: ``layout.lay_out_rank``'s two steps, its
+   other entries placed at plan time (``place_rest``), its chunks when its plan is asked for
+   (``stack``).
 The result is a ``GlobalSavePlan`` whose ``rank_plans`` is a ``RegularRankPlans``: a rank's
 entries are computed when asked (``plan_stage`` encodes each rank's part from its columns,
 ``rank_rows``), never held for every rank. Anything else (ranks disagreeing, a box held twice by
@@ -29,20 +32,20 @@ plans it or raises its precise error. The plans are equal (tests/unit/planning/t
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from ...errors import CorruptMetadataError
+from ...errors import CorruptMetadataError, PlanningError
 from ...format.dtypes import itemsize
-from ...format.validation import box_coverage_problem
 from ..specs import BlobSpec, Shape
-from .layout import padded
+from .layout import padded, place_rest, stack
 from .model import GlobalSavePlan, LocalSavePlan, RankSavePlan, WriteEntry, file_name
-from .split import place_others, split_parts
+from .rows import MAX_BLOB, MAX_TOTAL, JobRows, tiling_problems
+from .split import chunk_dims, split_parts
 from .table import ShardTable
-from .writers import lightest_rank, named_source
+from .writers import choose_writers
 
 __all__ = ["plan_regular", "chunk_rule", "RegularRankPlans", "NotRegular", "MAX_TEMPLATES"]
 
@@ -55,26 +58,12 @@ class NotRegular(Exception):
 
 # beyond this many distinct templates a job is not regular enough to gain (the column planner)
 MAX_TEMPLATES = 64
-_MAX_BYTES = 1 << 61
-_MAX_BLOB = 1 << 56
 
 
 def chunk_rule(t: ShardTable, world: int) -> np.ndarray:
     """Per row of ``t`` (rank ``t.rank`` of ``world``): the dimension ``d`` when its box is
-    ``torch.chunk`` part ``t.rank`` of its tensor along ``d`` over ``world`` parts (every other
-    dimension whole, and part 0 not the whole extent), else -1. At most one dimension can match."""
-    n, width = t.shape.shape
-    if n == 0 or width == 0:
-        return np.full(n, -1, dtype=np.int64)
-    shape, offs, lens = t.shape, t.offsets, t.lengths
-    size = -(-shape // world)
-    lo = np.minimum(shape, t.rank * size)
-    rows = np.minimum(shape, lo + size) - lo
-    full = (offs == 0) & (lens == shape)
-    along = (offs == lo) & (lens == rows) & (size < shape)
-    others_full = (full.sum(axis=1, keepdims=True) - full) == width - 1
-    ok = along & others_full
-    return np.where(ok.any(axis=1), ok.argmax(axis=1), -1)
+    ``torch.chunk`` part ``t.rank`` of its tensor along ``d`` (``split.chunk_dims``), else -1."""
+    return chunk_dims(t.shape, t.offsets, t.lengths, t.rank, world)
 
 
 @dataclass(eq=False)
@@ -208,39 +197,25 @@ class RegularRankPlans(Sequence[RankSavePlan]):
         its blob keys."""
         s = self.split
         nbytes = s.rows_of(rank) * s.row_bytes
-        aligned = padded(nbytes)
         items = s.item[self.template_of[rank]]
-        parts = self.parts[rank]
-        local = {k: i for i, k in enumerate(parts)}
-        blocks = []
-        blobs: list[str] = []
+        local = np.full(len(s.members), -1, dtype=np.int64)
+        local[list(self.parts[rank])] = np.arange(len(self.parts[rank]))
+        at = np.flatnonzero(nbytes > 0)  # empty chunks take no bytes and get no entry
+        at = at[np.argsort(s.part[at], kind="stable")]  # by part, each part's in the tensor order
+        chunk_part = s.part[at]
+        chunks = np.empty((len(at), 5), dtype=np.int64)
+        chunks[:, 0], chunks[:, 1], chunks[:, 3], chunks[:, 4] = items[at], chunk_part, nbytes[at], -1
+        chunks[:, 2] = stack(chunk_part, nbytes[at], np.zeros(len(s.members), dtype=np.int64))
         extra = self.explicit.get(rank, [])
-        for k in parts:
-            members = s.members[k]  # the part's tensors in byte order
-            sizes = aligned[members]
-            kept = nbytes[members] > 0  # empty chunks take no bytes and get no entry
-            at = members[kept]
-            starts = (np.cumsum(sizes) - sizes)[kept]
-            block = np.empty((len(at), 5), dtype=np.int64)
-            block[:, 0], block[:, 1], block[:, 2], block[:, 3], block[:, 4] = (
-                items[at],
-                local[k],
-                starts,
-                nbytes[at],
-                -1,
-            )
-            blocks.append(block)
-            mine = [e for e in extra if e[0] == k]
-            if mine:
-                more = np.empty((len(mine), 5), dtype=np.int64)
-                for i, (_, off, n, item, key) in enumerate(mine):
-                    b = -1
-                    if key:
-                        b = len(blobs)
-                        blobs.append(key)
-                    more[i] = (item, local[k], off, n, b)
-                blocks.append(more)
-        rows = np.concatenate(blocks) if blocks else np.zeros((0, 5), dtype=np.int64)
+        blobs = [key for *_, key in extra if key]
+        more = np.empty((len(extra), 5), dtype=np.int64)
+        b = 0
+        for i, (k, off, n, item, key) in enumerate(extra):
+            more[i] = (item, k, off, n, b if key else -1)
+            b += bool(key)
+        both = np.concatenate([chunks, more])
+        rows = both[np.argsort(both[:, 1], kind="stable")]  # by part: its chunks, then its other entries
+        rows[:, 1] = local[rows[:, 1]]
         return self.files_of(rank), rows, blobs
 
     def explicit_entries(self) -> Iterator[tuple[int, WriteEntry]]:
@@ -282,39 +257,38 @@ def _plan(
     save_id: str,
     parts: int,
 ) -> GlobalSavePlan:
-    # job-wide tensors in first-appearance order (templates by first rank, rows in order)
-    tensors: dict[str, tuple[str, Shape]] = {}
-    rows_by_tensor: dict[str, list[tuple[int, int]]] = {}  # fqn -> [(template, row)]
-    for ti, tm in enumerate(templates):
-        t = tm.table
-        for i, (n, d, nd) in enumerate(zip(t.name.tolist(), t.dtype.tolist(), t.ndim.tolist())):
-            fqn = t.names[n]
-            meta = (t.dtypes[d], tuple(t.shape[i, :nd].tolist()))
-            if tensors.setdefault(fqn, meta) != meta:
-                raise NotRegular(f"ranks disagree on {fqn}")  # the column planner names them
-            rows_by_tensor.setdefault(fqn, []).append((ti, i))
+    # the templates' tables as one set of rows (rows.JobRows: templates by first rank, rows in order)
     try:
-        sizes = {fqn: itemsize(dtype) for fqn, (dtype, _) in tensors.items()}
-    except CorruptMetadataError:
-        raise NotRegular("an unknown dtype") from None
-    if any(sum(math.log2(max(x, 1)) for x in shape) > 55 for _, shape in tensors.values()):
-        raise NotRegular("a tensor of more than 2^55 elements")
+        rows = JobRows.of([tm.table for tm in templates])
+    except (CorruptMetadataError, PlanningError):
+        raise NotRegular("an unknown dtype, or a tensor past the size limits") from None  # the column planner's
+    if rows.disagreements():
+        raise NotRegular("ranks disagree on a tensor")  # the column planner names them
+    tensors = rows.tensors()
+    sizes = {fqn: itemsize(dtype) for fqn, (dtype, _) in tensors.items()}
+    group = np.repeat(np.arange(len(templates), dtype=np.int64), [len(tm.table) for tm in templates])
+    rule = np.concatenate([tm.rule for tm in templates]) if templates else np.zeros(0, dtype=np.int64)
+    rows_by_tensor: dict[int, list[int]] = {int(g): [] for g in rows.name[np.unique(rows.first)].tolist()}
+    for r, g in enumerate(rows.name.tolist()):
+        rows_by_tensor[g].append(r)
+    groups, index = group.tolist(), rows.index.tolist()
 
     # 1. split tensors
     split_fqns: list[str] = []
     split_dim: list[int] = []
     split_rows: list[dict[int, int]] = []
-    explicit: dict[str, list[tuple[int, int]]] = {}
-    for fqn, held in rows_by_tensor.items():
-        ruled = [(ti, i) for ti, i in held if templates[ti].rule[i] >= 0]
+    explicit: list[int] = []  # the rows of tensors outside the split ones
+    for g, held in rows_by_tensor.items():
+        fqn = rows.names[g]
+        ruled = [r for r in held if rule[r] >= 0]
         shape = tensors[fqn][1]
         if not ruled:
-            explicit[fqn] = held
+            explicit.extend(held)
             continue
         if math.prod(shape) == 0 or len(ruled) != len(held):
             raise NotRegular(f"{fqn}: chunks on some ranks, other boxes on others (or no elements)")
-        seen = {int(templates[ti].rule[i]) for ti, i in ruled}
-        per_template = [ti for ti, _ in ruled]
+        seen = {int(rule[r]) for r in ruled}
+        per_template = [groups[r] for r in ruled]
         if len(seen) != 1 or len(set(per_template)) != len(per_template):
             raise NotRegular(f"{fqn}: split along several dimensions, or twice on a rank")
         d = seen.pop()
@@ -326,7 +300,7 @@ def _plan(
                 raise NotRegular(f"{fqn}: split over part of the job")  # a rank with a non-empty chunk does not hold it
         split_fqns.append(fqn)
         split_dim.append(d)
-        split_rows.append(dict(ruled))
+        split_rows.append({groups[r]: index[r] for r in ruled})
     if not split_fqns:
         raise NotRegular("no tensor split over every rank")
     dims = np.array(split_dim, dtype=np.int64)
@@ -347,7 +321,7 @@ def _plan(
 
     # each rank's split bytes per part: raw (what parts are balanced by) and aligned (offsets)
     raw = split.rows_of(np.arange(world, dtype=np.int64)[:, None]) * row_bytes  # (world, tensors)
-    if float(raw.sum(dtype=np.float64)) > _MAX_BYTES:
+    if float(raw.sum(dtype=np.float64)) > MAX_TOTAL:
         raise NotRegular("more than 2^61 bytes")
     loads_by_part = np.zeros((world, parts), dtype=np.int64)
     ends_by_part = np.zeros((world, parts), dtype=np.int64)
@@ -359,7 +333,8 @@ def _plan(
     del raw
 
     # 2. explicit boxes: holders, then writers
-    writers = _choose(templates, template_of, explicit, tensors, sizes, loads_by_part.sum(axis=1))
+    ranks_of = [np.array(tm.ranks, dtype=np.int64) for tm in templates]
+    writers = _choose(rows, group, np.array(sorted(explicit), dtype=np.int64), ranks_of, template_of, loads_by_part)
 
     # 3. each rank's explicit entries and blobs, largest first to the lightest part
     work: dict[int, list[tuple[int, bool, int, str]]] = {}  # rank -> [(nbytes, is a blob, item, key)]
@@ -367,19 +342,21 @@ def _plan(
         work.setdefault(rank, []).append((math.prod(lens) * sizes[fqn], False, idx, ""))
     for rank, own in enumerate(blobs):
         for b in own:
-            if not 0 <= b.nbytes <= _MAX_BLOB:
+            if not 0 <= b.nbytes <= MAX_BLOB:
                 raise NotRegular(f"blob {b.key!r}: absurd size")  # the column planner refuses it
             work.setdefault(rank, []).append((b.nbytes, True, 0, b.key))
     placed: dict[int, list[tuple[int, int, int, int, str]]] = {}
     for rank, items in work.items():
-        spots = place_others(
-            [w[0] for w in items],
-            [w[1:] for w in items],
-            loads_by_part[rank].tolist(),
-            ends_by_part[rank].tolist(),
-        )
-        out = [(k, off, items[i][0], -1 if items[i][3] else items[i][2], items[i][3]) for i, k, off in spots]
-        uses[rank, [k for _, k, _ in spots]] = True
+        ties = [w[1:] for w in items]
+        tie = np.empty(len(items), dtype=np.int64)
+        tie[sorted(range(len(items)), key=ties.__getitem__)] = np.arange(len(items))
+        sizes_of = np.array([w[0] for w in items], dtype=np.int64)
+        order, at_part, at = place_rest(sizes_of, tie, loads_by_part[rank], ends_by_part[rank])
+        out = [
+            (k, off, items[i][0], -1 if items[i][3] else items[i][2], items[i][3])
+            for i, k, off in zip(order.tolist(), at_part.tolist(), at.tolist())
+        ]
+        uses[rank, at_part] = True
         placed[rank] = sorted(out, key=lambda e: e[0])  # by part, each part's in placement order
     used = sorted(set(part.tolist()))
     if not uses[:, used].all():
@@ -398,69 +375,52 @@ def _plan(
     return GlobalSavePlan(save_id, plans, files, tensors, tuple(writers), layouts)
 
 
-def _holds(template_of: np.ndarray, row_in: dict[int, int]) -> Callable[[int], bool]:
-    """Whether rank ``s`` is of a template holding the box (``row_in``: template -> its row)."""
-    return lambda s: 0 <= s < len(template_of) and int(template_of[s]) in row_in
-
-
 def _choose(
-    templates: list[_Template],
+    rows: JobRows,
+    group: np.ndarray,
+    explicit: np.ndarray,
+    ranks_of: list[np.ndarray],
     template_of: np.ndarray,
-    explicit: dict[str, list[tuple[int, int]]],
-    tensors: dict[str, tuple[str, Shape]],
-    sizes: dict[str, int],
-    split_load: np.ndarray,
+    loads_by_part: np.ndarray,
 ) -> list[tuple[str, Shape, Shape, int, int]]:
-    """The writer of each explicit box (fqn, offsets, lengths, rank, row) in (rank, row) order;
-    ``NotRegular`` for a rank holding a box twice, a tensor nobody writes, boxes that do not tile."""
-    holders: dict[tuple[str, Shape, Shape], list[tuple[int, int]]] = {}  # -> [(template, row)]
-    for fqn, held in explicit.items():
-        shape = tensors[fqn][1]
-        empty_tensor = math.prod(shape) == 0
-        for ti, i in held:
-            t = templates[ti].table
-            nd = len(shape)
-            offs, lens = tuple(t.offsets[i, :nd].tolist()), tuple(t.lengths[i, :nd].tolist())
-            if not empty_tensor and nd and math.prod(lens) == 0:
-                continue  # an empty shard: nothing to write
-            got = holders.setdefault((fqn, offs, lens), [])
-            if any(g == ti for g, _ in got):
-                raise NotRegular(f"a rank holds {fqn} {offs}+{lens} twice")
-            got.append((ti, i))
-    load = split_load.astype(np.int64).copy()
-    ranks_of = [np.array(tm.ranks, dtype=np.int64) for tm in templates]  # ascending
-    chosen: list[tuple[str, Shape, Shape, int, int]] = []
-    balanced = []
-    for key, held in holders.items():
-        fqn, _, lens = key
-        nbytes = math.prod(lens) * sizes[fqn]
-        row_in = dict(held)  # template -> its row holding the box
-        ranks = ranks_of[held[0][0]] if len(held) == 1 else np.sort(np.concatenate([ranks_of[ti] for ti, _ in held]))
-        if len(ranks) == 1:
-            r = int(ranks[0])
-            chosen.append((*key, r, row_in[int(template_of[r])]))
-            load[r] += nbytes
-            continue
-        src = named_source((int(templates[ti].table.source[i]) for ti, i in held), _holds(template_of, row_in))
-        if src is not None:
-            chosen.append((*key, src, row_in[int(template_of[src])]))
-            load[src] += nbytes
-        else:
-            balanced.append((-nbytes, key, ranks, row_in))
-    balanced.sort(key=lambda b: (b[0], b[1]))
-    for neg, key, ranks, row_in in balanced:
-        r = lightest_rank(ranks, load)
-        chosen.append((*key, r, row_in[int(template_of[r])]))
-        load[r] -= neg
-    by_tensor: dict[str, list[tuple[Shape, Shape]]] = {}
-    for fqn, offs, lens, _, _ in chosen:
-        by_tensor.setdefault(fqn, []).append((offs, lens))
-    for fqn in explicit:
-        shape = tensors[fqn][1]
-        if math.prod(shape) == 0:
-            continue
-        boxes = by_tensor.get(fqn)
-        if not boxes or box_coverage_problem(shape, boxes) is not None:
-            raise NotRegular(f"{fqn}: boxes that do not tile it")  # the column planner names the problem
-    chosen.sort(key=lambda w: (w[3], w[4]))
-    return chosen
+    """The writer of each explicit box (fqn, offsets, lengths, rank, row) in (rank, row) order:
+    ``writers.choose_writers`` over the templates' ``explicit`` rows (ascending), every rank's
+    split bytes counted; ``NotRegular`` for a rank holding a box twice, or boxes that do not
+    tile a tensor (``rows.tiling_problems``: the column planner then names the problem)."""
+    ex = explicit[rows.kept[explicit]]  # empty shards: nothing to write
+    keys = np.column_stack([group[ex], rows.name[ex], rows.offsets[ex], rows.lengths[ex]])
+    keys = keys[np.lexsort(keys.T[::-1])]
+    if (keys[1:] == keys[:-1]).all(axis=1).any():
+        raise NotRegular("a rank holds a box twice")
+    chosen, ranks, record_order = choose_writers(
+        rows.names,
+        rows.name[ex],
+        rows.offsets[ex],
+        rows.lengths[ex],
+        rows.nbytes[ex],
+        rows.source[ex],
+        group[ex],
+        loads_by_part.sum(axis=1),
+        ranks_of,
+        template_of,
+    )
+    among = np.zeros(len(rows.names), dtype=bool)
+    among[rows.name[explicit]] = True
+    record_order = np.where(record_order < len(ex), ex[np.minimum(record_order, len(ex) - 1)], record_order)
+    if tiling_problems(rows, ex[chosen], record_order, among):
+        raise NotRegular("boxes that do not tile a tensor")  # the column planner names the problem
+    at = ex[chosen]
+    by = np.lexsort((rows.index[at], ranks))
+    at, ranks = at[by], ranks[by]
+    names, ndims = rows.names, rows.ndim[at].tolist()
+    return [
+        (names[g], tuple(o[:nd]), tuple(n[:nd]), rank, i)
+        for g, o, n, nd, rank, i in zip(
+            rows.name[at].tolist(),
+            rows.offsets[at].tolist(),
+            rows.lengths[at].tolist(),
+            ndims,
+            ranks.tolist(),
+            rows.index[at].tolist(),
+        )
+    ]
