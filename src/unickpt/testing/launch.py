@@ -23,6 +23,14 @@ pickle, so the parent runs no code from a child's output; a result that encoding
 the rank fail. An error travels as its traceback text. ``fn`` must be importable (a module-level
 function); the children are spawned (not forked) and are not daemons, so they may start
 processes of their own.
+
+Start-up cost (``preload``). A spawned process imports torch and unickpt again (seconds of CPU
+each, most of a short multi-rank test). Given ``preload=("torch", ...)``, the processes are
+instead forked from multiprocessing's fork server, which imported those modules once (the
+first call's list holds for the fork server's life, i.e. the calling process's): each starts
+with them imported and untouched (the server runs nothing else; no CUDA, no process group), and
+takes the caller's environment variables as they are at that call (the server's own were those
+of the first call). The default (no preload) spawns, for benchmarks that time a fresh process.
 """
 
 from __future__ import annotations
@@ -81,6 +89,7 @@ class _Spec:
     init_timeout: float | None
     hard_exit: bool  # os._exit(0) right after the report (never wait for peers or threads)
     report: str  # path prefix of the report files: <report>.ok / <report>.err
+    env: dict[str, str] | None = None  # forked from the fork server: the caller's environment
 
 
 def _write_report(prefix: str, kind: str, data: bytes) -> None:
@@ -97,6 +106,9 @@ def _entry(spec: _Spec, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
     import torch
     import torch.distributed as dist
 
+    if spec.env is not None:  # forked from the fork server: the caller's environment, not the server's
+        os.environ.clear()
+        os.environ.update(spec.env)
     torch.set_num_threads(spec.threads)
     rank, ws = spec.rank, spec.world_size
     try:
@@ -140,17 +152,21 @@ class _Spawned:
         threads: int | None,
         init_timeout: float | None,
         hard_exit: bool,
+        preload: Sequence[str] = (),
     ) -> None:
         import torch.multiprocessing as mp
 
         n = max(world_size, 1)
         threads = threads if threads is not None else max(1, (os.cpu_count() or 1) // n)
         port = free_port() if world_size > 0 else 0
+        env = dict(os.environ) if preload else None
         self.specs = [
-            _Spec(r, world_size, port, threads, init_timeout, hard_exit, os.path.join(folder, f"p{r}"))
+            _Spec(r, world_size, port, threads, init_timeout, hard_exit, os.path.join(folder, f"p{r}"), env)
             for r in range(n)
         ]
-        ctx = mp.get_context("spawn")
+        ctx: Any = mp.get_context("forkserver" if preload else "spawn")
+        if preload:
+            ctx.set_forkserver_preload(list(preload))
         self.procs = [ctx.Process(target=_entry, args=(s, fn, args)) for s in self.specs]
         try:
             for p in self.procs:
@@ -210,18 +226,20 @@ def run_ranks(
     timeout: float = 600,
     threads: int | None = None,
     init_timeout: float | None = None,
+    preload: Sequence[str] = (),
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes joined by gloo; their results.
 
     ``world_size=0`` runs one process without a process group (``fn`` sees world size 1). Each
     process gets ``threads`` torch threads (default: the cores divided among the ranks).
     ``init_timeout``: the ``timeout`` (seconds) given to ``init_process_group`` (torch's default
-    when None). Raises ``RanksFailed`` (the lowest failing rank's traceback) as soon as a rank
+    when None). ``preload``: fork the processes from a fork server that imported these modules
+    (module docstring). Raises ``RanksFailed`` (the lowest failing rank's traceback) as soon as a rank
     fails, when a rank dies without a report, or after ``timeout`` seconds."""
     n = max(world_size, 1)
     folder = tempfile.mkdtemp(prefix="unickpt-ranks-")
     try:
-        ranks = _Spawned(fn, args, world_size, folder, threads, init_timeout, hard_exit=False)
+        ranks = _Spawned(fn, args, world_size, folder, threads, init_timeout, hard_exit=False, preload=preload)
         deadline = time.monotonic() + timeout
         states: list[str | None] = [None] * n
         try:
@@ -254,6 +272,7 @@ def launch_ranks(
     grace: float = 3.0,
     threads: int | None = None,
     init_timeout: float | None = None,
+    preload: Sequence[str] = (),
 ) -> list[RankOutcome]:
     """Run ``fn(rank, world_size, *args)`` on gloo ranks where one may die on purpose; one
     ``RankOutcome`` per rank (see the module docstring).
@@ -267,7 +286,7 @@ def launch_ranks(
         raise ValueError(f"victim rank {victim} is not a rank of world size {n}")
     folder = tempfile.mkdtemp(prefix="unickpt-ranks-")
     try:
-        ranks = _Spawned(fn, args, world_size, folder, threads, init_timeout, hard_exit=True)
+        ranks = _Spawned(fn, args, world_size, folder, threads, init_timeout, hard_exit=True, preload=preload)
         try:
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline and ranks.alive():
@@ -285,7 +304,10 @@ def launch_ranks(
 
 
 def run_jobs(
-    jobs: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]], timeout: float = 180.0, threads: int | None = None
+    jobs: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]],
+    timeout: float = 180.0,
+    threads: int | None = None,
+    preload: Sequence[str] = (),
 ) -> list[RankOutcome]:
     """Run independent one-process jobs (``fn(0, 1, *args)``, no process group) at the same
     time and wait for all (at most ``timeout`` seconds, then SIGKILL); one ``RankOutcome`` per
@@ -298,7 +320,7 @@ def run_jobs(
             for i, (fn, args) in enumerate(jobs):
                 sub = os.path.join(folder, f"job{i}")
                 os.mkdir(sub)
-                started.append(_Spawned(fn, args, 0, sub, threads, None, hard_exit=True))
+                started.append(_Spawned(fn, args, 0, sub, threads, None, hard_exit=True, preload=preload))
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline and any(s.alive() for s in started):
                 time.sleep(_POLL_S)
