@@ -30,7 +30,10 @@ instead forked from multiprocessing's fork server, which imported those modules 
 first call's list holds for the fork server's life, i.e. the calling process's): each starts
 with them imported and untouched (the server runs nothing else; no CUDA, no process group), and
 takes the caller's environment variables as they are at that call (the server's own were those
-of the first call). The default (no preload) spawns, for benchmarks that time a fresh process.
+of the first call). Tensors among the arguments (in lists, tuples and dicts) travel by value in
+the safe value encoding: multiprocessing would pass each one's storage as a file descriptor, and
+the fork server takes at most 256 per process. The default (no preload) spawns, for benchmarks
+that time a fresh process.
 """
 
 from __future__ import annotations
@@ -92,11 +95,54 @@ class _Spec:
     env: dict[str, str] | None = None  # forked from the fork server: the caller's environment
 
 
+@dataclass(frozen=True, slots=True)
+class _ByValue:
+    """A tensor argument in the safe value encoding (``_by_value`` / ``_from_value``)."""
+
+    data: bytes
+
+
+def _by_value(x: Any) -> Any:
+    """``x`` with the tensors inside its lists, tuples and dicts (exact types) encoded by value."""
+    import torch
+
+    if isinstance(x, torch.Tensor) and type(x) is torch.Tensor:
+        return _ByValue(dumps_value(x, "argument"))
+    if type(x) in (list, tuple):
+        return type(x)(_by_value(v) for v in x)
+    if type(x) is dict:
+        return {k: _by_value(v) for k, v in x.items()}
+    return x
+
+
+def _from_value(x: Any) -> Any:
+    if type(x) is _ByValue:
+        return loads_value(x.data, "argument")
+    if type(x) in (list, tuple):
+        return type(x)(_from_value(v) for v in x)
+    if type(x) is dict:
+        return {k: _from_value(v) for k, v in x.items()}
+    return x
+
+
 def _write_report(prefix: str, kind: str, data: bytes) -> None:
     tmp = f"{prefix}.tmp"
     with open(tmp, "wb") as f:
         f.write(data)
     os.replace(tmp, f"{prefix}.{kind}")
+
+
+def _outlive_peers(spec: _Spec, limit_s: float = 60.0) -> None:
+    """Rank 0 hosts the job's store: it leaves after every other rank has reported (at most
+    ``limit_s``), so a peer still waiting on the store is not cut off by its exit. A forked
+    process exits at once where a spawned one spent a while tearing its interpreter down."""
+    folder = os.path.dirname(spec.report)
+    peers = [os.path.join(folder, f"p{r}") for r in range(1, spec.world_size)]
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if all(os.path.exists(p + ".ok") or os.path.exists(p + ".err") for p in peers):
+            return
+        time.sleep(_POLL_S)
 
 
 def _entry(spec: _Spec, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
@@ -109,6 +155,7 @@ def _entry(spec: _Spec, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
     if spec.env is not None:  # forked from the fork server: the caller's environment, not the server's
         os.environ.clear()
         os.environ.update(spec.env)
+        args = _from_value(args)
     torch.set_num_threads(spec.threads)
     rank, ws = spec.rank, spec.world_size
     try:
@@ -132,6 +179,8 @@ def _entry(spec: _Spec, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
             os._exit(1)  # do not wait on peers stuck in a collective
     if spec.hard_exit:
         os._exit(0)
+    if rank == 0 and ws > 1:
+        _outlive_peers(spec)
     if ws > 0:
         try:
             dist.destroy_process_group()
@@ -167,6 +216,8 @@ class _Spawned:
         ctx: Any = mp.get_context("forkserver" if preload else "spawn")
         if preload:
             ctx.set_forkserver_preload(list(preload))
+        if preload:
+            args = _by_value(args)
         self.procs = [ctx.Process(target=_entry, args=(s, fn, args)) for s in self.specs]
         try:
             for p in self.procs:
