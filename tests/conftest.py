@@ -9,7 +9,9 @@ not marked ``distributed`` that starts a process fails."""
 from __future__ import annotations
 
 import multiprocessing.process
+import os
 import subprocess
+import time
 from collections.abc import Generator
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,12 @@ __all__ = ["s3_bucket", "s3_server"]
 
 _TESTS_ROOT = Path(__file__).resolve().parent
 _running_unmarked: str | None = None  # node id of the running test while it may not start processes
+
+# Opt-in record of what each test costs in processes: with UNICKPT_TEST_PROCESS_LOG=<file>, one
+# tab-separated line per test (node id, processes started, subprocesses started, seconds) is
+# appended to <file> (how the suite's spawn counts are measured; off by default).
+_PROCESS_LOG = os.environ.get("UNICKPT_TEST_PROCESS_LOG")
+_started = {"processes": 0, "subprocesses": 0}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -53,11 +61,13 @@ _process_start = multiprocessing.process.BaseProcess.start
 
 def _guarded_popen_init(self: subprocess.Popen[Any], *args: Any, **kwargs: Any) -> None:
     _refuse_unmarked("a subprocess")
+    _started["subprocesses"] += 1
     _popen_init(self, *args, **kwargs)
 
 
 def _guarded_process_start(self: multiprocessing.process.BaseProcess) -> None:
     _refuse_unmarked("a multiprocessing process")
+    _started["processes"] += 1
     _process_start(self)
 
 
@@ -71,7 +81,13 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     process fails it."""
     global _running_unmarked
     _running_unmarked = None if item.get_closest_marker("distributed") else item.nodeid
+    _started.update(processes=0, subprocesses=0)
+    t0 = time.monotonic()
     try:
         yield
     finally:
         _running_unmarked = None
+        if _PROCESS_LOG:
+            with open(_PROCESS_LOG, "a") as log:
+                seconds = time.monotonic() - t0
+                log.write(f"{item.nodeid}\t{_started['processes']}\t{_started['subprocesses']}\t{seconds:.1f}\n")

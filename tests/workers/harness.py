@@ -10,7 +10,10 @@ benchmarks): N gloo ranks in fresh processes, results in the safe value encoding
   at some world sizes, loaded at others) in the fewest spawns.
 * ``run_ranks(calls_in_turn, ws, [[fn, args], ...])``: several rank functions in one spawn.
 
-Tests use one torch thread per process (2 cores shared by several ranks). Their ranks never see
+Tests use one torch thread per process (2 cores shared by several ranks), and their processes
+start forked from a fork server that imported ``PRELOAD`` once (``unickpt.testing.launch``:
+each process starts with those modules imported and untouched, and the test's environment), not
+as fresh interpreters that import torch again: that import was most of a short test's time. Their ranks never see
 a GPU (``CUDA_VISIBLE_DEVICES`` empty in the children): they are gloo CPU tests, and on a machine
 with fewer GPUs than ranks torch's default device mesh (``fully_shard`` without a mesh) would put
 rank r on ``cuda:r`` and fail ("invalid device ordinal", seen on a one-GPU machine).
@@ -27,6 +30,10 @@ from unickpt.testing.launch import RankOutcome, RanksFailed, free_port
 from unickpt.testing.launch import launch_ranks as _launch_ranks
 from unickpt.testing.launch import run_jobs as _run_jobs
 from unickpt.testing.launch import run_ranks as _run_ranks
+
+# imported once by the fork server the test processes start from: what every rank imports
+# (``unickpt.api`` brings the save and load pipelines and torch.distributed.tensor)
+PRELOAD = ("torch", "torch.distributed", "unickpt", "unickpt.api")
 
 __all__ = ["free_port", "run_ranks", "launch_ranks", "run_jobs", "RankOutcome", "SaveLoadMatrix", "calls_in_turn"]
 
@@ -50,7 +57,9 @@ def run_ranks(
 ) -> list[Any]:
     try:
         with _cpu_children():
-            return _run_ranks(fn, world_size, *args, timeout=timeout, threads=1, init_timeout=init_timeout)
+            return _run_ranks(
+                fn, world_size, *args, timeout=timeout, threads=1, init_timeout=init_timeout, preload=PRELOAD
+            )
     except RanksFailed as e:
         raise AssertionError(str(e)) from None
 
@@ -64,12 +73,14 @@ def launch_ranks(
     grace: float = 3.0,
 ) -> list[RankOutcome]:
     with _cpu_children():
-        return _launch_ranks(fn, world_size, *args, victim=victim, timeout=timeout, grace=grace, threads=1)
+        return _launch_ranks(
+            fn, world_size, *args, victim=victim, timeout=timeout, grace=grace, threads=1, preload=PRELOAD
+        )
 
 
 def run_jobs(jobs: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]], timeout: float = 180.0) -> list[RankOutcome]:
     with _cpu_children():
-        return _run_jobs(jobs, timeout=timeout, threads=1)
+        return _run_jobs(jobs, timeout=timeout, threads=1, preload=PRELOAD)
 
 
 # ----------------------------------------------------------------------------- save/load matrix

@@ -23,6 +23,17 @@ pickle, so the parent runs no code from a child's output; a result that encoding
 the rank fail. An error travels as its traceback text. ``fn`` must be importable (a module-level
 function); the children are spawned (not forked) and are not daemons, so they may start
 processes of their own.
+
+Start-up cost (``preload``). A spawned process imports torch and unickpt again (seconds of CPU
+each, most of a short multi-rank test). Given ``preload=("torch", ...)``, the processes are
+instead forked from multiprocessing's fork server, which imported those modules once (the
+first call's list holds for the fork server's life, i.e. the calling process's): each starts
+with them imported and untouched (the server runs nothing else; no CUDA, no process group), and
+takes the caller's environment variables as they are at that call (the server's own were those
+of the first call). Tensors among the arguments (in lists, tuples and dicts) travel by value in
+the safe value encoding: multiprocessing would pass each one's storage as a file descriptor, and
+the fork server takes at most 256 per process. The default (no preload) spawns, for benchmarks
+that time a fresh process.
 """
 
 from __future__ import annotations
@@ -81,6 +92,37 @@ class _Spec:
     init_timeout: float | None
     hard_exit: bool  # os._exit(0) right after the report (never wait for peers or threads)
     report: str  # path prefix of the report files: <report>.ok / <report>.err
+    env: dict[str, str] | None = None  # forked from the fork server: the caller's environment
+
+
+@dataclass(frozen=True, slots=True)
+class _ByValue:
+    """A tensor argument in the safe value encoding (``_by_value`` / ``_from_value``)."""
+
+    data: bytes
+
+
+def _by_value(x: Any) -> Any:
+    """``x`` with the tensors inside its lists, tuples and dicts (exact types) encoded by value."""
+    import torch
+
+    if isinstance(x, torch.Tensor) and type(x) is torch.Tensor:
+        return _ByValue(dumps_value(x, "argument"))
+    if type(x) in (list, tuple):
+        return type(x)(_by_value(v) for v in x)
+    if type(x) is dict:
+        return {k: _by_value(v) for k, v in x.items()}
+    return x
+
+
+def _from_value(x: Any) -> Any:
+    if type(x) is _ByValue:
+        return loads_value(x.data, "argument")
+    if type(x) in (list, tuple):
+        return type(x)(_from_value(v) for v in x)
+    if type(x) is dict:
+        return {k: _from_value(v) for k, v in x.items()}
+    return x
 
 
 def _write_report(prefix: str, kind: str, data: bytes) -> None:
@@ -90,6 +132,19 @@ def _write_report(prefix: str, kind: str, data: bytes) -> None:
     os.replace(tmp, f"{prefix}.{kind}")
 
 
+def _outlive_peers(spec: _Spec, limit_s: float = 60.0) -> None:
+    """Rank 0 hosts the job's store: it leaves after every other rank has reported (at most
+    ``limit_s``), so a peer still waiting on the store is not cut off by its exit. A forked
+    process exits at once where a spawned one spent a while tearing its interpreter down."""
+    folder = os.path.dirname(spec.report)
+    peers = [os.path.join(folder, f"p{r}") for r in range(1, spec.world_size)]
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if all(os.path.exists(p + ".ok") or os.path.exists(p + ".err") for p in peers):
+            return
+        time.sleep(_POLL_S)
+
+
 def _entry(spec: _Spec, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
     """The child's main function: join the group, run ``fn``, write the report."""
     import datetime
@@ -97,6 +152,10 @@ def _entry(spec: _Spec, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
     import torch
     import torch.distributed as dist
 
+    if spec.env is not None:  # forked from the fork server: the caller's environment, not the server's
+        os.environ.clear()
+        os.environ.update(spec.env)
+        args = _from_value(args)
     torch.set_num_threads(spec.threads)
     rank, ws = spec.rank, spec.world_size
     try:
@@ -120,6 +179,8 @@ def _entry(spec: _Spec, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
             os._exit(1)  # do not wait on peers stuck in a collective
     if spec.hard_exit:
         os._exit(0)
+    if rank == 0 and ws > 1:
+        _outlive_peers(spec)
     if ws > 0:
         try:
             dist.destroy_process_group()
@@ -140,17 +201,23 @@ class _Spawned:
         threads: int | None,
         init_timeout: float | None,
         hard_exit: bool,
+        preload: Sequence[str] = (),
     ) -> None:
         import torch.multiprocessing as mp
 
         n = max(world_size, 1)
         threads = threads if threads is not None else max(1, (os.cpu_count() or 1) // n)
         port = free_port() if world_size > 0 else 0
+        env = dict(os.environ) if preload else None
         self.specs = [
-            _Spec(r, world_size, port, threads, init_timeout, hard_exit, os.path.join(folder, f"p{r}"))
+            _Spec(r, world_size, port, threads, init_timeout, hard_exit, os.path.join(folder, f"p{r}"), env)
             for r in range(n)
         ]
-        ctx = mp.get_context("spawn")
+        ctx: Any = mp.get_context("forkserver" if preload else "spawn")
+        if preload:
+            ctx.set_forkserver_preload(list(preload))
+        if preload:
+            args = _by_value(args)
         self.procs = [ctx.Process(target=_entry, args=(s, fn, args)) for s in self.specs]
         try:
             for p in self.procs:
@@ -210,18 +277,20 @@ def run_ranks(
     timeout: float = 600,
     threads: int | None = None,
     init_timeout: float | None = None,
+    preload: Sequence[str] = (),
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` processes joined by gloo; their results.
 
     ``world_size=0`` runs one process without a process group (``fn`` sees world size 1). Each
     process gets ``threads`` torch threads (default: the cores divided among the ranks).
     ``init_timeout``: the ``timeout`` (seconds) given to ``init_process_group`` (torch's default
-    when None). Raises ``RanksFailed`` (the lowest failing rank's traceback) as soon as a rank
+    when None). ``preload``: fork the processes from a fork server that imported these modules
+    (module docstring). Raises ``RanksFailed`` (the lowest failing rank's traceback) as soon as a rank
     fails, when a rank dies without a report, or after ``timeout`` seconds."""
     n = max(world_size, 1)
     folder = tempfile.mkdtemp(prefix="unickpt-ranks-")
     try:
-        ranks = _Spawned(fn, args, world_size, folder, threads, init_timeout, hard_exit=False)
+        ranks = _Spawned(fn, args, world_size, folder, threads, init_timeout, hard_exit=False, preload=preload)
         deadline = time.monotonic() + timeout
         states: list[str | None] = [None] * n
         try:
@@ -254,6 +323,7 @@ def launch_ranks(
     grace: float = 3.0,
     threads: int | None = None,
     init_timeout: float | None = None,
+    preload: Sequence[str] = (),
 ) -> list[RankOutcome]:
     """Run ``fn(rank, world_size, *args)`` on gloo ranks where one may die on purpose; one
     ``RankOutcome`` per rank (see the module docstring).
@@ -267,7 +337,7 @@ def launch_ranks(
         raise ValueError(f"victim rank {victim} is not a rank of world size {n}")
     folder = tempfile.mkdtemp(prefix="unickpt-ranks-")
     try:
-        ranks = _Spawned(fn, args, world_size, folder, threads, init_timeout, hard_exit=True)
+        ranks = _Spawned(fn, args, world_size, folder, threads, init_timeout, hard_exit=True, preload=preload)
         try:
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline and ranks.alive():
@@ -285,7 +355,10 @@ def launch_ranks(
 
 
 def run_jobs(
-    jobs: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]], timeout: float = 180.0, threads: int | None = None
+    jobs: Sequence[tuple[Callable[..., Any], tuple[Any, ...]]],
+    timeout: float = 180.0,
+    threads: int | None = None,
+    preload: Sequence[str] = (),
 ) -> list[RankOutcome]:
     """Run independent one-process jobs (``fn(0, 1, *args)``, no process group) at the same
     time and wait for all (at most ``timeout`` seconds, then SIGKILL); one ``RankOutcome`` per
@@ -298,7 +371,7 @@ def run_jobs(
             for i, (fn, args) in enumerate(jobs):
                 sub = os.path.join(folder, f"job{i}")
                 os.mkdir(sub)
-                started.append(_Spawned(fn, args, 0, sub, threads, None, hard_exit=True))
+                started.append(_Spawned(fn, args, 0, sub, threads, None, hard_exit=True, preload=preload))
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline and any(s.alive() for s in started):
                 time.sleep(_POLL_S)
