@@ -14,7 +14,10 @@ the templates' tables as one set of rows (``rows.JobRows``: the ranks agree, siz
    they are written by their ranks and laid out as ``split`` lays them out. Where that would
    leave a rank without a file a layout names (``split.RankWithoutFile``), ``plan_regular``
    plans again with only the tensors whose every chunk has rows as split, then with none
-   (``_SPLIT_ATTEMPTS``: the column planner's retry);
+   (``_SPLIT_ATTEMPTS``: the column planner's retry). A tensor with chunk rows that the column
+   planner would not split either (no elements, or another rank's box that is no rank's chunk:
+   ``_never_a_chunk``) is planned with its chunk rows as explicit boxes (``_Demoted``: the
+   templates are taken again);
 2. the other (explicit) boxes are deduplicated across templates; a box's holders are the ranks
    of the templates holding it; each is written by its only holder, the replica source a holder
    names, else worst-fit (largest first to the holder with the fewest bytes, split chunks
@@ -27,15 +30,16 @@ the templates' tables as one set of rows (``rows.JobRows``: the ranks agree, siz
 The result is a ``GlobalSavePlan`` whose ``rank_plans`` is a ``RegularRankPlans``: a rank's
 entries are computed when asked (``plan_stage`` encodes each rank's part from its columns,
 ``rank_rows``), never held for every rank. Anything else (ranks disagreeing, a box held twice by
-one rank, a tensor split over part of the job, too many templates, a tiling problem, absurd
-sizes) raises ``NotRegular`` saying why, and the column planner plans it or raises its precise
-error. The plans are equal (tests/unit/planning/test_save_planner.py).
+one rank, a tensor split over part of the job or with chunk rows the column planner might
+split, too many templates, a tiling problem, absurd sizes) raises ``NotRegular`` saying why,
+and the column planner plans it or raises its precise error. The plans are equal
+(tests/unit/planning/test_save_planner.py).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -79,11 +83,14 @@ class _Template:
 
 
 def _templates(
-    sources: Sequence[LocalSavePlan | ShardTable], split: str = "all"
+    sources: Sequence[LocalSavePlan | ShardTable],
+    split: str = "all",
+    unsplit: Collection[str] = (),
 ) -> tuple[list[_Template], list[int], list[tuple[BlobSpec, ...]]]:
     """The ranks' templates, each rank's template and each rank's blobs (a rank's own: not part
     of its template); ``NotRegular`` when there are too many. ``split``: which rule rows count
-    (``_SPLIT_ATTEMPTS``); the others' boxes are explicit."""
+    (``_SPLIT_ATTEMPTS``); the others' boxes, and those of the tensors in ``unsplit``, are
+    explicit."""
     world = len(sources)
     found: dict[tuple, int] = {}
     templates: list[_Template] = []
@@ -99,6 +106,8 @@ def _templates(
             rule = _full_only(rule, t.shape, world)
         elif split == "none":
             rule = np.full(len(rule), -1, dtype=np.int64)
+        if unsplit:
+            rule[np.isin(t.name, [i for i, n in enumerate(t.names) if n in unsplit])] = -1
         explicit = rule < 0
         key = (  # the arrays' lengths fix where each starts in the joined bytes
             t.names,
@@ -128,6 +137,28 @@ def _full_only(rule: np.ndarray, shape: np.ndarray, world: int) -> np.ndarray:
     extent = np.take_along_axis(shape, np.maximum(rule, 0)[:, None], axis=1)[:, 0]
     size = -(-extent // world)
     return np.where((rule >= 0) & (-(-extent // np.maximum(size, 1)) == world), rule, -1)
+
+
+class _Demoted(Exception):
+    """Tensors with chunk rows that are not split (``fqns``): ``plan_regular`` takes the
+    templates again with their rows as explicit boxes."""
+
+    def __init__(self, fqns: list[str]) -> None:
+        super().__init__(fqns)
+        self.fqns = fqns
+
+
+def _never_a_chunk(rows: JobRows, at: np.ndarray, world: int) -> np.ndarray:
+    """Per row ``at`` of ``rows``: whether its box is ``torch.chunk`` part q of its tensor for
+    no rank q along no dimension (then whoever writes it, the column planner does not split
+    its tensor: ``split.split_dims``)."""
+    shape, offsets, lengths = rows.shape[at], rows.offsets[at], rows.lengths[at]
+    some = np.zeros(len(at), dtype=bool)
+    for d in range(shape.shape[1]):
+        size = np.maximum(-(-shape[:, d] // world), 1)
+        q = np.minimum(offsets[:, d] // size, world - 1)
+        some |= chunk_dims(shape, offsets, lengths, q, world) == d
+    return ~some
 
 
 @dataclass(frozen=True, eq=False)
@@ -259,12 +290,17 @@ def plan_regular(sources: Sequence[LocalSavePlan | ShardTable], save_id: str, fi
     world = len(sources)
     if world < 1:
         raise NotRegular("no ranks")
+    unsplit: set[str] = set()  # tensors whose chunk rows are planned as explicit boxes
     for split in _SPLIT_ATTEMPTS:
-        templates, of_rank, blobs = _templates(sources, split)
-        try:
-            return _plan(templates, np.array(of_rank, dtype=np.int64), blobs, world, save_id, max(1, files_per_rank))
-        except RankWithoutFile:  # a rank would lack a file a layout names: fewer split tensors
-            pass
+        while True:
+            templates, of_rank, blobs = _templates(sources, split, unsplit)
+            try:
+                args = (templates, np.array(of_rank, dtype=np.int64), blobs, world, save_id, max(1, files_per_rank))
+                return _plan(*args)
+            except _Demoted as e:  # again, with their chunk rows as explicit boxes
+                unsplit.update(e.fqns)
+            except RankWithoutFile:  # a rank would lack a file a layout names: fewer split tensors
+                break
     raise InternalError("a save plan without split tensors left a rank without a layout file")
 
 
@@ -302,6 +338,7 @@ def _plan(
     split_dim: list[int] = []
     split_rows: list[dict[int, int]] = []
     explicit: list[int] = []  # the rows of tensors outside the split ones
+    demoted: list[str] = []  # tensors with chunk rows that are not split
     for g, held in rows_by_tensor.items():
         fqn = rows.names[g]
         ruled = [r for r in held if rule[r] >= 0]
@@ -310,7 +347,11 @@ def _plan(
             explicit.extend(held)
             continue
         if math.prod(shape) == 0 or len(ruled) != len(held):
-            raise NotRegular(f"{fqn}: chunks on some ranks, other boxes on others (or no elements)")
+            others = np.array([r for r in held if rule[r] < 0 and rows.kept[r]], dtype=np.int64)
+            if math.prod(shape) == 0 or _never_a_chunk(rows, others, world).any():
+                demoted.append(fqn)  # the column planner does not split it either: its boxes are explicit
+                continue
+            raise NotRegular(f"{fqn}: chunks on some ranks, other boxes on others")
         seen = {int(rule[r]) for r in ruled}
         per_template = [groups[r] for r in ruled]
         if len(seen) != 1 or len(set(per_template)) != len(per_template):
@@ -325,6 +366,8 @@ def _plan(
         split_fqns.append(fqn)
         split_dim.append(d)
         split_rows.append({groups[r]: index[r] for r in ruled})
+    if demoted:
+        raise _Demoted(demoted)
     dims = np.array(split_dim, dtype=np.int64)
     extent = np.array([tensors[f][1][d] for f, d in zip(split_fqns, split_dim)], dtype=np.int64)
     chunk = -(-extent // world)
