@@ -9,8 +9,8 @@ reference), on random jobs (hypothesis):
   the record planner's (then ``regularize``), entry for entry; its lazy rank plans give the same
   columns, explicit entries and file sizes as the tuple they stand for; a DDP-like job (no split
   tensor) and one whose split layout would leave a rank without a file (then fewer tensors
-  split) are theirs too; and jobs it must not plan (a tensor split over part of the job) fall
-  through to the other planners;
+  split) are theirs too, as is a tensor chunked on some ranks only (then explicit); and jobs
+  it must not plan (a tensor split over part of the job) fall through to the other planners;
 - the layout rules on columns equal their plain loops."""
 
 from __future__ import annotations
@@ -425,3 +425,32 @@ def test_a_rank_without_a_layout_file_keeps_only_full_split_tensors():
     g = plan_regular(LocalPlans([encode_local_plan(p) for p in plans]), SAVE_ID, 2)
     assert isinstance(g.rank_plans, RegularRankPlans)
     _same(g, want)
+
+
+def test_a_tensor_chunked_on_some_ranks_only_is_planned_with_explicit_boxes():
+    """Two ranks: ``a`` (4 rows) is chunk 0 on rank 0 but rows 2 and 3 apart on rank 1 (no
+    rank's chunk), ``b`` is chunk r on rank r. The templates split ``b`` only and write ``a``'s
+    boxes as rows, the record planner's plan, instead of giving up."""
+    plans = [
+        LocalSavePlan(
+            0,
+            (
+                ShardSpec("a", "float32", (4, 2), (0, 0), (2, 2)),
+                ShardSpec("b", "int64", (4,), (0,), (2,)),
+            ),
+        ),
+        LocalSavePlan(
+            1,
+            (
+                ShardSpec("a", "float32", (4, 2), (2, 0), (1, 2)),
+                ShardSpec("a", "float32", (4, 2), (3, 0), (1, 2)),
+                ShardSpec("b", "int64", (4,), (2,), (2,)),
+            ),
+        ),
+    ]
+    for files in (1, 2):
+        want = _reference(plans, files)
+        assert [fqn for _files, entries in want.layouts for fqn, _ in entries] == ["b"]
+        g = plan_regular(LocalPlans([encode_local_plan(p) for p in plans]), SAVE_ID, files)
+        assert isinstance(g.rank_plans, RegularRankPlans)
+        _same(g, want)
