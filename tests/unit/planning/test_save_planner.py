@@ -9,7 +9,8 @@ reference), on random jobs (hypothesis):
   the record planner's (then ``regularize``), entry for entry; its lazy rank plans give the same
   columns, explicit entries and file sizes as the tuple they stand for; a DDP-like job (no split
   tensor) and one whose split layout would leave a rank without a file (then fewer tensors
-  split) are theirs too, as is a tensor chunked on some ranks only (then explicit); and jobs
+  split) are theirs too, as are a tensor chunked on some ranks only (then explicit) and a box
+  held twice by one rank; and jobs
   it must not plan (a tensor split over part of the job) fall through to the other planners;
 - the layout rules on columns equal their plain loops."""
 
@@ -454,3 +455,19 @@ def test_a_tensor_chunked_on_some_ranks_only_is_planned_with_explicit_boxes():
         g = plan_regular(LocalPlans([encode_local_plan(p) for p in plans]), SAVE_ID, files)
         assert isinstance(g.rank_plans, RegularRankPlans)
         _same(g, want)
+
+
+def test_a_rank_holding_a_box_twice_is_one_holder_in_the_templates():
+    """Three ranks hold ``w`` whole, rank 1 twice; ``b`` is chunk r on rank r: the templates
+    plan it (one writer of ``w``), the record planner's plan."""
+    plans = []
+    for r in range(3):
+        w = ShardSpec("w", "float32", (5, 3), (0, 0), (5, 3))
+        lo, n = _chunk(6, 3, r)
+        b = ShardSpec("b", "float32", (6, 2), (lo, 0), (n, 2))
+        plans.append(LocalSavePlan(r, (w, b, w) if r == 1 else (w, b)))
+    for files in (1, 2):
+        g = plan_regular(LocalPlans([encode_local_plan(p) for p in plans]), SAVE_ID, files)
+        assert isinstance(g.rank_plans, RegularRankPlans)
+        assert [w[0] for w in g.writers] == ["w"]
+        _same(g, _reference(plans, files))

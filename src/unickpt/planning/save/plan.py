@@ -23,9 +23,9 @@ an FSDP job of 4,096 ranks is one template, a DDP job too), applies rules 1-5 to
 rows (rule 4's retry with fewer split tensors, then none, included) and returns rank plans
 computed when asked (``RegularRankPlans``: the coordinator never holds every rank's entries);
 for any other job (more than ``templates.MAX_TEMPLATES`` templates, a tensor the chunk rule
-splits on some ranks only that the columns might split, a box twice on one rank, or a refusal:
-``templates.NotRegular``, which never leaves this module) ``columns.plan_tables`` applies the
-same rules to one group per rank, returns every rank's plan and words the refusals rank by rank. Every refusal raises
+splits on some ranks only that the columns might split, or a refusal: ``templates.NotRegular``,
+which never leaves this module) ``columns.plan_tables`` applies the same rules to one group per
+rank, returns every rank's plan and words the refusals rank by rank. Every refusal raises
 (``PlanningError``). The plain per-record statement of these rules is the tests' oracle
 (tests/support/save_oracle.py), which both paths are property-tested against.
 """

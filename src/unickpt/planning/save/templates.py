@@ -29,11 +29,10 @@ the templates' tables as one set of rows (``rows.JobRows``: the ranks agree, siz
    (``stack``).
 The result is a ``GlobalSavePlan`` whose ``rank_plans`` is a ``RegularRankPlans``: a rank's
 entries are computed when asked (``plan_stage`` encodes each rank's part from its columns,
-``rank_rows``), never held for every rank. Anything else (ranks disagreeing, a box held twice by
-one rank, a tensor split over part of the job or with chunk rows the column planner might
-split, too many templates, a tiling problem, absurd sizes) raises ``NotRegular`` saying why,
-and the column planner plans it or raises its precise error. The plans are equal
-(tests/unit/planning/test_save_planner.py).
+``rank_rows``), never held for every rank. Anything else (ranks disagreeing, a tensor split over
+part of the job or with chunk rows the column planner might split, too many templates, a tiling
+problem, absurd sizes) raises ``NotRegular`` saying why, and the column planner plans it or
+raises its precise error. The plans are equal (tests/unit/planning/test_save_planner.py).
 """
 
 from __future__ import annotations
@@ -453,13 +452,10 @@ def _choose(
 ) -> list[tuple[str, Shape, Shape, int, int]]:
     """The writer of each explicit box (fqn, offsets, lengths, rank, row) in (rank, row) order:
     ``writers.choose_writers`` over the templates' ``explicit`` rows (ascending), every rank's
-    split bytes counted; ``NotRegular`` for a rank holding a box twice, or boxes that do not
-    tile a tensor (``rows.tiling_problems``: the column planner then names the problem)."""
+    split bytes counted (a rank holding a box twice is one holder of it); ``NotRegular`` for
+    boxes that do not tile a tensor (``rows.tiling_problems``: the column planner then names
+    the problem)."""
     ex = explicit[rows.kept[explicit]]  # empty shards: nothing to write
-    keys = np.column_stack([group[ex], rows.name[ex], rows.offsets[ex], rows.lengths[ex]])
-    keys = keys[np.lexsort(keys.T[::-1])]
-    if (keys[1:] == keys[:-1]).all(axis=1).any():
-        raise NotRegular("a rank holds a box twice")
     chosen, ranks, record_order = choose_writers(
         rows.names,
         rows.name[ex],
