@@ -10,8 +10,8 @@ reference), on random jobs (hypothesis):
   columns, explicit entries and file sizes as the tuple they stand for; a DDP-like job (no split
   tensor) and one whose split layout would leave a rank without a file (then fewer tensors
   split) are theirs too, as are a tensor chunked on some ranks only (then explicit) and a box
-  held twice by one rank; and jobs
-  it must not plan (a tensor split over part of the job) fall through to the other planners;
+  held twice by one rank; and jobs it must not plan (a tensor split over part of the job) fall
+  through to the other planners;
 - the layout rules on columns equal their plain loops."""
 
 from __future__ import annotations
