@@ -7,8 +7,11 @@ reference), on random jobs (hypothesis):
   ``torch.chunk`` of (with empty tails), replicated tensors and 0-d steps (some with a named
   replica source), rank-0-only tensors, per-rank blobs and per-rank spec orders, its plan equals
   the record planner's (then ``regularize``), entry for entry; its lazy rank plans give the same
-  columns, explicit entries and file sizes as the tuple they stand for; and jobs it must not
-  plan (a tensor split over part of the job) fall through to the other planners;
+  columns, explicit entries and file sizes as the tuple they stand for; a DDP-like job (no split
+  tensor) and one whose split layout would leave a rank without a file (then fewer tensors
+  split) are theirs too, as are a tensor chunked on some ranks only (then explicit) and a box
+  held twice by one rank; and jobs it must not plan (a tensor split over part of the job) fall
+  through to the other planners;
 - the layout rules on columns equal their plain loops."""
 
 from __future__ import annotations
@@ -375,3 +378,96 @@ def test_a_fsdp_like_job_of_many_ranks_is_one_template():
     assert len(set(g.rank_plans.template_of.tolist())) == 1
     assert sorted(w[0] for w in g.writers) == sorted(f"optim.step{i}" for i in range(50))
     assert [w[:4] for w in g.writers] == [w[:4] for w in _reference(plans[:], 2).writers]
+
+
+def test_a_ddp_like_job_is_one_template():
+    """Whole tensors on every rank (one with a named replica source) and per-rank blobs, no
+    split tensor: one template, planned lazily by the templates, the record planner's plan."""
+    plans = [
+        LocalSavePlan(
+            r,
+            (
+                ShardSpec("model.w", "float32", (16, 4), (0, 0), (16, 4)),
+                ShardSpec("model.b", "bfloat16", (4,), (0,), (4,), 0),
+                ShardSpec("optim.step", "float32", (), (), ()),
+            ),
+            (BlobSpec(f"loader/{r}", 100 + r),),
+        )
+        for r in range(6)
+    ]
+    for files in (1, 2):
+        g = plan_regular(LocalPlans([encode_local_plan(p) for p in plans]), SAVE_ID, files)
+        assert isinstance(g.rank_plans, RegularRankPlans)
+        assert len(set(g.rank_plans.template_of.tolist())) == 1
+        assert g.layouts == ()
+        _same(g, _reference(plans, files))
+
+
+def test_a_rank_without_a_layout_file_keeps_only_full_split_tensors():
+    """Four ranks, two files: ``a`` (3 rows: rank 3's chunk is empty) and ``b`` (8 rows) split,
+    ``b``'s chunk 0 larger, so ``a`` alone gets part 1, which rank 3 would not write. The
+    templates then split only ``b``, as the record planner does, instead of giving up."""
+    world = 4
+    plans = []
+    for r in range(world):
+        a_lo, a_n = _chunk(3, world, r)
+        b_lo, b_n = _chunk(8, world, r)
+        plans.append(
+            LocalSavePlan(
+                r,
+                (
+                    ShardSpec("a", "float32", (3, 1), (a_lo, 0), (a_n, 1)),
+                    ShardSpec("b", "float32", (8, 4), (b_lo, 0), (b_n, 4)),
+                ),
+            )
+        )
+    want = _reference(plans, 2)
+    assert [[fqn for fqn, _ in entries] for _files, entries in want.layouts] == [["b"]]
+    g = plan_regular(LocalPlans([encode_local_plan(p) for p in plans]), SAVE_ID, 2)
+    assert isinstance(g.rank_plans, RegularRankPlans)
+    _same(g, want)
+
+
+def test_a_tensor_chunked_on_some_ranks_only_is_planned_with_explicit_boxes():
+    """Two ranks: ``a`` (4 rows) is chunk 0 on rank 0 but rows 2 and 3 apart on rank 1 (no
+    rank's chunk), ``b`` is chunk r on rank r. The templates split ``b`` only and write ``a``'s
+    boxes as rows, the record planner's plan, instead of giving up."""
+    plans = [
+        LocalSavePlan(
+            0,
+            (
+                ShardSpec("a", "float32", (4, 2), (0, 0), (2, 2)),
+                ShardSpec("b", "int64", (4,), (0,), (2,)),
+            ),
+        ),
+        LocalSavePlan(
+            1,
+            (
+                ShardSpec("a", "float32", (4, 2), (2, 0), (1, 2)),
+                ShardSpec("a", "float32", (4, 2), (3, 0), (1, 2)),
+                ShardSpec("b", "int64", (4,), (2,), (2,)),
+            ),
+        ),
+    ]
+    for files in (1, 2):
+        want = _reference(plans, files)
+        assert [fqn for _files, entries in want.layouts for fqn, _ in entries] == ["b"]
+        g = plan_regular(LocalPlans([encode_local_plan(p) for p in plans]), SAVE_ID, files)
+        assert isinstance(g.rank_plans, RegularRankPlans)
+        _same(g, want)
+
+
+def test_a_rank_holding_a_box_twice_is_one_holder_in_the_templates():
+    """Three ranks hold ``w`` whole, rank 1 twice; ``b`` is chunk r on rank r: the templates
+    plan it (one writer of ``w``), the record planner's plan."""
+    plans = []
+    for r in range(3):
+        w = ShardSpec("w", "float32", (5, 3), (0, 0), (5, 3))
+        lo, n = _chunk(6, 3, r)
+        b = ShardSpec("b", "float32", (6, 2), (lo, 0), (n, 2))
+        plans.append(LocalSavePlan(r, (w, b, w) if r == 1 else (w, b)))
+    for files in (1, 2):
+        g = plan_regular(LocalPlans([encode_local_plan(p) for p in plans]), SAVE_ID, files)
+        assert isinstance(g.rank_plans, RegularRankPlans)
+        assert [w[0] for w in g.writers] == ["w"]
+        _same(g, _reference(plans, files))

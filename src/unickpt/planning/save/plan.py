@@ -19,13 +19,15 @@ while the local plans do not change. The rules, each written once:
 ``plan_save`` takes the ranks' ``ShardTable``s (the coordinator decodes them as the planner asks:
 ``wire.LocalPlans``) and groups ranks by equal tables: first ``templates.plan_regular``, which
 reads one rank's table at a time, reduces each to a template (its table modulo the chunk rule:
-an FSDP job of 4,096 ranks is one template), applies rules 1-5 to the templates' rows and
-returns rank plans computed when asked (``RegularRankPlans``: the coordinator never holds every
-rank's entries); for any other job (templates that do not fit: ``templates.NotRegular``, which
-never leaves this module) ``columns.plan_tables`` applies the same rules to one group per rank
-and returns every rank's plan. Every refusal raises (``PlanningError``). The plain per-record
-statement of these rules is the tests' oracle (tests/support/save_oracle.py), which both paths
-are property-tested against.
+an FSDP job of 4,096 ranks is one template, a DDP job too), applies rules 1-5 to the templates'
+rows (rule 4's retry with fewer split tensors, then none, included) and returns rank plans
+computed when asked (``RegularRankPlans``: the coordinator never holds every rank's entries);
+for any other job (more than ``templates.MAX_TEMPLATES`` templates, a tensor the chunk rule
+splits on some ranks only that the columns might split, or a refusal: ``templates.NotRegular``,
+which never leaves this module) ``columns.plan_tables`` applies the same rules to one group per
+rank, returns every rank's plan and words the refusals rank by rank. Every refusal raises
+(``PlanningError``). The plain per-record statement of these rules is the tests' oracle
+(tests/support/save_oracle.py), which both paths are property-tested against.
 """
 
 from __future__ import annotations

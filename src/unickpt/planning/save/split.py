@@ -18,7 +18,8 @@ tests/support/save_oracle.py):
   64-byte boundary (where ``SplitLayout`` computes them), then the rank's other entries (replicated
   boxes it writes, irregular shards, blobs), largest first to the file with the fewest bytes;
 - if that would leave a rank without a file a layout names (``RankWithoutFile``), only tensors
-  without empty chunks are split (``full_chunks``); if that fails too, none.
+  without empty chunks are split (``full_chunks``); if that fails too, none (the column
+  planner's loop, and ``templates.plan_regular``'s ``_SPLIT_ATTEMPTS``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The save planner of regular jobs: a global plan that grows with the tensors, not with the
-ranks, where every rank holds ``torch.chunk`` part r of the split tensors (FSDP's ``Shard(0)``
-over the whole job, ZeRO-3) and rank-independent boxes of the rest (replicated 0-d optimizer
-steps, buffers).
+ranks, where ranks fall into few templates: every rank holds ``torch.chunk`` part r of the split
+tensors (FSDP's ``Shard(0)`` over the whole job, ZeRO-3) and rank-independent boxes of the rest
+(replicated 0-d optimizer steps, buffers, DDP's whole tensors), or few ranks differ.
 
 The first planner ``plan.plan_save`` tries on the coordinator, before the column planner. It reads
 the ranks' local plans one at a time (bytes are decoded here and dropped: the coordinator never
@@ -11,7 +11,13 @@ template differ only by their rank: an FSDP job of 4,096 ranks is one template. 
 the templates' tables as one set of rows (``rows.JobRows``: the ranks agree, sizes in bounds):
 1. split tensors: every template holds exactly one rule row of the tensor along the same
    dimension (or, for templates whose ranks all fall past the last non-empty chunk, none);
-   they are written by their ranks and laid out as ``split`` lays them out;
+   they are written by their ranks and laid out as ``split`` lays them out. Where that would
+   leave a rank without a file a layout names (``split.RankWithoutFile``), ``plan_regular``
+   plans again with only the tensors whose every chunk has rows as split, then with none
+   (``_SPLIT_ATTEMPTS``: the column planner's retry). A tensor with chunk rows that the column
+   planner would not split either (no elements, or another rank's box that is no rank's chunk:
+   ``_never_a_chunk``) is planned with its chunk rows as explicit boxes (``_Demoted``: the
+   templates are taken again);
 2. the other (explicit) boxes are deduplicated across templates; a box's holders are the ranks
    of the templates holding it; each is written by its only holder, the replica source a holder
    names, else worst-fit (largest first to the holder with the fewest bytes, split chunks
@@ -23,27 +29,27 @@ the templates' tables as one set of rows (``rows.JobRows``: the ranks agree, siz
    (``stack``).
 The result is a ``GlobalSavePlan`` whose ``rank_plans`` is a ``RegularRankPlans``: a rank's
 entries are computed when asked (``plan_stage`` encodes each rank's part from its columns,
-``rank_rows``), never held for every rank. Anything else (ranks disagreeing, a box held twice by
-one rank, a tensor split over part of the job, too many templates, a tiling problem, a rank
-left without a file of a layout part) raises ``NotRegular`` saying why, and the column planner
-plans it or raises its precise error. The plans are equal (tests/unit/planning/test_save_planner.py).
+``rank_rows``), never held for every rank. Anything else (ranks disagreeing, a tensor split over
+part of the job or with chunk rows the column planner might split, too many templates, a tiling
+problem, absurd sizes) raises ``NotRegular`` saying why, and the column planner plans it or
+raises its precise error. The plans are equal (tests/unit/planning/test_save_planner.py).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from ...errors import CorruptMetadataError, PlanningError
+from ...errors import CorruptMetadataError, InternalError, PlanningError
 from ...format.dtypes import itemsize
 from ..specs import BlobSpec, Shape
-from .layout import padded, place_rest, stack
+from .layout import lay_out_rank, padded, place_rest, stack
 from .model import GlobalSavePlan, LocalSavePlan, RankSavePlan, WriteEntry, file_name
 from .rows import MAX_BLOB, MAX_TOTAL, JobRows, tiling_problems
-from .split import chunk_dims, split_parts
+from .split import RankWithoutFile, chunk_dims, split_parts
 from .table import ShardTable
 from .writers import choose_writers
 
@@ -77,9 +83,13 @@ class _Template:
 
 def _templates(
     sources: Sequence[LocalSavePlan | ShardTable],
+    split: str = "all",
+    unsplit: Collection[str] = (),
 ) -> tuple[list[_Template], list[int], list[tuple[BlobSpec, ...]]]:
     """The ranks' templates, each rank's template and each rank's blobs (a rank's own: not part
-    of its template); ``NotRegular`` when rank 0 has no split row or there are too many."""
+    of its template); ``NotRegular`` when there are too many. ``split``: which rule rows count
+    (``_SPLIT_ATTEMPTS``); the others' boxes, and those of the tensors in ``unsplit``, are
+    explicit."""
     world = len(sources)
     found: dict[tuple, int] = {}
     templates: list[_Template] = []
@@ -91,8 +101,12 @@ def _templates(
         if t.rank != r:
             raise NotRegular("local plans out of rank order")  # plan_save's own check raises
         rule = chunk_rule(t, world)
-        if r == 0 and not (rule >= 0).any():
-            raise NotRegular("rank 0 holds no torch.chunk part")  # a split tensor has a non-empty chunk 0
+        if split == "full":
+            rule = _full_only(rule, t.shape, world)
+        elif split == "none":
+            rule = np.full(len(rule), -1, dtype=np.int64)
+        if unsplit:
+            rule[np.isin(t.name, [i for i, n in enumerate(t.names) if n in unsplit])] = -1
         explicit = rule < 0
         key = (  # the arrays' lengths fix where each starts in the joined bytes
             t.names,
@@ -114,6 +128,36 @@ def _templates(
         of_rank.append(at)
         blobs.append(t.blobs)
     return templates, of_rank, blobs
+
+
+def _full_only(rule: np.ndarray, shape: np.ndarray, world: int) -> np.ndarray:
+    """``rule`` (per row: its chunk dimension or -1) kept only for rows of tensors cut into
+    ``world`` non-empty chunks along it."""
+    extent = np.take_along_axis(shape, np.maximum(rule, 0)[:, None], axis=1)[:, 0]
+    size = -(-extent // world)
+    return np.where((rule >= 0) & (-(-extent // np.maximum(size, 1)) == world), rule, -1)
+
+
+class _Demoted(Exception):
+    """Tensors with chunk rows that are not split (``fqns``): ``plan_regular`` takes the
+    templates again with their rows as explicit boxes."""
+
+    def __init__(self, fqns: list[str]) -> None:
+        super().__init__(fqns)
+        self.fqns = fqns
+
+
+def _never_a_chunk(rows: JobRows, at: np.ndarray, world: int) -> np.ndarray:
+    """Per row ``at`` of ``rows``: whether its box is ``torch.chunk`` part q of its tensor for
+    no rank q along no dimension (then whoever writes it, the column planner does not split
+    its tensor: ``split.split_dims``)."""
+    shape, offsets, lengths = rows.shape[at], rows.offsets[at], rows.lengths[at]
+    some = np.zeros(len(at), dtype=bool)
+    for d in range(shape.shape[1]):
+        size = np.maximum(-(-shape[:, d] // world), 1)
+        q = np.minimum(offsets[:, d] // size, world - 1)
+        some |= chunk_dims(shape, offsets, lengths, q, world) == d
+    return ~some
 
 
 @dataclass(frozen=True, eq=False)
@@ -243,10 +287,25 @@ def plan_regular(sources: Sequence[LocalSavePlan | ShardTable], save_id: str, fi
     """The global plan of a regular job (module docstring); ``NotRegular`` for any other job
     (the column planner's)."""
     world = len(sources)
-    if world < 2:
-        raise NotRegular("one rank")
-    templates, of_rank, blobs = _templates(sources)
-    return _plan(templates, np.array(of_rank, dtype=np.int64), blobs, world, save_id, max(1, files_per_rank))
+    if world < 1:
+        raise NotRegular("no ranks")
+    unsplit: set[str] = set()  # tensors whose chunk rows are planned as explicit boxes
+    for split in _SPLIT_ATTEMPTS:
+        while True:
+            templates, of_rank, blobs = _templates(sources, split, unsplit)
+            try:
+                args = (templates, np.array(of_rank, dtype=np.int64), blobs, world, save_id, max(1, files_per_rank))
+                return _plan(*args)
+            except _Demoted as e:  # again, with their chunk rows as explicit boxes
+                unsplit.update(e.fqns)
+            except RankWithoutFile:  # a rank would lack a file a layout names: fewer split tensors
+                break
+    raise InternalError("a save plan without split tensors left a rank without a layout file")
+
+
+# the split tensors ``plan_regular`` tries, in turn, as the column planner (``split``'s retry): every
+# tensor the chunk rule finds, only those whose every chunk has rows (``split.full_chunks``), none
+_SPLIT_ATTEMPTS = ("all", "full", "none")
 
 
 def _plan(
@@ -278,6 +337,7 @@ def _plan(
     split_dim: list[int] = []
     split_rows: list[dict[int, int]] = []
     explicit: list[int] = []  # the rows of tensors outside the split ones
+    demoted: list[str] = []  # tensors with chunk rows that are not split
     for g, held in rows_by_tensor.items():
         fqn = rows.names[g]
         ruled = [r for r in held if rule[r] >= 0]
@@ -286,7 +346,11 @@ def _plan(
             explicit.extend(held)
             continue
         if math.prod(shape) == 0 or len(ruled) != len(held):
-            raise NotRegular(f"{fqn}: chunks on some ranks, other boxes on others (or no elements)")
+            others = np.array([r for r in held if rule[r] < 0 and rows.kept[r]], dtype=np.int64)
+            if math.prod(shape) == 0 or _never_a_chunk(rows, others, world).any():
+                demoted.append(fqn)  # the column planner does not split it either: its boxes are explicit
+                continue
+            raise NotRegular(f"{fqn}: chunks on some ranks, other boxes on others")
         seen = {int(rule[r]) for r in ruled}
         per_template = [groups[r] for r in ruled]
         if len(seen) != 1 or len(set(per_template)) != len(per_template):
@@ -301,8 +365,8 @@ def _plan(
         split_fqns.append(fqn)
         split_dim.append(d)
         split_rows.append({groups[r]: index[r] for r in ruled})
-    if not split_fqns:
-        raise NotRegular("no tensor split over every rank")
+    if demoted:
+        raise _Demoted(demoted)
     dims = np.array(split_dim, dtype=np.int64)
     extent = np.array([tensors[f][1][d] for f, d in zip(split_fqns, split_dim)], dtype=np.int64)
     chunk = -(-extent // world)
@@ -351,7 +415,10 @@ def _plan(
         tie = np.empty(len(items), dtype=np.int64)
         tie[sorted(range(len(items)), key=ties.__getitem__)] = np.arange(len(items))
         sizes_of = np.array([w[0] for w in items], dtype=np.int64)
-        order, at_part, at = place_rest(sizes_of, tie, loads_by_part[rank], ends_by_part[rank])
+        if split_fqns:
+            order, at_part, at = place_rest(sizes_of, tie, loads_by_part[rank], ends_by_part[rank])
+        else:  # boxes by item, then blobs in their order (rank r's work list), as the column planner
+            order, at_part, at = lay_out_rank(sizes_of, parts)
         out = [
             (k, off, items[i][0], -1 if items[i][3] else items[i][2], items[i][3])
             for i, k, off in zip(order.tolist(), at_part.tolist(), at.tolist())
@@ -360,7 +427,7 @@ def _plan(
         placed[rank] = sorted(out, key=lambda e: e[0])  # by part, each part's in placement order
     used = sorted(set(part.tolist()))
     if not uses[:, used].all():
-        raise NotRegular("a rank without a file of a layout part")  # the column planner's retry decides
+        raise RankWithoutFile  # plan_regular retries with fewer split tensors
     rank_parts = [tuple(np.flatnonzero(u).tolist()) for u in uses]
     files = tuple(file_name(r, k) for r in range(world) for k in rank_parts[r])
     index = {f: i for i, f in enumerate(files)}
@@ -385,13 +452,10 @@ def _choose(
 ) -> list[tuple[str, Shape, Shape, int, int]]:
     """The writer of each explicit box (fqn, offsets, lengths, rank, row) in (rank, row) order:
     ``writers.choose_writers`` over the templates' ``explicit`` rows (ascending), every rank's
-    split bytes counted; ``NotRegular`` for a rank holding a box twice, or boxes that do not
-    tile a tensor (``rows.tiling_problems``: the column planner then names the problem)."""
+    split bytes counted (a rank holding a box twice is one holder of it); ``NotRegular`` for
+    boxes that do not tile a tensor (``rows.tiling_problems``: the column planner then names
+    the problem)."""
     ex = explicit[rows.kept[explicit]]  # empty shards: nothing to write
-    keys = np.column_stack([group[ex], rows.name[ex], rows.offsets[ex], rows.lengths[ex]])
-    keys = keys[np.lexsort(keys.T[::-1])]
-    if (keys[1:] == keys[:-1]).all(axis=1).any():
-        raise NotRegular("a rank holds a box twice")
     chosen, ranks, record_order = choose_writers(
         rows.names,
         rows.name[ex],
