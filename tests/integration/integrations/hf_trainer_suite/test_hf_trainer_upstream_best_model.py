@@ -9,6 +9,7 @@ best checkpoint's ``model.safetensors``, the Trainer's folder counts)."""
 from __future__ import annotations
 
 import os
+from typing import Any
 from unittest.mock import patch
 
 import numpy as np
@@ -147,6 +148,17 @@ def _with_evaluations(trainer, accuracies: list[float]) -> None:  # type: ignore
         trainer.train()
 
 
+def _best_is_epoch_one(out: str, best: dict, **save: Any) -> Any:
+    """Evaluation every epoch with metrics 0.59, 0.57, 0.55 (greater is better): the best is
+    epoch 1, its checkpoint ``checkpoint-<steps of one epoch>``; returns the trained Trainer."""
+    trainer = regression_trainer(out, eval_strategy="epoch", load_best_model_at_end=False, **save, **best)
+    _with_evaluations(trainer, [0.59, 0.57, 0.55])
+    steps_per_epoch = get_steps_per_epoch(trainer)
+    assert trainer.state.best_metric == 0.59 and trainer.state.best_global_step == steps_per_epoch
+    assert trainer.state.best_model_checkpoint == os.path.join(out, f"{PREFIX_CHECKPOINT_DIR}-{steps_per_epoch}")
+    return trainer
+
+
 # upstream TrainerBestModelTest.test_best_model_checkpoint_behavior (its six cases)
 def test_best_model_checkpoint_behavior(tmp_path) -> None:
     best = {"metric_for_best_model": "accuracy", "greater_is_better": True}
@@ -167,26 +179,12 @@ def test_best_model_checkpoint_behavior(tmp_path) -> None:
     assert os.listdir(out) == [f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.global_step}"]
 
     # 3. evaluation and saving every epoch: the best is epoch 1
-    out = str(tmp_path / "3")
-    trainer = regression_trainer(
-        out, eval_strategy="epoch", save_strategy="epoch", load_best_model_at_end=False, **best
-    )
-    _with_evaluations(trainer, [0.59, 0.57, 0.55])
-    steps_per_epoch = get_steps_per_epoch(trainer)
-    assert trainer.state.best_metric == 0.59 and trainer.state.best_global_step == steps_per_epoch
-    assert trainer.state.best_model_checkpoint == os.path.join(out, f"{PREFIX_CHECKPOINT_DIR}-{steps_per_epoch}")
-    assert len(os.listdir(out)) == trainer.state.num_train_epochs
+    trainer = _best_is_epoch_one(str(tmp_path / "3"), best, save_strategy="epoch")
+    assert len(os.listdir(tmp_path / "3")) == trainer.state.num_train_epochs
 
     # 4. evaluation every epoch, a checkpoint every step
-    out = str(tmp_path / "4")
-    trainer = regression_trainer(
-        out, eval_strategy="epoch", save_strategy="steps", save_steps=1, load_best_model_at_end=False, **best
-    )
-    _with_evaluations(trainer, [0.59, 0.57, 0.55])
-    steps_per_epoch = get_steps_per_epoch(trainer)
-    assert trainer.state.best_metric == 0.59 and trainer.state.best_global_step == steps_per_epoch
-    assert trainer.state.best_model_checkpoint == os.path.join(out, f"{PREFIX_CHECKPOINT_DIR}-{steps_per_epoch}")
-    assert len(os.listdir(out)) == trainer.state.global_step
+    trainer = _best_is_epoch_one(str(tmp_path / "4"), best, save_strategy="steps", save_steps=1)
+    assert len(os.listdir(tmp_path / "4")) == trainer.state.global_step
 
     # 5. save_total_limit=1, the best at step 1: that checkpoint is the one kept
     out = str(tmp_path / "5")
