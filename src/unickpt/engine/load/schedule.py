@@ -116,8 +116,9 @@ def _by_file(jobs: Sequence[PieceJob], threads: int, piece: Callable[[PieceJob, 
     take = threading.Lock()
     failures: list[BaseException] = []
     workers = min(max(1, threads), len(streams))
-    split = any(isinstance(job, SplitJob) for job in jobs)
-    verify_pool = ThreadPoolExecutor(verifiers(workers), thread_name_prefix="unickpt-verify") if split else None
+    # decided once per job, not per piece (a runtime-checkable protocol's isinstance reads attributes)
+    split_jobs = {id(job) for job in jobs if isinstance(job, SplitJob)}
+    verify_pool = ThreadPoolExecutor(verifiers(workers), thread_name_prefix="unickpt-verify") if split_jobs else None
     slots = threading.BoundedSemaphore(_BACKLOG * workers)
 
     def failed(e: BaseException) -> None:
@@ -135,14 +136,14 @@ def _by_file(jobs: Sequence[PieceJob], threads: int, piece: Callable[[PieceJob, 
 
     def read_split(job: PieceJob, p: int, n: int) -> None:
         """``piece`` for a split job: times only its read; its settling queued to a verifier."""
-        assert verify_pool is not None and isinstance(job, SplitJob)
+        assert verify_pool is not None
         slots.acquire()
         try:
             piece(job, p, n, True)
         except BaseException:
             slots.release()
             raise
-        verify_pool.submit(settle, job, p)
+        verify_pool.submit(settle, job, p)  # type: ignore[arg-type]  # in split_jobs: a SplitJob
 
     def reader() -> None:
         while True:
@@ -154,7 +155,7 @@ def _by_file(jobs: Sequence[PieceJob], threads: int, piece: Callable[[PieceJob, 
                 if failures:  # another reader (or a verifier) failed: stop at this piece
                     return
                 try:
-                    if isinstance(job, SplitJob):
+                    if id(job) in split_jobs:
                         read_split(job, p, hi - lo)
                     else:
                         piece(job, p, hi - lo, False)
