@@ -46,6 +46,7 @@ __all__ = [
     "MissingKeysError",
     "UnexpectedKeysError",
     "ShapeMismatchError",
+    "ResizeRefusedError",
     "DtypeMismatchError",
     "MissingDataFileError",
     "TruncatedDataFileError",
@@ -144,6 +145,12 @@ class UnexpectedKeysError(StateMismatchError, KeyError):
 
 class ShapeMismatchError(StateMismatchError, ValueError):
     """A tensor's global shape differs between the checkpoint and the live state."""
+
+
+class ResizeRefusedError(ShapeMismatchError, RuntimeError):
+    """``RestoreOptions(resize_plain_tensors=True)``: a module's own ``load_state_dict`` refused a
+    saved tensor of another shape (PyTorch's size-mismatch error, a ``RuntimeError``, is quoted in
+    the message) or left the tensor at another shape than the saved one."""
 
 
 class DtypeMismatchError(StateMismatchError, TypeError):

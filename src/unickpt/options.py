@@ -158,6 +158,14 @@ class RestoreOptions:
     # size: "error" (LoaderStateError: its state cannot be split or merged) or "skip" (leave
     # the loader as it is, with a warning); a LoaderOnResize or its string
     loader_on_resize: LoaderOnResize | str = LoaderOnResize.ERROR
+    # a plain tensor of the job (a module's parameter or buffer that is no DTensor, a FlatTensors
+    # entry) whose saved shape differs from its live one (a buffer the model grows as it trains)
+    # takes the saved tensor: a module gets it through its own load_state_dict, as PyTorch's and
+    # Hugging Face's loads hand a model every saved tensor (a module that does not resize there
+    # raises ResizeRefusedError), once the data files were checked to hold all its bytes
+    # (engine.load.resize). False: a shape that differs is a ShapeMismatchError. Sharded tensors
+    # (DTensors) and optimizer state always raise it
+    resize_plain_tensors: bool = False
 
     def __post_init__(self) -> None:
         extra = _member(ExtraStateOnResize, self.extra_state_on_resize)

@@ -48,23 +48,18 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
-import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
-from torch import nn
-from torch.distributed.tensor import DTensor
 
 from .. import PerRank, SaveHandle, load, rng_state, save, set_rng_state, wait_all
 from ..errors import NotACheckpointError, UnsupportedValueError
-from ..ops.inspect import load_metadata
-from ..ops.merge import read_full_tensor
-from ..ops.pieces import check_data_files
 from ..options import LoadOptions
 from ._delete import delete_checkpoint
 
-__all__ = ["save_state", "load_state", "accelerate_state", "resize_from_checkpoint", "RngState"]
+__all__ = ["save_state", "load_state", "accelerate_state", "RngState"]
 
 _REFUSED = (DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM, DistributedType.XLA)
 
@@ -169,35 +164,6 @@ def _automatic_save_dir(accelerator: Accelerator) -> str:
     return target
 
 
-def resize_from_checkpoint(dir: str, state: Mapping[str, Any]) -> None:
-    """Before an in-place load of ``state`` (what ``accelerate_state`` gives) from ``dir``: a
-    parameter or buffer of a model in ``state`` that the checkpoint holds with another shape (a
-    buffer the model grows as it trains) is handed, with the checkpoint's value, to the model's own
-    ``load_state_dict(..., strict=False)``, as Accelerate's and the Trainer's own loads hand it
-    every tensor: a model whose ``load_state_dict`` resizes it then loads; one whose does not
-    raises PyTorch's size-mismatch error, as with their own loads. The in-place load then loads
-    everything. Sharded (DTensor) tensors are left to the load (a changed global shape is its
-    ``ShapeMismatchError``). Called by ``load_state`` and ``UnickptTrainerMixin``, on every rank,
-    after pending saves commit; reads the metadata once, and a tensor only where shapes differ
-    (its data files checked first, so a claimed size the files do not hold allocates nothing)."""
-    models = {key: value for key, value in state.items() if isinstance(value, nn.Module)}
-    if not models:
-        return
-    wait_all()  # the folder may be this process's pending save
-    storage, metadata, _ = load_metadata(str(dir))
-    for key, module in models.items():
-        differ: dict[str, str] = {}  # the module's name -> the checkpoint's
-        for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
-            record = metadata.tensors.get(f"{key}.{name}")
-            if record is not None and not isinstance(tensor, DTensor) and tuple(record.shape) != tuple(tensor.shape):
-                differ[name] = record.fqn
-        if differ:
-            check_data_files(storage, metadata, differ.values())
-            values = {name: read_full_tensor(metadata, storage, fqn) for name, fqn in differ.items()}
-            with torch.no_grad():
-                module.load_state_dict(values, strict=False)
-
-
 def save_state(accelerator: Accelerator, dir: str | None = None, *, async_save: bool = False) -> SaveHandle:
     """``accelerator.save_state(dir)`` through unickpt, on every rank: ``dir`` becomes a unickpt
     checkpoint folder (with ``automatic_checkpoint_naming``: Accelerate's next numbered folder,
@@ -218,8 +184,10 @@ def load_state(
     """``accelerator.load_state(dir)`` through unickpt, on every rank, after ``accelerator.prepare``:
     everything ``save_state`` saved is loaded in place, resharded to this job's world size
     (``options``: unickpt's ``LoadOptions``, e.g. ``loader_on_resize="skip"`` for a stateful
-    dataloader after a change of world size). No ``dir`` with ``automatic_checkpoint_naming``: the
-    newest ``checkpoint_<n>``."""
+    dataloader after a change of world size; ``restore.resize_plain_tensors`` is always on: a
+    parameter or buffer the checkpoint holds with another shape goes through the model's own
+    ``load_state_dict``, as in Accelerate's own load). No ``dir`` with
+    ``automatic_checkpoint_naming``: the newest ``checkpoint_<n>``."""
     if dir is None:
         if not accelerator.project_configuration.automatic_checkpoint_naming:
             raise ValueError("No input_dir provided and automatic checkpoint naming is disabled.")
@@ -227,6 +195,8 @@ def load_state(
         if not folders:
             raise NotACheckpointError(f"no checkpoint_<n> under {accelerator.project_dir}/checkpoints")
         dir = folders[-1]
-    state = accelerate_state(accelerator)
-    resize_from_checkpoint(str(dir), state)
-    load(str(dir), state, strict=strict, options=options)
+    options = options or LoadOptions()
+    # a parameter or buffer saved with another shape (a buffer the model grows as it trains) goes
+    # through the model's own load_state_dict, as Accelerate's own load hands it every tensor
+    options = replace(options, restore=replace(options.restore, resize_plain_tensors=True))
+    load(str(dir), accelerate_state(accelerator), strict=strict, options=options)

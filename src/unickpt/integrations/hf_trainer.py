@@ -31,8 +31,8 @@ What the Trainer calls, in its order, and what the mixin does there:
 * ``train(resume_from_checkpoint=...)``: ``_load_from_checkpoint`` (before ``accelerator.prepare``)
   skips the weights of a folder holding a unickpt checkpoint; after ``prepare``,
   ``_load_optimizer_and_scheduler`` loads the model, optimizer, scheduler, scaler and the rest in
-  place (a buffer the model grew first goes through its own ``load_state_dict``, as in the
-  Trainer's own weight load: ``accelerate.resize_from_checkpoint``), resharded to this job's
+  place (a buffer the model grew goes through its own ``load_state_dict``, as in the Trainer's
+  own weight load: ``RestoreOptions(resize_plain_tensors=True)``), resharded to this job's
   world size, and keeps the RNG states, which ``_load_rng_state`` sets where the Trainer sets
   its own. A folder without ``unickpt/`` (a stock checkpoint) goes
   the Trainer's own way.
@@ -48,11 +48,14 @@ from transformers import Trainer
 
 from .. import PerRank, default_checkpointer, load, save, set_rng_state
 from ..format.records import METADATA_FILE
-from .accelerate import RngState, accelerate_state, resize_from_checkpoint
+from ..options import LoadOptions, RestoreOptions
+from .accelerate import RngState, accelerate_state
 
 __all__ = ["UnickptTrainerMixin", "UnickptTrainer", "UNICKPT_SUBDIR"]
 
 UNICKPT_SUBDIR = "unickpt"  # the unickpt checkpoint inside each checkpoint-N folder
+# a buffer the model grew goes through the model's own load_state_dict, as in the Trainer's own load
+_RESUME_OPTIONS = LoadOptions(restore=RestoreOptions(resize_plain_tensors=True))
 # what transformers' CheckpointManager writes in checkpoint-N while a just-in-time save runs
 _JIT_INCOMPLETE_MARKER = "checkpoint-is-incomplete.txt"
 
@@ -128,8 +131,7 @@ class UnickptTrainerMixin(_Base):
             return
         rng = RngState(apply=False)
         state = self._unickpt_state(rng)
-        resize_from_checkpoint(path, state)  # a buffer the model grew, through its own load_state_dict
-        load(path, state)
+        load(path, state, options=_RESUME_OPTIONS)
         self._unickpt_rng = rng.loaded
 
     def _load_scaler(self, checkpoint: str | None) -> None:

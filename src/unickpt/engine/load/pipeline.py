@@ -7,7 +7,10 @@
              loads the same path, framework and role (before anything is read);
   metadata*  rank 0 reads the metadata (bounded), every rank decodes the same bytes;
   validate*  ``adapter.load_view(state, md, strict)`` (destinations; fresh tensors for optimizer
-             state the live optimizer lacks, nothing installed), ``check_targets`` (shapes,
+             state the live optimizer lacks, nothing installed), with
+             ``RestoreOptions(resize_plain_tensors=True)`` ``resize.plan_resizes`` (a plain
+             tensor saved with another shape gets a fresh destination of that shape, its data
+             files checked first), ``check_targets`` (shapes,
              dtypes), probes read (FSDP1 flat steps, into scratch), ``view.validate()``
              (param groups, hyper-parameter types, flat steps agree), the other items' blobs
              (``StateLayout.choose``) and the top-level keys (``keys_against``); then every
@@ -19,7 +22,8 @@
              ``LoadOptions(stage_before_apply=True)`` staging buffers, every checksum verified
              on every rank before anything live is touched; the other items' blobs read and
              decoded.
-  apply*     staging copied into the live tensors, ``view.apply()`` (optimizer state installed,
+  apply*     the resized tensors handed to their modules (``Resizes.apply``), staging copied
+             into the live tensors, ``view.apply()`` (optimizer state installed,
              state the checkpoint does not have removed, param groups set), then every other
              item applied (``StateLayout.apply``: dataloader, values, stateful objects).
 If another job re-commits the checkpoint while this load reads (its data goes away), the load
@@ -57,6 +61,7 @@ from ...storage import Storage
 from ..gc_pause import gc_paused
 from ..read import read_blob, read_metadata
 from ..runtime.resources import Resources
+from .resize import NO_RESIZES, Resizes, plan_resizes
 from .stage import read_stage
 
 __all__ = ["LoadPipeline"]
@@ -145,6 +150,7 @@ class _Validated:
     blobs: dict[tuple[str, str], str]
     missing: list[str]
     unexpected: list[str]
+    resizes: Resizes = NO_RESIZES  # plain tensors taking their saved shape (``resize``)
 
 
 def _load_once(
@@ -174,6 +180,12 @@ def _load_once(
     values = _read_extra(md, storage, coord, view, found.blobs, options)
 
     def apply() -> None:
+        if found.resizes:
+            try:
+                found.resizes.apply()
+            except CheckpointError as e:
+                _say_partial_if(e, options.stage_before_apply, view)
+                raise
         if targets is not view.items:
             with torch.no_grad():
                 for live, stage in zip(view.items, targets):
@@ -202,6 +214,9 @@ def _validate(
     view's own checks, the blobs chosen and the top-level keys; then the plan of this rank's
     reads. Nothing in the job changes."""
     view = adapter.load_view(layout.framework_state, md, strict)
+    resizes = NO_RESIZES
+    if options.restore.resize_plain_tensors:
+        resizes = plan_resizes(md, storage, layout.framework_state, adapter, view.items, coord.rank)
     own_items, own_tensors, own_prefixes = layout.destinations(md)  # a Stateful's tensors
     view.items.extend(own_items)
     view.prefixes = (*view.prefixes, *own_prefixes)
@@ -234,6 +249,7 @@ def _validate(
         blobs,
         list(report.missing) + missing + absent + top_missing,
         list(report.unexpected) + unexpected + top_unexpected,
+        resizes,
     )
 
 

@@ -2,8 +2,9 @@
 ``test_resume_batch_order``, see test_hf_trainer_upstream_resume.py): a buffer the model grows as
 it trains has another shape in the checkpoint than in a fresh model. Accelerate's and the
 Trainer's own loads hand it to the model's ``load_state_dict``, which may resize it; unickpt's
-``load_state`` does the same before its in-place load (``resize_from_checkpoint``), and a model
-whose ``load_state_dict`` does not resize raises PyTorch's size-mismatch error, as with theirs."""
+``load_state`` does the same inside its load (``RestoreOptions(resize_plain_tensors=True)``,
+reading the metadata once), and a model whose ``load_state_dict`` does not resize raises
+PyTorch's size-mismatch error, as with theirs."""
 
 from __future__ import annotations
 
@@ -12,7 +13,11 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
+from unickpt.format import METADATA_FILE
 from unickpt.integrations.accelerate import load_state, save_state
+from unickpt.storage import register_storage
+from unickpt.storage.base import METADATA_LIMIT
+from unickpt.storage.local import LocalStorage
 
 
 class Recorder(nn.Module):
@@ -58,3 +63,21 @@ def test_load_state_of_a_grown_buffer_the_model_cannot_resize_raises_like_pytorc
     with pytest.raises(RuntimeError, match="size mismatch for seen"):
         load_state(accelerator, path)
     assert fresh.seen.shape == (0,)
+
+
+def test_load_state_of_a_grown_buffer_reads_the_metadata_once(tmp_path) -> None:
+    reads: list[str] = []
+
+    class CountsMetadataReads(LocalStorage):
+        def read(self, name: str, limit: int = METADATA_LIMIT) -> bytes | None:
+            if name == METADATA_FILE:
+                reads.append(name)
+            return super().read(name, limit)
+
+    register_storage("grownmd", CountsMetadataReads, replace=True)
+    _, path = _trained(tmp_path)
+    accelerator = Accelerator(cpu=True)
+    fresh = accelerator.prepare(Recorder(resizes=True))
+    load_state(accelerator, f"grownmd://{path}")
+    assert torch.equal(fresh.seen, torch.tensor([0.0, 3.0, 6.0, 9.0]))
+    assert len(reads) == 1
