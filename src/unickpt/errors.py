@@ -88,8 +88,8 @@ class IntegrityError(CheckpointError):
 
 class StateMismatchError(CheckpointError):
     """Family: the checkpoint does not fit the live state (``MissingKeysError``,
-    ``UnexpectedKeysError``, ``ShapeMismatchError``, ``DtypeMismatchError``, ``LoaderStateError``,
-    ``ExtraStateResizeError``)."""
+    ``UnexpectedKeysError``, ``ShapeMismatchError`` and its ``ResizeRefusedError``,
+    ``DtypeMismatchError``, ``LoaderStateError``, ``ExtraStateResizeError``)."""
 
 
 class CoordinationError(CheckpointError):

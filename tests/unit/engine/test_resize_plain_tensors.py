@@ -169,3 +169,13 @@ def test_the_metadata_is_read_once(tmp_path) -> None:
     unickpt.load(f"mdcount://{tmp_path}/ck", {"model": fresh}, options=RESIZE)
     assert torch.equal(fresh.seen, torch.tensor(SEEN))
     assert len(reads) == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_grown_buffer_on_the_gpu_loads_on_the_gpu(tmp_path) -> None:
+    path = str(tmp_path / "ck")
+    saved = _saved(path)
+    fresh = Grows(seed=2).cuda()
+    unickpt.load(path, {"model": fresh}, options=RESIZE)
+    assert fresh.seen.device.type == "cuda" and torch.equal(fresh.seen.cpu(), torch.tensor(SEEN))
+    assert torch.equal(fresh.fc.weight.cpu(), saved.fc.weight)
