@@ -16,6 +16,7 @@ resumed the same way, the uninterrupted run, and torch's full state dicts (``get
 from __future__ import annotations
 
 import os
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -68,13 +69,29 @@ def run_all(root: str, device: str) -> dict[str, Any]:
 
     runs: dict[str, Any] = {}
     with one_rank():
-        runs["lightning"] = w.lightning_fsdp1(root, device)
+        _part(runs, "lightning", w.lightning_fsdp1, root, device)
         for v in VERSIONS:
-            runs[f"accelerate-v{v}"] = w.accelerate_fsdp(root, v)
-            runs[f"trainer-v{v}"] = w.trainer_fsdp(root, v)
-    runs["cpu-ws2"] = run_ranks(w.load_on_cpu, 2, root, ",".join(map(str, VERSIONS)), timeout=300)
-    runs["frameworks"] = {name: load_metadata(os.path.join(root, path))[1].topology.framework for name, path in SAVED}
+            _part(runs, f"accelerate-v{v}", w.accelerate_fsdp, root, v)
+            _part(runs, f"trainer-v{v}", w.trainer_fsdp, root, v)
+    _part(runs, "cpu-ws2", run_ranks, w.load_on_cpu, 2, root, ",".join(map(str, VERSIONS)), timeout=300)
+    _part(runs, "frameworks", lambda: {n: load_metadata(os.path.join(root, p))[1].topology.framework for n, p in SAVED})
     return runs
+
+
+def _part(runs: dict[str, Any], name: str, fn: Any, *args: Any, **kwargs: Any) -> None:
+    """``runs[name] = fn(...)``; a failure is kept as its traceback (``runs["failed"]``), raised by
+    the tests that read this part (``_part_of``), so one failing part does not hide the others."""
+    try:
+        runs[name] = fn(*args, **kwargs)
+    except Exception:
+        runs.setdefault("failed", {})[name] = traceback.format_exc()
+
+
+def _part_of(runs: dict[str, Any], name: str) -> Any:
+    failed = runs.get("failed", {})
+    if name in failed:
+        raise AssertionError(f"{name} failed:\n{failed[name]}")
+    return runs[name]
 
 
 # unickpt's checkpoints the runs made: what each records as the saving job's framework
@@ -107,8 +124,8 @@ def _equal(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
 
 
 def check_lightning(runs: dict[str, Any]) -> None:
-    assert runs["frameworks"]["lightning"] == "fsdp"  # every rank saved its FSDP1 shards
-    ours, stock = runs["lightning"]["unickpt"], runs["lightning"]["stock"]
+    assert _part_of(runs, "frameworks")["lightning"] == "fsdp"  # every rank saved its FSDP1 shards
+    ours, stock = _part_of(runs, "lightning")["unickpt"], _part_of(runs, "lightning")["stock"]
     assert ours["losses"] == stock["losses"] and len(stock["losses"]) == 12  # checkpointing changes nothing
     for which in ("from-epoch0", "from-last"):
         # the weights fit(ckpt_path=...) loaded are the saved epoch's, bit-exact, as Lightning's own load
@@ -121,16 +138,18 @@ def check_lightning(runs: dict[str, Any]) -> None:
 
 
 def check_accelerate(runs: dict[str, Any], version: int) -> None:
-    run = runs[f"accelerate-v{version}"]
+    run = _part_of(runs, f"accelerate-v{version}")
     assert run["distributed"] == "DistributedType.FSDP" and run["is_fsdp2"] == (version == 2)
     assert (
-        runs["frameworks"][f"accelerate-v{version}"] == runs["frameworks"][f"trainer-v{version}"] == FRAMEWORK[version]
+        _part_of(runs, "frameworks")[f"accelerate-v{version}"]
+        == _part_of(runs, "frameworks")[f"trainer-v{version}"]
+        == FRAMEWORK[version]
     )
     for backend in ("unickpt", "stock"):
         assert _equal(run[f"{backend}/loaded"], run["saved"]) == [], backend  # model and optimizer
         assert run[f"{backend}/losses"] == run["losses"][3:], backend  # the uninterrupted run's
     assert run["unickpt/scheduler"] == run["stock/scheduler"]
-    trainer = runs[f"trainer-v{version}"]
+    trainer = _part_of(runs, f"trainer-v{version}")
     assert trainer["unickpt/fsdp"] and trainer["stock/fsdp"]
     assert trainer["unickpt/losses"] == trainer["stock/losses"] and len(trainer["stock/losses"]) == 6
     assert trainer["unickpt/resumed"] == trainer["stock/resumed"] == trainer["stock/losses"][4:]
@@ -144,10 +163,13 @@ def _any_order(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_loaded_on_cpu_at_2_processes(runs: dict[str, Any]) -> None:
-    for rank in runs["cpu-ws2"]:
-        assert _equal(rank["lightning"], runs["lightning"]["stock"]["epoch0"]) == []
+    for rank in _part_of(runs, "cpu-ws2"):
+        assert _equal(rank["lightning"], _part_of(runs, "lightning")["stock"]["epoch0"]) == []
         for v in VERSIONS:
-            loaded, saved = _any_order(rank[f"accelerate-v{v}"]), _any_order(runs[f"accelerate-v{v}"]["saved"])
+            loaded, saved = (
+                _any_order(rank[f"accelerate-v{v}"]),
+                _any_order(_part_of(runs, f"accelerate-v{v}")["saved"]),
+            )
             assert _equal(loaded, saved) == [], v
 
 
