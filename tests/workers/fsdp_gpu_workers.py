@@ -17,15 +17,17 @@ import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
 from accelerate.utils import FullyShardedDataParallelPlugin
+from lightning.fabric.strategies import FSDPStrategy as FabricFSDPStrategy
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 from transformers import TrainingArguments
 
 from tests.workers.accelerate_workers import GLOBAL_BATCH, SEQ, VOCAB, OursTrainer, StockTrainer, _llama, _Rows
+from tests.workers.fabric_workers import StockFSDPStrategy as StockFabricFSDPStrategy
 from tests.workers.lightning_workers import StockFSDPStrategy, Tiny
 from unickpt.integrations.accelerate import load_state, save_state
-from unickpt.integrations.lightning import UnickptDDPStrategy, UnickptFSDPStrategy
+from unickpt.integrations.lightning import UnickptDDPStrategy, UnickptFabricFSDPStrategy, UnickptFSDPStrategy
 
 BACKENDS = ("unickpt", "stock")
 SAVED_AT, STEPS = 3, 6  # Accelerate: saved after 3 steps, then 3 more
@@ -126,6 +128,54 @@ def lightning_fsdp1(root: str, device: str) -> dict[str, Any]:
             "from-last/start": from_last.weights["start"],
             "from-last/losses": from_last.losses,
         }
+    return out
+
+
+def _fabric_strategy(backend: str, device: str) -> Any:
+    policy = {nn.Linear}
+    if backend == "unickpt":
+        return UnickptFabricFSDPStrategy(auto_wrap_policy=policy)
+    return (FabricFSDPStrategy if device == "cuda" else StockFabricFSDPStrategy)(auto_wrap_policy=policy)
+
+
+def _fabric_loop(backend: str, device: str, path: str, resume: bool) -> list[float]:
+    """Fabric with its own FSDP1 wrapping: 3 steps, ``fabric.save``, 3 more steps; with ``resume``
+    (another seed): ``fabric.load`` first, then 3 steps. Each step's batch is chosen by the step
+    counter. Returns the losses."""
+    fabric = L.Fabric(
+        accelerator="cuda" if device == "cuda" else "cpu", devices=1, strategy=_fabric_strategy(backend, device)
+    )
+    fabric.launch()
+    torch.manual_seed(1 if resume else 0)
+    model = fabric.setup_module(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)))
+    opt = fabric.setup_optimizers(torch.optim.AdamW(model.parameters(), lr=0.05))
+    state: dict[str, Any] = {"model": model, "optimizer": opt, "step": 0}
+    if resume:
+        fabric.load(path, state)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(24, 4, generator=g).to(fabric.device), torch.randn(24, 1, generator=g).to(fabric.device)
+    losses = []
+    for i in range(3 if resume else 6):
+        if i == 3:
+            fabric.save(path, state)
+        start = state["step"] * 4 % 24
+        loss = torch.nn.functional.mse_loss(model(x[start : start + 4]), y[start : start + 4])
+        fabric.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        state["step"] += 1
+        losses.append(loss.item())
+    return losses
+
+
+def fabric_fsdp1(root: str, device: str) -> dict[str, Any]:
+    """Per backend: the uninterrupted Fabric loop (saving after step 3) and the loop resumed from
+    that save; stock is Fabric's own ``FSDPStrategy`` (its default sharded checkpoint)."""
+    out: dict[str, Any] = {}
+    for backend in BACKENDS:
+        path = os.path.join(root, "fabric", backend, "step3")
+        out[f"{backend}/losses"] = _fabric_loop(backend, device, path, False)
+        out[f"{backend}/resumed"] = _fabric_loop(backend, device, path, True)
     return out
 
 

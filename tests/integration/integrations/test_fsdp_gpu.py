@@ -1,5 +1,6 @@
 """FSDP through the frameworks' own wrapping, on one GPU: Lightning's ``FSDPStrategy`` (FSDP1,
-``auto_wrap_policy``) with ``UnickptFSDPStrategy``, Accelerate's FSDP plugin (FSDP1 and FSDP2)
+``auto_wrap_policy``) with ``UnickptFSDPStrategy`` (Trainer) and ``UnickptFabricFSDPStrategy``
+(Fabric), Accelerate's FSDP plugin (FSDP1 and FSDP2)
 with ``unickpt.integrations.accelerate.save_state`` / ``load_state``, and the HF Trainer with
 ``TrainingArguments.fsdp`` and ``UnickptTrainerMixin``; then the checkpoints made there loaded at
 2 processes on the CPU through DDP (another framework layout, another device, another world size).
@@ -70,6 +71,7 @@ def run_all(root: str, device: str) -> dict[str, Any]:
     runs: dict[str, Any] = {}
     with one_rank():
         _part(runs, "lightning", w.lightning_fsdp1, root, device)
+        _part(runs, "fabric", w.fabric_fsdp1, root, device)
         for v in VERSIONS:
             _part(runs, f"accelerate-v{v}", w.accelerate_fsdp, root, v)
             _part(runs, f"trainer-v{v}", w.trainer_fsdp, root, v)
@@ -97,6 +99,7 @@ def _part_of(runs: dict[str, Any], name: str) -> Any:
 # unickpt's checkpoints the runs made: what each records as the saving job's framework
 SAVED = (
     ("lightning", "lightning/unickpt/epoch=0.ckpt"),
+    ("fabric", "fabric/unickpt/step3"),
     *((f"accelerate-v{v}", f"accelerate-v{v}/unickpt") for v in VERSIONS),
     *((f"trainer-v{v}", f"trainer-v{v}/unickpt/checkpoint-4/unickpt") for v in VERSIONS),
 )
@@ -173,8 +176,20 @@ def check_loaded_on_cpu_at_2_processes(runs: dict[str, Any]) -> None:
             assert _equal(loaded, saved) == [], v
 
 
+def check_fabric(runs: dict[str, Any]) -> None:
+    assert _part_of(runs, "frameworks")["fabric"] == "fsdp"
+    fabric = _part_of(runs, "fabric")
+    assert fabric["unickpt/losses"] == fabric["stock/losses"] and len(fabric["stock/losses"]) == 6
+    # fabric.load then 3 steps: the uninterrupted run's steps 4 to 6, as with Fabric's own checkpoint
+    assert fabric["unickpt/resumed"] == fabric["stock/resumed"] == fabric["stock/losses"][3:]
+
+
 def test_lightning_fsdp_strategy_wrapping_resumes_like_stock_lightning(runs) -> None:
     check_lightning(runs)
+
+
+def test_fabric_fsdp_strategy_wrapping_resumes_like_stock_fabric(runs) -> None:
+    check_fabric(runs)
 
 
 @pytest.mark.parametrize("version", VERSIONS)
