@@ -16,7 +16,7 @@ import lightning as L
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
-from accelerate.utils import FullyShardedDataParallelPlugin
+from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 from lightning.fabric.strategies import FSDPStrategy as FabricFSDPStrategy
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
@@ -240,7 +240,7 @@ def accelerate_fsdp(root: str, version: int) -> dict[str, Any]:
     paths = {b: os.path.join(root, f"accelerate-v{version}", b) for b in BACKENDS}
     save_state(acc, paths["unickpt"])
     acc.save_state(paths["stock"])
-    out: dict[str, Any] = {"distributed": str(acc.distributed_type), "is_fsdp2": acc.is_fsdp2}
+    out: dict[str, Any] = {"fsdp": acc.distributed_type == DistributedType.FSDP, "is_fsdp2": acc.is_fsdp2}
     out["saved"] = full_state(objs[1], objs[2])
     out["losses"] = losses + [_accelerate_step(i, *objs) for i in range(SAVED_AT, STEPS)]
     for backend in BACKENDS:

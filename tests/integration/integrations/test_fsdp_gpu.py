@@ -142,7 +142,7 @@ def check_lightning(runs: dict[str, Any]) -> None:
 
 def check_accelerate(runs: dict[str, Any], version: int) -> None:
     run = _part_of(runs, f"accelerate-v{version}")
-    assert run["distributed"] == "DistributedType.FSDP" and run["is_fsdp2"] == (version == 2)
+    assert run["fsdp"] and run["is_fsdp2"] == (version == 2)
     assert (
         _part_of(runs, "frameworks")[f"accelerate-v{version}"]
         == _part_of(runs, "frameworks")[f"trainer-v{version}"]
