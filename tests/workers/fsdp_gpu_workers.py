@@ -1,7 +1,7 @@
 """What tests/integration/integrations/test_fsdp_gpu.py runs: FSDP through the frameworks' own
 wrapping, which needs an accelerator (Lightning's ``FSDPStrategy`` passes ``device_id=None`` on
 CPU, which torch's FSDP1 refuses; Accelerate honours its FSDP plugin only on an accelerator, on
-CPU it prepares DDP). ``lightning_fsdp1`` / ``accelerate_fsdp`` / ``trainer_fsdp`` run in the
+CPU it prepares DDP). ``lightning_fsdp1`` / ``fabric_fsdp1`` / ``accelerate_fsdp`` / ``trainer_fsdp`` run in the
 test's own process as one rank (``world_size=1``: NCCL cannot put two ranks on one GPU) on
 ``device``; ``load_on_cpu`` is a rank function (gloo CPU ranks of the spawn harness) that loads
 what they saved at another world size, through DDP. Expected values come from the frameworks'
