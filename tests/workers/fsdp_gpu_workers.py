@@ -4,7 +4,7 @@ CPU, which torch's FSDP1 refuses; Accelerate honours its FSDP plugin only on an 
 CPU it prepares DDP). ``lightning_fsdp1`` / ``fabric_fsdp1`` / ``accelerate_fsdp`` / ``trainer_fsdp`` run in the
 test's own process as one rank (``world_size=1``: NCCL cannot put two ranks on one GPU) on
 ``device``; ``load_on_cpu`` is a rank function (gloo CPU ranks of the spawn harness) that loads
-what they saved at another world size, through DDP. Expected values come from the frameworks'
+what they saved at another world size (DDP, and FSDP2 for Lightning's). Expected values come from the frameworks'
 own checkpointing (and torch's full state dicts), never from unickpt."""
 
 from __future__ import annotations
@@ -27,7 +27,12 @@ from tests.workers.accelerate_workers import GLOBAL_BATCH, SEQ, VOCAB, OursTrain
 from tests.workers.fabric_workers import StockFSDPStrategy as StockFabricFSDPStrategy
 from tests.workers.lightning_workers import StockFSDPStrategy, Tiny
 from unickpt.integrations.accelerate import load_state, save_state
-from unickpt.integrations.lightning import UnickptDDPStrategy, UnickptFabricFSDPStrategy, UnickptFSDPStrategy
+from unickpt.integrations.lightning import (
+    UnickptDDPStrategy,
+    UnickptFabricFSDPStrategy,
+    UnickptFSDPStrategy,
+    UnickptModelParallelStrategy,
+)
 
 BACKENDS = ("unickpt", "stock")
 SAVED_AT, STEPS = 3, 6  # Accelerate: saved after 3 steps, then 3 more
@@ -46,7 +51,14 @@ def full_weights(root_module: nn.Module, module: nn.Module) -> dict[str, torch.T
     if isinstance(root_module, FullyShardedDataParallel):
         with FullyShardedDataParallel.summon_full_params(root_module, writeback=False):
             return {_clean(k): v.detach().cpu().clone() for k, v in module.named_parameters()}
-    return {_clean(k): v.detach().cpu().clone() for k, v in module.named_parameters()}
+    return {_clean(k): _full(v).detach().cpu().clone() for k, v in module.named_parameters()}
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """An FSDP2 (``DTensor``) parameter gathered by torch; others as they are."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 # ---------------------------------------------------------------- Lightning, FSDPStrategy's wrapping
@@ -56,8 +68,8 @@ class WrappedByLightning(Tiny):
     """``Tiny`` left whole (``FSDPStrategy``'s ``auto_wrap_policy`` wraps it); records its weights
     when training starts (after a resume: what was loaded) and at the end of each epoch."""
 
-    def __init__(self) -> None:
-        super().__init__(fsdp=False)
+    def __init__(self, fsdp2: bool = False) -> None:
+        super().__init__(fsdp=fsdp2)  # fsdp2: configure_model applies fully_shard (ModelParallelStrategy)
         self.weights: dict[str, dict[str, torch.Tensor]] = {}
 
     def _record(self, when: str) -> None:
@@ -297,23 +309,29 @@ def trainer_fsdp(root: str, version: int) -> dict[str, Any]:
 
 
 def load_on_cpu(rank: int, ws: int, root: str, versions: str) -> dict[str, Any]:
-    """This rank's view of the GPU-made unickpt checkpoints loaded at ``ws`` on the CPU through DDP:
-    the Lightning FSDP1 checkpoint of epoch 0 by ``trainer.validate(ckpt_path=...)`` with
-    ``UnickptDDPStrategy``; each Accelerate FSDP checkpoint by ``load_state`` into a CPU
-    ``Accelerator`` (DDP). Returns the loaded full weights (and the Accelerate optimizers' state)."""
-    torch.manual_seed(1)  # not the trained weights: they must come from the checkpoints
-    model = WrappedByLightning()
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=ws,
-        strategy=UnickptDDPStrategy(),
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-    )
-    trainer.validate(model, ckpt_path=os.path.join(root, "lightning", "unickpt", "epoch=0.ckpt"))
-    out: dict[str, Any] = {"lightning": model.weights["validate"]}
+    """This rank's view of the GPU-made unickpt checkpoints loaded at ``ws`` on the CPU: the Lightning
+    FSDP1 checkpoint of epoch 0 by ``trainer.validate(ckpt_path=...)`` with ``UnickptDDPStrategy``
+    and with ``UnickptModelParallelStrategy`` (FSDP2 shards of this world size); each Accelerate
+    FSDP checkpoint by ``load_state`` into a CPU ``Accelerator`` (DDP). Returns the loaded full
+    weights (and the Accelerate optimizers' state)."""
+    out: dict[str, Any] = {}
+    for name, strategy in (
+        ("lightning", UnickptDDPStrategy()),
+        ("lightning-fsdp2", UnickptModelParallelStrategy(data_parallel_size=ws, tensor_parallel_size=1)),
+    ):
+        torch.manual_seed(1)  # not the trained weights: they must come from the checkpoints
+        model = WrappedByLightning(fsdp2=name == "lightning-fsdp2")
+        trainer = L.Trainer(
+            accelerator="cpu",
+            devices=ws,
+            strategy=strategy,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            enable_checkpointing=False,
+        )
+        trainer.validate(model, ckpt_path=os.path.join(root, "lightning", "unickpt", "epoch=0.ckpt"))
+        out[name] = model.weights["validate"]
     for version in versions.split(","):
         AcceleratorState._reset_state(True)
         acc = Accelerator(cpu=True)
