@@ -198,5 +198,5 @@ def test_accelerate_fsdp_plugin_save_load_state_and_trainer_like_stock(runs, ver
     check_accelerate(runs, version)
 
 
-def test_gpu_fsdp_checkpoints_load_at_2_cpu_processes_through_ddp(runs) -> None:
+def test_gpu_fsdp_checkpoints_load_at_2_cpu_processes_through_ddp_and_fsdp2(runs) -> None:
     check_loaded_on_cpu_at_2_processes(runs)
