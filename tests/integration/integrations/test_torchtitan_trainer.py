@@ -50,7 +50,7 @@ def _equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], what: str) ->
 def gpu_runs(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("titan_trainer"))
     tok_dir, data_dir = make_assets(root)
-    (out,) = run_process(run_trainer_pair, 0, root, tok_dir, data_dir, free_port(), timeout=600)
+    (out,) = run_process(run_trainer_pair, 0, root, tok_dir, data_dir, free_port(), timeout=300)
     return root, tok_dir, data_dir, out
 
 
@@ -72,7 +72,7 @@ def test_trainer_resumed_from_unickpt_checkpoint_equals_uninterrupted_run(gpu_ru
 
 def test_gpu_checkpoint_loads_on_two_cpu_processes(gpu_runs) -> None:
     root, tok_dir, data_dir, out = gpu_runs
-    ranks = run_cpu_ranks(load_on_cpu, 2, root, tok_dir, data_dir, timeout=300)
+    ranks = run_cpu_ranks(load_on_cpu, 2, root, tok_dir, data_dir, timeout=180)
     for r in ranks:
         assert r["loaded"] is True and r["step"] == STEPS
         _equal(out["full"]["params"], r["params"], "parameters at ws=2")
