@@ -4,7 +4,7 @@ builds it) on one GPU, with ``UnickptCheckpointManager`` chosen through ``Traine
 
 The job is torchtitan's ``llama3_debugmodel_ce_loss()`` config (its llama3 debug model, AdamW,
 warmup + linear decay, its ``HuggingFaceTextDataLoader``, plain cross-entropy: the default
-``ChunkedLossWrapper``'s backward fails under torch 2.11, "data is not allocated yet") with these
+``ChunkedLossWrapper``'s backward fails under torch 2.11 on CPU, "data is not allocated yet") with these
 changes, each a field of torchtitan's config:
   * attention: torchtitan's ``ScaledDotProductAttention`` in place of ``FlexAttention`` (the swap
     torchtitan's graph_trainer makes for its SDPA configs; no torch.compile of flex kernels);
@@ -177,9 +177,9 @@ def _run(cfg: Any) -> dict[str, Any]:
 
 
 def run_trainer_pair(rank: int, ws: int, root: str, tok_dir: str, data_dir: str, port: int) -> dict[str, Any]:
-    """One process (``run_ranks(..., 0, ...)``): torchtitan's own process-group set-up (NCCL on
-    CUDA) from the launcher's environment variables, then the uninterrupted run and the resumed
-    run (module docstring)."""
+    """One process (``run_ranks(..., 0, ...)``: no process group yet): the launcher variables
+    torchrun would set (world size 1), torchtitan's own process-group set-up from them (NCCL on
+    CUDA), then the uninterrupted run and the resumed run (module docstring)."""
     del rank, ws
     os.environ.update(
         RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
