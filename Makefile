@@ -28,6 +28,9 @@ $(VENV)/.installed: $(VENV)/.installed-demo pyproject.toml
 	# torchtitan's integration test: without its deps (they would downgrade huggingface_hub and
 	# fsspec under the test extra's transformers); only what its checkpointer/model/optimizer need
 	$(BIN)/python -m pip install -q --no-deps 'torchtitan==0.3.0' 'spmd_types==0.2.3' tyro==1.0.17 docstring_parser==0.18.0 typeguard==4.6.1 einops==0.8.2 triton==3.9.0
+	# its Trainer (tests/integration/integrations/test_torchtitan_trainer.py, CUDA only) also imports
+	# torchdata (the test extra), datasets (below) and tensorboard
+	$(BIN)/python -m pip install -q tensorboard==2.21.0
 	# verl's integration test: without its deps (they would pin transformers < 5.11 and pull vLLM,
 	# wandb, ...); what importing verl.utils.checkpoint and its FSDP engine module needs (verl's
 	# package __init__ imports ray and tensordict; verl.utils.checkpoint imports the engine)
