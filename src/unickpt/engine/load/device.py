@@ -138,9 +138,13 @@ class DeviceCopies:
             else:
                 return None
         if fresh:  # pinned allocation outside the lock (the first load in a process pays it)
-            self._memory[slot] = torch.empty(self.slot_bytes, dtype=torch.uint8, pin_memory=self.pin)
-            if self.pin:
-                self._events[slot] = torch.cuda.Event()
+            try:
+                self._memory[slot] = torch.empty(self.slot_bytes, dtype=torch.uint8, pin_memory=self.pin)
+            except RuntimeError:  # no page-locked memory to be had (a container's limit): plain memory,
+                self._memory[slot] = torch.empty(self.slot_bytes, dtype=torch.uint8)  # copied synchronously
+            else:
+                if self.pin:
+                    self._events[slot] = torch.cuda.Event()
         else:
             event = self._events[slot]
             if event is not None:
@@ -152,20 +156,19 @@ class DeviceCopies:
         stream of its device; the buffer returns to the pool once the copy completed."""
         t0 = time.perf_counter()
         n = bounce.memory.numel()
+        event = self._events[bounce.slot] if bounce.slot >= 0 else None  # None: not pinned memory
         with self.stream(target.device):
-            if bounce.slot < 0:  # plain host memory: a synchronous copy, the memory is dropped after
+            if event is None:  # plain host memory: a synchronous copy, the memory may be reused after
                 target.copy_(bounce.memory)
             else:
-                target.copy_(bounce.memory, non_blocking=self.pin)
-                event = self._events[bounce.slot]
-                if event is not None:
-                    event.record(self._streams[target.device])
+                target.copy_(bounce.memory, non_blocking=True)
+                event.record(self._streams[target.device])
         with self._lock:
             if bounce.slot < 0:
                 self.unpooled += n
             else:
                 self.bounced += n
-                (self._in_flight if self._events[bounce.slot] is not None else self._free).append(bounce.slot)
+                (self._in_flight if event is not None else self._free).append(bounce.slot)
         if self.copied is not None:
             self.copied(t0, time.perf_counter(), n)
 
