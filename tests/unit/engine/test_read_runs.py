@@ -8,6 +8,8 @@ exactly, and never before every checksum unit overlapping them is verified."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -238,3 +240,69 @@ def test_bounce_pool_reuses_its_buffers_and_never_waits_forever() -> None:
     device.give_back(b)
     assert device.acquire(8).slot == 1
     device.finish()
+
+
+class _FakeStream:
+    def __init__(self) -> None:
+        self.waited_on: list[object] = []
+        self.synchronized = 0
+
+    def wait_stream(self, other: object) -> None:
+        self.waited_on.append(other)
+
+    def synchronize(self) -> None:
+        self.synchronized += 1
+
+
+class _FakeEvent:
+    """A CUDA event stand-in: recorded = a copy in flight until ``done`` or ``synchronize``."""
+
+    def __init__(self) -> None:
+        self.done, self.waits, self.records = True, 0, 0
+
+    def record(self, stream: object) -> None:
+        self.done, self.records = False, self.records + 1
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.waits += 1
+        self.done = True
+
+
+def test_pinned_pool_reuses_a_buffer_only_after_its_copy_completed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA branch of the pool with stand-ins for streams, events and page-locked memory: a
+    buffer whose copy is in flight is reused only once its event completed (taken without a
+    wait when ``query`` says so, else after ``synchronize``); ``finish`` synchronises the side
+    stream and orders the caller's current stream after it; the side stream was ordered after
+    the caller's current stream at the start."""
+    from unickpt.engine.load import device as device_mod
+
+    current = _FakeStream()
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: _FakeStream())
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(device_mod, "_host_buffer", lambda n, pin: (torch.empty(n, dtype=torch.uint8), True))
+    cuda0 = torch.device("cuda", 0)
+    pool = DeviceCopies([cuda0], slots=2, slot_bytes=8)
+    side = pool._streams[cuda0]
+    assert side.waited_on == [current]  # pending work on the destinations first
+    pool._streams = {torch.device("cpu"): side}  # CPU tensors stand in for the device targets here
+    target = torch.zeros(8, dtype=torch.uint8)
+    a, b = pool.acquire(8), pool.acquire(8)
+    a.memory[:] = 5
+    pool.copy(a, target)
+    e0 = pool._events[a.slot]
+    assert target.tolist() == [5] * 8 and e0.records == 1 and not e0.done
+    c = pool.acquire(8)  # none free, the pool full: the oldest copy's buffer, after its event
+    assert c.slot == a.slot and e0.waits == 1
+    pool.copy(b, target)
+    e1 = pool._events[b.slot]
+    e1.done = True  # the copy completed by itself: its buffer is taken without a wait
+    d = pool.acquire(8)
+    assert d.slot == b.slot and e1.waits == 0
+    assert pool.acquire(8).slot == -1  # both held by pieces: plain memory, no wait
+    pool.finish()
+    assert side.synchronized == 1 and current.waited_on == [side]

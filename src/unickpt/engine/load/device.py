@@ -138,13 +138,10 @@ class DeviceCopies:
             else:
                 return None
         if fresh:  # pinned allocation outside the lock (the first load in a process pays it)
-            try:
-                self._memory[slot] = torch.empty(self.slot_bytes, dtype=torch.uint8, pin_memory=self.pin)
-            except RuntimeError:  # no page-locked memory to be had (a container's limit): plain memory,
-                self._memory[slot] = torch.empty(self.slot_bytes, dtype=torch.uint8)  # copied synchronously
-            else:
-                if self.pin:
-                    self._events[slot] = torch.cuda.Event()
+            memory, pinned = _host_buffer(self.slot_bytes, self.pin)
+            self._memory[slot] = memory
+            if pinned:
+                self._events[slot] = torch.cuda.Event()
         else:
             event = self._events[slot]
             if event is not None:
@@ -187,3 +184,14 @@ class DeviceCopies:
         with self._lock:
             self._memory, self._events, self._free = [], [], []
             self._in_flight.clear()
+
+
+def _host_buffer(nbytes: int, pin: bool) -> tuple[torch.Tensor, bool]:
+    """A pool buffer and whether it is page-locked: plain memory (copied synchronously) when
+    ``pin`` is off or no page-locked memory can be had (a container's limit)."""
+    if pin:
+        try:
+            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True), True
+        except RuntimeError:
+            pass
+    return torch.empty(nbytes, dtype=torch.uint8), False
