@@ -18,6 +18,9 @@ hands it on: the bytes of small tensors with contiguous destinations (``Need.int
 copied there as plain bytes, in a batch with the others that unit completes; any other need is
 handed to ``Need.done`` (copies into place). Temporaries are allocated when their first piece
 starts and dropped when their last need is done, so memory stays near the bytes in flight.
+A need with a contiguous CUDA destination (``Need.device``) gets one segment per piece instead,
+each read into a bounce buffer of ``engine.load.device.DeviceCopies`` and copied to its place on
+the device once every unit overlapping it is verified (``_release``).
 """
 
 from __future__ import annotations

@@ -9,7 +9,10 @@ the read assignment (``_assign``: the needs exchanged at the coordinator,
 ``planning.load.runs.place_need``) -> forwarding set up (``engine.load.forwarding.Transfer``:
 receives posted) -> every need read (``engine.load.reader.read_needs``), each forwarded batch sent
 the moment its last shard is verified -> every transfer completed -> all ranks agree the reads
-succeeded -> received batches copied into place (``_place_received``) -> monitoring events
+succeeded -> received batches copied into place (``_place_received``) -> with CUDA
+destinations, every host-to-device copy completed (``engine.load.device.DeviceCopies``: made
+before the needs, whose contiguous CUDA regions it bounces, finished whatever happened) ->
+monitoring events
 (``load.exchange``, ``load.read.file`` per file, ``load.read.io`` and ``load.checksum``: the
 readers' thread-seconds in read calls and in checksums, ``load.transfer``, ``load.copy``).
 """
@@ -92,7 +95,6 @@ def read_stage(
         if transfer is not None:
             t_apply = time.perf_counter()
             received = _place_received(md, items, mine, transfer, copies, device)
-            events.emit("load.transfer", me, t_transfer, path=storage.url, nbytes=received, end=t_apply)
     finally:
         if device is not None:  # every host-to-device copy completed, the caller's stream after them
             device.finish()
@@ -104,6 +106,8 @@ def read_stage(
     if clock.checksum_bytes:
         detail = f"{clock.checksum:.6f} thread-seconds verifying checksums, overlapped with the reads"
         events.emit("load.checksum", me, clock.first, end=clock.last, nbytes=clock.checksum_bytes, detail=detail)
+    if transfer is not None:
+        events.emit("load.transfer", me, t_transfer, path=storage.url, nbytes=received, end=t_apply)
     if copies.nbytes:  # the copies (host to host here; host to device for CUDA targets)
         detail = f"{copies.busy:.6f} thread-seconds of copying, overlapped with the reads"
         events.emit("load.copy", me, copies.first, end=copies.last, nbytes=copies.nbytes, detail=detail)
