@@ -38,7 +38,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import unickpt
-from _common import build_model, drop_page_cache, files_under, model_shape, table, train_step
+from _common import EventLog, build_model, drop_page_cache, files_under, model_shape, phase_breakdown, table, train_step
 
 CHUNK = 16 << 20  # the raw baseline's read size (unickpt reads 16 MiB pieces too)
 TOOLS = ("unickpt", "dcp", "raw")
@@ -168,8 +168,12 @@ def main() -> None:
         del model, optim
         print(f"setup (saves, expected values) {time.perf_counter() - t_start:.1f} s; folders {', '.join(roots)}")
 
+        log = EventLog()
+        phases: dict[str, list[dict[str, float]]] = {}
+
         def one(tool: str, parent: str) -> float:
             s = setups[parent]
+            log.take()
             if tool == "raw":
                 s["raw"].load()
                 if not s["raw"].exact():
@@ -194,10 +198,13 @@ def main() -> None:
             got = _tensors(target, topt)
             if len(got) != len(want) or not all(torch.equal(a, b) for a, b in zip(got, want)):
                 raise SystemExit(f"{tool} load from {parent}: state differs from the saved state")
+            if tool == "unickpt":
+                phases.setdefault(parent, []).append(_phases(log.take()))
             return dt
 
         for tool in TOOLS:  # warm-up: CUDA context, pinned memory, imports, plans
             one(tool, args.dirs.split(",")[-1])
+        phases.clear()
         res: dict[tuple[str, str], list[float]] = {}
         how = "warm (--no-drop)"
         for r in range(args.rounds):
@@ -230,12 +237,29 @@ def main() -> None:
                 left=(0, 1),
             )
         )
+        for parent, ps in phases.items():
+            keys = sorted({k for p in ps for k in p})
+            print(
+                f"  unickpt phases from {parent} (medians, s): "
+                + "  ".join(f"{k}={statistics.median(p.get(k, float('nan')) for p in ps):.3f}" for k in keys)
+            )
         for key, xs in sorted(res.items()):
             print(f"  {key[0]} {key[1]}: " + " ".join(f"{x:.3f}" for x in xs))
     finally:
         for root in roots:
             shutil.rmtree(root, ignore_errors=True)
     print(f"total {time.perf_counter() - t_start:.1f} s")
+
+
+def _phases(events: list[Any]) -> dict[str, float]:
+    """One unickpt load's phases (``phase_breakdown``) and, inside its read, the thread-seconds in
+    read calls (io), checksums (crc) and copies into place (copy: host-to-device issued here)."""
+    out = phase_breakdown(events)
+    for ev in events:
+        name = {"load.read.io": "io", "load.checksum": "crc", "load.copy": "copy"}.get(ev.phase)
+        if name is not None and ev.detail:
+            out[name] = float(str(ev.detail).split()[0])
+    return out
 
 
 if __name__ == "__main__":
