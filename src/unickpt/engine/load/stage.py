@@ -295,7 +295,10 @@ def _device_target(
     if found is None:
         return None
     dest, c, _ = found
-    return sub_box(dest.detach(), c.dst_offsets, c.lengths).reshape(-1).view(torch.uint8)
+    try:
+        return sub_box(dest.detach(), c.dst_offsets, c.lengths).reshape(-1).view(torch.uint8)
+    except RuntimeError:  # a dtype torch can not view as bytes: copied into place instead (``_apply``)
+        return None
 
 
 def _direct_bytes(md: Metadata, items: list[LoadItem], r: ShardRead | None, r0: int, r1: int) -> memoryview | None:
