@@ -274,7 +274,7 @@ def test_split_jobs_are_read_by_the_readers_and_every_piece_settled_by_verifiers
 
 
 def test_readers_run_ahead_of_verification_by_a_bounded_backlog() -> None:
-    """Settling is held: the one reader reads on until ``_BACKLOG`` pieces wait for their
+    """Settling is held: the one reader reads on until ``BACKLOG`` pieces wait for their
     verification, and no further; once released, everything is settled."""
     from unickpt.engine.load import schedule
 
@@ -282,14 +282,14 @@ def test_readers_run_ahead_of_verification_by_a_bounded_backlog() -> None:
     job = _SplitJob("a", [(i * 8, i * 8 + 8) for i in range(10)], [], {}, threading.Lock(), gate=release)
     done = threading.Thread(target=read_pieces, args=([job], 1, {}, True))
     done.start()
-    while len(job.log) < schedule._BACKLOG:  # the reader fills the backlog without any settling
+    while len(job.log) < schedule.BACKLOG:  # the reader fills the backlog without any settling
         done.join(0.01)
     done.join(0.2)  # a reader that ignored the bound would read all 10 pieces meanwhile
-    assert len(job.log) == schedule._BACKLOG
+    assert len(job.log) == schedule.BACKLOG
     release.set()
     done.join(30)
     assert not done.is_alive()
-    assert job.unsettled == {"now": 0, "max": schedule._BACKLOG}
+    assert job.unsettled == {"now": 0, "max": schedule.BACKLOG}
     assert sorted(p for p, _ in job.settled) == list(range(10))
 
 

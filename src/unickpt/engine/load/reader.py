@@ -18,6 +18,9 @@ hands it on: the bytes of small tensors with contiguous destinations (``Need.int
 copied there as plain bytes, in a batch with the others that unit completes; any other need is
 handed to ``Need.done`` (copies into place). Temporaries are allocated when their first piece
 starts and dropped when their last need is done, so memory stays near the bytes in flight.
+A need with a contiguous CUDA destination (``Need.device``) gets one segment per piece instead,
+each read into a bounce buffer of ``engine.load.device.DeviceCopies`` and copied to its place on
+the device once every unit overlapping it is verified (``_release``).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from ...format.records import Metadata
 from ...planning.load.runs import MERGE_GAP, Run, Span, cover_of, extent_of, plan_runs
 from ...storage.base import Storage
 from ..bytes_view import tensor_bytes
+from .device import Bounce, DeviceCopies
 from .schedule import read_pieces
 
 __all__ = ["Need", "RunJob", "ReadClock", "PIECE", "read_needs"]
@@ -79,7 +83,9 @@ class Need:
     once every unit covering ``[lo, hi)`` is verified, as ``(file offset, byte view)`` pairs
     inside ``[lo, hi)`` (small tensors read with their neighbours: one need may serve several);
     ``done`` (if any): called with the bytes (a uint8 tensor) after that; ``what``: names the
-    need in errors (the tensor, the blob)."""
+    need in errors (the tensor, the blob); ``device``: a CUDA destination region its bytes are
+    copied to piece by piece through bounce buffers (``engine.load.device``) when the run has a
+    ``DeviceCopies`` and no other need overlaps it; else ``done`` places them."""
 
     name: str
     lo: int
@@ -88,8 +94,10 @@ class Need:
     what: str
     dest: torch.Tensor | None = None
     into: tuple[tuple[int, memoryview], ...] = ()
+    device: torch.Tensor | None = None  # a CUDA destination region (uint8, hi - lo bytes): bounced
     left: int = 0  # units still to verify (set by RunJob)
     segment: _Segment | None = field(default=None, repr=False)
+    bounced: bool = False  # set by RunJob: its bytes go to ``device`` piece by piece, ``done`` unused
 
 
 @dataclass(eq=False)
@@ -105,6 +113,8 @@ class _Segment:
     view: memoryview | None = None
     direct: bool = False
     pending: int = 0
+    device: torch.Tensor | None = None  # a bounced segment: its bytes' place on the device
+    bounce: Bounce | None = None  # its host memory while read and verified
 
 
 class RunJob:
@@ -126,8 +136,10 @@ class RunJob:
         piece: int = PIECE,
         copied: Callable[[float, float, int], None] | None = None,
         clock: ReadClock | None = None,
+        device: DeviceCopies | None = None,
     ) -> None:
         self.run, self.name, self.needs, self.units = run, name, list(needs), units
+        self.device = device
         self.read_into, self.verify, self.source, self.rank = read_into, verify, source, rank
         self.holders = holders  # what bytes [lo, hi) of the file hold (for errors)
         self.piece = piece
@@ -170,10 +182,18 @@ class RunJob:
         of a long run are still being read)."""
         out: list[_Segment] = []
         pos = end = self.run.lo  # start of the open temporary; end of the needs so far
-        for need in sorted(self.needs, key=lambda n: (n.lo, n.hi)):
+        ordered = sorted(self.needs, key=lambda n: (n.lo, n.hi))
+        for i, need in enumerate(ordered):
             if need.hi <= need.lo:
                 continue
             alone = need.lo >= end  # overlaps no earlier need
+            if need.device is not None and self.device is not None and alone and _clear_after(ordered, i):
+                if need.lo > pos:
+                    out.append(_Segment(pos, need.lo, None))
+                out += self._bounced(need)
+                need.bounced = True
+                pos = end = need.hi
+                continue
             if need.dest is not None and alone:
                 if need.lo > pos:
                     out.append(_Segment(pos, need.lo, None))
@@ -187,9 +207,21 @@ class RunJob:
             out.append(_Segment(pos, self.run.hi, None))
         starts = [s.lo for s in out]
         for need in self.needs:
-            if need.hi > need.lo:
+            if need.hi > need.lo and not need.bounced:
                 need.segment = out[bisect.bisect_right(starts, need.lo) - 1]
                 need.segment.pending += 1
+        return out
+
+    def _bounced(self, need: Need) -> list[_Segment]:
+        """A bounced need's segments: one per piece it overlaps (cut at the pieces' lines), each
+        read into a bounce buffer and copied to its part of ``need.device``."""
+        assert need.device is not None
+        out = []
+        lo = need.lo
+        while lo < need.hi:
+            hi = min(need.hi, (lo // self.piece + 1) * self.piece)
+            out.append(_Segment(lo, hi, None, device=need.device[lo - need.lo : hi - need.lo]))
+            lo = hi
         return out
 
     def _cut(self) -> list[tuple[int, int]]:
@@ -219,6 +251,13 @@ class RunJob:
     # ------------------------------------------------------------------ reading
 
     def _memory(self, seg: _Segment) -> memoryview:
+        if seg.device is not None:  # one piece reads a bounced segment: no other thread touches it
+            assert self.device is not None
+            if seg.view is None:
+                seg.bounce = self.device.acquire(seg.hi - seg.lo)
+                seg.memory = seg.bounce.memory
+                seg.view = tensor_bytes(seg.memory)
+            return seg.view
         with self._lock:
             if seg.view is None:  # the first piece into a temporary allocates it
                 seg.memory = torch.empty(seg.hi - seg.lo, dtype=torch.uint8)
@@ -299,6 +338,8 @@ class RunJob:
         t0 = time.perf_counter()
         copied = 0
         for need in ready:
+            if need.bounced:  # its segments copy themselves to the device once verified
+                continue
             seg = need.segment
             if seg is None:  # an empty need: nothing was read
                 if need.done is not None:
@@ -322,12 +363,25 @@ class RunJob:
 
     def _release(self, segments: Sequence[_Segment]) -> None:
         """One less thing pending in each of ``segments``; a temporary with nothing pending is
-        freed (its bytes are verified and copied out)."""
+        freed (its bytes are verified and copied out); a bounced one is copied to the device
+        first (its bytes are read and every unit overlapping it is verified)."""
+        bounced = []
         with self._lock:
             for seg in segments:
                 seg.pending -= 1
                 if seg.pending == 0 and not seg.direct:
+                    if seg.bounce is not None:
+                        bounced.append((seg.bounce, seg.device))
+                        seg.bounce = None
                     seg.memory, seg.view = None, memoryview(b"")
+        for bounce, target in bounced:
+            assert self.device is not None and target is not None
+            self.device.copy(bounce, target)
+
+
+def _clear_after(ordered: Sequence[Need], i: int) -> bool:
+    """Whether no need after ``ordered[i]`` (sorted by start) overlaps it."""
+    return i + 1 == len(ordered) or ordered[i + 1].lo >= ordered[i].hi
 
 
 def _count_down(needs: list[Need]) -> list[Need]:
@@ -354,19 +408,21 @@ def read_needs(
     spans: dict[str, list[float]],
     copied: Copied,
     clock: ReadClock | None = None,
+    device: DeviceCopies | None = None,
 ) -> int:
     """Read every need of this rank (``cached``: the indices of those read through the shared
     page cache): spans -> runs (``planning.load.runs``) -> one reader pool over the pieces of
     all runs; returns the bytes read. ``spans`` (monitoring): per file, the first piece's start,
     the last piece's end and the bytes read; ``copied`` times the runs' copies of small needs
-    into place (``Need.into``); ``clock`` (monitoring) sums the time in read calls and checksums."""
+    into place (``Need.into``); ``clock`` (monitoring) sums the time in read calls and checksums;
+    ``device``: the bounce buffers of needs with a CUDA destination (``engine.load.device``)."""
     index = {f: i for i, f in enumerate(md.files)}
     names = {index[n.name]: n.what for n in wanted}
     wanted, cached = _group_small(wanted, cached)
     tagged = [Span(index[n.name], n.lo, n.hi, t) for t, n in enumerate(wanted)]
     runs = plan_runs(tagged, extent_of(md, verify))
     _check_files(md, storage, runs, names, rank)
-    jobs = _run_jobs(md, storage, runs, wanted, cached, verify, rank, copied, clock)
+    jobs = _run_jobs(md, storage, runs, wanted, cached, verify, rank, copied, clock, device)
     read_pieces(jobs, threads, spans, streams=storage.capabilities.reads_ahead)
     return sum(job.nbytes for job in jobs)
 
@@ -381,6 +437,7 @@ def _run_jobs(
     rank: int,
     copied: Copied,
     clock: ReadClock | None = None,
+    device: DeviceCopies | None = None,
 ) -> list[RunJob]:
     """A ``RunJob`` per run: read through the shared page cache when one of its needs is, its
     checksum units, its needs."""
@@ -393,7 +450,20 @@ def _run_jobs(
         needs = [wanted[t] for t in run.tags]
         name = md.files[run.file_index]
         jobs.append(
-            RunJob(run, name, needs, units, read, verify, storage.url, rank, holders, copied=copied, clock=clock)
+            RunJob(
+                run,
+                name,
+                needs,
+                units,
+                read,
+                verify,
+                storage.url,
+                rank,
+                holders,
+                copied=copied,
+                clock=clock,
+                device=device,
+            )
         )
     return jobs
 

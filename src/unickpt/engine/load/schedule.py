@@ -19,7 +19,7 @@ as ``RunJob`` does) only has its bytes read by the file's reader; the rest of th
 checksums, the copies into place) runs on ``verifiers`` threads of its own, so the reader's next
 read is already in flight while the last piece is verified: the device keeps streaming the file
 instead of waiting out each piece's checksum (one reader per file would otherwise alternate
-read, verify, read). At most ``_BACKLOG`` pieces per reader are read and not yet settled (a
+read, verify, read). At most ``BACKLOG`` pieces per reader are read and not yet settled (a
 bound on the temporaries held). Every piece is still settled (verified) before
 ``read_pieces`` returns.
 
@@ -36,9 +36,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, runtime_checkable
 
-__all__ = ["PieceJob", "SplitJob", "read_pieces"]
+__all__ = ["BACKLOG", "PieceJob", "SplitJob", "read_pieces"]
 
-_BACKLOG = 4  # pieces per reader read and waiting for their verification
+BACKLOG = 4  # pieces per reader read and waiting for their verification
 
 
 class PieceJob(Protocol):
@@ -119,7 +119,7 @@ def _by_file(jobs: Sequence[PieceJob], threads: int, piece: Callable[[PieceJob, 
     # decided once per job, not per piece (a runtime-checkable protocol's isinstance reads attributes)
     split_jobs = {id(job) for job in jobs if isinstance(job, SplitJob)}
     verify_pool = ThreadPoolExecutor(verifiers(workers), thread_name_prefix="unickpt-verify") if split_jobs else None
-    slots = threading.BoundedSemaphore(_BACKLOG * workers)
+    slots = threading.BoundedSemaphore(BACKLOG * workers)
 
     def failed(e: BaseException) -> None:
         with take:

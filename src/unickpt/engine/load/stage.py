@@ -9,7 +9,10 @@ the read assignment (``_assign``: the needs exchanged at the coordinator,
 ``planning.load.runs.place_need``) -> forwarding set up (``engine.load.forwarding.Transfer``:
 receives posted) -> every need read (``engine.load.reader.read_needs``), each forwarded batch sent
 the moment its last shard is verified -> every transfer completed -> all ranks agree the reads
-succeeded -> received batches copied into place (``_place_received``) -> monitoring events
+succeeded -> received batches copied into place (``_place_received``) -> with CUDA
+destinations, every host-to-device copy completed (``engine.load.device.DeviceCopies``: made
+before the needs, whose contiguous CUDA regions it bounces, finished whatever happened) ->
+monitoring events
 (``load.exchange``, ``load.read.file`` per file, ``load.read.io`` and ``load.checksum``: the
 readers' thread-seconds in read calls and in checksums, ``load.transfer``, ``load.copy``).
 """
@@ -33,9 +36,11 @@ from ...planning.load.runs import Placement, extents_of, place_need, whole_shard
 from ...planning.specs import LoadItem
 from ...storage.base import Storage
 from ..bytes_view import box_view, sub_box, tensor_bytes
+from .device import DeviceCopies
 from .exchange import exchange_needs
 from .forwarding import Transfer
-from .reader import Need, ReadClock, read_needs
+from .reader import PIECE, Need, ReadClock, read_needs
+from .schedule import BACKLOG
 
 __all__ = ["read_stage"]
 
@@ -77,14 +82,22 @@ def read_stage(
     t_transfer = time.perf_counter()
     error: Exception | None = None
     total = 0
+    device = DeviceCopies.for_items((i.tensor for i in items), threads, PIECE, BACKLOG, copies.add)
     try:
-        wanted, cached = _needs(md, items, mine, part, me, transfer, copies)
-        total = read_needs(md, storage, wanted, cached, threads, verify, me, spans, copies.add, clock)
-    except Exception as e:  # agreed on below, after every transfer has completed
-        error = e
-    if transfer is not None:
-        transfer.finish()  # sends what is still unsent (marked bad after a failure), waits for all
-    total = run_stage(coord, "load (read)", lambda: _raise_or(error, total))
+        try:
+            wanted, cached = _needs(md, items, mine, part, me, transfer, copies, device)
+            total = read_needs(md, storage, wanted, cached, threads, verify, me, spans, copies.add, clock, device)
+        except Exception as e:  # agreed on below, after every transfer has completed
+            error = e
+        if transfer is not None:
+            transfer.finish()  # sends what is still unsent (marked bad after a failure), waits for all
+        total = run_stage(coord, "load (read)", lambda: _raise_or(error, total))
+        if transfer is not None:
+            t_apply = time.perf_counter()
+            received = _place_received(md, items, mine, transfer, copies, device)
+    finally:
+        if device is not None:  # every host-to-device copy completed, the caller's stream after them
+            device.finish()
     for name, (t0, t1, nbytes) in sorted(spans.items()):  # per-file read throughput (monitoring)
         events.emit("load.read.file", me, t0, path=name, nbytes=int(nbytes), end=t1)
     if clock.io_bytes:  # thread-seconds in read calls / checksums, overlapping each other
@@ -94,8 +107,6 @@ def read_stage(
         detail = f"{clock.checksum:.6f} thread-seconds verifying checksums, overlapped with the reads"
         events.emit("load.checksum", me, clock.first, end=clock.last, nbytes=clock.checksum_bytes, detail=detail)
     if transfer is not None:
-        t_apply = time.perf_counter()
-        received = _place_received(md, items, mine, transfer, copies)
         events.emit("load.transfer", me, t_transfer, path=storage.url, nbytes=received, end=t_apply)
     if copies.nbytes:  # the copies (host to host here; host to device for CUDA targets)
         detail = f"{copies.busy:.6f} thread-seconds of copying, overlapped with the reads"
@@ -128,12 +139,13 @@ def _needs(
     me: int,
     transfer: Transfer | None,
     copies: _CopyClock,
+    device: DeviceCopies | None,
 ) -> tuple[list[Need], set[int]]:
     """What this rank reads, in order: its own rows of the shards read apart, the batches it
     reads (for itself and others: forwarded ones into their send buffer), the shards it alone
     needs; and the indices of the needs read through the shared page cache."""
     shared, apart = part.shared, part.apart  # read through the shared cache / own rows only
-    wanted: list[Need] = [_need(md, items, k, r, None, 0, copies) for k, r in mine.items() if k in apart]
+    wanted: list[Need] = [_need(md, items, k, r, None, 0, copies, device) for k, r in mine.items() if k in apart]
     cached: set[int] = set()  # indices of needs read through the shared page cache
     for b in part.batches or ():
         if b.reader != me:
@@ -142,11 +154,11 @@ def _needs(
         for key, off in zip(b.keys, b.offsets):
             if key in shared:
                 cached.add(len(wanted))
-            wanted.append(_need(md, items, key, mine.get(key), out, off, copies, sent))
+            wanted.append(_need(md, items, key, mine.get(key), out, off, copies, device, sent))
     for key in own_keys(me, mine, part):
         if key in shared:
             cached.add(len(wanted))
-        wanted.append(_need(md, items, key, mine[key], None, 0, copies))
+        wanted.append(_need(md, items, key, mine[key], None, 0, copies, device))
     return wanted, cached
 
 
@@ -158,7 +170,12 @@ def _raise_or(error: Exception | None, total: int) -> int:
 
 
 def _place_received(
-    md: Metadata, items: list[LoadItem], mine: dict[ShardKey, ShardRead], transfer: Transfer, copies: _CopyClock
+    md: Metadata,
+    items: list[LoadItem],
+    mine: dict[ShardKey, ShardRead],
+    transfer: Transfer,
+    copies: _CopyClock,
+    device: DeviceCopies | None,
 ) -> int:
     """Copy the shards of every received batch into place (after the stage agreed that every
     reader succeeded); returns the bytes received."""
@@ -166,7 +183,7 @@ def _place_received(
     def place(b: ReadBatch, payload: torch.Tensor) -> None:
         t0 = time.perf_counter()
         for key, off in zip(b.keys, b.offsets):
-            _apply(md, items, mine[key], payload[off : off + mine[key].shard.byte_length], 0)
+            _apply(md, items, mine[key], payload[off : off + mine[key].shard.byte_length], 0, device)
         copies.add(t0, time.perf_counter(), b.nbytes)
 
     return transfer.apply(place)
@@ -180,23 +197,27 @@ def _need(
     buf: torch.Tensor | None,
     buf_offset: int,
     copies: _CopyClock,
+    device: DeviceCopies | None,
     forwarded: Callable[[], None] | None = None,
 ) -> Need:
     """What this rank reads of saved shard ``key`` and where it lands (``place_need``): the whole
     shard into the forwarding buffer ``buf`` when it forwards it to other ranks (``forwarded()``
     once it is verified and placed here); else only the rows its copies ``r`` touch, straight
-    into the destination when they are one contiguous region of it."""
+    into the destination when they are one contiguous region of it (through bounce buffers,
+    ``Need.device``, when that region is on a CUDA device)."""
     if r is not None:
         shard, rb, rows = r.shard, r.row_bytes, r.rows
     else:  # a shard this rank reads for others only
         (shard, rb), rows = whole_shard(md, *key), None
     placed = place_need(shard, rb, rows, buf is not None)
     name, r0, r1, lo, hi = md.files[placed.file_index], placed.r0, placed.r1, placed.lo, placed.hi
+    on_device: torch.Tensor | None = None
     if placed.placement is Placement.FORWARDED:
         assert buf is not None
         dest: torch.Tensor | None = buf[buf_offset : buf_offset + (hi - lo)]
     elif placed.placement is Placement.DIRECT:
-        dest = _direct_target(md, items, r, r0, r1)
+        on_device = _device_target(md, items, r, r0, r1, device) if device is not None else None
+        dest = _direct_target(md, items, r, r0, r1) if on_device is None else None
     else:  # small tensors are read with their neighbours into one temporary, then copied
         small = _direct_bytes(md, items, r, r0, r1) if forwarded is None else None
         if small is not None:  # the run copies the bytes there itself (Need.into): nothing to do after
@@ -207,12 +228,12 @@ def _need(
     def done(region: torch.Tensor) -> None:
         if r is not None and not in_place:
             t0 = time.perf_counter()
-            _apply(md, items, r, region, r0)
+            _apply(md, items, r, region, r0, device)
             copies.add(t0, time.perf_counter(), region.numel())
         if forwarded is not None:
             forwarded()
 
-    return Need(name, lo, hi, done, key[0], dest)
+    return Need(name, lo, hi, done, key[0], dest, device=on_device)
 
 
 class _CopyClock:
@@ -230,11 +251,11 @@ class _CopyClock:
 
 
 def _direct_copy(
-    md: Metadata, items: list[LoadItem], r: ShardRead | None, r0: int, r1: int
+    md: Metadata, items: list[LoadItem], r: ShardRead | None, r0: int, r1: int, device: DeviceCopies | None = None
 ) -> tuple[torch.Tensor, CopyOp, bool] | None:
     """The destination, the one copy into it and whether that copy fills it, when rows
-    ``[r0, r1)`` of the saved shard land whole in one contiguous CPU region of one destination
-    without a dtype change."""
+    ``[r0, r1)`` of the saved shard land whole in one contiguous CPU region (with ``device``:
+    a region of a destination it fills, a CUDA tensor) of one destination without a dtype change."""
     if r is None or len(r.copies) != 1 or r1 <= r0:
         return None
     c = r.copies[0]
@@ -245,7 +266,7 @@ def _direct_copy(
     elif lengths and (c.src_offsets[0] != r0 or lengths[0] != r1 - r0):  # the whole box: all its rows
         return None
     dest = items[c.item_index].tensor
-    if not dest.is_cpu or not dest.is_contiguous():
+    if not (device.handles(dest) if device is not None else dest.is_cpu) or not dest.is_contiguous():
         return None
     if dest.dtype != dtype_from_name(md.tensors[r.fqn].dtype):  # cast while copying (cast_dtypes)
         return None
@@ -266,6 +287,20 @@ def _direct_target(md: Metadata, items: list[LoadItem], r: ShardRead | None, r0:
     return sub_box(dest, c.dst_offsets, c.lengths).reshape(-1).view(torch.uint8)
 
 
+def _device_target(
+    md: Metadata, items: list[LoadItem], r: ShardRead | None, r0: int, r1: int, device: DeviceCopies
+) -> torch.Tensor | None:
+    """``_direct_target`` for a CUDA destination (its bytes, on the device; ``Need.device``)."""
+    found = _direct_copy(md, items, r, r0, r1, device)
+    if found is None:
+        return None
+    dest, c, _ = found
+    try:
+        return sub_box(dest.detach(), c.dst_offsets, c.lengths).reshape(-1).view(torch.uint8)
+    except RuntimeError:  # a dtype torch can not view as bytes: copied into place instead (``_apply``)
+        return None
+
+
 def _direct_bytes(md: Metadata, items: list[LoadItem], r: ShardRead | None, r0: int, r1: int) -> memoryview | None:
     """``_direct_target`` as a byte view (what a small need's bytes are copied into); the
     destination's own bytes when the copy fills it (no tensor views made)."""
@@ -278,19 +313,28 @@ def _direct_bytes(md: Metadata, items: list[LoadItem], r: ShardRead | None, r0: 
     return tensor_bytes(sub_box(dest, c.dst_offsets, c.lengths).reshape(-1).view(torch.uint8))
 
 
-def _apply(md: Metadata, items: list[LoadItem], r: ShardRead, region: torch.Tensor, row0: int) -> None:
+def _apply(
+    md: Metadata, items: list[LoadItem], r: ShardRead, region: torch.Tensor, row0: int, device: DeviceCopies | None
+) -> None:
     """Copy the pieces of one saved shard into their destinations; ``region``: the shard's raw
     bytes from row ``row0`` on (its first dimension), converting the dtype where the
-    destination's differs (``LoadOptions.cast_dtypes``)."""
+    destination's differs (``LoadOptions.cast_dtypes``). A CUDA destination (``device``): the
+    region is copied to its device once, on the side stream, and the copies run there."""
     dtype = dtype_from_name(md.tensors[r.fqn].dtype)
     lengths = r.shard.lengths
-    if lengths:
-        rows = region.numel() // max(1, r.row_bytes)
-        src = box_view(region, dtype, (rows, *lengths[1:]))
-    else:
-        src = box_view(region, dtype, ())
+    shape = (region.numel() // max(1, r.row_bytes), *lengths[1:]) if lengths else ()
+    src = box_view(region, dtype, shape)
+    on_device: dict[torch.device, torch.Tensor] = {}  # the region copied to each CUDA device
     with torch.no_grad():
         for c in r.copies:
             offs = (c.src_offsets[0] - row0, *c.src_offsets[1:]) if c.src_offsets else ()
-            dest = sub_box(items[c.item_index].tensor, c.dst_offsets, c.lengths)
-            dest.copy_(sub_box(src, offs, c.lengths))
+            live = items[c.item_index].tensor
+            dest = sub_box(live, c.dst_offsets, c.lengths)
+            if device is None or not device.handles(live):
+                dest.copy_(sub_box(src, offs, c.lengths))
+                continue
+            with device.stream(live.device):
+                there = on_device.get(live.device)
+                if there is None:
+                    there = on_device[live.device] = box_view(region.to(live.device), dtype, shape)
+                dest.copy_(sub_box(there, offs, c.lengths))
