@@ -25,11 +25,12 @@ from tests.support.save_oracle import outcome as _outcome
 from tests.support.save_oracle import plan_records as _plan_records
 from tests.support.save_oracle import regularize
 from unickpt.errors import CheckpointError
-from unickpt.planning.save.columns import plan_tables as _plan_tables
 from unickpt.planning.save.model import GlobalSavePlan, LocalSavePlan, rank_plan_rows
 from unickpt.planning.save.plan import plan_save
+from unickpt.planning.save.plan import plan_save as _plan_tables
+from unickpt.planning.save.plan import plan_save as plan_regular
 from unickpt.planning.save.table import ShardTable
-from unickpt.planning.save.templates import NotRegular, RegularRankPlans, chunk_rule, plan_regular
+from unickpt.planning.save.templates import RegularRankPlans, chunk_rule
 from unickpt.planning.save.wire import (
     LocalPlans,
     decode_local_table,
@@ -285,11 +286,7 @@ def _same(a: GlobalSavePlan, b: GlobalSavePlan) -> None:
 def test_regular_jobs_are_planned_as_by_the_record_planner(job):
     plans, files = job
     want = _reference(plans, files)
-    try:
-        got = plan_regular(LocalPlans([encode_local_plan(p) for p in plans]), SAVE_ID, files)
-    except NotRegular:  # only where regularize itself keeps no layout or its fallback applies
-        assert plan_save(plans, SAVE_ID, files).rank_plans == want.rank_plans
-        return
+    got = plan_regular(LocalPlans([encode_local_plan(p) for p in plans]), SAVE_ID, files)
     assert isinstance(got.rank_plans, RegularRankPlans)
     _same(got, want)
     # the lazy plans give what the tuple gives: columns, the bytes a rank receives, entries, sizes

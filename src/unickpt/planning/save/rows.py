@@ -100,18 +100,25 @@ class JobRows:
             kept=kept,
         )
 
-    def disagreements(self) -> list[str]:
-        """Every row whose dtype or global shape differs from its tensor's first row (rank
-        order, then spec order)."""
+    def disagreements(self, group_ranks: list[np.ndarray] | None = None, group: np.ndarray | None = None) -> list[str]:
+        """Every row whose dtype or global shape differs from its tensor's first row, once per
+        rank holding it (``group_ranks``: each group's ranks, ``group``: each row's; None: a row
+        is its rank's), in rank order, then spec order."""
         f = self.first
-        bad = (self.dtype != self.dtype[f]) | (self.ndim != self.ndim[f]) | (self.shape != self.shape[f]).any(axis=1)
+        bad = np.flatnonzero(
+            (self.dtype != self.dtype[f]) | (self.ndim != self.ndim[f]) | (self.shape != self.shape[f]).any(axis=1)
+        )
+        if group_ranks is None or group is None:
+            held = [(int(self.rank[r]), int(self.index[r]), r) for r in bad.tolist()]
+        else:
+            held = sorted((q, int(self.index[r]), r) for r in bad.tolist() for q in group_ranks[int(group[r])].tolist())
         out = []
-        for r in np.flatnonzero(bad).tolist():
+        for rank, _, r in held:
             g = int(f[r])
             fqn = self.names[int(self.name[r])]
             mine, seen = self.dtypes[int(self.dtype[r])], self.dtypes[int(self.dtype[g])]
             out.append(
-                f"{fqn}: rank {int(self.rank[r])} has dtype {mine} shape {self._shape(r)}, "
+                f"{fqn}: rank {rank} has dtype {mine} shape {self._shape(r)}, "
                 f"another rank has dtype {seen} shape {self._shape(g)}"
             )
         return out
