@@ -1,17 +1,14 @@
-"""The save planner's paths give the record planner's plan (``tests.support.save_oracle``, the
-reference), on random jobs (hypothesis):
-- columns (``columns.plan_tables``): the same global plan, split tensors laid out alike, on
-  every job (a rank holding one box twice, grid tilings, blobs only), or exactly the oracle's
-  error (disagreeing ranks, bad tilings);
-- templates (``templates.plan_regular``): on jobs mixing tensors every rank holds one
-  ``torch.chunk`` of (with empty tails), replicated tensors and 0-d steps (some with a named
-  replica source), rank-0-only tensors, per-rank blobs and per-rank spec orders, its plan equals
-  the record planner's (then ``regularize``), entry for entry; its lazy rank plans give the same
+"""The save planner (``plan.plan_save``, one driver on rank groups) gives the record planner's
+plan (``tests.support.save_oracle``, the reference), on random jobs (hypothesis):
+- every job (a rank holding one box twice, grid tilings, blobs only), or exactly the oracle's
+  error (disagreeing ranks, bad tilings), planned on groups (``templates.RegularRankPlans``);
+- regular jobs mixing tensors every rank holds one ``torch.chunk`` of (with empty tails),
+  replicated tensors and 0-d steps (some with a named replica source), rank-0-only tensors,
+  per-rank blobs and per-rank spec orders, entry for entry; its lazy rank plans give the same
   columns, explicit entries and file sizes as the tuple they stand for; a DDP-like job (no split
   tensor) and one whose split layout would leave a rank without a file (then fewer tensors
-  split) are theirs too, as are a tensor chunked on some ranks only (then explicit) and a box
-  held twice by one rank; and jobs it must not plan (a tensor split over part of the job) fall
-  through to the other planners;
+  split), a tensor chunked on some ranks only (then explicit), a chunk another rank holds too
+  (split as its writers say), a box held twice by one rank, a job of many groups;
 - the layout rules on columns equal their plain loops."""
 
 from __future__ import annotations
@@ -467,4 +464,72 @@ def test_a_rank_holding_a_box_twice_is_one_holder_in_the_templates():
         g = plan_regular(LocalPlans([encode_local_plan(p) for p in plans]), SAVE_ID, files)
         assert isinstance(g.rank_plans, RegularRankPlans)
         assert [w[0] for w in g.writers] == ["w"]
+        _same(g, _reference(plans, files))
+
+
+# ---------------------------------------------------------------- one driver: every job on rank groups
+
+
+@given(st.one_of(column_jobs(odd=True), regular_jobs(partial=True)))
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+def test_every_job_is_planned_on_rank_groups_or_refused(job):
+    """No second planner: every job (irregular, disagreeing, split over part of the job) is
+    planned on rank groups, its rank plans computed when asked, or refused; the plan or the
+    refusal is the record planner's."""
+    plans, files = job
+    want = _outcome(_plan_records, plans, "s", files)
+    got = _outcome(plan_save, LocalPlans([encode_local_plan(p) for p in plans]), "s", files)
+    if isinstance(want, tuple):
+        assert got == want
+        return
+    assert isinstance(got.rank_plans, RegularRankPlans)
+    assert got == regularize(want, files)
+
+
+def _two_ranks_chunked(extra: ShardSpec, *, twice: bool = False) -> list[LocalSavePlan]:
+    """Rank r holds chunk r of ``a`` (4 x 2); rank 1 also holds ``extra`` (and, ``twice``, its
+    own chunk a second time)."""
+    chunks = [ShardSpec("a", "float32", (4, 2), (2 * r, 0), (2, 2)) for r in range(2)]
+    return [LocalSavePlan(0, (chunks[0],)), LocalSavePlan(1, (chunks[1], extra, *((chunks[1],) if twice else ())))]
+
+
+@pytest.mark.parametrize("case", ["named-source", "balanced", "twice"])
+def test_a_chunk_another_rank_holds_too_is_split_as_its_writers_say(case):
+    """Writers are chosen before the split is decided: chunk 0 of ``a`` also held by rank 1 is
+    written by rank 1 when it names itself the source (``a`` is then no split tensor), by the
+    lighter rank 0 when nobody does (then split); a rank holding its own chunk twice is one
+    holder (split). The record planner's plan in each case, on rank groups."""
+    extra = ShardSpec("a", "float32", (4, 2), (0, 0), (2, 2), 1 if case == "named-source" else None)
+    plans = _two_ranks_chunked(extra, twice=case == "twice")
+    for files in (1, 2):
+        want = _reference(plans, files)
+        split = [fqn for _files, entries in want.layouts for fqn, _ in entries]
+        assert ("a" in split) == (case != "named-source")
+        g = plan_save(LocalPlans([encode_local_plan(p) for p in plans]), SAVE_ID, files)
+        assert isinstance(g.rank_plans, RegularRankPlans)
+        _same(g, want)
+
+
+def test_a_job_of_many_groups_is_planned_on_groups():
+    """100 ranks, each holding an uneven block of ``w`` (no rank's ``torch.chunk``) and a
+    replicated step and bias: one group per rank, the record planner's plan."""
+    world, cuts = 100, [0]
+    for r in range(world):
+        cuts.append(cuts[-1] + 1 + r % 7)
+    plans = [
+        LocalSavePlan(
+            r,
+            (
+                ShardSpec("w", "bfloat16", (cuts[-1], 3), (cuts[r], 0), (cuts[r + 1] - cuts[r], 3)),
+                ShardSpec("step", "float32", (), (), ()),
+                ShardSpec("bias", "float32", (5,), (0,), (5,), 0 if r % 2 else None),
+            ),
+            (BlobSpec(f"rng/{r}", 16 + r),),
+        )
+        for r in range(world)
+    ]
+    for files in (1, 2):
+        g = plan_save(LocalPlans([encode_local_plan(p) for p in plans]), SAVE_ID, files)
+        assert isinstance(g.rank_plans, RegularRankPlans)
+        assert len(set(g.rank_plans.template_of.tolist())) == world
         _same(g, _reference(plans, files))

@@ -26,7 +26,7 @@ written once:
    boxes are then chunks (its rows per rank: ``SplitTensors.override``). Split tensors are laid
    out alike in every rank's files and recorded as layouts (``split.split_parts``); where that
    would leave a rank without a file a layout names, only the tensors whose every chunk has
-   rows are split, then none (``split.full_chunks``);
+   rows are split, then none;
 5. each rank's entries go into ``files_per_rank`` files, its split chunks first, then the rest
    largest first to the lightest file, each at a multiple of ENTRY_ALIGN bytes
    (``layout.lay_out_rank``; the chunks' offsets are computed when a rank's plan is asked for:
@@ -45,7 +45,7 @@ import numpy as np
 from ...errors import PlanningError
 from ...format.dtypes import itemsize
 from ..specs import BlobSpec
-from .layout import lay_out_rank, padded, place_rest
+from .layout import check_layout, lay_out_rank, padded, place_rest
 from .model import GlobalSavePlan, LocalSavePlan, file_name
 from .rows import MAX_BLOB, MAX_TOTAL, JobRows, tiling_problems, tuples
 from .split import split_dims, split_parts
@@ -175,7 +175,8 @@ class _Job:
         for attempt in (split, split[chunks[split] == world], _NONE):
             if attempt is not _NONE and not len(attempt):
                 continue
-            laid = self._lay_out(attempt, dim, extent, row_bytes, w_row, w_rank, blobs, save_id, parts)
+            known = c_raw if np.array_equal(attempt, chunked) else None  # the common case: computed once
+            laid = self._lay_out(attempt, dim, extent, row_bytes, w_row, w_rank, blobs, save_id, parts, known)
             if laid is not None:
                 return laid
         raise AssertionError("unreachable: a plan without split tensors names no layout file")
@@ -220,9 +221,11 @@ class _Job:
         blobs: list[tuple[BlobSpec, ...]],
         save_id: str,
         parts: int,
+        raw: np.ndarray | None = None,
     ) -> GlobalSavePlan | None:
         """The plan with the tensors ``split`` (ids, job tensor order) laid out alike; None where
-        a rank would lack a file a layout names."""
+        a rank would lack a file a layout names. ``raw``: each rank's bytes of each split tensor,
+        where known."""
         rows, world, groups = self.rows, self.world, self.groups
         space = len(rows.names)
         is_split = np.zeros(space, dtype=bool)
@@ -246,7 +249,8 @@ class _Job:
         s = SplitTensors(
             [rows.names[g] for g in split.tolist()], dim[split], extent, chunk, s_bytes, part, item, override, members
         )
-        raw = s.rows_of(np.arange(world, dtype=np.int64)[:, None]) * s_bytes  # (world, split tensors)
+        if raw is None:
+            raw = s.rows_of(np.arange(world, dtype=np.int64)[:, None]) * s_bytes  # (world, split tensors)
         loads = np.zeros((world, parts), dtype=np.int64)
         ends = np.zeros((world, parts), dtype=np.int64)
         uses = np.zeros((world, parts), dtype=bool)
@@ -286,6 +290,8 @@ class _Job:
 
         # each rank's explicit entries and blobs, largest first to the lightest part
         placed: dict[int, tuple[np.ndarray, list[str]]] = {}
+        checked: list[tuple[np.ndarray, ...]] = []  # per rank: owner, rank, part, offset, nbytes
+        blob_keys: list[str] = []
         bounds = np.searchsorted(e_ranks, np.arange(world + 1))
         for rank in range(world):
             lo, hi = int(bounds[rank]), int(bounds[rank + 1])
@@ -307,14 +313,31 @@ class _Job:
             out[:, 0] = np.where(is_blob, -1, e_item[lo:hi][np.minimum(order, max(n - 1, 0))] if n else -1)
             out[:, 1], out[:, 2], out[:, 3] = at_part, at, sizes[order]
             out[:, 4] = np.where(is_blob, np.cumsum(is_blob) - 1, -1)
-            placed[rank] = (out, [own[i - n].key for i in order[is_blob].tolist()])
+            keys = [own[i - n].key for i in order[is_blob].tolist()]
+            placed[rank] = (out, keys)
             uses[rank, at_part] = True
+            owner = np.where(
+                is_blob, space + 1 + len(blob_keys) + out[:, 4], e_name[lo:hi][np.minimum(order, n - 1)] if n else 0
+            )
+            checked.append((owner, np.full(len(out), rank), at_part, at, out[:, 3]))
+            blob_keys.extend(keys)
         used = sorted(set(part.tolist()))
         if not uses[:, used].all():
             return None  # a rank would lack a file a layout names: fewer split tensors
         rank_parts = [tuple(np.flatnonzero(u).tolist()) for u in uses]
         files = tuple(file_name(r, k) for r in range(world) for k in rank_parts[r])
         index = {f: i for i, f in enumerate(files)}
+        slot = (np.cumsum(uses.ravel()) - 1).reshape(world, parts)  # each (rank, part)'s index in files
+        region_rank, region_part = np.nonzero(ends > 0)  # each rank's split chunks, one range per part
+        owner, rank_of, part_of, offset, nbytes = (
+            np.concatenate([c[k] for c in checked] + [extra]).astype(np.int64)
+            for k, extra in enumerate(
+                (np.full(len(region_rank), space), region_rank, region_part, np.zeros(len(region_rank)), ends[ends > 0])
+            )
+        )
+        check_layout(
+            files, [(owner, slot[rank_of, part_of], offset, nbytes)], [*rows.names, "split chunks", *blob_keys]
+        )
         layouts = tuple(
             (
                 tuple(index[file_name(r, k)] for r in range(world)),
