@@ -15,7 +15,7 @@ stacks a rank's chunks when its plan is asked for; ``check_layout`` is the plan'
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TypeVar
 
 import numpy as np
@@ -128,7 +128,7 @@ def _lightest_first(sizes: np.ndarray, parts: int, loads: np.ndarray | None = No
     return out
 
 
-def check_layout(files: list[str], columns: list[tuple[np.ndarray, ...]], owners: list[str]) -> None:
+def check_layout(files: Sequence[str], columns: list[tuple[np.ndarray, ...]], owners: list[str]) -> None:
     """Self-check of a plan's byte layout (``plan.plan_save`` on every rank's entries placed at
     plan time, each rank's split chunks as one range per file): every file named once, no two
     ranges of a file overlap; ``columns``: (owner, file index, byte offset, byte length) arrays;

@@ -146,7 +146,7 @@ class _Job:
         explicit = np.flatnonzero(~self.chunked[rows.name])
         ex = explicit[rows.kept[explicit]]
         sizes = np.array([len(r) for r in self.ranks_of], dtype=np.int64)
-        total = float((rows.nbytes[ex] * sizes[self.group[ex]]).sum(dtype=np.float64))
+        total = float((rows.nbytes[ex].astype(np.float64) * sizes[self.group[ex]]).sum())  # every rank's bytes
         if total + float(c_raw.sum(dtype=np.float64)) > MAX_TOTAL:
             raise PlanningError(f"the job's tensors hold more than 2^{MAX_TOTAL.bit_length() - 1} bytes")
         for rank, own in enumerate(blobs):

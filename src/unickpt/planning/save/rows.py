@@ -1,13 +1,14 @@
 """Every rank group's table as one set of columns (pure functions): the save planner's rows.
 
-A rank group is ranks whose tables are alike: ``columns`` passes one table per rank, ``templates``
-one table per template (the ranks of a template hold the same rows up to the chunk rule).
+A rank group is ranks whose tables are alike up to their ``torch.chunk`` rows
+(``templates.group_ranks``; one group per rank in an irregular job); ``plan.plan_save`` passes
+one table per group.
 ``JobRows.of`` concatenates the tables (rows in group order, then spec order; names and dtypes as
 job-wide ids), refuses sizes near int64's limits (a tensor of 2^55 elements, ``MAX_TOTAL`` bytes,
 ``MAX_BLOB``-byte blobs: no machine holds them) and computes each box's bytes and whether it is
-kept (an empty shard of a tensor with elements is not). Both paths then check the ranks agree
-(``disagreements``), choose writers over these rows (``writers.choose_writers``), check the
-written boxes tile their tensors (``tiling_problems``) and build the plan's records sharing one
+kept (an empty shard of a tensor with elements is not). The planner then checks the ranks agree
+(``disagreements``, worded rank by rank), chooses writers over these rows (``writers.choose_writers``), checks the
+written boxes tile their tensors (``tiling_problems``) and builds the plan's records sharing one
 tuple per distinct box (``tuples``).
 """
 
