@@ -533,3 +533,19 @@ def test_a_job_of_many_groups_is_planned_on_groups():
         assert isinstance(g.rank_plans, RegularRankPlans)
         assert len(set(g.rank_plans.template_of.tolist())) == world
         _same(g, _reference(plans, files))
+
+
+def test_a_table_naming_a_tensor_no_row_uses_is_planned_as_its_records():
+    """Decoded tables may list a name no row uses (here one rank has no rows at all): the plan
+    is the one of the records those tables stand for."""
+    import numpy as np
+
+    real = [ShardTable.of(LocalSavePlan(0, (ShardSpec("w", "int64", (2,), (0,), (2,)),), (BlobSpec("b0", 10),)))]
+    none, flat = np.zeros(0, dtype=np.int64), np.zeros((0, 1), dtype=np.int64)
+    real.append(
+        ShardTable(1, ("ghost", "w"), ("float32",), none, none, none, none, flat, flat, flat, (BlobSpec("b1", 7),))
+    )
+    want = _reference([t.to_plan() for t in real], 2)
+    _same(plan_save(real, SAVE_ID, 2), want)
+    ghosts = [ShardTable(r, ("ghost",), ("float32",), none, none, none, none, flat, flat, flat) for r in range(2)]
+    _same(plan_save(ghosts, SAVE_ID, 2), _reference([t.to_plan() for t in ghosts], 2))

@@ -89,6 +89,17 @@ class _Job:
         self.group = np.repeat(np.arange(len(groups), dtype=np.int64), [len(g.table) for g in groups])
         self.rule = np.concatenate([g.rule for g in groups])
         self.regroup = np.zeros(len(rows.names), dtype=bool)
+        # each tensor's global shape (padded), dtype and ndim, from its first row (names no row
+        # uses: a 0-d float tensor of one element nobody writes)
+        space, firsts = len(rows.names), rows.name[rows.first]
+        self.t_shape = np.ones((space, rows.shape.shape[1]), dtype=np.int64)
+        self.t_dtype = np.full(space, len(rows.dtypes), dtype=np.int64)
+        self.t_ndim = np.zeros(space, dtype=np.int64)
+        self.t_shape[firsts], self.t_dtype[firsts], self.t_ndim[firsts] = (
+            rows.shape[rows.first],
+            rows.dtype[rows.first],
+            rows.ndim[rows.first],
+        )
 
     @classmethod
     def of(cls, groups: list[RankGroup], group_of: np.ndarray, world: int) -> _Job:
@@ -116,12 +127,11 @@ class _Job:
         high = np.full(space, -1, dtype=np.int64)
         np.minimum.at(low, g, d)
         np.maximum.at(high, g, d)
-        head = self._head()
         dim = np.maximum(high, 0)
-        extent = rows.shape[head, dim]
+        extent = self.t_shape[np.arange(space), dim]
         size = np.maximum(-(-extent // world), 1)
         chunks = -(-extent // size)
-        numel = np.prod(rows.shape[head], axis=1)
+        numel = np.prod(self.t_shape, axis=1)
         pairs = np.unique(np.column_stack([g, self.group[at]]), axis=0) if len(at) else np.zeros((0, 2), np.int64)
         per_group = np.bincount(pairs[:, 0], minlength=space)  # groups holding a chunk row of it
         firsts = np.array([int(r[0]) for r in self.ranks_of], dtype=np.int64)  # ascending
@@ -134,14 +144,13 @@ class _Job:
 
     def plan(self, blobs: list[tuple[BlobSpec, ...]], save_id: str, parts: int) -> GlobalSavePlan:
         rows, world = self.rows, self.world
-        itemsizes = np.array([itemsize(t) for t in rows.dtypes], dtype=np.int64)
+        itemsizes = np.array([*map(itemsize, rows.dtypes), 1], dtype=np.int64)  # then: no row's dtype
         order = rows.name[np.unique(rows.first)]  # tensor ids in the job's tensor order
-        head = self._head()
-        numel = np.prod(rows.shape[head], axis=1)
+        numel = np.prod(self.t_shape, axis=1)
 
         # the chunked tensors' bytes on every rank (raw: what the writers and parts balance by)
         chunked = order[self.chunked[order]]
-        c_bytes = numel[chunked] // np.maximum(self.extent[chunked], 1) * itemsizes[rows.dtype[head[chunked]]]
+        c_bytes = numel[chunked] // np.maximum(self.extent[chunked], 1) * itemsizes[self.t_dtype[chunked]]
         c_raw = _rows_of(np.arange(world)[:, None], self.extent[chunked], self.size[chunked]) * c_bytes
         explicit = np.flatnonzero(~self.chunked[rows.name])
         ex = explicit[rows.kept[explicit]]
@@ -169,8 +178,8 @@ class _Job:
         )
         dim = np.where(self.chunked, self.dim, w_dim)
         chunks = np.where(self.chunked, self.chunks, w_chunks)
-        extent = rows.shape[head, np.maximum(dim, 0)]
-        row_bytes = numel // np.maximum(extent, 1) * itemsizes[rows.dtype[head]]
+        extent = self.t_shape[np.arange(len(dim)), np.maximum(dim, 0)]
+        row_bytes = numel // np.maximum(extent, 1) * itemsizes[self.t_dtype]
         split = order[dim[order] >= 0]
         for attempt in (split, split[chunks[split] == world], _NONE):
             if attempt is not _NONE and not len(attempt):
@@ -268,11 +277,11 @@ class _Job:
         e_name = np.concatenate([rows.name[e_row], c_tensor])
         e_ranks = np.concatenate([e_rank, c_rank])
         e_item = np.concatenate([rows.index[e_row], c_item])
-        e_ndim = np.concatenate([rows.ndim[e_row], rows.ndim[self._head()[c_tensor]]])
+        e_ndim = np.concatenate([rows.ndim[e_row], self.t_ndim[c_tensor]])
         e_offs = np.concatenate([rows.offsets[e_row], c_offs])
         e_lens = np.concatenate([rows.lengths[e_row], c_lens])
-        itemsizes = np.array([itemsize(t) for t in rows.dtypes], dtype=np.int64)
-        e_bytes = np.prod(e_lens, axis=1) * itemsizes[rows.dtype[self._head()[e_name]]]
+        itemsizes = np.array([*map(itemsize, rows.dtypes), 1], dtype=np.int64)  # then: no row's dtype
+        e_bytes = np.prod(e_lens, axis=1) * itemsizes[self.t_dtype[e_name]]
         by = np.lexsort((e_item, e_ranks))
         e_name, e_ranks, e_item, e_ndim, e_offs, e_lens, e_bytes = (
             a[by] for a in (e_name, e_ranks, e_item, e_ndim, e_offs, e_lens, e_bytes)
@@ -348,11 +357,6 @@ class _Job:
         plans = RegularRankPlans(save_id, world, s, self.group_of, placed, rank_parts)
         return GlobalSavePlan(save_id, plans, files, rows.tensors(), writers, layouts)
 
-    def _head(self) -> np.ndarray:
-        head = np.zeros(len(self.rows.names), dtype=np.int64)
-        head[self.rows.name[self.rows.first]] = self.rows.first
-        return head
-
     def _chunk_boxes(self, ids: np.ndarray) -> tuple[np.ndarray, ...]:
         """The non-empty chunks of the chunked tensors ``ids`` as boxes: per box its rank, tensor
         id, row in its rank's plan, offsets and lengths (padded)."""
@@ -368,10 +372,9 @@ class _Job:
         keys = self.group[ruled] * space + rows.name[ruled]  # one kept chunk row per group and tensor
         by = np.argsort(keys)
         found = by[np.searchsorted(keys[by], self.group_of[rank] * space + tensor)]
-        head = self._head()[tensor]
         d = self.dim[tensor]
         offs = np.zeros((len(rank), width), dtype=np.int64)
-        lens = rows.shape[head].copy()
+        lens = self.t_shape[tensor]
         offs[np.arange(len(rank)), d] = np.minimum(self.extent[tensor], rank * self.size[tensor])
         lens[np.arange(len(rank)), d] = n[rank, j]
         return rank, tensor, rows.index[ruled[found]], offs, lens
