@@ -549,3 +549,21 @@ def test_a_table_naming_a_tensor_no_row_uses_is_planned_as_its_records():
     _same(plan_save(real, SAVE_ID, 2), want)
     ghosts = [ShardTable(r, ("ghost",), ("float32",), none, none, none, none, flat, flat, flat) for r in range(2)]
     _same(plan_save(ghosts, SAVE_ID, 2), _reference([t.to_plan() for t in ghosts], 2))
+
+
+def test_refusals_of_grouped_ranks_are_worded_rank_by_rank():
+    """Eight ranks in two groups: ranks 4-7 disagree on ``s``'s dtype (each named, in rank
+    order), or every rank holds the same half of ``h`` (the gap named once): the record
+    planner's refusal, word for word."""
+    for case in ("disagree", "gap"):
+        plans = []
+        for r in range(8):
+            lo, n = _chunk(16, 8, r)
+            specs = [ShardSpec("w", "float32", (16, 2), (lo, 0), (n, 2))]
+            specs.append(ShardSpec("s", "int64" if case == "disagree" and r >= 4 else "float32", (), (), ()))
+            if case == "gap":
+                specs.append(ShardSpec("h", "float32", (4,), (0,), (2,)))
+            plans.append(LocalSavePlan(r, tuple(specs)))
+        want = _outcome(_plan_records, plans, SAVE_ID, 2)
+        assert isinstance(want, tuple)
+        assert _outcome(plan_save, LocalPlans([encode_local_plan(p) for p in plans]), SAVE_ID, 2) == want
