@@ -20,13 +20,13 @@ written once:
    rank's chunk (at most one per group, along one dimension, every rank with a non-empty chunk
    holding it: FSDP's ``Shard(0)``): each such chunk has one holder, so it is written by its
    rank and the tensor is split without expanding the groups. Every other tensor with chunk
-   rows (chunks on some ranks and other boxes on others, a rank holding its chunk twice, a
-   tensor split over part of the job) is grouped again with its boxes explicit
-   (``group_ranks``' ``unsplit``), its writers chosen like any box's, and split if its written
-   boxes are then chunks (its rows per rank: ``SplitTensors.override``). Split tensors are laid
-   out alike in every rank's files and recorded as layouts (``split.split_parts``); where that
-   would leave a rank without a file a layout names, only the tensors whose every chunk has
-   rows are split, then none;
+   rows (chunks on some ranks and other boxes on others, a rank holding its chunk twice, chunks
+   along several dimensions, a tensor without elements or split over part of the job) is
+   grouped again with its boxes explicit (``group_ranks``' ``unsplit``), its writers chosen like
+   any box's, and split if its written boxes are then chunks (its rows per rank:
+   ``SplitTensors.override``). Split tensors are laid out alike in every rank's files and
+   recorded as layouts (``split.split_parts``); where that would leave a rank without a file a
+   layout names, only the tensors whose every chunk has rows are split, then none;
 5. each rank's entries go into ``files_per_rank`` files, its split chunks first, then the rest
    largest first to the lightest file, each at a multiple of ENTRY_ALIGN bytes
    (``layout.lay_out_rank``; the chunks' offsets are computed when a rank's plan is asked for:
