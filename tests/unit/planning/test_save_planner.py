@@ -567,3 +567,31 @@ def test_refusals_of_grouped_ranks_are_worded_rank_by_rank():
         want = _outcome(_plan_records, plans, SAVE_ID, 2)
         assert isinstance(want, tuple)
         assert _outcome(plan_save, LocalPlans([encode_local_plan(p) for p in plans]), SAVE_ID, 2) == want
+
+
+@given(
+    st.lists(st.tuples(st.integers(1, 60), st.integers(1, 40), st.integers(0, 2)), max_size=8),
+    st.integers(1, 12),
+)
+@settings(max_examples=200, deadline=None)
+def test_chunk_sums_equal_the_per_rank_loop(tensors, world):
+    """Each rank's chunk bytes per part, aligned bytes and whether it holds any, summed over the
+    ranks' ``torch.chunk`` rows (computed here per rank), without a (ranks, tensors) array."""
+    import numpy as np
+
+    from unickpt.planning.save.plan import _chunk_sums
+
+    parts = 3
+    loads = [[0] * parts for _ in range(world)]
+    ends = [[0] * parts for _ in range(world)]
+    uses = [[False] * parts for _ in range(world)]
+    for extent, row_bytes, part in tensors:
+        for r in range(world):
+            _, n = _chunk(extent, world, r)
+            loads[r][part] += n * row_bytes
+            ends[r][part] += -(-n * row_bytes // 64) * 64
+            uses[r][part] |= n > 0
+    extent, row_bytes, part = (np.array([t[k] for t in tensors], dtype=np.int64) for k in range(3))
+    got = _chunk_sums(extent, -(-extent // world), row_bytes, part, parts, world) if tensors else None
+    if got is not None:
+        assert (got[0].tolist(), got[1].tolist(), got[2].tolist()) == (loads, ends, uses)

@@ -151,12 +151,13 @@ class _Job:
         # the chunked tensors' bytes on every rank (raw: what the writers and parts balance by)
         chunked = order[self.chunked[order]]
         c_bytes = numel[chunked] // np.maximum(self.extent[chunked], 1) * itemsizes[self.t_dtype[chunked]]
-        c_raw = _rows_of(np.arange(world)[:, None], self.extent[chunked], self.size[chunked]) * c_bytes
+        c_loads = _chunk_sums(self.extent[chunked], self.size[chunked], c_bytes, _NONE[:0], 1, world)[0][:, 0]
         explicit = np.flatnonzero(~self.chunked[rows.name])
         ex = explicit[rows.kept[explicit]]
         sizes = np.array([len(r) for r in self.ranks_of], dtype=np.int64)
         total = float((rows.nbytes[ex].astype(np.float64) * sizes[self.group[ex]]).sum())  # every rank's bytes
-        if total + float(c_raw.sum(dtype=np.float64)) > MAX_TOTAL:
+        total += float((self.extent[chunked].astype(np.float64) * c_bytes).sum())  # chunks: the whole tensors
+        if total > MAX_TOTAL:
             raise PlanningError(f"the job's tensors hold more than 2^{MAX_TOTAL.bit_length() - 1} bytes")
         for rank, own in enumerate(blobs):
             for b in own:
@@ -164,7 +165,7 @@ class _Job:
                     raise PlanningError(f"blob {b.key!r} of rank {rank}: {b.nbytes} bytes is outside [0, {MAX_BLOB}]")
 
         # writers of the explicit boxes, then the written boxes' tiling
-        w_row, w_rank = self._writers(ex, explicit, c_raw.sum(axis=1))
+        w_row, w_rank = self._writers(ex, explicit, c_loads)
 
         # split tensors: the chunked ones, and those whose written boxes are chunks
         w_dim, w_chunks = split_dims(
@@ -184,8 +185,7 @@ class _Job:
         for attempt in (split, split[chunks[split] == world], _NONE):
             if attempt is not _NONE and not len(attempt):
                 continue
-            known = c_raw if np.array_equal(attempt, chunked) else None  # the common case: computed once
-            laid = self._lay_out(attempt, dim, extent, row_bytes, w_row, w_rank, blobs, save_id, parts, known)
+            laid = self._lay_out(attempt, dim, extent, row_bytes, w_row, w_rank, blobs, save_id, parts)
             if laid is not None:
                 return laid
         raise AssertionError("unreachable: a plan without split tensors names no layout file")
@@ -230,11 +230,9 @@ class _Job:
         blobs: list[tuple[BlobSpec, ...]],
         save_id: str,
         parts: int,
-        raw: np.ndarray | None = None,
     ) -> GlobalSavePlan | None:
         """The plan with the tensors ``split`` (ids, job tensor order) laid out alike; None where
-        a rank would lack a file a layout names. ``raw``: each rank's bytes of each split tensor,
-        where known."""
+        a rank would lack a file a layout names."""
         rows, world, groups = self.rows, self.world, self.groups
         space = len(rows.names)
         is_split = np.zeros(space, dtype=bool)
@@ -258,16 +256,7 @@ class _Job:
         s = SplitTensors(
             [rows.names[g] for g in split.tolist()], dim[split], extent, chunk, s_bytes, part, item, override, members
         )
-        if raw is None:
-            raw = s.rows_of(np.arange(world, dtype=np.int64)[:, None]) * s_bytes  # (world, split tensors)
-        loads = np.zeros((world, parts), dtype=np.int64)
-        ends = np.zeros((world, parts), dtype=np.int64)
-        uses = np.zeros((world, parts), dtype=bool)
-        for k, at in members.items():
-            loads[:, k] = raw[:, at].sum(axis=1)
-            ends[:, k] = padded(raw[:, at]).sum(axis=1)
-            uses[:, k] = (raw[:, at] > 0).any(axis=1)
-        del raw
+        loads, ends, uses = _chunk_sums(extent, chunk, s_bytes, part, parts, world)  # (world, parts) each
 
         # the boxes written outside the layouts: explicit writers, and chunks of unsplit tensors
         keep = ~from_boxes
@@ -384,3 +373,29 @@ def _rows_of(rank: np.ndarray, extent: np.ndarray, size: np.ndarray) -> np.ndarr
     """Rows of ``torch.chunk`` part ``rank`` of ``extent`` rows in chunks of ``size``."""
     lo = np.minimum(extent, rank * size)
     return np.minimum(extent, lo + size) - lo
+
+
+def _chunk_sums(
+    extent: np.ndarray, size: np.ndarray, row_bytes: np.ndarray, part: np.ndarray, parts: int, world: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per rank and part (``part``: each tensor's; empty: all in part 0): the bytes of the
+    ``torch.chunk``s (``extent`` rows in chunks of ``size``, ``row_bytes`` each), the bytes they
+    take aligned, and whether there is one. Ranks below ``extent // size`` hold ``size`` rows,
+    the next one the rest: sums of differences over the ranks, never a (ranks, tensors) array."""
+    if not len(part):
+        part = np.zeros(len(extent), dtype=np.int64)
+    full = extent // size
+    rest = extent - full * size
+    diffs = np.zeros((3, world + 2, parts), dtype=np.int64)
+    for k, (whole, tail) in enumerate(
+        (
+            (size * row_bytes, rest * row_bytes),
+            (padded(size * row_bytes), padded(rest * row_bytes)),
+            (size > 0, rest > 0),
+        )
+    ):
+        np.add.at(diffs[k], (np.zeros_like(full), part), whole)  # ranks 0 .. full - 1: a whole chunk
+        np.add.at(diffs[k], (full, part), np.asarray(tail, dtype=np.int64) - whole)  # rank full: the rest
+        np.add.at(diffs[k], (full + 1, part), -np.asarray(tail, dtype=np.int64))
+    sums = np.cumsum(diffs, axis=1)[:, :world]
+    return sums[0], sums[1], sums[2] > 0
