@@ -4,9 +4,12 @@ coordinator runs it in ``engine.plan_cache``), for A/B runs of two source trees.
 Jobs (synthetic shard specs, no tensors, no processes):
 - ``many_small``: bench/many_small.py's state at world size 2 (6,700 params of 48 x 50 fp32,
   each ``Shard(0)``: every rank one ``torch.chunk`` part, plus AdamW's exp_avg, exp_avg_sq and a
-  replicated 0-d step: ~27,000 specs per rank; the template path);
+  replicated 0-d step: ~27,000 specs per rank; one rank group);
 - ``many_small_irregular``: the same tensors split unevenly (rank 0: 20 rows, rank 1: 28) with
-  the steps replicated, so no template fits (the column path);
+  the steps replicated (one group per rank);
+- ``irregular1024`` (not in the default list): 1,024 ranks, each an uneven block (rank r:
+  8 + r % 5 rows) of 200 tensors of 16 columns plus a replicated 0-d step each: one group per
+  rank, more than the 64 templates the planner once had;
 - ``fsdp4096``: bench/scale.py's Llama-70B FSDP layout at 4,096 ranks (``scale.fsdp_local``),
   the figure of ``scale.py --ranks 4096``'s global plan, without the rest of that bench.
 The encoded local plans are built once per job and cached under ``--cache`` (length-prefixed
@@ -53,6 +56,18 @@ def _many_small(rank: int, world: int, irregular: bool, params: int = 6700, rows
     return LocalSavePlan(rank, tuple(specs))
 
 
+def _irregular(rank: int, world: int, tensors: int = 200) -> LocalSavePlan:
+    cuts = [0]
+    for r in range(world):
+        cuts.append(cuts[-1] + 8 + r % 5)
+    box = ((cuts[rank], 0), (cuts[rank + 1] - cuts[rank], 16))
+    specs = []
+    for i in range(tensors):
+        specs.append(ShardSpec(f"model.w{i}", "float32", (cuts[-1], 16), *box))
+        specs.append(ShardSpec(f"optimizer.state.w{i}.step", "float32", (), (), ()))
+    return LocalSavePlan(rank, tuple(specs))
+
+
 def _encoded(job: str, cache: str) -> list[bytes]:
     path = os.path.join(cache, f"plan_save_cpu-{job}.bin")
     if os.path.exists(path):
@@ -68,6 +83,8 @@ def _encoded(job: str, cache: str) -> list[bytes]:
         from scale import fsdp_local
 
         encoded = [encode_local_plan(fsdp_local(r, 4096)) for r in range(4096)]
+    elif job == "irregular1024":
+        encoded = [encode_local_plan(_irregular(r, 1024)) for r in range(1024)]
     else:
         encoded = [encode_local_plan(_many_small(r, 2, job == "many_small_irregular")) for r in range(2)]
     os.makedirs(cache, exist_ok=True)

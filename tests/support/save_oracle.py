@@ -3,9 +3,9 @@
 ``plan_records`` plans a job one Python record per shard and rank, each rule in its plainest
 form; ``plan_reference`` adds ``regularize``'s split layouts (below), which is what
 ``unickpt.planning.save.plan_save`` must return (entry for entry) on every job, or the same
-error. This was the library's own fallback planner; the library now plans every job on
-columns or templates (``planning.save``) and the tests hold this one as the statement those
-are checked against (tests/unit/planning/test_save_planner.py, test_save_oracle.py).
+error. This was the library's own fallback planner; the library now plans every job on rank
+groups (``planning.save.plan``) and the tests hold this one as the statement that is checked
+against (tests/unit/planning/test_save_planner.py, test_save_oracle.py).
 
 Steps (the coordinator's, on every rank's ``LocalSavePlan``):
 1. every rank agrees on each tensor's dtype and global shape (else ``PlanningError`` listing
@@ -306,7 +306,7 @@ def outcome(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 # Split tensors: the plain statement, on records, of the rule ``planning.save.split`` applies on
-# columns (and ``templates`` on templates)
+# rank groups
 
 
 def split_tensors(gplan: GlobalSavePlan) -> dict[str, int]:
@@ -460,7 +460,7 @@ def _rank_layout(
 
 def _rest_order(e: WriteEntry) -> tuple[int, bool, int, str]:
     """Largest first; among equal sizes tensors by item, then blobs by key (what
-    ``templates`` places alike without the entries' earlier order)."""
+    ``planning.save.plan`` places alike without the entries' earlier order)."""
     return -e.byte_length, bool(e.blob_key), e.item_index if not e.blob_key else 0, e.blob_key
 
 

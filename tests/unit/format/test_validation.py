@@ -188,7 +188,8 @@ def test_planning_uses_format_validation() -> None:
     imports planning."""
     from unickpt.planning import load
     from unickpt.planning.load import targets
-    from unickpt.planning.save import columns, rows
+    from unickpt.planning.save import layout as columns
+    from unickpt.planning.save import rows
 
     assert load.check_targets is targets.check_targets and load.keys_error is targets.keys_error
     assert not hasattr(validation, "check_targets") and not hasattr(validation, "keys_error")
@@ -233,7 +234,7 @@ def test_planner_self_checks_its_byte_layout() -> None:
     """plan_save refuses a layout whose entries overlap in a file (the decoder would refuse it):
     an invariant of the planner itself, so an ``InternalError``."""
     from unickpt.errors import InternalError
-    from unickpt.planning.save.columns import _check_columns
+    from unickpt.planning.save.layout import check_layout as _check_columns
 
     def rows(*offsets: int) -> list[tuple[np.ndarray, ...]]:
         who, fidx, lens = np.arange(2), np.zeros(2, dtype=np.int64), np.full(2, 16, dtype=np.int64)

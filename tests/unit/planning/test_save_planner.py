@@ -1,17 +1,14 @@
-"""The save planner's paths give the record planner's plan (``tests.support.save_oracle``, the
-reference), on random jobs (hypothesis):
-- columns (``columns.plan_tables``): the same global plan, split tensors laid out alike, on
-  every job (a rank holding one box twice, grid tilings, blobs only), or exactly the oracle's
-  error (disagreeing ranks, bad tilings);
-- templates (``templates.plan_regular``): on jobs mixing tensors every rank holds one
-  ``torch.chunk`` of (with empty tails), replicated tensors and 0-d steps (some with a named
-  replica source), rank-0-only tensors, per-rank blobs and per-rank spec orders, its plan equals
-  the record planner's (then ``regularize``), entry for entry; its lazy rank plans give the same
+"""The save planner (``plan.plan_save``, one driver on rank groups) gives the record planner's
+plan (``tests.support.save_oracle``, the reference), on random jobs (hypothesis):
+- every job (a rank holding one box twice, grid tilings, blobs only), or exactly the oracle's
+  error (disagreeing ranks, bad tilings), planned on groups (``templates.RegularRankPlans``);
+- regular jobs mixing tensors every rank holds one ``torch.chunk`` of (with empty tails),
+  replicated tensors and 0-d steps (some with a named replica source), rank-0-only tensors,
+  per-rank blobs and per-rank spec orders, entry for entry; its lazy rank plans give the same
   columns, explicit entries and file sizes as the tuple they stand for; a DDP-like job (no split
   tensor) and one whose split layout would leave a rank without a file (then fewer tensors
-  split) are theirs too, as are a tensor chunked on some ranks only (then explicit) and a box
-  held twice by one rank; and jobs it must not plan (a tensor split over part of the job) fall
-  through to the other planners;
+  split), a tensor chunked on some ranks only (then explicit), a chunk another rank holds too
+  (split as its writers say), a box held twice by one rank, a job of many groups;
 - the layout rules on columns equal their plain loops."""
 
 from __future__ import annotations
@@ -25,11 +22,12 @@ from tests.support.save_oracle import outcome as _outcome
 from tests.support.save_oracle import plan_records as _plan_records
 from tests.support.save_oracle import regularize
 from unickpt.errors import CheckpointError
-from unickpt.planning.save.columns import plan_tables as _plan_tables
 from unickpt.planning.save.model import GlobalSavePlan, LocalSavePlan, rank_plan_rows
 from unickpt.planning.save.plan import plan_save
+from unickpt.planning.save.plan import plan_save as _plan_tables
+from unickpt.planning.save.plan import plan_save as plan_regular
 from unickpt.planning.save.table import ShardTable
-from unickpt.planning.save.templates import NotRegular, RegularRankPlans, chunk_rule, plan_regular
+from unickpt.planning.save.templates import RegularRankPlans, chunk_rule
 from unickpt.planning.save.wire import (
     LocalPlans,
     decode_local_table,
@@ -285,11 +283,7 @@ def _same(a: GlobalSavePlan, b: GlobalSavePlan) -> None:
 def test_regular_jobs_are_planned_as_by_the_record_planner(job):
     plans, files = job
     want = _reference(plans, files)
-    try:
-        got = plan_regular(LocalPlans([encode_local_plan(p) for p in plans]), SAVE_ID, files)
-    except NotRegular:  # only where regularize itself keeps no layout or its fallback applies
-        assert plan_save(plans, SAVE_ID, files).rank_plans == want.rank_plans
-        return
+    got = plan_regular(LocalPlans([encode_local_plan(p) for p in plans]), SAVE_ID, files)
     assert isinstance(got.rank_plans, RegularRankPlans)
     _same(got, want)
     # the lazy plans give what the tuple gives: columns, the bytes a rank receives, entries, sizes
@@ -471,3 +465,133 @@ def test_a_rank_holding_a_box_twice_is_one_holder_in_the_templates():
         assert isinstance(g.rank_plans, RegularRankPlans)
         assert [w[0] for w in g.writers] == ["w"]
         _same(g, _reference(plans, files))
+
+
+# ---------------------------------------------------------------- one driver: every job on rank groups
+
+
+@given(st.one_of(column_jobs(odd=True), regular_jobs(partial=True)))
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+def test_every_job_is_planned_on_rank_groups_or_refused(job):
+    """No second planner: every job (irregular, disagreeing, split over part of the job) is
+    planned on rank groups, its rank plans computed when asked, or refused; the plan or the
+    refusal is the record planner's."""
+    plans, files = job
+    want = _outcome(_plan_records, plans, "s", files)
+    got = _outcome(plan_save, LocalPlans([encode_local_plan(p) for p in plans]), "s", files)
+    if isinstance(want, tuple):
+        assert got == want
+        return
+    assert isinstance(got.rank_plans, RegularRankPlans)
+    assert got == regularize(want, files)
+
+
+def _two_ranks_chunked(extra: ShardSpec, *, twice: bool = False) -> list[LocalSavePlan]:
+    """Rank r holds chunk r of ``a`` (4 x 2); rank 1 also holds ``extra`` (and, ``twice``, its
+    own chunk a second time)."""
+    chunks = [ShardSpec("a", "float32", (4, 2), (2 * r, 0), (2, 2)) for r in range(2)]
+    return [LocalSavePlan(0, (chunks[0],)), LocalSavePlan(1, (chunks[1], extra, *((chunks[1],) if twice else ())))]
+
+
+@pytest.mark.parametrize("case", ["named-source", "balanced", "twice"])
+def test_a_chunk_another_rank_holds_too_is_split_as_its_writers_say(case):
+    """Writers are chosen before the split is decided: chunk 0 of ``a`` also held by rank 1 is
+    written by rank 1 when it names itself the source (``a`` is then no split tensor), by the
+    lighter rank 0 when nobody does (then split); a rank holding its own chunk twice is one
+    holder (split). The record planner's plan in each case, on rank groups."""
+    extra = ShardSpec("a", "float32", (4, 2), (0, 0), (2, 2), 1 if case == "named-source" else None)
+    plans = _two_ranks_chunked(extra, twice=case == "twice")
+    for files in (1, 2):
+        want = _reference(plans, files)
+        split = [fqn for _files, entries in want.layouts for fqn, _ in entries]
+        assert ("a" in split) == (case != "named-source")
+        g = plan_save(LocalPlans([encode_local_plan(p) for p in plans]), SAVE_ID, files)
+        assert isinstance(g.rank_plans, RegularRankPlans)
+        _same(g, want)
+
+
+def test_a_job_of_many_groups_is_planned_on_groups():
+    """100 ranks, each holding an uneven block of ``w`` (no rank's ``torch.chunk``) and a
+    replicated step and bias: one group per rank, the record planner's plan."""
+    world, cuts = 100, [0]
+    for r in range(world):
+        cuts.append(cuts[-1] + 1 + r % 7)
+    plans = [
+        LocalSavePlan(
+            r,
+            (
+                ShardSpec("w", "bfloat16", (cuts[-1], 3), (cuts[r], 0), (cuts[r + 1] - cuts[r], 3)),
+                ShardSpec("step", "float32", (), (), ()),
+                ShardSpec("bias", "float32", (5,), (0,), (5,), 0 if r % 2 else None),
+            ),
+            (BlobSpec(f"rng/{r}", 16 + r),),
+        )
+        for r in range(world)
+    ]
+    for files in (1, 2):
+        g = plan_save(LocalPlans([encode_local_plan(p) for p in plans]), SAVE_ID, files)
+        assert isinstance(g.rank_plans, RegularRankPlans)
+        assert len(set(g.rank_plans.template_of.tolist())) == world
+        _same(g, _reference(plans, files))
+
+
+def test_a_table_naming_a_tensor_no_row_uses_is_planned_as_its_records():
+    """Decoded tables may list a name no row uses (here one rank has no rows at all): the plan
+    is the one of the records those tables stand for."""
+    import numpy as np
+
+    real = [ShardTable.of(LocalSavePlan(0, (ShardSpec("w", "int64", (2,), (0,), (2,)),), (BlobSpec("b0", 10),)))]
+    none, flat = np.zeros(0, dtype=np.int64), np.zeros((0, 1), dtype=np.int64)
+    real.append(
+        ShardTable(1, ("ghost", "w"), ("float32",), none, none, none, none, flat, flat, flat, (BlobSpec("b1", 7),))
+    )
+    want = _reference([t.to_plan() for t in real], 2)
+    _same(plan_save(real, SAVE_ID, 2), want)
+    ghosts = [ShardTable(r, ("ghost",), ("float32",), none, none, none, none, flat, flat, flat) for r in range(2)]
+    _same(plan_save(ghosts, SAVE_ID, 2), _reference([t.to_plan() for t in ghosts], 2))
+
+
+def test_refusals_of_grouped_ranks_are_worded_rank_by_rank():
+    """Eight ranks in two groups: ranks 4-7 disagree on ``s``'s dtype (each named, in rank
+    order), or every rank holds the same half of ``h`` (the gap named once): the record
+    planner's refusal, word for word."""
+    for case in ("disagree", "gap"):
+        plans = []
+        for r in range(8):
+            lo, n = _chunk(16, 8, r)
+            specs = [ShardSpec("w", "float32", (16, 2), (lo, 0), (n, 2))]
+            specs.append(ShardSpec("s", "int64" if case == "disagree" and r >= 4 else "float32", (), (), ()))
+            if case == "gap":
+                specs.append(ShardSpec("h", "float32", (4,), (0,), (2,)))
+            plans.append(LocalSavePlan(r, tuple(specs)))
+        want = _outcome(_plan_records, plans, SAVE_ID, 2)
+        assert isinstance(want, tuple)
+        assert _outcome(plan_save, LocalPlans([encode_local_plan(p) for p in plans]), SAVE_ID, 2) == want
+
+
+@given(
+    st.lists(st.tuples(st.integers(1, 60), st.integers(1, 40), st.integers(0, 2)), max_size=8),
+    st.integers(1, 12),
+)
+@settings(max_examples=200, deadline=None)
+def test_chunk_sums_equal_the_per_rank_loop(tensors, world):
+    """Each rank's chunk bytes per part, aligned bytes and whether it holds any, summed over the
+    ranks' ``torch.chunk`` rows (computed here per rank), without a (ranks, tensors) array."""
+    import numpy as np
+
+    from unickpt.planning.save.plan import _chunk_sums
+
+    parts = 3
+    loads = [[0] * parts for _ in range(world)]
+    ends = [[0] * parts for _ in range(world)]
+    uses = [[False] * parts for _ in range(world)]
+    for extent, row_bytes, part in tensors:
+        for r in range(world):
+            _, n = _chunk(extent, world, r)
+            loads[r][part] += n * row_bytes
+            ends[r][part] += -(-n * row_bytes // 64) * 64
+            uses[r][part] |= n > 0
+    extent, row_bytes, part = (np.array([t[k] for t in tensors], dtype=np.int64) for k in range(3))
+    got = _chunk_sums(extent, -(-extent // world), row_bytes, part, parts, world) if tensors else None
+    if got is not None:
+        assert (got[0].tolist(), got[1].tolist(), got[2].tolist()) == (loads, ends, uses)

@@ -1,29 +1,30 @@
 """The byte layout of a save plan, written once (pure functions).
 
-One rank's entries go into its files (parts) by one rule (``lay_out_rank``): its split chunks
-(``split``: tensors every rank holds one ``torch.chunk`` of) first, each in its tensor's part, in
-the job's tensor order, each at the next aligned offset (``stack``: where ``SplitLayout``
-computes them); then its other entries (``place_rest``) largest first, equal sizes in a given
-tie order, each to the part holding the fewest bytes so far (split chunks counted), the lowest
-part on a tie, at that part's next aligned offset; in a job without split tensors and one file,
-its entries in their order. Every entry starts at a multiple of ``ENTRY_ALIGN`` bytes
-(``padded``). ``columns`` calls ``lay_out_rank`` for each rank; ``templates`` calls its two steps
-itself (``stack`` for a rank's chunks when its plan is asked for, ``place_rest`` for its other
-entries at plan time, from every rank's chunk bytes computed at once). ``largest_first`` gives
-the split tensors' parts (``split.split_parts``).
+One rank's entries go into its files (parts) by one rule: its split chunks (``split``: tensors
+every rank holds one ``torch.chunk`` of) first, each in its tensor's part, in the job's tensor
+order, each at the next aligned offset (``stack``: where ``SplitLayout`` computes them); then its
+other entries (``place_rest``) largest first, equal sizes in a given tie order, each to the part
+holding the fewest bytes so far (split chunks counted), the lowest part on a tie, at that part's
+next aligned offset; in a job without split tensors and one file, its entries in their order
+(``lay_out_rank``). Every entry starts at a multiple of ``ENTRY_ALIGN`` bytes (``padded``).
+``plan.plan_save`` places every rank's other entries at plan time; ``templates.RegularRankPlans``
+stacks a rank's chunks when its plan is asked for; ``check_layout`` is the plan's self-check.
+``largest_first`` gives the split tensors' parts (``split.split_parts``).
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TypeVar
 
 import numpy as np
 
+from ...errors import InternalError
+from ...format.validation import overlap_problems
 from .model import ENTRY_ALIGN
 
-__all__ = ["padded", "lightest_first", "largest_first", "stack", "place_rest", "lay_out_rank"]
+__all__ = ["padded", "lightest_first", "largest_first", "stack", "place_rest", "lay_out_rank", "check_layout"]
 
 N = TypeVar("N", int, np.ndarray)
 
@@ -87,43 +88,19 @@ def place_rest(
     return order, part, stack(part, placed, np.asarray(ends, dtype=np.int64))
 
 
-def lay_out_rank(
-    sizes: np.ndarray,
-    parts: int,
-    tie: np.ndarray | None = None,
-    part_of: np.ndarray | None = None,
-    order_key: np.ndarray | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One rank's entries (``sizes``: their bytes) in its ``parts`` files (module docstring).
-    ``part_of``: each entry's split-tensor part, -1 for the others, None in a job without split
-    tensors; ``order_key``: the split ones' place in the job's tensor order; ``tie``: the
-    others' order among equal sizes (default: their order). Returns the entries' order
-    (indices into ``sizes``, grouped by part, each part in byte order), each one's part and
-    byte offset."""
+def lay_out_rank(sizes: np.ndarray, parts: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The entries (``sizes``: their bytes) of a rank of a job without split tensors in its
+    ``parts`` files: in one file, in their order; else largest first, equal sizes in their
+    order, to the lightest part (``place_rest``). Returns the entries' order (indices into
+    ``sizes``, grouped by part, each part in byte order), each one's part and byte offset."""
     n = len(sizes)
-    if tie is None:
-        tie = np.arange(n, dtype=np.int64)
-    if part_of is None:
-        if min(parts, n) <= 1:  # one file: the entries in their order
-            aligned = padded(sizes)
-            return np.arange(n, dtype=np.int64), np.zeros(n, dtype=np.int64), np.cumsum(aligned) - aligned
-        part_of = np.full(n, -1, dtype=np.int64)
-    at = np.flatnonzero(part_of >= 0)
-    if order_key is not None:
-        at = at[np.lexsort((order_key[at], part_of[at]))]
-    chunk_part = part_of[at]
-    chunk_sizes = sizes[at]
-    loads = np.zeros(parts, dtype=np.int64)
-    ends = np.zeros(parts, dtype=np.int64)
-    np.add.at(loads, chunk_part, chunk_sizes)
-    np.add.at(ends, chunk_part, padded(chunk_sizes))
-    rest = np.flatnonzero(part_of < 0)
-    rest_order, rest_part, rest_offset = place_rest(sizes[rest], tie[rest], loads, ends)
-    index = np.concatenate([at, rest[rest_order]])
-    part = np.concatenate([chunk_part, rest_part])
-    offset = np.concatenate([stack(chunk_part, chunk_sizes, np.zeros(parts, dtype=np.int64)), rest_offset])
-    order = np.argsort(part, kind="stable")  # by part, each part's chunks first, then in placement order
-    return index[order], part[order], offset[order]
+    if min(parts, n) <= 1:  # one file: the entries in their order
+        aligned = padded(sizes)
+        return np.arange(n, dtype=np.int64), np.zeros(n, dtype=np.int64), np.cumsum(aligned) - aligned
+    zeros = np.zeros(parts, dtype=np.int64)
+    order, part, offset = place_rest(sizes, np.arange(n, dtype=np.int64), zeros, zeros)
+    by_part = np.argsort(part, kind="stable")
+    return order[by_part], part[by_part], offset[by_part]
 
 
 def _lightest_first(sizes: np.ndarray, parts: int, loads: np.ndarray | None = None) -> np.ndarray:
@@ -149,3 +126,18 @@ def _lightest_first(sizes: np.ndarray, parts: int, loads: np.ndarray | None = No
         out[a:b] = owner.ravel()[pick]
         loads += np.bincount(out[a:b], minlength=parts) * size
     return out
+
+
+def check_layout(files: Sequence[str], columns: list[tuple[np.ndarray, ...]], owners: list[str]) -> None:
+    """Self-check of a plan's byte layout (``plan.plan_save`` on every rank's entries placed at
+    plan time, each rank's split chunks as one range per file): every file named once, no two
+    ranges of a file overlap; ``columns``: (owner, file index, byte offset, byte length) arrays;
+    a failure is a bug, ``InternalError``."""
+    if not columns:  # no ranks
+        return
+    who, fidx, boff, blen = (np.concatenate([c[k] for c in columns]) for k in range(4))
+    problems = overlap_problems(files, owners, who, fidx, boff, blen)
+    if len(set(files)) != len(files):
+        problems.insert(0, "two ranks were given the same data file")
+    if problems:  # the layout above puts no two entries of a file together: a bug
+        raise InternalError("the save plan's byte layout is inconsistent:\n  " + "\n  ".join(problems[:20]))

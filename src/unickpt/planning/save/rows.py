@@ -1,13 +1,14 @@
 """Every rank group's table as one set of columns (pure functions): the save planner's rows.
 
-A rank group is ranks whose tables are alike: ``columns`` passes one table per rank, ``templates``
-one table per template (the ranks of a template hold the same rows up to the chunk rule).
+A rank group is ranks whose tables are alike up to their ``torch.chunk`` rows
+(``templates.group_ranks``; one group per rank in an irregular job); ``plan.plan_save`` passes
+one table per group.
 ``JobRows.of`` concatenates the tables (rows in group order, then spec order; names and dtypes as
 job-wide ids), refuses sizes near int64's limits (a tensor of 2^55 elements, ``MAX_TOTAL`` bytes,
 ``MAX_BLOB``-byte blobs: no machine holds them) and computes each box's bytes and whether it is
-kept (an empty shard of a tensor with elements is not). Both paths then check the ranks agree
-(``disagreements``), choose writers over these rows (``writers.choose_writers``), check the
-written boxes tile their tensors (``tiling_problems``) and build the plan's records sharing one
+kept (an empty shard of a tensor with elements is not). The planner then checks the ranks agree
+(``disagreements``, worded rank by rank), chooses writers over these rows (``writers.choose_writers``), checks the
+written boxes tile their tensors (``tiling_problems``) and builds the plan's records sharing one
 tuple per distinct box (``tuples``).
 """
 
@@ -100,18 +101,25 @@ class JobRows:
             kept=kept,
         )
 
-    def disagreements(self) -> list[str]:
-        """Every row whose dtype or global shape differs from its tensor's first row (rank
-        order, then spec order)."""
+    def disagreements(self, group_ranks: list[np.ndarray] | None = None, group: np.ndarray | None = None) -> list[str]:
+        """Every row whose dtype or global shape differs from its tensor's first row, once per
+        rank holding it (``group_ranks``: each group's ranks, ``group``: each row's; None: a row
+        is its rank's), in rank order, then spec order."""
         f = self.first
-        bad = (self.dtype != self.dtype[f]) | (self.ndim != self.ndim[f]) | (self.shape != self.shape[f]).any(axis=1)
+        bad = np.flatnonzero(
+            (self.dtype != self.dtype[f]) | (self.ndim != self.ndim[f]) | (self.shape != self.shape[f]).any(axis=1)
+        )
+        if group_ranks is None or group is None:
+            held = [(int(self.rank[r]), int(self.index[r]), r) for r in bad.tolist()]
+        else:
+            held = sorted((q, int(self.index[r]), r) for r in bad.tolist() for q in group_ranks[int(group[r])].tolist())
         out = []
-        for r in np.flatnonzero(bad).tolist():
+        for rank, _, r in held:
             g = int(f[r])
             fqn = self.names[int(self.name[r])]
             mine, seen = self.dtypes[int(self.dtype[r])], self.dtypes[int(self.dtype[g])]
             out.append(
-                f"{fqn}: rank {int(self.rank[r])} has dtype {mine} shape {self._shape(r)}, "
+                f"{fqn}: rank {rank} has dtype {mine} shape {self._shape(r)}, "
                 f"another rank has dtype {seen} shape {self._shape(g)}"
             )
         return out

@@ -1,13 +1,12 @@
-"""Split tensors of a save plan on columns (pure functions): tensors every rank holds one
-``torch.chunk`` of, rank r chunk r (FSDP's ``Shard(0)`` over the whole job, ZeRO-3), laid out
-alike in every rank's files so the metadata describes them once (``format.layouts.SplitLayout``)
-instead of one row per rank.
+"""Split tensors of a save plan (pure functions): tensors every rank holds one ``torch.chunk``
+of, rank r chunk r (FSDP's ``Shard(0)`` over the whole job, ZeRO-3), laid out alike in every
+rank's files so the metadata describes them once (``format.layouts.SplitLayout``) instead of one
+row per rank.
 
-``columns.plan_tables`` calls ``split_dims`` on the chosen writers (after ``_choose_writers``,
-before the byte layout) and ``split_parts`` for the part (file) of each split tensor
-(``templates`` calls ``split_parts`` too); each rank's bytes are laid out by
-``layout.lay_out_rank``. The rule (the tests' oracle states it on records:
-tests/support/save_oracle.py):
+``plan.plan_save`` applies the rule (``chunk_dims``: through ``templates.chunk_rule`` to each
+rank's table, and ``split_dims`` to the written boxes) and gives each split tensor its part
+(``split_parts``); each rank's bytes are laid out by ``layout``. The rule (the tests' oracle
+states it on records: tests/support/save_oracle.py):
 - a tensor is split when it has at least one dimension, some elements, and every rank whose
   chunk is not empty writes exactly that chunk along one dimension (chunk r of ``world`` parts,
   ``torch.chunk``'s rule, the other dimensions whole); ranks past the last non-empty chunk write
@@ -17,9 +16,8 @@ tests/support/save_oracle.py):
 - each rank's files: the split tensors' chunks first, in the job's tensor order, each at the next
   64-byte boundary (where ``SplitLayout`` computes them), then the rank's other entries (replicated
   boxes it writes, irregular shards, blobs), largest first to the file with the fewest bytes;
-- if that would leave a rank without a file a layout names (``RankWithoutFile``), only tensors
-  without empty chunks are split (``full_chunks``); if that fails too, none (the column
-  planner's loop, and ``templates.plan_regular``'s ``_SPLIT_ATTEMPTS``).
+- if that would leave a rank without a file a layout names, only tensors without empty chunks
+  are split; if that fails too, none (``plan.plan_save``'s attempts).
 """
 
 from __future__ import annotations
@@ -28,13 +26,7 @@ import numpy as np
 
 from .layout import largest_first
 
-__all__ = ["RankWithoutFile", "chunk_dims", "split_dims", "full_chunks", "split_parts"]
-
-
-class RankWithoutFile(Exception):
-    """A layout part would name a file its rank does not write (the rank holds only empty
-    chunks of that part's tensors and nothing else there): the planner lays out fewer split
-    tensors, or none."""
+__all__ = ["chunk_dims", "split_dims", "split_parts"]
 
 
 def chunk_dims(
@@ -94,11 +86,6 @@ def split_dims(
     dim[split] = high[split]
     chunks[~split] = 0
     return dim, chunks
-
-
-def full_chunks(dim: np.ndarray, chunks: np.ndarray, world: int) -> np.ndarray:
-    """``dim`` with only the split tensors whose every chunk has rows."""
-    return np.where(chunks == world, dim, -1)
 
 
 def split_parts(split: list[int], chunk0_bytes: list[int], parts: int) -> dict[int, int]:

@@ -4,8 +4,8 @@ A box several ranks hold is written once: by the replica a holder's spec names a
 ``replica_source`` (``named_source``: the lowest named rank among the holders), else by the holder
 with the fewest bytes assigned so far (``lightest_rank``: worst-fit, the boxes taken largest
 first). ``choose_writers`` applies these rules to the boxes of a job given as rows of rank groups
-(ranks with equal tables: ``templates`` passes its templates, ``columns`` one group per rank);
-both paths of the planner call it after checking the ranks agree and before the byte layout.
+(ranks with equal tables, ``templates.group_ranks``; one group per rank in an irregular job):
+``plan.plan_save`` calls it after checking the ranks agree and before the split and byte layout.
 """
 
 from __future__ import annotations
