@@ -5,8 +5,11 @@ and by DCP. Each round, for each folder, each load (order rotated per round) sta
 cache dropped (``sync; echo 3 > /proc/sys/vm/drop_caches`` as root, else the files evicted with
 ``posix_fadvise``; ``--no-drop``: warm) and ends with ``torch.cuda.synchronize()``:
 
-- unickpt: ``unickpt.load`` into the live GPU model and optimizer (pinned bounce buffers, the
-  host-to-device copies on a side stream, ``engine.load.device``);
+- unickpt: ``unickpt.load`` into the live GPU model and optimizer with
+  ``ReadOptions.pinned_device_copies`` (pinned bounce buffers, the host-to-device copies on a side
+  stream, ``engine.load.device``);
+- unickpt-blocking: the same without that option (the default: each piece read into host memory,
+  then a blocking copy to the device);
 - DCP: ``dcp.load`` + ``set_state_dict`` into the same kind of GPU model;
 - raw: the unickpt checkpoint's files themselves, one thread per file, ``readinto`` two pinned
   16 MiB buffers in turn and a ``non_blocking`` copy of each into one device buffer (a stream
@@ -25,6 +28,7 @@ Here (no GPU): ``--device cpu --gib 0.1 --no-drop`` runs the same code as a smok
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import statistics
@@ -39,9 +43,10 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import unickpt
 from _common import EventLog, build_model, drop_page_cache, files_under, model_shape, phase_breakdown, table, train_step
+from unickpt.options import ReadOptions
 
 CHUNK = 16 << 20  # the raw baseline's read size (unickpt reads 16 MiB pieces too)
-TOOLS = ("unickpt", "dcp", "raw")
+TOOLS = ("unickpt", "unickpt-blocking", "dcp", "raw")
 
 
 def _sync(device: str) -> None:
@@ -143,12 +148,11 @@ def main() -> None:
     target.to(device)
     topt = torch.optim.Adam(target.parameters(), lr=1e-4)
     train_step(target, topt, x)
-    opts = None
-    if args.threads is not None:
-        from dataclasses import replace
-
-        base = unickpt.LoadOptions()
-        opts = replace(base, io=replace(base.io, threads=args.threads))
+    io = ReadOptions() if args.threads is None else ReadOptions(threads=args.threads)
+    opts = {
+        "unickpt": unickpt.LoadOptions(io=dataclasses.replace(io, pinned_device_copies=True)),
+        "unickpt-blocking": unickpt.LoadOptions(io=dataclasses.replace(io, pinned_device_copies=False)),
+    }
     name = torch.cuda.get_device_name() if device == "cuda" else device
     print(f"device {name}; torch {torch.__version__}; {os.cpu_count()} CPUs")
     print(f"state {nbytes / 2**30:.2f} GiB ({layers} x Linear({dim}, {dim}) + Adam)")
@@ -184,8 +188,8 @@ def main() -> None:
                     t.zero_()
             _sync(device)
             t0 = time.perf_counter()
-            if tool == "unickpt":
-                unickpt.load(s["unickpt"], {"model": target, "optimizer": topt}, options=opts)
+            if tool in opts:
+                unickpt.load(s["unickpt"], {"model": target, "optimizer": topt}, options=opts[tool])
             else:
                 import torch.distributed.checkpoint as dcp
                 from torch.distributed.checkpoint.state_dict import set_state_dict
@@ -208,7 +212,7 @@ def main() -> None:
         res: dict[tuple[str, str], list[float]] = {}
         how = "warm (--no-drop)"
         for r in range(args.rounds):
-            order = TOOLS[r % 3 :] + TOOLS[: r % 3]
+            order = TOOLS[r % len(TOOLS) :] + TOOLS[: r % len(TOOLS)]
             for parent in setups:
                 for tool in order:
                     if not args.no_drop:

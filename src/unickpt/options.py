@@ -121,6 +121,10 @@ class ReadOptions:
     # read each saved byte once across all ranks and forward it over the process group:
     # True always, False never, None (auto) unless all ranks share one host's page cache
     dedup_reads: bool | None = None
+    # loads onto CUDA tensors: read through reusable pinned host buffers, host-to-device copies on a
+    # side stream overlapped with the reads (engine.load.device). Off by default until bench/gpu_check.sh
+    # has run it on a GPU; off: each piece read into host memory and copied with a blocking copy
+    pinned_device_copies: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

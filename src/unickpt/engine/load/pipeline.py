@@ -279,6 +279,7 @@ def _read(
                 options.verify_checksums,
                 options.io.dedup_reads,
                 events,
+                pinned_device_copies=options.io.pinned_device_copies,
             )
     except CheckpointError as e:
         _say_partial_if(e, staged, view)

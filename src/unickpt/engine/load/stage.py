@@ -10,8 +10,10 @@ the read assignment (``_assign``: the needs exchanged at the coordinator,
 receives posted) -> every need read (``engine.load.reader.read_needs``), each forwarded batch sent
 the moment its last shard is verified -> every transfer completed -> all ranks agree the reads
 succeeded -> received batches copied into place (``_place_received``) -> with CUDA
-destinations, every host-to-device copy completed (``engine.load.device.DeviceCopies``: made
-before the needs, whose contiguous CUDA regions it bounces, finished whatever happened) ->
+destinations and ``ReadOptions.pinned_device_copies``, every host-to-device copy completed
+(``engine.load.device.DeviceCopies``: made before the needs, whose contiguous CUDA regions it
+bounces, finished whatever happened; without the option each piece is read into host memory and
+copied with a blocking copy) ->
 monitoring events
 (``load.exchange``, ``load.read.file`` per file, ``load.read.io`` and ``load.checksum``: the
 readers' thread-seconds in read calls and in checksums, ``load.transfer``, ``load.copy``).
@@ -55,9 +57,13 @@ def read_stage(
     verify: bool,
     dedup: bool | None,
     events: EventBus = NO_EVENTS,
+    *,
+    pinned_device_copies: bool = False,
 ) -> int:
     """Collective: read and place every needed shard; return the bytes this rank read.
     ``events``: the forwarding between ranks is reported as phase ``load.transfer``.
+    ``pinned_device_copies`` (``ReadOptions``): CUDA destinations filled through the pinned
+    bounce buffers and side streams of ``engine.load.device``.
 
     Each rank reads, of each saved shard it needs, the rows its copies touch. With ``dedup``
     (and several ranks), a shard whose needed rows several ranks share is read by one of them
@@ -82,7 +88,11 @@ def read_stage(
     t_transfer = time.perf_counter()
     error: Exception | None = None
     total = 0
-    device = DeviceCopies.for_items((i.tensor for i in items), threads, PIECE, BACKLOG, copies.add)
+    device = (
+        DeviceCopies.for_items((i.tensor for i in items), threads, PIECE, BACKLOG, copies.add)
+        if pinned_device_copies
+        else None
+    )
     try:
         try:
             wanted, cached = _needs(md, items, mine, part, me, transfer, copies, device)
