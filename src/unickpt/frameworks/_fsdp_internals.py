@@ -26,7 +26,9 @@ What is read, and why (FSDP1 = ``FullyShardedDataParallel``; "flat" = its ``Flat
   ``nn.Module._buffers``, ``nn.Module._non_persistent_buffers_set``  persistent buffers without
                                         running FSDP's state-dict hooks (which all-gather)
   ``DTensor.__create_chunk_list__()``   the box of a DTensor's local shard (FSDP2, TP, FSDP2+TP;
-                                        the protocol torch's own distributed checkpoint uses)
+                                        the protocol torch's own distributed checkpoint uses), or
+                                        what it computes, ``tensor._utils.compute_local_shape_and_global_offset``,
+                                        without the import of torch.distributed.checkpoint it makes
   ``DTensor._local_tensor``             the local shard itself (what ``to_local()`` returns
                                         outside autograd, minus the view it makes for parameters:
                                         ~1 us a tensor at describe); ``to_local()`` when absent
@@ -66,6 +68,12 @@ __all__ = [
 ]
 
 Shape = tuple[int, ...]
+
+_LOCAL_SHAPE_AND_OFFSET: Any = None  # what DTensor.__create_chunk_list__ returns for a plain local shard
+try:  # (``dtensor_local_box``); another torch release: the method itself
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset as _LOCAL_SHAPE_AND_OFFSET
+except ImportError:
+    pass
 
 # name segments torch's wrappers add to parameter fqns: FSDP1 (``_fsdp_wrapped_module``),
 # torch.compile's OptimizedModule (``_orig_mod``), checkpoint_wrapper (``_checkpoint_wrapped_module``)
@@ -207,8 +215,23 @@ def persistent_buffers(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
 
 
 def dtensor_local_box(t: torch.Tensor) -> tuple[Shape, Shape]:
-    """(offsets, lengths) of the box of DTensor ``t``'s global tensor this rank holds
-    (``t.__create_chunk_list__()``, one chunk per rank)."""
+    """(offsets, lengths) of the box of DTensor ``t``'s global tensor this rank holds: what
+    ``t.__create_chunk_list__()`` gives (one chunk per rank). For a DTensor whose local shard
+    is a plain tensor and whose placements are shards and replicas, that method returns torch's
+    ``compute_local_shape_and_global_offset`` of its shape, mesh and placements, after importing
+    ``torch.distributed.checkpoint`` (0.1-0.2 s, in the first save or load of a fresh process):
+    the function is called here directly; every other DTensor asks the method."""
+    local = getattr(t, "_local_tensor", None)
+    placements = getattr(t, "placements", None)
+    if (
+        _LOCAL_SHAPE_AND_OFFSET is not None
+        and isinstance(local, torch.Tensor)
+        and not hasattr(local, "__create_chunk_list__")
+        and isinstance(placements, tuple)
+        and all(p.is_shard() or p.is_replicate() for p in placements)
+    ):
+        sizes, offsets = _LOCAL_SHAPE_AND_OFFSET(t.shape, t.device_mesh, placements)  # type: ignore[attr-defined]
+        return _ints(tuple(offsets), "DTensor", "local offsets"), _ints(tuple(sizes), "DTensor", "local shape")
     create = _read(t, "__create_chunk_list__", "DTensor")
     chunks = create()
     if len(chunks) != 1:
