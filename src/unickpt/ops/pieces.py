@@ -31,16 +31,16 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from ..coordination.single import SingleProcessCoordinator
-from ..errors import CheckpointError, ChecksumMismatchError, MissingDataFileError, TruncatedDataFileError
+from ..engine.load.data_files import check_data_files
+from ..errors import CheckpointError, ChecksumMismatchError
 from ..format import Metadata, dtype_from_name
 from ..format.checksums import ChunkChecksums
 from ..storage import Storage
-from .printable import printable, quoted
+from .printable import quoted
 
 if TYPE_CHECKING:
     import torch
@@ -74,38 +74,6 @@ def slabs(shape: tuple[int, ...], itemsize: int, piece_bytes: int = PIECE_BYTES)
         for start in range(0, shape[d], step):
             n = min(step, shape[d] - start)
             yield (*lead, start, *(0,) * len(tail)), (*(1,) * d, n, *tail)
-
-
-def check_data_files(storage: Storage, md: Metadata, keys: Iterable[str], threads: int = 16) -> None:
-    """Every data file holding a shard of ``keys`` exists and holds the bytes the metadata
-    assigns to it (at least its recorded size, from format version 3); stats only. Raises
-    MissingDataFileError / TruncatedDataFileError naming the file and a tensor it holds."""
-    need: dict[int, tuple[int, str]] = {}  # file index -> (end of its last range, a tensor there)
-    for key in keys:
-        for s in md.tensors[key].shards:
-            end = s.byte_offset + s.byte_length
-            if s.byte_length and end > need.get(s.file_index, (-1, ""))[0]:
-                need[s.file_index] = (end, key)
-    if not need:
-        return
-    order = sorted(need)
-    with ThreadPoolExecutor(max(1, min(threads, len(order))), thread_name_prefix="unickpt-stat") as pool:
-        sizes = dict(zip(order, pool.map(lambda f: storage.size(md.files[f]), order)))
-    sums = md.checksums
-    for f in order:
-        end, key = need[f]
-        where = f"{storage.url}/{printable(md.files[f])}"
-        size = sizes[f]
-        if size is None:
-            raise MissingDataFileError(f"data file {where} (holding {quoted(key)}) is missing")
-        recorded = sums.file_size(f) if sums is not None else None
-        want = max(end, recorded or 0)
-        if size < want:
-            raise TruncatedDataFileError(
-                f"data file {where} has {size} bytes, the metadata "
-                f"{'records' if recorded is not None and recorded >= end else 'needs'} {want} "
-                f"(holding {quoted(key)}): truncated, or the metadata claims more than was saved"
-            )
 
 
 def iter_pieces(

@@ -9,7 +9,7 @@ Who calls what, in order, on every rank of one load (``engine.load.pipeline``), 
 that load already read (no second read):
 
   validate  ``plan_resizes``: for each such destination, the data files are checked to hold every
-            byte of the saved tensor (``_check_bytes``; the metadata's decoder already checked
+            byte of the saved tensor (``engine.load.data_files``; the metadata's decoder already checked
             that its shards tile the saved shape, each shard's byte length its box's size), and
             only then a fresh tensor of the saved shape (the live dtype and device) replaces the
             destination in the view; nothing in the job changes.
@@ -31,7 +31,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from ...errors import MissingDataFileError, ResizeRefusedError, TruncatedDataFileError
+from ...errors import ResizeRefusedError
 from ...format.records import Metadata
 from ...frameworks import FrameworkAdapter
 from ...frameworks.flat import FlatTensors, FlatTensorsAdapter
@@ -40,6 +40,7 @@ from ...frameworks.module_state import clean_fqn
 from ...frameworks.parts import MODEL_KEY, model_parts, part_prefix
 from ...planning.specs import LoadItem, ShardSpec
 from ...storage import Storage
+from .data_files import check_data_files
 
 __all__ = ["Resizes", "plan_resizes", "NO_RESIZES"]
 
@@ -140,7 +141,8 @@ def plan_resizes(
         owner = owners.get(items[i].spec.fqn)
         if owner is not None and tuple(owner.live.shape) == items[i].spec.global_shape:
             chosen.append((i, owner))
-    _check_bytes(md, storage, [items[i].spec.fqn for i, _ in chosen], rank)  # before allocating anything
+    fqns = [items[i].spec.fqn for i, _ in chosen]  # their files checked before allocating anything
+    check_data_files(storage, md, fqns, prefix=f"rank {rank}: ", purpose=", to be resized to its saved shape")
     resized = []
     for i, owner in chosen:
         old = items[i].spec
@@ -186,28 +188,3 @@ def _unwrapped(module: nn.Module) -> nn.Module:
             module = inner
         else:
             return module
-
-
-def _check_bytes(md: Metadata, storage: Storage, fqns: list[str], rank: int) -> None:
-    """Every data file holding a shard of ``fqns`` exists and holds its bytes (from format version
-    3: at least its recorded size); stats only, so a saved shape the files do not back allocates
-    nothing."""
-    need: dict[int, tuple[int, str]] = {}  # file index -> (end of its last range, a tensor there)
-    for fqn in fqns:
-        for s in md.tensors[fqn].shards:
-            end = s.byte_offset + s.byte_length
-            if s.byte_length and end > need.get(s.file_index, (-1, ""))[0]:
-                need[s.file_index] = (end, fqn)
-    sums = md.checksums
-    for f, (end, fqn) in sorted(need.items()):
-        where = f"{storage.url}/{md.files[f]}"
-        size = storage.size(md.files[f])
-        if size is None:
-            raise MissingDataFileError(f"rank {rank}: data file {where} (holding {fqn!r}) is missing")
-        recorded = sums.file_size(f) if sums is not None else None
-        want = max(end, recorded or 0)
-        if size < want:
-            raise TruncatedDataFileError(
-                f"rank {rank}: data file {where} has {size} bytes, the metadata needs {want} (holding {fqn!r}, "
-                "to be resized to its saved shape): truncated, or the metadata claims more than was saved"
-            )
