@@ -287,22 +287,27 @@ def raw_read_direct(paths: Sequence[str], bufs: Sequence[RawBuffer]) -> int:
 # memory
 
 
-def dcp_save(model: Any, optim: Any, path: str) -> None:
-    """PyTorch DCP's save of a model and optimizer: ``get_state_dict`` + ``dcp.save``."""
-    import torch.distributed.checkpoint as dcp
+def dcp_state_dict(model: Any, optim: Any) -> dict[str, Any]:
+    """What the DCP baselines save and load: ``get_state_dict`` of the model and optimizer."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     msd, osd = get_state_dict(model, optim)
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
+    return {"model": msd, "optim": osd}
+
+
+def dcp_save(model: Any, optim: Any, path: str) -> None:
+    """PyTorch DCP's save of a model and optimizer: ``get_state_dict`` + ``dcp.save``."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(dcp_state_dict(model, optim), checkpoint_id=path)
 
 
 def dcp_load(model: Any, optim: Any, path: str) -> None:
     """PyTorch DCP's load: ``get_state_dict`` + ``dcp.load`` + ``set_state_dict``."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import set_state_dict
 
-    msd, osd = get_state_dict(model, optim)
-    sd = {"model": msd, "optim": osd}
+    sd = dcp_state_dict(model, optim)
     dcp.load(sd, checkpoint_id=path)
     set_state_dict(model, optim, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
 
@@ -396,6 +401,33 @@ def build_model(
         fully_shard(model, reshard_after_forward=reshard_after_forward)
     optim = torch.optim.Adam(model.parameters(), lr=lr)
     return model, optim
+
+
+def device_model(layers: int, dim: int, device: str, seed: int = 0) -> tuple[Any, Any]:
+    """``build_model``'s stack (no FSDP) on ``device`` with an Adam over its parameters there."""
+    import torch
+
+    model, _ = build_model(layers, dim, seed=seed, fsdp2=False)
+    model.to(device)
+    return model, torch.optim.Adam(model.parameters(), lr=1e-4)
+
+
+def sync_device(device: str) -> None:
+    """Wait for the GPU's queued work (timers around GPU work); nothing on the CPU."""
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def state_tensors(model: Any, optim: Any) -> list[Any]:
+    """The model's parameters and the optimizer's state tensors, in a fixed order (bit-exact checks)."""
+    import torch
+
+    out = [p.detach() for p in model.parameters()]
+    for st in optim.state.values():
+        out += [v for v in st.values() if torch.is_tensor(v)]
+    return out
 
 
 def train_step(model: Any, optim: Any, x: Any) -> None:

@@ -29,12 +29,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import unickpt
-from _common import build_model, model_shape, table, train_step
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
+from _common import dcp_state_dict, device_model, model_shape, sync_device, table, train_step
 
 
 def _state_sums(model: Any, optim: Any) -> list[torch.Tensor]:
@@ -49,26 +44,19 @@ def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
 
 
-def _dcp_sd(model: Any, optim: Any) -> dict[str, Any]:
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    msd, osd = get_state_dict(model, optim)
-    return {"model": msd, "optim": osd}
-
-
 def async_round(tool: str, model: Any, optim: Any, x: torch.Tensor, path: str, steps: int, device: str) -> dict:
-    _sync(device)
+    sync_device(device)
     t0 = time.perf_counter()
     if tool == "unickpt":
         handle = unickpt.save(path, {"model": model, "optimizer": optim}, async_save=True)
     else:
         import torch.distributed.checkpoint as dcp
 
-        handle = dcp.async_save(_dcp_sd(model, optim), checkpoint_id=path)
+        handle = dcp.async_save(dcp_state_dict(model, optim), checkpoint_id=path)
     blocked = time.perf_counter() - t0
     for _ in range(steps):
         train_step(model, optim, x)
-    _sync(device)
+    sync_device(device)
     t_steps = time.perf_counter() - t0 - blocked
     if tool == "unickpt":
         handle.wait()
@@ -78,19 +66,19 @@ def async_round(tool: str, model: Any, optim: Any, x: torch.Tensor, path: str, s
 
 
 def sync_save(tool: str, model: Any, optim: Any, path: str, device: str) -> float:
-    _sync(device)
+    sync_device(device)
     t0 = time.perf_counter()
     if tool == "unickpt":
         unickpt.save(path, {"model": model, "optimizer": optim}).wait()
     else:
         import torch.distributed.checkpoint as dcp
 
-        dcp.save(_dcp_sd(model, optim), checkpoint_id=path)
+        dcp.save(dcp_state_dict(model, optim), checkpoint_id=path)
     return time.perf_counter() - t0
 
 
 def load(tool: str, model: Any, optim: Any, path: str, device: str) -> float:
-    _sync(device)
+    sync_device(device)
     t0 = time.perf_counter()
     if tool == "unickpt":
         unickpt.load(path, {"model": model, "optimizer": optim})
@@ -98,10 +86,10 @@ def load(tool: str, model: Any, optim: Any, path: str, device: str) -> float:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
-        sd = _dcp_sd(model, optim)
+        sd = dcp_state_dict(model, optim)
         dcp.load(sd, checkpoint_id=path)
         set_state_dict(model, optim, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
-    _sync(device)
+    sync_device(device)
     return time.perf_counter() - t0
 
 
@@ -115,9 +103,7 @@ def main() -> None:
     args = ap.parse_args()
     device = args.device
     layers, dim = model_shape(args.gib)
-    model, optim = build_model(layers, dim, seed=0, fsdp2=False)
-    model.to(device)
-    optim = torch.optim.Adam(model.parameters(), lr=1e-4)
+    model, optim = device_model(layers, dim, device)
     x = torch.randn(64, dim, device=device)
     train_step(model, optim, x)
     nbytes = sum(t.numel() * t.element_size() for t in _state_sums(model, optim))
@@ -133,9 +119,7 @@ def main() -> None:
                 a = async_round(tool, model, optim, x, p + "_async", args.steps, device)
                 s = sync_save(tool, model, optim, p + "_sync", device)
                 want = _state_sums(model, optim)
-                fresh, fopt = build_model(layers, dim, seed=1, fsdp2=False)
-                fresh.to(device)
-                fopt = torch.optim.Adam(fresh.parameters(), lr=1e-4)
+                fresh, fopt = device_model(layers, dim, device, seed=1)
                 train_step(fresh, fopt, x)
                 ld = load(tool, fresh, fopt, p + "_sync", device)
                 if not _same(_state_sums(fresh, fopt), want):

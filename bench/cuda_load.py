@@ -42,30 +42,23 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import unickpt
-from _common import EventLog, build_model, drop_page_cache, files_under, model_shape, phase_breakdown, table, train_step
+from _common import (
+    EventLog,
+    dcp_state_dict,
+    device_model,
+    drop_page_cache,
+    files_under,
+    model_shape,
+    phase_breakdown,
+    state_tensors,
+    sync_device,
+    table,
+    train_step,
+)
 from unickpt.options import ReadOptions
 
 CHUNK = 16 << 20  # the raw baseline's read size (unickpt reads 16 MiB pieces too)
 TOOLS = ("unickpt", "unickpt-blocking", "dcp", "raw")
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def _tensors(model: Any, optim: Any) -> list[torch.Tensor]:
-    out = [p.detach() for p in model.parameters()]
-    for st in optim.state.values():
-        out += [v for v in st.values() if torch.is_tensor(v)]
-    return out
-
-
-def _dcp_sd(model: Any, optim: Any) -> dict[str, Any]:
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    msd, osd = get_state_dict(model, optim)
-    return {"model": msd, "optim": osd}
 
 
 class RawReader:
@@ -112,7 +105,7 @@ class RawReader:
 
     def load(self) -> None:
         self.out.zero_()
-        _sync(self.device)
+        sync_device(self.device)
         threads = [threading.Thread(target=self._one, args=(i,)) for i in range(len(self.files))]
         t0 = time.perf_counter()
         for t in threads:
@@ -137,16 +130,12 @@ def main() -> None:
     device = args.device
     t_start = time.perf_counter()
     layers, dim = model_shape(args.gib)
-    model, optim = build_model(layers, dim, seed=0, fsdp2=False)
-    model.to(device)
-    optim = torch.optim.Adam(model.parameters(), lr=1e-4)
+    model, optim = device_model(layers, dim, device, seed=0)
     x = torch.randn(64, dim, device=device)
     train_step(model, optim, x)
-    want = [t.clone() for t in _tensors(model, optim)]  # the expected values, on the device
+    want = [t.clone() for t in state_tensors(model, optim)]  # the expected values, on the device
     nbytes = sum(t.numel() * t.element_size() for t in want)
-    target, topt = build_model(layers, dim, seed=1, fsdp2=False)
-    target.to(device)
-    topt = torch.optim.Adam(target.parameters(), lr=1e-4)
+    target, topt = device_model(layers, dim, device, seed=1)
     train_step(target, topt, x)
     io = ReadOptions() if args.threads is None else ReadOptions(threads=args.threads)
     opts = {
@@ -166,7 +155,7 @@ def main() -> None:
             unickpt.save(ours, {"model": model, "optimizer": optim}).wait()
             import torch.distributed.checkpoint as dcp
 
-            dcp.save(_dcp_sd(model, optim), checkpoint_id=theirs)
+            dcp.save(dcp_state_dict(model, optim), checkpoint_id=theirs)
             raw = RawReader(sorted(files_under([ours])), device)
             setups[parent] = {"unickpt": ours, "dcp": theirs, "raw": raw}
         del model, optim
@@ -184,9 +173,9 @@ def main() -> None:
                     raise SystemExit(f"raw read from {parent}: bytes differ from the files")
                 return float(s["raw"].elapsed)
             with torch.no_grad():
-                for t in _tensors(target, topt):
+                for t in state_tensors(target, topt):
                     t.zero_()
-            _sync(device)
+            sync_device(device)
             t0 = time.perf_counter()
             if tool in opts:
                 unickpt.load(s["unickpt"], {"model": target, "optimizer": topt}, options=opts[tool])
@@ -194,12 +183,12 @@ def main() -> None:
                 import torch.distributed.checkpoint as dcp
                 from torch.distributed.checkpoint.state_dict import set_state_dict
 
-                sd = _dcp_sd(target, topt)
+                sd = dcp_state_dict(target, topt)
                 dcp.load(sd, checkpoint_id=s["dcp"])
                 set_state_dict(target, topt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
-            _sync(device)
+            sync_device(device)
             dt = time.perf_counter() - t0
-            got = _tensors(target, topt)
+            got = state_tensors(target, topt)
             if len(got) != len(want) or not all(torch.equal(a, b) for a, b in zip(got, want)):
                 raise SystemExit(f"{tool} load from {parent}: state differs from the saved state")
             if tool == "unickpt":

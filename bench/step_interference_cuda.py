@@ -45,14 +45,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import unickpt
-from _common import build_model, model_shape, table
+from _common import dcp_state_dict, device_model, model_shape, state_tensors, sync_device, table
 
 METHODS = ("none", "unickpt", "DCP")
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def _step(model: Any, optim: Any, x: torch.Tensor) -> float:
@@ -66,24 +61,10 @@ def _step(model: Any, optim: Any, x: torch.Tensor) -> float:
     return time.perf_counter() - t0
 
 
-def _state(model: Any, optim: Any) -> list[torch.Tensor]:
-    out = [p.detach() for p in model.parameters()]
-    for st in optim.state.values():
-        out += [v for v in st.values() if torch.is_tensor(v)]
-    return out
-
-
-def _dcp_sd(model: Any, optim: Any) -> dict[str, Any]:
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    msd, osd = get_state_dict(model, optim)
-    return {"model": msd, "optim": osd}
-
-
 def window(method: str, model: Any, optim: Any, x: torch.Tensor, path: str, every: int, cap: int) -> dict:
     """One window: the save call (none for "none"), then steps until the save is committed and
     at least ``every`` steps ran (at most ``cap``)."""
-    _sync(x.device.type)
+    sync_device(x.device.type)
     t0 = time.perf_counter()
     handle: Any = None
     if method == "unickpt":
@@ -91,7 +72,7 @@ def window(method: str, model: Any, optim: Any, x: torch.Tensor, path: str, ever
     elif method == "DCP":
         import torch.distributed.checkpoint as dcp
 
-        handle = dcp.async_save(_dcp_sd(model, optim), checkpoint_id=path)
+        handle = dcp.async_save(dcp_state_dict(model, optim), checkpoint_id=path)
     call = time.perf_counter() - t0
     steps: list[float] = []
     overlapping = 0
@@ -126,13 +107,11 @@ def main() -> None:
     device = args.device
     t_start = time.perf_counter()
     layers, dim = model_shape(args.gib)
-    model, _ = build_model(layers, dim, seed=0, fsdp2=False)
-    model.to(device)
-    optim = torch.optim.Adam(model.parameters(), lr=1e-4)
+    model, optim = device_model(layers, dim, device)
     x = torch.randn(args.batch, dim, device=device)
     for _ in range(3):
         _step(model, optim, x)
-    nbytes = sum(t.numel() * t.element_size() for t in _state(model, optim))
+    nbytes = sum(t.numel() * t.element_size() for t in state_tensors(model, optim))
     root = tempfile.mkdtemp(prefix="step_cuda_", dir=args.dir)
     name = torch.cuda.get_device_name() if device == "cuda" else device
     print(f"device {name}; torch {torch.__version__}; {os.cpu_count()} CPUs")
@@ -145,15 +124,13 @@ def main() -> None:
             for method in order:
                 path = os.path.join(root, f"{method}_{r}")
                 last = r == args.rounds and method == "unickpt"
-                want = [t.clone() for t in _state(model, optim)] if last else None
+                want = [t.clone() for t in state_tensors(model, optim)] if last else None
                 w = window(method, model, optim, x, path, args.every, args.cap)
                 if want is not None:
-                    fresh, _ = build_model(layers, dim, seed=1, fsdp2=False)
-                    fresh.to(device)
-                    fopt = torch.optim.Adam(fresh.parameters(), lr=1e-4)
+                    fresh, fopt = device_model(layers, dim, device, seed=1)
                     _step(fresh, fopt, x)
                     unickpt.load(path, {"model": fresh, "optimizer": fopt})
-                    got = _state(fresh, fopt)
+                    got = state_tensors(fresh, fopt)
                     if len(got) != len(want) or not all(torch.equal(a, b) for a, b in zip(got, want)):
                         raise SystemExit("the last unickpt save does not hold the state at its call")
                     checked = "the last unickpt save loaded back bit-exact"
