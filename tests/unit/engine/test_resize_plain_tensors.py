@@ -16,6 +16,7 @@ from torch import nn
 
 import unickpt
 from tests.fixtures.format_sums import chunk_sums
+from tests.support.metadata_reads import count_metadata_reads
 from unickpt.errors import ResizeRefusedError, ShapeMismatchError, TruncatedDataFileError
 from unickpt.format import METADATA_FILE, ShardRecord, decode_metadata
 from unickpt.format.codec import encode_metadata
@@ -151,19 +152,7 @@ def test_a_huge_saved_shape_the_files_do_not_hold_is_refused_before_allocating(t
 
 
 def test_the_metadata_is_read_once(tmp_path) -> None:
-    from unickpt.storage import register_storage
-    from unickpt.storage.base import METADATA_LIMIT
-    from unickpt.storage.local import LocalStorage
-
-    reads: list[str] = []
-
-    class CountsMetadataReads(LocalStorage):
-        def read(self, name: str, limit: int = METADATA_LIMIT) -> bytes | None:
-            if name == METADATA_FILE:
-                reads.append(name)
-            return super().read(name, limit)
-
-    register_storage("mdcount", CountsMetadataReads, replace=True)
+    reads = count_metadata_reads("mdcount")
     _saved(str(tmp_path / "ck"))
     fresh = Grows(seed=2)
     unickpt.load(f"mdcount://{tmp_path}/ck", {"model": fresh}, options=RESIZE)

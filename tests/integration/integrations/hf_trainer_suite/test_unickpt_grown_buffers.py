@@ -13,11 +13,8 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
-from unickpt.format import METADATA_FILE
+from tests.support.metadata_reads import count_metadata_reads
 from unickpt.integrations.accelerate import load_state, save_state
-from unickpt.storage import register_storage
-from unickpt.storage.base import METADATA_LIMIT
-from unickpt.storage.local import LocalStorage
 
 
 class Recorder(nn.Module):
@@ -66,15 +63,7 @@ def test_load_state_of_a_grown_buffer_the_model_cannot_resize_raises_like_pytorc
 
 
 def test_load_state_of_a_grown_buffer_reads_the_metadata_once(tmp_path) -> None:
-    reads: list[str] = []
-
-    class CountsMetadataReads(LocalStorage):
-        def read(self, name: str, limit: int = METADATA_LIMIT) -> bytes | None:
-            if name == METADATA_FILE:
-                reads.append(name)
-            return super().read(name, limit)
-
-    register_storage("grownmd", CountsMetadataReads, replace=True)
+    reads = count_metadata_reads("grownmd")
     _, path = _trained(tmp_path)
     accelerator = Accelerator(cpu=True)
     fresh = accelerator.prepare(Recorder(resizes=True))
