@@ -16,7 +16,7 @@ from torch import nn
 
 import unickpt
 from tests.fixtures.format_sums import chunk_sums
-from tests.support.metadata_reads import count_metadata_reads
+from tests.fixtures.metadata_reads import count_metadata_reads
 from unickpt.errors import ResizeRefusedError, ShapeMismatchError, TruncatedDataFileError
 from unickpt.format import METADATA_FILE, ShardRecord, decode_metadata
 from unickpt.format.codec import encode_metadata

@@ -13,7 +13,7 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
-from tests.support.metadata_reads import count_metadata_reads
+from tests.fixtures.metadata_reads import count_metadata_reads
 from unickpt.integrations.accelerate import load_state, save_state
 
 
