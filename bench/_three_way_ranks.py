@@ -275,9 +275,11 @@ class Unickpt(Lib):
         import unickpt.engine.load.pipeline
         import unickpt.engine.save.pipeline
         import unickpt.frameworks.registry
+        from _common import EventLog
 
         self.u = unickpt
         self.state = {"model": model, "optimizer": optim}
+        self.events = EventLog()  # the load's phases (``phases``), for the report
 
     def save(self, path: str) -> None:
         self.u.save(path, self.state, framework="fsdp2")
@@ -289,7 +291,12 @@ class Unickpt(Lib):
         h.wait()
 
     def load(self, path: str) -> None:
+        from save_load import load_phases
+
+        self.events.take()
+        cpu = time.process_time()
         self.u.load(path, self.state, framework="fsdp2")
+        self.phases = load_phases(self.events.take(), time.process_time() - cpu)
 
     def close(self) -> None:
         self.u.wait_all()
@@ -494,6 +501,7 @@ def session_big(rank: int, cfg: dict) -> dict:
     out["cache"] = _cold([load_from], rank)
     out["times"]["load"] = mem.region("load", lambda: _timed(lambda: lib.load(load_from)))
     out["check"] = {"load": mismatches(digests(model, optim), want)[:5]}
+    out["phases"] = {"load": getattr(lib, "phases", None)}
     out["notes"] = lib.notes
     lib.close()
     mem.close()
@@ -529,6 +537,7 @@ def session_reshard(rank: int, cfg: dict) -> dict:
         fn = lambda: lib.load(path)  # noqa: E731
     out["times"] = {"reshard load": mem.region("reshard load", lambda: _timed(fn))}
     out["check"] = {"reshard load": reshard_mismatches(model, optim, cfg["saved"])[:5]}
+    out["phases"] = {"reshard load": getattr(lib, "phases", None)}
     lib.close()
     mem.close()
     return out

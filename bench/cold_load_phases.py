@@ -5,7 +5,8 @@ saved once with the first tree; then, for each round and each tree in turn (inte
 rank processes load it ``--loads`` times (the files evicted from the page cache before each
 load): ``same`` (ws=2, the saved layout) and/or ``reshard`` (ws=1, 2 -> 1). Every load is
 checked bit for bit (CRC32C of each local tensor against the saved values). Printed per tree
-and rank: medians of unickpt's load phases from its events (``save_load.load_phases``: describe,
+and rank, for each process's first load (a job's start-up) and its later ones: medians of
+unickpt's load phases from its events (``save_load.load_phases``: describe,
 metadata, plan, exchange, read wall; inside read the thread-seconds in read calls (io), in
 checksums (crc), in copies), the load's wall time and the process's CPU seconds.
 
@@ -160,8 +161,12 @@ def main() -> None:
     for (mode, src), ranks in got.items():
         for r, runs in enumerate(ranks):
             keys = list(runs[0])
-            med = "  ".join(f"{k}={statistics.median(x[k] for x in runs):.3f}" for k in keys)
-            print(f"{mode:8s} {src:30s} rank {r}: {med}  (n={len(runs)})")
+            later = [x for i, x in enumerate(runs) if i % args.loads]
+            for label, part in (("first", runs[:: args.loads]), ("later", later)):
+                if not part:
+                    continue
+                med = "  ".join(f"{k}={statistics.median(x[k] for x in part):.3f}" for k in keys)
+                print(f"{mode:8s} {src:30s} rank {r} {label}: {med}  (n={len(part)})")
     subprocess.run(["rm", "-rf", tmp], check=False)
 
 

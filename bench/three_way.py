@@ -35,6 +35,11 @@ the checkpoint's files). Every load is checked bit for bit (CRC32C of every tens
 values saved); a load that differs, or a session that fails, marks its cell FAILED. Times: barrier,
 operation, barrier (rank 0); medians with [min-max] over rounds; ratios of the medians.
 
+``--read-cap GBS`` (root) caps every process's reads from the checkpoints' disk at GBS GB/s
+(``bench/_read_cap.py``): a steady disk, where this VM's disk swings 1.2-3 GB/s and a single
+reader's rate swings most; with the cap below the disk's rate, the loads' times against the raw
+read's say how close each library runs to the disk.
+
 ``--baseline-src DIR`` adds "unickpt@baseline": unickpt from another source tree (a checkout or
 ``git worktree`` of the older commit: ``DIR/src`` or ``DIR`` on its ranks' ``PYTHONPATH``), so before
 and after come from the same run.
@@ -195,6 +200,9 @@ def run(args: argparse.Namespace, dump: Any) -> dict:
             for op, (before, peak, kids) in rep["mem"].items():
                 m = res[lib]["mem"].setdefault(op, [0, 0, 0])
                 res[lib]["mem"][op] = [max(m[0], peak), max(m[1], peak - before), max(m[2], kids)]
+        for op, phases in r0.get("phases", {}).items():  # unickpt's load phases (rank 0)
+            if phases:
+                res[lib].setdefault("phases", {}).setdefault(op, []).append(phases)
         dump({"libs": libs, "results": res, "notes": notes, "page_cache": sorted(h for h in cache_how if h)})
         return r0
 
@@ -282,6 +290,10 @@ def report(out: dict, args: argparse.Namespace) -> str:
             rows,
         )
     )
+    for lib in libs:  # where a unickpt load's time went (rank 0's events: bench/save_load.load_phases)
+        for op, runs in res[lib].get("phases", {}).items():
+            parts = "  ".join(f"{k}={median([r[k] for r in runs]):.3f}" for k in runs[0])
+            text.append(f"{NAMES[lib]} {op}, phases (rank 0, medians, s): {parts}")
     fails = [(lib, op, why) for lib in libs for op, whys in res[lib]["failed"].items() for why in whys]
     loads = sum(len(res[lib]["times"].get(op, [])) for lib in libs for op in ("load", "reshard load", "small load"))
     text.append(
@@ -328,6 +340,13 @@ def main() -> None:
         "--merge-small", action="store_true", help="run the small case in the big case's processes (fewer start-ups)"
     )
     ap.add_argument("--dir", default=None, help="where checkpoints go (default: the temp folder)")
+    ap.add_argument(
+        "--read-cap",
+        type=float,
+        default=None,
+        metavar="GBS",
+        help="cap the reads of every process from the checkpoints' disk at GBS GB/s (root; bench/_read_cap.py)",
+    )
     ap.add_argument("--timeout", type=float, default=600, help="seconds per session before it counts as failed")
     ap.add_argument("--json", default=None, help="write every figure here")
     ap.add_argument("--markdown", action="store_true", help="also print the table as markdown")
@@ -365,7 +384,15 @@ def main() -> None:
                 json.dump({"args": vars(args), "header": head, "complete": complete, **out}, f, indent=1)
             os.replace(args.json + ".tmp", args.json)
 
-    out = run(args, dump)
+    if args.read_cap:
+        from _read_cap import read_cap
+
+        os.makedirs(args.dir or tempfile.gettempdir(), exist_ok=True)
+        with read_cap(args.dir or tempfile.gettempdir(), int(args.read_cap * 1e9)) as how:
+            head.append(how)
+            out = run(args, dump)
+    else:
+        out = run(args, dump)
     head.append(f"wall time of the whole run: {time.monotonic() - t0:.0f} s")
     dump(out, complete=True)
     print("\n".join(head) + "\n\n" + report(out, args))

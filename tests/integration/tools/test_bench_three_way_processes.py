@@ -1,5 +1,7 @@
 """bench/three_way.py (issue #30 item 2): its smoke run gives every row of every library, every
-load bit-exact; and its bit-exact check does catch a flipped byte. No timing is asserted.
+load bit-exact, and unickpt's load phases; its bit-exact check does catch a flipped byte; and
+``--read-cap``'s control group (bench/_read_cap.py) holds the process, counts its reads and is
+gone afterwards. No timing is asserted.
 
 One run of ``--quick`` (tiny sizes, one round, the small case in the big case's processes): 2
 fresh ranks per library plus one for its resharding load, so 8 sessions (~2 CPU-seconds of
@@ -51,6 +53,11 @@ def test_three_way_quick_run_has_every_row_and_every_load_is_bit_exact(tmp_path)
         assert set(res["times"]) == rows | {"step"}, lib
         assert all(len(res["times"][row]) == 1 for row in rows), lib
         assert {"blocking save", "load", "reshard load", "small load"} <= set(res["mem"]), lib
+    for op in ("load", "reshard load"):  # where each unickpt load's time went, from its events
+        (phases,) = data["results"]["unickpt"]["phases"][op]
+        assert {"metadata", "plan", "read", "io", "crc", "total", "cpu"} <= set(phases), op
+        assert 0 < phases["read"] <= phases["total"], (op, phases)
+        assert f"unickpt {op}, phases (rank 0, medians, s): " in proc.stdout
     assert f"bit-exact: {3 * len(want_libs)} loads checked, 0 failure(s)" in proc.stdout
     assert "FAILED" not in proc.stdout
     assert not list(tmp_path.glob("unickpt-bench-*")), "the run left its checkpoints behind"
@@ -79,3 +86,59 @@ def test_three_way_check_catches_one_flipped_byte():
         model.weight.view(torch.uint8).view(-1)[13] ^= 1  # one bit of one byte of the rows rank 0 saved
     assert ranks.mismatches(ranks.digests(model, optim), want) == ["model.weight"]
     assert ranks.reshard_mismatches(model, optim, halves) == ["model.weight"]
+
+
+CAP_CHILD = """
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+from _read_cap import read_cap
+from _common import evict
+path, out = sys.argv[2], {}
+with read_cap(os.path.dirname(path), 50_000_000) as how:
+    group = [l.split(":", 2)[2] for l in open("/proc/self/cgroup") if l.split(":")[1] in ("blkio", "")]
+    out.update(how=how, group=group[0].strip())
+    evict([path])
+    with open(path, "rb", buffering=0) as f:
+        while f.read(1 << 20):
+            pass
+    root = "/sys/fs/cgroup/blkio" if "v1" in how else "/sys/fs/cgroup"
+    out["dir"] = os.path.join(root, out["group"].lstrip("/"))
+    stat = "blkio.throttle.io_service_bytes" if "v1" in how else "io.stat"
+    out["stat"] = open(os.path.join(out["dir"], stat)).read()
+    out["rule"] = open(os.path.join(out["dir"], "blkio.throttle.read_bps_device" if "v1" in how else "io.max")).read()
+out["after"] = open("/proc/self/cgroup").read()
+print(json.dumps(out))
+"""
+
+
+def test_read_cap_holds_the_process_counts_its_reads_and_leaves_nothing(tmp_path):
+    import pytest
+
+    spec = importlib.util.spec_from_file_location("read_cap", os.path.join(BENCH, "_read_cap.py"))
+    cap = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cap)
+    if os.geteuid() != 0:
+        pytest.skip("--read-cap needs root")
+    try:
+        disk = cap.disk_of(str(tmp_path))
+    except SystemExit as e:
+        pytest.skip(str(e))
+    controllers = "/sys/fs/cgroup/cgroup.controllers"
+    has_v2 = os.path.exists(controllers) and "io" in open(controllers).read().split()
+    if not has_v2 and not os.path.isdir("/sys/fs/cgroup/blkio"):
+        pytest.skip("no block-I/O control group here")
+    data = tmp_path / "data.bin"
+    data.write_bytes(os.urandom(4 << 20))
+    proc = subprocess.run(
+        [sys.executable, "-c", CAP_CHILD, BENCH, str(data)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert out["group"].endswith("/unickpt-bench-" + str(out["group"].rsplit("-", 1)[1]))
+    assert disk in out["rule"] and "50000000" in out["rule"], out["rule"]
+    # the 4 MiB read from the disk went through the group (v1: "<disk> Read N"; v2: "<disk> rbytes=N")
+    line = next(x for x in out["stat"].splitlines() if x.startswith(disk) and ("Read" in x or "rbytes" in x))
+    read = int(line.split()[-1]) if "Read" in line else int(line.split("rbytes=")[1].split()[0])
+    assert read >= 4 << 20, out["stat"]
+    assert "unickpt-bench-" not in out["after"]  # moved back where it was
+    assert not os.path.exists(out["dir"])  # and the group removed
