@@ -71,33 +71,29 @@ def read_cap(path: str, bytes_per_s: int) -> Iterator[str]:
     disk = disk_of(path)
     if os.geteuid() != 0:
         raise SystemExit("--read-cap needs root (it creates a block-I/O control group)")
-    name = f"unickpt-bench-{os.getpid()}"
-    pid = str(os.getpid())
     try:
         with open(os.path.join(V2_ROOT, "cgroup.controllers")) as f:
             v2 = "io" in f.read().split()
     except OSError:
         v2 = False
-    if v2:
-        top, back = V2_ROOT, os.path.join(V2_ROOT, _own_group(None).lstrip("/"))
+    if v2:  # the hierarchy, this process's group in it, the rule's file and text
+        top, own = V2_ROOT, _own_group(None)
+        rule, text, kind = "io.max", f"{disk} rbps={bytes_per_s}", "cgroup v2 io.max"
         _write(os.path.join(top, "cgroup.subtree_control"), "+io")
-        group = os.path.join(top, name)
-        os.mkdir(group)
-        _write(os.path.join(group, "io.max"), f"{disk} rbps={bytes_per_s}")
-        how = f"reads capped at {bytes_per_s / 1e9:.2f} GB/s (cgroup v2 io.max on {disk})"
     else:
-        top = _v1_mount()
-        if top is None:
+        found = _v1_mount()
+        if found is None:
             raise SystemExit("--read-cap: no cgroup v2 io controller and no cgroup v1 blkio hierarchy")
-        back = os.path.join(top, _own_group("blkio").lstrip("/"))
-        group = os.path.join(top, name)
-        os.mkdir(group)
-        _write(os.path.join(group, "blkio.throttle.read_bps_device"), f"{disk} {bytes_per_s}")
-        how = f"reads capped at {bytes_per_s / 1e9:.2f} GB/s (cgroup v1 blkio throttle on {disk})"
+        top, own = found, _own_group("blkio")
+        rule, text, kind = "blkio.throttle.read_bps_device", f"{disk} {bytes_per_s}", "cgroup v1 blkio throttle"
+    pid = str(os.getpid())
+    group, back = os.path.join(top, f"unickpt-bench-{pid}"), os.path.join(top, own.lstrip("/"))
+    os.mkdir(group)
     try:
+        _write(os.path.join(group, rule), text)
         _write(os.path.join(group, "cgroup.procs"), pid)
-        yield how
-    finally:
+        yield f"reads capped at {bytes_per_s / 1e9:.2f} GB/s ({kind} on {disk})"
+    finally:  # back where it was, and the group (this function's own) removed
         _write(os.path.join(back, "cgroup.procs"), pid)
         try:
             os.rmdir(group)

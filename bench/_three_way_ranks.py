@@ -249,6 +249,7 @@ class Lib:
     runs under (None: nothing); ``load(path)`` restores the live model and optimizer."""
 
     guard: Any = None
+    phases: dict | None = None  # unickpt's last load, by phase (``save_load.load_phases``)
 
     def __init__(self, model: Any, optim: Any, cfg: dict) -> None:
         self.model, self.optim, self.cfg = model, optim, cfg
@@ -501,7 +502,7 @@ def session_big(rank: int, cfg: dict) -> dict:
     out["cache"] = _cold([load_from], rank)
     out["times"]["load"] = mem.region("load", lambda: _timed(lambda: lib.load(load_from)))
     out["check"] = {"load": mismatches(digests(model, optim), want)[:5]}
-    out["phases"] = {"load": getattr(lib, "phases", None)}
+    out["phases"] = {"load": lib.phases}
     out["notes"] = lib.notes
     lib.close()
     mem.close()
@@ -537,7 +538,7 @@ def session_reshard(rank: int, cfg: dict) -> dict:
         fn = lambda: lib.load(path)  # noqa: E731
     out["times"] = {"reshard load": mem.region("reshard load", lambda: _timed(fn))}
     out["check"] = {"reshard load": reshard_mismatches(model, optim, cfg["saved"])[:5]}
-    out["phases"] = {"reshard load": getattr(lib, "phases", None)}
+    out["phases"] = {"reshard load": lib.phases}
     lib.close()
     mem.close()
     return out

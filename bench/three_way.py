@@ -48,6 +48,7 @@ and after come from the same run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -384,14 +385,14 @@ def main() -> None:
                 json.dump({"args": vars(args), "header": head, "complete": complete, **out}, f, indent=1)
             os.replace(args.json + ".tmp", args.json)
 
+    cap: Any = contextlib.nullcontext()
     if args.read_cap:
         from _read_cap import read_cap
 
         os.makedirs(args.dir or tempfile.gettempdir(), exist_ok=True)
-        with read_cap(args.dir or tempfile.gettempdir(), int(args.read_cap * 1e9)) as how:
-            head.append(how)
-            out = run(args, dump)
-    else:
+        cap = read_cap(args.dir or tempfile.gettempdir(), int(args.read_cap * 1e9))
+    with cap as how:
+        head += [how] if how else []
         out = run(args, dump)
     head.append(f"wall time of the whole run: {time.monotonic() - t0:.0f} s")
     dump(out, complete=True)
