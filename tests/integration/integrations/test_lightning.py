@@ -129,9 +129,12 @@ def test_delete_checkpoint_removes_only_unickpts_files(tmp_path) -> None:
     assert sorted(os.listdir(path)) == ["data", "notes.txt"] and os.listdir(os.path.join(path, "data")) == ["mine.bin"]
 
     stock = tmp_path / "stock.ckpt"  # a file (Lightning's own checkpoint) is not unickpt's: left alone
-    stock.mkdir()
-    (stock / "x.pt").write_bytes(b"1")
-    assert not delete_checkpoint(str(stock)) and (stock / "x.pt").exists()
+    stock.write_bytes(b"lightning's own")
+    assert not delete_checkpoint(str(stock)) and stock.read_bytes() == b"lightning's own"
+    sharded = tmp_path / "sharded.ckpt"  # a folder unickpt did not write (a DCP checkpoint): left alone
+    sharded.mkdir()
+    (sharded / "x.pt").write_bytes(b"1")
+    assert not delete_checkpoint(str(sharded)) and (sharded / "x.pt").exists()
 
 
 def test_remove_checkpoint_removes_a_link_not_the_checkpoint_it_points_to(tmp_path) -> None:
