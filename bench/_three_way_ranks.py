@@ -35,6 +35,8 @@ save and again after the load: any difference fails the session (``check`` in th
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import os
 import sys
@@ -269,14 +271,15 @@ class Unickpt(Lib):
     def __init__(self, model: Any, optim: Any, cfg: dict) -> None:
         super().__init__(model, optim, cfg)
         import unickpt
+        from _common import EventLog
 
         # the modules ``import unickpt`` defers to the first call, imported here, outside the
-        # timed calls, as the peers' are by this script's imports
-        import unickpt.api
-        import unickpt.engine.load.pipeline
-        import unickpt.engine.save.pipeline
-        import unickpt.frameworks.registry
-        from _common import EventLog
+        # timed calls, as the peers' are by this script's imports (an older tree, --baseline-src,
+        # may lay them out otherwise: what it lacks is skipped)
+        for name in ("unickpt.api", "unickpt.engine.load.pipeline", "unickpt.engine.save.pipeline"):
+            with contextlib.suppress(ModuleNotFoundError):
+                importlib.import_module(name)
+        importlib.import_module("unickpt.frameworks.registry")
 
         self.u = unickpt
         self.state = {"model": model, "optimizer": optim}
