@@ -23,11 +23,13 @@ What the Trainer calls, in its order, and what the mixin does there:
   stateful dataloaders, scaler, registered objects, per-rank RNG) plus ``lr_scheduler`` to
   ``checkpoint-N/unickpt`` (``unickpt_async_save=True``: returns once the snapshot is taken,
   after waiting for the previous save, so the Trainer's rotation only ever deletes committed
-  checkpoints; synchronously where the Trainer deletes this one at the end of ``train()``
-  (``save_total_limit=1`` with a best checkpoint elsewhere) and for a just-in-time checkpoint
-  (``enable_jit_checkpoint``: the job is about to be killed)); ``_save_scaler`` /
-  ``_save_rng_state`` have nothing left to do; then the Trainer writes ``trainer_state.json``
-  and rotates (``save_total_limit``).
+  checkpoints; synchronously where the rotation right after it would delete the newest
+  committed checkpoint while this one is still being written (``_commits_before_return``:
+  ``save_total_limit=1``; ``save_total_limit=2`` with the best checkpoint older than the
+  previous save), where the Trainer deletes this one at the end of ``train()``, and for a
+  just-in-time checkpoint (``enable_jit_checkpoint``: the job is about to be killed));
+  ``_save_scaler`` / ``_save_rng_state`` have nothing left to do; then the Trainer writes
+  ``trainer_state.json`` and rotates (``save_total_limit``).
 * ``train(resume_from_checkpoint=...)``: ``_load_from_checkpoint`` (before ``accelerator.prepare``)
   skips the weights of a folder holding a unickpt checkpoint; after ``prepare``,
   ``_load_optimizer_and_scheduler`` loads the model, optimizer, scheduler, scaler and the rest in
@@ -35,20 +37,35 @@ What the Trainer calls, in its order, and what the mixin does there:
   own weight load: ``RestoreOptions(resize_plain_tensors=True)``), resharded to this job's
   world size, and keeps the RNG states, which ``_load_rng_state`` sets where the Trainer sets
   its own. A folder without ``unickpt/`` (a stock checkpoint) goes
-  the Trainer's own way.
+  the Trainer's own way. A folder whose ``unickpt/`` holds no committed checkpoint (a save
+  interrupted before its commit) raises ``IncompleteCheckpointError`` (data files there) or
+  ``NotACheckpointError``, naming the newest ``checkpoint-N`` beside it that did commit: never
+  the Trainer's own load, which would find no ``optimizer.pt`` and go on with a fresh optimizer
+  and scheduler. ``resume_from_checkpoint=True`` (the Trainer's ``get_last_checkpoint``: the
+  highest-numbered folder, committed or not) raises the same when that folder is uncommitted
+  rather than falling back to an older one: left in place, the uncommitted folder would still
+  count in the Trainer's rotation (by step number where modification times are unreliable it
+  stays "the newest", which rotation always keeps, and the resumed run's committed saves go
+  first) and a later save of the same step would write into it; deleting it, with the
+  Trainer's files in it, is not unickpt's to do. Move it away and resume again.
 * ``train`` returns (or raises) after waiting for the pending asynchronous save.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from typing import TYPE_CHECKING, Any
 
 from transformers import Trainer
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .. import PerRank, default_checkpointer, load, save, set_rng_state
+from ..errors import IncompleteCheckpointError, NotACheckpointError
+from ..folder.probe import read_metadata_bytes
 from ..format.records import METADATA_FILE
 from ..options import LoadOptions, RestoreOptions
+from ..storage import open_storage
 from .accelerate import RngState, accelerate_state
 
 __all__ = ["UnickptTrainerMixin", "UnickptTrainer", "UNICKPT_SUBDIR"]
@@ -58,6 +75,55 @@ UNICKPT_SUBDIR = "unickpt"  # the unickpt checkpoint inside each checkpoint-N fo
 _RESUME_OPTIONS = LoadOptions(restore=RestoreOptions(resize_plain_tensors=True))
 # what transformers' CheckpointManager writes in checkpoint-N while a just-in-time save runs
 _JIT_INCOMPLETE_MARKER = "checkpoint-is-incomplete.txt"
+_CHECKPOINT_N = re.compile(re.escape(PREFIX_CHECKPOINT_DIR) + r"-([0-9]+)")  # the Trainer's folder names
+
+
+def _same_path(a: str, b: str) -> bool:
+    return os.path.abspath(a) == os.path.abspath(b)
+
+
+def _newest_committed_beside(checkpoint: str) -> str | None:
+    """The highest-numbered other ``checkpoint-N`` beside ``checkpoint`` whose ``unickpt/``
+    holds committed metadata (for the error message only)."""
+    parent = os.path.dirname(os.path.abspath(checkpoint))
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return None
+    found = [
+        (int(m.group(1)), name)
+        for name in names
+        if (m := _CHECKPOINT_N.fullmatch(name))
+        and not _same_path(os.path.join(parent, name), checkpoint)
+        and os.path.isfile(os.path.join(parent, name, UNICKPT_SUBDIR, METADATA_FILE))
+    ]
+    return os.path.join(parent, max(found)[1]) if found else None
+
+
+def _require_committed(checkpoint: str, path: str) -> None:
+    """Raise unless the unickpt checkpoint ``path`` inside the Trainer's ``checkpoint`` folder
+    committed (module docstring: never the Trainer's own load of half a checkpoint)."""
+    if os.path.isfile(os.path.join(path, METADATA_FILE)):
+        return  # committed (the common case, no read)
+    try:
+        read_metadata_bytes(open_storage(path))  # also finds a version an interrupted publication moved aside
+        return
+    except (IncompleteCheckpointError, NotACheckpointError) as e:
+        cause, kind = e, type(e)
+    newest = _newest_committed_beside(checkpoint)
+    advice = (
+        f"the newest checkpoint beside it that committed is {newest}: move {checkpoint} out of "
+        f"{os.path.dirname(os.path.abspath(checkpoint))} (train(resume_from_checkpoint=True) picks the "
+        f"highest-numbered folder, and save_total_limit counts it) and resume from {newest}"
+        if newest is not None
+        else "no checkpoint-N beside it holds a committed unickpt checkpoint"
+    )
+    raise kind(
+        f"cannot resume from {checkpoint}: its save never committed ({path} holds no committed unickpt "
+        f"checkpoint: the save was interrupted before its commit, or its {METADATA_FILE} was removed), so the "
+        f"optimizer, scheduler and RNG states are not there; {advice} ({cause})"
+    ) from None
+
 
 if TYPE_CHECKING:  # what the mixin is mixed into
     _Base = Trainer
@@ -69,12 +135,18 @@ class UnickptTrainerMixin(_Base):
     """Put before ``Trainer`` in the bases (module docstring)."""
 
     unickpt_async_save: bool = False  # a class attribute: set it on your subclass or the instance
+    _unickpt_previous_save: str | None = None  # the checkpoint-N folder this trainer saved last
 
     def _unickpt_path(self, checkpoint: str | None) -> str | None:
+        """``checkpoint/unickpt`` when it holds a committed unickpt checkpoint; None for a folder
+        without ``unickpt/`` (a stock checkpoint); raises for one whose save never committed."""
         if checkpoint is None:
             return None
         path = os.path.join(checkpoint, UNICKPT_SUBDIR)
-        return path if os.path.isfile(os.path.join(path, METADATA_FILE)) else None
+        if not os.path.lexists(path):
+            return None
+        _require_committed(checkpoint, path)
+        return path
 
     def _unickpt_state(self, rng: RngState) -> dict[str, Any]:
         state = accelerate_state(self.accelerator)
@@ -93,23 +165,40 @@ class UnickptTrainerMixin(_Base):
         """Whether the save to ``output_dir`` must commit before ``_save_optimizer_and_scheduler``
         returns, even with ``unickpt_async_save`` (the same on every rank):
 
-        * the Trainer deletes it at the end of ``train()`` without waiting for anything:
-          ``save_total_limit=1`` and a best checkpoint elsewhere;
         * it is a just-in-time checkpoint (``enable_jit_checkpoint``, after SIGTERM): the
           Trainer's ``CheckpointManager`` marks the folder incomplete (each rank writes the
           marker before its own save) and unmarks it when ``_save_checkpoint`` returns, and the
-          job is about to be killed."""
+          job is about to be killed;
+        * the Trainer deletes it at the end of ``train()`` without waiting for anything:
+          ``save_total_limit=1`` and a best checkpoint elsewhere;
+        * the rotation right after this save (``transformers.trainer_utils.rotate_checkpoints``)
+          may delete the previous checkpoint, the newest committed one, while this one is not
+          committed: rotation keeps the newest folder (this one) and the best, and deletes the
+          oldest others down to ``save_total_limit``, so the previous one goes when the limit is
+          at most the number it keeps that way (1, or 2 with a best checkpoint elsewhere), unless
+          the previous one is the best. Before this trainer's first save the previous one is not
+          known (one of an earlier job): then it commits too.
+        Only arguments and ``TrainerState`` decide, the same on every rank."""
+        if os.path.exists(os.path.join(output_dir, _JIT_INCOMPLETE_MARKER)):
+            return True
+        limit = self.args.save_total_limit
+        if limit is None or limit <= 0:
+            return False
         best = self.state.best_model_checkpoint
-        if self.args.save_total_limit == 1 and best is not None:
-            if os.path.abspath(best) != os.path.abspath(output_dir):
-                return True
-        return os.path.exists(os.path.join(output_dir, _JIT_INCOMPLETE_MARKER))
+        best_elsewhere = best is not None and not _same_path(best, output_dir)
+        if limit == 1 and best_elsewhere:
+            return True
+        if limit > 1 + best_elsewhere:
+            return False  # rotation keeps the previous one
+        previous = self._unickpt_previous_save
+        return not (best is not None and best_elsewhere and previous is not None and _same_path(previous, best))
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         default_checkpointer().wait()  # the previous save commits before the Trainer may rotate it away
         path = os.path.join(output_dir, UNICKPT_SUBDIR)
         async_save = self.unickpt_async_save and not self._commits_before_return(output_dir)
         save(path, self._unickpt_state(RngState()), async_save=async_save)
+        self._unickpt_previous_save = output_dir
 
     def _save_scaler(self, output_dir: str) -> None:
         pass  # in the unickpt checkpoint
