@@ -36,11 +36,13 @@ __all__ = [
 
 # the duration phases of a save and a load, in pipeline order (nested file writes excluded)
 PHASE_COLUMNS = (
+    "save.groups",
     "save.plan",
     "save.stage",
     "save.write",
     "save.barrier",
     "save.finalize",
+    "load.groups",
     "load.metadata",
     "load.plan",
     "load.read",
