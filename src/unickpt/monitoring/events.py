@@ -5,7 +5,7 @@ Every ``Checkpointer`` owns one bus (``Checkpointer.events``); its save and load
 ``with bus.phase(name, rank) as p: ...; p.nbytes = n``. Listeners receive one ``Event`` record
 (new fields and new phases never break them: the ``Event`` record is unversioned and only
 grows). ``save.groups`` / ``load.groups`` time the coordinator a pipeline gets before its
-``*.begin``: the first save or load of a process creates unickpt's process groups there (tens of
+``*.begin``: a checkpointer's first save or load creates unickpt's process groups there (~15
 ms at two ranks), later ones reuse them (microseconds); ``*.begin`` and ``*.end`` start where it
 started. Sinks in ``monitoring`` turn events into metrics and views; tests
 register listeners to inject faults at an exact phase (kill the process between the last write

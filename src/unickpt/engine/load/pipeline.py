@@ -3,7 +3,7 @@
 ``Checkpointer.load`` creates a ``LoadPipeline`` and calls ``run``. Stages, every rank
 (* = collective on the checkpointer's foreground group):
 
-  groups*    (``__init__``) the foreground coordinator; the first save or load of a process
+  groups*    (``__init__``) the foreground coordinator; the checkpointer's first save or load
              creates unickpt's process groups here (every rank), later ones reuse them. Its
              time is the ``load.groups`` event, emitted by ``run`` right after ``load.begin``
              (``load.begin`` and ``load.end`` start where this stage started);

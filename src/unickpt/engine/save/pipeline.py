@@ -3,8 +3,8 @@
 ``Checkpointer.save`` creates a ``SavePipeline`` and calls ``start``; a blocking save is the
 same pipeline and then ``handle.wait()``. Stages, in order, on every rank (* = collective):
 
-  groups*    (``__init__``) the foreground and background coordinators; the first save or load
-             of a process creates unickpt's process groups here, later ones reuse them. Its
+  groups*    (``__init__``) the foreground and background coordinators; the checkpointer's
+             first save or load creates unickpt's process groups here, later ones reuse them. Its
              time is the ``save.groups`` event, emitted by ``start`` right after ``save.begin``
              (both, and ``save.end``, start where this stage started);
 
