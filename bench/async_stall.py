@@ -37,9 +37,11 @@ reduce-scatter), ``optimizer.step()``.
    aligned writes from pre-touched buffers, one thread per file), interleaved, fresh folders.
 3. Cold loads (every checkpoint file evicted from the page cache with
    ``posix_fadvise(DONTNEED)`` before each, every local tensor overwritten before and checked
-   after): same layout (unickpt ``load``; DCP ``get_state_dict`` + ``dcp.load`` +
-   ``set_state_dict``); resharding in fresh processes to half the world size (ws 2 -> 1: one
-   process without a process group and a plain model, framework="torch"; ws 4 -> 2: FSDP2),
+   bit for bit after, untimed: SHA-256 of each local tensor's bytes, of each full tensor's
+   after a resharding load, ``_common.digests`` / ``full_digests``): same layout (unickpt
+   ``load``; DCP ``get_state_dict`` + ``dcp.load`` + ``set_state_dict``); resharding in fresh
+   processes to half the world size (ws 2 -> 1: one process without a process group and a
+   plain model, framework="torch"; ws 4 -> 2: FSDP2),
    compared with a same-layout load at that new world size too (the loaded state saved there
    by each library and loaded back cold), so that the ratio compares equal reader counts.
 4. Bytes read from storage by a DDP load at ``--ddp-world-size`` ranks (state ``--ddp-gib``),
@@ -73,12 +75,13 @@ from _common import (
     RawBuffer,
     barrier,
     build_model,
-    checksums,
-    compare_checksums,
+    compare_digests,
+    digests,
     dir_bytes,
     evict,
     fmt_gbs,
     fmt_s,
+    full_digests,
     gather,
     machine_line,
     make_tmp,
@@ -93,7 +96,6 @@ from _common import (
     rmtree,
     rss,
     scramble,
-    sharded_keys,
     spawn,
     state_bytes,
     table,
@@ -113,19 +115,6 @@ def _batch(dim: int, seed: int = 1):
     import torch
 
     return torch.randn(8, dim, generator=torch.Generator().manual_seed(seed))
-
-
-def _global_sums(model, optim) -> dict[str, float]:
-    import torch
-    import torch.distributed as dist
-
-    local = checksums(model, optim)
-    if not dist.is_initialized():
-        return local
-    keys = sorted(sharded_keys(model, optim))
-    t = torch.tensor([local[k] for k in keys], dtype=torch.float64)
-    dist.all_reduce(t)
-    return {**local, **dict(zip(keys, t.tolist()))}
 
 
 def _dcp_sd(model, optim) -> dict:
@@ -417,8 +406,8 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict:
                 phases["save"].append(phase_breakdown(log.take()))
     unlink([buf_file])
 
-    want = checksums(model, optim)
-    ref_sums = _global_sums(model, optim)
+    want = digests(model, optim)  # this rank's shards, bit for bit (same-layout loads)
+    ref_full = full_digests(model, optim)  # every full tensor (resharding loads; collective)
 
     # ---- 3a. cold loads, same layout
     if rank == 0:
@@ -446,7 +435,7 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict:
                 if name == "unickpt":
                     phases["load"].append(phase_breakdown(log.take()))
             if name != "raw_read":
-                compare_checksums(checksums(model, optim), want, f"rank {rank}: {name} load")
+                compare_digests(digests(model, optim), want, f"rank {rank}: {name} load")
     for b in bufs:
         b.close()
     if rank == 0:
@@ -473,14 +462,14 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict:
         "rss0": rss0,
         "rss_trained": rss_trained,
         "rss_end": rss(),
-        "sums": ref_sums if rank == 0 else None,
+        "digests": ref_full if rank == 0 else None,
     }
     mem.close()
     dist.barrier()
     return out
 
 
-def reshard_main(rank: int, ws: int, cfg: dict, sums: dict) -> dict:
+def reshard_main(rank: int, ws: int, cfg: dict, want: dict) -> dict:
     """Cold loads of both checkpoints at a new world size (ws 1: no process group)."""
     import torch.distributed as dist
 
@@ -518,7 +507,7 @@ def reshard_main(rank: int, ws: int, cfg: dict, sums: dict) -> dict:
                         times[name].append(timed(op)[0])
                         if name == "unickpt":
                             phases.append(phase_breakdown(log.take()))
-                compare_checksums(_global_sums(model, optim), sums, f"{name} {what}")
+                compare_digests(full_digests(model, optim), want, f"rank {rank}: {name} {what}")
 
     cold_loads(
         [
@@ -580,7 +569,7 @@ def ddp_main(rank: int, ws: int, cfg: dict) -> dict:
     import torch.distributed.checkpoint as dcp
 
     dcp.save(_dcp_sd(model, optim), checkpoint_id=dpath)
-    want = checksums(model, optim)
+    want = digests(model, optim)
     log = EventLog()
 
     class CountingReader(FileSystemReader):
@@ -604,7 +593,7 @@ def ddp_main(rank: int, ws: int, cfg: dict) -> dict:
         before = io_read()
         t, _ = timed(op)
         got = io_read() - before
-        compare_checksums(checksums(model, optim), want, f"rank {rank}: DDP {name} load")
+        compare_digests(digests(model, optim), want, f"rank {rank}: DDP {name} load")
         evs = log.take()
         return {
             "seconds": t,
@@ -707,7 +696,7 @@ def main() -> None:
         res = spawn(rank_main, ws, cfg)
         r0 = res[0]
         t1 = time.perf_counter()
-        rs = spawn(reshard_main, ws2 if ws2 > 1 else 0, cfg, r0["sums"])
+        rs = spawn(reshard_main, ws2 if ws2 > 1 else 0, cfg, r0["digests"])
         t2 = time.perf_counter()
         dd = spawn(ddp_main, args.ddp_world_size, cfg)
         t3 = time.perf_counter()

@@ -6,9 +6,10 @@ rank processes load it ``--loads`` times (the files evicted from the page cache 
 load): ``same`` (ws=2, the saved layout) and/or ``reshard`` (ws=1, 2 -> 1). Every load is
 checked bit for bit (CRC32C of each local tensor against the saved values). Printed per tree
 and rank, for each process's first load (a job's start-up) and its later ones: medians of
-unickpt's load phases from its events (``save_load.load_phases``: describe,
-metadata, plan, exchange, read wall; inside read the thread-seconds in read calls (io), in
-checksums (crc), in copies), the load's wall time and the process's CPU seconds.
+unickpt's load phases from its events (``save_load.load_phases``: groups (process-group
+creation: the whole cost in a process's first load), describe, metadata, plan, exchange,
+read wall; inside read the thread-seconds in read calls (io), in checksums (crc), in copies),
+the load's wall time and the process's CPU seconds.
 
     python bench/cold_load_phases.py --src /work/main/src --src src --rounds 3
 

@@ -7,7 +7,8 @@ rank processes of its own (run in one process, what one library leaves in the he
 other: unickpt's load took 0.08-0.1 s longer right after a DCP save): unickpt save (the first
 save of a fresh Checkpointer, then a second one with the cached plan) and load (first load, cold
 page cache); then DCP save and load (``get_state_dict`` + ``dcp.save`` / ``dcp.load`` +
-``set_state_dict``), cold page cache too. Loads are checked against the saved values once.
+``set_state_dict``), cold page cache too. Every load is checked bit for bit against the saved
+tensors (``torch.equal`` on the bytes of every local tensor, untimed).
 Prints medians, the per-tensor cost and the DCP/unickpt ratio.
 
     python bench/many_small.py [--params 6700] [--rounds 3]
@@ -23,10 +24,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import (
     build_many_small,
+    byte_mismatches,
     dcp_load,
     dcp_save,
     evict,
     fmt_s,
+    local_tensors,
     machine_line,
     make_tmp,
     median,
@@ -41,19 +44,10 @@ def _build(params: int, rows: int, seed: int):
     return build_many_small(params, rows, seed)
 
 
-def _fingerprint(model, optim) -> float:
-    import torch
-
-    total = torch.zeros((), dtype=torch.float64)
-    for q in model.parameters():
-        total += q.detach().to_local().double().sum() + optim.state[q]["exp_avg"].to_local().double().sum()
-    return float(total)
-
-
 def rank_main(rank: int, ws: int, cfg: dict) -> dict:
     """One round of one library (``cfg["lib"]``) in processes of its own: unickpt's first
     save (a fresh Checkpointer), its cached save and its first load (cold page cache), or
-    DCP's save and load; the load checked against the saved values on round 0."""
+    DCP's save and load; the load checked bit for bit against the saved tensors."""
     import torch
     import torch.distributed as dist
 
@@ -61,7 +55,6 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict:
 
     torch.set_num_threads(1)
     model, optim = _build(cfg["params"], cfg["rows"], seed=1)
-    want = _fingerprint(model, optim)
     fresh_model, fresh_optim = _build(cfg["params"], cfg["rows"], seed=2)
     tensors = sum(1 for _ in model.parameters()) + sum(len(s) for s in optim.state.values())
     times: dict[str, float] = {}
@@ -85,8 +78,9 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict:
             times["first load"], _ = timed(lambda: ck.load(base + "-u", into))
     else:
         times["dcp load"], _ = timed(lambda: dcp_load(fresh_model, fresh_optim, base + "-d"))
-    if cfg["round"] == 0 and abs(_fingerprint(fresh_model, fresh_optim) - want) > 0:
-        raise AssertionError(f"{cfg['lib']} load differs from the saved state")
+    bad = byte_mismatches(local_tensors(fresh_model, fresh_optim), local_tensors(model, optim))
+    if bad:  # the saved model is untouched since its save: compared byte for byte with what was loaded
+        raise AssertionError(f"rank {rank}: {cfg['lib']} load differs from the saved state in {len(bad)}: {bad[:3]}")
     dist.barrier()
     if rank == 0:
         for path in written:

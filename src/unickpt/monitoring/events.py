@@ -3,7 +3,11 @@
 Every ``Checkpointer`` owns one bus (``Checkpointer.events``); its save and load pipelines call
 ``bus.emit(phase, ...)`` at every phase boundary (see ``PHASES``) or wrap a phase in
 ``with bus.phase(name, rank) as p: ...; p.nbytes = n``. Listeners receive one ``Event`` record
-(new fields never break them). Sinks in ``monitoring`` turn events into metrics and views; tests
+(new fields and new phases never break them: the ``Event`` record is unversioned and only
+grows). ``save.groups`` / ``load.groups`` time the coordinator a pipeline gets before its
+``*.begin``: a checkpointer's first save or load creates unickpt's process groups there (~15
+ms at two ranks), later ones reuse them (microseconds); ``*.begin`` and ``*.end`` start where it
+started. Sinks in ``monitoring`` turn events into metrics and views; tests
 register listeners to inject faults at an exact phase (kill the process between the last write
 and the commit, etc.). Listeners run synchronously on the emitting thread and must be quick. A
 listener that raises never fails a save or load: the exception is logged (``unickpt`` logger,
@@ -54,6 +58,8 @@ PHASES = (
     "load.exchange",
     "load.read.io",
     "load.checksum",
+    "save.groups",
+    "load.groups",
 )
 
 

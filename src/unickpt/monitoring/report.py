@@ -36,21 +36,24 @@ __all__ = [
 
 # the duration phases of a save and a load, in pipeline order (nested file writes excluded)
 PHASE_COLUMNS = (
+    "save.groups",
     "save.plan",
     "save.stage",
     "save.write",
     "save.barrier",
     "save.finalize",
+    "load.groups",
     "load.metadata",
     "load.plan",
     "load.read",
     "load.transfer",
     "load.apply",
 )
-# time a rank spends waiting for the others, not working: the commit barrier (its report until
+# time a rank spends waiting for the others, not working: the creation of the process groups (a
+# rendezvous: the first rank there waits for the last), the commit barrier (its report until
 # every rank reported), the forwarding of a load (until other ranks' batches arrive), and the
 # finalize phase of ranks other than 0 (they wait for rank 0's commit; rank 0 commits in it)
-WAITING_PHASES = ("save.barrier", "load.transfer")
+WAITING_PHASES = ("save.groups", "load.groups", "save.barrier", "load.transfer")
 _WAITING_EXCEPT_RANK0 = ("save.finalize",)
 _MAX_LINE = 1 << 16
 _FIELDS = ("phase", "rank", "start_unix", "seconds", "bytes")

@@ -20,6 +20,8 @@ BENCH = os.path.join(ROOT, "bench")
 
 SAVE_LOAD_ROWS = {"first save", "blocking save", "load", "reshard load", "small save", "small load"}
 ASYNC_ROWS = {"async call", "async held up", "async written"}
+# peak memory recorded of: the first save (an async save: its staging copy), and every other operation
+MEM_OPS = {"first save", "blocking save", "load", "reshard load", "small save", "small load"}
 
 
 def _load_ranks_module():
@@ -52,12 +54,19 @@ def test_three_way_quick_run_has_every_row_and_every_load_is_bit_exact(tmp_path)
         rows = SAVE_LOAD_ROWS | (set() if lib == "raw" else ASYNC_ROWS)
         assert set(res["times"]) == rows | {"step"}, lib
         assert all(len(res["times"][row]) == 1 for row in rows), lib
-        assert {"blocking save", "load", "reshard load", "small load"} <= set(res["mem"]), lib
+        assert set(res["mem"]) == MEM_OPS, lib
     for op in ("load", "reshard load"):  # where each unickpt load's time went, from its events
         (phases,) = data["results"]["unickpt"]["phases"][op]
-        assert {"metadata", "plan", "read", "io", "crc", "total", "cpu"} <= set(phases), op
+        assert {"groups", "metadata", "plan", "read", "io", "crc", "total", "cpu"} <= set(phases), op
         assert 0 < phases["read"] <= phases["total"], (op, phases)
         assert f"unickpt {op}, phases (rank 0, medians, s): " in proc.stdout
+    # the fresh 1-rank process of the resharding load creates its process groups in the load
+    (reshard,) = data["results"]["unickpt"]["phases"]["reshard load"]
+    assert reshard["groups"] > 0, reshard
+    # a memory row for each operation, the async save's staging copy and the small load included
+    for row in ("first save (async: staging copy)", "blocking save", "load", "small save", "small load"):
+        line = next((x for x in proc.stdout.splitlines() if x.startswith(f"peak RSS/rank: {row} ")), None)
+        assert line is not None and line.count("(+") == len(want_libs), (row, line)
     assert f"bit-exact: {3 * len(want_libs)} loads checked, 0 failure(s)" in proc.stdout
     assert "FAILED" not in proc.stdout
     assert not list(tmp_path.glob("unickpt-bench-*")), "the run left its checkpoints behind"

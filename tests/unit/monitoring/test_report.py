@@ -44,3 +44,19 @@ def test_issue26_item13_rank0_commit_counts_as_its_own_work():
     rep = Report.build(records)
     assert rep.slowest_rank() == 0
     assert rep.own_work(1) == {"save.write": 1.5}
+
+
+def test_issue30_group_creation_is_a_column_and_waiting():
+    # rank 0 reached the groups' rendezvous first and waited 2 s there for rank 1, which then
+    # read longer: the table shows the groups phase, the headline names rank 1
+    records = [
+        _rec("load.groups", 0, 2.0), _rec("load.read", 0, 1.0),
+        _rec("load.groups", 1, 0.01), _rec("load.read", 1, 1.5),
+        _rec("save.groups", 0, 0.5), _rec("save.groups", 1, 0.01),
+    ]  # fmt: skip
+    rep = Report.build(records)
+    assert rep.table[0] == {"load.groups": 2.0, "load.read": 1.0, "save.groups": 0.5}
+    assert rep.slowest_rank() == 1
+    assert rep.own_work(0) == {"load.read": 1.0}
+    header = next(line for line in format_text(rep).splitlines() if line.startswith("rank "))
+    assert "save.groups" in header and "load.groups" in header

@@ -3,6 +3,11 @@
 ``Checkpointer.load`` creates a ``LoadPipeline`` and calls ``run``. Stages, every rank
 (* = collective on the checkpointer's foreground group):
 
+  groups*    (``__init__``) the foreground coordinator; the checkpointer's first save or load
+             creates unickpt's process groups here (every rank), later ones reuse them. Its
+             time is the ``load.groups`` event, emitted by ``run`` right after ``load.begin``
+             (``load.begin`` and ``load.end`` start where this stage started);
+
   describe*  the state dict is valid (``state.layout``: every key and its kind) and every rank
              loads the same path, framework and role (before anything is read);
   metadata*  rank 0 reads the metadata (bounded), every rank decodes the same bytes;
@@ -88,7 +93,9 @@ class LoadPipeline:
     ) -> None:
         self.res, self.storage, self.state = res, storage, state
         self.framework, self.strict, self.role, self.options = framework, strict, role, options
+        self.t0 = time.perf_counter()  # the load starts here: process groups may be created next
         self.coord: Coordinator = res.coordinator("foreground", options.timeout, f"load of {storage.url}")
+        self.t_groups = time.perf_counter()  # the "load.groups" phase: self.t0 .. here
 
     def describe(self) -> tuple[StateLayout, FrameworkAdapter]:
         """Collective: every rank has a valid state and agrees on what it loads."""
@@ -113,9 +120,9 @@ class LoadPipeline:
     def run(self) -> tuple[list[str], list[str]]:
         """The whole load; returns the keys a non-strict load skipped (missing from the
         checkpoint, unexpected in it)."""
-        coord, storage = self.coord, self.storage
-        t0 = time.perf_counter()
-        self.res.events.emit("load.begin", coord.rank, path=storage.url)
+        coord, storage, t0 = self.coord, self.storage, self.t0
+        self.res.events.emit("load.begin", coord.rank, t0, end=t0, path=storage.url)
+        self.res.events.emit("load.groups", coord.rank, t0, end=self.t_groups, path=storage.url)
         with self.res.events.phase("load.describe", coord.rank, path=storage.url):
             layout, adapter = self.describe()
         with gc_paused(self.options.pause_gc):  # a record per shard and tensor: no full collections

@@ -3,6 +3,11 @@
 ``Checkpointer.save`` creates a ``SavePipeline`` and calls ``start``; a blocking save is the
 same pipeline and then ``handle.wait()``. Stages, in order, on every rank (* = collective):
 
+  groups*    (``__init__``) the foreground and background coordinators; the checkpointer's
+             first save or load creates unickpt's process groups here, later ones reuse them. Its
+             time is the ``save.groups`` event, emitted by ``start`` right after ``save.begin``
+             (both, and ``save.end``, start where this stage started);
+
   describe*  (caller's thread, foreground group) the state's layout (``state.layout``: every key
              and the kind of its value, checked before anything is written), the adapter's save
              view of its model and optimizer, and the other items' encoded blobs; the one
@@ -108,9 +113,10 @@ class SavePipeline:
         if self.phases is not None:
             self.res = res = replace(res, events=RecordingBus(res.events, self.phases))
         label = f"save of {storage.url}"
+        self.t0 = time.perf_counter()  # the save starts here: process groups may be created next
         self.coord: Coordinator = res.coordinator("foreground", options.timeout, label)
         self.background: Coordinator = res.coordinator("background", options.timeout, label)
-        self.t0 = time.perf_counter()
+        self.t_groups = time.perf_counter()  # the "save.groups" phase: self.t0 .. here
 
     # ------------------------------------------------------------------ stages (caller's thread)
 
@@ -269,7 +275,9 @@ class SavePipeline:
     def start(self, async_save: bool) -> SaveHandle:
         """Run describe, plan and stage here; submit lock + write + commit to the worker (after
         any earlier save of this checkpointer). Returns the save's handle (not yet tracked)."""
-        self.res.events.emit("save.begin", self.coord.rank, path=self.storage.url)
+        rank, url = self.coord.rank, self.storage.url
+        self.res.events.emit("save.begin", rank, self.t0, end=self.t0, path=url)
+        self.res.events.emit("save.groups", rank, self.t0, end=self.t_groups, path=url)
         # a few records per tensor: no full collections over the job's heap (engine.gc_pause);
         # a blocking save keeps the collector paused until its commit ends (the caller waits),
         # an async save resumes it before handing its write and commit to the worker
