@@ -5,8 +5,10 @@
 then per step: batch, backward, ``maybe_wait_for_staging()``, optimizer and scheduler step,
 ``save(step)``. Gradients are made without the attention forward (FlexAttention has no backward
 on CPU): ``loss = sum(c_step * p**2)``; the forward (no grad) gives the loss compared across runs.
-The train state is the trainer's (``step``, ``ntokens_seen``; torchtitan's ``Trainer`` needs
-packages this environment does not install, so a small Stateful with its two fields stands in)."""
+The train state is torchtitan's ``Trainer`` itself, as its trainer passes it
+(``states={"train_state": self}``): its own ``state_dict`` / ``load_state_dict`` (``step``,
+``ntokens_seen``), on an instance made without ``Trainer.__init__``, which builds the whole job
+on a CUDA device (tests/integration/integrations/test_torchtitan_trainer.py runs that one)."""
 
 from __future__ import annotations
 
@@ -35,19 +37,15 @@ class TokenStream(IterableDataset):
             yield torch.randint(0, VOCAB, (SEQ,), generator=g)
 
 
-class TrainState:
-    """The trainer's train state (``Trainer.state_dict``: step, ntokens_seen)."""
+def train_state() -> Any:
+    """torchtitan's ``Trainer`` as its own train state: ``step`` and ``ntokens_seen`` set as
+    ``Trainer.__init__`` sets them, nothing else built (``__init__`` needs a CUDA device)."""
+    from torchtitan.trainer import Trainer
 
-    def __init__(self) -> None:
-        self.step = 0
-        self.ntokens_seen = 0
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "ntokens_seen": self.ntokens_seen}
-
-    def load_state_dict(self, sd: dict[str, Any]) -> None:
-        self.step = sd["step"]
-        self.ntokens_seen = sd["ntokens_seen"]
+    trainer = Trainer.__new__(Trainer)
+    trainer.step = 0
+    trainer.ntokens_seen = 0
+    return trainer
 
 
 def _rank_ws() -> tuple[int, int]:
@@ -89,7 +87,7 @@ def build(root: str, **config: Any) -> dict[str, Any]:
     dataloader = ParallelAwareDataloader(TokenStream(rank), dp_rank=rank, dp_world_size=ws, batch_size=2)
     t = {
         "model": model, "optimizers": optimizers, "lr_schedulers": lr_schedulers, "dataloader": dataloader,
-        "data": iter(dataloader), "train_state": TrainState(), "model_config": spec.model,
+        "data": iter(dataloader), "train_state": train_state(), "model_config": spec.model,
     }  # fmt: skip
     t["manager"] = manager_for(t, root, **config)
     return t
@@ -102,12 +100,15 @@ def sd_adapter(t: dict[str, Any]) -> Any:
     return Llama3StateDictAdapter(t["model_config"], None)
 
 
-def manager_for(t: dict[str, Any], root: str, **config: Any) -> Any:
-    """``config.checkpoint.build(...)`` as torchtitan's ``Trainer.__init__`` calls it."""
+def manager_for(t: dict[str, Any], root: str, manager: Any = None, **config: Any) -> Any:
+    """``config.checkpoint.build(...)`` as torchtitan's ``Trainer.__init__`` calls it;
+    ``manager``: the class (default ``UnickptCheckpointManager``; torchtitan's own DCP
+    ``CheckpointManager`` for a comparison)."""
     from unickpt.integrations.torchtitan import UnickptCheckpointManager
 
+    manager = manager or UnickptCheckpointManager
     config.setdefault("initial_load_model_only", "initial_load_path" in config)
-    return UnickptCheckpointManager.Config(enable=True, **config).build(
+    return manager.Config(enable=True, **config).build(
         dataloader=t["dataloader"],
         model_parts=[t["model"]],
         optimizers=t["optimizers"],
@@ -192,9 +193,37 @@ def save_ws2(rank: int, ws: int, root: str) -> dict[str, Any]:
     hf = manager_for(t, root, folder="final_hf", interval=1000, last_save_in_hf=True, export_dtype="bfloat16")
     hf.save(SAVE_STEPS + 1, last_step=True)
     hf.close()
+    out["kept"] = retention_after_last_step(t, root)
     out["saved_loss"] = forward_loss(t)  # last: a state_dict() after it failed in FSDP2 (CPU)
     out["final_files"] = sorted(os.listdir(os.path.join(root, "final"))) if rank == 0 else []
     return out
+
+
+def retention_after_last_step(t: dict[str, Any], root: str) -> dict[str, list[str]]:
+    """torchtitan's DCP ``CheckpointManager`` and ``UnickptCheckpointManager`` driven alike
+    (interval 1, keep_latest_k 2): saves at steps 1-3, then ``save(4, last_step=True)``, model-only
+    in bfloat16 or full; the ``step-N`` folders each leaves (rank 0; the others ``[]``), by
+    ``keep_<manager>_<model|full>`` folder. No training between the saves: every save holds the
+    state of ``t`` (the model as ``snapshot`` saw it at the end of ``save_ws2``'s run)."""
+    from torchtitan.components.checkpointer import CheckpointManager
+
+    from unickpt.integrations.torchtitan import UnickptCheckpointManager
+
+    kept: dict[str, list[str]] = {}
+    for name, cls in (("unickpt", UnickptCheckpointManager), ("torchtitan", CheckpointManager)):
+        for model_only in (True, False):
+            folder = f"keep_{name}_{'model' if model_only else 'full'}"
+            m = manager_for(
+                t, root, cls, folder=folder, interval=1, keep_latest_k=2,
+                last_save_model_only=model_only, export_dtype="bfloat16",
+            )  # fmt: skip
+            for step in (1, 2, 3):
+                m.save(step)
+            m.save(4, last_step=True)
+            m.close()  # torchtitan's: joins its purge thread (its deletions are done)
+            dist.barrier()
+            kept[folder] = sorted(os.listdir(os.path.join(root, folder))) if dist.get_rank() == 0 else []
+    return kept
 
 
 def load_ws3(rank: int, ws: int, root: str) -> dict[str, Any]:

@@ -23,15 +23,20 @@ once before training; per step ``save(step, last_step)`` (saves when ``_should_s
 snapshot is taken, never waits for the write); ``close()`` at the end (drains pending saves).
 Retention (``keep_latest_k``) runs on rank 0 after a save committed: it deletes the oldest
 complete unickpt checkpoints (``folder.cleanup.delete_checkpoint``: unickpt's own files only,
-metadata first), never a folder unickpt did not write.
+metadata first), never a folder unickpt did not write. As torchtitan's DCP manager
+(``CheckpointManager._save`` returns right after ``_save_last_step``), a last-step save
+(model-only, full or HF) is followed by no purge: the ``keep_latest_k`` checkpoints before it stay.
+A model-only last save (``last_save_model_only``) holds the model's tensors under their usual
+names, floating-point ones cast to ``export_dtype`` as torchtitan's ``_save_last_step`` casts
+them; an ``initial_load_path`` load converts the saved dtypes to the model's (as DCP's load does).
 ``last_save_in_hf`` / ``initial_load_in_hf``: Hugging Face safetensors through torchtitan's
 state-dict adapter (``_save_hf``, ``_load_hf``). Not supported: quantized HF checkpoints
-(refused by ``Config``), and an ``export_dtype`` other than the model's for a unickpt (not HF)
-last save.
+(refused by ``Config``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import warnings
 from collections import OrderedDict
@@ -92,6 +97,35 @@ def parameters_as_held(parts: list[nn.Module]) -> Iterator[None]:
     finally:
         for m, attr, hooks in saved:
             setattr(m, attr, hooks)
+
+
+def cast_model_copy(part: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """A module holding ``part``'s ``state_dict()`` tensors under the same names and kinds
+    (parameter or buffer), floating-point ones cast to ``dtype`` (a new tensor; a DTensor stays a
+    DTensor, each rank casting its own shard); the rest (integers, tensors already in ``dtype``)
+    are the part's own tensors, not copied. What a model-only last save writes when
+    ``export_dtype`` is not the model's. Called by ``UnickptCheckpointManager._save_model_only``
+    under ``parameters_as_held``; the copy lives for that save."""
+    params = {id(p) for p in part.parameters()}
+    copy = nn.Module()
+    with torch.no_grad():
+        for name, t in part.state_dict(keep_vars=True).items():
+            if not isinstance(t, torch.Tensor):
+                continue  # a module's _extra_state: not a tensor of the model
+            value = t.detach()
+            if value.is_floating_point() and value.dtype != dtype:
+                value = value.to(dtype)
+            *path, leaf = name.split(".")
+            owner = copy
+            for attr in path:
+                if attr not in owner._modules:
+                    owner.add_module(attr, nn.Module())
+                owner = owner._modules[attr]  # type: ignore[assignment]
+            if id(t) in params:
+                owner.register_parameter(leaf, nn.Parameter(value, requires_grad=False))
+            else:
+                owner.register_buffer(leaf, value)
+    return copy
 
 
 class UnickptCheckpointManager(BaseCheckpointManager):
@@ -200,20 +234,31 @@ class UnickptCheckpointManager(BaseCheckpointManager):
         if last_step and self.last_save_in_hf:
             self._save_hf(path)
             return True
-        if last_step and self.last_save_model_only:
-            self._check_export_dtype()
-            with parameters_as_held(self.states[MODEL]):
-                self.checkpointer.save(path, {MODEL: self.states[MODEL]})
-            self._purge_stale_checkpoints()
+        if last_step and self.last_save_model_only:  # torchtitan's _save_last_step: cast, no purge
+            self._save_model_only(path)
             return True
         async_save = self.async_save and not last_step
         with parameters_as_held(self.states[MODEL]):
             handle = self.checkpointer.save(path, dict(self.states), async_save=async_save)
         if async_save:
             self.save_future, self._staging = handle, handle  # type: ignore[assignment]
-        else:
+        elif not last_step:  # a full last-step save is not followed by a purge either
             self._purge_stale_checkpoints()
         return True
+
+    def _save_model_only(self, path: str) -> None:
+        """The last step's model, floating-point tensors in ``export_dtype`` (blocking).
+        Parts already in that dtype are saved as they are (no copy)."""
+        parts = self.states[MODEL]
+        with parameters_as_held(parts):
+            if any(
+                t.is_floating_point() and t.dtype != self.export_dtype
+                for part in parts
+                for t in part.state_dict(keep_vars=True).values()
+                if isinstance(t, torch.Tensor)
+            ):
+                parts = [cast_model_copy(part, self.export_dtype) for part in parts]
+            self.checkpointer.save(path, {MODEL: parts})
 
     def _save_hf(self, path: str) -> None:
         """The last step as Hugging Face safetensors through torchtitan's state-dict adapter,
@@ -233,16 +278,6 @@ class UnickptCheckpointManager(BaseCheckpointManager):
         hf = self.sd_adapter.to_hf(sharded)
         coord = self.checkpointer.resources.coordinator("foreground", None, f"Hugging Face export into {path}")
         export_pieces(path, pieces_of_tensors(hf), HFExport(max_shard_bytes=1 << 62), coord)
-
-    def _check_export_dtype(self) -> None:
-        for part in self.states[MODEL]:
-            for name, p in part.named_parameters():
-                if p.is_floating_point() and p.dtype != self.export_dtype:
-                    raise CheckpointError(
-                        f"checkpoint.export_dtype={self.export_dtype} differs from parameter {name} "
-                        f"({p.dtype}): UnickptCheckpointManager saves the model in its own dtype; "
-                        "cast at load with unickpt.LoadOptions(restore=RestoreOptions(cast_dtypes=True))"
-                    )
 
     def _maybe_wait_for_staging(self) -> None:
         if self._staging is not None:
@@ -274,6 +309,7 @@ class UnickptCheckpointManager(BaseCheckpointManager):
                 f"--checkpoint.load_step={step} not found because checkpoint.folder {self.folder} does not exist"
             )
         complete = self._complete_steps()
+        options = self.load_options
         load_step = (complete[-1] if complete else -1) if step == -1 else step
         if load_step == -1:
             hf_path = self.initial_load_path or (self.sd_adapter and self.sd_adapter.hf_assets_path)
@@ -285,6 +321,8 @@ class UnickptCheckpointManager(BaseCheckpointManager):
             if not filesystem.isdir(self.initial_load_path):
                 raise ValueError(f"Checkpoint.initial_load_path is invalid: {self.initial_load_path}")
             path, model_only = self.initial_load_path, self.initial_load_model_only
+            # e.g. a model-only last save in export_dtype: converted to the model's dtypes, as DCP's load does
+            options = dataclasses.replace(options, restore=dataclasses.replace(options.restore, cast_dtypes=True))
         else:
             if load_step not in complete:
                 raise FileNotFoundError(f"--checkpoint.load_step={load_step} not found at {self.folder}")
@@ -301,7 +339,7 @@ class UnickptCheckpointManager(BaseCheckpointManager):
             if partial:  # asked for a subset on purpose: the keys left out are not news
                 warnings.filterwarnings("ignore", message="non-strict load")
             with parameters_as_held(self.states[MODEL]):
-                self.checkpointer.load(path, state, strict=not partial, options=self.load_options)
+                self.checkpointer.load(path, state, strict=not partial, options=options)
         return True
 
     def _load_hf(self, path: str) -> None:

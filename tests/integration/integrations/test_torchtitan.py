@@ -3,8 +3,10 @@ optimizer and LR scheduler containers and dataloader, driven in its trainer's ca
 (torchtitan_workers.py): saved at ws=2 with FSDP2 (async, interval 2, keep_latest_k 2), resumed
 bit-exact at ws=2 (dataloader included), at ws=3 (FSDP2) and at ws=1 (plain module, in this
 process); ``load_step``, ``exclude_from_loading``, ``initial_load_path`` (model only) and the
-last-step model-only save. Expected values are the saving ranks' own tensors (``full_tensor``),
-never read back through unickpt. One spawn per world size."""
+last-step model-only save (in ``export_dtype``); retention around the last-step save against
+torchtitan's own DCP ``CheckpointManager`` driven alike in the ws=2 processes; ``load_only`` and
+``enable_first_step_checkpoint``. Expected values are the saving ranks' own tensors
+(``full_tensor``) or torchtitan's, never read back through unickpt. One spawn per world size."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from tests.workers.torchtitan_workers import (
     build,
     forward_loss,
     load_ws3,
+    manager_for,
     save_ws2,
     sd_adapter,
     snapshot,
@@ -66,6 +69,12 @@ def test_save_ws2_async_retention_and_resume_same_ws(saved) -> None:
         _same(out["next_batch"], out["resumed_next_batch"], "dataloader")
     assert outs[0]["next_batch"].tolist() != outs[1]["next_batch"].tolist()  # per-rank streams
     assert r0["final_files"] == ["step-7"]
+    # no purge after the last-step save, as torchtitan's own DCP manager driven alike (saves at
+    # 1, 2, 3, then 4 as the last step, keep_latest_k=2): step-1 purged, step-2 kept beside step-4
+    kept = r0["kept"]
+    for last in ("model", "full"):
+        assert kept[f"keep_torchtitan_{last}"] == ["step-2", "step-3", "step-4"], kept
+        assert kept[f"keep_unickpt_{last}"] == kept[f"keep_torchtitan_{last}"], kept
 
 
 def test_resume_ws3_refuses_resized_loader_then_loads_bit_exact(saved) -> None:
@@ -97,6 +106,8 @@ def test_resume_ws1_knobs(saved) -> None:
     # model loaded here at ws=1; embeddings and lm_head also straight from the saving ranks
     from safetensors.torch import load_file
 
+    from unickpt.ops.inspect import load_metadata
+
     folder = os.path.join(root, "final_hf", f"step-{SAVE_STEPS + 1}")
     assert sorted(os.listdir(folder)) == ["model.safetensors", "model.safetensors.index.json"]
     hf = load_file(os.path.join(folder, "model.safetensors"))
@@ -111,14 +122,40 @@ def test_resume_ws1_knobs(saved) -> None:
     t["manager"].close()
     # initial_load_path (model only) from the last-step model-only save, the folder empty
     fresh = os.path.join(root, "fresh")
-    t = build(
-        fresh, initial_load_model_only=True, initial_load_path=os.path.join(root, "final", f"step-{SAVE_STEPS + 1}")
-    )
+    final = os.path.join(root, "final", f"step-{SAVE_STEPS + 1}")
+    _, md, _ = load_metadata(final)  # the last-step save holds the model only, in its dtype
+    assert md.objects["state_keys"] == {"model": "module"} and not md.blobs
+    assert sorted(md.tensors) == sorted(f"model.{n}" for n in saved)
+    assert {r.dtype for r in md.tensors.values()} == {"float32"}
+    t = build(fresh, initial_load_model_only=True, initial_load_path=final)
     assert t["manager"].load()
     got = snapshot(t)
     assert got["optim"] == {} and got["train_state"]["step"] == 0
-    assert sorted(got["params"]) == sorted(outs[0]["saved"]["params"])
+    _same(saved, got["params"], "initial load")
     t["manager"].close()
+    # the model-only last save with export_dtype=bfloat16 (ws=2, FSDP2): the model's tensors
+    # .to(bfloat16), as torchtitan's DCP manager wrote its own; both loaded here as initial loads
+    # into float32 models (unickpt's, then torchtitan's manager reading its DCP folder)
+    bf16 = os.path.join(root, "keep_unickpt_model", "step-4")
+    _, md, _ = load_metadata(bf16)
+    assert md.objects["state_keys"] == {"model": "module"} and not md.blobs
+    assert {r.dtype for r in md.tensors.values()} == {"bfloat16"}
+    want = {k: v.to(torch.bfloat16).to(torch.float32) for k, v in saved.items()}
+    t = build(os.path.join(root, "fresh_bf16"), initial_load_path=bf16)
+    assert t["manager"].load()
+    _same(want, snapshot(t)["params"], "bf16 last save")
+    t["manager"].close()
+    from torchtitan.components.checkpointer import CheckpointManager
+
+    theirs = build(os.path.join(root, "fresh_dcp"), keep_latest_k=0)
+    theirs["manager"].close()
+    dcp_bf16 = os.path.join(root, "keep_torchtitan_model", "step-4")
+    theirs["manager"] = manager_for(
+        theirs, os.path.join(root, "fresh_dcp"), CheckpointManager, keep_latest_k=0, initial_load_path=dcp_bf16
+    )
+    assert theirs["manager"].load()
+    _same(want, snapshot(theirs)["params"], "torchtitan's bf16 last save")
+    theirs["manager"].close()
 
 
 def test_config_refusals_and_lazy_import() -> None:
@@ -150,7 +187,10 @@ def test_config_refusals_and_lazy_import() -> None:
 
 def test_async_save_staging_waits_for_the_snapshot_only(tmp_path) -> None:
     """``maybe_wait_for_staging`` returns while the save's commit is held back (a listener on the
-    worker blocks at ``save.commit.begin``): the trainer's next step does not wait for the write."""
+    worker blocks at ``save.commit.begin``): the trainer's next step does not wait for the write.
+    It does wait for the snapshot: every parameter doubled in place right after it returns (the
+    background copy of parameters and optimizer state would see that, or refuse it) leaves the
+    checkpoint with the values of the save (half of them now, exact: a power of two)."""
     import threading
 
     t = build(str(tmp_path), async_mode="async", interval=1)
@@ -165,6 +205,9 @@ def test_async_save_staging_waits_for_the_snapshot_only(tmp_path) -> None:
     try:
         train_step(t)  # saves step 1, async
         t["manager"].maybe_wait_for_staging()
+        with torch.no_grad():
+            for p in t["model"].parameters():
+                p.mul_(2.0)
         assert reached.wait(120)  # the write is done, the commit held
         assert not t["manager"].save_future.done()
         assert not os.path.exists(os.path.join(str(tmp_path), "checkpoint", "step-1", "unickpt.metadata.json"))
@@ -173,4 +216,26 @@ def test_async_save_staging_waits_for_the_snapshot_only(tmp_path) -> None:
     t["manager"].maybe_wait_for_saving()
     assert t["manager"].save_future is None
     assert os.path.exists(os.path.join(str(tmp_path), "checkpoint", "step-1", "unickpt.metadata.json"))
+    saved = {n: p.detach() / 2.0 for n, p in t["model"].named_parameters()}
+    t["manager"].close()
+    back = build(str(tmp_path), load_only=True)
+    assert back["manager"].load()
+    _same(saved, snapshot(back)["params"], "snapshot")
+    back["manager"].close()
+
+
+def test_load_only_saves_nothing_and_first_step_checkpoint(tmp_path) -> None:
+    """``load_only`` suppresses every save (the last step's too); ``enable_first_step_checkpoint``
+    saves step 1 whatever the interval, then the interval rules."""
+    folder = os.path.join(str(tmp_path), "checkpoint")
+    t = build(str(tmp_path), load_only=True, interval=1)
+    train_step(t)
+    assert t["manager"].save(1) is False and t["manager"].save(2, last_step=True) is False
+    assert not os.path.exists(folder)
+    t["manager"].close()
+    t = build(str(tmp_path), interval=3, enable_first_step_checkpoint=True)
+    train_step(t)  # step 1: saved
+    assert os.listdir(folder) == ["step-1"]
+    assert t["manager"].save(2) is False and t["manager"].save(3) is True
+    assert sorted(os.listdir(folder)) == ["step-1", "step-3"]
     t["manager"].close()
