@@ -1,7 +1,10 @@
 """Rank functions of tests/integration/integrations/test_verl.py: verl's real pieces as its FSDP engine uses
 them, on gloo CPU ranks. A tiny Hugging Face Llama sharded with verl's ``apply_fsdp2`` (FSDP2, a
 1-D ``fsdp`` mesh), verl's ``build_optimizer`` (AdamW over ``module.parameters()``) and
-``get_cosine_schedule_with_warmup``; the manager is built by the name verl's engine module looks
+``get_cosine_schedule_with_warmup``; with ``offload=True`` the model is sharded with FSDP2's
+``CPUOffloadPolicy`` as verl's engine does for ``offload_policy: true`` (``pin_memory=False``:
+pinning needs an accelerator; the engine then calls the manager without moving the model, its
+``_uses_fsdp2_cpu_offload_policy`` branch); the manager is built by the name verl's engine module looks
 up (``transformer_impl.FSDPCheckpointManager``) after ``install()``, with the engine's keyword
 arguments, and called as ``FSDPEngine.save_checkpoint`` / ``load_checkpoint`` call it.
 (verl's ``FSDPEngine`` itself needs a CUDA platform: ``fsdp2_load_full_state_dict`` moves the
@@ -33,10 +36,11 @@ def build(
     load_contents: list[str] | None = None,
     async_save: bool = False,
     role: str | None = None,
+    offload: bool = False,
 ) -> dict[str, Any]:
     """verl's pieces at this world size, and the manager verl's engine would build."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
     from transformers import LlamaConfig, LlamaForCausalLM
     from verl.trainer.config import CheckpointConfig
     from verl.utils.fsdp_utils import apply_fsdp2
@@ -61,7 +65,8 @@ def build(
     model = LlamaForCausalLM(cfg)
     mesh = init_device_mesh("cpu", (ws,), mesh_dim_names=["fsdp"])
     mp = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32, cast_forward_inputs=True)
-    apply_fsdp2(model, {"mesh": mesh, "mp_policy": mp, "offload_policy": None, "reshard_after_forward": True}, {})
+    policy = CPUOffloadPolicy(pin_memory=False) if offload else None
+    apply_fsdp2(model, {"mesh": mesh, "mp_policy": mp, "offload_policy": policy, "reshard_after_forward": True}, {})
     optimizer = build_optimizer(model.parameters(), FSDPOptimizerConfig(lr=1e-2, total_training_steps=20))
     scheduler = get_cosine_schedule_with_warmup(optimizer, num_warmup_steps=2, num_training_steps=20)
     ckpt_cfg = CheckpointConfig(
@@ -115,9 +120,20 @@ def snapshot(t: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _snapshot_keeping_rng(t: dict[str, Any]) -> dict[str, Any]:
+    """``snapshot`` without moving the generators (it draws from ``random``): taken right before
+    a save, it is what that save must hold."""
+    state = _rng_state()
+    out = snapshot(t)
+    _set_rng_state(state)
+    return out
+
+
 def save_ws2(rank: int, ws: int, root: str) -> dict[str, Any]:
-    """ws=2: unickpt saves (async, retention, roles, hf_model), resume at ws=2, verl's own
-    manager saves and resumes the same state at the same size."""
+    """ws=2: unickpt saves (async, retention, roles, hf_model), resume at ws=2 from the
+    synchronous step 3 and the async step 2 (its write overlapped step 3's training), verl's own
+    manager saves and resumes the same state at the same size; an FSDP2 model with
+    ``CPUOffloadPolicy`` saves and resumes."""
     from unickpt.integrations.verl import install
 
     out: dict[str, Any] = {"installed": install()}
@@ -129,6 +145,8 @@ def save_ws2(rank: int, ws: int, root: str) -> dict[str, Any]:
     run = os.path.join(root, "run")
     for step in (1, 2, 3):
         train_step(t, step)
+        if step == 2:
+            out["saved_async"] = _snapshot_keeping_rng(t)
         if step == 3:
             m.checkpoint_save_contents = ["model", "optimizer", "extra", "hf_model"]
             m.async_save = False
@@ -146,6 +164,8 @@ def save_ws2(rank: int, ws: int, root: str) -> dict[str, Any]:
     train_step(t, 4)
     m.load_checkpoint(os.path.join(run, "global_step_3", "actor"))
     out["resumed"] = snapshot(t)
+    m.load_checkpoint(os.path.join(run, "global_step_2", "actor"))  # the async save's contents
+    out["resumed_async"] = snapshot(t)
     # load_contents=["model"]: the weights only
     train_step(t, 5)
     only_model = build(seed=7, load_contents=["model"])
@@ -176,10 +196,30 @@ def save_ws2(rank: int, ws: int, root: str) -> dict[str, Any]:
     critic["manager"].save_checkpoint(shared, global_step=1)
     out["actor"], out["critic"] = snapshot(actor), snapshot(critic)
     out["shared"] = sorted(os.listdir(shared))
+    out.update(_offloaded(root))
     for x in (t, only_model, critic, actor):
         x["manager"].close()
     out.update(_fsdp1(root))
     return out
+
+
+def _offloaded(root: str) -> dict[str, Any]:
+    """FSDP2 with ``CPUOffloadPolicy`` (verl's ``offload_policy: true``): an async save of the
+    offloaded parameters and optimizer state, the state moved on, resumed at the same size."""
+    t = build(seed=13, async_save=True, offload=True)
+    train_step(t, 1)
+    train_step(t, 2)
+    # the policy took (FSDP2's per-module state; no public getter): every shard is an offloaded one
+    groups = [m._get_fsdp_state()._fsdp_param_groups for m in t["model"].modules() if hasattr(m, "_get_fsdp_state")]
+    policies = {type(g.offload_policy).__name__ for gs in groups for g in gs}
+    saved = _snapshot_keeping_rng(t)
+    path = os.path.join(root, "offload", "global_step_2", "actor")
+    t["manager"].save_checkpoint(path, global_step=2)
+    train_step(t, 3)
+    t["manager"].load_checkpoint(path)
+    resumed = snapshot(t)
+    t["manager"].close()
+    return {"offload_policies": sorted(policies), "offload_saved": saved, "offload_resumed": resumed}
 
 
 def _fsdp1(root: str) -> dict[str, Any]:
@@ -242,8 +282,9 @@ def _eval_loss(t: dict[str, Any]) -> float:
 
 
 def load_other_ws(rank: int, ws: int, root: str) -> dict[str, Any]:
-    """ws=1 or 3: a fresh job loads the unickpt checkpoint, the converted one of verl's own
-    manager, and the critic's role."""
+    """ws=1 or 3: a fresh job loads the unickpt checkpoint (the synchronous step 3 and the async
+    step 2), the converted one of verl's own manager, and the critic's role; an FSDP2 model with
+    ``CPUOffloadPolicy`` loads the step-3 checkpoint of the model without offload."""
     from unickpt.integrations.verl import install
 
     install()
@@ -254,6 +295,12 @@ def load_other_ws(rank: int, ws: int, root: str) -> dict[str, Any]:
     out["resumed"] = snapshot(t)
     _set_rng_state(state)
     out["loss"] = _eval_loss(t)
+    t["manager"].load_checkpoint(os.path.join(root, "run", "global_step_2", "actor"))
+    out["resumed_async"] = snapshot(t)
+    offloaded = build(seed=12, offload=True)
+    offloaded["manager"].load_checkpoint(os.path.join(root, "run", "global_step_3", "actor"))
+    out["offload_loss"] = _eval_loss(offloaded)  # a forward through FSDP's own (offloaded) shards
+    out["offload_resumed"] = snapshot(offloaded)
     conv = build(seed=6)
     conv["manager"].load_checkpoint(os.path.join(root, "converted"))
     out["converted"] = snapshot(conv)
@@ -264,6 +311,6 @@ def load_other_ws(rank: int, ws: int, root: str) -> dict[str, Any]:
     cross = build(seed=11, load_contents=["model"])
     cross["manager"].load_checkpoint(os.path.join(root, "unickpt_fsdp1", "actor"))
     out["fsdp1_into_fsdp2"] = snapshot(cross)["params"]
-    for x in (t, conv, critic, cross):
+    for x in (t, offloaded, conv, critic, cross):
         x["manager"].close()
     return out

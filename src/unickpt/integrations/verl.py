@@ -21,7 +21,10 @@ engine's ``save_checkpoint`` / ``load_checkpoint``:
   writes the model's Hugging Face config and tokenizer/processor into ``huggingface/`` (as verl
   does) and, with ``hf_model``, the full model as safetensors there (verl's
   ``get_fsdp_full_state_dict`` and ``save_pretrained``). Parameters and optimizer state are read
-  where they are: on the GPU, or offloaded to the CPU (verl's param/optimizer offload).
+  where they are: with FSDP2's ``CPUOffloadPolicy`` (verl's ``offload_policy``) both on the CPU;
+  with ``param_offload`` the engine moves the parameters to the GPU before calling the manager,
+  and with ``optimizer_offload`` the optimizer state stays on the CPU (a load fills those CPU
+  tensors in place).
   ``checkpoint.async_save: true``: the call returns once the snapshot is taken; the write and
   the commit run in the background; the next save or load (or ``wait()``, or ``close()``)
   waits for it first, then applies retention.

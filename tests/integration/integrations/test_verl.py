@@ -2,7 +2,9 @@
 FSDP2 through ``UnickptFSDPCheckpointManager`` as built by verl's engine module after
 ``install()`` (async, retention, roles, hf_model), resumed bit-exact at ws=2 and compared with
 verl's own ``FSDPCheckpointManager`` saving and resuming the same state at the same size; verl's
-own checkpoint converted with ``unickpt convert --from verl-fsdp``; both loaded at ws=1 and ws=3.
+own checkpoint converted with ``unickpt convert --from verl-fsdp``; both loaded at ws=1 and ws=3,
+as is the async save of step 2 (written while step 3 trained); FSDP2 with ``CPUOffloadPolicy``
+(verl's ``offload_policy``) saved and resumed at ws=2 and loading at ws=1 and ws=3.
 Expected values are the saving ranks' own tensors (``full_tensor``). One spawn per world size.
 The hostile-input tests of the converter are single-process."""
 
@@ -65,8 +67,10 @@ def test_save_ws2_async_retention_roles_and_verl_own_resume(saved) -> None:
     assert not any(n.endswith(".pt") for n in r0["files"]["global_step_3"])  # no world size in any name
     assert r0["shared"] == ["actor", "critic"]
     assert r0["saved"]["optim"] and r0["saved"]["sched"]["last_epoch"] == 3
+    assert r0["saved_async"]["sched"]["last_epoch"] == 2
     for out in outs:
         _same(out["saved"], out["resumed"], "unickpt resume ws2")
+        _same(out["saved_async"], out["resumed_async"], "async save (step 2) resume ws2")
         _same(out["saved"], out["verl_resumed"], "verl's own resume ws2")
         _same(out["saved"]["params"], out["model_only"]["params"], "load_contents=[model]")
         assert out["model_only"]["optim"] == {}  # the optimizer was not loaded
@@ -76,6 +80,17 @@ def test_save_ws2_async_retention_roles_and_verl_own_resume(saved) -> None:
     hf = load_file(os.path.join(root, "run", "global_step_3", "actor", "huggingface", "model.safetensors"))
     for name, value in r0["saved"]["params"].items():
         assert torch.equal(hf[name], value), name
+
+
+def test_fsdp2_cpu_offload_policy_resume(saved) -> None:
+    """verl's ``offload_policy: true`` (FSDP2 ``CPUOffloadPolicy``): an async save of the offloaded
+    shards resumes bit-exact at ws=2 (the step-3 checkpoint loads into offloaded models at ws=1
+    and ws=3: test_resume_at_other_world_sizes)."""
+    _, outs = saved
+    for out in outs:
+        assert out["offload_policies"] == ["CPUOffloadPolicy"]
+        assert out["offload_saved"]["optim"] and out["offload_saved"]["sched"]["last_epoch"] == 2
+        _same(out["offload_saved"], out["offload_resumed"], "CPUOffloadPolicy resume ws2")
 
 
 def test_fsdp1_resume_and_convert(saved) -> None:
@@ -111,6 +126,9 @@ def test_resume_at_other_world_sizes(saved, ws: int) -> None:
             _same(want["groups"], out[which]["groups"], f"{which} groups ws{ws}")
             _same(want["sched"], out[which]["sched"], f"{which} sched ws{ws}")
         _same(want["rng"], out["resumed"]["rng"], f"rng ws{ws} (saved rank r % 2)")
+        _same(outs[rank % 2]["saved_async"], out["resumed_async"], f"async save (step 2) ws{ws}")
+        _same(want, out["offload_resumed"], f"into CPUOffloadPolicy ws{ws}")
+        assert out["offload_loss"] == outs[0]["saved_loss"]
         _same(outs[0]["saved"]["rng"], out["converted"]["rng"], f"converted rng ws{ws} (rank 0's)")
         _same(outs[0]["critic"], {**out["critic"], "rng": outs[0]["critic"]["rng"]}, f"critic role ws{ws}")
         assert out["loss"] == outs[0]["saved_loss"]
