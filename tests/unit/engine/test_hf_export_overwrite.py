@@ -146,3 +146,28 @@ def test_retention_and_prune_delete_a_step_with_its_export(tmp_path, capsys) -> 
     assert "steps [2]" in capsys.readouterr().out
     assert sorted(os.listdir(root)) == ["latest", "step_00000003"]
     assert _same(_read(os.path.join(root, "step_00000003", "huggingface")), models[3])
+
+
+def test_a_failed_export_leaves_its_record_and_the_next_save_replaces_it(tmp_path, monkeypatch) -> None:
+    from unickpt.engine import hf_export
+
+    path = str(tmp_path / "ck")
+    real = os.pwrite
+    calls: list[int] = []
+
+    def failing(fd: int, data: object, at: int) -> int:
+        calls.append(at)
+        if len(calls) > 3:  # headers written, then the data fails
+            raise OSError(28, "No space left on device")
+        return real(fd, data, at)  # type: ignore[arg-type]
+
+    with unickpt.Checkpointer() as ckpt:
+        monkeypatch.setattr(hf_export.os, "pwrite", failing)
+        with pytest.raises(unickpt.CheckpointError):
+            ckpt.save(path, {"model": _model(1)}, options=_opts())
+        monkeypatch.setattr(hf_export.os, "pwrite", real)
+        hf = os.path.join(path, "huggingface")
+        assert os.listdir(hf) == [MANIFEST]  # the partial files went; the record says what was meant
+        model = _model(2)
+        ckpt.save(path, {"model": model}, options=_opts())
+    assert _same(_read(hf), model)
