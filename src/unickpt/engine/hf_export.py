@@ -74,7 +74,7 @@ from ..format.hf_layout import (
     out_dtype,
     plan_layout,
 )
-from ..format.hf_manifest import MANIFEST_FILE, HFManifest
+from ..format.hf_manifest import MANIFEST_FILE, PARTIAL, HFManifest
 
 __all__ = [
     "ExportPiece",
@@ -88,7 +88,6 @@ __all__ = [
     "hf_folder",
 ]
 
-PARTIAL = ".unickpt-partial"
 Box = tuple[tuple[int, ...], tuple[int, ...]]
 
 
