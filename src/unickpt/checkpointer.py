@@ -35,6 +35,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from .coordination import run_stage
 from .coordination.topology import CoordinationOptions
 from .coordination.torch_dist import CheckpointGroups
 from .engine.hf_export import HFExportResult, export_state, hf_folder
@@ -45,7 +46,8 @@ from .engine.runtime.worker import ANY_OWNER, SaveHandle, SaveWorker
 from .engine.save.pipeline import SavePipeline
 from .engine.save.staging import StagingPool
 from .engine.save.step_guard import SnapshotGuard
-from .errors import CheckpointError
+from .errors import CheckpointError, ForeignFolderError
+from .folder.hf_files import hf_export_files, remove_hf_export
 from .folder.lock_owner import LockContext, LockTokens
 from .folder.probe import read_metadata_bytes
 from .folder.target import open_target
@@ -129,10 +131,14 @@ class Checkpointer:
         failure nobody waited for is raised by its next save/load or ``wait()``, or reported at
         exit (the process then exits non-zero). Every rank must pass the same path, framework
         and role. ``options.hf_export``: after the commit, the model is exported into the
-        checkpoint's ``huggingface/`` folder (``engine.hf_export``); the call (async too) returns
-        once that export is durable."""
-        handle = self._start_save(path, state, framework, async_save, role, options, None, "")
+        checkpoint's ``huggingface/`` folder (``engine.hf_export``), replacing the export of the
+        checkpoint it replaces; a file there unickpt did not write refuses the save before it
+        starts (``_check_export_folder``); the call (async too) returns once that export is
+        durable."""
         export = (options or self.save_options).hf_export
+        if export is not None:
+            self._check_export_folder(path, role, options)
+        handle = self._start_save(path, state, framework, async_save, role, options, None, "")
         md = None
         if not async_save or export is not None:
             md = handle.wait()
@@ -159,10 +165,12 @@ class Checkpointer:
         on it: it runs after the save finished). The returned handle is ``then``'s; its failure
         is reported as ``owner``'s (``wait(owner)``), as are the unseen failures this save
         raises first. ``CheckpointManager`` uses it to move its ``latest`` pointer."""
+        export = (options or self.save_options).hf_export
+        if export is not None:
+            self._check_export_folder(path, role, options)
         inner = self._start_save(path, state, framework, async_save, role, options, owner, what)
         # the outer handle's wait_snapshot() is the inner save's: callers change tensors after it
         outer = SaveHandle(self.resources.worker.submit(lambda: then(inner)), snapshot=inner._snapshot, path=path)
-        export = (options or self.save_options).hf_export
         md = None
         if not async_save or export is not None:
             md = outer.wait()
@@ -186,13 +194,53 @@ class Checkpointer:
         tensors in the order of the committed metadata as ``unickpt merge`` decodes it (rank 0
         reads it back; ``md`` tells which ranks committed), so the files equal ``unickpt merge``'s.
         After the commit, not before: the save refuses a folder holding files it did not write,
-        and a failed export leaves the committed checkpoint whole."""
-        timeout = (options or self.save_options).timeout
-        order: list[str] = []
-        if isinstance(md, Metadata):  # rank 0
-            storage = open_target(path, role, (options or self.save_options).storage)
+        and a failed export leaves the committed checkpoint whole. Rank 0 first removes what is
+        left of an earlier export there (the commit normally did: ``folder.hf_files``) and
+        refuses files unickpt did not write that appeared since ``_check_export_folder``."""
+        opts = options or self.save_options
+        out = hf_folder(path, role)
+        coord = self.resources.coordinator("foreground", opts.timeout, f"Hugging Face export into {out}")
+
+        def prepare() -> tuple[list[str], str]:
+            if not isinstance(md, Metadata):  # ranks other than 0
+                return [], ""
+            storage = open_target(path, role, opts.storage)
             order = list(decode_metadata(read_metadata_bytes(storage, METADATA_LIMIT), storage.url).tensors)
-        self._export_hf(hf_folder(path, role), state, export, framework, timeout, order)
+            left = remove_hf_export(storage).foreign
+            if left:
+                raise ForeignFolderError(
+                    f"checkpoint {storage.url} (save {md.save_id}) is committed, but its Hugging Face export is "
+                    f"refused: {out} holds {len(left)} file(s) unickpt did not write, e.g. {list(left[:3])}; "
+                    "they stay. Move them away and export with `unickpt merge`"
+                )
+            return order, md.save_id
+
+        order, save_id = run_stage(coord, "hf export (replace)", prepare)
+        self._export_hf(out, state, export, framework, opts.timeout, order, save_id)
+
+    def _check_export_folder(self, path: str, role: str | None, options: SaveOptions | None) -> None:
+        """Before a save with ``hf_export`` writes anything (every rank, collective): refuse, on
+        every rank, a path the export cannot write (not local) and a ``huggingface/`` folder
+        holding anything unickpt did not write (``folder.hf_files``: a user's file, a link, a
+        sub-folder; rank 0 looks). The checkpoint there, if any, stays as it is."""
+        opts = options or self.save_options
+        out = hf_folder(path, role)  # raises alike on every rank for a path that is not local
+        coord = self.resources.coordinator("foreground", opts.timeout, f"Hugging Face export into {out}")
+
+        def check() -> None:
+            if coord.rank != 0:
+                return
+            storage = open_target(path, role, opts.storage)
+            found = hf_export_files(storage)
+            if found.foreign:
+                raise ForeignFolderError(
+                    f"refusing to save into {storage.url} with hf_export: {out} holds {len(found.foreign)} "
+                    f"file(s) unickpt did not write, e.g. {list(found.foreign[:3])}. Nothing was saved; the "
+                    "checkpoint there is unchanged. unickpt never deletes or overwrites them: move them away, "
+                    "or save without hf_export (the folder then stays as it is)"
+                )
+
+        run_stage(coord, "hf export (check)", check)
 
     def _start_save(
         self,
@@ -282,10 +330,11 @@ class Checkpointer:
         framework: str,
         timeout: float | None,
         order: list[str] | None = None,
+        manifest_save_id: str | None = None,
     ) -> HFExportResult:
         coord = self.resources.coordinator("foreground", timeout, f"Hugging Face export into {out}")
         with self.events.phase("save.hf_export", coord.rank, path=out) as p:
-            result = export_state(out, state, options, coord, framework, order or ())
+            result = export_state(out, state, options, coord, framework, order or (), manifest_save_id)
             p.nbytes = result.bytes_written
         return result
 

@@ -39,7 +39,8 @@ Order of use (every rank calls ``save`` / ``load_latest`` with the same argument
                half-way leaves an incomplete folder, never a complete-looking one with missing
                data; then the data files of unickpt's form under ``data/<save_id>/`` of the
                metadata's and the marked saves, the markers, stale lock generations, publication
-               temporaries; ``folder.cleanup.checkpoint_files``). A user's file anywhere stays;
+               temporaries, and the files of its ``huggingface/`` export that the export's record
+               names, the record last; ``folder.cleanup.checkpoint_files``). A user's file anywhere stays;
                kept-unproven folders are never deleted and are named in a warning at each
                retention (and by ``unickpt ls``).
   ``load_latest`` rank 0 reads the pointer (falling back to the newest complete checkpoint when
@@ -61,11 +62,13 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import CheckpointError, IncompleteCheckpointError
 from .folder.cleanup import checkpoint_files, delete_checkpoint, delete_files, lock_blocks_deletion
+from .folder.hf_files import describe_hf_export
 from .folder.lock_owner import LockContext
 from .folder.markers import is_unickpt_name
 from .folder.probe import committed_metadata
 from .folder.publish import publisher_for
 from .folder.target import check_role
+from .format.hf_manifest import HF_FOLDER
 from .format.records import DATA_DIR, METADATA_FILE, Metadata
 from .storage import Storage, open_storage
 from .storage.base import SMALL_FILE_LIMIT
@@ -103,12 +106,15 @@ class StepState:
     """What one step folder of a manager's role holds (``CheckpointManager.step_states``).
 
     ``status``: one of ``STEP_STATUSES``; ``metadata``: the decoded metadata (complete and
-    damaged folders); ``reason``: why it is not complete, for warnings and ``unickpt ls``."""
+    damaged folders); ``reason``: why it is not complete, for warnings and ``unickpt ls``;
+    ``hf_export``: a few words on the Hugging Face export unickpt wrote into its ``huggingface/``
+    folder, "" when there is none (``folder.hf_files.describe_hf_export``)."""
 
     step: int
     status: str
     metadata: Metadata | None = None
     reason: str = ""
+    hf_export: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,8 +292,8 @@ class CheckpointManager:
         """Every step folder under root -> the names of *this role's* checkpoint it holds.
 
         With a role: ``step_N/<role>/...``. Role-less: the files directly in ``step_N/``
-        (metadata, lock, markers) and under ``step_N/data/``, never ``step_N/<role>/...``, which
-        belong to the managers of those roles."""
+        (metadata, lock, markers) and under ``step_N/data/`` and ``step_N/huggingface/`` (an
+        in-save export), never ``step_N/<role>/...``, which belong to the managers of those roles."""
         out: dict[int, list[str]] = {}
         for name in self._storage.list(""):
             first, sep, rest = name.partition("/")
@@ -298,7 +304,7 @@ class CheckpointManager:
             if self.role is not None:
                 if not name.startswith(self._prefix(step)):
                     continue
-            elif "/" in rest and not rest.startswith(f"{DATA_DIR}/"):
+            elif "/" in rest and not rest.startswith((f"{DATA_DIR}/", f"{HF_FOLDER}/")):
                 continue
             out.setdefault(step, []).append(name)
         return out
@@ -325,13 +331,17 @@ class CheckpointManager:
             if names is None:
                 names = self._scan().get(step, [])
             top = [n[len(prefix) :] for n in names if n.startswith(prefix) and "/" not in n[len(prefix) :]]
+            hf = describe_hf_export(self._storage, prefix, names, None)
             if any(is_unickpt_name(n, self._publisher) for n in top):
-                return StepState(step, INCOMPLETE, None, "no metadata: a save in progress or interrupted")
+                return StepState(step, INCOMPLETE, None, "no metadata: a save in progress or interrupted", hf)
+            if hf:  # what a deletion interrupted half-way leaves: unickpt's export record
+                return StepState(step, INCOMPLETE, None, "no metadata: only unickpt's Hugging Face export is left", hf)
             return StepState(step, FOREIGN, None, f"no {METADATA_FILE} and no file unickpt writes")
+        hf = describe_hf_export(self._storage, prefix, names, md.save_id) if names is not None else ""
         problem = self._data_problem(prefix, md)
         if problem is not None:
-            return StepState(step, DAMAGED, md, problem)
-        return StepState(step, COMPLETE, md)
+            return StepState(step, DAMAGED, md, problem, hf)
+        return StepState(step, COMPLETE, md, "", hf)
 
     def _data_problem(self, prefix: str, md: Metadata, threads: int = 16) -> str | None:
         """None when every data file ``md`` names is under ``prefix`` with its recorded size (format

@@ -35,7 +35,8 @@ def _cmd_ls(args: argparse.Namespace) -> int:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(md.created_unix)) if md else "-" * 19
         shown = f"{human_bytes(md.total_tensor_bytes):>10}" if md else f"{st.status:>10}"
         why = f"  ({st.reason[:200]})" if st.status not in ("complete", "incomplete") else ""
-        print(f"step {st.step:>10}  {when}  {shown}  {manager.path_for(st.step)}{mark}{why}")
+        hf = f"  [{st.hf_export}]" if st.hf_export else ""
+        print(f"step {st.step:>10}  {when}  {shown}  {manager.path_for(st.step)}{mark}{hf}{why}")
     if not states:
         print(f"no checkpoint under {args.root}")
     return EXIT_OK

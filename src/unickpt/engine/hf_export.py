@@ -26,10 +26,15 @@ the same error on every rank):
   publish*   each owner renames its files into place and syncs the folder;
   index*     rank 0 writes ``model.safetensors.index.json`` and copies ``config.json``
              (temporary name, fsync, rename, folder sync).
+In a save (``manifest_save_id`` given) rank 0 also writes the export's record
+``unickpt.hf_export.json`` (``format.hf_manifest``): in ``folder`` before any file, naming them
+all, and again at the end of ``index`` with their sizes: what later deletes (a save replacing
+this checkpoint, retention) may remove (``folder.hf_files``).
 A failure after ``create`` removes the partial files (each owner its own). Memory: each rank
 holds at most one of its local boxes cast to the export dtype.
 
-In a save (``SaveOptions.hf_export``) the export runs right after the commit, on the caller's
+In a save (``SaveOptions.hf_export``; ``Checkpointer.save``: a folder holding files unickpt did
+not write refuses the save before it starts) the export runs right after the commit, on the caller's
 thread, and the call returns once every rank's HF files are durable and renamed (an async save
 with ``hf_export`` therefore returns after its commit: meant for the last save of a run). After
 the commit and not before because (1) the save refuses a folder holding files it did not write
@@ -69,6 +74,7 @@ from ..format.hf_layout import (
     out_dtype,
     plan_layout,
 )
+from ..format.hf_manifest import MANIFEST_FILE, PARTIAL, HFManifest
 
 __all__ = [
     "ExportPiece",
@@ -82,7 +88,6 @@ __all__ = [
     "hf_folder",
 ]
 
-PARTIAL = ".unickpt-partial"
 Box = tuple[tuple[int, ...], tuple[int, ...]]
 
 
@@ -280,11 +285,18 @@ def _check_cover(name: str, shape: tuple[int, ...], boxes: list[Box]) -> None:
 
 
 def export_pieces(
-    out: str, pieces: Sequence[ExportPiece], options: HFExport, coord: Coordinator, order: Sequence[str] = ()
+    out: str,
+    pieces: Sequence[ExportPiece],
+    options: HFExport,
+    coord: Coordinator,
+    order: Sequence[str] = (),
+    manifest_save_id: str | None = None,
 ) -> HFExportResult:
     """Write ``pieces`` (this rank's) as a Hugging Face folder ``out`` together with every rank
     of ``coord`` (module docstring). ``order``: the checkpoint's tensor order (``assign``; any
-    one rank may give it). Collective; returns once every file is durable and named."""
+    one rank may give it). ``manifest_save_id``: not None in a save (every rank alike; the
+    committed save id on rank 0): rank 0 records the files in ``unickpt.hf_export.json``.
+    Collective; returns once every file is durable and named."""
     t0 = time.perf_counter()
     out = _local_path(out)
     rank, world = coord.rank, coord.world_size
@@ -311,28 +323,33 @@ def export_pieces(
     plan = run_stage(coord, "hf export (assign)", lambda: assign(described, world, options.cast, limit, job_order))
     files = plan.layout.files
     owned = [i for i in range(len(files)) if i % world == rank]
-    run_stage(
-        coord,
-        "hf export (folder)",
-        lambda: prepare_output_folder(out, "Hugging Face export", refuse_linked_parent=True) if rank == 0 else None,
-    )
+    names = [f.name for f in files]
+    if len(files) > 1 or options.always_index:
+        names.append(INDEX_FILE)
+    if options.config is not None:
+        names.append("config.json")
+    record = None if manifest_save_id is None else HFManifest(manifest_save_id, False, tuple((n, None) for n in names))
+
+    def folder() -> None:
+        if rank != 0:
+            return
+        prepare_output_folder(out, "Hugging Face export", refuse_linked_parent=True)
+        if record is not None:  # before any export file: every one of them is named as unickpt's
+            _write_atomically(os.path.join(out, MANIFEST_FILE), record.encode(), replace=False)
+
+    run_stage(coord, "hf export (folder)", folder)
     created: list[str] = []
     try:
         run_stage(coord, "hf export (create)", lambda: _create(out, [files[i] for i in owned], created))
         run_stage(coord, "hf export (write)", lambda: _write(out, plan, pieces, rank, options.cast))
         run_stage(coord, "hf export (publish)", lambda: _publish(out, created))
         created.clear()
-        run_stage(coord, "hf export (index)", lambda: _index(out, plan.layout, options) if rank == 0 else None)
+        run_stage(coord, "hf export (index)", lambda: _index(out, plan.layout, options, record) if rank == 0 else None)
     except BaseException:
         for tmp in created:
             if os.path.lexists(tmp):
                 os.unlink(tmp)
         raise
-    names = [f.name for f in files]
-    if len(files) > 1 or options.always_index:
-        names.append(INDEX_FILE)
-    if options.config is not None:
-        names.append("config.json")
     total = sum(f.size for f in files)
     return HFExportResult(out, tuple(names), len(plan.layout.where()), total, time.perf_counter() - t0)
 
@@ -389,9 +406,13 @@ def _publish(out: str, created: list[str]) -> None:
         _sync_folder(out)
 
 
-def _index(out: str, layout: HFLayout, options: HFExport) -> None:
+def _index(out: str, layout: HFLayout, options: HFExport, record: HFManifest | None) -> None:
+    """Rank 0: the index, ``config.json``, then (``record``) the manifest with every size."""
+    sizes = {f.name: f.size for f in layout.files}
     if len(layout.files) > 1 or options.always_index:
-        _write_atomically(os.path.join(out, INDEX_FILE), index_json(layout))
+        data = index_json(layout)
+        _write_atomically(os.path.join(out, INDEX_FILE), data)
+        sizes[INDEX_FILE] = len(data)
     if options.config is not None:
         if not os.path.isfile(options.config):
             raise CheckpointError(f"Hugging Face export: config {options.config} is not a file")
@@ -399,11 +420,17 @@ def _index(out: str, layout: HFLayout, options: HFExport) -> None:
         shutil.copyfile(options.config, tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+            sizes["config.json"] = os.fstat(f.fileno()).st_size
         os.rename(tmp, os.path.join(out, "config.json"))
+    if record is not None:
+        done = HFManifest(record.save_id, True, tuple((n, sizes[n]) for n, _ in record.files))
+        _write_atomically(os.path.join(out, MANIFEST_FILE), done.encode())
     _sync_folder(out)
 
 
-def _write_atomically(final: str, data: bytes) -> None:
+def _write_atomically(final: str, data: bytes, replace: bool = True) -> None:
+    """``data`` into ``final`` through a temporary (exclusive, fsync, rename); ``replace=False``:
+    an existing ``final`` is refused (hard-linked into place, then the temporary unlinked)."""
     tmp = final + PARTIAL
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     try:
@@ -411,7 +438,13 @@ def _write_atomically(final: str, data: bytes) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-    os.rename(tmp, final)
+    if replace:
+        os.rename(tmp, final)
+        return
+    try:
+        os.link(tmp, final, follow_symlinks=False)
+    finally:
+        os.unlink(tmp)
 
 
 def _sync_folder(path: str) -> None:
@@ -429,7 +462,8 @@ def export_state(
     coord: Coordinator,
     framework: str = "auto",
     order: Sequence[str] = (),
+    manifest_save_id: str | None = None,
 ) -> HFExportResult:
     """``export_pieces`` of the model in ``state`` (``pieces_of_state``); collective."""
     pieces = run_stage(coord, "hf export (state)", lambda: pieces_of_state(state, options, framework))
-    return export_pieces(out, pieces, options, coord, order)
+    return export_pieces(out, pieces, options, coord, order, manifest_save_id)

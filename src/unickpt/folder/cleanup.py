@@ -10,7 +10,9 @@ save-lock generations, the metadata and its publisher's leftovers):
                          copies, a trainer's "keep the best k" through ``integrations``), in the
                          order ``checkpoint_files`` gives: the metadata first (the checkpoint
                          turns incomplete before any data goes), the data files, the markers,
-                         then the lock generations and publication temporaries. Nothing is
+                         then the lock generations and publication temporaries; the files of its
+                         ``huggingface/`` export that unickpt wrote go with the data, their
+                         record with the markers (``folder.hf_files``). Nothing is
                          deleted while a save holds the folder's lock (``lock_blocks_deletion``).
 A file of the user's anywhere in the folder stays, whatever its name.
 """
@@ -20,8 +22,10 @@ from __future__ import annotations
 import re
 
 from ..errors import CheckpointError
+from ..format.hf_manifest import HF_FOLDER, MANIFEST_FILE
 from ..format.records import DATA_DIR, METADATA_FILE
 from ..storage.base import Storage
+from .hf_files import hf_export_files
 from .lock import LOCK_FILE, lock_is_live
 from .lock_owner import LockContext
 from .markers import (
@@ -78,10 +82,13 @@ def checkpoint_files(
     """The files of the checkpoint at ``prefix`` in ``storage`` that unickpt provably wrote, in the
     order to delete them (nothing while a save holds its lock): the metadata (the checkpoint
     turns incomplete before its data goes), the data files of unickpt's form under
-    ``data/<save_id>/`` of the metadata's save and of every marked save, their markers, then the
-    save lock's generations and the metadata's publication temporaries. Anything else (a user's
-    file, a data file no marker or metadata proves unickpt's) is never named. ``names``: the
-    names under ``prefix`` (listed when None); ``locks``: this process's lock tokens."""
+    ``data/<save_id>/`` of the metadata's save and of every marked save and the files of its
+    ``huggingface/`` export that unickpt wrote (``folder.hf_files``), their markers and the
+    export's record, then the save lock's generations and the metadata's publication
+    temporaries. Anything else (a user's file, a data file no marker or metadata proves
+    unickpt's, a file in ``huggingface/`` the export's record does not name, a link) is never
+    named. ``names``: the names under ``prefix`` (listed when None); ``locks``: this process's
+    lock tokens."""
     if lock_blocks_deletion(storage, prefix, locks):
         return ()
     if names is None:
@@ -101,10 +108,14 @@ def checkpoint_files(
     data = [r for r in rests if _is_data_file_of(r, save_ids)]
     locks_found = [r for r in top if _LOCK_NAME.fullmatch(r)]
     temps = [r for r in top if publisher.is_leftover(r, METADATA_FILE)]
+    hf = hf_export_files(storage, prefix, names)
+    hf_ours = [n[len(prefix) :] for n in hf.ours]
+    hf_record = [f"{HF_FOLDER}/{MANIFEST_FILE}"] if hf.manifest is not None else []
+    hf_files = [r for r in hf_ours if r not in hf_record]
     groups = (
         [METADATA_FILE] if md is not None else [],
-        data,
-        [marker_name(s) for s in sorted(marked)],
+        data + hf_files,
+        [marker_name(s) for s in sorted(marked)] + hf_record,
         locks_found + temps,
     )
     return tuple(tuple(prefix + r for r in g) for g in groups)

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .hf_manifest import HF_FOLDER
+
 __all__ = [
     "HFExport",
     "HF_FOLDER",
@@ -38,7 +40,6 @@ __all__ = [
     "box_runs",
 ]
 
-HF_FOLDER = "huggingface"  # the subfolder of a checkpoint that ``SaveOptions.hf_export`` writes
 INDEX_FILE = "model.safetensors.index.json"
 PRODUCER = "unickpt"
 SAFETENSORS_DTYPES = {

@@ -22,6 +22,8 @@ from safetensors.torch import load_file
 from tests.workers.harness import run_ranks
 from tests.workers.hf_export_workers import export_ws2
 
+HF_MANIFEST = "unickpt.hf_export.json"
+
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory) -> tuple[str, list[dict[str, Any]]]:
@@ -30,7 +32,16 @@ def exported(tmp_path_factory) -> tuple[str, list[dict[str, Any]]]:
 
 
 def _read_folder(folder: str) -> dict[str, bytes]:
-    return {n: open(os.path.join(folder, n), "rb").read() for n in sorted(os.listdir(folder))}
+    """The folder's files, without the record of what the in-save export wrote (its manifest)."""
+    return {n: open(os.path.join(folder, n), "rb").read() for n in sorted(os.listdir(folder)) if n != HF_MANIFEST}
+
+
+def _manifest_names_every_file_with_its_size(folder: str) -> None:
+    doc = json.load(open(os.path.join(folder, HF_MANIFEST)))
+    assert doc["format"] == "unickpt.hf_export" and doc["version"] == 1 and doc["complete"] is True
+    assert {name: size for name, size in doc["files"]} == {
+        n: os.path.getsize(os.path.join(folder, n)) for n in os.listdir(folder) if n != HF_MANIFEST
+    }
 
 
 def _tensors(folder: str) -> dict[str, torch.Tensor]:
@@ -56,6 +67,7 @@ def test_fsdp2_bf16_export_equals_offline_merge_and_loads_in_transformers(export
     assert len([n for n in got if n.endswith(".safetensors")]) > 2  # several shard files
     assert "config.json" in got and "model.safetensors.index.json" in got
     assert got == _read_folder(os.path.join(root, "llama_merged"))  # byte for byte
+    _manifest_names_every_file_with_its_size(hf)
     want = outs[0]["llama"]
     tensors = _tensors(hf)
     assert sorted(tensors) == sorted(want)
@@ -78,6 +90,7 @@ def test_tensor_parallel_strided_boxes_and_rename_equal_offline_merge(exported) 
     got = _read_folder(hf)
     assert len([n for n in got if n.endswith(".safetensors")]) > 1
     assert got == _read_folder(os.path.join(root, "mlp_merged"))  # byte for byte
+    _manifest_names_every_file_with_its_size(hf)
     want = {f"mlp.{k}": v for k, v in outs[0]["mlp"].items() if k != "up.bias"}
     tensors = _tensors(hf)
     assert sorted(tensors) == sorted(want)

@@ -9,8 +9,10 @@ optimizer param groups per parameter), builds the metadata (``format.build.build
 syncs the data folders (where the storage ``needs_sync``), checks that every data file it names
 is on storage in full (``check_written_files``) and that the save still holds its lock,
 publishes the metadata atomically (``folder.publish.publisher_for``: the commit), then removes
-the data of unickpt's own older saves (``folder.cleanup.remove_stale_data``; a failure there is
-only a warning: the checkpoint is committed).
+the data of unickpt's own older saves (``folder.cleanup.remove_stale_data``) and the files of
+the replaced checkpoint's Hugging Face export (``folder.hf_files.remove_stale_hf_export``,
+whatever ``cleanup_previous`` says: they describe a model no longer there); a failure there is
+only a warning: the checkpoint is committed.
 With ``phases`` (``SaveOptions.record_phases``) each rank's phase records ride along with its
 report, and rank 0 writes them all into the committed checkpoint (``monitoring.phases``).
 A failure on any rank surfaces on every rank as the same error (``run_stage``).
@@ -29,6 +31,7 @@ from ...coordination.barrier import commit_barrier
 from ...coordination.base import Coordinator
 from ...errors import MissingDataFileError, TruncatedDataFileError
 from ...folder.cleanup import remove_stale_data
+from ...folder.hf_files import remove_stale_hf_export
 from ...folder.markers import marked_save_ids
 from ...folder.probe import committed_save_id
 from ...folder.publish import publisher_for
@@ -105,6 +108,15 @@ def commit_stage(
                 remove_stale_data(storage, keep=(md.save_id, previous))
             except Exception as e:  # committed: the new checkpoint is fine, only old data remains
                 _warn_cleanup_failed(storage, (md.save_id, previous), e)
+        try:
+            remove_stale_hf_export(storage)
+        except Exception as e:
+            warnings.warn(
+                f"checkpoint {storage.url} (save {md.save_id}) is committed and loads, but removing the Hugging "
+                f"Face export of the checkpoint it replaced failed: {type(e).__name__}: {e}. Its huggingface/ "
+                "folder describes an older model: delete it by hand (a save with hf_export retries)",
+                stacklevel=2,
+            )
         return md
 
     # every rank reports through the job's store (no collective), rank 0 commits once all have
