@@ -62,10 +62,9 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .. import PerRank, default_checkpointer, load, save, set_rng_state
 from ..errors import IncompleteCheckpointError, NotACheckpointError
-from ..folder.probe import read_metadata_bytes
 from ..format.records import METADATA_FILE
+from ..ops.inspect import load_metadata
 from ..options import LoadOptions, RestoreOptions
-from ..storage import open_storage
 from .accelerate import RngState, accelerate_state
 
 __all__ = ["UnickptTrainerMixin", "UnickptTrainer", "UNICKPT_SUBDIR"]
@@ -106,7 +105,7 @@ def _require_committed(checkpoint: str, path: str) -> None:
     if os.path.isfile(os.path.join(path, METADATA_FILE)):
         return  # committed (the common case, no read)
     try:
-        read_metadata_bytes(open_storage(path))  # also finds a version an interrupted publication moved aside
+        load_metadata(path)  # also finds a version an interrupted publication moved aside
         return
     except (IncompleteCheckpointError, NotACheckpointError) as e:
         cause, kind = e, type(e)
