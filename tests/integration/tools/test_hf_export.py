@@ -19,6 +19,7 @@ pytest.importorskip("safetensors")
 
 from safetensors.torch import load_file
 
+from tests.support.safetensors_folder import read_safetensors_folder
 from tests.workers.harness import run_ranks
 from tests.workers.hf_export_workers import export_ws2
 
@@ -44,14 +45,6 @@ def _manifest_names_every_file_with_its_size(folder: str) -> None:
     }
 
 
-def _tensors(folder: str) -> dict[str, torch.Tensor]:
-    out: dict[str, torch.Tensor] = {}
-    for n in sorted(os.listdir(folder)):
-        if n.endswith(".safetensors"):
-            out.update(load_file(os.path.join(folder, n)))
-    return out
-
-
 def _check_index(folder: str, tensors: dict[str, torch.Tensor]) -> None:
     index = json.load(open(os.path.join(folder, "model.safetensors.index.json")))
     assert sorted(index["weight_map"]) == sorted(tensors)
@@ -69,7 +62,7 @@ def test_fsdp2_bf16_export_equals_offline_merge_and_loads_in_transformers(export
     assert got == _read_folder(os.path.join(root, "llama_merged"))  # byte for byte
     _manifest_names_every_file_with_its_size(hf)
     want = outs[0]["llama"]
-    tensors = _tensors(hf)
+    tensors = read_safetensors_folder(hf)
     assert sorted(tensors) == sorted(want)
     for k, v in want.items():
         assert tensors[k].dtype == torch.bfloat16 and torch.equal(tensors[k], v), k
@@ -92,7 +85,7 @@ def test_tensor_parallel_strided_boxes_and_rename_equal_offline_merge(exported) 
     assert got == _read_folder(os.path.join(root, "mlp_merged"))  # byte for byte
     _manifest_names_every_file_with_its_size(hf)
     want = {f"mlp.{k}": v for k, v in outs[0]["mlp"].items() if k != "up.bias"}
-    tensors = _tensors(hf)
+    tensors = read_safetensors_folder(hf)
     assert sorted(tensors) == sorted(want)
     for k, v in want.items():
         assert tensors[k].dtype == torch.float32 and torch.equal(tensors[k], v), k

@@ -16,7 +16,9 @@ import torch
 import unickpt
 from unickpt.cli import main as cli_main
 
-safetensors_torch = pytest.importorskip("safetensors.torch")
+pytest.importorskip("safetensors.torch")
+
+from tests.support.safetensors_folder import read_safetensors_folder as _read
 
 MANIFEST = "unickpt.hf_export.json"
 
@@ -24,14 +26,6 @@ MANIFEST = "unickpt.hf_export.json"
 def _model(seed: int, width: int = 6) -> torch.nn.Module:
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(4, width), torch.nn.Linear(width, 2))
-
-
-def _read(folder: str) -> dict[str, torch.Tensor]:
-    out: dict[str, torch.Tensor] = {}
-    for n in os.listdir(folder):
-        if n.endswith(".safetensors"):
-            out.update(safetensors_torch.load_file(os.path.join(folder, n)))
-    return out
 
 
 def _same(got: dict[str, torch.Tensor], model: torch.nn.Module) -> bool:

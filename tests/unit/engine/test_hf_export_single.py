@@ -14,7 +14,9 @@ import torch
 import unickpt
 from unickpt.engine import hf_export
 
-safetensors_torch = pytest.importorskip("safetensors.torch")
+pytest.importorskip("safetensors.torch")
+
+from tests.support.safetensors_folder import read_safetensors_folder as _read
 
 
 def _model() -> torch.nn.Module:
@@ -22,14 +24,6 @@ def _model() -> torch.nn.Module:
     m = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Linear(6, 2))
     m.register_buffer("steps", torch.arange(3))
     return m
-
-
-def _read(folder: str) -> dict[str, torch.Tensor]:
-    out: dict[str, torch.Tensor] = {}
-    for n in os.listdir(folder):
-        if n.endswith(".safetensors"):
-            out.update(safetensors_torch.load_file(os.path.join(folder, n)))
-    return out
 
 
 def test_async_save_with_hf_export_returns_with_the_folder_complete(tmp_path) -> None:
