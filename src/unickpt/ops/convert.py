@@ -40,7 +40,7 @@ from ..errors import CheckpointError
 from ..format.values import encode_value
 from ..frameworks.flat import FlatTensors
 from .dcp_read import SafeDCPUnpickler, read_dcp_metadata, read_dcp_state
-from .hf_read import hf_shard_names, load_shard
+from .hf_read import hf_shard_names, load_shards
 from .verl_read import import_verl_fsdp
 
 __all__ = ["ConvertResult", "SafeDCPUnpickler", "read_dcp_metadata", "from_hf", "from_dcp", "from_verl_fsdp", "to_dcp"]
@@ -78,10 +78,7 @@ def _save_flat(
 def from_hf(folder: str, out: str) -> ConvertResult:
     """Import a Hugging Face safetensors folder (module docstring)."""
     names, where = hf_shard_names(folder)
-    tensors: dict[str, torch.Tensor] = {}
-    for name in names:
-        for k, v in load_shard(folder, name, where).items():
-            tensors[f"model.{k}"] = v
+    tensors = {f"model.{k}": v for k, v in load_shards(folder, names, where).items()}
     _save_flat(tensors, out)
     return ConvertResult(out, len(tensors))
 

@@ -18,7 +18,11 @@ without trusting it.
    files, and every element of them is written by exactly one chunk.
 3. The tensors are allocated and every entry is read (each file opened again, the same checks),
    tensors and non-tensor entries with ``torch.load(weights_only=True)`` (plain values only: DCP's
-   own loader would unpickle anything); a chunk must come back with its dtype and shape.
+   own loader would unpickle anything); a chunk must come back with its dtype and shape. Every
+   tensor loaded (a chunk, or one inside a non-tensor entry) must hold each element of its
+   storage at most once (``torch_save_read.check_stored_tensor``): an expanded or overlapping
+   view (``torch.zeros(1).expand(2**27)``: 1.6 KB on disk) is refused (``SizeLimitError``)
+   before it is copied, so what convert writes is bounded by the bytes of the entries it read.
 
 Every refusal is a ``CheckpointError`` naming the file, the entry and the problem.
 """
@@ -39,6 +43,7 @@ import torch
 from ..errors import CheckpointError, CorruptMetadataError, NotACheckpointError, TruncatedDataFileError
 from ..format.validation import box_coverage_problem
 from .source_files import open_regular, read_range, read_small_file
+from .torch_save_read import check_stored_tensor
 
 __all__ = [
     "DCP_METADATA_LIMIT",
@@ -380,9 +385,26 @@ def read_dcp_state(folder: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]
 
 def _plain_value(raw: bytes, item: StoredItem, path: str) -> Any:
     try:
-        return torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+        value = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
     except Exception as e:  # not plain values: refused, never unpickled
         raise CorruptMetadataError(f"{path}: {item.what} is not plain values ({type(e).__name__}); refused") from None
+    for tensor in _tensors_in(value):
+        check_stored_tensor(tensor, f"{path}: {item.what}")
+    return value
+
+
+def _tensors_in(value: Any) -> list[torch.Tensor]:
+    """The tensors inside a value ``torch.load(weights_only=True)`` built: iterative, each
+    container visited once (a pickle can build cycles and shared children)."""
+    found, todo, visited = [], [value], set()
+    while todo:
+        x = todo.pop()
+        if isinstance(x, torch.Tensor):
+            found.append(x)
+        elif isinstance(x, (tuple, list, set, frozenset, dict)) and id(x) not in visited:
+            visited.add(id(x))
+            todo.extend((*x.keys(), *x.values()) if isinstance(x, dict) else x)
+    return found
 
 
 def _copy_chunk(dest: torch.Tensor, raw: bytes, item: StoredItem, path: str) -> None:
@@ -396,6 +418,7 @@ def _copy_chunk(dest: torch.Tensor, raw: bytes, item: StoredItem, path: str) -> 
         ) from None
     if type(chunk) is not torch.Tensor or chunk.layout != torch.strided:
         raise CorruptMetadataError(f"{path}: {item.what} holds a {type(chunk).__name__}, not a dense tensor")
+    check_stored_tensor(chunk, f"{path}: {item.what}")
     if chunk.dtype != dest.dtype or tuple(chunk.shape) != item.sizes:
         raise CorruptMetadataError(
             f"{path}: {item.what} holds a {chunk.dtype} tensor of shape {tuple(chunk.shape)}, "

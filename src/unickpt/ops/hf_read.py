@@ -7,8 +7,9 @@ would block a plain open forever); the index is read only up to ``HF_INDEX_LIMIT
 shard's JSON header only up to ``SAFETENSORS_HEADER_LIMIT`` bytes, both checked before reading.
 The shard is then read by ``safetensors`` through the descriptor already checked
 (``/proc/self/fd/N``), so the file read is the one checked even if the name is swapped meanwhile;
-``safetensors`` checks that every tensor's bytes lie inside the file. Every refusal is a
-``CheckpointError`` naming the file.
+``safetensors`` checks that every tensor's bytes lie inside the file. :func:`load_shards` reads
+them all and refuses a tensor name found in two shards (never the last one read wins). Every
+refusal is a ``CheckpointError`` naming the file.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 from ..errors import CheckpointError, CorruptMetadataError, NotACheckpointError, SizeLimitError
 from .source_files import check_relative_name, open_regular, read_range, read_small_file
 
-__all__ = ["HF_INDEX", "HF_INDEX_LIMIT", "SAFETENSORS_HEADER_LIMIT", "hf_shard_names", "load_shard"]
+__all__ = ["HF_INDEX", "HF_INDEX_LIMIT", "SAFETENSORS_HEADER_LIMIT", "hf_shard_names", "load_shard", "load_shards"]
 
 HF_INDEX = "model.safetensors.index.json"
 HF_INDEX_LIMIT = 64 << 20  # bytes of the index JSON read at most (a 405B model's index: ~100 KB)
@@ -72,6 +73,22 @@ def load_shard(folder: str, name: str, where: str) -> dict[str, torch.Tensor]:
             raise
         except Exception as e:  # SafetensorError, and what a malformed header raises
             raise CorruptMetadataError(f"{path} is not a readable safetensors file ({type(e).__name__}: {e})") from None
+    return tensors
+
+
+def load_shards(folder: str, names: list[str], where: str) -> dict[str, torch.Tensor]:
+    """Every tensor of the shards ``names`` of ``folder`` (from :func:`hf_shard_names`), by name;
+    ``CorruptMetadataError`` naming both files when two shards hold a tensor of the same name."""
+    tensors: dict[str, torch.Tensor] = {}
+    found_in: dict[str, str] = {}
+    for name in names:
+        for key, tensor in load_shard(folder, name, where).items():
+            if key in found_in:
+                raise CorruptMetadataError(
+                    f"{os.path.join(folder, name)} and {os.path.join(folder, found_in[key])} both hold a tensor "
+                    f"named {key!r}: refused (which one is the model's cannot be told; remove one)"
+                )
+            tensors[key], found_in[key] = tensor, name
     return tensors
 
 

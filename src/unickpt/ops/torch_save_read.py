@@ -8,13 +8,23 @@
    writes them: no zip bomb), inside one top folder; ``byteorder`` must say ``little``;
    ``data.pkl`` over ``PICKLE_LIMIT`` bytes is refused (``SizeLimitError``) before it is read.
 2. ``data.pkl`` is unpickled by :class:`RestrictedTorchUnpickler`: plain containers, dtypes,
-   ``torch.Size``, devices, layouts and tensors (``_rebuild_tensor_v2`` over the zip's storages,
-   every view bounds-checked against its storage) are built for real; numpy arrays of
-   non-object dtypes too (verl's RNG state). The classes of distributed tensors (DTensor and its
-   spec, device mesh, placements; ShardedTensor and its shard metadata) are never imported or
-   built: they become inert :class:`Record` objects that keep their constructor arguments and
-   pickled state for ``verl_read`` to interpret. Any other global is refused before it is
-   built, and pickle's BUILD may only give state to a Record or a numpy array.
+   ``torch.Size``, devices, layouts and tensors (``_rebuild_tensor_v2`` over the zip's storages)
+   are built for real; numpy arrays of non-object dtypes too (verl's RNG state), from their own
+   bytes only (``_reconstruct`` + BUILD with as many bytes as shape and dtype need; a REDUCE of
+   ``numpy.ndarray(shape, dtype)``, which gives memory nobody wrote, is refused). The classes
+   of distributed tensors (DTensor and its spec, device mesh, placements; ShardedTensor and its
+   shard metadata) are never imported or built: they become inert :class:`Record` objects that
+   keep their constructor arguments and pickled state for ``verl_read`` to interpret. Any other
+   global is refused before it is built, and pickle's BUILD may only give state to a Record or
+   a numpy array.
+3. Bounded by the bytes on disk: a storage is read from its zip entry's byte range (the local
+   header's offset, stored entries only), only the bytes the pickle says it holds, never the
+   whole entry (the entry's CRC is checked when the whole entry is read). Every tensor view must
+   lie inside its storage and hold each stored element at most once (:func:`view_problem`):
+   an expanded (stride 0) or overlapping view, which would turn a few stored bytes into
+   gigabytes once copied, is refused (``SizeLimitError``) before anything is allocated.
+   ``verl_read.assemble`` and ``dcp_read`` check the tensors they receive with
+   :func:`check_stored_tensor` too.
 
 Every refusal is a ``CheckpointError`` naming the file.
 """
@@ -27,6 +37,7 @@ import os
 import pickle
 import re
 import zipfile
+import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import cache
@@ -35,10 +46,18 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from ..errors import CheckpointError, CorruptMetadataError, SizeLimitError
+from ..errors import CheckpointError, CorruptMetadataError, SizeLimitError, TruncatedDataFileError
 from .source_files import open_regular
 
-__all__ = ["PICKLE_LIMIT", "Record", "SubclassTensor", "RestrictedTorchUnpickler", "read_torch_save"]
+__all__ = [
+    "PICKLE_LIMIT",
+    "Record",
+    "SubclassTensor",
+    "RestrictedTorchUnpickler",
+    "read_torch_save",
+    "view_problem",
+    "check_stored_tensor",
+]
 
 PICKLE_LIMIT = 256 << 20  # bytes of data.pkl read and unpickled at most
 _MAX_ENTRIES = 1 << 20
@@ -131,6 +150,40 @@ def _coords(value: Any, what: str) -> tuple[int, ...]:
     return tuple(value)
 
 
+def view_problem(size: tuple[int, ...], stride: tuple[int, ...]) -> str | None:
+    """None if a view of ``size`` and ``stride`` (non-negative) reaches every stored element at
+    most once, else what repeats: a dimension of more than one element with stride 0 (an
+    expanded tensor) or a stride not past the reach of the smaller ones (an overlapping view).
+    Sufficient for "no element twice" and true of every view torch's slicing, transposing and
+    ``contiguous`` make; a view that passes holds at most as many elements as its storage."""
+    if math.prod(size) == 0:
+        return None
+    reach = 0  # the farthest element the dimensions of smaller stride reach
+    for step, n in sorted((s, n) for n, s in zip(size, stride) if n > 1):
+        if step <= reach:
+            kind = "an expanded view (stride 0)" if step == 0 else "an overlapping view"
+            return f"{kind}: {math.prod(size)} elements that repeat stored ones"
+        reach += (n - 1) * step
+    return None
+
+
+def check_stored_tensor(tensor: torch.Tensor, what: str) -> None:
+    """``SizeLimitError`` unless ``tensor`` (read from a foreign file) holds each element of its
+    storage at most once and no more bytes than its storage: how ``verl_read.assemble`` and
+    ``dcp_read`` refuse a few stored bytes posing as a large tensor, before copying it."""
+    size, stride = tuple(tensor.shape), tuple(tensor.stride())
+    problem = view_problem(size, tuple(abs(s) for s in stride))
+    nbytes = tensor.numel() * tensor.element_size()
+    stored = tensor.untyped_storage().nbytes()
+    if problem is None and nbytes > stored:
+        problem = f"{nbytes} bytes over a storage of {stored}"
+    if problem is not None:
+        raise SizeLimitError(
+            f"{what}: a tensor of size {list(size)} and stride {list(stride)} is {problem}; convert reads only "
+            "tensors whose every element is stored in the file (save it with .contiguous() or .clone())"
+        )
+
+
 class RestrictedTorchUnpickler(pickle._Unpickler):
     """Unpickles ``data.pkl`` of one ``torch.save`` zip (module docstring); ``storage(key, dtype,
     numel)`` returns the zip's storage ``key`` as a flat tensor."""
@@ -171,7 +224,7 @@ class RestrictedTorchUnpickler(pickle._Unpickler):
         if module in ("numpy.core.multiarray", "numpy._core.multiarray") and name == "_reconstruct":
             return _np_reconstruct
         if (module, name) == ("numpy", "ndarray"):
-            return np.ndarray
+            return _NDARRAY
         if (module, name) == ("numpy", "dtype"):
             return _np_dtype
         if (module, name) == ("_codecs", "encode"):
@@ -198,6 +251,13 @@ class RestrictedTorchUnpickler(pickle._Unpickler):
             raise CorruptMetadataError(
                 f"a tensor has the offset {offset!r:.50} and {len(size)} sizes, {len(stride)} strides"
             )
+        problem = view_problem(size, stride)
+        if problem is not None:
+            raise SizeLimitError(
+                f"a tensor of size {list(size)} and stride {list(stride)} is {problem} (a storage of "
+                f"{storage.numel()}); convert reads only tensors whose every element is stored in the file "
+                "(save it with .contiguous() or .clone())"
+            )
         if math.prod(size) > 0:
             last = offset + sum((n - 1) * s for n, s in zip(size, stride))
             if last >= storage.numel():
@@ -211,11 +271,7 @@ class RestrictedTorchUnpickler(pickle._Unpickler):
         state = self.stack.pop()
         inst = self.stack[-1]
         if isinstance(inst, np.ndarray) and type(inst) is np.ndarray:
-            if not (isinstance(state, tuple) and len(state) == 5 and isinstance(state[2], np.dtype)):
-                raise CorruptMetadataError("the pickle gives a numpy array a state that is not numpy's")
-            if state[2].hasobject:
-                raise CorruptMetadataError("the pickle holds a numpy array of Python objects: refused")
-            inst.__setstate__(state)
+            inst.__setstate__(_np_state(state))
             return
         if isinstance(inst, np.dtype):
             if not (type(state) is tuple and all(v is None or type(v) in (int, str) for v in state)):
@@ -283,8 +339,42 @@ def _record_getattr(obj: Any, name: Any) -> Any:
     return record_class(f"{obj.qualname}.{name}")
 
 
+class _NdarrayName:
+    """What the pickle's global ``numpy.ndarray`` becomes: the class argument ``_reconstruct``
+    expects, which cannot be called (``numpy.ndarray(shape, dtype)`` allocates memory nobody
+    wrote: uninitialised heap contents, or a raw MemoryError for a huge shape)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise CorruptMetadataError(
+            "the pickle calls numpy.ndarray(shape, dtype), an array whose memory nobody wrote: refused "
+            "(numpy pickles its arrays with _reconstruct and their bytes)"
+        )
+
+
+_NDARRAY = _NdarrayName()
+
+
+def _np_state(state: Any) -> tuple[Any, ...]:
+    """numpy's array state ``(version, shape, dtype, is_fortran, bytes)``, checked: non-object
+    dtype, and exactly the bytes shape and dtype need (all of them inside data.pkl)."""
+    if not (type(state) is tuple and len(state) == 5 and isinstance(state[2], np.dtype)):
+        raise CorruptMetadataError("the pickle gives a numpy array a state that is not numpy's")
+    version, shape, dtype, fortran, raw = state
+    if dtype.hasobject:
+        raise CorruptMetadataError("the pickle holds a numpy array of Python objects: refused")
+    shape = _coords(shape, "a numpy array's shape")
+    if type(version) is not int or type(fortran) not in (bool, int) or type(raw) is not bytes:
+        raise CorruptMetadataError("the pickle gives a numpy array a state that is not numpy's")
+    need = math.prod(shape) * dtype.itemsize
+    if len(raw) != need:
+        raise CorruptMetadataError(
+            f"a numpy array of shape {shape} and dtype {dtype} needs {need} bytes; the pickle gives it {len(raw)}"
+        )
+    return (version, shape, dtype, bool(fortran), raw)
+
+
 def _np_reconstruct(cls: Any, shape: Any, dtype: Any) -> np.ndarray:
-    if cls is not np.ndarray or not isinstance(dtype, bytes):
+    if cls is not _NDARRAY or not isinstance(dtype, bytes):
         raise CorruptMetadataError("the pickle rebuilds a numpy object other than an ndarray")
     return np.ndarray.__new__(np.ndarray, (0,), dtype=np.uint8)
 
@@ -304,10 +394,10 @@ def _latin1_encode(text: Any, encoding: Any = "latin1") -> bytes:
 def read_torch_save(folder: str, name: str, where: str) -> Any:
     """The object ``torch.save`` wrote to ``folder/name`` (module docstring)."""
     path = os.path.join(folder, name)
-    with open_regular(folder, name, where) as (fd, _size):
+    with open_regular(folder, name, where) as (fd, size):
         with os.fdopen(os.dup(fd), "rb") as f:
             try:
-                return _read_zip(f, path)
+                return _read_zip(f, path, size)
             except CheckpointError as e:
                 raise type(e)(f"{path}: {e}") from None
             except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError, OSError) as e:
@@ -318,7 +408,7 @@ def read_torch_save(folder: str, name: str, where: str) -> Any:
                 raise CorruptMetadataError(f"{path}: its pickle is malformed ({type(e).__name__}: {e})") from None
 
 
-def _read_zip(f: Any, path: str) -> Any:
+def _read_zip(f: Any, path: str, size: int) -> Any:
     if not zipfile.is_zipfile(f):
         raise CorruptMetadataError("not a zip file: convert reads torch.save's zip format (torch 1.6+) only")
     zf = zipfile.ZipFile(f)
@@ -356,7 +446,7 @@ def _read_zip(f: Any, path: str) -> Any:
                 raise CorruptMetadataError(
                     f"storage {key!r} holds {info.file_size} bytes, not the {need} of {numel} {dtype}"
                 )
-            raw = bytearray(zf.read(info))[:need]
+            raw = _read_entry(f, info, need, size)
             storages[key] = torch.frombuffer(raw, dtype=dtype) if need else torch.empty(0, dtype=dtype)
         t = storages[key]
         if t.dtype != dtype or t.numel() < numel:
@@ -364,3 +454,41 @@ def _read_zip(f: Any, path: str) -> Any:
         return t
 
     return RestrictedTorchUnpickler(zf.read(pkl), storage).load()
+
+
+_LOCAL_HEADER = 30  # bytes of a zip local file header before its name and extra field
+
+
+def _read_entry(f: Any, info: zipfile.ZipInfo, need: int, size: int) -> bytearray:
+    """The first ``need`` bytes of the stored zip entry ``info`` of the open file ``f`` of
+    ``size`` bytes, read from the entry's own byte range (its local header says where its data
+    starts and that it is stored), not the whole entry: a storage of 4 bytes in a 1 GiB entry
+    reads 4 bytes. The entry's CRC is checked when all of it is read."""
+    if info.header_offset > size - _LOCAL_HEADER:
+        raise TruncatedDataFileError(f"zip entry {info.filename!r} starts at byte {info.header_offset}, past the file")
+    f.seek(info.header_offset)
+    head = f.read(_LOCAL_HEADER)
+    if len(head) != _LOCAL_HEADER or head[:4] != b"PK\x03\x04":
+        raise CorruptMetadataError(f"zip entry {info.filename!r} has no local header at byte {info.header_offset}")
+    if int.from_bytes(head[8:10], "little") != zipfile.ZIP_STORED:
+        raise CorruptMetadataError(f"zip entry {info.filename!r} is compressed; torch.save stores entries as they are")
+    start = info.header_offset + _LOCAL_HEADER + int.from_bytes(head[26:28], "little")
+    start += int.from_bytes(head[28:30], "little")
+    if start > size - info.file_size:
+        raise TruncatedDataFileError(
+            f"zip entry {info.filename!r} is stored at bytes [{start}, {start + info.file_size}) of a file of {size}"
+        )
+    buf = bytearray(need)
+    view, got = memoryview(buf), 0
+    f.seek(start)
+    while got < need:
+        n = f.readinto(view[got:])
+        if not n:
+            raise TruncatedDataFileError(
+                f"the file ended at byte {start + got} while reading zip entry {info.filename!r}"
+            )
+        got += n
+    view.release()
+    if need == info.file_size and zlib.crc32(buf) != info.CRC:
+        raise CorruptMetadataError(f"zip entry {info.filename!r} fails its CRC check: the file is damaged")
+    return buf

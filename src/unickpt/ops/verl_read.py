@@ -41,7 +41,7 @@ import torch
 from ..errors import CheckpointError, CorruptMetadataError, NotACheckpointError
 from ..format.validation import box_coverage_problem
 from .source_files import read_small_file
-from .torch_save_read import Record, SubclassTensor, read_torch_save
+from .torch_save_read import Record, SubclassTensor, check_stored_tensor, read_torch_save
 
 __all__ = ["import_verl_fsdp", "find_rank_files", "tensor_boxes", "assemble", "RankFiles"]
 
@@ -198,9 +198,12 @@ def tensor_boxes(value: SubclassTensor, what: str) -> list[Box]:
 
 
 def assemble(what: str, size: tuple[int, ...], dtype: torch.dtype, boxes: list[Box]) -> torch.Tensor:
-    """The whole tensor from its pieces, which must tile it exactly (checked before allocating)."""
+    """The whole tensor from its pieces, which must tile it exactly, each holding every element
+    of its storage at most once (``torch_save_read.check_stored_tensor``: no expanded local
+    tensor), all checked before allocating: the whole holds no more bytes than the pieces' files."""
     used = [b for b in boxes if b.primary]
     for b in used:
+        check_stored_tensor(b.tensor, f"{what}: a piece at offsets {b.offsets}")
         if len(b.offsets) != len(size) or len(b.sizes) != len(size):
             raise CorruptMetadataError(f"{what}: a piece of rank {len(b.offsets)} in a tensor of rank {len(size)}")
         if b.tensor.dtype != dtype or tuple(b.tensor.shape) != b.sizes:
@@ -263,6 +266,8 @@ def import_verl_fsdp(folder: str, out: str) -> tuple[int, tuple[str, ...], str]:
     rf = find_rank_files(folder)
     skipped: list[str] = []
     models = [_mapping(read_torch_save(folder, n, f"the verl checkpoint {folder}"), n) for n in rf.files["model"]]
+    for name, m in zip(rf.files["model"], models):
+        _names_only(m, os.path.join(folder, name), "model state dict")
     keys = list(models[0])
     for r, m in enumerate(models):
         if list(m) != keys:
@@ -299,6 +304,17 @@ def import_verl_fsdp(folder: str, out: str) -> tuple[int, tuple[str, ...], str]:
     return len(tensors), tuple(skipped), f"verl FSDP{1 if fsdp1 else 2}, world size {rf.world_size}"
 
 
+def _names_only(state: dict[Any, Any], path: str, what: str) -> None:
+    """``CorruptMetadataError`` unless every key of ``state`` is a string: keys become tensor
+    names (``model.<key>``), so ``1`` and ``"1"`` (or a tuple) would collide or be renamed."""
+    for key in state:
+        if type(key) is not str:
+            raise CorruptMetadataError(
+                f"{path}: the {what} names an entry by the {type(key).__name__} {key!r:.60}, not a string "
+                "(entry names become tensor names: refused rather than let two entries collide)"
+            )
+
+
 def _mapping(value: Any, name: str) -> dict[Any, Any]:
     if not isinstance(value, dict):
         raise CorruptMetadataError(f"{name} holds a {type(value).__name__}, not a state dict")
@@ -321,6 +337,12 @@ def _optimizer(
     ):
         raise CorruptMetadataError(f"{where} is not an optimizer state dict (state, param_groups)")
     ids = [i for g in groups for i in g["params"]]
+    for st in states:
+        stray = [k for k in st if type(k) is not int or not 0 <= k < len(params)]
+        if stray:
+            raise CorruptMetadataError(
+                f"{where}: the optimizer state names {stray[0]!r:.60}, not a parameter index 0..{len(params) - 1}"
+            )
     if sorted(ids) != list(range(len(params))):
         raise CheckpointError(
             f"{where}: the optimizer updates {len(ids)} parameters, the model has {len(params)} distributed "
@@ -340,6 +362,11 @@ def _optimizer(
                     raise CheckpointError(
                         f"{where}: state {key!r} of parameter {i} has the shape {tuple(whole.shape)}, the "
                         f"{i}-th parameter of the model ({name}) {tuple(model[f'model.{name}'].shape)}"
+                    )
+                if f"optimizer.state.{name}.{key}" in out:
+                    raise CorruptMetadataError(
+                        f"{where}: state {key!r} of parameter {i} ({name}) has the name of another parameter's "
+                        f"state (optimizer.state.{name}.{key}): refused rather than keep one of them"
                     )
                 out[f"optimizer.state.{name}.{key}"] = whole
             else:
