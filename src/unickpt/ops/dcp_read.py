@@ -22,7 +22,9 @@ without trusting it.
    tensor loaded (a chunk, or one inside a non-tensor entry) must hold each element of its
    storage at most once (``torch_save_read.check_stored_tensor``): an expanded or overlapping
    view (``torch.zeros(1).expand(2**27)``: 1.6 KB on disk) is refused (``SizeLimitError``)
-   before it is copied, so what convert writes is bounded by the bytes of the entries it read.
+   before it is copied; a non-tensor entry may hold at most ``torch_save_read.AMPLIFICATION``
+   times its bytes, shared values counted at each use (``check_value_bytes``). So what convert
+   writes is bounded by the bytes of the entries it read.
 
 Every refusal is a ``CheckpointError`` naming the file, the entry and the problem.
 """
@@ -43,7 +45,7 @@ import torch
 from ..errors import CheckpointError, CorruptMetadataError, NotACheckpointError, TruncatedDataFileError
 from ..format.validation import box_coverage_problem
 from .source_files import open_regular, read_range, read_small_file
-from .torch_save_read import check_stored_tensor
+from .torch_save_read import check_stored_tensor, check_value_bytes
 
 __all__ = [
     "DCP_METADATA_LIMIT",
@@ -390,6 +392,7 @@ def _plain_value(raw: bytes, item: StoredItem, path: str) -> Any:
         raise CorruptMetadataError(f"{path}: {item.what} is not plain values ({type(e).__name__}); refused") from None
     for tensor in _tensors_in(value):
         check_stored_tensor(tensor, f"{path}: {item.what}")
+    check_value_bytes(value, len(raw), f"{path}: {item.what}")
     return value
 
 

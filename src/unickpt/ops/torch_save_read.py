@@ -24,7 +24,11 @@
    an expanded (stride 0) or overlapping view, which would turn a few stored bytes into
    gigabytes once copied, is refused (``SizeLimitError``) before anything is allocated.
    ``verl_read.assemble`` and ``dcp_read`` check the tensors they receive with
-   :func:`check_stored_tensor` too.
+   :func:`check_stored_tensor` too. The value as a whole is bounded the same way
+   (:func:`check_value_bytes`): its tensors, arrays, strings and bytes, a value the pickle uses
+   in several places counted at each (a converter writes every entry on its own), may hold at
+   most ``AMPLIFICATION`` times the file's bytes (plus 1 MiB): one stored tensor under 100,000
+   keys, or a list that holds itself twice 40 levels deep, is refused (``SizeLimitError``).
 
 Every refusal is a ``CheckpointError`` naming the file.
 """
@@ -57,9 +61,14 @@ __all__ = [
     "read_torch_save",
     "view_problem",
     "check_stored_tensor",
+    "AMPLIFICATION",
+    "value_bytes",
+    "check_value_bytes",
 ]
 
 PICKLE_LIMIT = 256 << 20  # bytes of data.pkl read and unpickled at most
+AMPLIFICATION = 2  # a file's values hold at most this many times its bytes (a tied weight: twice)
+_AMPLIFICATION_SLACK = 1 << 20  # ... plus this many bytes (tiny files with shared values)
 _MAX_ENTRIES = 1 << 20
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}")
 
@@ -181,6 +190,73 @@ def check_stored_tensor(tensor: torch.Tensor, what: str) -> None:
         raise SizeLimitError(
             f"{what}: a tensor of size {list(size)} and stride {list(stride)} is {problem}; convert reads only "
             "tensors whose every element is stored in the file (save it with .contiguous() or .clone())"
+        )
+
+
+def _leaf_bytes(x: Any) -> int | None:
+    """The bytes of a value that holds no other value, None for a container."""
+    if isinstance(x, torch.Tensor):
+        return x.numel() * x.element_size()
+    if isinstance(x, np.ndarray):
+        return x.nbytes
+    if isinstance(x, (str, bytes, bytearray)):
+        return len(x)
+    if isinstance(x, (dict, list, tuple, set, frozenset, Record, SubclassTensor)):
+        return None
+    return 0  # numbers, None, dtypes, devices, classes
+
+
+def _children(x: Any) -> list[Any]:
+    if isinstance(x, dict):
+        return [*x.keys(), *x.values()]
+    if isinstance(x, Record):
+        return [x.args, x.state]
+    if isinstance(x, SubclassTensor):
+        return [x.state]
+    return list(x)
+
+
+def value_bytes(value: Any) -> int:
+    """The bytes of the tensors, numpy arrays, strings and bytes in ``value`` (as read by
+    :func:`read_torch_save` or ``torch.load(weights_only=True)``), a value found in several
+    places counted at each, as a converter writing each entry on its own copies it. Each
+    container is walked once (sums kept by ``id``): a shared structure 40 levels deep costs 40
+    steps, not 2^40; a container inside itself counts once."""
+    top = _leaf_bytes(value)
+    if top is not None:
+        return top
+    sums: dict[int, int] = {}
+    open_ids: set[int] = set()
+    stack: list[tuple[Any, list[Any] | None]] = [(value, None)]
+    while stack:
+        x, kids = stack.pop()
+        if kids is None:
+            if id(x) in sums or id(x) in open_ids:
+                continue  # walked already, or a container inside itself
+            kids = _children(x)
+            open_ids.add(id(x))
+            stack.append((x, kids))
+            stack.extend((k, None) for k in kids if _leaf_bytes(k) is None)
+            continue
+        open_ids.discard(id(x))
+        total = 0
+        for k in kids:
+            leaf = _leaf_bytes(k)
+            total += sums.get(id(k), 0) if leaf is None else leaf
+        sums[id(x)] = total
+    return sums[id(value)]
+
+
+def check_value_bytes(value: Any, file_bytes: int, what: str) -> None:
+    """``SizeLimitError`` when :func:`value_bytes` of ``value``, read from ``file_bytes`` bytes
+    named by ``what``, is over ``AMPLIFICATION`` times them plus 1 MiB."""
+    held = value_bytes(value)
+    limit = AMPLIFICATION * file_bytes + _AMPLIFICATION_SLACK
+    if held > limit:
+        raise SizeLimitError(
+            f"{what} holds {held} bytes of values (a value used in several places counted at each) in "
+            f"{file_bytes} bytes on disk, over {AMPLIFICATION} x those + 1 MiB: refused (stored values used over "
+            "and over, which a converter would write out each time)"
         )
 
 
@@ -453,7 +529,9 @@ def _read_zip(f: Any, path: str, size: int) -> Any:
             raise CorruptMetadataError(f"storage {key!r} is named with two dtypes or sizes")
         return t
 
-    return RestrictedTorchUnpickler(zf.read(pkl), storage).load()
+    value = RestrictedTorchUnpickler(zf.read(pkl), storage).load()
+    check_value_bytes(value, size, "the file")
+    return value
 
 
 _LOCAL_HEADER = 30  # bytes of a zip local file header before its name and extra field

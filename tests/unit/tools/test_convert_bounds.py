@@ -158,6 +158,39 @@ def test_issue39_item1_dtensor_local_tensor_that_is_expanded_is_refused_by_assem
     assert torch.equal(whole, halves)
 
 
+def _dag(levels: int, leaf: Any) -> Any:
+    d = [leaf]
+    for _ in range(levels):
+        d = [d, d]  # each level doubles the places the leaf is used in
+    return d
+
+
+def test_issue39_item1_one_stored_tensor_used_over_and_over_is_refused(tmp_path):
+    """One 64 KiB tensor under 2,000 keys (an 80 KB rank file) was converted into 2,000 copies
+    (125 MiB); in a list that holds itself twice 40 levels deep, 2^40 times. Refused: a file's
+    values hold at most twice its bytes (plus 1 MiB), shared ones counted at each use. A tied
+    weight (one tensor under two keys) still converts."""
+    t = torch.arange(16384, dtype=torch.float32)
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / RANK0).write_bytes(_torch_save({f"k{i}": t for i in range(2000)}))
+    with pytest.raises(SizeLimitError, match=f"{RANK0}: the file holds 131[0-9]{{6}} bytes of values"):
+        from_verl_fsdp(str(src), str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+    (src / "extra_state_world_size_1_rank_0.pt").write_bytes(_torch_save({"rng": _dag(40, t)}))
+    with pytest.raises(SizeLimitError, match=f"holds {(1 << 40) * t.nbytes + len('rng')} bytes of values"):
+        read_torch_save(str(src), "extra_state_world_size_1_rank_0.pt", "test")
+    from unickpt.ops.torch_save_read import value_bytes
+
+    assert value_bytes(_dag(40, t)) == (1 << 40) * t.nbytes  # counted in 40 steps
+    _dcp_with_entry(tmp_path / "dcp", _torch_save({"x": [t] * 100}))
+    with pytest.raises(SizeLimitError, match="entry 'train_state.step' holds [0-9]+ bytes of values"):
+        from_dcp(str(tmp_path / "dcp"), str(tmp_path / "out"))
+    (src / RANK0).write_bytes(_torch_save({"embed": t, "head": t}))
+    (src / "extra_state_world_size_1_rank_0.pt").unlink()
+    assert from_verl_fsdp(str(src), str(tmp_path / "tied")).tensors == 2
+
+
 # --- item 2: numpy arrays only from their bytes ---
 
 
