@@ -455,6 +455,6 @@ class UnickptLoadFromCheckpoint:
             kwargs.pop("weights_only", None)  # nothing is unpickled
             return load_from_checkpoint(cls, path, map_location=map_location, strict=strict, **kwargs)
         parent = super()
-        return parent.load_from_checkpoint(  # type: ignore[misc]
+        return parent.load_from_checkpoint(  # type: ignore[misc,attr-defined]
             checkpoint_path, map_location=map_location, hparams_file=hparams_file, strict=strict, **kwargs
         )
