@@ -418,3 +418,12 @@ def test_issue39_item13_load_from_checkpoint_of_a_unickpt_folder(lightning_ckpt,
     unickpt.save(plain, {"model": Lit()})
     with pytest.raises(NotACheckpointError, match="no Lightning trainer state"):
         load_from_checkpoint(Lit, plain)
+
+
+def test_issue39_item12_load_of_a_torch_save_file_names_the_conversion(tmp_path) -> None:
+    """``unickpt.load("ckpt.pt", state)`` on the file a plain script saved: the error says how to
+    import it (today: "not a unickpt checkpoint" and nothing else)."""
+    src = tmp_path / "ckpt.pt"
+    torch.save({"model": _model(0).state_dict()}, src)
+    with pytest.raises(NotACheckpointError, match="unickpt convert --from torch"):
+        unickpt.load(str(src), {"model": _model(1)})
