@@ -462,4 +462,6 @@ def _describe(
             parts.append(f"state_dict()s under their own keys: {', '.join(statefuls)}")
         if extra:
             parts.append(f"extra_state: {', '.join(map(str, extra))}")
+    if not lightning and "pytorch-lightning_version" in extra:
+        parts.append("a Lightning checkpoint: --from lightning keeps its trainer state for a unickpt strategy")
     return ("Lightning checkpoint: " if lightning else "torch.save: ") + "; ".join(parts)
