@@ -41,7 +41,13 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     from ..ops import convert as cv
 
     if (args.from_format is None) == (args.to_format is None):
-        print("unickpt convert: error: give exactly one of --from {hf,dcp,verl-fsdp} or --to dcp", file=sys.stderr)
+        print(
+            "unickpt convert: error: give exactly one of --from {hf,dcp,verl-fsdp,torch,lightning} or --to dcp",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    if args.param_names is not None and args.from_format not in ("torch", "lightning"):
+        print("unickpt convert: error: --param-names applies to --from torch|lightning", file=sys.stderr)
         return EXIT_USAGE
     if args.layout is not None and args.to_format is None:
         print("unickpt convert: error: --layout applies to --to dcp (imports detect theirs)", file=sys.stderr)
@@ -52,6 +58,10 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         result = cv.from_hf(args.src, args.out)
     elif args.from_format == "verl-fsdp":
         result = cv.from_verl_fsdp(args.src, args.out)
+    elif args.from_format == "torch":
+        result = cv.from_torch(args.src, args.out, param_names=args.param_names)
+    elif args.from_format == "lightning":
+        result = cv.from_lightning(args.src, args.out, param_names=args.param_names)
     else:
         result = cv.from_dcp(args.src, args.out)
     layout = f" ({result.layout})" if result.layout else ""
@@ -59,6 +69,19 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     if result.skipped:
         print(f"not converted: {len(result.skipped)} entries (e.g. {printable(list(result.skipped[:5]))})")
     return EXIT_OK
+
+
+def _names_file(path: str) -> list[str]:
+    """The parameter names of ``--param-names FILE`` (one a line; blank lines skipped)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read(16 << 20)
+    except (OSError, UnicodeDecodeError) as e:
+        raise argparse.ArgumentTypeError(f"cannot read {path}: {e}") from None
+    names = [line.strip() for line in text.splitlines() if line.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"{path} names no parameter")
+    return names
 
 
 def _cmd_modify(args: argparse.Namespace) -> int:
@@ -100,14 +123,26 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
     """The ``convert`` subcommand."""
     cv = sub.add_parser(
         "convert",
-        help="import a Hugging Face / PyTorch DCP / ByteCheckpoint / verl FSDP checkpoint, or export to DCP",
-        description="--from hf|dcp|verl-fsdp SRC OUT writes a unickpt checkpoint (DCP metadata and verl's "
-        "torch.save files are read with allow-list unpicklers); --to dcp SRC OUT writes a unickpt checkpoint's "
-        "tensors as DCP.",
+        help="import a Hugging Face / PyTorch DCP / ByteCheckpoint / verl FSDP / torch.save / Lightning checkpoint, "
+        "or export to DCP",
+        description="--from hf|dcp|verl-fsdp|torch|lightning SRC OUT writes a unickpt checkpoint (DCP metadata, "
+        "verl's rank files, torch.save files and Lightning .ckpt files are read with allow-list unpicklers: no "
+        "code from the source runs); --to dcp SRC OUT writes a unickpt checkpoint's tensors as DCP.",
     )
-    cv.add_argument("src", help="source folder")
+    cv.add_argument("src", help="source folder (--from torch|lightning: the file)")
     cv.add_argument("out", help="new output folder")
-    cv.add_argument("--from", dest="from_format", choices=("hf", "dcp", "verl-fsdp"), default=None)
+    cv.add_argument(
+        "--from", dest="from_format", choices=("hf", "dcp", "verl-fsdp", "torch", "lightning"), default=None
+    )
+    cv.add_argument(
+        "--param-names",
+        type=_names_file,
+        default=None,
+        metavar="FILE",
+        help="with --from torch|lightning: a text file naming the parameters the optimizer updates, one a line, "
+        "in the optimizer's order (needed when the file numbers them and has several param groups or buffers "
+        "that are no BatchNorm's; docs/migrating.md)",
+    )
     cv.add_argument("--to", dest="to_format", choices=("dcp",), default=None)
     cv.add_argument(
         "--layout",

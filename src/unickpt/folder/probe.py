@@ -20,6 +20,7 @@ and a ``CheckpointManager`` root (``step_<n>`` folders); "" for anything else.
 from __future__ import annotations
 
 import json
+import os
 import re
 
 from ..errors import CheckpointError, IncompleteCheckpointError, NotACheckpointError, SizeLimitError
@@ -90,9 +91,22 @@ def read_metadata_bytes(storage: Storage, limit: int = METADATA_LIMIT) -> bytes:
     raise NotACheckpointError(f"{storage.url} is not a unickpt checkpoint (no {METADATA_FILE}){folder_hint(storage)}")
 
 
+def _is_local_file(storage: Storage) -> bool:
+    from ..storage import unwrap
+    from ..storage.local import LocalStorage
+
+    inner = unwrap(storage)
+    return isinstance(inner, LocalStorage) and os.path.isfile(inner.root)
+
+
 def folder_hint(storage: Storage) -> str:
     """A sentence saying what ``storage`` holds and how to load it, or "" (also when the folder
     cannot be listed: the hint never replaces the error it decorates)."""
+    if _is_local_file(storage):
+        return (
+            "; it is a file, and a unickpt checkpoint is a folder: a torch.save file or a Lightning .ckpt imports "
+            "once with `unickpt convert --from torch|lightning FILE OUT` (docs/migrating.md); then load OUT"
+        )
     try:
         names = storage.list("")
     except (CheckpointError, OSError):

@@ -29,6 +29,19 @@ rank 0, so the strategy's checkpoint hooks are the place, and Lightning calls th
   ``FileNotFoundError``) with the message of Lightning's own ``CheckpointIO``.
 * ``teardown``: waits for pending saves and closes the checkpointer.
 
+* A path that is a file (a Lightning ``.ckpt`` or ``torch.save`` file of the time before
+  unickpt) raises ``NotACheckpointError`` naming ``unickpt convert --from lightning``, which
+  imports it once (model, optimizers, loops, callbacks, schedulers) into a checkpoint these
+  strategies resume from at any world size.
+
+Inference: ``load_from_checkpoint(LitModel, path, **kwargs)`` builds the module from the
+hyper-parameters the checkpoint holds (``save_hyperparameters``), ``kwargs`` overriding them, as
+Lightning's ``LitModel.load_from_checkpoint`` does for its own files, and loads the weights
+through unickpt (any saved world size and parallelism). Lightning's own ``load_from_checkpoint``
+reads one file with ``torch.load`` (a unickpt folder raises ``IsADirectoryError`` there, and
+Lightning offers no hook before it): a module that also inherits ``UnickptLoadFromCheckpoint``
+(first) sends a folder to ``load_from_checkpoint`` and any other path to Lightning's.
+
 Fabric: ``UnickptFabricDDPStrategy`` / ``UnickptFabricFSDPStrategy`` / ``UnickptFabricModelParallelStrategy``
 are Fabric's strategies of those names; ``fabric.save(path, state)`` hands the live objects of ``state``
 (modules, optimizers, any ``Stateful``, plain values: unickpt's open state) to
@@ -43,6 +56,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
 from lightning.fabric.strategies import DDPStrategy as FabricDDPStrategy
 from lightning.fabric.strategies import FSDPStrategy as FabricFSDPStrategy
 from lightning.fabric.strategies import ModelParallelStrategy as FabricModelParallelStrategy
@@ -64,6 +78,9 @@ __all__ = [
     "UnickptFabricFSDPStrategy",
     "UnickptFabricModelParallelStrategy",
     "LIGHTNING_KEY",
+    "load_from_checkpoint",
+    "read_lightning_dict",
+    "UnickptLoadFromCheckpoint",
 ]
 
 LIGHTNING_KEY = "lightning"  # the state key of Lightning's own dict
@@ -119,7 +136,17 @@ class _OwnsCheckpointer:
         wait_all()  # a save of this very path may still be in flight (any strategy of this process)
         if "://" not in target and not os.path.lexists(target):
             raise NotACheckpointError(f"Checkpoint file not found: {target}")
+        if "://" not in target and os.path.isfile(target):
+            raise NotACheckpointError(_file_hint(target))
         return target
+
+
+def _file_hint(path: str) -> str:
+    return (
+        f"{path} is a file, not a unickpt checkpoint (a folder): a Lightning .ckpt (or torch.save) file from "
+        f"before the switch to unickpt converts once with `unickpt convert --from lightning {path} OUT` "
+        "(--from torch for a plain torch.save file); then resume with ckpt_path=OUT"
+    )
 
 
 class _UnickptCheckpointing(_OwnsCheckpointer, _Base):
@@ -324,3 +351,110 @@ class UnickptFabricFSDPStrategy(_UnickptFabricCheckpointing, FabricFSDPStrategy)
 
 class UnickptFabricModelParallelStrategy(_UnickptFabricCheckpointing, FabricModelParallelStrategy):
     """Fabric's ``ModelParallelStrategy`` (FSDP2) whose ``fabric.save`` / ``fabric.load`` go through unickpt."""
+
+
+# ---------------------------------------------------------------- inference: load_from_checkpoint
+
+
+def read_lightning_dict(path: str, *, checkpointer: Checkpointer | None = None) -> dict[str, Any]:
+    """Lightning's checkpoint dict (less weights and optimizer states: ``epoch``, ``global_step``,
+    ``hyper_parameters``, ``loops``, ``callbacks`` ...) of the unickpt checkpoint at ``path``, as
+    these strategies (or ``unickpt convert --from lightning``) saved it. Reads no tensor; a unickpt
+    load, so every rank of a job with a process group calls it."""
+    import warnings
+
+    holder = _LightningDict()
+    with warnings.catch_warnings():  # the weights, not asked for here; a missing dict is raised below
+        warnings.filterwarnings("ignore", message="non-strict load")
+        (checkpointer or Checkpointer()).load(str(path), {LIGHTNING_KEY: holder}, strict=False)
+    if not holder.data:
+        raise NotACheckpointError(
+            f"{path} holds no Lightning trainer state (state[{LIGHTNING_KEY!r}]): it was not saved by a unickpt "
+            "Lightning strategy; load it with unickpt.load(path, {'model': module})"
+        )
+    checkpoint = loads_value(holder.data, f"{path}: the Lightning checkpoint dict")
+    if not isinstance(checkpoint, dict):
+        raise UnsupportedValueError(f"{path}: the Lightning checkpoint dict is a {type(checkpoint).__name__}")
+    return checkpoint
+
+
+def load_from_checkpoint(
+    cls: type[Any], checkpoint_path: Any, *, map_location: Any = None, strict: bool | None = None, **kwargs: Any
+) -> Any:
+    """``cls.load_from_checkpoint(checkpoint_path, **kwargs)`` for a unickpt checkpoint (a folder
+    saved by these strategies at any world size and parallelism, or made by ``unickpt convert
+    --from lightning``): the module built from the saved ``hyper_parameters`` updated by
+    ``kwargs`` (as Lightning builds it: ``hparams_name``, only ``__init__``'s arguments unless it
+    takes ``**kwargs``; a checkpoint's ``_instantiator`` is refused: no code named by a checkpoint
+    runs), ``configure_model()`` if overridden, the weights loaded through unickpt (``strict``:
+    the module's ``strict_loading`` by default), then ``on_load_checkpoint(checkpoint)`` with
+    ``checkpoint["state_dict"]`` the loaded module's (as the strategies call it: after the load),
+    and the module moved to ``map_location`` (a device or its name; None: left on the CPU).
+    Every rank calls it in a job with a process group (a unickpt load is collective)."""
+    import inspect
+
+    from lightning.pytorch import LightningModule
+
+    if not (isinstance(cls, type) and issubclass(cls, LightningModule)):
+        raise TypeError(f"load_from_checkpoint builds a LightningModule subclass, got {cls!r}")
+    if map_location is not None and not isinstance(map_location, (str, torch.device)):
+        raise TypeError("load_from_checkpoint(map_location=...) takes a device or its name (e.g. 'cpu', 'cuda:0')")
+    path = str(checkpoint_path)
+    ckpt = Checkpointer()
+    try:
+        checkpoint = read_lightning_dict(path, checkpointer=ckpt)
+        hparams = dict(checkpoint.get(cls.CHECKPOINT_HYPER_PARAMS_KEY) or {})
+        hparams.update(kwargs)
+        if "_instantiator" in hparams:
+            raise UnsupportedValueError(
+                f"{path}: the hyper-parameters name an instantiator ({hparams['_instantiator']!r}); "
+                "load_from_checkpoint runs no code a checkpoint names: build the module yourself and "
+                "unickpt.load(path, {'model': module, 'lightning': None}, strict=False)"
+            )
+        signature = inspect.signature(cls.__init__)
+        params = [p for p in list(signature.parameters.values())[1:] if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        names = {p.name for p in params}
+        args_name = checkpoint.get(cls.CHECKPOINT_HYPER_PARAMS_NAME)
+        if args_name and args_name in names:  # save_hyperparameters() of one Namespace / dict argument
+            init_kwargs = {args_name: hparams}
+        elif any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
+            init_kwargs = hparams
+        else:
+            init_kwargs = {k: v for k, v in hparams.items() if k in names}
+        module = cls(**init_kwargs)
+        if strict is None:
+            strict = module.strict_loading
+        if type(module).configure_model is not LightningModule.configure_model:
+            module.configure_model()
+        ckpt.load(path, {"model": module, LIGHTNING_KEY: _LightningDict()}, strict=strict)
+    finally:
+        ckpt.close()
+    checkpoint["state_dict"] = dict(module.state_dict())
+    module.on_load_checkpoint(checkpoint)
+    return module.to(map_location) if map_location is not None else module
+
+
+class UnickptLoadFromCheckpoint:
+    """Mixed into a ``LightningModule`` (``class LitModel(UnickptLoadFromCheckpoint, L.LightningModule)``):
+    ``LitModel.load_from_checkpoint(path, ...)`` loads a local folder (a unickpt checkpoint) with
+    :func:`load_from_checkpoint` and any other path with Lightning's own ``load_from_checkpoint``."""
+
+    @classmethod
+    def load_from_checkpoint(
+        cls,
+        checkpoint_path: Any,
+        map_location: Any = None,
+        hparams_file: Any = None,
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        path = checkpoint_path
+        if isinstance(path, (str, os.PathLike)) and "://" not in str(path) and os.path.isdir(path):
+            if hparams_file is not None:
+                raise TypeError("load_from_checkpoint(hparams_file=...) is not supported for a unickpt checkpoint")
+            kwargs.pop("weights_only", None)  # nothing is unpickled
+            return load_from_checkpoint(cls, path, map_location=map_location, strict=strict, **kwargs)
+        parent = super()
+        return parent.load_from_checkpoint(  # type: ignore[misc,attr-defined]
+            checkpoint_path, map_location=map_location, hparams_file=hparams_file, strict=strict, **kwargs
+        )

@@ -17,6 +17,13 @@ into any framework at any world size):
 - ``from_verl_fsdp(folder, out)``: a checkpoint of verl's own ``FSDPCheckpointManager``
   (``model/optim/extra_state_world_size_W_rank_R.pt``), read without running its pickles
   (``ops.verl_read``, ``ops.torch_save_read``): model, optimizer (FSDP2), LR scheduler, RNG.
+- ``from_torch(file, out)`` / ``from_lightning(file, out)``: one ``torch.save`` file of a plain
+  training script (``{"model": ..., "optimizer": ..., "lr_scheduler": ..., "epoch": ...}``) or a
+  Lightning ``.ckpt`` (one process, DDP, or a full state dict of FSDP), read without running its
+  pickle (``ops.torch_import``): model, optimizer (param groups, state by parameter name),
+  every other ``state_dict()`` under its own key and plain values in ``extra_state``; Lightning's
+  trainer state (loops, callbacks, schedulers, epoch, global step ...) as unickpt's Lightning
+  strategies save it, so ``trainer.fit(ckpt_path=out)`` resumes from the result.
 Export:
 - ``to_dcp(path, out, layout=...)``: a unickpt checkpoint written by DCP itself
   (``torch.distributed.checkpoint.save`` in one process) as ``get_state_dict`` lays out
@@ -41,9 +48,21 @@ from ..format.values import encode_value
 from ..frameworks.flat import FlatTensors
 from .dcp_read import SafeDCPUnpickler, read_dcp_metadata, read_dcp_state
 from .hf_read import hf_shard_names, load_shards
+from .torch_import import StateDictOf, param_names_of, read_torch_checkpoint
 from .verl_read import import_verl_fsdp
 
-__all__ = ["ConvertResult", "SafeDCPUnpickler", "read_dcp_metadata", "from_hf", "from_dcp", "from_verl_fsdp", "to_dcp"]
+__all__ = [
+    "ConvertResult",
+    "SafeDCPUnpickler",
+    "read_dcp_metadata",
+    "from_hf",
+    "from_dcp",
+    "from_verl_fsdp",
+    "from_torch",
+    "from_lightning",
+    "param_names_of",
+    "to_dcp",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +79,10 @@ def _save_flat(
     objects: dict[str, Any] | None = None,
     extra_state: Any = None,
     dataloader: Any = None,
+    statefuls: dict[str, Any] | None = None,
 ) -> None:
+    """One ``unickpt.save`` of an import: ``tensors`` as ``FlatTensors`` with ``objects``, and
+    ``statefuls`` (key -> a ``state_dict()``) saved under their keys as a ``Stateful`` is."""
     import unickpt
 
     from .dcp_layouts import ImportedLoaderState
@@ -72,6 +94,8 @@ def _save_flat(
         state["extra_state"] = extra_state
     if dataloader is not None:
         state["dataloader"] = ImportedLoaderState(dataloader)
+    for key, value in (statefuls or {}).items():
+        state[key] = StateDictOf(value)
     unickpt.save(out, state, framework="tensors")
 
 
@@ -117,6 +141,26 @@ def from_verl_fsdp(folder: str, out: str) -> ConvertResult:
     """Import a checkpoint of verl's ``FSDPCheckpointManager`` (``ops.verl_read``)."""
     tensors, skipped, layout = import_verl_fsdp(folder, out)
     return ConvertResult(out, tensors, skipped, layout)
+
+
+def from_torch(path: str, out: str, *, param_names: list[str] | None = None) -> ConvertResult:
+    """Import one ``torch.save`` file (``ops.torch_import``); ``param_names``: the parameters the
+    optimizer updates, in its order (``param_names_of(model, optimizer)``), when the file numbers
+    them and the numbers cannot be mapped from the file alone."""
+    return _from_file(path, out, False, param_names)
+
+
+def from_lightning(path: str, out: str, *, param_names: list[str] | None = None) -> ConvertResult:
+    """Import one Lightning ``.ckpt`` file (``ops.torch_import``): resume with a unickpt strategy
+    (``trainer.fit(model, ckpt_path=out)``), or load with ``integrations.lightning.load_from_checkpoint``."""
+    return _from_file(path, out, True, param_names)
+
+
+def _from_file(path: str, out: str, lightning: bool, param_names: list[str] | None) -> ConvertResult:
+    imported = read_torch_checkpoint(path, lightning=lightning, param_names=param_names)
+    objects = {k: encode_value(v, k) for k, v in imported.objects.items()}  # as the optimizer adapters save them
+    _save_flat(imported.tensors, out, objects, imported.extra_state, imported.dataloader, imported.statefuls)
+    return ConvertResult(out, len(imported.tensors), (), imported.layout)
 
 
 def to_dcp(path: str, out: str, *, role: str | None = None, layout: str = "state_dict") -> ConvertResult:
