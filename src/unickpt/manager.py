@@ -61,12 +61,10 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import CheckpointError, IncompleteCheckpointError
 from .folder.cleanup import checkpoint_files, delete_checkpoint, delete_files, lock_blocks_deletion
-from .folder.files import data_files, problems
-from .folder.hf_files import describe_hf_export
 from .folder.lock_owner import LockContext
-from .folder.markers import is_unickpt_name
 from .folder.probe import committed_metadata
 from .folder.publish import publisher_for
+from .folder.state import COMPLETE, DAMAGED, FOREIGN, INCOMPLETE, STATUSES, UNREADABLE, folder_state
 from .folder.target import check_role
 from .format.hf_manifest import HF_FOLDER
 from .format.records import DATA_DIR, METADATA_FILE, Metadata
@@ -83,12 +81,7 @@ __all__ = ["CheckpointManager", "CheckpointInfo", "LatestPointer", "RetentionPla
 
 _STEP_RE = re.compile(r"step_(\d{8,})")
 
-COMPLETE = "complete"  # metadata decoded, every data file complete (``folder.files``: longer is complete)
-INCOMPLETE = "incomplete"  # no metadata, unickpt's lock / marker: a save in progress or interrupted
-DAMAGED = "damaged"  # metadata decoded, a data file it names missing, not a regular file or short
-UNREADABLE = "unreadable"  # metadata this unickpt cannot decode: a newer format, corrupt, too large
-FOREIGN = "foreign"  # no metadata and no file unickpt writes: only another program's files
-STEP_STATUSES = (COMPLETE, INCOMPLETE, DAMAGED, UNREADABLE, FOREIGN)
+STEP_STATUSES = STATUSES  # complete, incomplete, damaged, unreadable, foreign (``folder.state``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,34 +314,10 @@ class CheckpointManager:
         return f"{self.root}/{self._prefix(step)}{METADATA_FILE}"
 
     def _inspect(self, step: int, names: list[str] | None = None) -> StepState:
-        """What ``step``'s folder holds (``names``: its names from ``_scan``, listed when None)."""
-        prefix = self._prefix(step)
-        try:
-            md = committed_metadata(self._storage, prefix, where=self._where(step))
-        except CheckpointError as e:  # a newer format version, corrupt, too large, a link
-            return StepState(step, UNREADABLE, None, f"{type(e).__name__}: {e}")
-        if md is None:
-            if names is None:
-                names = self._scan().get(step, [])
-            top = [n[len(prefix) :] for n in names if n.startswith(prefix) and "/" not in n[len(prefix) :]]
-            hf = describe_hf_export(self._storage, prefix, names, None)
-            if any(is_unickpt_name(n, self._publisher) for n in top):
-                return StepState(step, INCOMPLETE, None, "no metadata: a save in progress or interrupted", hf)
-            if hf:  # what a deletion interrupted half-way leaves: unickpt's export record
-                return StepState(step, INCOMPLETE, None, "no metadata: only unickpt's Hugging Face export is left", hf)
-            return StepState(step, FOREIGN, None, f"no {METADATA_FILE} and no file unickpt writes")
-        hf = describe_hf_export(self._storage, prefix, names, md.save_id) if names is not None else ""
-        problem = self._data_problem(prefix, md)
-        if problem is not None:
-            return StepState(step, DAMAGED, md, problem, hf)
-        return StepState(step, COMPLETE, md, "", hf)
-
-    def _data_problem(self, prefix: str, md: Metadata) -> str | None:
-        """None when every data file ``md`` names is complete under ``prefix`` (``folder.files``: a
-        regular file of at least its recorded size; a longer one is complete), else the first
-        problem in one line."""
-        bad = problems(data_files(self._storage, md, prefix))
-        return bad[0].describe() if bad else None
+        """What ``step``'s folder holds (``names``: its names from ``_scan``, listed when None and
+        needed): ``folder.state.folder_state``, the states ``unickpt ls`` prints."""
+        st = folder_state(self._storage, self._prefix(step), names, self._where(step), self._publisher)
+        return StepState(step, st.status, st.metadata, st.reason, st.hf_export)
 
     def step_states(self) -> list[StepState]:
         """Every step folder of this manager's role and what it holds, by increasing step."""
