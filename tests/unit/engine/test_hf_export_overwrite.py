@@ -214,3 +214,34 @@ def test_issue39_item17_an_incomplete_export_record_deletes_only_unickpts_tempor
     assert "steps [1]" in capsys.readouterr().out
     assert sorted(os.listdir(hf)) == sorted(users)
     assert all((hf / name).read_bytes() == data for name, data in users.items())
+
+
+def test_issue39_item17_no_export_file_takes_its_final_name_before_the_complete_record(tmp_path, monkeypatch) -> None:
+    """The ordering that makes the rule above safe without leaking: every rename of an export file
+    into its final name happens with the record already complete (so an interruption at any
+    moment leaves either temporaries beside an incomplete record, or a complete record)."""
+    import json
+
+    from unickpt.engine import hf_export
+
+    real = os.rename
+    seen: list[tuple[str, bool]] = []
+
+    def watched(src: str, dst: str) -> None:
+        if src.endswith(".unickpt-partial") and not dst.endswith(MANIFEST):
+            with open(os.path.join(os.path.dirname(dst), MANIFEST), "rb") as f:
+                seen.append((os.path.basename(dst), json.loads(f.read())["complete"]))
+        real(src, dst)
+
+    monkeypatch.setattr(hf_export.os, "rename", watched)
+    config = tmp_path / "config.json"
+    config.write_text('{"model_type": "test"}')
+    opts = unickpt.SaveOptions(hf_export=unickpt.HFExport(max_shard_bytes=40, config=str(config)))
+    model = _model(3)
+    unickpt.save(str(tmp_path / "ck"), {"model": model}, options=opts)
+    names = [n for n, _ in seen]
+    assert len(names) > 3 and "config.json" in names, names
+    assert all(done for _, done in seen), seen
+    last_shard = max(i for i, n in enumerate(names) if n.endswith(".safetensors"))
+    assert names.index("model.safetensors.index.json") > last_shard, names  # the index appears last
+    assert _same(_read(str(tmp_path / "ck" / "huggingface")), model)
