@@ -28,7 +28,7 @@ Order of use (every rank calls ``save`` / ``load_latest`` with the same argument
                The returned handle completes after the post-commit job. A failed save never
                reaches the pointer: ``latest`` only ever names a committed checkpoint.
   retention    (rank 0) sorts the step folders of its role (``step_states``) into complete
-               (metadata decoded and every data file it names present with its recorded size),
+               (metadata decoded and every data file it names complete, ``folder.files``),
                incomplete (no metadata; unickpt's lock or marker), and kept-unproven (damaged:
                metadata without its data, e.g. a copied metadata file; unreadable: metadata this
                version cannot decode, e.g. a newer format; foreign: nothing unickpt writes). It
@@ -56,17 +56,15 @@ import re
 import sys
 import warnings
 from collections.abc import MutableMapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .errors import CheckpointError, IncompleteCheckpointError
 from .folder.cleanup import checkpoint_files, delete_checkpoint, delete_files, lock_blocks_deletion
-from .folder.hf_files import describe_hf_export
 from .folder.lock_owner import LockContext
-from .folder.markers import is_unickpt_name
 from .folder.probe import committed_metadata
 from .folder.publish import publisher_for
+from .folder.state import COMPLETE, DAMAGED, FOREIGN, INCOMPLETE, STATUSES, UNREADABLE, folder_state
 from .folder.target import check_role
 from .format.hf_manifest import HF_FOLDER
 from .format.records import DATA_DIR, METADATA_FILE, Metadata
@@ -83,12 +81,7 @@ __all__ = ["CheckpointManager", "CheckpointInfo", "LatestPointer", "RetentionPla
 
 _STEP_RE = re.compile(r"step_(\d{8,})")
 
-COMPLETE = "complete"  # metadata decoded, every data file present with its recorded size
-INCOMPLETE = "incomplete"  # no metadata, unickpt's lock / marker: a save in progress or interrupted
-DAMAGED = "damaged"  # metadata decoded, a data file it names missing or of another size
-UNREADABLE = "unreadable"  # metadata this unickpt cannot decode: a newer format, corrupt, too large
-FOREIGN = "foreign"  # no metadata and no file unickpt writes: only another program's files
-STEP_STATUSES = (COMPLETE, INCOMPLETE, DAMAGED, UNREADABLE, FOREIGN)
+STEP_STATUSES = STATUSES  # complete, incomplete, damaged, unreadable, foreign (``folder.state``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,61 +314,10 @@ class CheckpointManager:
         return f"{self.root}/{self._prefix(step)}{METADATA_FILE}"
 
     def _inspect(self, step: int, names: list[str] | None = None) -> StepState:
-        """What ``step``'s folder holds (``names``: its names from ``_scan``, listed when None)."""
-        prefix = self._prefix(step)
-        try:
-            md = committed_metadata(self._storage, prefix, where=self._where(step))
-        except CheckpointError as e:  # a newer format version, corrupt, too large, a link
-            return StepState(step, UNREADABLE, None, f"{type(e).__name__}: {e}")
-        if md is None:
-            if names is None:
-                names = self._scan().get(step, [])
-            top = [n[len(prefix) :] for n in names if n.startswith(prefix) and "/" not in n[len(prefix) :]]
-            hf = describe_hf_export(self._storage, prefix, names, None)
-            if any(is_unickpt_name(n, self._publisher) for n in top):
-                return StepState(step, INCOMPLETE, None, "no metadata: a save in progress or interrupted", hf)
-            if hf:  # what a deletion interrupted half-way leaves: unickpt's export record
-                return StepState(step, INCOMPLETE, None, "no metadata: only unickpt's Hugging Face export is left", hf)
-            return StepState(step, FOREIGN, None, f"no {METADATA_FILE} and no file unickpt writes")
-        hf = describe_hf_export(self._storage, prefix, names, md.save_id) if names is not None else ""
-        problem = self._data_problem(prefix, md)
-        if problem is not None:
-            return StepState(step, DAMAGED, md, problem, hf)
-        return StepState(step, COMPLETE, md, "", hf)
-
-    def _data_problem(self, prefix: str, md: Metadata, threads: int = 16) -> str | None:
-        """None when every data file ``md`` names is under ``prefix`` with its recorded size (format
-        3: the exact size; earlier versions: at least the end of the last range it holds)."""
-        if not md.files:
-            return None
-        names = [prefix + f for f in md.files]
-
-        def size(name: str) -> int | None:
-            try:
-                return self._storage.size(name)
-            except CheckpointError:  # e.g. a link in its place: not the file the metadata names
-                return None
-
-        if len(names) <= 4:
-            sizes = [size(n) for n in names]
-        else:
-            with ThreadPoolExecutor(min(threads, len(names)), thread_name_prefix="unickpt-stat") as pool:
-                sizes = list(pool.map(size, names))
-        exact = [md.checksums.file_size(i) if md.checksums is not None else None for i in range(len(md.files))]
-        least = [0] * len(md.files)
-        if any(e is None for e in exact):
-            for t in md.tensors.values():
-                for sh in t.shards:
-                    least[sh.file_index] = max(least[sh.file_index], sh.byte_offset + sh.byte_length)
-            for b in md.blobs.values():
-                least[b.file_index] = max(least[b.file_index], b.byte_offset + b.byte_length)
-        for i, (name, got) in enumerate(zip(md.files, sizes)):
-            want = exact[i]
-            if got is None:
-                return f"data file {name} is missing"
-            if (want is not None and got != want) or (want is None and got < least[i]):
-                return f"data file {name} has {got} bytes, not the {want if want is not None else least[i]} recorded"
-        return None
+        """What ``step``'s folder holds (``names``: its names from ``_scan``, listed when None and
+        needed): ``folder.state.folder_state``, the states ``unickpt ls`` prints."""
+        st = folder_state(self._storage, self._prefix(step), names, self._where(step), self._publisher)
+        return StepState(step, st.status, st.metadata, st.reason, st.hf_export)
 
     def step_states(self) -> list[StepState]:
         """Every step folder of this manager's role and what it holds, by increasing step."""

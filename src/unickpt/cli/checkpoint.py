@@ -43,8 +43,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     from ..ops import inspect as ins
 
     storage, md, _ = ins.load_metadata(args.path, args.role)
-    sizes = ins.file_sizes(storage, md)
-    report = ins.verify(md, storage, sizes=sizes, threads=args.threads, max_failures=args.max_failures)
+    report = ins.verify(md, storage, threads=args.threads, max_failures=args.max_failures)  # stats each file
     if report.ok:
         print(
             f"{printable(storage.url)}: OK: {len(md.tensors)} tensors fully covered, "
@@ -52,6 +51,8 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             f"{report.shards_checked} shards and {report.blobs_checked} blobs checksummed "
             f"({report.bytes_checked} bytes in {report.seconds:.2f} s)"
         )
+        for note in report.notes:
+            print(f"  note: {printable(note)}")
         return EXIT_OK
     print(f"{printable(storage.url)}: FAILED: {report.failures_total} problem(s)")
     for line in report.failures:

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from ._common import EXIT_FAILED, EXIT_OK, positive, role
+
+if TYPE_CHECKING:
+    from ..folder.state import FolderState
+    from ..manager import StepState
 
 __all__ = ["add_manage"]
 
@@ -22,24 +27,41 @@ def _manager(args: argparse.Namespace, keep_last: int | None = None):  # -> Chec
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:
-    import time
-
-    from ..ops.inspect import human_bytes
-
     manager = _manager(args)
     pointer = manager.read_pointer()
     states = manager.step_states()
     for st in states:
         mark = " <- latest" if pointer is not None and pointer.step == st.step else ""
-        md = st.metadata if st.status == "complete" else None
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(md.created_unix)) if md else "-" * 19
-        shown = f"{human_bytes(md.total_tensor_bytes):>10}" if md else f"{st.status:>10}"
-        why = f"  ({st.reason[:200]})" if st.status not in ("complete", "incomplete") else ""
-        hf = f"  [{st.hf_export}]" if st.hf_export else ""
-        print(f"step {st.step:>10}  {when}  {shown}  {manager.path_for(st.step)}{mark}{hf}{why}")
-    if not states:
-        print(f"no checkpoint under {args.root}")
+        print(f"step {st.step:>10}  {_state_line(st, manager.path_for(st.step))}{mark}")
+    if states:
+        return EXIT_OK
+    # not a CheckpointManager root: every checkpoint below (``folder.state.find_checkpoints``)
+    from ..folder.state import MAX_DEPTH, find_checkpoints
+    from ..storage import open_storage
+
+    root = args.root.rstrip("/") or args.root
+    found = find_checkpoints(open_storage(root))
+    if args.role is not None:  # the checkpoints of that role: folders named after it
+        found = [(rel, st) for rel, st in found if rel.rpartition("/")[2] == args.role]
+    for rel, st in found:
+        print(_state_line(st, f"{root}/{rel}" if rel else root))
+    if not found:
+        print(f"no checkpoint under {args.root} (no step folders, none {MAX_DEPTH} levels deep; links not followed)")
     return EXIT_OK
+
+
+def _state_line(st: FolderState | StepState, path: str) -> str:
+    """One line of ``ls``: when, size or state, path, the HF export, why it is not complete."""
+    import time
+
+    from ..ops.inspect import human_bytes
+
+    md = st.metadata if st.status == "complete" else None
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(md.created_unix)) if md else "-" * 19
+    shown = f"{human_bytes(md.total_tensor_bytes):>10}" if md else f"{st.status:>10}"
+    why = f"  ({st.reason[:200]})" if st.status != "complete" else ""
+    hf = f"  [{st.hf_export}]" if st.hf_export else ""
+    return f"{when}  {shown}  {path}{hf}{why}"
 
 
 def _cmd_latest(args: argparse.Namespace) -> int:
@@ -82,7 +104,8 @@ def _cmd_prune(args: argparse.Namespace) -> int:
 def add_manage(sub: argparse._SubParsersAction) -> None:
     """The ``ls``, ``latest`` and ``prune`` subcommands."""
     for name, func, text, more in (
-        ("ls", _cmd_ls, "list the step folders of a CheckpointManager root", "; a folder that is not a complete "
+        ("ls", _cmd_ls, "list the step folders of a CheckpointManager root (elsewhere: every checkpoint below "
+         "the folder, a few levels deep)", "; a folder that is not a complete "
          "checkpoint is shown as incomplete (a save in progress or interrupted), damaged (data missing), "
          "unreadable (metadata this version cannot decode) or foreign (not unickpt's)"),
         ("latest", _cmd_latest, "print the path of the latest complete checkpoint of a root", " (the one the "

@@ -23,13 +23,19 @@ the same error on every rank):
   write*     every rank ``pwrite``s its boxes' bytes, cast to the export dtype, at the offsets
              ``format.hf_layout.box_runs`` gives (a dim-0 box is one run; a box split along a
              later dim one run per row), then ``fsync``s its writes;
+  index*     rank 0 writes ``model.safetensors.index.json`` and copies ``config.json``, each
+             under its temporary name (fsync), then (in a save) the complete record;
   publish*   each owner renames its files into place and syncs the folder;
-  index*     rank 0 writes ``model.safetensors.index.json`` and copies ``config.json``
-             (temporary name, fsync, rename, folder sync).
+  reveal*    rank 0 renames the index and ``config.json`` into place (folder sync): the index
+             appears last.
 In a save (``manifest_save_id`` given) rank 0 also writes the export's record
 ``unickpt.hf_export.json`` (``format.hf_manifest``): in ``folder`` before any file, naming them
-all, and again at the end of ``index`` with their sizes: what later deletes (a save replacing
-this checkpoint, retention) may remove (``folder.hf_files``).
+all (``complete: false``), and again at the end of ``index``, every file written but none yet
+under its final name, with their sizes (``complete: true``): what later deletes (a save
+replacing this checkpoint, retention) may remove (``folder.hf_files``). No file takes its final
+name while the record is incomplete, so an incomplete record proves only the temporaries
+(``.unickpt-partial``) unickpt created; a file under a final name beside it (a user's
+``config.json`` after an interrupted export) is never deleted.
 A failure after ``create`` removes the partial files (each owner its own). Memory: each rank
 holds at most one of its local boxes cast to the export dtype.
 
@@ -338,15 +344,20 @@ def export_pieces(
             _write_atomically(os.path.join(out, MANIFEST_FILE), record.encode(), replace=False)
 
     run_stage(coord, "hf export (folder)", folder)
-    created: list[str] = []
+    created: list[str] = []  # this rank's temporaries, removed on a failure
+    later: list[str] = []  # rank 0: the index and config.json, renamed after every shard
     try:
         run_stage(coord, "hf export (create)", lambda: _create(out, [files[i] for i in owned], created))
         run_stage(coord, "hf export (write)", lambda: _write(out, plan, pieces, rank, options.cast))
+        run_stage(
+            coord, "hf export (index)", lambda: _index(out, plan.layout, options, record, later) if rank == 0 else None
+        )
         run_stage(coord, "hf export (publish)", lambda: _publish(out, created))
         created.clear()
-        run_stage(coord, "hf export (index)", lambda: _index(out, plan.layout, options, record) if rank == 0 else None)
+        run_stage(coord, "hf export (reveal)", lambda: _publish(out, later))
+        later.clear()
     except BaseException:
-        for tmp in created:
+        for tmp in created + later:
             if os.path.lexists(tmp):
                 os.unlink(tmp)
         raise
@@ -406,31 +417,35 @@ def _publish(out: str, created: list[str]) -> None:
         _sync_folder(out)
 
 
-def _index(out: str, layout: HFLayout, options: HFExport, record: HFManifest | None) -> None:
-    """Rank 0: the index, ``config.json``, then (``record``) the manifest with every size."""
+def _index(out: str, layout: HFLayout, options: HFExport, record: HFManifest | None, temps: list[str]) -> None:
+    """Rank 0, after every shard is written (under its temporary name): the index and
+    ``config.json`` under their temporary names (appended to ``temps``: ``reveal`` renames
+    them), then (``record``) the complete manifest with every size, durable before any file
+    takes its final name."""
     sizes = {f.name: f.size for f in layout.files}
     if len(layout.files) > 1 or options.always_index:
         data = index_json(layout)
-        _write_atomically(os.path.join(out, INDEX_FILE), data)
+        temps.append(_write_temporary(os.path.join(out, INDEX_FILE), data))
         sizes[INDEX_FILE] = len(data)
     if options.config is not None:
         if not os.path.isfile(options.config):
             raise CheckpointError(f"Hugging Face export: config {options.config} is not a file")
         tmp = os.path.join(out, "config.json" + PARTIAL)
-        shutil.copyfile(options.config, tmp)
-        with open(tmp, "rb+") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        temps.append(tmp)
+        with open(fd, "wb") as f, open(options.config, "rb") as src:
+            shutil.copyfileobj(src, f)
+            f.flush()
             os.fsync(f.fileno())
             sizes["config.json"] = os.fstat(f.fileno()).st_size
-        os.rename(tmp, os.path.join(out, "config.json"))
     if record is not None:
         done = HFManifest(record.save_id, True, tuple((n, sizes[n]) for n, _ in record.files))
         _write_atomically(os.path.join(out, MANIFEST_FILE), done.encode())
-    _sync_folder(out)
+        _sync_folder(out)
 
 
-def _write_atomically(final: str, data: bytes, replace: bool = True) -> None:
-    """``data`` into ``final`` through a temporary (exclusive, fsync, rename); ``replace=False``:
-    an existing ``final`` is refused (hard-linked into place, then the temporary unlinked)."""
+def _write_temporary(final: str, data: bytes) -> str:
+    """``data`` into ``final``'s temporary (exclusive, no link followed, fsync); returns its path."""
     tmp = final + PARTIAL
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     try:
@@ -438,6 +453,13 @@ def _write_atomically(final: str, data: bytes, replace: bool = True) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+    return tmp
+
+
+def _write_atomically(final: str, data: bytes, replace: bool = True) -> None:
+    """``data`` into ``final`` through a temporary (exclusive, fsync, rename); ``replace=False``:
+    an existing ``final`` is refused (hard-linked into place, then the temporary unlinked)."""
+    tmp = _write_temporary(final, data)
     if replace:
         os.rename(tmp, final)
         return

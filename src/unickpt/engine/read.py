@@ -14,10 +14,10 @@ from ..coordination.base import Coordinator
 from ..errors import (
     CheckpointError,
     ChecksumMismatchError,
-    MissingDataFileError,
     SizeLimitError,
     TruncatedDataFileError,
 )
+from ..folder.files import data_files, raise_problem
 from ..folder.probe import read_metadata_bytes
 from ..format.codec import decode_metadata
 from ..format.records import METADATA_FILE, BlobRecord, Metadata
@@ -55,11 +55,10 @@ def read_blob(md: Metadata, storage: Storage, blob: BlobRecord, rank: int, cap: 
     holds, so a block count would refuse good checkpoints. A sparse file within the cap costs at
     most ``cap`` bytes of memory and then fails its checksum."""
     name = md.files[blob.file_index]
-    size = storage.size(name)
-    if size is None:
-        raise MissingDataFileError(f"rank {rank}: data file {storage.url}/{name} (holding {blob.key!r}) is missing")
-    if size < blob.byte_offset + blob.byte_length:
-        raise TruncatedDataFileError(f"rank {rank}: data file {storage.url}/{name} is truncated ({blob.key!r})")
+    found = data_files(storage, md, indices=[blob.file_index])
+    raise_problem(found, md, storage.url, f"rank {rank}: ", {blob.file_index: f"blob {blob.key!r}"})
+    size = found[0].size
+    assert size is not None  # complete
     if blob.byte_length > cap:
         raise SizeLimitError(
             f"rank {rank}: blob {blob.key!r} in {storage.url}/{name} claims {blob.byte_length} bytes, over the "

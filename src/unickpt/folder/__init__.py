@@ -7,6 +7,10 @@
   ``lock``     the save lock (``lock_owner``: its holder record and staleness);
   ``probe``    the committed metadata, read one way; what a folder without one is;
   ``cleanup``  deleting unickpt's own files only: stale data after a commit, a whole checkpoint.
+  ``state``    what a checkpoint folder is (complete, incomplete, damaged, ...: ``unickpt ls``'s
+               words) and every checkpoint below a folder;
+  ``files``    whether a checkpoint's data files are all there: one rule for load, verify, the
+               manager, retention (complete: at least the recorded bytes) and the commit (exact).
 The save and load engines, ``CheckpointManager``, tiering, the integrations and ``ops`` use
 these; nothing here runs a pipeline.
 """

@@ -11,10 +11,15 @@ The export records what it writes in ``huggingface/unickpt.hf_export.json``
   ``folder.cleanup.checkpoint_files`` (retention, ``unickpt prune``, ``delete_checkpoint``):
                  a deleted checkpoint's export goes with it;
   ``CheckpointManager`` for ``unickpt ls`` (``describe_hf_export``).
-A name is unickpt's when the manifest names it, it is a regular file (a link is never followed,
-nor deleted) and it has the size the manifest recorded (while ``complete`` is False: any size);
-the export's ``.unickpt-partial`` temporaries of those names and of the manifest are unickpt's
-too. Everything else in the folder (a user's file, a sub-folder, a link, the whole folder when it
+A name is unickpt's when the manifest is complete and names it, it is a regular file (a link is
+never followed, nor deleted) and it has the size the manifest recorded; the export's
+``.unickpt-partial`` temporaries of the names it lists and of the manifest are unickpt's too
+(created exclusively under that name by the export, never by anyone else). While the record is
+incomplete (``complete: false``: an export interrupted before its end) it proves those
+temporaries only: the export writes its complete record before any file takes its final name
+(``engine.hf_export``), so a file under a final name beside an incomplete record (a user's
+``config.json`` or ``model.safetensors`` put there after the interruption) is not unickpt's.
+Everything else in the folder (a user's file, a sub-folder, a link, the whole folder when it
 is a link or a file) is *foreign*: never deleted, reported. Without a readable manifest of this
 version nothing there is unickpt's.
 """
@@ -84,8 +89,8 @@ def hf_export_files(storage: Storage, prefix: str = "", names: list[str] | None 
         if stem is not None:
             mine = size is not None and (stem == MANIFEST_FILE or stem in listed)
         else:
-            want = listed.get(base, -1)
-            mine = size is not None and base in listed and (want is None or want == size)
+            want = listed.get(base, -1)  # None only in an incomplete record: then nothing is proven
+            mine = size is not None and base in listed and want is not None and want == size
         (ours if mine else foreign).append(n)
     if manifest is not None:
         ours.append(manifest_name)
@@ -125,8 +130,9 @@ def remove_stale_hf_export(storage: Storage) -> None:
 
 def describe_hf_export(storage: Storage, prefix: str, names: list[str], save_id: str | None) -> str:
     """A few words on the export in ``<prefix>huggingface/`` for ``unickpt ls``: "" when the
-    names hold no manifest; else "hf export", "hf export (incomplete)", or "hf export (stale: of
-    save <id>)" when it derives from another save than the checkpoint's ``save_id``."""
+    names hold no manifest; else "hf export", "hf export (incomplete)" (the record is incomplete,
+    or a file it names is not under its final name), or "hf export (stale: of save <id>)" when
+    it derives from another save than the checkpoint's ``save_id``."""
     name = f"{prefix}{HF_FOLDER}/{MANIFEST_FILE}"
     if name not in names:
         return ""
@@ -135,4 +141,7 @@ def describe_hf_export(storage: Storage, prefix: str, names: list[str], save_id:
         return "hf export (unreadable record)"
     if save_id is not None and manifest.save_id and manifest.save_id != save_id:
         return f"hf export (stale: of save {manifest.save_id})"
-    return "hf export" if manifest.complete else "hf export (incomplete)"
+    present = set(names)
+    folder = f"{prefix}{HF_FOLDER}/"
+    whole = manifest.complete and all(folder + n in present for n, _ in manifest.files)  # all renamed
+    return "hf export" if whole else "hf export (incomplete)"

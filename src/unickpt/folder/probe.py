@@ -9,12 +9,14 @@ which finds a version moved aside by an interrupted publication), bounded by ``l
                           save it replaces), the lock (did this save commit?) and loads (was the
                           checkpoint re-committed meanwhile?);
   ``read_metadata_bytes`` for loads and ``ops``: a folder without metadata is told apart as
-                          an interrupted save (``IncompleteCheckpointError``: data files exist)
+                          an interrupted save (``IncompleteCheckpointError``: unickpt's lock,
+                          marker or data files, the word and reason ``unickpt ls`` prints)
                           or not a checkpoint (``NotACheckpointError``, with ``folder_hint``'s
                           sentence saying what the folder is instead).
 ``folder_hint`` runs only on that error path, so its listings cost nothing on a real load: it
 recognises a PyTorch DCP checkpoint (a ``.metadata`` file beside ``__<rank>_<n>.distcp`` files)
-and a ``CheckpointManager`` root (``step_<n>`` folders); "" for anything else.
+a ``CheckpointManager`` root (``step_<n>`` folders) and checkpoints in sub-folders (an HF
+Trainer's ``checkpoint-8/unickpt``); "" for anything else.
 """
 
 from __future__ import annotations
@@ -28,12 +30,15 @@ from ..format.codec import decode_metadata
 from ..format.records import DATA_DIR, METADATA_FILE, Metadata
 from ..storage import absence
 from ..storage.base import METADATA_LIMIT, Storage
+from .markers import is_unickpt_name
 from .publish import publisher_for
 
 __all__ = ["read_committed", "committed_metadata", "committed_save_id", "read_metadata_bytes", "folder_hint"]
 
+UNFINISHED = "no metadata: a save in progress or interrupted"  # why a folder is incomplete (``folder.state``)
 _DISTCP = re.compile(r"__\d+_\d+\.distcp")
 _STEP = re.compile(r"step_(\d{8,})")
+SEARCH_DEPTH = 4  # folder levels searched below (``folder.state.MAX_DEPTH``)
 
 
 def read_committed(storage: Storage, prefix: str = "", limit: int = METADATA_LIMIT) -> bytes | None:
@@ -80,10 +85,16 @@ def read_metadata_bytes(storage: Storage, limit: int = METADATA_LIMIT) -> bytes:
         ) from None
     if data is not None:
         return data
+    publisher = publisher_for(storage)
+    if any(is_unickpt_name(n, publisher) for n in storage.list("unickpt.") if "/" not in n):
+        raise IncompleteCheckpointError(  # the word and reason `unickpt ls` prints (``folder.state``)
+            f"{storage.url} is incomplete ({UNFINISHED}): {METADATA_FILE} was never committed, so it "
+            "cannot be loaded; a later save at this path replaces it"
+        )
     if storage.list(DATA_DIR + "/"):
         raise IncompleteCheckpointError(
-            f"{storage.url} is an incomplete checkpoint: data files exist but {METADATA_FILE} was "
-            "never committed (the save was interrupted); it cannot be loaded"
+            f"{storage.url} is incomplete (no metadata: data files of an interrupted save, no record of "
+            f"which): {METADATA_FILE} was never committed, so it cannot be loaded"
         )
     missing = absence(storage)
     if missing is not None:
@@ -124,7 +135,7 @@ def folder_hint(storage: Storage) -> str:
         if m and name.endswith("/" + METADATA_FILE):
             steps.setdefault(int(m.group(1)), folder)
     if not steps:
-        return ""
+        return _below_hint(storage.url, names)
     shown = [steps[s] for s in sorted(steps)]
     listed = ", ".join(shown[-10:]) + (f" (and {len(shown) - 10} older)" if len(shown) > 10 else "")
     newest = f"{storage.url.rstrip('/')}/{shown[-1]}"
@@ -132,3 +143,15 @@ def folder_hint(storage: Storage) -> str:
         f"; it is a CheckpointManager root holding {listed}: resume with "
         f"unickpt.CheckpointManager({storage.url!r}).load_latest(state), or load the newest step {newest}"
     )
+
+
+def _below_hint(url: str, names: list[str]) -> str:
+    """The hint for a folder with unickpt checkpoints in sub-folders (an HF Trainer's
+    ``checkpoint-8`` holding ``unickpt/``, a Lightning ``dirpath``), or ""."""
+    tail = "/" + METADATA_FILE
+    below = sorted({n[: -len(tail)] for n in names if n.endswith(tail) and n.count("/") <= SEARCH_DEPTH})
+    if not below:
+        return ""
+    base = url.rstrip("/")
+    shown = ", ".join(f"{base}/{b}" for b in below[:5]) + (f" (and {len(below) - 5} more)" if len(below) > 5 else "")
+    return f"; unickpt checkpoint(s) below it: {shown}: pass that path (`unickpt ls {base}` lists them all)"

@@ -3,11 +3,12 @@
 
 Written by rank 0 of the in-save export (``engine.hf_export.export_pieces`` with a
 ``manifest_save_id``): first, before any export file exists, naming every file the export will
-write (``complete: false``, no sizes); last, after the index and ``config.json``, with each
-file's size (``complete: true``). Read by ``folder.hf_files`` to tell unickpt's files from
-anyone else's before deleting them (a later save at the same path, retention, ``unickpt
-prune``) and by ``unickpt ls``. A file counts as unickpt's only when the manifest names it,
-it is a regular file (never a link) and, once sizes are recorded, it has its recorded size.
+write (``complete: false``, no sizes); then, once every file is written under its temporary
+name and before any takes its final name, with each file's size (``complete: true``). Read
+by ``folder.hf_files`` to tell unickpt's files from anyone else's before deleting them (a later
+save at the same path, retention, ``unickpt prune``) and by ``unickpt ls``. A file counts as
+unickpt's only when the manifest names it, it is a regular file (never a link) and it has its
+recorded size; an incomplete record proves only the export's ``.unickpt-partial`` temporaries.
 
     {"format": "unickpt.hf_export", "version": 1, "save_id": "<the committed save it derives from>",
      "complete": true, "files": [["model-00001-of-00002.safetensors", 123456], ...]}

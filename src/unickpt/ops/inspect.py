@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..coordination.single import SingleProcessCoordinator
+from ..folder.files import expected_sizes
 from ..folder.probe import read_metadata_bytes
 from ..format import METADATA_FILE, Metadata, decode_metadata, dtype_from_name
 from ..storage import Storage, open_storage
@@ -151,12 +152,7 @@ def summarize(
         TensorInfo(t.fqn, t.dtype, tuple(t.shape), len(t.shards), sum(s.byte_length for s in t.shards))
         for t in md.tensors.values()
     ]
-    ends = [0] * len(md.files)
-    for t in md.tensors.values():
-        for s in t.shards:
-            ends[s.file_index] = max(ends[s.file_index], s.byte_offset + s.byte_length)
-    for b in md.blobs.values():
-        ends[b.file_index] = max(ends[b.file_index], b.byte_offset + b.byte_length)
+    ends = expected_sizes(md)  # what each file must hold (``folder.files``' rule)
     files = [FileInfo(name, ends[i], None if sizes is None else sizes.get(name)) for i, name in enumerate(md.files)]
     blobs = [
         BlobInfo(b.key, md.files[b.file_index], b.byte_length) for b in sorted(md.blobs.values(), key=lambda b: b.key)
@@ -272,13 +268,15 @@ def format_text(s: Summary, *, tensors: bool = True) -> str:
             f"{human_bytes(v.bytes_checked)} in {v.seconds:.2f} s"
         )
         out += [f"  {printable(m)}" for m in v.failures]
+        out += [f"  note: {printable(m)}" for m in v.notes]
         if v.failures_total > len(v.failures):
             out.append(f"  ... and {v.failures_total - len(v.failures)} more")
     return "\n".join(out)
 
 
 def short_files(s: Summary) -> list[FileInfo]:
-    """Data files missing or shorter than the metadata says (when sizes were checked)."""
+    """Data files missing or shorter than the metadata says (when sizes were checked): the
+    incomplete ones of ``folder.files``' rule (a longer file is complete)."""
     return [f for f in s.files if f.size_on_disk is None or f.size_on_disk < f.bytes] if s.sizes_checked else []
 
 

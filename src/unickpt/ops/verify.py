@@ -5,7 +5,8 @@ Used by ``unickpt verify`` / ``inspect --verify`` and for tiering's copies
 (``tiering.copy_checkpoint``), after the metadata is decoded. The decoder has already checked
 completeness (every tensor tiled by its shards, every range inside its file's recorded size);
 ``verify`` checks what only the bytes can tell. Per data file, in parallel: missing, or of another
-size than the metadata records (format version 3), then every checksum unit (``format.checksums``:
+size than the rule of ``folder.files`` allows (missing, not a regular file, short: a failure; longer
+than recorded: complete, with a note in ``VerifyReport.notes``), then every checksum unit (``format.checksums``:
 each file chunk from version 3, each shard and blob before) streamed through one reusable buffer
 per thread, consecutive units read together; a unit larger than the buffer is checksummed piece by
 piece. Memory stays at ``batch_bytes`` whatever sizes the metadata claims. A bad unit is reported
@@ -22,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..errors import CheckpointError, ChecksumMismatchError, MissingDataFileError, TruncatedDataFileError
+from ..folder.files import LONGER, MISSING, NOT_A_FILE, data_files, from_sizes, stat_sizes
 from ..format import Metadata
 from ..format.checksums import Units
 from ..storage import Storage
@@ -40,6 +42,7 @@ class VerifyReport:
     seconds: float
     failures: list[str] = field(default_factory=list)  # the first failures, in file order
     failures_total: int = 0
+    notes: list[str] = field(default_factory=list)  # not failures: e.g. a file longer than recorded
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,11 +70,14 @@ def _holdings(md: Metadata) -> dict[int, list[_Held]]:
 
 
 def file_sizes(storage: Storage, md: Metadata, threads: int = 16) -> dict[str, int | None]:
-    """Size on storage of every data file named by ``md`` (None: missing); stats only."""
-    if not md.files:
-        return {}
-    with ThreadPoolExecutor(max(1, min(threads, len(md.files))), thread_name_prefix="unickpt-stat") as pool:
-        return dict(zip(md.files, pool.map(storage.size, md.files)))
+    """Size on storage of every data file named by ``md`` (None: missing); stats only, through
+    ``folder.files``' pool; a name the storage refuses (a link) raises its error."""
+    out: dict[str, int | None] = {}
+    for name, stat in zip(md.files, stat_sizes(storage, md.files, threads)):
+        if isinstance(stat, CheckpointError):
+            raise stat
+        out[name] = stat
+    return out
 
 
 def verify(
@@ -85,11 +91,12 @@ def verify(
 ) -> VerifyReport:
     """Check every data file and every checksum of ``md``; never raises for a bad file, reports
     it (up to ``max_failures`` messages, all counted). ``sizes``: ``file_sizes``' result when the
-    caller has it."""
+    caller has it (else each file is stat'ed here, and a link in a file's place is reported)."""
     import crc32c  # noqa: F401 (imported before the clock starts; ``_check_units`` uses it)
 
     t0 = time.perf_counter()
-    sizes = file_sizes(storage, md) if sizes is None else sizes
+    found = data_files(storage, md) if sizes is None else from_sizes(md, sizes)
+    notes = [f.describe(storage.url) for f in found if f.state == LONGER]
     held = _holdings(md)
     lock = threading.Lock()
     failures: list[tuple[int, int, str]] = []  # (file, byte, message): sorted at the end
@@ -104,25 +111,25 @@ def verify(
     def check_file(f: int) -> None:
         name = md.files[f]
         mine = held.get(f, [])
-        size = sizes.get(name)
-        if size is None:
+        state = found[f]
+        size = state.size
+        if state.state in (MISSING, NOT_A_FILE) or size is None:
+            error = MissingDataFileError.__name__ if state.state == MISSING else type(state.refused).__name__
             fail(
                 f,
                 0,
-                f"{MissingDataFileError.__name__}: data file {storage.url}/{name} is missing "
+                f"{error}: {state.describe(storage.url)} "
                 f"(it holds {len(mine)} tensor shards/blobs, e.g. {[h.what for h in mine[:3]]})",
             )
             return
         recorded = md.checksums.file_size(f) if md.checksums is not None else None
-        end = max([recorded or 0, *(h.hi for h in mine)])
-        if (recorded is not None and size != recorded) or size < end:
-            want = recorded if recorded is not None else end
+        end = max([state.expected, *(h.hi for h in mine)])
+        if not state.complete:
             lost = [h.what for h in mine if h.hi > size]
             fail(
                 f,
                 size,
-                f"{TruncatedDataFileError.__name__}: data file {storage.url}/{name} has {size} bytes, the metadata "
-                f"{'records' if recorded is not None else 'needs'} {want}"
+                f"{TruncatedDataFileError.__name__}: {state.describe(storage.url, recorded is not None)}"
                 + (f"; the missing bytes held {_named(lost)}" if lost else ""),
                 size,
             )
@@ -152,6 +159,7 @@ def verify(
     failures.sort(key=lambda t: (t[0], t[1]))
     report.failures = [m for _, _, m in failures[:max_failures]]
     report.failures_total = len(failures)
+    report.notes = notes
     report.seconds = time.perf_counter() - t0
     return report
 

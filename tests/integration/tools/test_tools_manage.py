@@ -109,3 +109,18 @@ def test_issue15_ls_shows_sizes_and_incomplete_steps(tmp_path):
     assert r.returncode == 0 and len(lines) == 2, r.stdout
     assert "step          5" in lines[0] and "B" in lines[0] and "<- latest" in lines[0]
     assert "step          9" in lines[1] and "incomplete" in lines[1]
+
+
+def test_issue39_item18_ls_of_the_readmes_folders_and_an_hf_output_dir(tmp_path):
+    """The README's ``unickpt.save("ckpts/step_100")`` and an HF Trainer ``output_dir``: ``unickpt ls``
+    (its own process) lists the checkpoints below instead of "no checkpoint under"."""
+    unickpt.save(str(tmp_path / "ckpts" / "step_100"), {"model": _model(0)})
+    unickpt.save(str(tmp_path / "out" / "checkpoint-8" / "unickpt"), {"model": _model(1)})
+    r = _cli("ls", str(tmp_path / "ckpts"))
+    assert r.returncode == 0 and r.stdout.strip().endswith(f"{tmp_path}/ckpts/step_100"), r.stdout + r.stderr
+    r = _cli("ls", str(tmp_path))
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and len(lines) == 2, r.stdout + r.stderr
+    assert lines[0].endswith("ckpts/step_100") and lines[1].endswith("out/checkpoint-8/unickpt"), lines
+    r = _cli("inspect", str(tmp_path / "out" / "checkpoint-8"))
+    assert r.returncode == 1 and f"{tmp_path}/out/checkpoint-8/unickpt: pass that path" in r.stderr, r.stderr

@@ -165,3 +165,83 @@ def test_a_failed_export_leaves_its_record_and_the_next_save_replaces_it(tmp_pat
         model = _model(2)
         ckpt.save(path, {"model": model}, options=_opts())
     assert _same(_read(hf), model)
+
+
+def test_issue39_item17_an_incomplete_export_record_deletes_only_unickpts_temporaries(tmp_path, capsys) -> None:
+    """An export interrupted after its first record (``complete: false``), then the user's own
+    files in ``huggingface/``, among them names the record lists: retention and ``unickpt prune``
+    delete the step's checkpoint, the export's temporaries and the record, and none of the
+    user's files."""
+    import json
+
+    root = tmp_path / "ckpts"
+    with unickpt.Checkpointer() as ckpt:
+        manager = unickpt.CheckpointManager(str(root), keep_last=None, checkpointer=ckpt)
+        for step in (1, 2, 3):
+            manager.save(step, {"model": _model(step)}, options=_opts())
+    hf = root / "step_00000001" / "huggingface"
+    record = json.loads((hf / MANIFEST).read_text())
+    listed = [name for name, _ in record["files"]]
+    assert "model.safetensors.index.json" in listed and len(listed) > 2, listed
+    sizes = {name: (hf / name).stat().st_size for name in listed}
+    for name in listed:  # what an export interrupted in its write stage leaves: temporaries only
+        (hf / name).rename(hf / (name + ".unickpt-partial"))
+    record["complete"] = False
+    record["files"] = [[name, None] for name in listed]
+    (hf / MANIFEST).write_text(json.dumps(record))
+    # the temporary of one shard is gone (the user deleted it); the user's own files arrive, two
+    # under names the record lists and of the very sizes the export gave them
+    shard = listed[0]
+    (hf / (shard + ".unickpt-partial")).unlink()
+    users = {
+        shard: b"u" * sizes[shard],
+        "model.safetensors.index.json": b"{" + b" " * (sizes["model.safetensors.index.json"] - 2) + b"}",
+        "tokenizer.json": b'{"version": "1.0"}',
+        "README.md": b"# my model\n",
+    }
+    for name, data in users.items():
+        (hf / name).write_bytes(data)
+    ours = sorted(n + ".unickpt-partial" for n in listed if n != shard) + [MANIFEST]
+
+    assert cli_main(["ls", str(root)]) == 0
+    assert "hf export (incomplete)" in capsys.readouterr().out
+    plan = unickpt.CheckpointManager(str(root), keep_last=2).plan_retention()
+    planned = {n for _, groups in plan.deletions for g in groups for n in g}
+    assert {n for n in planned if "/huggingface/" in n} == {f"step_00000001/huggingface/{n}" for n in ours}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert cli_main(["prune", str(root), "--keep-last", "2"]) == 0
+    assert "steps [1]" in capsys.readouterr().out
+    assert sorted(os.listdir(hf)) == sorted(users)
+    assert all((hf / name).read_bytes() == data for name, data in users.items())
+
+
+def test_issue39_item17_no_export_file_takes_its_final_name_before_the_complete_record(tmp_path, monkeypatch) -> None:
+    """The ordering that makes the rule above safe without leaking: every rename of an export file
+    into its final name happens with the record already complete (so an interruption at any
+    moment leaves either temporaries beside an incomplete record, or a complete record)."""
+    import json
+
+    from unickpt.engine import hf_export
+
+    real = os.rename
+    seen: list[tuple[str, bool]] = []
+
+    def watched(src: str, dst: str) -> None:
+        if src.endswith(".unickpt-partial") and not dst.endswith(MANIFEST):
+            with open(os.path.join(os.path.dirname(dst), MANIFEST), "rb") as f:
+                seen.append((os.path.basename(dst), json.loads(f.read())["complete"]))
+        real(src, dst)
+
+    monkeypatch.setattr(hf_export.os, "rename", watched)
+    config = tmp_path / "config.json"
+    config.write_text('{"model_type": "test"}')
+    opts = unickpt.SaveOptions(hf_export=unickpt.HFExport(max_shard_bytes=40, config=str(config)))
+    model = _model(3)
+    unickpt.save(str(tmp_path / "ck"), {"model": model}, options=opts)
+    names = [n for n, _ in seen]
+    assert len(names) > 3 and "config.json" in names, names
+    assert all(done for _, done in seen), seen
+    last_shard = max(i for i, n in enumerate(names) if n.endswith(".safetensors"))
+    assert names.index("model.safetensors.index.json") > last_shard, names  # the index appears last
+    assert _same(_read(str(tmp_path / "ck" / "huggingface")), model)

@@ -88,3 +88,57 @@ def test_issue26_item1_ls_names_the_folders_retention_keeps(tmp_path, capsys):
     assert "foreign" in lines[5] and "unreadable" in lines[10] and "format version 99" in lines[10]
     assert "damaged" in lines[40] and "missing" in lines[40]
     assert "<- latest" in lines[30] and "B " in lines[20]
+
+
+def _save(path: str) -> None:
+    torch.manual_seed(0)
+    unickpt.save(path, {"model": nn.Linear(4, 3)})
+
+
+def test_issue39_item18_ls_outside_a_manager_root_lists_every_checkpoint_below(tmp_path, capsys):
+    """A Lightning ``dirpath``, an HF ``output_dir`` (``checkpoint-N/unickpt``) and the folders of
+    ``unickpt.save("ckpts/step_100")``: ``ls`` lists every checkpoint below with the states it
+    uses for step folders; a linked folder is not entered; ``inspect checkpoint-8`` points to
+    ``checkpoint-8/unickpt``; ``ls`` and ``inspect`` / ``verify`` use one word for an interrupted
+    save."""
+    work = tmp_path / "work"
+    _save(str(work / "ckpts" / "step_100"))
+    _save(str(work / "lightning" / "epoch=0-step=10.ckpt"))
+    _save(str(work / "out" / "checkpoint-8" / "unickpt"))
+    interrupted = work / "out" / "checkpoint-9" / "unickpt"  # a save killed before its data: its marker
+    interrupted.mkdir(parents=True)
+    (interrupted / "unickpt.data.20991231T000000-aaaaaaaaaaaa").write_bytes(b"")
+    (work / "out" / "checkpoint-8" / "trainer_state.json").write_text("{}")
+    outside = tmp_path / "outside"
+    _save(str(outside / "secret"))
+    os.symlink(outside, work / "out" / "linked")  # never followed
+    deep = work / "a" / "b" / "c" / "d" / "e"
+    _save(str(deep))  # five levels below: beyond the search
+
+    def ls(folder) -> list[str]:
+        assert main(["ls", str(folder)]) == 0
+        return capsys.readouterr().out.splitlines()
+
+    assert len(ls(work / "ckpts")) == 1 and ls(work / "ckpts")[0].endswith(f"{work}/ckpts/step_100")
+    assert "B  " in ls(work / "ckpts")[0]  # its size, as for a complete step
+    (line,) = ls(work / "lightning")
+    assert line.endswith("lightning/epoch=0-step=10.ckpt"), line
+    out = ls(work / "out")
+    assert len(out) == 2, out
+    assert out[0].endswith("out/checkpoint-8/unickpt") and "B  " in out[0], out
+    assert "incomplete" in out[1] and "out/checkpoint-9/unickpt" in out[1], out
+    everything = ls(work)
+    assert len(everything) == 4 and not any("secret" in x or "/d/e" in x for x in everything), everything
+    (tmp_path / "nothing").mkdir()
+    (line,) = ls(tmp_path / "nothing")
+    assert line.startswith(f"no checkpoint under {tmp_path / 'nothing'}"), line
+
+    assert main(["inspect", str(work / "out" / "checkpoint-8")]) == 1
+    err = capsys.readouterr().err
+    assert f"{work}/out/checkpoint-8/unickpt: pass that path" in err, err
+    word = out[1].split()[1]  # ls's word for the interrupted save
+    for command in ("inspect", "verify"):
+        assert main([command, str(interrupted)]) == 1
+        err = capsys.readouterr().err
+        assert f"IncompleteCheckpointError: {interrupted} is {word} (" in err, err
+        assert "a save in progress or interrupted" in err and "a save in progress or interrupted" in out[1]

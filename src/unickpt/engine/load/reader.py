@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 import crc32c
 import torch
 
-from ...errors import ChecksumMismatchError, MissingDataFileError, TruncatedDataFileError
+from ...errors import ChecksumMismatchError
+from ...folder.files import data_files, raise_problem
 from ...format.checksums import Units
 from ...format.records import Metadata
 from ...planning.load.runs import MERGE_GAP, Run, Span, cover_of, extent_of, plan_runs
@@ -540,27 +541,8 @@ def _holders(md: Metadata, file_index: int, lo: int, hi: int) -> list[str]:
 
 
 def _check_files(md: Metadata, storage: Storage, runs: list[Run], names: dict[int, str], rank: int) -> None:
-    """Every file this rank reads exists and is long enough (from format version 3: at least
-    its recorded size), before allocating anything."""
-    need: dict[int, int] = {}
-    for run in runs:
-        need[run.file_index] = max(need.get(run.file_index, 0), run.hi)
-    sums = md.checksums
-    for fidx, end in need.items():
-        name = md.files[fidx]
-        recorded = sums.file_size(fidx) if sums is not None else None
-        size = storage.size(name)
-        if size is None:
-            raise MissingDataFileError(
-                f"rank {rank}: data file {storage.url}/{name} (holding {names.get(fidx, '?')!r}) is missing"
-            )
-        if recorded is not None and size < recorded:
-            raise TruncatedDataFileError(
-                f"rank {rank}: data file {storage.url}/{name} is truncated: {size} bytes, the metadata "
-                f"records {recorded} (holding {names.get(fidx, '?')!r})"
-            )
-        if size < end:
-            raise TruncatedDataFileError(
-                f"rank {rank}: data file {storage.url}/{name} is truncated: {size} bytes, "
-                f"but {names.get(fidx, '?')!r} needs bytes up to {end}"
-            )
+    """Every file this rank reads is complete (``folder.files``: a regular file of at least its
+    expected size), before allocating anything."""
+    need = sorted({run.file_index for run in runs})
+    holding = {f: repr(names.get(f, "?")) for f in need}
+    raise_problem(data_files(storage, md, indices=need), md, storage.url, f"rank {rank}: ", holding)

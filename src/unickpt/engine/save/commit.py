@@ -24,13 +24,13 @@ import json
 import time
 import warnings
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ...coordination.barrier import commit_barrier
 from ...coordination.base import Coordinator
 from ...errors import MissingDataFileError, TruncatedDataFileError
 from ...folder.cleanup import remove_stale_data
+from ...folder.files import written_problems
 from ...folder.hf_files import remove_stale_hf_export
 from ...folder.markers import marked_save_ids
 from ...folder.probe import committed_save_id
@@ -162,18 +162,22 @@ def _warn_cleanup_failed(storage: Storage, keep: tuple[str | None, ...], error: 
 
 
 def check_written_files(storage: Storage, gplan: GlobalSavePlan, threads: int = 16) -> None:
-    """Rank 0, right before the commit: every data file the metadata will name exists with the
-    size its writer gave it (missing or short: ``MissingDataFileError`` / ``TruncatedDataFileError``,
-    nothing is published)."""
+    """Rank 0, right before the commit: every data file the metadata will name is a regular file
+    of exactly the size its writer gave it (``folder.files.written_problems``: missing ->
+    ``MissingDataFileError``, another size, longer too -> ``TruncatedDataFileError``, a link ->
+    the storage's error; nothing is published)."""
     want = gplan.file_ends()  # file -> (size, writing rank)
     if not want:
         return
-    names = [data_path(gplan.save_id, f) for f in want]
-    with ThreadPoolExecutor(max(1, min(threads, len(names))), thread_name_prefix="unickpt-stat") as pool:
-        sizes = list(pool.map(storage.size, names))
-    for name, size, (expected, rank) in zip(names, sizes, want.values()):
-        where = f"refusing to commit save {gplan.save_id}: data file {storage.url}/{name} (written by rank {rank})"
-        if size is None:
+    names = {data_path(gplan.save_id, f): f for f in want}
+    for bad in written_problems(storage, {n: want[f][0] for n, f in names.items()}, threads):
+        rank = want[names[bad.name]][1]
+        where = f"refusing to commit save {gplan.save_id}: data file {storage.url}/{bad.name} (written by rank {rank})"
+        if bad.refused is not None:
+            raise bad.refused  # a link or a special file in its place: the storage's own error
+        if bad.size is None:
             raise MissingDataFileError(f"{where} is missing; nothing was published")
-        if size != expected:
-            raise TruncatedDataFileError(f"{where} has {size} bytes, not the {expected} written; nothing was published")
+        extra = " (bytes this save did not write: another writer in this folder?)" if bad.size > bad.expected else ""
+        raise TruncatedDataFileError(
+            f"{where} has {bad.size} bytes, not the {bad.expected} written{extra}; nothing was published"
+        )
