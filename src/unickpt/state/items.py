@@ -50,7 +50,6 @@ from torch.distributed.tensor import DTensor
 
 from ..errors import (
     CheckpointError,
-    CorruptMetadataError,
     ExtraStateResizeError,
     FrameworkError,
     LoaderStateError,
@@ -63,6 +62,7 @@ from ..frameworks.module_state import tensor_piece
 from ..planning.specs import LoadItem, SaveItem
 from .extra import extra_blob_key, pick_extra_blob
 from .loader import LEGACY_PREFIX, LOADER_SECTION, LoaderIndex, is_reshardable, loader_blobs
+from .tree import escapes_dicts, join_tensors, split_tensors
 
 __all__ = [
     "Kind",
@@ -296,58 +296,27 @@ class StatefulItem(StateItem):
     def choose(self, ctx: LoadContext) -> tuple[dict[str, str], list[str]]:
         blob = replicated_blob_key(self.key)
         if blob in ctx.blob_keys:
-            return {"value": blob}, []
+            return {_replicated_what(ctx.md): blob}, []
         if _has_per_rank(self.key, ctx):  # saved as unickpt.PerRank
             return _per_rank_choice(self.key, ctx)
         return {}, [self.key]
 
     def apply(self, state: MutableMapping[str, Any], values: Mapping[str, Any]) -> None:
-        if "value" in values:
-            tensors = {k[len(TENSOR_VALUE) :]: v for k, v in values.items() if k.startswith(TENSOR_VALUE)}
-            self.obj.load_state_dict(join_tensors(values["value"], tensors, self.key))
+        if "value" in values:  # a per-rank blob: the state_dict() as it was, tensors inside
+            self.obj.load_state_dict(values["value"])
+        for what in (_SPLIT, _SPLIT_ESCAPED):
+            if what in values:  # the replicated blob: placeholders for the tensors loaded apart
+                tensors = {k[len(TENSOR_VALUE) :]: v for k, v in values.items() if k.startswith(TENSOR_VALUE)}
+                self.obj.load_state_dict(join_tensors(values[what], tensors, self.key, what == _SPLIT_ESCAPED))
 
 
-_MARK = "__unickpt_tensor__"
 TENSOR_VALUE = "tensor:"  # + checkpoint key: a loaded tensor of a Stateful, in ``apply``'s values
+_SPLIT, _SPLIT_ESCAPED = "replicated", "replicated.escaped"  # the replicated blob, without / with escapes
 
 
-def split_tensors(key: str, value: Any) -> tuple[Any, dict[str, torch.Tensor]]:
-    """``value`` with every tensor (at any depth of dicts, lists, tuples) replaced by a placeholder
-    ``{"__unickpt_tensor__": "<key>.<path>"}``, and those tensors by checkpoint key."""
-    found: dict[str, torch.Tensor] = {}
-
-    def walk(v: Any, path: str) -> Any:
-        if isinstance(v, torch.Tensor):
-            ckey = f"{key}.{path}" if path else key
-            if ckey in found:
-                raise FrameworkError(f"state[{key!r}].state_dict(): two tensors are both named {ckey!r}")
-            found[ckey] = v
-            return {_MARK: ckey}
-        if type(v) is dict:
-            return {k: walk(x, f"{path}.{k}" if path else str(k)) for k, x in v.items()}
-        if type(v) in (list, tuple):
-            return type(v)(walk(x, f"{path}.{i}" if path else str(i)) for i, x in enumerate(v))
-        return v
-
-    return walk(value, ""), found
-
-
-def join_tensors(value: Any, tensors: Mapping[str, torch.Tensor], key: str) -> Any:
-    """The inverse of ``split_tensors``: placeholders replaced by the loaded tensors."""
-
-    def walk(v: Any) -> Any:
-        if type(v) is dict:
-            if len(v) == 1 and _MARK in v:
-                t = tensors.get(v[_MARK])
-                if t is None:
-                    raise CorruptMetadataError(f"state[{key!r}]: tensor {v[_MARK]!r} is not in the checkpoint")
-                return t
-            return {k: walk(x) for k, x in v.items()}
-        if type(v) in (list, tuple):
-            return type(v)(walk(x) for x in v)
-        return v
-
-    return walk(value)
+def _replicated_what(md: Metadata) -> str:
+    """What ``apply`` calls a checkpoint's replicated blob: which ``join_tensors`` rules it follows."""
+    return _SPLIT_ESCAPED if escapes_dicts(md.objects) else _SPLIT
 
 
 @dataclass(frozen=True, eq=False)
@@ -367,7 +336,7 @@ class PerRankItem(StatefulItem):
 
     def choose(self, ctx: LoadContext) -> tuple[dict[str, str], list[str]]:
         if replicated_blob_key(self.key) in ctx.blob_keys and not _has_per_rank(self.key, ctx):
-            return {"value": replicated_blob_key(self.key)}, []
+            return {_replicated_what(ctx.md): replicated_blob_key(self.key)}, []
         return _per_rank_choice(self.key, ctx)
 
 

@@ -56,6 +56,7 @@ from .items import (
     _is_stateful,
 )
 from .loader import LEGACY_PREFIX, LOADER_SECTION
+from .tree import ENCODING, STATE_ENCODING_OBJECT
 
 __all__ = ["StateLayout", "item_for", "check_key", "saved_keys", "replicated_disagreement"]
 
@@ -147,8 +148,12 @@ class StateLayout:
         return Encoded(blobs, claims, tensors)
 
     def objects(self) -> dict[str, JSONValue]:
-        """The metadata objects recording each key and its kind."""
-        return {STATE_KEYS_OBJECT: {i.key: i.kind.value for i in self.items}}
+        """The metadata objects recording each key and its kind, and (with a replicated Stateful)
+        the rules its blob follows (``state.tree``)."""
+        out: dict[str, JSONValue] = {STATE_KEYS_OBJECT: {i.key: i.kind.value for i in self.items}}
+        if any(i.kind is Kind.STATEFUL for i in self.items):
+            out[STATE_ENCODING_OBJECT] = dict(ENCODING)
+        return out
 
     @property
     def optimizer(self) -> Any:

