@@ -265,9 +265,11 @@ class StatefulItem(StateItem):
         digest = hashlib.blake2b(data, digest_size=12)
         items = []
         with torch.no_grad():
-            for ckey, t in tensors.items():
+            for ckey, live in tensors.items():
+                t = live
                 if not isinstance(t, DTensor):  # replicated: the same bytes on every rank
-                    digest.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+                    t = t.detach().resolve_conj().resolve_neg()  # a conjugate / negative view: its values
+                    digest.update(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
                 piece = tensor_piece(ckey, t)
                 items.append(SaveItem(piece.spec, piece.tensor))
         blobs = {replicated_blob_key(self.key): data} if rank == 0 else {}

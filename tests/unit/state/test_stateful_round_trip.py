@@ -70,3 +70,17 @@ def test_issue39_item5_checkpoints_of_older_releases_join_as_written(tmp_path):
     unickpt.load(path, {"train": got})
     assert torch.equal(got.loaded["t"], torch.arange(3.0))  # placeholders still read as tensors
     assert got.loaded["d"] == {"__unickpt_dict__": {"__unickpt_dict__": {"a": 1}}}  # nothing unwrapped
+
+
+def test_issue39_item6_conjugate_and_negative_views_save_as_their_values(tmp_path):
+    z = torch.tensor([1 + 2j, -3 - 4j], dtype=torch.complex64)
+    conj, neg = z.conj(), z.conj().imag  # a conjugate view; a negative-bit view of float32
+    assert conj.is_conj() and neg.is_neg()
+    path = str(tmp_path / "c")
+    unickpt.save(path, {"s": Holder({"conj": conj, "neg": neg, "plain": z})})
+    got = Holder(None)
+    unickpt.load(path, {"s": got})
+    assert torch.equal(got.loaded["conj"], torch.tensor([1 - 2j, -3 + 4j], dtype=torch.complex64))
+    assert torch.equal(got.loaded["neg"], torch.tensor([-2.0, 4.0]))
+    assert torch.equal(got.loaded["plain"], z)
+    assert not got.loaded["conj"].is_conj() and not got.loaded["neg"].is_neg()
