@@ -16,8 +16,9 @@ from typing import Any
 
 import torch
 
-from ..errors import CorruptMetadataError, FrameworkError
+from ..errors import CorruptMetadataError, FrameworkError, UnsupportedValueError
 from ..format.records import JSONValue
+from ..format.values import check_size
 
 __all__ = ["split_tensors", "join_tensors", "escapes_dicts", "STATE_ENCODING_OBJECT", "ENCODING"]
 
@@ -35,7 +36,13 @@ def escapes_dicts(objects: Mapping[str, Any]) -> bool:
 
 def split_tensors(key: str, value: Any) -> tuple[Any, dict[str, torch.Tensor]]:
     """``value`` with every tensor (at any depth of dicts, lists, tuples) replaced by a placeholder
-    and every user dict that has a reserved key escaped, and those tensors by checkpoint key."""
+    and every user dict that has a reserved key escaped, and those tensors by checkpoint key.
+    Measured first (``format.values.check_size``): shared sub-structures are refused with their
+    size instead of walked once per reference."""
+    try:
+        check_size(value, f"state[{key!r}].state_dict()", tensors_inline=False)
+    except TypeError as e:
+        raise UnsupportedValueError(f"cannot save {e}") from e
     found: dict[str, torch.Tensor] = {}
 
     def walk(v: Any, path: str) -> Any:

@@ -10,9 +10,11 @@ import json
 import os
 from typing import Any
 
+import pytest
 import torch
 
 import unickpt
+from unickpt.errors import SizeLimitError, UnsupportedValueError
 
 
 class Holder:
@@ -84,3 +86,32 @@ def test_issue39_item6_conjugate_and_negative_views_save_as_their_values(tmp_pat
     assert torch.equal(got.loaded["neg"], torch.tensor([-2.0, 4.0]))
     assert torch.equal(got.loaded["plain"], z)
     assert not got.loaded["conj"].is_conj() and not got.loaded["neg"].is_neg()
+
+
+def _shared(levels: int) -> list[Any]:
+    d: list[Any] = []
+    for _ in range(levels):
+        d = [d, d]  # 1 list of 2 references to the one below: 2^(levels+1) - 1 lists written out
+    return d
+
+
+@pytest.mark.timeout(60)  # a walk of every reference (2^41 lists) would never end
+def test_issue39_item7_shared_sub_structures_are_refused_with_their_size(tmp_path):
+    lists = 2 ** (40 + 1) - 1  # the lists of _shared(40) with every reference written out
+    cases = [({"s": Holder({"d": _shared(40), "t": torch.ones(2)})}, lists + 2), ({"extra_state": _shared(40)}, lists)]
+    for state, expanded in cases:  # + the state_dict's dict and its tensor
+        path = str(tmp_path / "c")
+        with pytest.raises(SizeLimitError, match=f"expands to {expanded} values") as caught:
+            unickpt.save(path, state)
+        assert ("state['s'].state_dict()" if "s" in state else "extra_state") in str(caught.value)
+        assert not os.path.exists(path) or not os.listdir(path)
+    looped: list[Any] = []
+    looped.append(looped)
+    with pytest.raises(UnsupportedValueError, match=r"state\['s'\]\.state_dict\(\).*contains itself"):
+        unickpt.save(str(tmp_path / "l"), {"s": Holder({"loop": looped})})
+    # sharing below the cap is written out once per reference and comes back as a tree
+    path = str(tmp_path / "ok")
+    unickpt.save(path, {"s": Holder({"d": _shared(10)})})
+    got = Holder(None)
+    unickpt.load(path, {"s": got})
+    assert got.loaded["d"] == _shared(10)
