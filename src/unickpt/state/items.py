@@ -285,14 +285,19 @@ class StatefulItem(StateItem):
         fresh: dict[str, torch.Tensor] = {}
         with torch.no_grad():
             for ckey, rec in saved.items():
-                like = live.get(ckey)
-                if like is not None and tuple(like.shape) == tuple(rec.shape):
-                    t = torch.empty_like(like, dtype=dtype_from_name(rec.dtype))
+                like, dtype, shape = live.get(ckey), dtype_from_name(rec.dtype), tuple(rec.shape)
+                if like is not None and _in_place(like, shape, dtype):  # read into the live tensor itself
+                    piece = tensor_piece(ckey, like)
+                    items.append(LoadItem(piece.spec, piece.tensor))
+                    fresh[ckey] = like
+                    continue
+                if like is not None and tuple(like.shape) == shape:
+                    t = torch.empty_like(like, dtype=dtype)
                 else:  # no live tensor of that shape: a whole one, as saved
-                    t = torch.empty(tuple(rec.shape), dtype=dtype_from_name(rec.dtype))
+                    t = torch.empty(shape, dtype=dtype)
                 piece = tensor_piece(ckey, t)
                 items.append(LoadItem(piece.spec, piece.tensor, True))
-                fresh[ckey] = t
+                fresh[ckey] = t if like is None else _typed_like(t, like)
         return items, fresh
 
     def choose(self, ctx: LoadContext) -> tuple[dict[str, str], list[str]]:
@@ -310,6 +315,24 @@ class StatefulItem(StateItem):
             if what in values:  # the replicated blob: placeholders for the tensors loaded apart
                 tensors = {k[len(TENSOR_VALUE) :]: v for k, v in values.items() if k.startswith(TENSOR_VALUE)}
                 self.obj.load_state_dict(join_tensors(values[what], tensors, self.key, what == _SPLIT_ESCAPED))
+
+
+def _in_place(like: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> bool:
+    """Whether the saved tensor loads into the live one itself (its identity kept: a parameter an
+    optimizer holds stays that parameter): same shape and dtype, dense, its local data contiguous
+    and not a conjugate / negative view."""
+    if tuple(like.shape) != shape or like.dtype != dtype or like.layout != torch.strided or like.is_meta:
+        return False
+    loc = like.to_local() if isinstance(like, DTensor) else like
+    return loc.is_contiguous() and not loc.is_conj() and not loc.is_neg()
+
+
+def _typed_like(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``t`` (a fresh tensor loaded in ``like``'s place) as a ``Parameter`` when ``like`` is one,
+    requiring grad when ``like`` does (the same storage: what the load reads into ``t`` is there)."""
+    if isinstance(like, torch.nn.Parameter):
+        return torch.nn.Parameter(t, requires_grad=like.requires_grad)
+    return t.requires_grad_(like.requires_grad) if like.requires_grad else t
 
 
 TENSOR_VALUE = "tensor:"  # + checkpoint key: a loaded tensor of a Stateful, in ``apply``'s values

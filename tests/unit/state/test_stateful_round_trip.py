@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch import nn
 
 import unickpt
 from unickpt.errors import SizeLimitError, UnsupportedValueError
@@ -115,3 +116,61 @@ def test_issue39_item7_shared_sub_structures_are_refused_with_their_size(tmp_pat
     got = Holder(None)
     unickpt.load(path, {"s": got})
     assert got.loaded["d"] == _shared(10)
+
+
+class Learnable:
+    """A user Stateful with a learnable scale (a Parameter) and a bias that requires grad."""
+
+    def __init__(self, scale_len: int = 3) -> None:
+        self.scale = nn.Parameter(torch.ones(scale_len))
+        self.bias = torch.zeros(2, requires_grad=True)
+        self.step = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scale": self.scale, "bias": self.bias, "step": self.step}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.scale, self.bias, self.step = sd["scale"], sd["bias"], sd["step"]
+
+
+def _trained() -> Learnable:
+    s = Learnable()
+    with torch.no_grad():
+        s.scale.copy_(torch.tensor([1.5, 2.5, 3.5]))
+        s.bias.copy_(torch.tensor([-1.0, 4.0]))
+    s.step = 7
+    return s
+
+
+def test_issue39_item8_parameters_and_requires_grad_load_in_place(tmp_path):
+    path = str(tmp_path / "c")
+    saved = _trained()
+    unickpt.save(path, {"learn": saved})
+    for target in (Learnable(), saved):  # a fresh object, and the live one after more steps
+        if target is saved:
+            with torch.no_grad():
+                saved.scale.mul_(0)
+                saved.bias.add_(9)
+        scale, bias = target.scale, target.bias
+        opt = torch.optim.SGD([target.scale, target.bias], lr=0.1)
+        unickpt.load(path, {"learn": target})
+        assert target.scale is scale and target.bias is bias  # the optimizer still holds them
+        assert opt.param_groups[0]["params"][0] is target.scale
+        assert type(target.scale) is nn.Parameter and target.scale.requires_grad
+        assert type(target.bias) is torch.Tensor and target.bias.requires_grad and target.bias.is_leaf
+        assert torch.equal(target.scale.detach(), torch.tensor([1.5, 2.5, 3.5]))
+        assert torch.equal(target.bias.detach(), torch.tensor([-1.0, 4.0])) and target.step == 7
+        (target.scale.sum() + target.bias.sum()).backward()  # and they still train
+        opt.step()
+        assert torch.equal(target.scale.detach(), torch.tensor([1.4, 2.4, 3.4]))
+
+
+def test_issue39_item8_a_tensor_that_cannot_load_in_place_keeps_its_type(tmp_path):
+    path = str(tmp_path / "c")
+    unickpt.save(path, {"learn": _trained()})
+    other = Learnable(scale_len=5)  # another shape: a fresh tensor of the saved one, typed as the live one
+    other.bias = other.bias.detach().double().requires_grad_()  # another dtype
+    unickpt.load(path, {"learn": other})
+    assert type(other.scale) is nn.Parameter and other.scale.requires_grad
+    assert torch.equal(other.scale.detach(), torch.tensor([1.5, 2.5, 3.5]))
+    assert other.bias.requires_grad and other.bias.dtype == torch.float32 and other.bias.is_leaf
