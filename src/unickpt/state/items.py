@@ -17,6 +17,9 @@ stateful       an object with ``state_dict()`` / ``load_state_dict()`` (LR sched
                0, as blob ``<key>/replicated``, its tensors (DTensors too) as checkpoint
                tensors ``<key>.<path>`` that reshard; every rank must have the same (checked
                at save by a digest in the describe collective); loaded on every rank
+stateful_list  a list (or tuple) of Statefuls (``"lr_scheduler": [sched0, sched1]``): one stateful
+               item whose ``state_dict()`` is the list of theirs (``StatefulList``), tensors
+               ``<key>.<i>.<path>``; its length recorded and checked before anything is read
 per_rank       ``unickpt.PerRank(obj)``: a stateful object whose state differs per rank: blob
                ``<key>/rank<r>`` per rank; after a change of world size
                ``LoadOptions.restore.extra_state_on_resize`` decides (as for extra state)
@@ -53,16 +56,18 @@ from ..errors import (
     ExtraStateResizeError,
     FrameworkError,
     LoaderStateError,
+    StatefulListMismatchError,
     UnsupportedValueError,
 )
 from ..format.dtypes import dtype_from_name
 from ..format.records import Metadata
 from ..format.values import dumps_value
 from ..frameworks.module_state import tensor_piece
+from ..planning.objects import STATE_KEYS_OBJECT
 from ..planning.specs import LoadItem, SaveItem
 from .extra import extra_blob_key, pick_extra_blob
 from .loader import LEGACY_PREFIX, LOADER_SECTION, LoaderIndex, is_reshardable, loader_blobs
-from .tree import escapes_dicts, join_tensors, split_tensors
+from .tree import escapes_dicts, join_tensors, list_lengths, split_tensors
 
 __all__ = [
     "Kind",
@@ -73,6 +78,8 @@ __all__ = [
     "ModuleItem",
     "OptimizerItem",
     "StatefulItem",
+    "StatefulListItem",
+    "StatefulList",
     "PerRankItem",
     "ValueItem",
     "LoaderItem",
@@ -84,6 +91,7 @@ class Kind(enum.Enum):
     MODULE = "module"
     OPTIMIZER = "optimizer"
     STATEFUL = "stateful"
+    STATEFUL_LIST = "stateful_list"
     PER_RANK = "per_rank"
     VALUE = "value"
     DATALOADER = "dataloader"
@@ -141,13 +149,14 @@ def encode_value(value: Any, where: str) -> bytes:
         raise UnsupportedValueError(f"cannot save {where}: {e}") from e
 
 
-def _state_dict(key: str, obj: Any) -> Any:
+def _state_dict(key: str, obj: Any, where: str = "") -> Any:
+    """``obj.state_dict()`` of ``state[key]`` (``where``: its place inside, e.g. ``[1]``)."""
     try:
         return obj.state_dict()
     except CheckpointError:
         raise
     except Exception as e:
-        raise FrameworkError(f"state[{key!r}].state_dict() failed: {e!r}") from e
+        raise FrameworkError(f"state[{key!r}]{where}.state_dict() failed: {e!r}") from e
 
 
 @dataclass(frozen=True, eq=False)
@@ -259,6 +268,11 @@ class StatefulItem(StateItem):
         """The object with ``state_dict()`` / ``load_state_dict()``."""
         return self.value
 
+    @property
+    def length(self) -> int | None:
+        """None: one object (``StatefulListItem``: the length of its list)."""
+        return None
+
     def encode(self, rank: int) -> Encoded:
         plain, tensors = split_tensors(self.key, _state_dict(self.key, self.obj))
         data = encode_value(plain, f"state[{self.key!r}].state_dict()")
@@ -301,6 +315,7 @@ class StatefulItem(StateItem):
         return items, fresh
 
     def choose(self, ctx: LoadContext) -> tuple[dict[str, str], list[str]]:
+        _check_saved_list(ctx.md, self.key, self.length)
         blob = replicated_blob_key(self.key)
         if blob in ctx.blob_keys:
             return {_replicated_what(ctx.md): blob}, []
@@ -315,6 +330,70 @@ class StatefulItem(StateItem):
             if what in values:  # the replicated blob: placeholders for the tensors loaded apart
                 tensors = {k[len(TENSOR_VALUE) :]: v for k, v in values.items() if k.startswith(TENSOR_VALUE)}
                 self.obj.load_state_dict(join_tensors(values[what], tensors, self.key, what == _SPLIT_ESCAPED))
+
+
+@dataclass(frozen=True, eq=False)
+class StatefulListItem(StatefulItem):
+    """A list (or tuple) of Statefuls under one key (``"lr_scheduler": [sched0, sched1]``): one
+    replicated item whose ``state_dict()`` is the list of theirs (``StatefulList``), saved and
+    resharded as a single one (tensors ``<key>.<i>.<path>``). Its length is recorded (metadata
+    object ``state_encoding``, ``lists``) and checked before anything is read."""
+
+    kind: ClassVar[Kind] = Kind.STATEFUL_LIST
+
+    @property
+    def obj(self) -> StatefulList:
+        return StatefulList(self.key, tuple(self.value))
+
+    @property
+    def length(self) -> int | None:
+        return len(self.value)
+
+
+@dataclass(frozen=True, eq=False)
+class StatefulList:
+    """The Statefuls of one key seen as one: ``state_dict()`` is the list of theirs,
+    ``load_state_dict(list)`` gives each its own (``StatefulListMismatchError`` for another length)."""
+
+    key: str
+    objs: tuple[Any, ...]
+
+    def state_dict(self) -> list[Any]:
+        return [_state_dict(self.key, o, f"[{i}]") for i, o in enumerate(self.objs)]
+
+    def load_state_dict(self, value: Any) -> None:
+        if type(value) is not list or len(value) != len(self.objs):
+            got = f"a list of {len(value)}" if type(value) is list else f"a {type(value).__name__}"
+            raise StatefulListMismatchError(
+                f"state[{self.key!r}] is a list of {len(self.objs)} Stateful objects and the checkpoint holds {got} "
+                "there: give as many as were saved"
+            )
+        for o, v in zip(self.objs, value):
+            o.load_state_dict(v)
+
+
+def _check_saved_list(md: Metadata, key: str, live: int | None) -> None:
+    """``StatefulListMismatchError`` unless the checkpoint saved under ``key`` what the live state
+    has there: one Stateful (``live`` None) or a list of ``live`` (checkpoints that do not record
+    their keys or list lengths: checked when the blob is applied)."""
+    kinds = md.objects.get(STATE_KEYS_OBJECT)
+    saved = kinds.get(key) if isinstance(kinds, dict) else None
+    length = list_lengths(md.objects).get(key)
+    if saved == Kind.STATEFUL_LIST.value and live is None:
+        raise StatefulListMismatchError(
+            f"the checkpoint holds a list of {length} Stateful objects under state[{key!r}] and this job one: "
+            "give a list of as many (or leave the key out with strict=False)"
+        )
+    if saved == Kind.STATEFUL_LIST.value and length is not None and length != live:
+        raise StatefulListMismatchError(
+            f"the checkpoint holds a list of {length} Stateful objects under state[{key!r}] and this job a list "
+            f"of {live}: give as many as were saved (or leave the key out with strict=False)"
+        )
+    if saved in (Kind.STATEFUL.value, Kind.PER_RANK.value) and live is not None:
+        raise StatefulListMismatchError(
+            f"the checkpoint holds one Stateful object under state[{key!r}] and this job a list of {live}: "
+            "give one object there (or leave the key out with strict=False)"
+        )
 
 
 def _in_place(like: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> bool:
@@ -360,6 +439,7 @@ class PerRankItem(StatefulItem):
         return Encoded({extra_blob_key(rank, self.key): data})
 
     def choose(self, ctx: LoadContext) -> tuple[dict[str, str], list[str]]:
+        _check_saved_list(ctx.md, self.key, None)
         if replicated_blob_key(self.key) in ctx.blob_keys and not _has_per_rank(self.key, ctx):
             return {_replicated_what(ctx.md): replicated_blob_key(self.key)}, []
         return _per_rank_choice(self.key, ctx)

@@ -6,7 +6,9 @@ A tensor's place in the plain part is a placeholder ``{"__unickpt_tensor__": "<c
 A user dict that would read as a placeholder (or as an escape) is saved escaped,
 ``{"__unickpt_dict__": {...the dict...}}``, and comes back exactly. Checkpoints whose metadata
 object ``state_encoding`` says ``escaped_dicts`` (``ENCODING``, written from this release on) are
-joined with the escapes undone; older ones as they were written (no user dict was escaped).
+joined with the escapes undone; older ones as they were written (no user dict was escaped). The
+same object records the length of each list of Statefuls under one key (``lists``: key -> length,
+``list_lengths``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from ..errors import CorruptMetadataError, FrameworkError, UnsupportedValueError
 from ..format.records import JSONValue
 from ..format.values import check_size
 
-__all__ = ["split_tensors", "join_tensors", "escapes_dicts", "STATE_ENCODING_OBJECT", "ENCODING"]
+__all__ = ["split_tensors", "join_tensors", "escapes_dicts", "list_lengths", "STATE_ENCODING_OBJECT", "ENCODING"]
 
 _MARK = "__unickpt_tensor__"  # a placeholder: {_MARK: checkpoint key}
 _ESCAPE = "__unickpt_dict__"  # an escaped user dict: {_ESCAPE: the user's dict}
@@ -32,6 +34,16 @@ def escapes_dicts(objects: Mapping[str, Any]) -> bool:
     """Whether a checkpoint with these metadata ``objects`` escaped user dicts (module docstring)."""
     enc = objects.get(STATE_ENCODING_OBJECT)
     return isinstance(enc, dict) and enc.get("escaped_dicts") == 1
+
+
+def list_lengths(objects: Mapping[str, Any]) -> dict[str, int]:
+    """Key -> length of each list of Statefuls a checkpoint with these ``objects`` saved
+    (``state_encoding``'s ``lists``; empty for older checkpoints)."""
+    enc = objects.get(STATE_ENCODING_OBJECT)
+    lists = enc.get("lists") if isinstance(enc, dict) else None
+    if not isinstance(lists, dict):
+        return {}
+    return {k: n for k, n in lists.items() if isinstance(k, str) and type(n) is int}
 
 
 def split_tensors(key: str, value: Any) -> tuple[Any, dict[str, torch.Tensor]]:

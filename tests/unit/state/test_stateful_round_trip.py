@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import unickpt
-from unickpt.errors import SizeLimitError, UnsupportedValueError
+from unickpt.errors import FrameworkError, SizeLimitError, StatefulListMismatchError, UnsupportedValueError
 
 
 class Holder:
@@ -174,3 +174,85 @@ def test_issue39_item8_a_tensor_that_cannot_load_in_place_keeps_its_type(tmp_pat
     assert type(other.scale) is nn.Parameter and other.scale.requires_grad
     assert torch.equal(other.scale.detach(), torch.tensor([1.5, 2.5, 3.5]))
     assert other.bias.requires_grad and other.bias.dtype == torch.float32 and other.bias.is_leaf
+
+
+def _loop(seed: int = 0) -> dict[str, Any]:
+    """Two modules, an optimizer and an LR scheduler for each (schedulers of two kinds)."""
+    torch.manual_seed(seed)
+    parts = [nn.Linear(3, 3), nn.Linear(3, 2)]
+    optims = [torch.optim.SGD(parts[0].parameters(), lr=0.5), torch.optim.AdamW(parts[1].parameters(), lr=0.1)]
+    scheds = [
+        torch.optim.lr_scheduler.StepLR(optims[0], step_size=2, gamma=0.5),
+        torch.optim.lr_scheduler.CosineAnnealingLR(optims[1], T_max=10),
+    ]
+    return {"model": parts[0], "head": parts[1], "optimizer": optims, "lr_scheduler": scheds}
+
+
+def _params(state: dict[str, Any]) -> list[torch.Tensor]:
+    return [*state["model"].parameters(), *state["head"].parameters()]
+
+
+def _steps(state: dict[str, Any], n: int) -> None:
+    for _ in range(n):
+        x = state["head"](state["model"](torch.ones(2, 3)))
+        x.sum().backward()
+        for o, s in zip(state["optimizer"], state["lr_scheduler"]):
+            o.step()
+            o.zero_grad()
+            s.step()
+
+
+def test_issue39_item9_a_list_of_lr_schedulers_under_one_key_round_trips(tmp_path):
+    state = _loop()
+    _steps(state, 3)
+    state["extras"] = (_trained(), Holder({"n": 4, "t": torch.arange(2)}))  # a tuple, tensors inside
+    path = str(tmp_path / "c")
+    unickpt.save(path, state)
+    md = _metadata(path)
+    assert md["objects"]["state_keys"]["lr_scheduler"] == "stateful_list"
+    assert md["objects"]["state_encoding"]["lists"] == {"extras": 2, "lr_scheduler": 2}
+    assert "lr_scheduler/replicated" in md["blobs"] and {"extras.0.scale", "extras.1.t"} <= set(md["tensors"])
+    fresh = _loop(seed=1)
+    fresh["extras"] = (Learnable(), Holder(None))
+    scale = fresh["extras"][0].scale
+    unickpt.load(path, fresh)
+    for s, want in zip(fresh["lr_scheduler"], state["lr_scheduler"]):
+        assert type(s) is type(want) and s.last_epoch == want.last_epoch == 3
+        assert s.get_last_lr() == want.get_last_lr()
+    lrs = [[o.param_groups[0]["lr"] for o in s["optimizer"]] for s in (fresh, state)]
+    assert lrs[0] == lrs[1]
+    assert fresh["extras"][0].scale is scale and torch.equal(scale.detach(), torch.tensor([1.5, 2.5, 3.5]))
+    assert fresh["extras"][1].loaded["n"] == 4 and torch.equal(fresh["extras"][1].loaded["t"], torch.arange(2))
+    _steps(fresh, 2)  # the resumed run goes on as the saved one does
+    _steps(state, 2)
+    assert [s.get_last_lr() for s in fresh["lr_scheduler"]] == [s.get_last_lr() for s in state["lr_scheduler"]]
+    assert all(torch.equal(p, q) for p, q in zip(_params(fresh), _params(state)))
+
+
+def test_issue39_item9_another_list_length_is_refused_naming_the_key(tmp_path):
+    state = _loop()
+    _steps(state, 3)
+    path = str(tmp_path / "c")
+    unickpt.save(path, state)
+    for n in (1, 3):
+        live = _loop(seed=1)
+        opt = live["optimizer"][0]
+        live["lr_scheduler"] = [torch.optim.lr_scheduler.StepLR(opt, step_size=2) for _ in range(n)]
+        before = [p.detach().clone() for p in _params(live)]
+        with pytest.raises(StatefulListMismatchError, match=rf"list of 2 .*state\['lr_scheduler'\].* list of {n}"):
+            unickpt.load(path, live)
+        assert all(torch.equal(a, p) for a, p in zip(before, _params(live)))  # refused before any read
+    live = _loop(seed=1)
+    live["lr_scheduler"] = live["lr_scheduler"][0]  # one object where a list was saved
+    with pytest.raises(StatefulListMismatchError, match=r"list of 2 .*state\['lr_scheduler'\] and this job one"):
+        unickpt.load(path, live)
+    single = _loop()
+    single["lr_scheduler"] = single["lr_scheduler"][0]
+    unickpt.save(path + "1", single)
+    with pytest.raises(StatefulListMismatchError, match=r"one Stateful object under state\['lr_scheduler'\]"):
+        unickpt.load(path + "1", _loop(seed=1))
+    mixed = _loop()
+    mixed["lr_scheduler"] = [mixed["lr_scheduler"][0], mixed["optimizer"][0]]
+    with pytest.raises(FrameworkError, match=r"state\['lr_scheduler'\]\[1\] is a SGD"):
+        unickpt.save(path + "m", mixed)
+    assert not os.path.exists(path + "m")
