@@ -407,9 +407,9 @@ def check_size(v: Any, path: str, tensors_inline: bool = True) -> tuple[int, int
     values, nbytes = measure(v, 0)
     if values > MAX_VALUES or nbytes > MAX_VALUE_BYTES:
         raise SizeLimitError(
-            f"cannot save {path}: it expands to {values} values ({nbytes} bytes) when every reference to a "
-            f"shared list, dict or tuple is written out, over the cap of {MAX_VALUES} values "
-            f"({MAX_VALUE_BYTES} bytes); save each shared part once, or large data as tensors"
+            f"{path} expands to {values} values ({nbytes} bytes) when every reference to a shared list, "
+            f"dict or tuple is written out, over the cap of {MAX_VALUES} values ({MAX_VALUE_BYTES} bytes) of "
+            "a saved value: refused; save each shared part once, or large data as tensors"
         )
     return values, nbytes
 
