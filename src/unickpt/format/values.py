@@ -159,7 +159,8 @@ def _encode_tensor(v: torch.Tensor, path: str) -> dict[str, Any]:
         raise _refuse(path, "named tensors cannot be saved as a value; call .rename(None) first")
     name = _torch_dtype_name(v.dtype, path)
     t = v.detach().to("cpu").resolve_conj().resolve_neg().contiguous()
-    raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    # contiguous, yet a size-1 dimension may keep any stride (z.imag of one element): as_strided
+    raw = t.as_strided((t.numel(),), (1,)).view(torch.uint8).numpy().tobytes() if t.numel() else b""
     out: dict[str, Any] = {_TAG: "tensor", "dtype": name, "shape": list(t.shape), "v": base64.b64encode(raw).decode()}
     if v.requires_grad:
         out["requires_grad"] = True

@@ -283,7 +283,7 @@ class StatefulItem(StateItem):
                 t = live
                 if not isinstance(t, DTensor):  # replicated: the same bytes on every rank
                     t = t.detach().resolve_conj().resolve_neg()  # a conjugate / negative view: its values
-                    digest.update(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+                    digest.update(_raw(t.cpu()))
                 piece = tensor_piece(ckey, t)
                 items.append(SaveItem(piece.spec, piece.tensor))
         blobs = {replicated_blob_key(self.key): data} if rank == 0 else {}
@@ -394,6 +394,13 @@ def _check_saved_list(md: Metadata, key: str, live: int | None) -> None:
             f"the checkpoint holds one Stateful object under state[{key!r}] and this job a list of {live}: "
             "give one object there (or leave the key out with strict=False)"
         )
+
+
+def _raw(t: torch.Tensor) -> bytes:
+    """The row-major bytes of a CPU tensor (contiguous: a size-1 dimension may still have any
+    stride, e.g. ``z.imag`` of one element, which ``view(torch.uint8)`` refuses)."""
+    t = t.contiguous()
+    return t.as_strided((t.numel(),), (1,)).view(torch.uint8).numpy().tobytes() if t.numel() else b""
 
 
 def _in_place(like: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> bool:

@@ -79,14 +79,21 @@ def test_issue39_item6_conjugate_and_negative_views_save_as_their_values(tmp_pat
     z = torch.tensor([1 + 2j, -3 - 4j], dtype=torch.complex64)
     conj, neg = z.conj(), z.conj().imag  # a conjugate view; a negative-bit view of float32
     assert conj.is_conj() and neg.is_neg()
+    one = torch.tensor([1 + 1j]).conj().imag  # one element, stride 2: "contiguous", yet not viewable as bytes
     path = str(tmp_path / "c")
-    unickpt.save(path, {"s": Holder({"conj": conj, "neg": neg, "plain": z})})
+    unickpt.save(path, {"s": Holder({"conj": conj, "neg": neg, "plain": z, "one": one})})
     got = Holder(None)
     unickpt.load(path, {"s": got})
     assert torch.equal(got.loaded["conj"], torch.tensor([1 - 2j, -3 + 4j], dtype=torch.complex64))
     assert torch.equal(got.loaded["neg"], torch.tensor([-2.0, 4.0]))
-    assert torch.equal(got.loaded["plain"], z)
+    assert torch.equal(got.loaded["plain"], z) and torch.equal(got.loaded["one"], torch.tensor([-1.0]))
     assert not got.loaded["conj"].is_conj() and not got.loaded["neg"].is_neg()
+    # the same tensors as plain values (extra_state) come back as their values too
+    unickpt.save(path + "v", {"extra_state": {"conj": conj, "neg": neg, "one": one}})
+    state: dict[str, Any] = {"extra_state": None}
+    unickpt.load(path + "v", state)
+    assert torch.equal(state["extra_state"]["one"], torch.tensor([-1.0]))
+    assert torch.equal(state["extra_state"]["neg"], torch.tensor([-2.0, 4.0]))
 
 
 def _shared(levels: int) -> list[Any]:
