@@ -65,6 +65,7 @@ __all__ = [
     "PlanningError",
     "LoaderStateError",
     "ExtraStateResizeError",
+    "StatefulListMismatchError",
     "UnsupportedValueError",
     "RankDisagreementError",
     "CollectiveError",
@@ -89,7 +90,8 @@ class IntegrityError(CheckpointError):
 class StateMismatchError(CheckpointError):
     """Family: the checkpoint does not fit the live state (``MissingKeysError``,
     ``UnexpectedKeysError``, ``ShapeMismatchError`` and its ``ResizeRefusedError``,
-    ``DtypeMismatchError``, ``LoaderStateError``, ``ExtraStateResizeError``)."""
+    ``DtypeMismatchError``, ``LoaderStateError``, ``ExtraStateResizeError``,
+    ``StatefulListMismatchError``)."""
 
 
 class CoordinationError(CheckpointError):
@@ -231,6 +233,11 @@ class LoaderStateError(StateMismatchError, ValueError):
     """Dataloader state that cannot be restored without losing or repeating data: per-rank state of
     a loader without the ``unickpt.data`` protocol after a change of world size, or parts that
     the loader cannot take (another part count, more DP ranks than parts)."""
+
+
+class StatefulListMismatchError(StateMismatchError, ValueError):
+    """A list of ``Stateful`` objects under one key does not fit the checkpoint's: another length,
+    or one object saved where the live state has a list (or the reverse)."""
 
 
 class ExtraStateResizeError(StateMismatchError, ValueError):

@@ -56,11 +56,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import CorruptMetadataError
+from ..errors import CorruptMetadataError, SizeLimitError
 from . import npdtype
 from .dtypes import dtype_from_name, dtype_name
 
-__all__ = ["encode_value", "decode_value", "dumps_value", "loads_value"]
+__all__ = ["encode_value", "decode_value", "dumps_value", "loads_value", "check_size", "MAX_VALUES", "MAX_VALUE_BYTES"]
 
 _TAG = "__unickpt__"
 _MAX_DEPTH = 64
@@ -159,7 +159,8 @@ def _encode_tensor(v: torch.Tensor, path: str) -> dict[str, Any]:
         raise _refuse(path, "named tensors cannot be saved as a value; call .rename(None) first")
     name = _torch_dtype_name(v.dtype, path)
     t = v.detach().to("cpu").resolve_conj().resolve_neg().contiguous()
-    raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    # contiguous, yet a size-1 dimension may keep any stride (z.imag of one element): as_strided
+    raw = t.as_strided((t.numel(),), (1,)).view(torch.uint8).numpy().tobytes() if t.numel() else b""
     out: dict[str, Any] = {_TAG: "tensor", "dtype": name, "shape": list(t.shape), "v": base64.b64encode(raw).decode()}
     if v.requires_grad:
         out["requires_grad"] = True
@@ -356,8 +357,68 @@ def _pair(v: Any) -> tuple[Any, Any]:
     return v[0], v[1]
 
 
+MAX_VALUES = 1 << 24  # values (containers and leaves) of one saved value, every reference counted
+MAX_VALUE_BYTES = 1 << 34  # its bytes as written (about: strings, base64 of raw data), every reference counted
+_CONTAINERS = (dict, list, tuple, OrderedDict, set, frozenset)
+
+
+def check_size(v: Any, path: str, tensors_inline: bool = True) -> tuple[int, int]:
+    """(values, bytes) that ``encode_value(v)`` would write, every reference to a shared list,
+    dict or tuple counted again (the encoding has no references): computed once per container,
+    so a state whose sub-structures are shared (``d = [d, d]`` 40 deep: 2^41 values) is measured
+    at once instead of walked. ``SizeLimitError`` naming ``path`` over ``MAX_VALUES`` /
+    ``MAX_VALUE_BYTES``; TypeError for a container that contains itself or nesting deeper than
+    the encoder takes. ``tensors_inline=False``: tensors are saved apart (a ``Stateful``'s) and
+    count as one value without bytes. Called by ``dumps_value`` and ``state.tree.split_tensors``
+    before they walk."""
+    memo: dict[int, tuple[int, int]] = {}
+    open_ids: set[int] = set()
+
+    def leaf_bytes(x: Any) -> int:
+        if type(x) is str:
+            return len(x) + 2
+        if type(x) in (bytes, bytearray):
+            return len(x) * 4 // 3 + 40
+        if isinstance(x, torch.Tensor):
+            return x.numel() * x.element_size() * 4 // 3 + 80 if tensors_inline else 0
+        if isinstance(x, np.ndarray):
+            return x.nbytes * 4 // 3 + 80
+        return 8
+
+    def measure(x: Any, depth: int) -> tuple[int, int]:
+        if type(x) not in _CONTAINERS:
+            return 1, leaf_bytes(x)
+        known = memo.get(id(x))
+        if known is not None:
+            return known
+        if id(x) in open_ids:
+            raise _refuse(path, f"a {type(x).__name__} contains itself; only trees of values can be saved")
+        if depth > _MAX_DEPTH:
+            raise _refuse(path, f"nesting deeper than {_MAX_DEPTH}")
+        open_ids.add(id(x))
+        values, nbytes = 1, 2
+        children = x.items() if isinstance(x, dict) else ((None, c) for c in x)
+        for k, c in children:
+            cv, cb = measure(c, depth + 1)
+            values, nbytes = values + cv, nbytes + cb + (len(k) + 3 if type(k) is str else 8)
+        open_ids.discard(id(x))
+        memo[id(x)] = (values, nbytes)
+        return values, nbytes
+
+    values, nbytes = measure(v, 0)
+    if values > MAX_VALUES or nbytes > MAX_VALUE_BYTES:
+        raise SizeLimitError(
+            f"{path} expands to {values} values ({nbytes} bytes) when every reference to a shared list, "
+            f"dict or tuple is written out, over the cap of {MAX_VALUES} values ({MAX_VALUE_BYTES} bytes) of "
+            "a saved value: refused; save each shared part once, or large data as tensors"
+        )
+    return values, nbytes
+
+
 def dumps_value(v: Any, path: str = "extra_state") -> bytes:
-    """UTF-8 JSON of ``encode_value(v)`` (strict JSON: non-finite floats are tagged)."""
+    """UTF-8 JSON of ``encode_value(v)`` (strict JSON: non-finite floats are tagged), its size
+    checked first (``check_size``)."""
+    check_size(v, path)
     return json.dumps(encode_value(v, path), separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 

@@ -17,6 +17,9 @@ stateful       an object with ``state_dict()`` / ``load_state_dict()`` (LR sched
                0, as blob ``<key>/replicated``, its tensors (DTensors too) as checkpoint
                tensors ``<key>.<path>`` that reshard; every rank must have the same (checked
                at save by a digest in the describe collective); loaded on every rank
+stateful_list  a list (or tuple) of Statefuls (``"lr_scheduler": [sched0, sched1]``): one stateful
+               item whose ``state_dict()`` is the list of theirs (``StatefulList``), tensors
+               ``<key>.<i>.<path>``; its length recorded and checked before anything is read
 per_rank       ``unickpt.PerRank(obj)``: a stateful object whose state differs per rank: blob
                ``<key>/rank<r>`` per rank; after a change of world size
                ``LoadOptions.restore.extra_state_on_resize`` decides (as for extra state)
@@ -50,19 +53,21 @@ from torch.distributed.tensor import DTensor
 
 from ..errors import (
     CheckpointError,
-    CorruptMetadataError,
     ExtraStateResizeError,
     FrameworkError,
     LoaderStateError,
+    StatefulListMismatchError,
     UnsupportedValueError,
 )
 from ..format.dtypes import dtype_from_name
 from ..format.records import Metadata
 from ..format.values import dumps_value
 from ..frameworks.module_state import tensor_piece
+from ..planning.objects import STATE_KEYS_OBJECT
 from ..planning.specs import LoadItem, SaveItem
 from .extra import extra_blob_key, pick_extra_blob
 from .loader import LEGACY_PREFIX, LOADER_SECTION, LoaderIndex, is_reshardable, loader_blobs
+from .tree import escapes_dicts, join_tensors, list_lengths, split_tensors
 
 __all__ = [
     "Kind",
@@ -73,6 +78,8 @@ __all__ = [
     "ModuleItem",
     "OptimizerItem",
     "StatefulItem",
+    "StatefulListItem",
+    "StatefulList",
     "PerRankItem",
     "ValueItem",
     "LoaderItem",
@@ -84,6 +91,7 @@ class Kind(enum.Enum):
     MODULE = "module"
     OPTIMIZER = "optimizer"
     STATEFUL = "stateful"
+    STATEFUL_LIST = "stateful_list"
     PER_RANK = "per_rank"
     VALUE = "value"
     DATALOADER = "dataloader"
@@ -141,13 +149,14 @@ def encode_value(value: Any, where: str) -> bytes:
         raise UnsupportedValueError(f"cannot save {where}: {e}") from e
 
 
-def _state_dict(key: str, obj: Any) -> Any:
+def _state_dict(key: str, obj: Any, where: str = "") -> Any:
+    """``obj.state_dict()`` of ``state[key]`` (``where``: its place inside, e.g. ``[1]``)."""
     try:
         return obj.state_dict()
     except CheckpointError:
         raise
     except Exception as e:
-        raise FrameworkError(f"state[{key!r}].state_dict() failed: {e!r}") from e
+        raise FrameworkError(f"state[{key!r}]{where}.state_dict() failed: {e!r}") from e
 
 
 @dataclass(frozen=True, eq=False)
@@ -259,15 +268,22 @@ class StatefulItem(StateItem):
         """The object with ``state_dict()`` / ``load_state_dict()``."""
         return self.value
 
+    @property
+    def length(self) -> int | None:
+        """None: one object (``StatefulListItem``: the length of its list)."""
+        return None
+
     def encode(self, rank: int) -> Encoded:
         plain, tensors = split_tensors(self.key, _state_dict(self.key, self.obj))
         data = encode_value(plain, f"state[{self.key!r}].state_dict()")
         digest = hashlib.blake2b(data, digest_size=12)
         items = []
         with torch.no_grad():
-            for ckey, t in tensors.items():
+            for ckey, live in tensors.items():
+                t = live
                 if not isinstance(t, DTensor):  # replicated: the same bytes on every rank
-                    digest.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+                    t = t.detach().resolve_conj().resolve_neg()  # a conjugate / negative view: its values
+                    digest.update(_raw(t.cpu()))
                 piece = tensor_piece(ckey, t)
                 items.append(SaveItem(piece.spec, piece.tensor))
         blobs = {replicated_blob_key(self.key): data} if rank == 0 else {}
@@ -283,71 +299,135 @@ class StatefulItem(StateItem):
         fresh: dict[str, torch.Tensor] = {}
         with torch.no_grad():
             for ckey, rec in saved.items():
-                like = live.get(ckey)
-                if like is not None and tuple(like.shape) == tuple(rec.shape):
-                    t = torch.empty_like(like, dtype=dtype_from_name(rec.dtype))
+                like, dtype, shape = live.get(ckey), dtype_from_name(rec.dtype), tuple(rec.shape)
+                if like is not None and _in_place(like, shape, dtype):  # read into the live tensor itself
+                    piece = tensor_piece(ckey, like)
+                    items.append(LoadItem(piece.spec, piece.tensor))
+                    fresh[ckey] = like
+                    continue
+                if like is not None and tuple(like.shape) == shape:
+                    t = torch.empty_like(like, dtype=dtype)
                 else:  # no live tensor of that shape: a whole one, as saved
-                    t = torch.empty(tuple(rec.shape), dtype=dtype_from_name(rec.dtype))
+                    t = torch.empty(shape, dtype=dtype)
                 piece = tensor_piece(ckey, t)
                 items.append(LoadItem(piece.spec, piece.tensor, True))
-                fresh[ckey] = t
+                fresh[ckey] = t if like is None else _typed_like(t, like)
         return items, fresh
 
     def choose(self, ctx: LoadContext) -> tuple[dict[str, str], list[str]]:
+        _check_saved_list(ctx.md, self.key, self.length)
         blob = replicated_blob_key(self.key)
         if blob in ctx.blob_keys:
-            return {"value": blob}, []
+            return {_replicated_what(ctx.md): blob}, []
         if _has_per_rank(self.key, ctx):  # saved as unickpt.PerRank
             return _per_rank_choice(self.key, ctx)
         return {}, [self.key]
 
     def apply(self, state: MutableMapping[str, Any], values: Mapping[str, Any]) -> None:
-        if "value" in values:
-            tensors = {k[len(TENSOR_VALUE) :]: v for k, v in values.items() if k.startswith(TENSOR_VALUE)}
-            self.obj.load_state_dict(join_tensors(values["value"], tensors, self.key))
+        if "value" in values:  # a per-rank blob: the state_dict() as it was, tensors inside
+            self.obj.load_state_dict(values["value"])
+        for what in (_SPLIT, _SPLIT_ESCAPED):
+            if what in values:  # the replicated blob: placeholders for the tensors loaded apart
+                tensors = {k[len(TENSOR_VALUE) :]: v for k, v in values.items() if k.startswith(TENSOR_VALUE)}
+                self.obj.load_state_dict(join_tensors(values[what], tensors, self.key, what == _SPLIT_ESCAPED))
 
 
-_MARK = "__unickpt_tensor__"
+@dataclass(frozen=True, eq=False)
+class StatefulListItem(StatefulItem):
+    """A list (or tuple) of Statefuls under one key (``"lr_scheduler": [sched0, sched1]``): one
+    replicated item whose ``state_dict()`` is the list of theirs (``StatefulList``), saved and
+    resharded as a single one (tensors ``<key>.<i>.<path>``). Its length is recorded (metadata
+    object ``state_encoding``, ``lists``) and checked before anything is read."""
+
+    kind: ClassVar[Kind] = Kind.STATEFUL_LIST
+
+    @property
+    def obj(self) -> StatefulList:
+        return StatefulList(self.key, tuple(self.value))
+
+    @property
+    def length(self) -> int | None:
+        return len(self.value)
+
+
+@dataclass(frozen=True, eq=False)
+class StatefulList:
+    """The Statefuls of one key seen as one: ``state_dict()`` is the list of theirs,
+    ``load_state_dict(list)`` gives each its own (``StatefulListMismatchError`` for another length)."""
+
+    key: str
+    objs: tuple[Any, ...]
+
+    def state_dict(self) -> list[Any]:
+        return [_state_dict(self.key, o, f"[{i}]") for i, o in enumerate(self.objs)]
+
+    def load_state_dict(self, value: Any) -> None:
+        if type(value) is not list or len(value) != len(self.objs):
+            got = f"a list of {len(value)}" if type(value) is list else f"a {type(value).__name__}"
+            raise StatefulListMismatchError(
+                f"state[{self.key!r}] is a list of {len(self.objs)} Stateful objects and the checkpoint holds {got} "
+                "there: give as many as were saved"
+            )
+        for o, v in zip(self.objs, value):
+            o.load_state_dict(v)
+
+
+def _check_saved_list(md: Metadata, key: str, live: int | None) -> None:
+    """``StatefulListMismatchError`` unless the checkpoint saved under ``key`` what the live state
+    has there: one Stateful (``live`` None) or a list of ``live`` (checkpoints that do not record
+    their keys or list lengths: checked when the blob is applied)."""
+    kinds = md.objects.get(STATE_KEYS_OBJECT)
+    saved = kinds.get(key) if isinstance(kinds, dict) else None
+    length = list_lengths(md.objects).get(key)
+    if saved == Kind.STATEFUL_LIST.value and live is None:
+        raise StatefulListMismatchError(
+            f"the checkpoint holds a list of {length} Stateful objects under state[{key!r}] and this job one: "
+            "give a list of as many (or leave the key out with strict=False)"
+        )
+    if saved == Kind.STATEFUL_LIST.value and length is not None and length != live:
+        raise StatefulListMismatchError(
+            f"the checkpoint holds a list of {length} Stateful objects under state[{key!r}] and this job a list "
+            f"of {live}: give as many as were saved (or leave the key out with strict=False)"
+        )
+    if saved in (Kind.STATEFUL.value, Kind.PER_RANK.value) and live is not None:
+        raise StatefulListMismatchError(
+            f"the checkpoint holds one Stateful object under state[{key!r}] and this job a list of {live}: "
+            "give one object there (or leave the key out with strict=False)"
+        )
+
+
+def _raw(t: torch.Tensor) -> bytes:
+    """The row-major bytes of a CPU tensor (contiguous: a size-1 dimension may still have any
+    stride, e.g. ``z.imag`` of one element, which ``view(torch.uint8)`` refuses)."""
+    t = t.contiguous()
+    return t.as_strided((t.numel(),), (1,)).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
+def _in_place(like: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> bool:
+    """Whether the saved tensor loads into the live one itself (its identity kept: a parameter an
+    optimizer holds stays that parameter): same shape and dtype, dense, its local data contiguous
+    and not a conjugate / negative view."""
+    if tuple(like.shape) != shape or like.dtype != dtype or like.layout != torch.strided or like.is_meta:
+        return False
+    loc = like.to_local() if isinstance(like, DTensor) else like
+    return loc.is_contiguous() and not loc.is_conj() and not loc.is_neg()
+
+
+def _typed_like(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``t`` (a fresh tensor loaded in ``like``'s place) as a ``Parameter`` when ``like`` is one,
+    requiring grad when ``like`` does (the same storage: what the load reads into ``t`` is there)."""
+    if isinstance(like, torch.nn.Parameter):
+        return torch.nn.Parameter(t, requires_grad=like.requires_grad)
+    return t.requires_grad_(like.requires_grad) if like.requires_grad else t
+
+
 TENSOR_VALUE = "tensor:"  # + checkpoint key: a loaded tensor of a Stateful, in ``apply``'s values
+_SPLIT, _SPLIT_ESCAPED = "replicated", "replicated.escaped"  # the replicated blob, without / with escapes
 
 
-def split_tensors(key: str, value: Any) -> tuple[Any, dict[str, torch.Tensor]]:
-    """``value`` with every tensor (at any depth of dicts, lists, tuples) replaced by a placeholder
-    ``{"__unickpt_tensor__": "<key>.<path>"}``, and those tensors by checkpoint key."""
-    found: dict[str, torch.Tensor] = {}
-
-    def walk(v: Any, path: str) -> Any:
-        if isinstance(v, torch.Tensor):
-            ckey = f"{key}.{path}" if path else key
-            if ckey in found:
-                raise FrameworkError(f"state[{key!r}].state_dict(): two tensors are both named {ckey!r}")
-            found[ckey] = v
-            return {_MARK: ckey}
-        if type(v) is dict:
-            return {k: walk(x, f"{path}.{k}" if path else str(k)) for k, x in v.items()}
-        if type(v) in (list, tuple):
-            return type(v)(walk(x, f"{path}.{i}" if path else str(i)) for i, x in enumerate(v))
-        return v
-
-    return walk(value, ""), found
-
-
-def join_tensors(value: Any, tensors: Mapping[str, torch.Tensor], key: str) -> Any:
-    """The inverse of ``split_tensors``: placeholders replaced by the loaded tensors."""
-
-    def walk(v: Any) -> Any:
-        if type(v) is dict:
-            if len(v) == 1 and _MARK in v:
-                t = tensors.get(v[_MARK])
-                if t is None:
-                    raise CorruptMetadataError(f"state[{key!r}]: tensor {v[_MARK]!r} is not in the checkpoint")
-                return t
-            return {k: walk(x) for k, x in v.items()}
-        if type(v) in (list, tuple):
-            return type(v)(walk(x) for x in v)
-        return v
-
-    return walk(value)
+def _replicated_what(md: Metadata) -> str:
+    """What ``apply`` calls a checkpoint's replicated blob: which ``join_tensors`` rules it follows."""
+    return _SPLIT_ESCAPED if escapes_dicts(md.objects) else _SPLIT
 
 
 @dataclass(frozen=True, eq=False)
@@ -366,8 +446,9 @@ class PerRankItem(StatefulItem):
         return Encoded({extra_blob_key(rank, self.key): data})
 
     def choose(self, ctx: LoadContext) -> tuple[dict[str, str], list[str]]:
+        _check_saved_list(ctx.md, self.key, None)
         if replicated_blob_key(self.key) in ctx.blob_keys and not _has_per_rank(self.key, ctx):
-            return {"value": replicated_blob_key(self.key)}, []
+            return {_replicated_what(ctx.md): replicated_blob_key(self.key)}, []
         return _per_rank_choice(self.key, ctx)
 
 

@@ -51,14 +51,18 @@ from .items import (
     PerRank,
     PerRankItem,
     StatefulItem,
+    StatefulListItem,
     StateItem,
     ValueItem,
     _is_stateful,
 )
 from .loader import LEGACY_PREFIX, LOADER_SECTION
+from .tree import ENCODING, STATE_ENCODING_OBJECT
 
 __all__ = ["StateLayout", "item_for", "check_key", "saved_keys", "replicated_disagreement"]
 
+_REPLICATED = (Kind.STATEFUL, Kind.STATEFUL_LIST)  # saved once, claimed equal on every rank
+_OWN_TENSORS = (*_REPLICATED, Kind.PER_RANK)  # kinds whose tensors this layout loads (not the adapter)
 _KEY = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
 OPTIMIZER_KEY, LOADER_KEY = "optimizer", "dataloader"
 # keys a live state may leave out without the checkpoint's being unexpected (a load of the weights
@@ -110,7 +114,23 @@ def item_for(key: str, value: Any) -> StateItem | None:
         return PerRankItem(key, value)
     if _is_stateful(value):
         return StatefulItem(key, value)
+    if _statefuls(key, value):
+        return StatefulListItem(key, value)
     return ValueItem(key, value)
+
+
+def _statefuls(key: str, value: Any) -> bool:
+    """Whether ``value`` is a list (or tuple) of Statefuls (``FrameworkError`` for a list that
+    mixes them with modules, optimizers or plain values: each kind goes under its own key)."""
+    if type(value) not in (list, tuple) or not value or not any(_is_stateful(v) for v in value):
+        return False
+    for i, v in enumerate(value):
+        if not _is_stateful(v) or isinstance(v, nn.Module) or is_optimizer_like(v):
+            raise FrameworkError(
+                f"state[{key!r}][{i}] is a {type(v).__name__}: a list under one key holds Stateful objects "
+                "only (modules, optimizers and plain values each under a key of their own)"
+            )
+    return True
 
 
 @dataclass(frozen=True, eq=False)
@@ -142,13 +162,21 @@ class StateLayout:
                 blobs.update(enc.blobs)
                 claims.update(enc.claims)
                 tensors += enc.tensors
-        replicated = sorted(i.key for i in self.items if i.kind is Kind.STATEFUL)
+        replicated = sorted(i.key for i in self.items if i.kind in _REPLICATED)
         claims["replicated state keys"] = repr(replicated)
         return Encoded(blobs, claims, tensors)
 
     def objects(self) -> dict[str, JSONValue]:
-        """The metadata objects recording each key and its kind."""
-        return {STATE_KEYS_OBJECT: {i.key: i.kind.value for i in self.items}}
+        """The metadata objects recording each key and its kind, and (with a replicated Stateful)
+        the rules its blob follows (``state.tree``)."""
+        out: dict[str, JSONValue] = {STATE_KEYS_OBJECT: {i.key: i.kind.value for i in self.items}}
+        if any(i.kind in _REPLICATED for i in self.items):
+            encoding = dict(ENCODING)
+            lists: dict[str, JSONValue] = {i.key: len(i.value) for i in self.items if i.kind is Kind.STATEFUL_LIST}
+            if lists:
+                encoding["lists"] = lists
+            out[STATE_ENCODING_OBJECT] = encoding
+        return out
 
     @property
     def optimizer(self) -> Any:
@@ -174,7 +202,7 @@ class StateLayout:
         values: dict[tuple[str, str], Any] = {}
         prefixes: list[str] = []
         for item in self.items:
-            if item.kind in (Kind.STATEFUL, Kind.PER_RANK):
+            if item.kind in _OWN_TENSORS:
                 prefixes.append(f"{item.key}.")
                 dest, fresh = item.destinations(md)
                 items += dest
@@ -205,7 +233,7 @@ class StateLayout:
 def _check_prefixes(items: tuple[StateItem, ...]) -> None:
     """The checkpoint tensor keys of the items that have some (modules, Stateful objects) stay
     apart: no key's prefix inside another's, none inside ``optimizer.``."""
-    prefixes = {i.key: part_prefix(i.key) for i in items if i.kind in (Kind.MODULE, Kind.STATEFUL, Kind.PER_RANK)}
+    prefixes = {i.key: part_prefix(i.key) for i in items if i.kind in (Kind.MODULE, *_OWN_TENSORS)}
     for a, pa in prefixes.items():
         if pa.startswith(OPTIM_PREFIX):
             raise FrameworkError(f"state key {a!r}: the key of a module or Stateful cannot start with 'optimizer.'")
