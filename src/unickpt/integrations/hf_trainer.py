@@ -302,7 +302,8 @@ class UnickptTrainerMixin(_Base):
         ``True`` becomes the newest committed ``checkpoint-N`` when the highest one never committed."""
         if not (self.unickpt_resume_fallback and resume_from_checkpoint is True):
             return resume_from_checkpoint
-        last = get_last_checkpoint(self.args.output_dir) if os.path.isdir(self.args.output_dir) else None
+        out = self.args.output_dir
+        last = get_last_checkpoint(out) if out is not None and os.path.isdir(out) else None
         if last is None:
             return resume_from_checkpoint  # the Trainer's own error: nothing to resume from
         chosen = _fallback_checkpoint(last)
