@@ -55,7 +55,7 @@ What the Trainer calls, in its order, and what the mixin does there:
   them and keeps the highest one as "the newest": every save while such a folder exists
   commits before ``_save_checkpoint`` returns (``_commits_before_return``), so a rotation never
   leaves only uncommitted checkpoints; the resumed run's save at a skipped step replaces that
-  folder's files with a committed checkpoint. A folder given by path is never replaced.
+  folder's files with a committed checkpoint. A folder given by path raises as before.
 * ``train`` returns (or raises) after waiting for the pending asynchronous save.
 """
 
