@@ -90,3 +90,21 @@ def test_every_doc_block_is_run_or_has_a_reason():
     names = [s["name"] for s in snippets()]
     assert any(n.startswith("manager.py") for n in names) and any(n.startswith("checkpointer.py") for n in names)
     assert sum(s["kind"] == "resume" for s in snippets()) == 2  # README's and manager.py's
+
+
+def test_issue39_item25_migrating_has_a_complete_resume_after_convert_from_dcp():
+    """docs/migrating.md shows the whole resume after ``convert --from dcp`` (where the scheduler
+    lands, how it is restored, how it is saved afterwards), and the block is one of those
+    ``test_doc_examples_run`` runs (not in ``NOT_RUN``)."""
+    run = {s["name"]: s["code"] for s in snippets()}
+    resume = [
+        code
+        for name, code in run.items()
+        if name.startswith("docs/migrating.md") and '"convert", "--from", "dcp"' in code
+    ]
+    assert len(resume) == 1, sorted(run)
+    code = resume[0]
+    assert 'scheduler.load_state_dict(state["extra_state"]["lr_scheduler"])' in code
+    assert 'unickpt.load("ckpts/' in code and '"lr_scheduler": scheduler' in code  # restored, then saved as itself
+    one_rank = [c for n, c in run.items() if n.startswith("docs/migrating.md") and "SaveOptions(timeout=" in c]
+    assert len(one_rank) == 1

@@ -32,7 +32,18 @@ def all_tokens(sources: dict[str, list[str]]) -> list[int]:
 def make_loader(sources, dp_rank: int, dp_size: int, **kw):
     from unickpt.data import TokenPackingLoader
 
-    args = {"seq_len": 37, "batch_size": 3, "seed": 5, "epochs": 1, "pad_id": PAD, "num_parts": 12, "block_tokens": 50}
+    # even_batches=False: each rank to the end of its own parts, so "every token exactly once" is
+    # checkable over the whole dataset (the default, equal batches per rank, drops the remainder)
+    args = {
+        "seq_len": 37,
+        "batch_size": 3,
+        "seed": 5,
+        "epochs": 1,
+        "pad_id": PAD,
+        "num_parts": 12,
+        "block_tokens": 50,
+        "even_batches": False,
+    }
     args.update(kw)
     return TokenPackingLoader(sources, {"code": 1.0, "web": 3.0}, dp_rank=dp_rank, dp_size=dp_size, **args)
 

@@ -26,7 +26,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     print(rp.format_text(rep, k=args.k))
     print("\n".join(rp.storage_lines(records)))
     if args.png:
-        rp.heatmap_png(rep, args.png)
+        rp.heatmap_png(rep, args.png, rp.heatmap_title(rep, records, title))
         print(f"heat map: {args.png}")
     if args.trace:
         with open(args.trace, "w") as f:
@@ -51,5 +51,10 @@ def add_report(sub: argparse._SubParsersAction) -> None:
     rp.add_argument("--png", default=None, help="write a rank x phase heat map PNG here")
     rp.add_argument("--trace", default=None, help="write a Chrome/Perfetto trace JSON here")
     rp.add_argument("--sqlite", default=None, help="also write every record into this SQLite file")
-    rp.add_argument("--k", type=float, default=1.5, help="straggler: slower than k x the median of a phase (1.5)")
+    rp.add_argument(
+        "--k",
+        type=float,
+        default=1.5,
+        help="straggler: slower than k x the median of a phase (1.5) and by more than 0.1 s",
+    )
     rp.set_defaults(func=_cmd_report)

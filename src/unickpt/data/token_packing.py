@@ -16,7 +16,18 @@ next sequence (also across batches and checkpoints). When a part's blocks of a s
 up, that source starts its next epoch for the part; with ``epochs=k`` it is exhausted after k.
 A rank fills a batch of ``batch_size`` rows from its parts, always asking the part with the
 fewest sequences so far (ties: the lowest part number). When every owned part is exhausted, a
-last, partly filled buffer is padded with ``pad_id`` and the last batch may have fewer rows.
+last, partly filled buffer is padded with ``pad_id``.
+
+Equal batches per rank (``even_batches=True``, the default): with ``epochs`` set, the DP ranks'
+parts hold different numbers of sequences, and a rank that ran out first would leave the others
+waiting in the training step's collective. Every rank therefore returns the same number of
+batches, all full: ``min`` over the DP ranks of ``floor(rows left / batch_size)``, computed from
+the file lengths and the parts' sequence counts alone (no collective; ``_batches_left``), and the
+rows left over at the end of the data (fewer than ``batch_size`` on the rank with the fewest,
+a few more on the others) are dropped. A resume (any DP size) recomputes it from the saved counts:
+no sequence is repeated, and only the end of the data is dropped. ``even_batches=False``: each
+rank runs to the end of its own parts (every token once; the last batch may have fewer rows and
+the ranks stop at different steps).
 
 The state is tiny: per part, per source its epoch and next block, the buffer as token ranges
 (``[source, start, end)``), the number of sequences and the exhausted sources; the replicated
@@ -94,6 +105,7 @@ class TokenPackingLoader:
         num_parts: int = 64,
         block_tokens: int = 2048,
         prefetch: bool = True,
+        even_batches: bool = True,
     ) -> None:
         if set(sources) != set(weights) or not sources:
             raise ValueError("TokenPackingLoader: sources and weights must name the same, non-empty set of sources")
@@ -121,6 +133,9 @@ class TokenPackingLoader:
         self.seed, self.num_workers, self.epochs, self.pad_id = seed, num_workers, epochs, pad_id
         self.num_parts, self.block_tokens = num_parts, block_tokens
         self._parts: dict[int, dict[str, Any]] = {p: self._fresh_part() for p in self._owned()}
+        self.even_batches = even_batches
+        # batches this rank still returns (None: to the end of its parts): see the module docstring
+        self._batches_left = self._even_batches_left({p: 0 for p in range(num_parts)})
         self._pool = ThreadPoolExecutor(num_workers, thread_name_prefix="unickpt-loader") if num_workers > 0 else None
         # prefetch (num_workers > 0): the next batch is planned and read while the current one
         # trains; the checkpointed state stays the state after the last *returned* batch, so a
@@ -142,6 +157,29 @@ class TokenPackingLoader:
         """How many blocks of source ``s`` part ``part`` has."""
         nblocks = -(-self.sources[s].total // self.block_tokens)
         return max(0, -(-(nblocks - part) // self.num_parts))
+
+    def _sequences_of(self, part: int) -> int:
+        """How many sequences ``part`` yields over all ``epochs`` (``epochs`` set): its tokens per
+        epoch (its blocks, the last block of a source shorter) packed ``seq_len`` at a time, the
+        last one padded."""
+        assert self.epochs is not None
+        tokens = 0
+        for s, src in enumerate(self.sources):
+            nblocks = -(-src.total // self.block_tokens)
+            tokens += self._blocks_of(s, part) * self.block_tokens
+            if nblocks and (nblocks - 1) % self.num_parts == part:  # the source's last, short block
+                tokens -= nblocks * self.block_tokens - src.total
+        return -(-(tokens * self.epochs) // self.seq_len)
+
+    def _even_batches_left(self, counts: Mapping[int, int]) -> int | None:
+        """With ``even_batches`` and ``epochs``: the full batches every DP rank can still return,
+        given every part's sequences so far (``counts``, part -> count); None otherwise."""
+        if not self.even_batches or self.epochs is None:
+            return None
+        rows = [0] * self.dp_size
+        for p in range(self.num_parts):
+            rows[p % self.dp_size] += max(0, self._sequences_of(p) - int(counts.get(p, 0)))
+        return min(rows) // self.batch_size
 
     # ------------------------------------------------------------------ planning (lengths only)
 
@@ -208,6 +246,10 @@ class TokenPackingLoader:
 
     def _start_batch(self) -> Future[torch.Tensor] | None:
         """Plan the next batch (advancing the parts) and start reading it on the workers."""
+        if self._batches_left is not None:
+            if self._batches_left <= 0:
+                return None  # the end of the data for every rank at once (even_batches)
+            self._batches_left -= 1
         rows = self._plan_batch()
         if not rows:
             return None
@@ -287,8 +329,17 @@ class TokenPackingLoader:
                     f"TokenPackingLoader: the checkpoint lacks part {p} (saved by {saved_dp_size} DP ranks)"
                 )
             new[p] = self._checked_part(p, parts[p])
+        counts = {}
+        if self.even_batches and self.epochs is not None:  # every rank's rows left: every part's count
+            for p in range(self.num_parts):
+                if p not in parts:
+                    raise LoaderStateError(
+                        f"TokenPackingLoader: the checkpoint lacks part {p} (saved by {saved_dp_size} DP ranks)"
+                    )
+                counts[p] = new[p]["count"] if p in new else self._checked_part(p, parts[p])["count"]
         self._ahead = None  # a batch prefetched from the old position is dropped
         self._parts = new
+        self._batches_left = self._even_batches_left(counts)
         self._consumed = {p: _copy_part(st) for p, st in new.items()}
 
     def _checked_part(self, p: int, raw: Mapping[str, Any]) -> dict[str, Any]:

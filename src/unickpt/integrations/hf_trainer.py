@@ -48,6 +48,14 @@ What the Trainer calls, in its order, and what the mixin does there:
   stays "the newest", which rotation always keeps, and the resumed run's committed saves go
   first) and a later save of the same step would write into it; deleting it, with the
   Trainer's files in it, is not unickpt's to do. Move it away and resume again.
+  Opt-in, for jobs restarted without a person (``unickpt_resume_fallback = True`` on the class
+  or the instance): ``resume_from_checkpoint=True`` resumes from the newest ``checkpoint-N`` that
+  committed instead (a warning names the folder it skipped); it moves, renames and deletes
+  nothing. The folders it skips stay numbered above the resumed step, and the rotation counts
+  them and keeps the highest one as "the newest": every save while such a folder exists
+  commits before ``_save_checkpoint`` returns (``_commits_before_return``), so a rotation never
+  leaves only uncommitted checkpoints; the resumed run's save at a skipped step replaces that
+  folder's files with a committed checkpoint. A folder given by path raises as before.
 * ``train`` returns (or raises) after waiting for the pending asynchronous save.
 """
 
@@ -55,10 +63,11 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from transformers import Trainer
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from .. import PerRank, default_checkpointer, load, save, set_rng_state
 from ..errors import IncompleteCheckpointError, NotACheckpointError
@@ -99,6 +108,43 @@ def _newest_committed_beside(checkpoint: str) -> str | None:
     return os.path.join(parent, max(found)[1]) if found else None
 
 
+def _committed(path: str) -> bool:
+    """Whether the unickpt checkpoint ``path`` committed (``_require_committed`` without raising)."""
+    if os.path.isfile(os.path.join(path, METADATA_FILE)):
+        return True
+    if not os.path.isdir(path):
+        return False
+    try:
+        load_metadata(path)  # also finds a version an interrupted publication moved aside
+    except (IncompleteCheckpointError, NotACheckpointError):
+        return False
+    return True
+
+
+def _numbered_checkpoints(parent: str) -> list[tuple[int, str]]:
+    """The Trainer's ``checkpoint-N`` folders in ``parent``: (N, path), highest first."""
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return []
+    found = [(int(m.group(1)), os.path.join(parent, n)) for n in names if (m := _CHECKPOINT_N.fullmatch(n))]
+    return sorted((f for f in found if os.path.isdir(f[1])), reverse=True)
+
+
+def _fallback_checkpoint(last: str) -> str | None:
+    """For ``unickpt_resume_fallback``: ``last`` (the Trainer's ``get_last_checkpoint``) when it
+    is a stock checkpoint or committed, else the newest ``checkpoint-N`` beside it that committed
+    (None: none did)."""
+    path = os.path.join(last, UNICKPT_SUBDIR)
+    if not os.path.lexists(path) or _committed(path):
+        return last
+    for _, folder in _numbered_checkpoints(os.path.dirname(os.path.abspath(last))):
+        inner = os.path.join(folder, UNICKPT_SUBDIR)
+        if os.path.isdir(inner) and _committed(inner):
+            return folder
+    return None
+
+
 def _require_committed(checkpoint: str, path: str) -> None:
     """Raise unless the unickpt checkpoint ``path`` inside the Trainer's ``checkpoint`` folder
     committed (module docstring: never the Trainer's own load of half a checkpoint)."""
@@ -134,6 +180,9 @@ class UnickptTrainerMixin(_Base):
     """Put before ``Trainer`` in the bases (module docstring)."""
 
     unickpt_async_save: bool = False  # a class attribute: set it on your subclass or the instance
+    # resume_from_checkpoint=True skips a newest checkpoint-N whose save never committed (a kill
+    # during an asynchronous save) for the newest that did, with a warning; off: it raises
+    unickpt_resume_fallback: bool = False
     _unickpt_previous_save: str | None = None  # the checkpoint-N folder this trainer saved last
 
     def _unickpt_path(self, checkpoint: str | None) -> str | None:
@@ -177,9 +226,16 @@ class UnickptTrainerMixin(_Base):
           at most the number it keeps that way (1, or 2 with a best checkpoint elsewhere), unless
           the previous one is the best. Before this trainer's first save the previous one is not
           known (one of an earlier job): then it commits too.
-        Only arguments and ``TrainerState`` decide, the same on every rank."""
+        * a ``checkpoint-M`` numbered above this one is there (left by a run this one resumed
+          before: ``unickpt_resume_fallback``, or a resume from an older folder given by path):
+          rotation by step number keeps it as "the newest" and counts it, so the previous
+          checkpoint may go while this one is not committed.
+        Only arguments, ``TrainerState`` and the output folder's ``checkpoint-N`` names decide,
+        the same on every rank."""
         if os.path.exists(os.path.join(output_dir, _JIT_INCOMPLETE_MARKER)):
             return True
+        if self._unickpt_higher_folder(output_dir):
+            return True  # the rotation keeps that one as "the newest" and may delete the previous one
         limit = self.args.save_total_limit
         if limit is None or limit <= 0:
             return False
@@ -191,6 +247,13 @@ class UnickptTrainerMixin(_Base):
             return False  # rotation keeps the previous one
         previous = self._unickpt_previous_save
         return not (best is not None and best_elsewhere and previous is not None and _same_path(previous, best))
+
+    def _unickpt_higher_folder(self, output_dir: str) -> bool:
+        m = _CHECKPOINT_N.fullmatch(os.path.basename(os.path.normpath(output_dir)))
+        if m is None:
+            return False
+        here = int(m.group(1))
+        return any(n > here for n, _ in _numbered_checkpoints(os.path.dirname(os.path.abspath(output_dir))))
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         default_checkpointer().wait()  # the previous save commits before the Trainer may rotate it away
@@ -234,9 +297,31 @@ class UnickptTrainerMixin(_Base):
         if loaded is not None:
             set_rng_state(loaded)
 
-    def train(self, *args: Any, **kwargs: Any) -> Any:
+    def _unickpt_resume_target(self, resume_from_checkpoint: Any) -> Any:
+        """``resume_from_checkpoint`` as ``train`` passes it on: with ``unickpt_resume_fallback``,
+        ``True`` becomes the newest committed ``checkpoint-N`` when the highest one never committed."""
+        if not (self.unickpt_resume_fallback and resume_from_checkpoint is True):
+            return resume_from_checkpoint
+        out = self.args.output_dir
+        last = get_last_checkpoint(out) if out is not None and os.path.isdir(out) else None
+        if last is None:
+            return resume_from_checkpoint  # the Trainer's own error: nothing to resume from
+        chosen = _fallback_checkpoint(last)
+        if chosen is None:
+            return last  # nothing committed: _require_committed raises, naming the folder
+        if not _same_path(chosen, last):
+            warnings.warn(
+                f"resuming from {chosen}, the newest checkpoint that committed: {last} and any newer folder "
+                "hold a save that never committed (unickpt_resume_fallback=True); they stay in place, "
+                "and this run's save at their step replaces them",
+                stacklevel=3,
+            )
+        return chosen
+
+    def train(self, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
+        resume_from_checkpoint = self._unickpt_resume_target(resume_from_checkpoint)
         try:
-            return super().train(*args, **kwargs)
+            return super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
             default_checkpointer().wait()  # the last asynchronous save commits (or raises)
 

@@ -4,7 +4,10 @@ torchtitan builds its checkpoint manager from ``Trainer.Config.checkpoint`` (a
 ``BaseCheckpointManager.Config``): ``config.checkpoint.build(...)`` constructs the class that
 declares that ``Config`` (``Configurable``'s ``_owner``). So a job switches by giving
 ``checkpoint=UnickptCheckpointManager.Config(...)`` in place of ``CheckpointManager.Config(...)``
-(same fields, plus ``dataloader_on_resize``); see docs/integrations/torchtitan.md.
+(same fields, plus ``dataloader_on_resize``); see docs/integrations/torchtitan.md. Where a job's
+config is built elsewhere: ``unickpt_config(config.checkpoint, ...)`` converts it keeping every
+field, and the torchtitan override ``use_unickpt`` does the same from the command line
+(``--override.imports unickpt.integrations.torchtitan.use_unickpt``).
 
 What it saves, through one ``unickpt.Checkpointer`` (``open state``, docs/state.md), in the
 trainer's ``step-N`` folders under ``dump_folder/checkpoint.folder``:
@@ -54,7 +57,8 @@ from torchtitan.components.checkpointer.base import (
     OPTIMIZER,
     BaseCheckpointManager,
 )
-from torchtitan.config import TORCH_DTYPE_MAP
+from torchtitan.components.checkpointer.dcp import CheckpointManager
+from torchtitan.config import TORCH_DTYPE_MAP, derive, override
 from torchtitan.tools import filesystem
 
 from .. import Checkpointer, SaveHandle
@@ -64,7 +68,7 @@ from ..format.records import METADATA_FILE
 from ..options import LoadOptions, RestoreOptions
 from ..storage import Storage, open_storage
 
-__all__ = ["UnickptCheckpointManager"]
+__all__ = ["UnickptCheckpointManager", "unickpt_config", "use_unickpt"]
 
 _STEP_FOLDER = re.compile(r"step-(\d+)")
 _HOOKS = ("_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
@@ -394,3 +398,24 @@ class UnickptCheckpointManager(BaseCheckpointManager):
                 self.save_future = None
                 self._staging = None
                 ckpt.close()
+
+
+def unickpt_config(config: BaseCheckpointManager.Config, **changes: Any) -> UnickptCheckpointManager.Config:
+    """``config`` (torchtitan's DCP ``CheckpointManager.Config``, or any manager's) as
+    ``UnickptCheckpointManager.Config``: every field both declare keeps its value (torchtitan's
+    ``derive``: a debug model's ``last_save_model_only=False`` stays False), then ``changes``:
+    ``config.checkpoint = unickpt_config(config.checkpoint, enable=True, interval=10)``."""
+    return derive(config, UnickptCheckpointManager.Config, **changes)
+
+
+@override(
+    target=CheckpointManager.Config,
+    description="unickpt checkpoint manager (unickpt.integrations.torchtitan), every checkpoint field kept",
+)
+def use_unickpt(config: CheckpointManager.Config, **changes: Any) -> UnickptCheckpointManager.Config:
+    """torchtitan's override that selects the manager from the command line, the job's checkpoint
+    fields kept (``unickpt_config``): ``--override.imports unickpt.integrations.torchtitan.use_unickpt``
+    (``'unickpt.integrations.torchtitan.use_unickpt={"dataloader_on_resize": "skip"}'`` for the
+    fields only unickpt's ``Config`` has). torchtitan's ``Trainer`` applies it before it builds
+    anything; ``--checkpoint.<field>`` flags are parsed into the job's config first and kept."""
+    return unickpt_config(config, **changes)

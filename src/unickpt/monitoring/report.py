@@ -24,12 +24,15 @@ from ..errors import CheckpointError
 __all__ = [
     "PHASE_COLUMNS",
     "WAITING_PHASES",
+    "STRAGGLER_FLOOR_S",
     "Report",
     "load_records",
     "NoPhaseRecords",
     "to_sqlite",
     "chrome_trace",
     "heatmap_png",
+    "heatmap_figure",
+    "heatmap_title",
     "format_text",
     "storage_lines",
 ]
@@ -55,6 +58,9 @@ PHASE_COLUMNS = (
 # finalize phase of ranks other than 0 (they wait for rank 0's commit; rank 0 commits in it)
 WAITING_PHASES = ("save.groups", "load.groups", "save.barrier", "load.transfer")
 _WAITING_EXCEPT_RANK0 = ("save.finalize",)
+# a rank is a straggler in a phase only when it lost at least this many seconds there against
+# the median (besides k x the median): on a 0.09 s save, 0.04 s is noise, not a slow rank
+STRAGGLER_FLOOR_S = 0.1
 _MAX_LINE = 1 << 16
 _FIELDS = ("phase", "rank", "start_unix", "seconds", "bytes")
 
@@ -95,7 +101,9 @@ class Report:
     stragglers: list[tuple[str, int, float, float]] = field(default_factory=list)  # phase, rank, s, median
 
     @classmethod
-    def build(cls, records: list[dict[str, Any]], k: float = 1.5, min_seconds: float = 0.005) -> Report:
+    def build(cls, records: list[dict[str, Any]], k: float = 1.5, min_seconds: float = STRAGGLER_FLOOR_S) -> Report:
+        """The table of ``records``; a straggler is a rank slower than ``k`` x the median of a phase
+        and by more than ``min_seconds``."""
         table: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         nbytes: dict[int, int] = defaultdict(int)
         for r in records:
@@ -148,7 +156,9 @@ def format_text(rep: Report, k: float = 1.5) -> str:
                 f"straggler: rank {r} in {phase}: {v:.4f} s, {v / med if med else float('inf'):.1f}x the median"
             )
     else:
-        lines.append(f"no stragglers (no rank slower than {k}x the median in any phase)")
+        lines.append(
+            f"no stragglers (no rank slower than {k}x the median and by more than {STRAGGLER_FLOOR_S} s in any phase)"
+        )
     return "\n".join(lines)
 
 
@@ -173,7 +183,29 @@ def chrome_trace(records: list[dict[str, Any]]) -> dict[str, Any]:
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
-def heatmap_png(rep: Report, out: str) -> None:
+def heatmap_title(rep: Report, records: list[dict[str, Any]], source: str) -> str:
+    """The heat map's title: where the records come from, the save id(s), the slowest rank's total."""
+    ids = sorted({str(r["save_id"]) for r in records if r.get("save_id")})
+    saves = f"save {ids[0]}, " if len(ids) == 1 else f"{len(ids)} saves, " if ids else ""
+    if len(ids) == 1 and ids[0] in source:
+        saves = ""  # the source line names it already
+    total = max((sum(rep.table[r].values()) for r in rep.ranks), default=0.0)
+    return f"{source}\n{saves}total {total:.3f} s (the longest rank, waiting included)"
+
+
+def heatmap_png(rep: Report, out: str, title: str = "") -> None:
+    """``heatmap_figure`` written to ``out`` (PNG)."""
+    import matplotlib.pyplot as plt
+
+    fig = heatmap_figure(rep, title)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def heatmap_figure(rep: Report, title: str = "") -> Any:
+    """A rank x phase heat map (a matplotlib Figure, headless Agg backend): seconds written in
+    every cell, the colour scale from 0 s (a 0.05 s spread does not look like 0 against 10),
+    ``title`` above it (``heatmap_title``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -181,16 +213,21 @@ def heatmap_png(rep: Report, out: str) -> None:
 
     cols = [c for c in PHASE_COLUMNS if any(c in rep.table[r] for r in rep.ranks)]
     data = [[rep.table[r].get(c, 0.0) for c in cols] for r in rep.ranks]
-    fig, ax = plt.subplots(figsize=(1.2 * len(cols) + 2, 0.35 * len(rep.ranks) + 2))
-    im = ax.imshow(data, aspect="auto", cmap="viridis")
+    top = max((v for row in data for v in row), default=0.0) or 1.0
+    fig, ax = plt.subplots(figsize=(1.2 * len(cols) + 2.5, 0.4 * len(rep.ranks) + 2.5))
+    im = ax.imshow(data, aspect="auto", cmap="viridis", vmin=0.0, vmax=top)
+    for i, row in enumerate(data):
+        for j, v in enumerate(row):
+            ax.text(j, i, f"{v:.3f}", ha="center", va="center", fontsize=8, color="white" if v < top / 2 else "black")
     ax.set_xticks(range(len(cols)), cols, rotation=45, ha="right")
     ax.set_yticks(range(len(rep.ranks)), [str(r) for r in rep.ranks])
     ax.set_xlabel("phase")
     ax.set_ylabel("rank")
+    if title:
+        ax.set_title(title, fontsize=9)
     fig.colorbar(im, ax=ax, label="seconds")
     fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
+    return fig
 
 
 def to_sqlite(records: list[dict[str, Any]], db: str) -> int:

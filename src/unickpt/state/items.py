@@ -67,6 +67,7 @@ from ..planning.objects import STATE_KEYS_OBJECT
 from ..planning.specs import LoadItem, SaveItem
 from .extra import extra_blob_key, pick_extra_blob
 from .loader import LEGACY_PREFIX, LOADER_SECTION, LoaderIndex, is_reshardable, loader_blobs
+from .resize_notice import MAX_PEER_BYTES, peer_values, peer_what, shared_state_notice
 from .tree import escapes_dicts, join_tensors, list_lengths, split_tensors
 
 __all__ = [
@@ -219,14 +220,29 @@ def _per_rank_choice(key: str, ctx: LoadContext) -> tuple[dict[str, str], list[s
         return {}, []
     else:
         blob = pick_extra_blob(set(ctx.blob_keys), 0 if ctx.extra_on_resize == "rank0" else ctx.rank, saved, key)
-        if ctx.rank == 0 and ctx.extra_on_resize == "modulo" and ctx.world_size > saved:
-            warnings.warn(
-                f"{key} saved by {saved} ranks restored on {ctx.world_size}: rank r gets saved rank "
-                f"r % {saved}'s values, so ranks share RNG states "
-                "(LoadOptions(restore=RestoreOptions(extra_state_on_resize=...)) to choose)",
-                stacklevel=6,
-            )
+        if blob is not None and ctx.rank == 0 and ctx.extra_on_resize == "modulo" and ctx.world_size > saved:
+            return {"value": blob, **_peer_blobs(key, ctx)}, []  # compared in apply (resize_notice)
     return ({"value": blob}, []) if blob is not None else ({}, [key])
+
+
+def _peer_blobs(key: str, ctx: LoadContext) -> dict[str, str]:
+    """Every saved rank's blob of ``key``, for rank 0 to tell whether ranks now share values;
+    none (and the warning now) when they are too large to compare."""
+    peers = {r: extra_blob_key(r, key) for r in range(ctx.md.topology.world_size)}
+    peers = {r: b for r, b in peers.items() if b in ctx.md.blobs}
+    if sum(ctx.md.blobs[b].byte_length for b in peers.values()) > MAX_PEER_BYTES:
+        notice = shared_state_notice(key, [], ctx.md.topology.world_size, unread=True)
+        warnings.warn(str(notice), stacklevel=7)
+        return {}
+    return {peer_what(r): b for r, b in peers.items()}
+
+
+def _warn_if_shared(key: str, values: Mapping[str, Any]) -> None:
+    """On rank 0 after growing: warn when the saved ranks' values of ``key`` differ (``resize_notice``)."""
+    saved = peer_values(values)
+    notice = shared_state_notice(key, saved, len(saved)) if saved else None
+    if notice is not None:
+        warnings.warn(notice, stacklevel=7)
 
 
 def _has_per_rank(key: str, ctx: LoadContext) -> bool:
@@ -250,6 +266,7 @@ class ValueItem(StateItem):
         return _per_rank_choice(self.key, ctx)
 
     def apply(self, state: MutableMapping[str, Any], values: Mapping[str, Any]) -> None:
+        _warn_if_shared(self.key, values)
         if "value" in values:
             state[self.key] = values["value"]
 
@@ -324,6 +341,7 @@ class StatefulItem(StateItem):
         return {}, [self.key]
 
     def apply(self, state: MutableMapping[str, Any], values: Mapping[str, Any]) -> None:
+        _warn_if_shared(self.key, values)  # a PerRank's, after growing
         if "value" in values:  # a per-rank blob: the state_dict() as it was, tensors inside
             self.obj.load_state_dict(values["value"])
         for what in (_SPLIT, _SPLIT_ESCAPED):

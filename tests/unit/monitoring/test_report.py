@@ -60,3 +60,39 @@ def test_issue30_group_creation_is_a_column_and_waiting():
     assert rep.own_work(0) == {"load.read": 1.0}
     header = next(line for line in format_text(rep).splitlines() if line.startswith("rank "))
     assert "save.groups" in header and "load.groups" in header
+
+
+def test_issue39_item21_no_straggler_below_the_absolute_floor():
+    # a 0.09 s save where one rank took 0.04 s longer in its write: 3x the median, but noise
+    records = [
+        _rec("save.plan", 0, 0.01), _rec("save.write", 0, 0.02), _rec("save.finalize", 0, 0.01),
+        _rec("save.plan", 1, 0.01), _rec("save.write", 1, 0.02), _rec("save.finalize", 1, 0.01),
+        _rec("save.plan", 2, 0.01), _rec("save.write", 2, 0.06), _rec("save.finalize", 2, 0.01),
+    ]  # fmt: skip
+    rep = Report.build(records)
+    assert rep.stragglers == []
+    assert "no stragglers" in format_text(rep)
+    # the same shape at seconds, not hundredths of a second, is a straggler
+    slow = Report.build([{**r, "seconds": r["seconds"] * 100} for r in records])
+    assert [(p, r) for p, r, _, _ in slow.stragglers] == [("save.write", 2)]
+
+
+def test_issue39_item21_heat_map_has_title_values_and_a_scale_from_zero(tmp_path):
+    from unickpt.monitoring.report import heatmap_figure, heatmap_png, heatmap_title
+
+    records = [
+        {**_rec("save.write", 0, 2.0), "save_id": "20261206T000000-abc"},
+        {**_rec("save.write", 1, 2.5), "save_id": "20261206T000000-abc"},
+        {**_rec("save.plan", 1, 0.5), "save_id": "20261206T000000-abc"},
+    ]
+    rep = Report.build(records)
+    title = heatmap_title(rep, records, "phases at /ckpts/step_100")
+    assert "/ckpts/step_100" in title and "20261206T000000-abc" in title and "total 3.000 s" in title
+    fig = heatmap_figure(rep, title)
+    ax = fig.axes[0]
+    assert ax.get_title() == title
+    cells = sorted(t.get_text() for t in ax.texts)
+    assert cells == ["0.000", "0.500", "2.000", "2.500"]  # rank 0 has no save.plan: 0
+    assert ax.images[0].get_clim() == (0.0, 2.5)  # not from the smallest value
+    heatmap_png(rep, str(tmp_path / "h.png"), title)
+    assert (tmp_path / "h.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

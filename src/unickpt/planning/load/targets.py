@@ -23,7 +23,7 @@ from ...errors import (
 )
 from ...format.records import Metadata
 
-__all__ = ["Strictness", "KeyReport", "TargetSpec", "check_targets", "keys_error", "key_error_for"]
+__all__ = ["Strictness", "KeyReport", "TargetSpec", "check_targets", "keys_error", "key_error_for", "rename_guess"]
 
 
 class Strictness(Enum):
@@ -169,6 +169,52 @@ def keys_error(missing: list[str], unexpected: list[str], source: str) -> Missin
             + ", ".join(unexpected[:20])
             + (" ..." if len(unexpected) > 20 else "")
         )
-    hint = "pass strict=False to load the keys both have" if missing else "pass strict=False to ignore them"
+    if missing:
+        hint = _rename_hint(missing, unexpected) if unexpected else ""
+        hint += "strict=False loads only the keys both have and leaves the others at the job's initial values"
+    else:
+        hint = "pass strict=False to ignore them"
     msg = "; ".join(parts) + f" ({hint})"
     return MissingKeysError(msg) if missing else UnexpectedKeysError(msg)
+
+
+def _rename_hint(missing: Sequence[str], unexpected: Sequence[str]) -> str:
+    """The ``key_map`` advice of a load where both sides have keys the other lacks (a renamed layer)."""
+    rename = rename_guess(missing, unexpected)
+    fn = f"lambda k: k.replace({rename[0]!r}, {rename[1]!r})" if rename else "fn"
+    return (
+        "if the job renamed them, map the checkpoint's names onto the job's: "
+        f"LoadOptions(restore=RestoreOptions(key_map={fn})) (unickpt.options); "
+    )
+
+
+def _renamed_part(live: str, saved: str) -> tuple[str, str] | None:
+    """(saved part, live part) when the two dotted names differ in one run of components only
+    (``model.attention.bias`` / ``model.attn.bias`` -> ``(".attention.", ".attn.")``), the parts
+    with the dots that bound them; None otherwise."""
+    a, b = saved.split("."), live.split(".")
+    head = 0
+    while head < min(len(a), len(b)) and a[head] == b[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(a), len(b)) - head and a[-1 - tail] == b[-1 - tail]:
+        tail += 1
+    old, new = a[head : len(a) - tail], b[head : len(b) - tail]
+    if not old or not new or (head == 0 and tail == 0):
+        return None
+    lead, trail = ("." if head else ""), ("." if tail else "")
+    return f"{lead}{'.'.join(old)}{trail}", f"{lead}{'.'.join(new)}{trail}"
+
+
+def rename_guess(missing: Sequence[str], unexpected: Sequence[str], limit: int = 200) -> tuple[str, str] | None:
+    """The substitution (saved part, live part) that turns the most unexpected checkpoint keys into
+    missing live ones, for the ``key_map`` hint of ``keys_error``; None when none does. Looks at
+    the first ``limit`` keys of each side (a message, not a search)."""
+    live = set(missing[:limit])
+    counts: dict[tuple[str, str], int] = {}
+    for m in missing[:limit]:
+        for u in unexpected[:limit]:
+            part = _renamed_part(m, u)
+            if part is not None and u.replace(part[0], part[1], 1) in live:
+                counts[part] = counts.get(part, 0) + 1
+    return max(counts, key=lambda p: counts[p]) if counts else None

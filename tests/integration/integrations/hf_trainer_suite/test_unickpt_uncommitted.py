@@ -21,6 +21,7 @@ import threading
 from typing import Any
 
 import pytest
+from transformers import TrainerCallback
 
 import unickpt
 from tests.integration.integrations.hf_trainer_suite.hf_trainer_suite_support import (
@@ -160,3 +161,84 @@ def test_rotation_keeps_the_newest_committed_checkpoint(tmp_path, monkeypatch: p
     assert trainer.uncommitted == [int(f.split("-")[1]) for f, a in held.saves if a]  # type: ignore[attr-defined]
     assert {f for f, a in held.saves if a} == may_stay_async, held.saves  # async where rotation cannot hurt
     assert all(has_unickpt_checkpoint(c) for c in (os.path.join(out, n) for n in os.listdir(out)))
+
+
+# ---------------------------------------------------------------- opt-in fallback (issue 39 item 22)
+
+
+def _kill_during_async_save(out: str, step: int) -> None:
+    """What a kill during ``checkpoint-<step>``'s asynchronous save leaves: the Trainer's files,
+    unickpt's data files, no commit."""
+    os.remove(os.path.join(out, f"checkpoint-{step}", UNICKPT_SUBDIR, METADATA_FILE))
+
+
+def test_issue39_item22_resume_fallback_to_the_newest_committed_checkpoint(tmp_path) -> None:
+    out = str(tmp_path / "run")
+    regression_trainer(out, save_steps=2, max_steps=6).train()
+    _kill_during_async_save(out, 6)
+    _kill_during_async_save(out, 4)  # two interrupted saves in a row: the fallback goes past both
+    ref = str(tmp_path / "ref")
+    shutil.copytree(os.path.join(out, "checkpoint-2"), os.path.join(ref, "checkpoint-2"))
+
+    # off by default: the auto-restarted job raises, as before, every time
+    with pytest.raises(IncompleteCheckpointError):
+        regression_trainer(out, save_steps=2, max_steps=8).train(resume_from_checkpoint=True)
+
+    trainer = regression_trainer(out, save_steps=2, max_steps=8)
+    trainer.unickpt_resume_fallback = True  # type: ignore[attr-defined]
+    seen: list[int] = []
+    trainer.add_callback(_StepLog(seen))
+    with pytest.warns(UserWarning, match="checkpoint-2, the newest checkpoint that committed"):
+        trainer.train(resume_from_checkpoint=True)
+    assert seen[0] == 3 and trainer.state.global_step == 8  # resumed after step 2, not from scratch
+    # the skipped folders were replaced by this run's committed saves at their steps
+    assert [has_unickpt_checkpoint(os.path.join(out, f"checkpoint-{s}")) for s in (2, 4, 6, 8)] == [True] * 4
+    # the same as a resume from checkpoint-2 given by path (a copy taken before this run)
+    again = regression_trainer(ref, save_steps=2, max_steps=8)
+    again.train(resume_from_checkpoint=os.path.join(ref, "checkpoint-2"))
+    assert weights(trainer) == weights(again)
+
+
+def test_issue39_item22_fallback_with_nothing_committed_still_raises(tmp_path) -> None:
+    out = str(tmp_path / "run")
+    regression_trainer(out, save_steps=2, max_steps=2).train()
+    _kill_during_async_save(out, 2)
+    trainer = regression_trainer(out, save_steps=2, max_steps=4)
+    trainer.unickpt_resume_fallback = True  # type: ignore[attr-defined]
+    with pytest.raises(IncompleteCheckpointError, match="never committed"):
+        trainer.train(resume_from_checkpoint=True)
+
+
+def test_issue39_item22_rotation_after_a_fallback_keeps_a_committed_checkpoint(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The skipped folders (checkpoint-7, checkpoint-8) stay numbered above the resumed run's
+    saves: rotation keeps checkpoint-8 as "the newest" and counts it, so an asynchronous save at
+    step 7 would leave checkpoint-6, the only committed one, to be deleted while step 7 is not
+    committed yet."""
+    out = str(tmp_path / "run")
+    regression_trainer(out, save_steps=1, max_steps=8).train()
+    _kill_during_async_save(out, 7)
+    _kill_during_async_save(out, 8)
+    monkeypatch.setattr(UnickptTrainer, "unickpt_async_save", True)
+    held = _HeldCommits(monkeypatch)
+    trainer = regression_trainer(out, trainer_class=_RotationWatch, save_steps=1, max_steps=9, save_total_limit=2)
+    trainer.held, trainer.lost, trainer.uncommitted = held, [], []  # type: ignore[attr-defined]
+    trainer.unickpt_resume_fallback = True  # type: ignore[attr-defined]
+    with pytest.warns(UserWarning, match="checkpoint-6"):
+        trainer.train(resume_from_checkpoint=True)
+    assert trainer.lost == [], trainer.lost  # type: ignore[attr-defined]
+    # while checkpoint-8 was the uncommitted leftover, saves committed before returning
+    assert [(f, a) for f, a in held.saves if f == "checkpoint-7"] == [("checkpoint-7", False)], held.saves
+    assert ("checkpoint-9", True) in held.saves  # and went back to asynchronous after it was replaced
+    assert all(has_unickpt_checkpoint(c) for c in (os.path.join(out, n) for n in os.listdir(out)))
+
+
+class _StepLog(TrainerCallback):
+    """Records the global step at the end of each step."""
+
+    def __init__(self, seen: list[int]) -> None:
+        self.seen = seen
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.seen.append(state.global_step)
