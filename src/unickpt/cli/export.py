@@ -113,8 +113,9 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
         "--layout",
         choices=("state_dict", "torchtitan"),
         default=None,
-        help="with --to dcp: state_dict (default) writes {model, optimizer} as get_state_dict lays them out; "
-        "torchtitan writes model FQNs at the top level and the flattened optimizer, as torchtitan resumes from",
+        help="with --to dcp: state_dict (default) writes {model, optimizer} as get_state_dict lays them out and "
+        "other state keys (lr_scheduler ...) under their names; torchtitan writes model FQNs at the top level, the "
+        "flattened optimizer, lr_scheduler, train_state and dataloader, as torchtitan resumes from",
     )
     cv.set_defaults(func=_cmd_convert)
 
