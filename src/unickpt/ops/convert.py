@@ -20,7 +20,9 @@ into any framework at any world size):
 Export:
 - ``to_dcp(path, out, layout=...)``: a unickpt checkpoint written by DCP itself
   (``torch.distributed.checkpoint.save`` in one process) as ``get_state_dict`` lays out
-  ``{"model", "optimizer"}`` (default), or as torchtitan's checkpointer does.
+  ``{"model", "optimizer"}`` (default), or as torchtitan's checkpointer does. DCP writes into
+  ``OUT/.unickpt-partial/``; its files are renamed into OUT when complete, ``.metadata`` last
+  (``output_files.OutputFiles``: a failure or Ctrl-C leaves OUT empty).
 Sources are not trusted: ``ops.dcp_read`` and ``ops.hf_read`` read only regular files inside
 the source folder, bound every read by the file's size and every header by a stated cap, and
 refuse a DCP tensor its chunks do not tile exactly, before anything is allocated.
@@ -37,10 +39,12 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError
+from ..folder.target import prepare_output_folder
 from ..format.values import encode_value
 from ..frameworks.flat import FlatTensors
 from .dcp_read import SafeDCPUnpickler, read_dcp_metadata, read_dcp_state
 from .hf_read import hf_shard_names, load_shard
+from .output_files import OutputFiles
 from .verl_read import import_verl_fsdp
 
 __all__ = ["ConvertResult", "SafeDCPUnpickler", "read_dcp_metadata", "from_hf", "from_dcp", "from_verl_fsdp", "to_dcp"]
@@ -135,5 +139,8 @@ def to_dcp(path: str, out: str, *, role: str | None = None, layout: str = "state
         raise CheckpointError(f"convert: {out} is not empty")
     saved = dcp_layouts.read_unickpt(path, role)
     state, skipped = dcp_layouts.export_state(saved, layout)
-    dcp.save(state, storage_writer=dcp.FileSystemWriter(out), no_dist=True)
+    prepare_output_folder(out, "convert")
+    with OutputFiles(out) as files:  # DCP writes into OUT/.unickpt-partial/; its files renamed into OUT at the end
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(files.staging()), no_dist=True)
+        files.publish_staged(last=".metadata")  # DCP's commit: a reader sees the checkpoint only once it is whole
     return ConvertResult(out, len(saved.tensors), tuple(skipped), layout)
