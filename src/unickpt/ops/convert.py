@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError
-from ..folder.target import prepare_output_folder
+from ..folder.target import prepare_output_folder, refuse_nested_output
 from ..format.values import encode_value
 from ..frameworks.flat import FlatTensors
 from .dcp_read import SafeDCPUnpickler, read_dcp_metadata, read_dcp_state
@@ -81,6 +81,7 @@ def _save_flat(
 
 def from_hf(folder: str, out: str) -> ConvertResult:
     """Import a Hugging Face safetensors folder (module docstring)."""
+    refuse_nested_output(folder, out, "convert")
     names, where = hf_shard_names(folder)
     tensors: dict[str, torch.Tensor] = {}
     for name in names:
@@ -102,6 +103,7 @@ def from_dcp(folder: str, out: str) -> ConvertResult:
     training state into ``extra_state`` / dataloader state."""
     from . import dcp_layouts
 
+    refuse_nested_output(folder, out, "convert")
     parts, skipped = dcp_layouts.find_parts(folder)
     tensors: dict[str, torch.Tensor] = {}
     values: dict[str, Any] = {}
@@ -122,6 +124,7 @@ def from_dcp(folder: str, out: str) -> ConvertResult:
 
 def from_verl_fsdp(folder: str, out: str) -> ConvertResult:
     """Import a checkpoint of verl's ``FSDPCheckpointManager`` (``ops.verl_read``)."""
+    refuse_nested_output(folder, out, "convert")
     tensors, skipped, layout = import_verl_fsdp(folder, out)
     return ConvertResult(out, tensors, skipped, layout)
 
@@ -135,6 +138,7 @@ def to_dcp(path: str, out: str, *, role: str | None = None, layout: str = "state
 
     if layout not in dcp_layouts.EXPORT_LAYOUTS:
         raise CheckpointError(f"unknown DCP layout {layout!r}: one of {', '.join(dcp_layouts.EXPORT_LAYOUTS)}")
+    refuse_nested_output(path, out, "convert")
     if os.path.exists(out) and os.listdir(out):
         raise CheckpointError(f"convert: {out} is not empty")
     saved = dcp_layouts.read_unickpt(path, role)

@@ -41,7 +41,7 @@ import torch
 from ..coordination.single import SingleProcessCoordinator
 from ..engine.load.stage import read_stage
 from ..errors import CheckpointError
-from ..folder.target import prepare_output_folder
+from ..folder.target import prepare_output_folder, refuse_nested_output
 from ..format import Metadata, dtype_from_name
 from ..format.hf_layout import (
     CAST_DTYPES,
@@ -223,6 +223,7 @@ def merge(
         model_only = True
         if not os.path.isfile(hf_config):
             raise CheckpointError(f"merge: --hf-config {hf_config} is not a file")
+    refuse_nested_output(path, out, "merge")
     cast = CAST_DTYPES[dtype] if dtype is not None else None
     storage, md, _ = load_metadata(path, role)
     names = select(md, model_only, key_map)
