@@ -66,7 +66,7 @@ class OutputFiles:
         cause = _root_cause(error)
         if isinstance(cause, KeyboardInterrupt) and not isinstance(error, KeyboardInterrupt):
             raise KeyboardInterrupt from None  # DCP wraps Ctrl-C in its CheckpointException
-        if isinstance(cause, OSError) and not isinstance(error, CheckpointError):
+        if isinstance(cause, OSError) and _wraps_io(error):
             raise storage_error("write", about, cause) from error
 
     def path(self, name: str) -> str:
@@ -144,6 +144,15 @@ class OutputFiles:
                 os.rmdir(self.path(STAGING))
             except OSError:
                 pass
+
+
+def _wraps_io(error: BaseException) -> bool:
+    """Whether ``error`` is an I/O failure as the writers raise it: an ``OSError`` (not unickpt's
+    own, which names its file already), ``torch.save``'s ``RuntimeError`` around it, or DCP's
+    ``CheckpointException`` around either (other errors keep their own words)."""
+    if isinstance(error, CheckpointError):
+        return False
+    return isinstance(error, (OSError, RuntimeError)) or type(error).__name__ == "CheckpointException"
 
 
 def _root_cause(error: BaseException) -> BaseException | None:
