@@ -13,7 +13,7 @@ can do about it (catch a family rather than listing its members):
 - ``ConcurrencyError``: another save, job or in-place update raced this one;
 - ``ConfigurationError``: the caller's input or set-up (a state the adapter cannot take, a
   key map or shards that cannot form a plan, an unsafe name, a foreign folder, a missing extra,
-  no process group);
+  no process group, a tool's output inside its source);
 - ``StorageError``: a storage operation failed (``TransientStorageError``, ``UnsafePathError``,
   ``WriterProcessError``);
 - ``InternalError``: an invariant of unickpt itself failed (a bug: please report it).
@@ -72,6 +72,7 @@ __all__ = [
     "CollectiveTimeoutError",
     "NoProcessGroupError",
     "UnsafeNameError",
+    "OutputInsideSourceError",
     "RankFailures",
     "RemoteRankError",
     "AsyncSaveFailures",
@@ -286,6 +287,12 @@ class CollectiveTimeoutError(CollectiveError, TimeoutError):
 class UnsafeNameError(ConfigurationError, ValueError):
     """A tensor, blob or ``extra_state`` key name holds a control character, NUL or invisible
     format character (bidi marks ...): refused at save, before anything is written."""
+
+
+class OutputInsideSourceError(ConfigurationError, ValueError):
+    """A tool that writes a new folder (``merge``, ``convert``, ``modify``) was given an output
+    inside its source checkpoint, or a source inside its output (paths resolved): refused before
+    anything is read or written, since writing would change the source."""
 
 
 class NoProcessGroupError(ConfigurationError, RuntimeError):

@@ -359,6 +359,7 @@ ERROR_FAMILIES: dict[str, tuple[str | None, type[BaseException] | None]] = {
     "FrameworkError": ("ConfigurationError", TypeError),
     "PlanningError": ("ConfigurationError", ValueError),
     "UnsafeNameError": ("ConfigurationError", ValueError),
+    "OutputInsideSourceError": ("ConfigurationError", ValueError),
     "UnsupportedValueError": ("ConfigurationError", TypeError),
     "ForeignFolderError": ("ConfigurationError", FileExistsError),
     "MissingDependencyError": ("ConfigurationError", ImportError),

@@ -38,6 +38,7 @@ def _cmd_merge(args: argparse.Namespace) -> int:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
+    from ..folder.target import refuse_nested_output
     from ..ops import convert as cv
 
     if (args.from_format is None) == (args.to_format is None):
@@ -52,6 +53,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     if args.layout is not None and args.to_format is None:
         print("unickpt convert: error: --layout applies to --to dcp (imports detect theirs)", file=sys.stderr)
         return EXIT_USAGE
+    refuse_nested_output(args.src, args.out, "convert")  # every direction, before anything is read
     if args.to_format == "dcp":
         result = cv.to_dcp(args.src, args.out, layout=args.layout or "state_dict")
     elif args.from_format == "hf":
@@ -148,8 +150,9 @@ def add_convert(sub: argparse._SubParsersAction) -> None:
         "--layout",
         choices=("state_dict", "torchtitan"),
         default=None,
-        help="with --to dcp: state_dict (default) writes {model, optimizer} as get_state_dict lays them out; "
-        "torchtitan writes model FQNs at the top level and the flattened optimizer, as torchtitan resumes from",
+        help="with --to dcp: state_dict (default) writes {model, optimizer} as get_state_dict lays them out and "
+        "other state keys (lr_scheduler ...) under their names; torchtitan writes model FQNs at the top level, the "
+        "flattened optimizer, lr_scheduler, train_state and dataloader, as torchtitan resumes from",
     )
     cv.set_defaults(func=_cmd_convert)
 

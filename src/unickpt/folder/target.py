@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, OutputInsideSourceError
 from ..format.records import DATA_DIR
 from ..storage import Storage, StorageOptions, open_storage
 
-__all__ = ["check_role", "open_target", "claims"]
+__all__ = ["check_role", "open_target", "claims", "prepare_output_folder", "refuse_nested_output"]
 
 
 def check_role(role: str | None) -> None:
@@ -56,3 +56,25 @@ def prepare_output_folder(out: str, what: str, *, refuse_linked_parent: bool = F
         if os.listdir(out):
             raise CheckpointError(f"{what}: {out} is not empty; {what} writes into a new or empty folder only")
     os.makedirs(out, exist_ok=True)
+
+
+def refuse_nested_output(source: str, out: str, what: str) -> None:
+    """``OutputInsideSourceError`` when the folder ``out`` that ``what`` (``"merge"``,
+    ``"convert"``, ``"modify"``) writes is the source folder ``source`` or inside it, or
+    ``source`` is inside ``out``. Both paths are resolved first (links, ``..``, relative paths),
+    so ``ck/latest/inside`` with ``latest -> step_100`` counts. URLs (``s3://``) are another
+    storage than a local output: not compared. Called before anything is read or written."""
+    if "://" in source or "://" in out:
+        return
+    src, dst = os.path.realpath(source), os.path.realpath(out)
+    if os.path.commonpath([src, dst]) == src:
+        where = "is the source checkpoint" if src == dst else f"is inside the source checkpoint {source}"
+        raise OutputInsideSourceError(
+            f"{what}: the output folder {out} {where}: {what} never writes into its source; give an output "
+            "folder outside it"
+        )
+    if os.path.commonpath([src, dst]) == dst:
+        raise OutputInsideSourceError(
+            f"{what}: the source {source} is inside the output folder {out}: {what} would write around the "
+            "checkpoint it reads; give an output folder outside it"
+        )

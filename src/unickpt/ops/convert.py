@@ -27,7 +27,9 @@ into any framework at any world size):
 Export:
 - ``to_dcp(path, out, layout=...)``: a unickpt checkpoint written by DCP itself
   (``torch.distributed.checkpoint.save`` in one process) as ``get_state_dict`` lays out
-  ``{"model", "optimizer"}`` (default), or as torchtitan's checkpointer does.
+  ``{"model", "optimizer"}`` (default), or as torchtitan's checkpointer does. DCP writes into
+  ``OUT/.unickpt-partial/``; its files are renamed into OUT when complete, ``.metadata`` last
+  (``output_files.OutputFiles``: a failure or Ctrl-C leaves OUT empty).
 Sources are not trusted: ``ops.dcp_read`` and ``ops.hf_read`` read only regular files inside
 the source folder, bound every read by the file's size and every header by a stated cap, and
 refuse a DCP tensor its chunks do not tile exactly, before anything is allocated.
@@ -44,10 +46,12 @@ from typing import Any
 import torch
 
 from ..errors import CheckpointError
+from ..folder.target import prepare_output_folder, refuse_nested_output
 from ..format.values import encode_value
 from ..frameworks.flat import FlatTensors
 from .dcp_read import SafeDCPUnpickler, read_dcp_metadata, read_dcp_state
 from .hf_read import hf_shard_names, load_shards
+from .output_files import OutputFiles
 from .torch_import import StateDictOf, param_names_of, read_torch_checkpoint
 from .verl_read import import_verl_fsdp
 
@@ -101,6 +105,7 @@ def _save_flat(
 
 def from_hf(folder: str, out: str) -> ConvertResult:
     """Import a Hugging Face safetensors folder (module docstring)."""
+    refuse_nested_output(folder, out, "convert")
     names, where = hf_shard_names(folder)
     tensors = {f"model.{k}": v for k, v in load_shards(folder, names, where).items()}
     _save_flat(tensors, out)
@@ -119,6 +124,7 @@ def from_dcp(folder: str, out: str) -> ConvertResult:
     training state into ``extra_state`` / dataloader state."""
     from . import dcp_layouts
 
+    refuse_nested_output(folder, out, "convert")
     parts, skipped = dcp_layouts.find_parts(folder)
     tensors: dict[str, torch.Tensor] = {}
     values: dict[str, Any] = {}
@@ -139,6 +145,7 @@ def from_dcp(folder: str, out: str) -> ConvertResult:
 
 def from_verl_fsdp(folder: str, out: str) -> ConvertResult:
     """Import a checkpoint of verl's ``FSDPCheckpointManager`` (``ops.verl_read``)."""
+    refuse_nested_output(folder, out, "convert")
     tensors, skipped, layout = import_verl_fsdp(folder, out)
     return ConvertResult(out, tensors, skipped, layout)
 
@@ -157,6 +164,7 @@ def from_lightning(path: str, out: str, *, param_names: list[str] | None = None)
 
 
 def _from_file(path: str, out: str, lightning: bool, param_names: list[str] | None) -> ConvertResult:
+    refuse_nested_output(path, out, "convert")
     imported = read_torch_checkpoint(path, lightning=lightning, param_names=param_names)
     objects = {k: encode_value(v, k) for k, v in imported.objects.items()}  # as the optimizer adapters save them
     _save_flat(imported.tensors, out, objects, imported.extra_state, imported.dataloader, imported.statefuls)
@@ -172,9 +180,13 @@ def to_dcp(path: str, out: str, *, role: str | None = None, layout: str = "state
 
     if layout not in dcp_layouts.EXPORT_LAYOUTS:
         raise CheckpointError(f"unknown DCP layout {layout!r}: one of {', '.join(dcp_layouts.EXPORT_LAYOUTS)}")
+    refuse_nested_output(path, out, "convert")
     if os.path.exists(out) and os.listdir(out):
         raise CheckpointError(f"convert: {out} is not empty")
     saved = dcp_layouts.read_unickpt(path, role)
     state, skipped = dcp_layouts.export_state(saved, layout)
-    dcp.save(state, storage_writer=dcp.FileSystemWriter(out), no_dist=True)
+    prepare_output_folder(out, "convert")
+    with OutputFiles(out) as files:  # DCP writes into OUT/.unickpt-partial/; its files renamed into OUT at the end
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(files.staging()), no_dist=True)
+        files.publish_staged(last=".metadata")  # DCP's commit: a reader sees the checkpoint only once it is whole
     return ConvertResult(out, len(saved.tensors), tuple(skipped), layout)

@@ -28,9 +28,12 @@ their DCP key; other plain values go to ``extra_state[<top-level name>]``.
 Export layouts (``export_state``; ``convert.to_dcp`` passes the result to ``dcp.save``):
 ``"state_dict"`` writes ``{"model": ..., "optimizer": {"state": ..., "param_groups": [...]}}``
 exactly as ``get_state_dict`` lays them out (``dcp.load`` + ``set_state_dict`` restore it without
-``allow_partial_load``); ``"torchtitan"`` writes model FQNs at the top level, the flattened
-``optimizer`` and the ``extra_state`` / dataloader entries under their names (what torchtitan's
-checkpointer resumes from).
+``allow_partial_load``), and every other state key (a ``Stateful`` such as ``"lr_scheduler"``,
+a ``PerRank`` or plain value: rank 0's) under its own name, as ``dcp.save(state)`` writes a
+``Stateful``; ``"torchtitan"`` writes model FQNs at the top level, the flattened ``optimizer``,
+the ``extra_state`` entries, every other state key (``lr_scheduler``, ``train_state``) and the
+``dataloader`` (every DP rank's ``dp_rank_<r>`` in one entry) under their names, as torchtitan's
+DCP manager does (``_flattened_model_states_sd``), so it resumes from it.
 
 Order of use: ``convert.from_dcp`` -> ``find_parts(folder)`` -> reads every part -> ``map_import``
 -> saves ``Imported``; ``convert.to_dcp`` -> ``read_unickpt(path, role)`` -> ``export_state`` ->
@@ -44,6 +47,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..errors import CheckpointError
@@ -246,7 +250,11 @@ def _same(a: Any, b: Any) -> bool:
         )
     if isinstance(a, (tuple, list)):
         return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    return type(a) is type(b) and a == b
+    if isinstance(a, dict):
+        return type(b) is dict and a.keys() == b.keys() and all(_same(v, b[k]) for k, v in a.items())
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return type(a) is type(b) and a.dtype == b.dtype and np.array_equal(a, b)
+    return type(a) is type(b) and bool(a == b)
 
 
 def _model_prefix(fqns: list[str], tensor_keys: set[str]) -> str | None:
@@ -301,7 +309,9 @@ def map_import(tensors: dict[str, torch.Tensor], values: dict[str, Any]) -> Impo
                 f"model state dict in it (e.g. {absent[:3] or optim.fqns()[:3]}): cannot tell which entries are "
                 "the model"
             )
-    elif any(k.startswith("model.") for k in tensor_keys) and not training:
+    elif any(k.startswith("model.") for k in tensor_keys) and (
+        not training or all(k.startswith("model.") for k in tensor_keys if k.partition(".")[0] not in _TRAINING)
+    ):  # get_state_dict's "model" (beside training state: what the state_dict export writes)
         model = "model"
     else:  # a bare model state dict (torchtitan's model-only checkpoints): FQNs at the top level
         model = ""
@@ -352,21 +362,35 @@ def _describe(model: str, optim: _Optimizer | None, training: bool) -> str:
 
 @dataclass(frozen=True, slots=True)
 class SavedUnickpt:
-    """What an export needs of a unickpt checkpoint: every tensor, the optimizer object, and
-    rank 0's extra_state and dataloader state (other ranks' are listed in ``skipped``)."""
+    """What an export needs of a unickpt checkpoint: every tensor, the optimizer object, rank 0's
+    extra_state, the dataloader state (``read_unickpt``: every rank's, merged where they fit
+    together), every other state key's saved state by key (``named``: a ``Stateful``'s
+    ``state_dict()`` with its tensors put back, rank 0's value of a per-rank one), and what it
+    leaves out (``skipped``)."""
 
     tensors: dict[str, torch.Tensor]
     optimizer: dict[str, Any] | None
     extra_state: Any
     dataloader: Any
     skipped: tuple[str, ...]
+    named: dict[str, Any] = field(default_factory=dict)
+
+
+_BLOB = re.compile(r"(?P<key>[^/]+)/(?:(?P<replicated>replicated)|rank(?P<rank>\d{1,9}))")
 
 
 def read_unickpt(path: str, role: str | None = None) -> SavedUnickpt:
-    """Read the unickpt checkpoint at ``path`` whole (each tensor assembled from its shards)."""
+    """Read the unickpt checkpoint at ``path`` whole (each tensor assembled from its shards).
+
+    Blobs, by the state kind that wrote them (``state.items``): ``<key>/replicated`` (a
+    ``Stateful``: its tensors ``<key>.<path>`` are taken out of ``tensors`` and put back where
+    its placeholders stand, ``state.items.join_tensors``), ``<key>/rank<r>`` (``extra_state``,
+    ``PerRank`` and plain values: rank 0's, the others listed), ``dataloader/rank<r>`` (a loader
+    with ``state_dict``: ``_merged_loader``); the blobs of a ``unickpt.data`` loader are listed."""
     from ..engine.read import read_blob
     from ..format.values import decode_value, loads_value
     from ..frameworks.optim_state import read_saved
+    from ..state.tree import escapes_dicts, join_tensors
     from .inspect import load_metadata
     from .merge import read_full_tensor
 
@@ -375,14 +399,46 @@ def read_unickpt(path: str, role: str | None = None) -> SavedUnickpt:
     tensors = {key: read_full_tensor(md, storage, key) for key in md.tensors}
     raw = md.objects.get("optimizer")
     optimizer = decode_value(raw, "checkpoint object 'optimizer'") if raw is not None else None
-    picked: dict[str, Any] = {}
-    skipped = []
-    for name, key in (("extra_state", "extra_state/rank0"), ("dataloader", "dataloader/rank0")):
-        if key in md.blobs:
-            picked[name] = loads_value(read_blob(md, storage, md.blobs[key], 0), f"{path}: {key}")
-    kept = ("extra_state/rank0", "dataloader/rank0")
-    skipped += [f"{k} (state of another rank: the export keeps rank 0's)" for k in md.blobs if k not in kept]
-    return SavedUnickpt(tensors, optimizer, picked.get("extra_state"), picked.get("dataloader"), tuple(skipped))
+
+    def value(blob: str) -> Any:
+        return loads_value(read_blob(md, storage, md.blobs[blob], 0), f"{path}: {blob}")
+
+    named: dict[str, Any] = {}
+    loaders: dict[int, Any] = {}
+    skipped: list[str] = []
+    for blob in md.blobs:
+        m = _BLOB.fullmatch(blob)
+        if m is None:  # the unickpt.data protocol's replicated-of-N / part-P-of-N
+            skipped.append(f"{blob} (unickpt.data loader state: no DCP layout holds it; resume from unickpt)")
+        elif m["key"] == _LOADER and m["rank"] is not None:
+            loaders[int(m["rank"])] = value(blob)
+        elif m["replicated"]:
+            key = m["key"]
+            own = {k: tensors.pop(k) for k in list(tensors) if k == key or k.startswith(key + ".")}
+            named[key] = join_tensors(value(blob), own, key, escapes_dicts(md.objects))
+        elif m["rank"] == "0":
+            named[m["key"]] = value(blob)
+        else:
+            skipped.append(f"{blob} (state of another rank: the export keeps rank 0's)")
+    extra_state = named.pop("extra_state", None)
+    dataloader, left = _merged_loader(loaders)
+    skipped += left
+    return SavedUnickpt(tensors, optimizer, extra_state, dataloader, tuple(skipped), named)
+
+
+def _merged_loader(per_rank: dict[int, Any]) -> tuple[Any, list[str]]:
+    """One ``dataloader`` entry from every rank's loader state: their dicts merged when no name has
+    two different values (torchtitan's ``{"dp_rank_<r>": ..., "world_size": n}``: what its DCP
+    manager writes from every rank), else rank 0's (the others listed)."""
+    if not per_rank:
+        return None, []
+    ranks = sorted(per_rank)
+    if len(ranks) > 1 and all(isinstance(per_rank[r], dict) for r in ranks):
+        merged: dict[str, Any] = {}
+        if all(_same(merged.setdefault(k, v), v) for r in ranks for k, v in per_rank[r].items()):
+            return merged, []
+    first = per_rank[ranks[0]] if ranks[0] == 0 else None
+    return first, [f"{_LOADER}/rank{r} (state of another rank: the export keeps rank 0's)" for r in ranks if r != 0]
 
 
 def export_state(saved: SavedUnickpt, layout: str) -> tuple[dict[str, Any], list[str]]:
@@ -412,9 +468,10 @@ def export_state(saved: SavedUnickpt, layout: str) -> tuple[dict[str, Any], list
             if key.partition(".")[0] in out:
                 raise CheckpointError(f"tensor {key!r} would land inside DCP's {key.partition('.')[0]!r} entry")
             out[key] = saved.tensors[key]
-        for name, value in (("extra_state", saved.extra_state), ("dataloader", saved.dataloader)):
+        _place(out, saved.named, "state_dict layout")  # lr_scheduler ...: under its key, as dcp.save(state) writes it
+        for name, value in (("extra_state", saved.extra_state), (_LOADER, saved.dataloader)):
             if value is not None:
-                skipped.append(f"{name} (not part of get_state_dict's layout)")
+                skipped.append(f"{name} (not part of get_state_dict's layout: use --layout torchtitan to write it)")
         return out, skipped
     out = dict(model)
     flat: dict[str, Any] = {}
@@ -426,21 +483,32 @@ def export_state(saved: SavedUnickpt, layout: str) -> tuple[dict[str, Any], list
             for k, v in g.items():
                 if k != "params":  # param_names kept: torch's flattening has it, torchtitan's ignores it
                     flat[f"{_GROUPS}.{fqn}.{k}"] = v
-    names: dict[str, Any] = {}
-    if flat:
-        names["optimizer"] = flat
+    names = {"optimizer": flat} if flat else {}
     if isinstance(saved.extra_state, dict):
         names.update(saved.extra_state)
     elif saved.extra_state is not None:
         skipped.append("extra_state (not a dict of named entries: torchtitan's layout has no place for it)")
+    for name, value in saved.named.items():  # lr_scheduler, train_state ...: Statefuls under their own key
+        if name in names:
+            raise CheckpointError(
+                f"torchtitan layout: the checkpoint has both a state key {name!r} and an extra_state entry of that "
+                "name; export with --layout state_dict"
+            )
+        names[name] = value
     if saved.dataloader is not None:
         names[_LOADER] = saved.dataloader
-    for name, value in names.items():
-        clash = [k for k in out if k == name or k.startswith(name + ".")]
-        if clash:
-            raise CheckpointError(f"torchtitan layout: the entry {name!r} would collide with model tensor {clash[0]!r}")
-        out[name] = value
+    _place(out, names, "torchtitan layout")
     skipped += [
         f"{k} (a tensor outside the model and optimizer: torchtitan's layout has no place for it)" for k in others
     ]
     return out, skipped
+
+
+def _place(out: dict[str, Any], names: dict[str, Any], layout: str) -> None:
+    """``out[name] = value`` for each entry; CheckpointError when one would collide with a key
+    ``out`` holds (DCP flattens ``name`` and ``name.<x>`` into one namespace)."""
+    for name, value in names.items():
+        clash = [k for k in out if k == name or k.startswith(name + ".") or name.startswith(k + ".")]
+        if clash:
+            raise CheckpointError(f"{layout}: the entry {name!r} would collide with {clash[0]!r}")
+        out[name] = value

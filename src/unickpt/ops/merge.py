@@ -19,6 +19,9 @@ Steps of ``merge`` (``cli.export``, or a user):
      torch: the whole dict is built in memory, then saved (``torch.save``): memory is the
      checkpoint's size.
 Output goes to a new or empty folder only (files of an earlier merge are never overwritten).
+Every output file (safetensors, torch, index, ``config.json``) is written under a temporary name
+and renamed when complete (``output_files.OutputFiles``): a failure or Ctrl-C removes every file
+of this merge, and a full disk is one ``StorageError`` naming the file.
 Progress: a tqdm bar when ``progress`` (the CLI: stderr is a terminal), and ``report(line)``
 after each output file (the CLI: stderr is not a terminal).
 """
@@ -28,17 +31,17 @@ from __future__ import annotations
 import math
 import os
 import re
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import BinaryIO
 
 import torch
 
 from ..coordination.single import SingleProcessCoordinator
 from ..engine.load.stage import read_stage
 from ..errors import CheckpointError
-from ..folder.target import prepare_output_folder
+from ..folder.target import prepare_output_folder, refuse_nested_output
 from ..format import Metadata, dtype_from_name
 from ..format.hf_layout import (
     CAST_DTYPES,
@@ -54,6 +57,7 @@ from ..planning.load.shards import ShardIndex
 from ..planning.specs import LoadItem, ShardSpec
 from ..storage import Storage
 from .inspect import human_bytes, load_metadata
+from .output_files import OutputFiles
 from .pieces import PIECE_BYTES, check_data_files, iter_pieces
 from .printable import quoted
 
@@ -162,7 +166,7 @@ _out_dtype = out_dtype
 
 
 def _write_safetensors_file(
-    final: str,
+    f: BinaryIO,
     layout: FileLayout,
     keys: list[str],
     md: Metadata,
@@ -173,28 +177,17 @@ def _write_safetensors_file(
     index: ShardIndex,
     piece_bytes: int,
 ) -> int:
-    """One safetensors file holding ``keys``: the header ``format.hf_layout`` computed from the
-    metadata, then each tensor's bytes streamed piece by piece (module docstring); returns the
-    file's size."""
-    tmp = final + ".unickpt-partial"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(layout.header)
-            for key in keys:
-                for piece in iter_pieces(md, storage, key, threads=threads, piece_bytes=piece_bytes, index=index):
-                    t = piece.to(_out_dtype(piece.dtype, cast)).contiguous()
-                    if t.numel():
-                        f.write(t.reshape(-1).view(torch.uint8).numpy().data)
-                    progress(t.numel() * t.element_size())
-                    del t
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(tmp, final)
-    except BaseException:
-        if os.path.lexists(tmp):
-            os.unlink(tmp)
-        raise
+    """One safetensors file holding ``keys`` into ``f`` (``OutputFiles.stream``: a temporary name,
+    renamed when complete): the header ``format.hf_layout`` computed from the metadata, then each
+    tensor's bytes streamed piece by piece (module docstring); returns the file's size."""
+    f.write(layout.header)
+    for key in keys:
+        for piece in iter_pieces(md, storage, key, threads=threads, piece_bytes=piece_bytes, index=index):
+            t = piece.to(_out_dtype(piece.dtype, cast)).contiguous()
+            if t.numel():
+                f.write(t.reshape(-1).view(torch.uint8).numpy().data)
+            progress(t.numel() * t.element_size())
+            del t
     return layout.size
 
 
@@ -230,6 +223,7 @@ def merge(
         model_only = True
         if not os.path.isfile(hf_config):
             raise CheckpointError(f"merge: --hf-config {hf_config} is not a file")
+    refuse_nested_output(path, out, "merge")
     cast = CAST_DTYPES[dtype] if dtype is not None else None
     storage, md, _ = load_metadata(path, role)
     names = select(md, model_only, key_map)
@@ -246,53 +240,77 @@ def merge(
     files: list[str] = []
     written = 0
     try:
-        if fmt == "torch":  # torch.save takes the whole dict: held in memory (data files checked above)
-            full = {}
-            for key, name in names.items():
-                t = read_full_tensor(md, storage, key, threads)
-                full[name] = t.to(_out_dtype(t.dtype, cast))
-                bar(sizes[key])
-            target = os.path.join(out, "model.pt" if model_only else "checkpoint.pt")
-            torch.save(full, target)
-            files.append(os.path.basename(target))
-            written = os.path.getsize(target)
-            say(f"wrote {target} ({len(full)} tensors, {human_bytes(written)})")
-        else:
-            for key in names:
-                if _out_dtype(dtype_from_name(md.tensors[key].dtype), cast) not in SAFETENSORS_DTYPES:
-                    raise CheckpointError(
-                        f"merge: {quoted(key)} has dtype {md.tensors[key].dtype}, which safetensors cannot hold"
-                    )
-            layout = plan_layout(
-                [
-                    (name, _out_dtype(dtype_from_name(md.tensors[k].dtype), cast), tuple(md.tensors[k].shape))
-                    for k, name in names.items()
-                ],
-                max_shard_bytes,
-            )
-            key_of = {name: k for k, name in names.items()}
-            shard_index = ShardIndex(md)
-            for i, flay in enumerate(layout.files):
-                group = [key_of[n] for n in flay.tensors]
-                size = _write_safetensors_file(
-                    os.path.join(out, flay.name), flay, group, md, storage, cast, threads, bar, shard_index, piece_bytes
+        with OutputFiles(out) as output:  # temporary names, renamed when complete; removed on failure
+            if fmt == "torch":  # torch.save takes the whole dict: held in memory (data files checked above)
+                full = {}
+                for key, name in names.items():
+                    t = read_full_tensor(md, storage, key, threads)
+                    full[name] = t.to(_out_dtype(t.dtype, cast))
+                    bar(sizes[key])
+                target = "model.pt" if model_only else "checkpoint.pt"
+                with output.stream(target) as f:
+                    torch.save(full, f)
+                    written = f.tell()
+                files.append(target)
+                say(f"wrote {os.path.join(out, target)} ({len(full)} tensors, {human_bytes(written)})")
+            else:
+                written = _write_safetensors(
+                    output, names, md, storage, cast, max_shard_bytes, threads, bar, piece_bytes, files, say, t0
                 )
-                written += size
-                files.append(flay.name)
-                say(
-                    f"wrote {flay.name} ({i + 1} of {len(layout.files)}: {len(group)} tensors, {human_bytes(size)}; "
-                    f"{time.perf_counter() - t0:.1f} s so far)"
-                )
-            if len(layout.files) > 1:
-                with open(os.path.join(out, INDEX_FILE), "xb") as f:
-                    f.write(index_json(layout))
-                files.append(INDEX_FILE)
-        if hf_config is not None:
-            shutil.copyfile(hf_config, os.path.join(out, "config.json"))
-            files.append("config.json")
+            if hf_config is not None:
+                with open(hf_config, "rb") as cf:
+                    output.write("config.json", cf.read())
+                files.append("config.json")
     finally:
         bar(None)
     return MergeResult(out, tuple(files), len(names), written, time.perf_counter() - t0)
+
+
+def _write_safetensors(
+    output: OutputFiles,
+    names: dict[str, str],
+    md: Metadata,
+    storage: Storage,
+    cast: torch.dtype | None,
+    max_shard_bytes: int,
+    threads: int,
+    bar: Callable[[int], None],
+    piece_bytes: int,
+    files: list[str],
+    say: Callable[[str], None],
+    t0: float,
+) -> int:
+    """The safetensors files (and the index, when there are several) of ``merge``, into ``output``;
+    returns the bytes of the safetensors files."""
+    for key in names:
+        if _out_dtype(dtype_from_name(md.tensors[key].dtype), cast) not in SAFETENSORS_DTYPES:
+            raise CheckpointError(
+                f"merge: {quoted(key)} has dtype {md.tensors[key].dtype}, which safetensors cannot hold"
+            )
+    layout = plan_layout(
+        [
+            (name, _out_dtype(dtype_from_name(md.tensors[k].dtype), cast), tuple(md.tensors[k].shape))
+            for k, name in names.items()
+        ],
+        max_shard_bytes,
+    )
+    key_of = {name: k for k, name in names.items()}
+    shard_index = ShardIndex(md)
+    written = 0
+    for i, flay in enumerate(layout.files):
+        group = [key_of[n] for n in flay.tensors]
+        with output.stream(flay.name) as f:
+            size = _write_safetensors_file(f, flay, group, md, storage, cast, threads, bar, shard_index, piece_bytes)
+        written += size
+        files.append(flay.name)
+        say(
+            f"wrote {flay.name} ({i + 1} of {len(layout.files)}: {len(group)} tensors, {human_bytes(size)}; "
+            f"{time.perf_counter() - t0:.1f} s so far)"
+        )
+    if len(layout.files) > 1:
+        output.write(INDEX_FILE, index_json(layout))
+        files.append(INDEX_FILE)
+    return written
 
 
 def _progress_bar(total: int, enabled: bool) -> Callable[[int | None], None]:

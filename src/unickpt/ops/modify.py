@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import CheckpointError
+from ..folder.target import refuse_nested_output
 from ..format.keymap import remap
 from ..frameworks.flat import FlatTensors
 from .inspect import load_metadata
@@ -55,6 +56,7 @@ def modify(
     dtype: str | None = None,
     threads: int = 4,
 ) -> ModifyResult:
+    refuse_nested_output(src, out, "modify")
     if os.path.lexists(out):
         if os.path.islink(out) or not os.path.isdir(out):
             raise CheckpointError(f"modify: {out} exists and is not a folder; modify writes a new checkpoint only")

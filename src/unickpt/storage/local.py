@@ -65,7 +65,7 @@ from .base import (
 )
 from .options import StorageOptions
 
-__all__ = ["LocalStorage"]
+__all__ = ["LocalStorage", "storage_error"]
 
 _IOV_MAX = 512
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC  # never through a link
@@ -249,6 +249,13 @@ CAPABILITIES = StorageCapabilities(
 )
 
 
+def storage_error(op: str, path: str, e: OSError) -> StorageError:
+    """``e`` as the one-line ``StorageError`` of this module (its errno kept): ``"<op> <path>
+    failed (disk full): <reason>"``; also for the files ``ops.output_files`` streams."""
+    hint = " (disk full)" if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+    return StorageError(e.errno, f"{op} {path} failed{hint}: {e.strerror or e}")
+
+
 class LocalStorage:
     """Files under the folder ``root`` (see the module docstring)."""
 
@@ -275,8 +282,7 @@ class LocalStorage:
         return os.path.join(self.root, *self._parts(name))
 
     def _oserror(self, op: str, name: str, e: OSError) -> StorageError:
-        hint = " (disk full)" if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
-        return StorageError(e.errno, f"{op} {self._path(name)} failed{hint}: {e.strerror or e}")
+        return storage_error(op, self._path(name), e)
 
     def write(self, name: str, parts: Sequence[Buffer]) -> None:
         """Create ``name`` exclusively (O_CREAT|O_EXCL|O_NOFOLLOW, in folders opened without
