@@ -191,3 +191,44 @@ def test_issue39_item11_every_dp_ranks_loader_state_in_one_entry():
     clash = {0: {"epoch": 1}, 1: {"epoch": 2}}
     first, skipped = _merged_loader(clash)
     assert first == {"epoch": 1} and skipped == ["dataloader/rank1 (state of another rank: the export keeps rank 0's)"]
+
+
+class _Holder:
+    """A user's Stateful whose state holds a dict shaped like unickpt's tensor placeholder (item 5)."""
+
+    def __init__(self, value: Any = None) -> None:
+        self.value = value
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"box": self.value}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.value = sd["box"]
+
+
+def test_issue39_item11_escaped_user_dicts_and_scheduler_lists_reach_dcp_as_saved(tmp_path):
+    """The export joins a Stateful's blob under the checkpoint's own encoding: a user dict shaped like
+    a placeholder arrives in DCP as the user's dict (not as the escape), and a list of schedulers under
+    one key (item 9) as the list of their states."""
+    model = _model(0)
+    optim = torch.optim.AdamW(model.parameters(), lr=0.1)
+    scheds = [torch.optim.lr_scheduler.StepLR(optim, 1, gamma=0.5), torch.optim.lr_scheduler.LinearLR(optim)]
+    for _ in range(2):
+        model(torch.randn(2, 4)).sum().backward()
+        optim.step()
+        for s in scheds:
+            s.step()
+    user_dict = {"__unickpt_tensor__": "model.0.weight"}
+    unickpt.save(
+        str(tmp_path / "ck"),
+        {"model": model, "optimizer": optim, "lr_scheduler": scheds, "holder": _Holder(dict(user_dict))},
+    )
+    to_dcp(str(tmp_path / "ck"), str(tmp_path / "dcp"))
+
+    holder = _Holder({"__unickpt_tensor__": None})  # DCP loads into the structure it is given
+    fresh_optim = torch.optim.AdamW(_model(1).parameters(), lr=0.1)
+    fresh = [torch.optim.lr_scheduler.StepLR(fresh_optim, 1, gamma=0.5), torch.optim.lr_scheduler.LinearLR(fresh_optim)]
+    state: dict[str, Any] = {"holder": holder, "lr_scheduler": [s.state_dict() for s in fresh]}
+    _dcp_load(state, tmp_path / "dcp")
+    assert holder.value == {"__unickpt_tensor__": "model.0.weight"}
+    assert state["lr_scheduler"] == [s.state_dict() for s in scheds]
