@@ -26,19 +26,26 @@ def committed_id(path: str) -> str | None:
         return None
 
 
+def _own_handler(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt("the application's handler")
+
+
 def interrupted_saves(rank: int, ws: int, root: str, cases: list[list[Any]]) -> list[dict[str, Any]]:
-    """For each ``[name, {rank: [phase, ...]}]`` of ``cases``: commit a first save of a small
+    """For each ``[name, {rank: [phase, ...]}, own_handler?]`` of ``cases``: commit a first save of a small
     replicated model at ``root/name``, take a training step, then save again while SIGINT is sent
     to this process at each listed phase of that second save (this rank's event). Report whether
     the call raised ``KeyboardInterrupt`` (and its message), the committed save id right when it
     returned or raised, and the first save's id. Rank 0 keeps both states in ``root/name.<first|
-    second>.pt`` for the parent's bit-exact check."""
+    second>.pt`` for the parent's bit-exact check. ``own_handler``: the process has a SIGINT
+    handler of its own meanwhile, which raises ``KeyboardInterrupt`` (unickpt leaves it in place)."""
     model, optim = tiny_model(seed=5)
     state = {"model": model, "optimizer": optim}
     options = unickpt.SaveOptions(timeout=30)  # a rank left behind in a collective fails within 30 s
     events = unickpt.default_checkpointer().events
     out = []
-    for i, (name, phases_by_rank) in enumerate(cases):
+    for i, (name, phases_by_rank, *own) in enumerate(cases):
+        if own and own[0]:  # the application's own SIGINT handler (it raises KeyboardInterrupt itself)
+            signal.signal(signal.SIGINT, _own_handler)
         path = os.path.join(root, name)
         unickpt.save(path, state, framework="ddp", options=options)
         first = committed_id(path)
@@ -62,6 +69,7 @@ def interrupted_saves(rank: int, ws: int, root: str, cases: list[list[Any]]) -> 
             raised, message = True, str(e)
         seen = committed_id(path)  # the folder's state when the call returned or raised
         events.remove_listener(interrupt)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         out.append({"raised": raised, "message": message, "seen": seen, "first": first, "left": todo})
         torch.distributed.barrier()
     return out
