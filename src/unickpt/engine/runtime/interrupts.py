@@ -6,7 +6,9 @@ write and commit on the background worker, which would commit it after the calle
 exception (issue 39, item 10). So ``Checkpointer.save`` (and ``CheckpointManager.save``) run
 inside ``SaveInterrupts``: a SIGINT that arrives meanwhile is *deferred*. The call keeps
 running until the save is committed or has failed on every rank, then raises
-``KeyboardInterrupt`` whose message says which (chained to the save's error if it failed). When
+``KeyboardInterrupt`` whose message says which (chained to the save's error if it failed: a save
+fails before its commit, and nothing of it is committed, unless what failed came after the commit,
+e.g. its ``hf_export``, which the error says). When
 the exception arrives, the folder's state is decided: the new checkpoint committed, or the
 previous one intact, and nothing changes afterwards. For an async save, the call defers only
 until the save is handed to the worker (its snapshot taken on every rank); that save goes on and
@@ -58,7 +60,10 @@ class SaveInterrupts:
         current = signal.getsignal(signal.SIGINT)
         if current is not signal.default_int_handler:  # the application's own, or ours (nested)
             return self
-        self._previous = signal.signal(signal.SIGINT, self._deferred)
+        try:
+            self._previous = signal.signal(signal.SIGINT, self._deferred)
+        except ValueError:  # not the main interpreter: Python's own handling stays
+            return self
         self._active = True
         return self
 
@@ -93,8 +98,8 @@ class SaveInterrupts:
             )
             raise KeyboardInterrupt(f"interrupted during the {self.what}, which {done}")
         raise KeyboardInterrupt(
-            f"interrupted during the {self.what}, which failed on every rank first ({type(exc).__name__}); "
-            "nothing of it was committed"
+            f"interrupted during the {self.what}, which failed first ({type(exc).__name__}: the __cause__ "
+            "says whether its checkpoint was committed)"
         ) from exc
 
 
@@ -112,5 +117,9 @@ def wait_through(handle: SaveHandle, what: str) -> Metadata | None:
             except KeyboardInterrupt:  # one more Ctrl-C: keep waiting (bounded by the save's timeout)
                 continue
         error = handle.take_unreported_error()
-        outcome = "committed" if error is None else f"failed ({type(error).__name__}); nothing of it was committed"
+        outcome = (
+            "committed"
+            if error is None
+            else f"failed ({type(error).__name__}: the __cause__ says whether its checkpoint was committed)"
+        )
         raise KeyboardInterrupt(f"interrupted during the {what}, which {outcome} first") from (error or interrupt)
