@@ -41,6 +41,7 @@ from .coordination.torch_dist import CheckpointGroups
 from .engine.hf_export import HFExportResult, export_state, hf_folder
 from .engine.load.pipeline import LoadPipeline
 from .engine.plan_cache import PlanCache
+from .engine.runtime.interrupts import SaveInterrupts, wait_through
 from .engine.runtime.resources import Resources
 from .engine.runtime.worker import ANY_OWNER, SaveHandle, SaveWorker
 from .engine.save.pipeline import SavePipeline
@@ -134,18 +135,22 @@ class Checkpointer:
         checkpoint's ``huggingface/`` folder (``engine.hf_export``), replacing the export of the
         checkpoint it replaces; a file there unickpt did not write refuses the save before it
         starts (``_check_export_folder``); the call (async too) returns once that export is
-        durable."""
+        durable. Ctrl-C (SIGINT) during the call is deferred until the save committed or failed
+        on every rank (an async one: until it is handed to the worker), then ``KeyboardInterrupt``
+        is raised (``engine.runtime.interrupts``)."""
         export = (options or self.save_options).hf_export
-        if export is not None:
-            self._check_export_folder(path, role, options)
-        handle = self._start_save(path, state, framework, async_save, role, options, None, "")
-        md = None
-        if not async_save or export is not None:
-            md = handle.wait()
-        else:
-            self.resources.worker.track(handle)
-        if export is not None:
-            self._export_after_commit(path, role, state, export, framework, options, md)
+        what = _save_what(path, role)
+        with SaveInterrupts(what, async_save and export is None):
+            if export is not None:
+                self._check_export_folder(path, role, options)
+            handle = self._start_save(path, state, framework, async_save, role, options, None, "")
+            md = None
+            if not async_save or export is not None:
+                md = wait_through(handle, what)
+            else:
+                self.resources.worker.track(handle)
+            if export is not None:
+                self._export_after_commit(path, role, state, export, framework, options, md)
         return handle
 
     def _submit_after(
@@ -166,18 +171,20 @@ class Checkpointer:
         is reported as ``owner``'s (``wait(owner)``), as are the unseen failures this save
         raises first. ``CheckpointManager`` uses it to move its ``latest`` pointer."""
         export = (options or self.save_options).hf_export
-        if export is not None:
-            self._check_export_folder(path, role, options)
-        inner = self._start_save(path, state, framework, async_save, role, options, owner, what)
-        # the outer handle's wait_snapshot() is the inner save's: callers change tensors after it
-        outer = SaveHandle(self.resources.worker.submit(lambda: then(inner)), snapshot=inner._snapshot, path=path)
-        md = None
-        if not async_save or export is not None:
-            md = outer.wait()
-        else:
-            self.resources.worker.track(outer, owner)
-        if export is not None:
-            self._export_after_commit(path, role, state, export, framework, options, md)
+        this = _save_what(path, role)
+        with SaveInterrupts(this, async_save and export is None):
+            if export is not None:
+                self._check_export_folder(path, role, options)
+            inner = self._start_save(path, state, framework, async_save, role, options, owner, what)
+            # the outer handle's wait_snapshot() is the inner save's: callers change tensors after it
+            outer = SaveHandle(self.resources.worker.submit(lambda: then(inner)), snapshot=inner._snapshot, path=path)
+            md = None
+            if not async_save or export is not None:
+                md = wait_through(outer, this)
+            else:
+                self.resources.worker.track(outer, owner)
+            if export is not None:
+                self._export_after_commit(path, role, state, export, framework, options, md)
         return outer
 
     def _export_after_commit(
@@ -391,6 +398,11 @@ class Checkpointer:
     def _check_open(self) -> None:
         if self.closed:
             raise CheckpointError("this Checkpointer is closed: create a new one")
+
+
+def _save_what(path: str, role: str | None) -> str:
+    """A save as its interrupt messages name it (``engine.runtime.interrupts``)."""
+    return f"save of {path}" + (f" (role {role})" if role else "")
 
 
 def default_checkpointer() -> Checkpointer:

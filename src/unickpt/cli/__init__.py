@@ -1,5 +1,6 @@
-"""The ``unickpt`` command line (console script ``unickpt = unickpt.cli:main``; ``python -m unickpt``,
-``python -m unickpt.cli``).
+"""The ``unickpt`` command line (console script ``unickpt = _unickpt_cli:main``, which installs its
+Ctrl-C handling before importing this package, then calls ``run``; ``python -m unickpt``,
+``python -m unickpt.cli``; ``main(argv)`` in-process).
 
 ``main(argv)`` parses the arguments (``build_parser``: argparse, one subcommand
 each, added by the module of its group: ``cli.checkpoint`` (inspect, verify, diff),
@@ -21,7 +22,9 @@ Exit codes: 0 success; 1 failure: the check the command ran failed (``inspect`` 
 missing or shorter than the metadata says, ``inspect --verify`` / ``verify`` found corrupt or missing
 data, ``diff`` found differences; the report is printed either way), or
 the input is bad (not a checkpoint, incomplete or corrupt checkpoint, unsupported format version,
-unreadable file); 2 usage errors (argparse's, a bad regular expression or size); 130 interrupted.
+unreadable file); 2 usage errors (argparse's, a bad regular expression or size); 130 interrupted
+(Ctrl-C at any moment, from the import of this package on: one line, ``unickpt <command>:
+interrupted``, no traceback; ``_unickpt_cli``).
 """
 
 from __future__ import annotations
@@ -35,9 +38,9 @@ from collections.abc import Callable, Sequence
 from ..errors import CheckpointError
 from ..ops.printable import printable
 from . import checkpoint, export, manage, report
-from ._common import EXIT_ERROR, EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from ._common import EXIT_ERROR, EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 
-__all__ = ["main", "build_parser", "EXIT_OK", "EXIT_FAILED", "EXIT_ERROR", "EXIT_USAGE"]
+__all__ = ["main", "run", "build_parser", "EXIT_OK", "EXIT_FAILED", "EXIT_ERROR", "EXIT_USAGE", "EXIT_INTERRUPTED"]
 
 DEBUG_ENV = "UNICKPT_DEBUG"
 
@@ -87,6 +90,22 @@ def _unwrap(e: BaseException) -> BaseException:
     return e
 
 
+def _from_interrupt(e: BaseException) -> bool:
+    """Whether ``e`` stands for a Ctrl-C: a ``KeyboardInterrupt`` wrapped (``_unwrap``) or among
+    its causes (e.g. an ImportError of a C extension interrupted while it loaded)."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [e]
+    while todo:
+        x = todo.pop()
+        if x is None or id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, KeyboardInterrupt) or isinstance(_unwrap(x), KeyboardInterrupt):
+            return True
+        todo += [x.__cause__, x.__context__]
+    return False
+
+
 def _error_line(command: str, args: argparse.Namespace, e: BaseException, expected: bool) -> str:
     """The one stderr line for ``e`` (module docstring): the file it is about first unless the
     message names it, the message's lines joined, every character printable."""
@@ -116,7 +135,23 @@ def _expected(e: BaseException) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse ``argv`` (default ``sys.argv[1:]``), run the subcommand, return the exit code."""
+    """Parse ``argv`` (default ``sys.argv[1:]``), run the subcommand, return the exit code; Ctrl-C
+    anywhere in it (parsing included) prints ``unickpt <command>: interrupted`` and returns 130.
+    The console script goes through ``_unickpt_cli.main`` instead, which also covers the import
+    of this package."""
+    try:
+        return run(argv)
+    except KeyboardInterrupt:
+        words = list(sys.argv[1:] if argv is None else argv)
+        command = next((a for a in words if not a.startswith("-")), "")
+        print(f"unickpt {command}: interrupted" if command else "unickpt: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """``main`` without its ``KeyboardInterrupt`` handling: a Ctrl-C (also one a library wrapped
+    in its own exception) is raised as ``KeyboardInterrupt`` for the caller, which says it
+    (``main``, ``_unickpt_cli``)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     debug = bool(args.debug) or os.environ.get(DEBUG_ENV, "") not in ("", "0")
@@ -127,15 +162,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             # DCP's note that it runs without a process group: convert runs it in one process on purpose
             warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
             return func(args)
-    except KeyboardInterrupt:
-        print(f"unickpt {args.command}: interrupted", file=sys.stderr)
-        return 130
     except BrokenPipeError:  # `unickpt inspect ... | head`: stop quietly, as other CLI tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit flush
         return EXIT_OK
-    except (SystemExit, GeneratorExit):
+    except (SystemExit, GeneratorExit, KeyboardInterrupt):
         raise
     except BaseException as e:  # also libraries' BaseException subclasses (DCP's CheckpointException)
+        if _from_interrupt(e):  # a Ctrl-C a library wrapped or turned into its own error
+            raise KeyboardInterrupt from e
         if debug:
             raise
         print(_error_line(args.command, args, e, _expected(e)), file=sys.stderr)

@@ -7,12 +7,24 @@ from __future__ import annotations
 import argparse
 import re
 
-__all__ = ["EXIT_OK", "EXIT_FAILED", "EXIT_ERROR", "EXIT_USAGE", "positive", "regex", "rename", "size", "role"]
+__all__ = [
+    "EXIT_OK",
+    "EXIT_FAILED",
+    "EXIT_ERROR",
+    "EXIT_USAGE",
+    "EXIT_INTERRUPTED",
+    "positive",
+    "regex",
+    "rename",
+    "size",
+    "role",
+]
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # the check failed
 EXIT_ERROR = 1  # bad input: no (complete, readable) checkpoint, a file that cannot be read
 EXIT_USAGE = 2  # bad arguments
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as shells report it; also _unickpt_cli.EXIT_INTERRUPTED)
 
 
 def positive(text: str) -> int:

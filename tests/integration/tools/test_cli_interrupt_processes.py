@@ -1,0 +1,137 @@
+"""Ctrl-C (a real SIGINT to a real process) at any moment of a ``unickpt`` command (issue 39, item 14):
+one line on stderr, ``unickpt <command>: interrupted``, exit status 130, never a traceback.
+
+The command runs as the console script pip generates from this checkout's ``pyproject.toml``
+(``[project.scripts]``), so the entry module is the one a user's ``unickpt`` runs. The moments come
+from the process itself: a ``sitecustomize`` of the test adds an audit hook that reports on a pipe
+when the import of a chosen module begins (the ``import`` audit event). The moments: the start of
+the import of the ``unickpt`` package, its CLI, numpy, torch (for ``merge`` torch is imported while
+argparse parses, by the type of ``--max-shard-size``), and delays of 0.05 to 2 s after the import
+of the package began (the imports, the parsing, the command). The entry module (``_unickpt_cli``)
+installs its handler before that import; before its first lines run the interpreter is starting,
+which no code of unickpt can cover (its docstring). A command that finished before its signal
+was due reports its normal exit.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tomllib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+import unickpt
+
+REPO = Path(__file__).resolve().parents[3]
+DELAYS = (0.05, 0.2, 0.5, 1.0, 2.0)
+ENTRY = "unickpt"  # the delays count from here: the entry module has installed its handler
+MARKERS = ("unickpt", "unickpt.cli", "numpy", "torch")
+# the child's sitecustomize: "<module>\n" on fd $UNICKPT_TEST_IMPORT_FD as the import of each of
+# $UNICKPT_TEST_IMPORTS begins (test instrumentation only: it never touches stderr)
+SITECUSTOMIZE = """
+import os, sys
+_fd = int(os.environ["UNICKPT_TEST_IMPORT_FD"])
+_names = set(os.environ["UNICKPT_TEST_IMPORTS"].split(","))
+def _hook(event, args):
+    if event == "import" and args[0] in _names:
+        _names.discard(args[0])
+        try:
+            os.write(_fd, (args[0] + "\\n").encode())
+        except OSError:
+            pass
+sys.addaudithook(_hook)
+"""
+
+
+@dataclass(frozen=True)
+class Run:
+    moment: str
+    sent: bool  # False: the command had exited before the signal was due
+    returncode: int
+    stderr: str
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A console script generated as pip does from pyproject.toml, a CheckpointManager root with
+    one step, and that step's checkpoint."""
+    tmp = tmp_path_factory.mktemp("cli_interrupt")
+    entry = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]["unickpt"]
+    module, func = entry.split(":")
+    (tmp / "hook").mkdir()
+    (tmp / "hook" / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    script = tmp / "unickpt"
+    script.write_text(
+        f"import sys\nfrom {module} import {func}\nif __name__ == '__main__':\n"
+        f"    sys.argv[0] = sys.argv[0].removesuffix('.exe')\n    sys.exit({func}())\n"
+    )
+    torch.manual_seed(0)
+    manager = unickpt.CheckpointManager(str(tmp / "run"))
+    manager.save(1, {"model": torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 8))})
+    (ck,) = manager.list_checkpoints()
+    return {"script": script, "root": tmp / "run", "ck": Path(ck.path), "tmp": tmp, "hook": tmp / "hook"}
+
+
+def _commands(f: dict[str, Path], out: str) -> dict[str, list[str]]:
+    ck = str(f["ck"])
+    return {
+        "merge": ["merge", ck, str(f["tmp"] / f"merged-{out}")],
+        "convert": ["convert", "--to", "dcp", ck, str(f["tmp"] / f"dcp-{out}")],
+        "diff": ["diff", ck, ck],
+        "inspect": ["inspect", ck],
+        "ls": ["ls", str(f["root"])],
+    }
+
+
+def _interrupt(f: dict[str, Path], argv: list[str], moment: str) -> Run:
+    """Start the command, send SIGINT at ``moment``: when the import of a ``MARKERS`` module
+    begins, or a delay in seconds after the import of ``ENTRY`` began."""
+    marker = moment if moment in MARKERS else ENTRY
+    read, write = os.pipe()
+    env = dict(os.environ, PYTHONWARNINGS="ignore", UNICKPT_TEST_IMPORT_FD=str(write), UNICKPT_TEST_IMPORTS=marker)
+    env["PYTHONPATH"] = os.pathsep.join([str(f["hook"]), str(REPO / "src"), env.get("PYTHONPATH", "")])
+    try:
+        p = subprocess.Popen(
+            [sys.executable, str(f["script"]), *argv],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=env,
+            pass_fds=(write,),
+        )
+    finally:
+        os.close(write)
+    with os.fdopen(read, "rb") as began:
+        seen = began.readline()  # blocks until that import begins (b"": the process exited first)
+    if seen and moment not in MARKERS:
+        try:
+            p.wait(timeout=float(moment))  # the command may finish first
+        except subprocess.TimeoutExpired:
+            pass
+    sent = p.poll() is None
+    if sent:
+        p.send_signal(signal.SIGINT)
+    _, stderr = p.communicate(timeout=180)
+    return Run(moment, sent, p.returncode, stderr.decode(errors="replace"))
+
+
+@pytest.mark.parametrize("command", ["merge", "convert", "diff", "inspect", "ls"])
+def test_issue39_item14_ctrl_c_at_any_moment_is_one_line_and_130(folders: dict[str, Path], command: str) -> None:
+    moments = [str(d) for d in DELAYS] + list(MARKERS)
+    with ThreadPoolExecutor(3) as pool:
+        runs = list(pool.map(lambda m: _interrupt(folders, _commands(folders, m)[command], m), moments))
+    interrupted = 0
+    for run in runs:
+        if run.returncode == 130:
+            assert run.sent and run.stderr == f"unickpt {command}: interrupted\n", run
+            interrupted += 1
+        else:  # the command had finished its work before the signal (or never imports torch)
+            assert run.returncode == 0 and run.stderr == "", run
+            assert not run.sent or run.moment not in ("0.05", "unickpt", "unickpt.cli", "numpy"), run
+    assert interrupted >= 5, runs  # the early moments always interrupt
