@@ -16,7 +16,7 @@ import os
 import torch
 
 import unickpt
-from tests.workers.harness import run_jobs
+from tests.workers.harness import run_jobs, run_ranks
 
 SIDE = 4096  # a 64 MiB weight: its AdamW snapshot (weight, exp_avg, exp_avg_sq) is a 192 MiB copy
 
@@ -62,3 +62,39 @@ def test_issue39_item27_refused_async_save_keeps_its_images_until_its_copy_ends(
     # old code: the child dies by SIGSEGV in the snapshot thread's copy (exit code -11)
     assert job.exitcode == 0 and job.status == "ok", job
     assert job.result == [True, True, True]
+
+
+def _stage_fails_twice_on_rank1(rank: int, ws: int, root: str) -> list[str]:
+    """Three async saves; the staging of the first two fails on rank 1 only (injected), so rank 0
+    staged into a slot for a save that every rank then abandons. What each save did."""
+    from tests.workers.rel_helpers import tiny_model
+    from unickpt.engine.save import staging
+
+    model, optim = tiny_model(seed=5)
+    if rank == 1:
+        real, calls = staging.StagingPool.stage, [0]
+
+        def failing(self, *a, **kw):  # type: ignore[no-untyped-def]
+            calls[0] += 1
+            if calls[0] <= 2:
+                raise unickpt.CheckpointError("injected: staging failed on rank 1")
+            return real(self, *a, **kw)
+
+        staging.StagingPool.stage = failing  # type: ignore[method-assign]
+    out = []
+    for i in range(3):
+        try:
+            state = {"model": model, "optimizer": optim}
+            unickpt.save(f"{root}/s{i}", state, framework="ddp", async_save=True).wait()
+            out.append("committed")
+        except unickpt.CheckpointError as e:
+            out.append(type(e).__name__)
+    return out
+
+
+def test_issue39_item27_a_stage_failed_on_another_rank_returns_this_ranks_slot(tmp_path):
+    """Rank 0's images of a save that rank 1 failed to stage go back to the pool (they were never
+    released: after two such saves rank 0 had no slot left and its next async save waited forever)."""
+    results = run_ranks(_stage_fails_twice_on_rank1, 2, str(tmp_path), timeout=120)
+    assert results[0][2] == results[1][2] == "committed", results
+    assert results[0][:2] == results[1][:2] and "committed" not in results[0][:2], results
