@@ -12,6 +12,7 @@ dies by SIGSEGV, which must not take the test runner down.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 
@@ -74,7 +75,7 @@ def _stage_fails_twice_on_rank1(rank: int, ws: int, root: str) -> list[str]:
     if rank == 1:
         real, calls = staging.StagingPool.stage, [0]
 
-        def failing(self, *a, **kw):  # type: ignore[no-untyped-def]
+        def failing(self: Any, *a: Any, **kw: Any) -> Any:
             calls[0] += 1
             if calls[0] <= 2:
                 raise unickpt.CheckpointError("injected: staging failed on rank 1")
