@@ -46,6 +46,7 @@ DISTRIBUTED_TESTS: dict[str, frozenset[str] | None] = {
         }
     ),
     "test_rel_crash.py": ALL,
+    "test_issue39_item27_heap.py": ALL,
     "test_rel_hostile.py": ALL,
     "test_rel_hostile_folders.py": frozenset(
         {

@@ -179,13 +179,20 @@ class SavePipeline:
                 p.nbytes = staged.nbytes
             return self._snapshot(plan, staged, None)
         later = self._copied_later(d.layout.optimizer)
+        mine: list[StagedFiles] = []  # this rank's images, whatever the other ranks did
+
+        def local() -> StagedFiles:
+            mine.append(self.res.staging.stage(d.view.items, plan, d.blobs, later, shared=shared))
+            return mine[0]
+
         with self.res.events.phase("save.stage", self.coord.rank, path=self.storage.url, save_id=plan.save_id) as p:
             shared = self._process_writer()
-            staged = run_stage(
-                self.coord,
-                "save (stage)",
-                lambda: self.res.staging.stage(d.view.items, plan, d.blobs, later, shared=shared),
-            )
+            try:
+                staged = run_stage(self.coord, "save (stage)", local)
+            except BaseException:  # staged here, failed on another rank: the slot goes back (once
+                for s in mine:  # its copy ends), else two such failures leave no slot to stage into
+                    s.release()
+                raise
             p.nbytes = staged.nbytes
         copied = staged.copied
         if copied is not None:
@@ -282,6 +289,7 @@ class SavePipeline:
         # a blocking save keeps the collector paused until its commit ends (the caller waits),
         # an async save resumes it before handing its write and commit to the worker
         hold = GCHold(self.options.pause_gc)
+        release = None
         try:
             d = self.describe()
             cached = self.plan(d)
@@ -303,6 +311,8 @@ class SavePipeline:
             )
         except BaseException:
             hold.release()
+            if release is not None:  # staged, but never handed to the worker (e.g. a closed checkpointer)
+                release()
             raise
         if not async_save:
             future.add_done_callback(hold.release)

@@ -115,7 +115,19 @@ class StagedFiles:
             self.ready.synchronize()
 
     def release(self) -> None:
-        self._pool._release(self._slot)
+        """Return the slot to the pool once nothing writes into its images any more: at once
+        when the copies are complete, else as the background copy (``copied``) ends, and on
+        CUDA after the side-stream copy (``ready``). A save refused at its lock stage
+        (``run_locked``'s ``on_refused``) releases while the snapshot thread may still copy
+        into the images, and the next ``stage`` of the slot may free them (``_fit``: munmap):
+        that copy wrote into unmapped memory, or into memory malloc had handed out since
+        (issue 39, item 27)."""
+        if self.ready is not None:
+            self.ready.synchronize()
+        if self.copied is None:
+            self._pool._release(self._slot)
+        else:  # at once when the copy is done, else on the snapshot thread as it ends (either way)
+            self.copied.add_done_callback(lambda _: self._pool._release(self._slot))
 
 
 class StagingPool:
