@@ -271,8 +271,9 @@ def test_convert_refuses_missing_ranks_mixed_sizes_and_untiled_pieces(tmp_path) 
     torch.save({"w": torch.ones(2)}, src / "model_world_size_3_rank_1.pt")
     with pytest.raises(CorruptMetadataError, match="several world sizes"):
         _convert(str(src), str(tmp_path / "o2"))
+    (tmp_path / "nothing" / "missing").mkdir(parents=True)  # a folder of folders, no rank file (output outside it)
     with pytest.raises(CheckpointError, match="not a verl FSDP checkpoint"):
-        _convert(str(tmp_path), str(tmp_path / "o3"))
+        _convert(str(tmp_path / "nothing"), str(tmp_path / "o3"))
     two = [Box((0,), (2,), torch.ones(2)), Box((1,), (2,), torch.ones(2))]  # overlapping halves of 3
     with pytest.raises(CorruptMetadataError, match="not tiled"):
         assemble("w", (3,), torch.float32, two)
