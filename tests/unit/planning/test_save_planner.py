@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.hypothesis_profiles import examples
 from tests.support.save_oracle import layout as _layout
 from tests.support.save_oracle import outcome as _outcome
 from tests.support.save_oracle import plan_records as _plan_records
@@ -37,7 +38,7 @@ from unickpt.planning.save.wire import (
 )
 from unickpt.planning.specs import BlobSpec, ShardSpec
 
-COLUMN_SETTINGS = settings(max_examples=300, deadline=None)
+COLUMN_SETTINGS = settings(max_examples=examples(300), deadline=None)
 DTYPES = ["float32", "bfloat16", "int64", "uint8"]
 
 
@@ -216,7 +217,7 @@ def test_worst_fit_orders_replicated_boxes_by_fqn_then_offsets_first_dim_first()
 
 # ---------------------------------------------------------------- regular jobs: templates
 
-REGULAR_SETTINGS = settings(max_examples=150, deadline=None, derandomize=True, database=None)
+REGULAR_SETTINGS = settings(max_examples=examples(150), deadline=None, derandomize=True, database=None)
 SAVE_ID = "20250101T000000-0123456789ab"
 
 
@@ -331,7 +332,7 @@ def test_every_job_gets_the_record_planners_plan(job):
     other=st.integers(0, 4),
     d=st.integers(0, 1),
 )
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 def test_chunk_rule_matches_torch_chunk_parts_only(extent, world, other, d):
     """Row r is ruled along d exactly when its box is torch.chunk part r (torch's sizes, computed
     here), the other dimension whole and part 0 not the whole extent."""
@@ -471,7 +472,7 @@ def test_a_rank_holding_a_box_twice_is_one_holder_in_the_templates():
 
 
 @given(st.one_of(column_jobs(odd=True), regular_jobs(partial=True)))
-@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@settings(max_examples=examples(60), deadline=None, derandomize=True, database=None)
 def test_every_job_is_planned_on_rank_groups_or_refused(job):
     """No second planner: every job (irregular, disagreeing, split over part of the job) is
     planned on rank groups, its rank plans computed when asked, or refused; the plan or the
@@ -573,7 +574,7 @@ def test_refusals_of_grouped_ranks_are_worded_rank_by_rank():
     st.lists(st.tuples(st.integers(1, 60), st.integers(1, 40), st.integers(0, 2)), max_size=8),
     st.integers(1, 12),
 )
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 def test_chunk_sums_equal_the_per_rank_loop(tensors, world):
     """Each rank's chunk bytes per part, aligned bytes and whether it holds any, summed over the
     ranks' ``torch.chunk`` rows (computed here per rank), without a (ranks, tensors) array."""
