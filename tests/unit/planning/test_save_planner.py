@@ -351,11 +351,14 @@ def test_chunk_rule_matches_torch_chunk_parts_only(extent, world, other, d):
         assert rule == [-1 if part0_whole else d, -1], (shape, r, offs, lens)
 
 
-def test_a_fsdp_like_job_of_many_ranks_is_one_template():
-    """1,000 ranks, each chunk r of 50 tensors plus 50 replicated steps: one template, every
-    rank's part computed when asked, the steps given by worst-fit as the record planner gives
-    them (to the lightest rank: the last, whose chunks are short)."""
-    world = 1000
+@pytest.mark.parametrize(
+    "world",
+    [pytest.param(1000, marks=pytest.mark.slow, id="1000"), pytest.param(64, id="64")],  # 1,000: seconds of oracle
+)
+def test_a_fsdp_like_job_of_many_ranks_is_one_template(world):
+    """1,000 ranks (64 in the fast tier), each chunk r of 50 tensors plus 50 replicated steps: one
+    template, every rank's part computed when asked, the steps given by worst-fit as the record
+    planner gives them (to the lightest rank: the last, whose chunks are short)."""
     plans = []
     for r in range(world):
         specs = []
