@@ -42,11 +42,11 @@ demo: setup-demo
 	$(BIN)/python examples/demo.py
 
 test: setup lint
-	$(BIN)/python -m pytest -q --durations=30
+	HYPOTHESIS_PROFILE=ci $(BIN)/python -m pytest -q --durations=30
 
 # tiers: tests/tiers.py (markers distributed and slow; tests/unit starts no process)
 test-fast: setup
-	$(BIN)/python -m pytest -q tests/unit -m "not distributed and not slow"
+	HYPOTHESIS_PROFILE=fast $(BIN)/python -m pytest -q tests/unit -m "not distributed and not slow"
 
 lint: setup
 	$(BIN)/ruff check src tests bench examples

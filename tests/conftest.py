@@ -19,9 +19,14 @@ from typing import Any
 import pytest
 
 from tests.fixtures.s3server import s3_bucket, s3_server  # fixtures: a real SeaweedFS server per test process
+from tests.support import hypothesis_profiles
 from tests.tiers import markers_for
 
 __all__ = ["s3_bucket", "s3_server"]
+
+# Hypothesis profiles `ci` (default, `make test`) and `fast` (`make test-fast`): before any test
+# module is imported, so module-level `settings(max_examples=examples(n))` read the loaded one.
+hypothesis_profiles.register()
 
 # --- tiers: markers and the process guard (rules in tests/tiers.py) -------------------------
 

@@ -7,6 +7,7 @@ Its tests that start processes are in ``tests/integration/test_boundaries_proces
 from __future__ import annotations
 
 import ast
+import functools
 import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/unit/ -> the root
@@ -21,15 +22,16 @@ def _py_files(*folders: str) -> list[str]:
     return sorted(out)
 
 
-def _imports(path: str) -> list[tuple[str, str]]:
+@functools.cache  # the tests below scan the same files: each is parsed once per session
+def _imports(path: str) -> tuple[tuple[str, str], ...]:
     """(module, name) for every import in ``path`` (name "" for ``import module``)."""
-    out = []
+    out: list[tuple[str, str]] = []
     for node in ast.walk(ast.parse(open(path).read(), path)):
         if isinstance(node, ast.Import):
             out += [(a.name, "") for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             out += [(node.module or "", a.name) for a in node.names]
-    return out
+    return tuple(out)
 
 
 def test_issue11_boundaries_test_oracles_import_nothing_from_unickpt():

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 import unickpt
+from tests.support.compare import same_tensor
 from unickpt.errors import (
     CheckpointError,
     ChecksumMismatchError,
@@ -83,7 +84,7 @@ def assert_same(model: nn.Module, want: dict[str, torch.Tensor]) -> None:
     got = model.state_dict()
     assert set(got) == set(want)
     for k, v in want.items():
-        assert torch.equal(got[k], v), k
+        assert same_tensor(got[k], v), k
 
 
 @pytest.fixture

@@ -310,7 +310,16 @@ class _StoreBarrier:
             pass
         deadline = time.monotonic() + min(_LINGER, self.scope.timeout)
         try:
-            while self.store.add(self.k_done, 0) < expected and time.monotonic() < deadline:
+            while time.monotonic() < deadline:
+                # the counter gone: the last rank counted out and removed the keys
+                if not self.store.check([self.k_done]):
+                    break
+                counted = self.store.add(self.k_done, 0)
+                if counted == 0:  # removed after the check (this rank counted 1): add recreated it
+                    self.store.delete_key(self.k_done)
+                    break
+                if counted >= expected:
+                    break
                 time.sleep(0.01)  # a bounded poll: the store has no wait for a counter's value
         except Exception:  # the store is gone: nobody to wait for
             pass

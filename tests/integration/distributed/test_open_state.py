@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import unickpt
+from tests.support.compare import assert_same_tree
 from tests.workers.harness import run_ranks
 from tests.workers.open_state_workers import (
     LRS,
@@ -28,21 +29,6 @@ from tests.workers.open_state_workers import (
     snapshot,
     train_step,
 )
-
-
-def _same(a: Any, b: Any, where: str = "") -> None:
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and sorted(a) == sorted(b), f"{where}: {sorted(a)} != {sorted(b)}"
-        for k in a:
-            _same(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert type(a) is type(b) and len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            _same(x, y, f"{where}[{i}]")
-    else:
-        assert type(a) is type(b) and a == b, f"{where}: {a!r} != {b!r}"
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +73,7 @@ def test_saved_at_ws2_loads_bit_exact_at_ws3_fsdp2(saved, ws3):
     want = out[0]["saved"]
     assert [lr for lr in want["lrs"].values()] != [LRS[0]] * 2  # the schedulers moved them
     for r in ws3:
-        _same(want, r["loaded"], "ws3")
+        assert_same_tree(want, r["loaded"], "ws3", strict_types=True)
 
 
 def test_one_module_checkpoint_loads_back_into_two_fsdp2_parts_at_ws3(saved, ws3):
@@ -95,7 +81,7 @@ def test_one_module_checkpoint_loads_back_into_two_fsdp2_parts_at_ws3(saved, ws3
     want = out[0]["saved"]
     for r in ws3:
         for what in ("params", "optim", "lrs"):  # two AdamW again, each with its group's lr
-            _same(want[what], r["from_whole"][what], f"from_whole.{what}")
+            assert_same_tree(want[what], r["from_whole"][what], f"from_whole.{what}", strict_types=True)
 
 
 def test_next_step_at_ws3_equals_an_uninterrupted_run(saved, ws3):
@@ -111,7 +97,7 @@ def test_saved_at_ws2_loads_at_ws1_plain_torch_same_structure(saved):
     state = loop_state(sharded=False)
     state["extra_state"] = None
     unickpt.load(os.path.join(root, "ckpt"), state)
-    _same(out[0]["saved"], snapshot(state), "ws1")
+    assert_same_tree(out[0]["saved"], snapshot(state), "ws1", strict_types=True)
     assert state["extra_state"] == {"note": ("resume", 1), "seen": STEPS}
     ref = loop_state(sharded=False)
     for step in range(STEPS):
@@ -134,8 +120,8 @@ def test_saved_at_ws2_loads_into_one_module_with_one_optimizer_of_two_groups(sav
     assert any("train_state" in str(w.message) for w in caught)
     want = out[0]["saved"]
     got = snapshot(state)
-    _same(want["params"], got["params"], "params")
-    _same(want["optim"], got["optim"], "optim")
-    _same(want["lrs"], got["lrs"], "lrs")  # each group's lr restored, per parameter
+    assert_same_tree(want["params"], got["params"], "params", strict_types=True)
+    assert_same_tree(want["optim"], got["optim"], "optim", strict_types=True)
+    assert_same_tree(want["lrs"], got["lrs"], "lrs", strict_types=True)  # each group's lr restored, per parameter
     assert train_step(state, STEPS) == out[0]["next_loss"]
     assert float(loss_of(whole, STEPS + 1).detach()) == out[0]["after_loss"]

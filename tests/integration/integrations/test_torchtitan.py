@@ -20,6 +20,7 @@ import torch
 pytest.importorskip("torchtitan.components.checkpointer")
 pytest.importorskip("triton")  # torchtitan's models import it (its CPU install lacks it otherwise)
 
+from tests.support.compare import assert_same_tree
 from tests.workers.harness import run_ranks
 from tests.workers.torchtitan_workers import (
     SAVE_STEPS,
@@ -32,21 +33,6 @@ from tests.workers.torchtitan_workers import (
     snapshot,
     train_step,
 )
-
-
-def _same(a: Any, b: Any, where: str = "") -> None:
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and sorted(a) == sorted(b), f"{where}: {sorted(a)} != {sorted(b)}"
-        for k in a:
-            _same(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            _same(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +51,8 @@ def test_save_ws2_async_retention_and_resume_same_ws(saved) -> None:
     assert st["sched"][0][0] == SAVE_STEPS and st["optim"]  # real optimizer state was saved
     assert {v for v in st["lrs"].values()} == {st["sched"][0][1][0], st["sched"][0][1][1]}
     for out in outs:
-        _same(out["saved"], out["resumed_same_ws"], "ws2")
-        _same(out["next_batch"], out["resumed_next_batch"], "dataloader")
+        assert_same_tree(out["saved"], out["resumed_same_ws"], "ws2")
+        assert_same_tree(out["next_batch"], out["resumed_next_batch"], "dataloader")
     assert outs[0]["next_batch"].tolist() != outs[1]["next_batch"].tolist()  # per-rank streams
     assert r0["final_files"] == ["step-7"]
     # no purge after the last-step save, as torchtitan's own DCP manager driven alike (saves at
@@ -83,11 +69,11 @@ def test_resume_ws3_refuses_resized_loader_then_loads_bit_exact(saved) -> None:
         assert "dataloader" in out["refused"] or "loader" in out["refused"], out["refused"]
         assert out["unchanged"]
         assert out["loaded_flag"] is True
-        _same(outs[0]["saved"], out["loaded"], "ws3")
+        assert_same_tree(outs[0]["saved"], out["loaded"], "ws3")
         assert out["loss"] == outs[0]["saved_loss"]
         assert out["hf_flag"] is True  # the HF export read back at ws=3: the saved weights in bf16
         want = {k: v.to(torch.bfloat16).to(torch.float32) for k, v in outs[0]["saved"]["params"].items()}
-        _same(want, out["hf_params"], "hf import")
+        assert_same_tree(want, out["hf_params"], "hf import")
     plain = build(os.path.join(root, "plain_bf16"))  # ws=1: the same weights, set by hand
     with torch.no_grad():
         for n, p in plain["model"].named_parameters():
@@ -100,7 +86,7 @@ def test_resume_ws1_knobs(saved) -> None:
     root, outs = saved
     t = build(root, exclude_from_loading=["dataloader"], load_only=True)
     assert t["manager"].load()
-    _same(outs[0]["saved"], snapshot(t), "ws1")
+    assert_same_tree(outs[0]["saved"], snapshot(t), "ws1")
     assert forward_loss(t) == outs[0]["saved_loss"]
     # the last-step HF export (ws=2, FSDP2, bf16) equals torchtitan's adapter applied to the
     # model loaded here at ws=1; embeddings and lm_head also straight from the saving ranks
@@ -112,7 +98,7 @@ def test_resume_ws1_knobs(saved) -> None:
     assert sorted(os.listdir(folder)) == ["model.safetensors", "model.safetensors.index.json"]
     hf = load_file(os.path.join(folder, "model.safetensors"))
     want = sd_adapter(t).to_hf({k: v.to(torch.bfloat16) for k, v in t["model"].state_dict().items()})
-    _same({k: v.contiguous() for k, v in want.items()}, hf, "hf")
+    assert_same_tree({k: v.contiguous() for k, v in want.items()}, hf, "hf")
     saved = outs[0]["saved"]["params"]
     assert torch.equal(hf["model.embed_tokens.weight"], saved["tok_embeddings.weight"].to(torch.bfloat16))
     assert torch.equal(hf["lm_head.weight"], saved["lm_head.weight"].to(torch.bfloat16))
@@ -131,7 +117,7 @@ def test_resume_ws1_knobs(saved) -> None:
     assert t["manager"].load()
     got = snapshot(t)
     assert got["optim"] == {} and got["train_state"]["step"] == 0
-    _same(saved, got["params"], "initial load")
+    assert_same_tree(saved, got["params"], "initial load")
     t["manager"].close()
     # the model-only last save with export_dtype=bfloat16 (ws=2, FSDP2): the model's tensors
     # .to(bfloat16), as torchtitan's DCP manager wrote its own; both loaded here as initial loads
@@ -143,7 +129,7 @@ def test_resume_ws1_knobs(saved) -> None:
     want = {k: v.to(torch.bfloat16).to(torch.float32) for k, v in saved.items()}
     t = build(os.path.join(root, "fresh_bf16"), initial_load_path=bf16)
     assert t["manager"].load()
-    _same(want, snapshot(t)["params"], "bf16 last save")
+    assert_same_tree(want, snapshot(t)["params"], "bf16 last save")
     t["manager"].close()
     from torchtitan.components.checkpointer import CheckpointManager
 
@@ -154,7 +140,7 @@ def test_resume_ws1_knobs(saved) -> None:
         theirs, os.path.join(root, "fresh_dcp"), CheckpointManager, keep_latest_k=0, initial_load_path=dcp_bf16
     )
     assert theirs["manager"].load()
-    _same(want, snapshot(theirs)["params"], "torchtitan's bf16 last save")
+    assert_same_tree(want, snapshot(theirs)["params"], "torchtitan's bf16 last save")
     theirs["manager"].close()
 
 
@@ -220,7 +206,7 @@ def test_async_save_staging_waits_for_the_snapshot_only(tmp_path) -> None:
     t["manager"].close()
     back = build(str(tmp_path), load_only=True)
     assert back["manager"].load()
-    _same(saved, snapshot(back)["params"], "snapshot")
+    assert_same_tree(saved, snapshot(back)["params"], "snapshot")
     back["manager"].close()
 
 

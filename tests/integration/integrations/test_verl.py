@@ -24,24 +24,10 @@ import torch
 pytest.importorskip("verl.utils.checkpoint.fsdp_checkpoint_manager")
 
 
+from tests.support.compare import assert_same_tree
 from tests.workers.harness import run_ranks
 from tests.workers.verl_workers import load_other_ws, save_ws2
 from unickpt.errors import CheckpointError, CorruptMetadataError, SizeLimitError, UnsafePathError
-
-
-def _same(a: Any, b: Any, where: str = "") -> None:
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and sorted(a) == sorted(b), f"{where}: {sorted(a)} != {sorted(b)}"
-        for k in a:
-            _same(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            _same(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, f"{where}: {a!r} != {b!r}"
 
 
 @pytest.fixture(scope="module")
@@ -69,10 +55,10 @@ def test_save_ws2_async_retention_roles_and_verl_own_resume(saved) -> None:
     assert r0["saved"]["optim"] and r0["saved"]["sched"]["last_epoch"] == 3
     assert r0["saved_async"]["sched"]["last_epoch"] == 2
     for out in outs:
-        _same(out["saved"], out["resumed"], "unickpt resume ws2")
-        _same(out["saved_async"], out["resumed_async"], "async save (step 2) resume ws2")
-        _same(out["saved"], out["verl_resumed"], "verl's own resume ws2")
-        _same(out["saved"]["params"], out["model_only"]["params"], "load_contents=[model]")
+        assert_same_tree(out["saved"], out["resumed"], "unickpt resume ws2")
+        assert_same_tree(out["saved_async"], out["resumed_async"], "async save (step 2) resume ws2")
+        assert_same_tree(out["saved"], out["verl_resumed"], "verl's own resume ws2")
+        assert_same_tree(out["saved"]["params"], out["model_only"]["params"], "load_contents=[model]")
         assert out["model_only"]["optim"] == {}  # the optimizer was not loaded
     # hf_model: the full model written by rank 0 beside the checkpoint (verl's gathered state dict)
     from safetensors.torch import load_file
@@ -90,7 +76,7 @@ def test_fsdp2_cpu_offload_policy_resume(saved) -> None:
     for out in outs:
         assert out["offload_policies"] == ["CPUOffloadPolicy"]
         assert out["offload_saved"]["optim"] and out["offload_saved"]["sched"]["last_epoch"] == 2
-        _same(out["offload_saved"], out["offload_resumed"], "CPUOffloadPolicy resume ws2")
+        assert_same_tree(out["offload_saved"], out["offload_resumed"], "CPUOffloadPolicy resume ws2")
 
 
 def test_fsdp1_resume_and_convert(saved) -> None:
@@ -102,14 +88,14 @@ def test_fsdp1_resume_and_convert(saved) -> None:
     root, outs = saved
     want = outs[0]["fsdp1_saved"]
     for out in outs:
-        _same(want, out["fsdp1_resumed"], "fsdp1 resume ws2")
+        assert_same_tree(want, out["fsdp1_resumed"], "fsdp1 resume ws2")
     result = from_verl_fsdp(os.path.join(root, "verl_fsdp1", "actor"), os.path.join(root, "fsdp1_converted"))
     assert "FSDP1" in result.layout and any("flat parameters" in s for s in result.skipped)
     flat = unickpt.FlatTensors({f"model.{k}": torch.zeros_like(v) for k, v in want.items()})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the optimizer, scheduler and RNG entries are not asked for
         unickpt.load(os.path.join(root, "fsdp1_converted"), {"model": flat}, framework="tensors", strict=False)
-    _same({f"model.{k}": v for k, v in want.items()}, dict(flat), "fsdp1 convert")
+    assert_same_tree({f"model.{k}": v for k, v in want.items()}, dict(flat), "fsdp1 convert")
 
 
 @pytest.mark.parametrize("ws", [1, 3])
@@ -121,18 +107,18 @@ def test_resume_at_other_world_sizes(saved, ws: int) -> None:
     for rank, out in enumerate(got):
         want = outs[rank % 2]["saved"]  # params, optimizer, scheduler equal on every rank; RNG per rank
         for which in ("resumed", "converted"):
-            _same(want["params"], out[which]["params"], f"{which} params ws{ws}")
-            _same(want["optim"], out[which]["optim"], f"{which} optim ws{ws}")
-            _same(want["groups"], out[which]["groups"], f"{which} groups ws{ws}")
-            _same(want["sched"], out[which]["sched"], f"{which} sched ws{ws}")
-        _same(want["rng"], out["resumed"]["rng"], f"rng ws{ws} (saved rank r % 2)")
-        _same(outs[rank % 2]["saved_async"], out["resumed_async"], f"async save (step 2) ws{ws}")
-        _same(want, out["offload_resumed"], f"into CPUOffloadPolicy ws{ws}")
+            assert_same_tree(want["params"], out[which]["params"], f"{which} params ws{ws}")
+            assert_same_tree(want["optim"], out[which]["optim"], f"{which} optim ws{ws}")
+            assert_same_tree(want["groups"], out[which]["groups"], f"{which} groups ws{ws}")
+            assert_same_tree(want["sched"], out[which]["sched"], f"{which} sched ws{ws}")
+        assert_same_tree(want["rng"], out["resumed"]["rng"], f"rng ws{ws} (saved rank r % 2)")
+        assert_same_tree(outs[rank % 2]["saved_async"], out["resumed_async"], f"async save (step 2) ws{ws}")
+        assert_same_tree(want, out["offload_resumed"], f"into CPUOffloadPolicy ws{ws}")
         assert out["offload_loss"] == outs[0]["saved_loss"]
-        _same(outs[0]["saved"]["rng"], out["converted"]["rng"], f"converted rng ws{ws} (rank 0's)")
-        _same(outs[0]["critic"], {**out["critic"], "rng": outs[0]["critic"]["rng"]}, f"critic role ws{ws}")
+        assert_same_tree(outs[0]["saved"]["rng"], out["converted"]["rng"], f"converted rng ws{ws} (rank 0's)")
+        assert_same_tree(outs[0]["critic"], {**out["critic"], "rng": outs[0]["critic"]["rng"]}, f"critic role ws{ws}")
         assert out["loss"] == outs[0]["saved_loss"]
-        _same(outs[0]["fsdp1_saved"], out["fsdp1_into_fsdp2"], f"FSDP1 ws2 -> FSDP2 ws{ws}")
+        assert_same_tree(outs[0]["fsdp1_saved"], out["fsdp1_into_fsdp2"], f"FSDP1 ws2 -> FSDP2 ws{ws}")
 
 
 def test_install_and_lazy_import() -> None:

@@ -10,7 +10,7 @@ import sys
 import torch
 
 import unickpt
-from tests.unit.tools.test_tools_keymap import New, Old, _same, _trained
+from tests.unit.tools.test_tools_keymap import New, Old, _same_training_state, _trained
 
 
 def test_issue15_modify_renames_drops_and_casts_into_a_new_checkpoint(tmp_path):
@@ -26,7 +26,7 @@ def test_issue15_modify_renames_drops_and_casts_into_a_new_checkpoint(tmp_path):
     assert r.returncode == 0, r.stderr
     new, new_opt = _trained(New, 3)
     unickpt.load(str(tmp_path / "renamed"), {"model": new, "optimizer": new_opt}, strict=True)
-    assert _same(old, old_opt, new, new_opt)
+    assert _same_training_state(old, old_opt, new, new_opt)
     r = subprocess.run(
         [*cli, str(tmp_path / "model_bf16"), "--drop", r"^optimizer\.", "--dtype", "bf16"],
         capture_output=True, text=True, timeout=120,

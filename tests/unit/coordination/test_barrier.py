@@ -117,6 +117,25 @@ def test_a_failed_commit_is_every_ranks_error():
     assert all("rank 0, save (commit): cannot publish the metadata" in str(r["error"]) for r in res)
 
 
+def test_issue41_item2_a_failed_barrier_leaves_no_key_behind():
+    """After a failed commit every rank counts out and the last removes the barrier's keys; rank 0's
+    linger (waiting for the others to count out) must not recreate the counter the last rank removed
+    (it did, and then waited its whole linger for a counter that stays 0)."""
+    stores: list[MemoryStore] = []
+
+    def body(c: ThreadCoordinator) -> dict[str, Any]:
+        stores.append(c.exchange.store)
+
+        def commit(payloads: list[bytes]) -> None:
+            raise StorageError(errno.EACCES, "cannot publish the metadata")
+
+        return _outcome(lambda: commit_barrier(c, "gone", lambda: b"x", commit, **STAGES))
+
+    res = run_threads(body, 3, timeout=20)
+    assert all(type(r["error"]) is StorageError for r in res)
+    assert stores[0].keys() == []
+
+
 def test_a_rank_that_never_reports_is_named_with_the_stage_on_every_other_rank():
     gone = threading.Event()
 

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.hypothesis_profiles import examples
 from unickpt.coordination.topology import (
     RANKS_PER_HOST_ENV,
     TREE_FAN_OUT_ENV,
@@ -44,7 +45,7 @@ def test_host_sizes_from_names_and_blocks():
         host_sizes(3, names=["a"])
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.integers(1, 6), min_size=1, max_size=30), st.integers(2, 5))
 def test_every_group_spans_contiguous_ranks_and_every_rank_one_path(sizes, fan_out):
     layout = TreeLayout.build(sizes, fan_out)

@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.hypothesis_profiles import examples
 from unickpt.engine.bytes_view import sub_box, tensor_bytes
 
 DTYPES = [
@@ -32,7 +33,7 @@ def _reference(t: torch.Tensor) -> bytes:
     return t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     dtype=st.sampled_from(DTYPES),
     shape=st.lists(st.integers(0, 5), max_size=3),

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 import unickpt
+from tests.support.compare import same_state
 
 
 def _model(seed: int, width: int = 64) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -40,10 +41,6 @@ def _state(model: nn.Module, optim: torch.optim.Optimizer) -> dict[str, torch.Te
     for i, st in optim.state_dict()["state"].items():
         out.update({f"opt.{i}.{k}": v.clone() for k, v in st.items() if isinstance(v, torch.Tensor)})
     return out
-
-
-def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
-    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def _gate(ckpt: unickpt.Checkpointer) -> threading.Event:
@@ -74,13 +71,13 @@ def test_two_checkpointers_save_async_at_once_without_waiting_on_each_other(tmp_
             _step(critic, critic_opt, 3)  # must not wait for the actor's held snapshot
             c_handle.wait()  # the critic commits while the actor's copy is still held
             assert not a_handle.done()
-            assert _same(_load(str(tmp_path / "critic"), 2), want_critic)
+            assert same_state(_load(str(tmp_path / "critic"), 2), want_critic)
         finally:
             gate.set()
         _step(actor, actor_opt, 4)  # waits for the actor's snapshot (now released), then steps
         a_handle.wait()
-    assert _same(_load(str(tmp_path / "actor"), 1), want_actor)
-    assert not _same(_state(actor, actor_opt), want_actor)  # the step after the save did run
+    assert same_state(_load(str(tmp_path / "actor"), 1), want_actor)
+    assert not same_state(_state(actor, actor_opt), want_actor)  # the step after the save did run
 
 
 def test_one_checkpointer_steps_wait_only_for_their_own_optimizer(tmp_path):
@@ -107,7 +104,7 @@ def test_checkpointer_close_drains_its_saves_and_frees_its_memory(tmp_path):
     ckpt.close()
     assert h.done() and ckpt.closed
     assert ckpt.resources.staging.capacity_bytes() == 0
-    assert _same(_load(str(tmp_path / "c"), 8), want)
+    assert same_state(_load(str(tmp_path / "c"), 8), want)
     with pytest.raises(unickpt.CheckpointError, match="closed"):
         ckpt.save(str(tmp_path / "again"), {"model": model})
     ckpt.close()  # idempotent

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import unickpt
+from tests.support.compare import same_state
 from unickpt.cli import main as cli_main
 
 pytest.importorskip("safetensors.torch")
@@ -28,11 +29,6 @@ def _model(seed: int, width: int = 6) -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(4, width), torch.nn.Linear(width, 2))
 
 
-def _same(got: dict[str, torch.Tensor], model: torch.nn.Module) -> bool:
-    want = model.state_dict()
-    return sorted(got) == sorted(want) and all(torch.equal(got[k], v) for k, v in want.items())
-
-
 def _opts(shard: int = 40) -> unickpt.SaveOptions:
     return unickpt.SaveOptions(hf_export=unickpt.HFExport(max_shard_bytes=shard))
 
@@ -43,14 +39,16 @@ def test_overwrite_with_hf_export_replaces_the_old_export(tmp_path) -> None:
     with unickpt.Checkpointer() as ckpt:
         ckpt.save(path, {"model": old}, options=_opts())
         hf = os.path.join(path, "huggingface")
-        assert len([n for n in os.listdir(hf) if n.endswith(".safetensors")]) > 1 and _same(_read(hf), old)
+        assert len([n for n in os.listdir(hf) if n.endswith(".safetensors")]) > 1 and same_state(
+            _read(hf), old.state_dict()
+        )
         ckpt.save(path, {"model": new}, options=_opts(1 << 20))  # one file: every old shard's name goes
         assert sorted(os.listdir(hf)) == sorted(["model.safetensors", "model.safetensors.index.json", MANIFEST])
-        assert _same(_read(hf), new)
+        assert same_state(_read(hf), new.state_dict())
         # an async save over it: the call returns with the new export in place
         newer = torch.nn.Linear(4, 4)
         ckpt.save(path, {"model": newer}, async_save=True, options=_opts(1 << 20))
-        assert _same(_read(hf), newer)
+        assert same_state(_read(hf), newer.state_dict())
         back = torch.nn.Linear(4, 4)
         ckpt.load(path, {"model": back})
     assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), newer.state_dict().values()))
@@ -78,8 +76,8 @@ def test_a_foreign_file_in_the_export_folder_refuses_the_save_and_stays(tmp_path
             ckpt.save(path, {"model": _model(2)}, options=_opts())
         back = _model(3)
         ckpt.load(path, {"model": back})  # the old checkpoint, whole
-        assert _same(dict(back.state_dict()), old)
-        assert sorted(os.listdir(hf)) == sorted([*before, "README.md"]) and _same(_read(hf), old)
+        assert same_state(dict(back.state_dict()), old.state_dict())
+        assert sorted(os.listdir(hf)) == sorted([*before, "README.md"]) and same_state(_read(hf), old.state_dict())
         # without hf_export: the new checkpoint commits, unickpt's export files go, the user's stays
         with pytest.warns(UserWarning, match="did not write stay"):
             ckpt.save(path, {"model": _model(2)})
@@ -128,7 +126,7 @@ def test_retention_and_prune_delete_a_step_with_its_export(tmp_path, capsys) -> 
         manager.save(1, {"model": models[1]}, options=_opts())
         manager.save(2, {"model": models[2]}, options=_opts())
         assert not os.path.exists(os.path.join(root, "step_00000001"))  # retention: the export went too
-        assert _same(_read(os.path.join(root, "step_00000002", "huggingface")), models[2])
+        assert same_state(_read(os.path.join(root, "step_00000002", "huggingface")), models[2].state_dict())
         keep_all = unickpt.CheckpointManager(root, keep_last=None, checkpointer=ckpt)
         keep_all.save(3, {"model": models[3]}, options=_opts())
     assert cli_main(["ls", root]) == 0
@@ -139,7 +137,7 @@ def test_retention_and_prune_delete_a_step_with_its_export(tmp_path, capsys) -> 
         assert cli_main(["prune", root, "--keep-last", "1"]) == 0
     assert "steps [2]" in capsys.readouterr().out
     assert sorted(os.listdir(root)) == ["latest", "step_00000003"]
-    assert _same(_read(os.path.join(root, "step_00000003", "huggingface")), models[3])
+    assert same_state(_read(os.path.join(root, "step_00000003", "huggingface")), models[3].state_dict())
 
 
 def test_a_failed_export_leaves_its_record_and_the_next_save_replaces_it(tmp_path, monkeypatch) -> None:
@@ -164,7 +162,7 @@ def test_a_failed_export_leaves_its_record_and_the_next_save_replaces_it(tmp_pat
         assert os.listdir(hf) == [MANIFEST]  # the partial files went; the record says what was meant
         model = _model(2)
         ckpt.save(path, {"model": model}, options=_opts())
-    assert _same(_read(hf), model)
+    assert same_state(_read(hf), model.state_dict())
 
 
 def test_issue39_item17_an_incomplete_export_record_deletes_only_unickpts_temporaries(tmp_path, capsys) -> None:
@@ -244,4 +242,4 @@ def test_issue39_item17_no_export_file_takes_its_final_name_before_the_complete_
     assert all(done for _, done in seen), seen
     last_shard = max(i for i, n in enumerate(names) if n.endswith(".safetensors"))
     assert names.index("model.safetensors.index.json") > last_shard, names  # the index appears last
-    assert _same(_read(str(tmp_path / "ck" / "huggingface")), model)
+    assert same_state(_read(str(tmp_path / "ck" / "huggingface")), model.state_dict())

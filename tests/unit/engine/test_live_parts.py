@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.hypothesis_profiles import examples
 from unickpt.engine.save.staging import live_parts
 from unickpt.planning.save import RankSavePlan, WriteEntry
 from unickpt.planning.specs import SaveItem, ShardSpec
@@ -23,7 +24,7 @@ def _reference(items, plan, blobs):
     return files
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     sizes=st.lists(st.integers(0, 40), min_size=1, max_size=12),
     files=st.lists(st.sampled_from(["a", "b", "c"]), min_size=12, max_size=12),
@@ -54,7 +55,7 @@ def test_live_parts_are_the_files_bytes_in_plan_order(sizes, files, gaps, blob_a
     ]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     specs=st.lists(
         st.tuples(

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.fixtures.read_fixtures import one_file_metadata as _md
+from tests.support.hypothesis_profiles import examples
 from unickpt.engine.load import exchange as read_exchange
 from unickpt.format.records import Metadata
 from unickpt.planning.load.assign import ReadPart, decode_part, own_keys, report_needs
@@ -35,7 +36,7 @@ def read_parts(md: Metadata, reports: list, dedup, page_cache, extent) -> list[R
     return [decode_part(w, names, list(rows), r) for r, (w, (_, rows)) in enumerate(zip(wires, reports))]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(st.lists(st.integers(1, 3000), min_size=1, max_size=12), st.integers(2, 6), st.data())
 def test_parts_are_the_jobs_assignment_split_by_rank(sizes, world, data):
     md = _md(sizes)

@@ -9,11 +9,12 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.hypothesis_profiles import examples
 from unickpt.engine.load.reader import Need, _group_small
 from unickpt.format.checksums import ChunkChecksums
 from unickpt.planning.load.runs import Span, plan_runs
 
-SETTINGS = settings(max_examples=300, deadline=None, derandomize=True, database=None)
+SETTINGS = settings(max_examples=examples(300), deadline=None, derandomize=True, database=None)
 FILES = ("a", "b")
 
 

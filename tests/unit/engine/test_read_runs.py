@@ -15,13 +15,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.hypothesis_profiles import examples
 from unickpt.engine.load.device import DeviceCopies
 from unickpt.engine.load.reader import Need, RunJob
 from unickpt.errors import ChecksumMismatchError
 from unickpt.format.checksums import ChunkChecksums, chunk_crcs
 from unickpt.planning.load.runs import Span, plan_runs
 
-SETTINGS = settings(max_examples=200, deadline=None, derandomize=True, database=None)
+SETTINGS = settings(max_examples=examples(200), deadline=None, derandomize=True, database=None)
 
 
 @st.composite

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import unickpt
+from tests.support.compare import same_state
 from unickpt.engine.load.schedule import read_pieces
 from unickpt.errors import ChecksumMismatchError, IntegrityError
 from unickpt.options import LoadOptions, ReadOptions
@@ -145,15 +146,6 @@ def _tensors(state: dict) -> dict[str, torch.Tensor]:
     return out
 
 
-def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
-    """Bit for bit (the bytes, not float equality)."""
-
-    def raw(t: torch.Tensor) -> torch.Tensor:
-        return t.reshape(-1).view(torch.uint8)
-
-    return a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and torch.equal(raw(a[k]), raw(b[k])) for k in a)
-
-
 def _data_files(path: Path) -> list[Path]:
     return sorted(p for p in (path / "data").rglob("*.bin") if p.stat().st_size > 0)
 
@@ -163,7 +155,7 @@ def test_cold_load_lands_bit_exact_in_place_and_records_its_phases(tmp_path: Pat
     unickpt.save(str(tmp_path / "ck"), saved, framework="torch")
     want = _tensors(saved)
     live = _state(1)  # other values, same layout: every destination exists (read straight into it)
-    assert not _same(_tensors(live), want)
+    assert not same_state(_tensors(live), want, bits=True)
     events: list = []
     bus = unickpt.default_checkpointer().events
     bus.add_listener(events.append)
@@ -171,7 +163,7 @@ def test_cold_load_lands_bit_exact_in_place_and_records_its_phases(tmp_path: Pat
         unickpt.load(str(tmp_path / "ck"), live, framework="torch", options=LoadOptions(io=ReadOptions(threads=3)))
     finally:
         bus.remove_listener(events.append)
-    assert _same(_tensors(live), want)
+    assert same_state(_tensors(live), want, bits=True)
     by = {e.phase: e for e in events}
     data_bytes = sum(p.stat().st_size for p in _data_files(tmp_path / "ck"))
     assert by["load.read.io"].nbytes == by["load.read"].nbytes == data_bytes
@@ -196,7 +188,7 @@ def test_a_flipped_byte_fails_the_cold_load(tmp_path: Path, staged: bool) -> Non
         unickpt.load(str(tmp_path / "ck"), live, framework="torch", options=LoadOptions(stage_before_apply=staged))
     assert isinstance(caught.value, IntegrityError)
     if staged:  # verified before anything live is touched
-        assert _same(_tensors(live), before)
+        assert same_state(_tensors(live), before, bits=True)
         assert "partially overwritten" not in str(caught.value)
     else:  # read straight into the live tensors: the error says so
         assert "partially overwritten" in str(caught.value)

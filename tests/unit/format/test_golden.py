@@ -21,6 +21,7 @@ from torch import nn
 
 import unickpt
 from tests.fixtures.golden_v1 import GOLDEN, expected_fsdp2_ws3, formula
+from tests.support.compare import same_bits
 
 
 class Net(nn.Module):
@@ -33,13 +34,6 @@ class Net(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.b(self.a(x).to(torch.bfloat16)).float()
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Same dtype, shape and bytes (NaN-safe: compares the raw bits)."""
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
 
 
 def _collect(model: nn.Module, optim: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
@@ -59,7 +53,7 @@ def _collect(model: nn.Module, optim: torch.optim.Optimizer) -> dict[str, torch.
 def _check_state(got: dict[str, torch.Tensor], optim: torch.optim.Optimizer) -> None:
     want = expected_fsdp2_ws3()
     assert sorted(got) == sorted(want)
-    bad = [k for k in want if not _same(got[k], want[k])]
+    bad = [k for k in want if not same_bits(got[k], want[k])]
     assert not bad, bad
     (group,) = optim.param_groups
     assert (group["lr"], group["betas"], group["weight_decay"]) == (0.125, (0.5, 0.75), 0.0625)
@@ -119,8 +113,8 @@ def test_golden_v1_binary_shard_table_loads_bit_exact(tmp_path):
     ckpt = _golden_copy(tmp_path, "v1_table")
     model = Table()
     unickpt.load(ckpt, {"model": model}, framework="torch")
-    assert _same(model.rows.detach(), formula("model.rows", (70, 3), torch.float32))
-    assert _same(model.scalar, formula("model.scalar", (), torch.float64))
+    assert same_bits(model.rows.detach(), formula("model.rows", (70, 3), torch.float32))
+    assert same_bits(model.scalar, formula("model.scalar", (), torch.float64))
     assert model.empty.shape == (0, 4)
 
 

@@ -15,6 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.hypothesis_profiles import examples
 from unickpt.engine.hf_export import assign
 from unickpt.errors import CheckpointError
 from unickpt.format.hf_layout import HFExport, box_runs, index_json, plan_layout
@@ -26,7 +27,7 @@ _tensors = st.lists(st.tuples(st.sampled_from(sorted(_DTYPES, key=str)), _shape)
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(_tensors, st.integers(1, 400))
 def test_headers_follow_the_safetensors_spec_and_offsets_tile_each_file(tensors, max_shard) -> None:
     layout = plan_layout(tensors, max_shard)
@@ -74,7 +75,7 @@ def _tiling(draw):
     return tuple(shape), boxes, draw(st.sampled_from([1, 2, 4]))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(_tiling())
 def test_box_runs_cover_every_byte_once_in_the_box_row_major_order(case) -> None:
     shape, boxes, itemsize = case

@@ -12,13 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.fixtures.format_sums import chunk_sums
+from tests.support.hypothesis_profiles import examples
 from unickpt.errors import CorruptMetadataError
 from unickpt.format import Metadata, ShardRecord, TensorRecord, Topology, decode_metadata, encode_metadata
 from unickpt.format.layouts import SplitLayout, SplitShards
 from unickpt.format.validation import validate_metadata
 from unickpt.planning.load.shards import ShardIndex, scan_overlapping
 
-SETTINGS = settings(max_examples=150, deadline=None, derandomize=True, database=None)
+SETTINGS = settings(max_examples=examples(150), deadline=None, derandomize=True, database=None)
 
 
 def _hand_rows(entries, parts, files):

@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.fixtures.format_sums import chunk_sums
+from tests.support.hypothesis_profiles import examples
 from unickpt.errors import CorruptMetadataError, PlanningError
 from unickpt.format import tiling
 from unickpt.format.codec import decode_metadata, encode_metadata
@@ -29,7 +30,7 @@ from unickpt.format.tiling import check_box_tiling
 from unickpt.planning.save import LocalSavePlan, plan_save
 from unickpt.planning.specs import ShardSpec
 
-SETTINGS = settings(max_examples=300, deadline=None, derandomize=True, database=None)
+SETTINGS = settings(max_examples=examples(300), deadline=None, derandomize=True, database=None)
 
 Box = tuple[tuple[int, ...], tuple[int, ...]]
 

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.hypothesis_profiles import examples
 from unickpt.errors import PlanningError
 from unickpt.format.checksums import ChunkChecksums, chunk_crcs
 from unickpt.format.records import Metadata, ShardRecord, TensorRecord, Topology
@@ -83,7 +84,7 @@ def read_back(md: Metadata, key: str, blob: bytes) -> np.ndarray:
     return out
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(data=st.data())
 def test_derived_tensors_read_back_as_numpy_slices(data):
     md, arrays, blob = data.draw(saved())

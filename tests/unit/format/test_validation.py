@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.fixtures.format_sums import chunk_sums
+from tests.support.hypothesis_profiles import examples
 from unickpt.errors import (
     CorruptMetadataError,
     DtypeMismatchError,
@@ -41,7 +42,7 @@ from unickpt.format.validation import (
 from unickpt.planning.load.targets import Strictness, check_targets
 from unickpt.planning.specs import ShardSpec
 
-SETTINGS = settings(max_examples=300, deadline=None, derandomize=True, database=None)
+SETTINGS = settings(max_examples=examples(300), deadline=None, derandomize=True, database=None)
 SRC = pathlib.Path(validation.__file__).resolve().parents[1]
 
 

@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import unickpt
+from tests.support.hypothesis_profiles import examples
 from unickpt.errors import CorruptMetadataError
 from unickpt.format import dumps_value, loads_value
 
@@ -529,7 +530,7 @@ def _containers(c: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
     )
 
 
-@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@settings(max_examples=examples(150), deadline=None, derandomize=True, database=None)
 @given(st.recursive(_LEAVES, _containers, max_leaves=10))
 def test_item9_values_round_trip_with_type_identity(value: Any) -> None:
     """Any nesting of supported values comes back equal, bit for bit, with the same types

@@ -11,6 +11,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.hypothesis_profiles import examples
 from unickpt.frameworks.megatron import _Placement
 
 
@@ -31,7 +32,7 @@ def cases(draw):
     return local, prepend, lead + base, gshape, start, numel, rows
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(cases())
 def test_boxes_cover_exactly_the_flat_range(case):
     local, prepend, offsets, gshape, start, numel, rows = case

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.hypothesis_profiles import examples
 from unickpt.format.tiling import check_box_tiling
 from unickpt.planning.boxes import (
     FlatPiece,
@@ -21,7 +22,7 @@ from unickpt.planning.boxes import (
     sub_box_span,
 )
 
-SETTINGS = settings(max_examples=200, deadline=None)
+SETTINGS = settings(max_examples=examples(200), deadline=None)
 
 dims = st.integers(1, 7)
 shapes = st.one_of(
@@ -213,7 +214,7 @@ def test_decompose_flat_range_properties(data, shape):
 
 
 @given(st.data(), st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple))
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 def test_decompose_flat_range_is_minimal(data, shape):
     total = numel(shape)
     start = data.draw(st.integers(0, total - 1))

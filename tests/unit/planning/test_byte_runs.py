@@ -11,10 +11,11 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.hypothesis_profiles import examples
 from unickpt.format.checksums import ChunkChecksums, RangeChecksums, chunk_crcs
 from unickpt.planning.load.runs import Span, needed_rows, plan_runs, row_bytes
 
-SETTINGS = settings(max_examples=300, deadline=None, derandomize=True, database=None)
+SETTINGS = settings(max_examples=examples(300), deadline=None, derandomize=True, database=None)
 
 
 @st.composite

@@ -18,11 +18,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.hypothesis_profiles import examples
 from unickpt.errors import FrameworkError
 from unickpt.frameworks.fsdp1 import local_pieces, orig_param
 from unickpt.planning.boxes import decompose_flat_range, numel
 
-SETTINGS = settings(max_examples=150, deadline=None)
+SETTINGS = settings(max_examples=examples(150), deadline=None)
 shapes = st.lists(st.integers(1, 6), min_size=1, max_size=4).map(tuple)
 
 

@@ -11,12 +11,13 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.hypothesis_profiles import examples
 from unickpt.format.layouts import SplitLayout, SplitShards
 from unickpt.format.records import Metadata, ShardRecord, TensorRecord, Topology
 from unickpt.planning.load.overlap import CopyOp, ShardRead, plan_local_load, shard_read
 from unickpt.planning.specs import ShardSpec
 
-SETTINGS = settings(max_examples=200, deadline=None, derandomize=True, database=None)
+SETTINGS = settings(max_examples=examples(200), deadline=None, derandomize=True, database=None)
 _DTYPES = {1: "uint8", 2: "bfloat16", 4: "float32"}
 
 

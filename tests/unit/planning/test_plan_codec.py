@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.hypothesis_profiles import examples
 from unickpt.errors import PlanningError
 from unickpt.planning.save import LocalSavePlan, RankSavePlan, WriteEntry
 from unickpt.planning.save.wire import (
@@ -35,7 +36,7 @@ def shard_specs(draw):
                      draw(st.none() | st.integers(0, 9)))  # fmt: skip
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     shards=st.lists(shard_specs(), max_size=20),
     blobs=st.lists(st.tuples(st.text(max_size=8), st.integers(0, 1 << 40)), max_size=3),
@@ -66,7 +67,7 @@ def _encode_rows_plainly(plan: LocalSavePlan) -> bytes:
     return plan_codec._pack(plan_codec._LOCAL, header, np.array(rows, dtype=np.int64))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     shards=st.lists(shard_specs(), max_size=20),
     blobs=st.lists(st.tuples(st.text(max_size=8), st.integers(0, 1 << 40)), max_size=3),
@@ -84,7 +85,7 @@ def test_tables_round_trip_and_the_bytes_are_the_row_encoders(shards, blobs, ran
     assert encode_local_plan(table) == data
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     rows=st.lists(st.integers(-2, 12), max_size=24),
     n=st.integers(-1, 4),
@@ -107,7 +108,7 @@ def test_a_forged_local_plan_decodes_to_the_same_table_or_the_same_error(rows, n
     assert decode_local_table(data).to_plan() == want
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     entries=st.lists(
         st.tuples(
@@ -125,7 +126,7 @@ def test_rank_plans_round_trip(entries):
     assert decode_rank_plan(encode_rank_plan(plan)) == plan
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     rows=st.lists(st.integers(-3, 4), max_size=20),
     files=st.lists(st.sampled_from(["data/s/r00000-00.bin", "data/s/r00000-01.bin", 3]), max_size=3),

@@ -13,11 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.boxes import element_size, numel, tiles_exactly
+from tests.support.hypothesis_profiles import examples
 from unickpt.errors import PlanningError
 from unickpt.planning.save import GlobalSavePlan, LocalSavePlan, plan_save
 from unickpt.planning.specs import BlobSpec, ShardSpec
 
-SETTINGS = settings(max_examples=150, deadline=None)
+SETTINGS = settings(max_examples=examples(150), deadline=None)
 DTYPES = ["float32", "bfloat16", "int64", "uint8", "float64"]
 ALIGN = 64  # the documented entry alignment (planning.save.model: ENTRY_ALIGN)
 

@@ -6,11 +6,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.fixtures.read_fixtures import one_file_metadata as _md
+from tests.support.hypothesis_profiles import examples
 from unickpt.format.records import Metadata, ShardRecord, TensorRecord, Topology
 from unickpt.planning.load.assign import plain_batches as assign_reads
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.integers(1, 5000), min_size=1, max_size=30), st.integers(1, 6), st.data())
 def test_each_needed_shard_read_once_by_a_consumer(sizes, world, data):
     md = _md(sizes)
@@ -72,7 +73,7 @@ def test_vectorized_intersection_matches_scalar_path(monkeypatch):
         assert fast == slow
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.lists(st.integers(1, 3000), min_size=1, max_size=30), st.integers(2, 6), st.sampled_from([64, 1024, 4096]))
 def test_chunk_aligned_segments_read_each_chunk_once(sizes, world, chunk):
     """With checksum chunks, shared shards are taken in segments cut only between chunks: no

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.fixtures.read_fixtures import split_metadata
+from tests.support.hypothesis_profiles import examples
 from unickpt.engine.load.exchange import read_parts
 from unickpt.errors import PlanningError
 from unickpt.format import Metadata, ShardRecord, TensorRecord, Topology
@@ -27,7 +28,7 @@ from unickpt.planning.load.assign import assign_reads, decode_part, report_needs
 from unickpt.planning.load.assign import plain_parts as reference_parts
 from unickpt.planning.load.runs import vectorized
 
-SETTINGS = settings(max_examples=200, deadline=None, derandomize=True, database=None)
+SETTINGS = settings(max_examples=examples(200), deadline=None, derandomize=True, database=None)
 DTYPES = {1: "uint8", 2: "bfloat16", 4: "float32"}
 
 
@@ -123,7 +124,7 @@ def test_each_ranks_part_is_the_references(job, mode, max_batch, block):
         assert [(p.batches, p.apart, p.shared) for p in got] == want
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@settings(max_examples=examples(40), deadline=None, derandomize=True, database=None)
 @given(jobs(), st.sampled_from([1 << 20, 1]))
 def test_assign_reads_one_call_at_a_time_gives_the_thread_pools_parts(job, block):
     """``assign_reads`` takes how its passes run as a ``map``-like callable: the builtin ``map``
@@ -138,7 +139,7 @@ def test_assign_reads_one_call_at_a_time_gives_the_thread_pools_parts(job, block
     assert one_by_one == pooled
 
 
-@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@settings(max_examples=examples(60), deadline=None, derandomize=True, database=None)
 @given(st.integers(3, 9), st.randoms(use_true_random=False), st.sampled_from([1 << 20, 2]))
 def test_shards_every_rank_needs_are_the_references(world, rnd, block):
     """FSDP2-like state: a 0-d step and a small tensor every rank needs whole (replicated
@@ -208,7 +209,7 @@ def test_a_resharding_load_reads_boundary_shards_apart_and_small_ones_once():
             assert all(k[0] == "small" for k in b.keys)
 
 
-@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@settings(max_examples=examples(300), deadline=None, derandomize=True, database=None)
 @given(
     st.lists(st.tuples(st.integers(0, 2), st.integers(0, 300), st.integers(0, 300)), min_size=1, max_size=40),
     st.integers(0, 400),
@@ -295,7 +296,7 @@ def test_geometry_in_blocks_is_each_shards_own(job, block):
         assert tuple(c[j] for c in got) == want
 
 
-@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@settings(max_examples=examples(200), deadline=None, derandomize=True, database=None)
 @given(st.lists(st.integers(0, 9), max_size=12))
 def test_shard_numbers_are_one_each_and_like_shards_adjacent(counts):
     """The job's shard numbering (``_numbering``) gives every (tensor, shard) a number of its

@@ -10,6 +10,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.hypothesis_profiles import examples
 from unickpt.format import decode_metadata, encode_metadata
 from unickpt.format.build import SaveSource, build_metadata
 from unickpt.format.checksums import ChunkChecksums
@@ -18,7 +19,7 @@ from unickpt.format.validation import validate_metadata
 from unickpt.planning.save import LocalSavePlan, plan_save
 from unickpt.planning.specs import ShardSpec
 
-SETTINGS = settings(max_examples=60, deadline=None, derandomize=True, database=None)
+SETTINGS = settings(max_examples=examples(60), deadline=None, derandomize=True, database=None)
 
 
 def _chunk(n: int, parts: int, i: int) -> tuple[int, int]:

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.boxes import element_size
+from tests.support.hypothesis_profiles import examples
 from tests.support.save_oracle import outcome as _outcome
 from tests.support.save_oracle import plan_problems, plan_reference, rank_loads
 from unickpt.errors import PlanningError
@@ -24,7 +25,7 @@ from unickpt.planning.save import GlobalSavePlan, LocalSavePlan, plan_save
 from unickpt.planning.save.wire import LocalPlans, encode_local_plan
 from unickpt.planning.specs import BlobSpec, ShardSpec
 
-SETTINGS = settings(max_examples=250, deadline=None)
+SETTINGS = settings(max_examples=examples(250), deadline=None)
 SAVE_ID = "20250101T000000-0123456789ab"
 # the planner's documented limits (planning/save/columns.py): no machine holds more
 MAX_NUMEL, MAX_TOTAL, MAX_BLOB = 1 << 55, 1 << 61, 1 << 56

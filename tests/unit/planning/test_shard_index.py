@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.hypothesis_profiles import examples
 from unickpt.format.records import Metadata, ShardRecord, TensorRecord, Topology
 from unickpt.format.tiling import check_box_tiling
 from unickpt.planning.boxes import chunk_bounds, decompose_flat_range
@@ -108,7 +109,7 @@ def _metadata(shape: tuple[int, ...], boxes: list[Box], stored_order: str, rnd) 
     return Metadata(1, "x", 0.0, Topology("t", 1), ("f",), {"w": TensorRecord("w", "float32", shape, shards)})
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(LAYOUTS, st.sampled_from(["sorted", "as cut", "shuffled"]), st.randoms(use_true_random=False), st.data())
 def test_indexed_overlap_is_the_scan(layout, stored_order, rnd, data):
     shape, boxes = layout
@@ -122,7 +123,7 @@ def test_indexed_overlap_is_the_scan(layout, stored_order, rnd, data):
         assert index.overlapping("w", offs, lens) == scan_overlapping(shards, offs, lens)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(LAYOUTS, st.sampled_from(["sorted", "shuffled"]), st.randoms(use_true_random=False), st.data())
 def test_plan_local_load_is_unchanged(layout, stored_order, rnd, data):
     """The whole plan (reads, copies, order) equals the plan with every tensor scanned."""

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 import unickpt
+from tests.support.compare import same_state
 from unickpt.format.records import METADATA_FILE
 
 
@@ -33,11 +34,6 @@ def _state(seed: int) -> dict:
     model(torch.randn(2, 6)).square().mean().backward()
     optim.step()
     return {"model": model, "optimizer": optim, "extra_state": {"step": seed}}
-
-
-def _same(a: dict, b: dict) -> bool:
-    sa, sb = a["model"].state_dict(), b["model"].state_dict()
-    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
 def test_a2_cleanup_deletes_only_the_publishers_own_leftovers(tmp_path):
@@ -56,7 +52,7 @@ def test_a2_cleanup_deletes_only_the_publishers_own_leftovers(tmp_path):
     assert all(u in left for u in users), left
     fresh = _state(9)
     unickpt.load(str(ckpt), fresh, framework="torch")
-    assert _same(fresh, _state(2))
+    assert same_state(fresh["model"].state_dict(), _state(2)["model"].state_dict())
 
     manager = unickpt.CheckpointManager(str(tmp_path / "run"), keep_last=1)
     manager.save(1, _state(1), framework="torch")
@@ -182,7 +178,7 @@ def test_a2_object_store_commits_with_single_puts_and_no_temporaries(recording):
     unickpt.save("recs3://ck", _state(2), framework="torch")
     fresh = _state(9)
     unickpt.load("recs3://ck", fresh, framework="torch")
-    assert _same(fresh, _state(2))
+    assert same_state(fresh["model"].state_dict(), _state(2)["model"].state_dict())
     manager = unickpt.CheckpointManager("recs3://run", keep_last=1)
     for step in (1, 2):
         manager.save(step, _state(step), framework="torch")
@@ -274,7 +270,7 @@ def test_a2_publication_without_a_replacing_rename_survives_a_crash_mid_swap(tmp
         unickpt.save("norename://ck", _state(seed), framework="torch")
     fresh = _state(9)
     unickpt.load("norename://ck", fresh, framework="torch")
-    assert _same(fresh, _state(3))
+    assert same_state(fresh["model"].state_dict(), _state(3)["model"].state_dict())
     manager = unickpt.CheckpointManager("norename://run", keep_last=1)
     for step in (1, 2):
         manager.save(step, _state(step), framework="torch")

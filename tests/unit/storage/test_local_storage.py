@@ -15,13 +15,22 @@ from unickpt.storage.local import LocalStorage
 
 
 @pytest.mark.parametrize("direct", [True, False])
-def test_write_mixed_aligned_and_unaligned_parts(tmp_path, direct):
+@pytest.mark.parametrize(
+    "max_part",
+    [
+        # parts up to 20 MiB cross the 16 MiB bounce buffer and (four of them) the 64 MiB direct
+        # segment: ~0.5 GB written per run, seconds of disk time: the full suite only
+        pytest.param(20 << 20, marks=pytest.mark.slow, id="20MiB"),
+        pytest.param(3 << 20, id="3MiB"),  # across the 1 MiB direct minimum and 4 KiB alignment
+    ],
+)
+def test_write_mixed_aligned_and_unaligned_parts(tmp_path, direct, max_part):
     s = LocalStorage(str(tmp_path), StorageOptions(direct_writes=direct))
     rng = np.random.default_rng(0)
     for trial in range(12):
         parts = []
         for _ in range(int(rng.integers(1, 5))):
-            n = int(rng.integers(0, 20 << 20))
+            n = int(rng.integers(0, max_part))
             if rng.random() < 0.4:
                 b = AlignedBuffer(n)
                 np.frombuffer(b.view, np.uint8)[:n] = rng.integers(0, 255, n, dtype=np.uint8)

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 import unickpt
+from tests.support.compare import same_state
 from unickpt.storage import base as storage_base
 from unickpt.storage.base import Storage
 
@@ -70,11 +71,6 @@ def _state(seed: int) -> dict:
     return {"model": model, "optimizer": optim, "extra_state": {"step": seed}}
 
 
-def _same(a: dict, b: dict) -> bool:
-    sa, sb = a["model"].state_dict(), b["model"].state_dict()
-    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
-
-
 def test_a1_engine_lock_manager_and_tools_use_only_declared_operations(tmp_path, strict_scheme):
     """Every storage access of a save (blocking and async, over an older checkpoint: lock,
     marker, sync, commit, cleanup), a load (deduplicated reads through the cached path), a
@@ -90,7 +86,7 @@ def test_a1_engine_lock_manager_and_tools_use_only_declared_operations(tmp_path,
     unickpt.save(url, second, framework="torch", async_save=True).wait()
     fresh = _state(9)
     unickpt.load(url, fresh, framework="torch")
-    assert _same(fresh, second) and fresh["extra_state"] == {"step": 2}
+    assert same_state(fresh["model"].state_dict(), second["model"].state_dict()) and fresh["extra_state"] == {"step": 2}
 
     manager = unickpt.CheckpointManager(f"strict://{tmp_path}/run", keep_last=1)
     for step in (1, 2):

@@ -54,6 +54,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.stateful import Stateful
 
 import unickpt
+from tests.support.hypothesis_profiles import examples
 from unickpt.errors import UnsafePathError
 from unickpt.ops.convert import from_dcp, to_dcp
 from unickpt.ops.dcp_layouts import ImportedLoaderState
@@ -420,7 +421,7 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(_optimizer_cases())
 def test_every_layout_maps_onto_unickpt_keys_and_back(case):
     """For any FQNs (digits and ``state`` segments where DCP puts indices and state), param groups

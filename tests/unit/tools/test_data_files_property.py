@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import unickpt
+from tests.support.hypothesis_profiles import examples
 from unickpt.errors import CheckpointError
 from unickpt.format.records import METADATA_FILE
 from unickpt.ops.inspect import load_metadata
@@ -86,7 +87,7 @@ def _loads(path: str, saved: dict[str, torch.Tensor]) -> bool:
     return True
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=st.lists(st.lists(st.sampled_from(STATES), min_size=2, max_size=2), min_size=1, max_size=3))
 def test_issue39_item26_latest_step_list_verify_and_load_agree(template, steps):
     files, data, saved = template

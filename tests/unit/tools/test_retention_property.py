@@ -27,6 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import unickpt
+from tests.support.hypothesis_profiles import examples
 from unickpt.folder.lock import LOCK_FILE, LockOwner, lock_is_live
 from unickpt.format.records import METADATA_FILE
 from unickpt.storage import open_storage
@@ -158,7 +159,7 @@ def test_lock_fixtures_are_what_they_claim(tmp_path):
 folder = st.tuples(st.sampled_from(KINDS), st.booleans(), st.booleans())
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     folders=st.lists(folder, min_size=1, max_size=7),
     keep_last=st.one_of(st.none(), st.integers(1, 4)),

@@ -27,13 +27,14 @@ from safetensors import safe_open
 
 import unickpt
 from tests.fixtures.golden_v1 import GOLDEN, expected_fsdp2_ws3
+from tests.support.hypothesis_profiles import examples
 from unickpt.format import METADATA_FILE
 from unickpt.ops import merge as mg
 from unickpt.ops.inspect import value_lines
 from unickpt.ops.pieces import slabs
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     shape=st.lists(st.integers(0, 6), min_size=0, max_size=4).map(tuple),
     itemsize=st.sampled_from([1, 2, 4, 8]),
