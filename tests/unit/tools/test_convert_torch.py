@@ -270,8 +270,9 @@ def test_issue39_item12_runs_no_code_from_the_file(tmp_path) -> None:
 
 
 def test_issue39_item12_not_a_file(tmp_path) -> None:
+    (tmp_path / "folder").mkdir()  # a folder where a file belongs (the output outside it)
     with pytest.raises(NotACheckpointError, match="--from dcp"):
-        convert.from_lightning(str(tmp_path), str(tmp_path / "out"))
+        convert.from_lightning(str(tmp_path / "folder"), str(tmp_path / "out"))
     src = tmp_path / "plain.pt"
     torch.save({"model": _model(0).state_dict()}, src)
     with pytest.raises(NotACheckpointError, match="--from torch"):
