@@ -1,0 +1,118 @@
+"""The RAM tier with replicas: what ``TieredCheckpointManager`` does when ``replicas >= 1``.
+
+``TieredCheckpointManager.__init__`` builds one ``RamTier`` on every rank (after its own fast
+and durable managers; the fast one on ``shmnode://<name>``, the node-local form of
+``shm://<name>``); then:
+
+* ``after_save(step, handle)`` (every rank, right after the fast tier's ``save``) queues
+  ``replicate.replicate_step`` on the tier's single worker thread, which waits for the save;
+* ``recover(durable_step)`` (every rank, from ``load_latest``) runs ``restore.recover`` on that
+  same thread after every queued replication, and returns the decision and the report;
+* ``wait()`` raises the failures of queued replications (``AsyncSaveFailures``);
+  ``close()`` waits, then stops the thread.
+
+The worker thread is the only user of the tier's process group (``group.TierGroup``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from ..errors import AsyncSaveFailures, ConfigurationError
+from ..folder.probe import read_committed
+from ..manager import CheckpointManager
+from ..storage import open_storage, register_storage
+from ..storage.retry import unwrap
+from ..storage.shm import ShmStorage
+from .group import TierGroup
+from .inventory import RamLayout
+from .replicate import replicate_step
+from .restore import RecoveryReport, recover
+
+__all__ = ["RamTier", "NodeShmStorage", "RamStepsManager", "node_root"]
+
+
+class NodeShmStorage(ShmStorage):
+    """``shmnode://name``: ``shm://name`` whose data files live on the host of the rank that wrote
+    them (the save's commit does not look for other hosts' files; ``replicate`` checks every
+    chunk of every file before the step counts as committed in RAM)."""
+
+    node_local = True
+
+    def __init__(self, path: str, options: Any = None) -> None:
+        super().__init__(path, options)
+        self.url = "shmnode://" + self.url[len("shm://") :]
+
+
+register_storage("shmnode", lambda path, options: NodeShmStorage(path, options), replace=True)
+
+
+class RamStepsManager(CheckpointManager):
+    """The fast tier's manager with replicas: a host's step folder holds only its own ranks'
+    files, so the manager's own retention (which would call it damaged) never runs; the RAM
+    tier's retention is ``replicate``'s (``keep_fast`` committed steps per host)."""
+
+    def apply_retention(self, plan: Any = None) -> list[int]:
+        return []
+
+
+def node_root(fast_root: str) -> str:
+    if not fast_root.startswith("shm://"):
+        raise ConfigurationError(f"replicas >= 1 needs a node-local RAM fast tier, shm://<name>, not {fast_root!r}")
+    return "shmnode://" + fast_root[len("shm://") :]
+
+
+class RamTier:
+    def __init__(self, fast: Any, options: dict[str, Any], replicas: int, keep: int, chunk: int,
+                 timeout: float) -> None:  # fmt: skip
+        digest = hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:16]
+        self.tg = TierGroup.create(digest, replicas, timeout)
+        self.fast = fast
+        self.layout = RamLayout(unwrap(open_storage(fast.root)).root)
+        self.keep, self.chunk = keep, chunk
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="unickpt-ram-tier")
+        self._pending: list[tuple[int, Future[Any]]] = []
+        self._lock = threading.Lock()
+
+    def _stepdir(self, step: int) -> str:
+        return self.fast.path_for(step)[len(self.fast.root) + 1 :]
+
+    def after_save(self, step: int, handle: Any) -> None:
+        future = self._worker.submit(self._replicate, step, handle)
+        with self._lock:
+            self._pending.append((step, future))
+
+    def _replicate(self, step: int, handle: Any) -> None:
+        handle.wait()
+        stepdir = self._stepdir(step)
+        raw = read_committed(open_storage(self.fast.path_for(step))) if self.tg.rank == 0 else None
+        dropped = replicate_step(self.tg, self.layout, step, stepdir, raw, self.chunk, self.keep)
+        if self.tg.host == self.tg.rank_hosts[0]:  # the ordinary save's own files of rank 0's host
+            for _, rec in dropped:
+                gone = int(rec["step"])
+                self.fast._delete_checkpoint(gone, self.fast._scan().get(gone, []))
+
+    def recover(self, durable_step: Callable[[], int | None]) -> tuple[dict[str, Any], RecoveryReport]:
+        return self._worker.submit(recover, self.tg, self.layout, durable_step).result()
+
+    def wait(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, []
+        failures = []
+        for step, future in pending:
+            error = future.exception()
+            if error is not None:
+                failures.append((self.fast.path_for(step), error))
+        if failures:
+            raise AsyncSaveFailures(failures, " to the other hosts' RAM")
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self._worker.shutdown(wait=True)

@@ -1,0 +1,98 @@
+"""Rank functions of ``tests/integration/storage/test_recovery_processes.py``: simulated hosts
+(``UNICKPT_HOST_ID`` and a private ``UNICKPT_SHM_ROOT`` per host) saving to and recovering from
+``TieredCheckpointManager(replicas >= 1)``."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+ROWS, COLS = 240, 96  # divisible by 1..6 ranks
+
+
+def enter_host(base: str, host: str) -> None:
+    os.environ["UNICKPT_HOST_ID"] = host
+    os.environ["UNICKPT_SHM_ROOT"] = os.path.join(base, "ram", host)
+
+
+def expected(step: int) -> dict[str, torch.Tensor]:
+    """The state at ``step``, from a seeded generator (not from the code under test)."""
+    g = torch.Generator().manual_seed(1000 + step)
+    return {"w": torch.randn(ROWS, COLS, generator=g), "bias": torch.randn(16, generator=g)}
+
+
+def _state(step: int | None, with_bias: bool) -> dict[str, Any]:
+    """``{"model": m}``: ``m.w`` a DTensor sharded by rows over every rank, ``m.bias`` (when asked)
+    a plain buffer every rank holds (saved once, by rank 0)."""
+    from torch import nn
+    from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    values = expected(step) if step is not None else {k: torch.zeros_like(v) for k, v in expected(0).items()}
+    m = nn.Module()
+    m.w = nn.Parameter(distribute_tensor(values["w"], mesh, [Shard(0)]), requires_grad=False)
+    if with_bias:
+        m.register_buffer("bias", values["bias"].clone())
+    return {"model": m}
+
+
+def _tiers(base: str, opts: dict[str, Any]) -> Any:
+    import unickpt
+
+    return unickpt.TieredCheckpointManager("shm://job", os.path.join(base, "durable"), **opts)
+
+
+def save_steps(rank: int, ws: int, base: str, hosts: list[str], steps: list[int], opts: dict[str, Any],
+               with_bias: bool = True) -> None:  # fmt: skip
+    enter_host(base, hosts[rank])
+    tiers = _tiers(base, opts)
+    for step in steps:
+        tiers.save(step, _state(step, with_bias), async_save=True).wait_snapshot()
+    tiers.close()
+
+
+def recover(rank: int, ws: int, base: str, hosts: list[str], opts: dict[str, Any],
+            with_bias: bool = True) -> dict[str, Any]:  # fmt: skip
+    import unickpt
+
+    enter_host(base, hosts[rank])
+    tiers = _tiers(base, opts)
+    state = _state(None, with_bias)
+    events: list[str] = []
+    tiers._ckpt.events.add_listener(lambda e: events.append(e.detail) if e.detail.startswith("ram ") else None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step = tiers.load_latest(state)
+    tiers.close()
+    got = {"w": state["model"].w.full_tensor()}
+    if with_bias:
+        got["bias"] = state["model"].bias
+    want = expected(step) if step is not None else {}
+    r = tiers.last_recovery
+    assert r is not None
+    return {
+        "step": step,
+        "exact": step is not None and all(torch.equal(got[k], want[k]) for k in got),
+        "tier": r.tier,
+        "bytes": r.bytes_by_source,
+        "peer_by_host": r.peer_bytes_by_host,
+        "failed": list(r.failed_copies),
+        "skipped": list(r.skipped_steps),
+        "events": events,
+        "warnings": [str(w.message) for w in caught if "durable tier" in str(w.message)],
+        "unickpt": unickpt.__file__,
+    }
+
+
+def construct(rank: int, ws: int, base: str, hosts: list[str], opts_by_rank: list[dict[str, Any]]) -> str:
+    """Construct the tier with this rank's options; the error's class and message, or ''."""
+    enter_host(base, hosts[rank])
+    try:
+        _tiers(base, opts_by_rank[rank]).close()
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return ""
