@@ -243,13 +243,26 @@ class TieredCheckpointManager:
         ordinary load of the chosen step from this host's RAM (or from the durable tier)."""
         assert self._ram is not None
         self.fast.wait()
-        decision, report = self._ram.recover(self.durable.latest_step)
+        # first from each host's own RAM only: a restart whose hosts kept their RAM moves no byte
+        # between hosts when every rank's load finds what it reads on its host
+        decision, report = self._ram.recover(self.durable.latest_step, fetch=False)
+        if report.tier == "ram" and not decision["complete"]:
+            loaded = False
+            if decision["metadata_everywhere"]:
+                try:
+                    self._ckpt.load(self.fast.path_for(int(decision["step"])), state, framework=framework,
+                                    strict=strict, options=options)  # fmt: skip
+                    loaded = True
+                except CheckpointError:
+                    pass  # a file this host lacks: fetch what is missing, then load again
+            if self._ram.all_ok(loaded):
+                self.last_recovery = report
+                self._emit(report)
+                return int(decision["step"])
+            decision, report = self._ram.recover(self.durable.latest_step, fetch=True)
         self.last_recovery = report
+        self._emit(report)
         rank = self._ckpt.rank()
-        for source, n in report.bytes_by_source.items():
-            self._ckpt.events.emit("load.transfer", rank, nbytes=n, detail=f"ram recovery: {n} bytes from {source}")
-        for failed in report.failed_copies:
-            self._ckpt.events.emit("load.transfer", rank, detail=f"ram recovery: failed copy {failed}")
         if report.tier == "none":
             return None
         if report.tier == "durable" and report.skipped_steps and rank == 0:
@@ -262,6 +275,15 @@ class TieredCheckpointManager:
         step = int(decision["step"])
         self._ckpt.load(manager.path_for(step), state, framework=framework, strict=strict, options=options)
         return step
+
+    def _emit(self, report: RecoveryReport) -> None:
+        """The recovery's records: one ``load.transfer`` event per source (bytes, summed over the
+        hosts) and one per copy that failed its CRC32C check."""
+        rank = self._ckpt.rank()
+        for source, n in report.bytes_by_source.items():
+            self._ckpt.events.emit("load.transfer", rank, nbytes=n, detail=f"ram recovery: {n} bytes from {source}")
+        for failed in report.failed_copies:
+            self._ckpt.events.emit("load.transfer", rank, detail=f"ram recovery: failed copy {failed}")
 
     def close(self) -> None:
         try:

@@ -198,11 +198,12 @@ class RamLayout:
             except FileNotFoundError:
                 pass
             folders.add(os.path.dirname(path))
-        for folder in sorted(folders, key=len, reverse=True):
-            stop = os.path.join(self.root, "replicas") if "/replicas/" in folder else self.root
-            while folder.startswith(stop + "/"):
+        for leaf in sorted(folders, key=len, reverse=True):
+            stop = os.path.join(self.root, "replicas") if "/replicas/" in leaf else self.root
+            here = leaf
+            while here.startswith(stop + "/"):
                 try:
-                    os.rmdir(folder)
+                    os.rmdir(here)
                 except OSError:
                     break
-                folder = os.path.dirname(folder)
+                here = os.path.dirname(here)

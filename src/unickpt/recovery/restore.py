@@ -52,9 +52,15 @@ class RecoveryReport:
     skipped_steps: tuple[str, ...] = ()  # RAM steps passed over, and why
 
 
-def recover(tg: TierGroup, layout: RamLayout, durable_step: Any) -> tuple[dict[str, Any], RecoveryReport]:
+def recover(
+    tg: TierGroup, layout: RamLayout, durable_step: Any, fetch: bool = True
+) -> tuple[dict[str, Any], RecoveryReport]:
     """Steps 1-4 (module docstring) until a RAM step is materialised on every host, or the
-    decision is the durable tier or nothing. ``durable_step()`` is called on rank 0 only."""
+    decision is the durable tier or nothing. ``durable_step()`` is called on rank 0 only.
+
+    ``fetch=False`` (the first try of ``load_latest``): no byte crosses the group; each host
+    completes the files it can from its own copies and the decision says
+    ``"complete"`` (every host has every file) and ``"metadata_everywhere"``."""
     excluded: list[list[str]] = []
     failed_all: list[str] = []
     skipped: list[str] = []
@@ -67,11 +73,14 @@ def recover(tg: TierGroup, layout: RamLayout, durable_step: Any) -> tuple[dict[s
         skipped += [f"step {s} (save {sid}): no copy of {n}" for s, sid, n in decision.pop("incomplete")]
         if decision["source"] != "ram":
             return decision, _report(tg, decision, {}, {}, failed_all, skipped)
-        local, peers, failed, complete = _materialise(tg, layout, decision)
-        outcomes = tg.all_gather([complete, local, peers, failed])
+        local, peers, failed, lacking = _materialise(tg, layout, decision, fetch)
+        outcomes = tg.all_gather([not lacking, local, peers, failed, METADATA_FILE not in lacking])
         failed_all += [f for o in outcomes for f in o[3]]
-        if all(o[0] for o in outcomes):
+        decision["complete"] = all(o[0] for o in outcomes)
+        decision["metadata_everywhere"] = all(o[4] for o in outcomes)
+        if decision["complete"] or not fetch:
             if tg.is_agent:
+                _discard(layout, decision, lacking)
                 _finish(layout, decision, tg.host)
             totals = {"local": sum(o[1] for o in outcomes), "peer": sum(sum(o[2].values()) for o in outcomes)}
             by_host: dict[str, int] = {}
@@ -80,7 +89,7 @@ def recover(tg: TierGroup, layout: RamLayout, durable_step: Any) -> tuple[dict[s
                     by_host[h] = by_host.get(h, 0) + n
             return decision, _report(tg, decision, totals, by_host, failed_all, skipped)
         if tg.is_agent:
-            _discard(layout, decision)
+            _discard(layout, decision, decision["files"])
         skipped.append(f"step {decision['step']} (save {decision['save_id']}): a chunk has no verified copy")
         excluded.append([decision["stepdir"], decision["save_id"]])
 
@@ -109,9 +118,11 @@ def _read_chunk(path: str, i: int, size: int, chunk: int, want: int) -> bytes | 
     return data if len(data) == n and crc(data) == want else None
 
 
-def _materialise(tg: TierGroup, layout: RamLayout, d: dict[str, Any]) -> tuple[int, dict[str, int], list[str], bool]:
-    """Steps 2-3 on this rank: (bytes from this host's RAM, bytes per sending peer, failed copies,
-    complete)."""
+def _materialise(
+    tg: TierGroup, layout: RamLayout, d: dict[str, Any], fetch: bool
+) -> tuple[int, dict[str, int], list[str], list[str]]:
+    """Steps 2-3 on this rank (step 3 only with ``fetch``): (bytes from this host's RAM, bytes
+    per sending peer, failed copies, the files still lacking a chunk here)."""
     chunk, stepdir = int(d["chunk"]), d["stepdir"]
     local, peers, failed = 0, {}, []
     need: dict[str, dict[int, list[str]]] = {}  # name -> chunk -> hosts that failed it
@@ -141,8 +152,9 @@ def _materialise(tg: TierGroup, layout: RamLayout, d: dict[str, Any]) -> tuple[i
                             failed.append(f"{tg.host}:{name}#{i} (replica here failed CRC32C)")
                     else:
                         need.setdefault(name, {})[i] = [tg.host]
-        _fetch_rounds(tg, layout, d, need, parts, peers, failed)
-        return local, peers, failed, not need
+        if fetch:
+            _fetch_rounds(tg, layout, d, need, parts, peers, failed)
+        return local, peers, failed, sorted(need)
     finally:
         for fd in parts.values():
             os.close(fd)
@@ -219,8 +231,9 @@ def _finish(layout: RamLayout, d: dict[str, Any], host: str) -> None:
     layout.write_marker(stepdir, {**rec, "files": kept})
 
 
-def _discard(layout: RamLayout, d: dict[str, Any]) -> None:
-    for name in d["files"]:
+def _discard(layout: RamLayout, d: dict[str, Any], names: Any) -> None:
+    """Remove the parts of ``names`` (files this host could not complete)."""
+    for name in names:
         part = layout.primary(d["stepdir"], name) + ".unickpt-part"
         if os.path.lexists(part):
             os.unlink(part)

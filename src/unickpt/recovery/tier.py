@@ -49,7 +49,7 @@ class NodeShmStorage(ShmStorage):
         self.url = "shmnode://" + self.url[len("shm://") :]
 
 
-register_storage("shmnode", lambda path, options: NodeShmStorage(path, options), replace=True)
+register_storage("shmnode", NodeShmStorage, replace=True)
 
 
 class RamStepsManager(CheckpointManager):
@@ -97,8 +97,12 @@ class RamTier:
                 gone = int(rec["step"])
                 self.fast._delete_checkpoint(gone, self.fast._scan().get(gone, []))
 
-    def recover(self, durable_step: Callable[[], int | None]) -> tuple[dict[str, Any], RecoveryReport]:
-        return self._worker.submit(recover, self.tg, self.layout, durable_step).result()
+    def recover(self, durable_step: Callable[[], int | None], fetch: bool) -> tuple[dict[str, Any], RecoveryReport]:
+        return self._worker.submit(recover, self.tg, self.layout, durable_step, fetch).result()
+
+    def all_ok(self, ok: bool) -> bool:
+        """Whether every rank's ``ok`` is true (a collective of the tier group, on its thread)."""
+        return all(self._worker.submit(self.tg.all_gather, ok).result())
 
     def wait(self) -> None:
         with self._lock:

@@ -46,3 +46,20 @@ def test_issue40_item1_2_3_a_hosts_lost_ram_is_rebuilt_from_peers(tmp_path):
     local = sum(held["a"].values()) + sum(held["c"].values())
     assert res[0]["bytes"] == {"local": local, "peer": 3 * total - local}
     assert res[0]["tier"] == "ram" and res[0]["failed"] == []
+
+
+def test_issue40_item3_processes_killed_with_hosts_intact_move_no_byte_between_hosts(tmp_path):
+    base, hosts = str(tmp_path), ["a", "b", "c"]
+    run_ranks(save_steps, 3, base, hosts, [1, 2], OPTS, False)
+    res = run_ranks(recover, 3, base, hosts, OPTS, False)
+    assert [r["step"] for r in res] == [2, 2, 2] and all(r["exact"] for r in res), res
+    assert res[0]["bytes"].get("peer", 0) == 0 and res[0]["peer_by_host"] == {}, res[0]
+
+
+def test_issue40_item3_a_load_that_needs_a_file_its_host_lacks_fetches_it_and_loads_again(tmp_path):
+    # the bias is in rank 0's file, held by hosts a and b only: host c's rank must fetch it
+    base, hosts = str(tmp_path), ["a", "b", "c"]
+    run_ranks(save_steps, 3, base, hosts, [1], OPTS)
+    res = run_ranks(recover, 3, base, hosts, OPTS)
+    assert [r["step"] for r in res] == [1, 1, 1] and all(r["exact"] for r in res), res
+    assert res[0]["bytes"]["peer"] > 0 and res[0]["failed"] == []
