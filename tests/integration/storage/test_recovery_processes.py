@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import os
 
-import pytest
-
 from tests.workers.harness import run_ranks
-from tests.workers.recovery_workers import construct, recover, save_steps
+from tests.workers.recovery_workers import recover, save_steps
 
 OPTS = {"replicas": 1, "keep_fast": 2, "durable_every": 100, "chunk_bytes": 16384}
 META = "unickpt.metadata.json"
