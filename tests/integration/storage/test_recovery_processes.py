@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from tests.workers.harness import run_ranks
-from tests.workers.recovery_workers import recover, save_steps
+from tests.workers.recovery_workers import construct, recover, save_steps
 
 OPTS = {"replicas": 1, "keep_fast": 2, "durable_every": 100, "chunk_bytes": 16384}
 META = "unickpt.metadata.json"
@@ -61,3 +61,96 @@ def test_issue40_item3_a_load_that_needs_a_file_its_host_lacks_fetches_it_and_lo
     res = run_ranks(recover, 3, base, hosts, OPTS)
     assert [r["step"] for r in res] == [1, 1, 1] and all(r["exact"] for r in res), res
     assert res[0]["bytes"]["peer"] > 0 and res[0]["failed"] == []
+
+
+def _flip_every_file(folder: str) -> list[str]:
+    """Flip one byte in the middle of every checkpoint file under ``folder``; their paths."""
+    flipped = []
+    for top, _, files in os.walk(folder):
+        for f in files:
+            if f == META or f.endswith(".bin"):
+                path = os.path.join(top, f)
+                with open(path, "r+b") as fh:
+                    fh.seek(os.path.getsize(path) // 2)
+                    b = fh.read(1)
+                    fh.seek(-1, 1)
+                    fh.write(bytes([b[0] ^ 0xFF]))
+                flipped.append(path)
+    return flipped
+
+
+def test_issue40_item3_every_file_of_one_hosts_ram_corrupted_is_detected_and_other_copies_used(tmp_path):
+    base, hosts = str(tmp_path), ["a", "b", "c"]
+    run_ranks(save_steps, 3, base, hosts, [1], OPTS)
+    held_b = _held(base, "b", "step_00000001")
+    assert len(_flip_every_file(os.path.join(base, "ram", "b"))) == len(held_b) > 2
+    res = run_ranks(recover, 3, base, hosts, OPTS)
+    assert [r["step"] for r in res] == [1, 1, 1] and all(r["exact"] for r in res), res
+    named = {f.split("#")[0][len("b:") :] for f in res[0]["failed"] if f.startswith("b:")}
+    assert named == set(held_b), res[0]["failed"]
+    assert any("failed copy b:" in e for e in res[0]["events"])
+
+
+def test_issue40_item3_all_copies_of_a_chunk_lost_falls_back_to_the_newest_durable_step(tmp_path):
+    base, hosts = str(tmp_path), ["a", "b", "c"]
+    opts = {**OPTS, "durable_every": 2, "keep_fast": 1}
+    run_ranks(save_steps, 3, base, hosts, [1, 2, 3], opts)
+    assert sorted(os.listdir(os.path.join(base, "durable"))) == ["latest", "step_00000002"]
+    # rank 1's shard file of step 3: on host b (primary) and host c (replica); corrupt both
+    victims = [
+        os.path.join(top, f)
+        for h in ("b", "c")
+        for top, _, files in os.walk(os.path.join(base, "ram", h))
+        for f in files
+        if f == "r00001-00.bin" and "step_00000003" in top
+    ]
+    assert len(victims) == 2
+    for path in victims:
+        with open(path, "r+b") as fh:
+            fh.write(b"\x00\x01\x02\x03")
+    res = run_ranks(recover, 3, base, hosts, opts)
+    assert [r["step"] for r in res] == [2, 2, 2] and all(r["exact"] for r in res), res
+    assert res[0]["tier"] == "durable"
+    assert any(s.startswith("step 3 ") for s in res[0]["skipped"]), res[0]["skipped"]
+    assert res[0]["warnings"] and "step 3" in res[0]["warnings"][0]
+
+
+def test_issue40_item4_a_host_lost_and_the_job_restarted_on_one_host_fewer_reshards_from_ram(tmp_path):
+    base = str(tmp_path)
+    run_ranks(save_steps, 4, base, ["a", "a", "b", "c"], [1, 2], OPTS)  # host a runs two ranks
+    os.system(f"rm -rf {base}/ram/c")  # host c is gone for good: no spare
+    res = run_ranks(recover, 2, base, ["a", "b"], OPTS)
+    assert [r["step"] for r in res] == [2, 2] and all(r["exact"] for r in res), res
+    assert res[0]["tier"] == "ram" and res[0]["bytes"]["peer"] > 0
+
+
+def test_issue40_item1_replicas_as_many_as_hosts_is_a_configuration_error_on_every_rank(tmp_path):
+    out = run_ranks(construct, 2, str(tmp_path), ["a", "b"], [{**OPTS, "replicas": 2}] * 2)
+    assert all(o.startswith("ConfigurationError: replicas=2 needs at least 3 hosts") for o in out), out
+
+
+def test_issue40_item1_hosts_disagreeing_on_the_options_is_a_configuration_error_on_every_rank(tmp_path):
+    out = run_ranks(construct, 2, str(tmp_path), ["a", "b"], [OPTS, {**OPTS, "keep_fast": 3}])
+    assert all(o.startswith("ConfigurationError: the ranks' TieredCheckpointManager options differ") for o in out)
+    assert all("rank 1 (host b)" in o for o in out), out
+
+
+def test_issue40_item1_foreign_files_in_the_ram_tier_are_never_deleted_and_a_bogus_marker_is_ignored(tmp_path):
+    base, hosts = str(tmp_path), ["a", "b"]
+    root = os.path.join(base, "ram", "b", f"unickpt-{os.getuid()}")
+    planted = [
+        os.path.join(root, "job", "replicas", "a", "step_00000001", "foreign.bin"),
+        os.path.join(root, "job", "step_00000001", "notes.txt"),
+        os.path.join(root, "job", "recovery", "commit-step_00000099.json"),
+    ]
+    os.makedirs(root, mode=0o700)
+    for path in planted:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        with open(path, "w") as fh:
+            fh.write('{"format": "unickpt-ram-commit/1", "stepdir": "step_00000099"}')
+    run_ranks(save_steps, 2, base, hosts, [1, 2, 3], {**OPTS, "keep_fast": 1})
+    assert all(os.path.exists(p) for p in planted)
+    assert _held(base, "b", "step_00000001") == {}  # unickpt's own copies of step 1: gone
+    res = run_ranks(recover, 2, base, hosts, {**OPTS, "keep_fast": 1})
+    assert [r["step"] for r in res] == [3, 3] and all(r["exact"] for r in res), res
+    assert all(os.path.exists(p) for p in planted)
