@@ -39,8 +39,8 @@ def test_issue40_item1_placement_without_domains_is_the_next_hosts_of_the_sorted
 
 
 def _rec(step, sid, files, required):
-    return {"step": step, "save_id": sid, "chunk": 4, "required": required,
-            "files": [{"name": n, "origin": o, "where": w, "size": 4, "crcs": [c]} for n, o, w, c in files]}  # fmt: skip
+    entries = [{"name": n, "origin": o, "where": w, "size": 4, "crcs": [c]} for n, o, w, c in files]
+    return {"step": step, "save_id": sid, "chunk": 4, "required": required, "files": entries}
 
 
 def test_issue40_item3_the_decision_takes_the_newest_step_with_a_copy_of_every_file():
