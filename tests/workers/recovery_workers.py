@@ -15,8 +15,10 @@ ROWS, COLS = 240, 96  # divisible by 1..6 ranks
 
 
 def enter_host(base: str, host: str) -> None:
+    """This process is on ``host``: its RAM is ``base/ram/<host>``, or ``RECOVERY_TEST_RAM`` (the
+    mount-namespace test: one path, a private tmpfs in each host's namespace)."""
     os.environ["UNICKPT_HOST_ID"] = host
-    os.environ["UNICKPT_SHM_ROOT"] = os.path.join(base, "ram", host)
+    os.environ["UNICKPT_SHM_ROOT"] = os.environ.get("RECOVERY_TEST_RAM") or os.path.join(base, "ram", host)
 
 
 def expected(step: int) -> dict[str, torch.Tensor]:
@@ -96,3 +98,26 @@ def construct(rank: int, ws: int, base: str, hosts: list[str], opts_by_rank: lis
     except Exception as e:
         return f"{type(e).__name__}: {e}"
     return ""
+
+
+def main() -> None:
+    """One rank as a plain process (the mount-namespace test starts it inside its host's mount
+    namespace with ``nsenter``): ``python -m tests.workers.recovery_workers FN RANK WS PORT OUT
+    ARGS_JSON``; writes ``fn(rank, ws, *args)`` as JSON to OUT."""
+    import json
+    import sys
+
+    fn_name, rank, ws, port, out, args = sys.argv[1], *map(int, sys.argv[2:5]), sys.argv[5], sys.argv[6]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=ws)
+    try:
+        result = {"save_steps": save_steps, "recover": recover}[fn_name](rank, ws, *json.loads(args))
+    finally:
+        dist.destroy_process_group()
+    with open(out, "w") as fh:
+        json.dump(result, fh)
+
+
+if __name__ == "__main__":
+    main()

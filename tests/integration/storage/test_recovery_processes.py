@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from tests.workers.harness import run_ranks
 from tests.workers.recovery_workers import construct, recover, save_steps
 
@@ -154,3 +156,75 @@ def test_issue40_item1_foreign_files_in_the_ram_tier_are_never_deleted_and_a_bog
     res = run_ranks(recover, 2, base, hosts, {**OPTS, "keep_fast": 1})
     assert [r["step"] for r in res] == [3, 3] and all(r["exact"] for r in res), res
     assert all(os.path.exists(p) for p in planted)
+
+
+class _Host:
+    """A simulated host with a RAM no other host can see: a mount namespace (``unshare -m``)
+    holding a private tmpfs on ``ram``, kept alive by a holder process; its ranks enter it with
+    ``nsenter``. ``lose()`` ends the namespace: its tmpfs and everything in it are gone."""
+
+    def __init__(self, ram: str) -> None:
+        import subprocess
+
+        self.ram = ram
+        self.holder = subprocess.Popen(
+            ["unshare", "-m", "--propagation", "private", "sh", "-c",
+             f"mount -t tmpfs -o size=64m,mode=0700 tmpfs {ram} && echo ready && exec sleep 600"],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert self.holder.stdout is not None and self.holder.stdout.readline().strip() == "ready"
+
+    def rank(self, fn: str, rank: int, ws: int, port: int, out: str, args: list) -> object:
+        import json
+        import subprocess
+        import sys
+
+        cmd = ["nsenter", "-t", str(self.holder.pid), "-m", sys.executable, "-m", "tests.workers.recovery_workers",
+               fn, str(rank), str(ws), str(port), out, json.dumps(args)]  # fmt: skip
+        return subprocess.Popen(
+            cmd, env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "RECOVERY_TEST_RAM": self.ram}
+        )
+
+    def lose(self) -> None:
+        self.holder.kill()
+        self.holder.wait()
+
+
+def _job(hosts: dict[str, _Host], names: list[str], fn: str, args: list, tmp: str) -> list:
+    import json
+
+    from tests.workers.harness import free_port
+
+    port = free_port()
+    outs = [os.path.join(tmp, f"{fn}-{r}-{port}.json") for r in range(len(names))]
+    procs = [hosts[h].rank(fn, r, len(names), port, outs[r], [tmp, names, *args]) for r, h in enumerate(names)]
+    codes = [p.wait(timeout=300) for p in procs]
+    assert codes == [0] * len(names), codes
+    results = []
+    for out in outs:
+        with open(out) as fh:
+            results.append(json.load(fh))
+    return results
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces and tmpfs mounts need root")
+def test_issue40_item2_hosts_in_their_own_mount_namespaces_rebuild_a_lost_hosts_private_tmpfs(tmp_path):
+    """Three hosts, each a mount namespace with a private tmpfs at the same path ``ram``: a replica
+    can reach another host only through the process group. Host b's namespace ends (its tmpfs is
+    gone), b comes back with an empty one, the job restarts at the same size."""
+    ram = str(tmp_path / "ram-tmpfs")
+    os.makedirs(ram)
+    opts = {**OPTS, "durable_every": 100}
+    hosts = {h: _Host(ram) for h in "abc"}
+    try:
+        names = ["a", "b", "c"]
+        _job(hosts, names, "save_steps", [[1, 2], opts], str(tmp_path))
+        assert os.listdir(ram) == []  # nothing of any host's RAM is visible outside its namespace
+        hosts["b"].lose()
+        hosts["b"] = _Host(ram)
+        res = _job(hosts, names, "recover", [opts], str(tmp_path))
+        assert [r["step"] for r in res] == [2, 2, 2] and all(r["exact"] for r in res), res
+        assert res[0]["tier"] == "ram" and res[0]["bytes"]["peer"] > 0 and res[0]["failed"] == []
+    finally:
+        for h in hosts.values():
+            h.lose()
