@@ -20,7 +20,7 @@ __all__ = ["choose"]
 def choose(
     inventories: Mapping[str, Mapping[str, Mapping[str, Any]]],
     durable_step: int | None,
-    excluded: Iterable[tuple[str, str]] = (),
+    excluded: Iterable[Iterable[str]] = (),
 ) -> dict[str, Any]:
     """``inventories``: host -> stepdir -> marker record (``inventory.RamLayout.local_inventory``).
 

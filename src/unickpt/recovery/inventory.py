@@ -24,6 +24,7 @@ import errno
 import json
 import os
 import re
+import stat
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -64,7 +65,8 @@ def read_chunks(path: str, size: int, chunk: int) -> Iterator[bytes]:
         os.close(fd)
 
 
-def crc(data: bytes | memoryview) -> int:
+def crc(data: Any) -> int:
+    """The CRC32C of a buffer (bytes, memoryview, numpy array)."""
     import crc32c
 
     return int(crc32c.crc32c(data))
@@ -179,7 +181,7 @@ class RamLayout:
                     st = os.lstat(self.path_of(e, stepdir))
                 except OSError:
                     continue
-                if os.path.stat.S_ISREG(st.st_mode) and st.st_size == e["size"]:
+                if stat.S_ISREG(st.st_mode) and st.st_size == e["size"]:
                     present.append(e)
             out[stepdir] = {**rec, "files": present}
         return out

@@ -128,7 +128,7 @@ def _send_file(tg: TierGroup, path: str, size: int, chunk: int, dst: int) -> Non
         for at in range(0, size, chunk):
             n = min(chunk, size - at)
             buf = torch.zeros(n, dtype=torch.uint8)
-            got = os.preadv(fd, [buf.numpy()], at)
+            got = os.preadv(fd, [buf.numpy().data], at)
             if got != n:  # shrank since its CRC was taken: send zeros, the receiver's CRC check fails
                 buf[got:] = 0
             tg.send(buf, dst)

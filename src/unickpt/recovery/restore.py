@@ -124,7 +124,7 @@ def _materialise(
     """Steps 2-3 on this rank (step 3 only with ``fetch``): (bytes from this host's RAM, bytes
     per sending peer, failed copies, the files still lacking a chunk here)."""
     chunk, stepdir = int(d["chunk"]), d["stepdir"]
-    local, peers, failed = 0, {}, []
+    local, peers, failed = 0, dict[str, int](), list[str]()
     need: dict[str, dict[int, list[str]]] = {}  # name -> chunk -> hosts that failed it
     parts: dict[str, int] = {}
     try:
@@ -196,7 +196,7 @@ def _fetch_rounds(tg: TierGroup, layout: RamLayout, d: dict[str, Any], need: dic
                     tg.recv(buf, tg.agents[src])
                     ok = crc(buf.numpy()) == crcs[i]
                     if ok:
-                        os.pwrite(parts[name], buf.numpy(), i * chunk)
+                        os.pwrite(parts[name], buf.numpy().data, i * chunk)
                         peers[src] = peers.get(src, 0) + n
                         del need[name][i]
                         if not need[name]:
