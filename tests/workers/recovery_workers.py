@@ -100,6 +100,23 @@ def construct(rank: int, ws: int, base: str, hosts: list[str], opts_by_rank: lis
     return ""
 
 
+def dies_while_replicating(rank: int, ws: int, base: str, hosts: list[str], opts: dict[str, Any], victim: str) -> None:
+    """Step 1 saved and replicated; during step 2's replication the process of host ``victim``
+    SIGKILLs itself as it starts writing its first replica (before any host's commit marker)."""
+    import signal
+
+    from unickpt.recovery import replicate
+
+    enter_host(base, hosts[rank])
+    tiers = _tiers(base, opts)
+    tiers.save(1, _state(1, True))
+    tiers.wait()
+    if hosts[rank] == victim:
+        replicate._write_replica = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)  # type: ignore[assignment]
+    tiers.save(2, _state(2, True))
+    tiers.close()
+
+
 def main() -> None:
     """One rank as a plain process (the mount-namespace test starts it inside its host's mount
     namespace with ``nsenter``): ``python -m tests.workers.recovery_workers FN RANK WS PORT OUT

@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from tests.workers.harness import run_ranks
-from tests.workers.recovery_workers import construct, recover, save_steps
+from tests.workers.harness import launch_ranks, run_ranks
+from tests.workers.recovery_workers import construct, dies_while_replicating, recover, save_steps
 
 OPTS = {"replicas": 1, "keep_fast": 2, "durable_every": 100, "chunk_bytes": 16384}
 META = "unickpt.metadata.json"
@@ -124,6 +124,22 @@ def test_issue40_item4_a_host_lost_and_the_job_restarted_on_one_host_fewer_resha
     res = run_ranks(recover, 2, base, ["a", "b"], OPTS)
     assert [r["step"] for r in res] == [2, 2] and all(r["exact"] for r in res), res
     assert res[0]["tier"] == "ram" and res[0]["bytes"]["peer"] > 0
+
+
+def test_issue40_item2_a_kill_in_the_middle_of_replication_leaves_the_previous_step_in_use(tmp_path):
+    base, hosts = str(tmp_path), ["a", "b", "c"]
+    opts = {**OPTS, "timeout": 20.0}
+    out = launch_ranks(dies_while_replicating, 3, base, hosts, opts, "c", victim=2, timeout=120, grace=30)
+    assert out[2].exitcode == -9, out
+    assert all(os.path.exists(p) for p in _markers(base, "step_00000001"))
+    assert not any(os.path.exists(p) for p in _markers(base, "step_00000002")), "step 2 was committed somewhere"
+    res = run_ranks(recover, 3, base, hosts, OPTS)
+    assert [r["step"] for r in res] == [1, 1, 1] and all(r["exact"] for r in res), res
+
+
+def _markers(base: str, stepdir: str) -> list[str]:
+    return [os.path.join(base, "ram", h, f"unickpt-{os.getuid()}", "job", "recovery", f"commit-{stepdir}.json")
+            for h in "abc"]  # fmt: skip
 
 
 def test_issue40_item1_replicas_as_many_as_hosts_is_a_configuration_error_on_every_rank(tmp_path):
