@@ -25,7 +25,8 @@ With ``replicas >= 1`` the fast tier is each host's own RAM (``shm://<name>`` re
 host; ``unickpt.recovery``): every rank's ``save`` writes its shards to its host's RAM, then the
 tier's worker thread copies each host's files to ``replicas`` other hosts through a gloo group of
 the tier's own and commits the step in RAM (``recovery.replicate``); every ``durable_every``-th
-step is also saved to the durable tier (an ordinary save of ``state``, every rank).
+committed step is then copied from the RAM copies to the durable tier, each host its own files
+(``recovery.durable``).
 ``load_latest`` makes one decision for the job (``recovery.restore``): the newest step of which
 every chunk has a verified copy in some host's RAM, unless the durable tier holds a newer one;
 ``last_recovery`` says which source fed how many bytes. Guide: docs/guide/recovery.md.
@@ -145,7 +146,8 @@ class TieredCheckpointManager:
         if replicas:
             options = {"fast": fast_root, "durable": durable_root, "replicas": replicas,
                        "durable_every": durable_every, "keep_fast": keep_fast, "chunk": chunk_bytes}  # fmt: skip
-            self._ram = RamTier(self.fast, options, replicas, keep_fast, chunk_bytes, timeout)
+            self._ram = RamTier(self.fast, self.durable, durable_every or 1, options, replicas, keep_fast, chunk_bytes,
+                                timeout)  # fmt: skip
 
     def _storage(self, manager: CheckpointManager, step: int) -> Storage:
         url = manager.path_for(step) + (f"/{self.role}" if self.role else "")
@@ -157,8 +159,6 @@ class TieredCheckpointManager:
         handle = self.fast.save(step, state, **kwargs)
         if self._ram is not None:
             self._ram.after_save(step, handle)
-            if step % (self.durable_every or 1) == 0:
-                self.durable.save(step, state, **kwargs)
             return handle
         if self._ckpt.rank() == 0:
             future = self._copier.submit(self._promote, step, handle)

@@ -45,16 +45,29 @@ def _state(step: int | None, with_bias: bool) -> dict[str, Any]:
 def _tiers(base: str, opts: dict[str, Any]) -> Any:
     import unickpt
 
-    return unickpt.TieredCheckpointManager("shm://job", os.path.join(base, "durable"), **opts)
+    opts = dict(opts)
+    opts.pop("_expect_failure", None)
+    durable = opts.pop("_durable", os.path.join(base, "durable"))
+    return unickpt.TieredCheckpointManager("shm://job", durable, **opts)
 
 
 def save_steps(rank: int, ws: int, base: str, hosts: list[str], steps: list[int], opts: dict[str, Any],
-               with_bias: bool = True) -> None:  # fmt: skip
+               with_bias: bool = True) -> str | None:  # fmt: skip
+    """Save ``steps``; with ``opts["_expect_failure"]`` the message of the failures ``close``
+    raised (None if none)."""
+    import unickpt
+
     enter_host(base, hosts[rank])
     tiers = _tiers(base, opts)
     for step in steps:
         tiers.save(step, _state(step, with_bias), async_save=True).wait_snapshot()
-    tiers.close()
+    try:
+        tiers.close()
+    except unickpt.AsyncSaveFailures as e:
+        if not opts.get("_expect_failure"):
+            raise
+        return str(e)
+    return None
 
 
 def recover(rank: int, ws: int, base: str, hosts: list[str], opts: dict[str, Any],

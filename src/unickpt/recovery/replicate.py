@@ -34,13 +34,12 @@ from .group import TierGroup
 from .inventory import MARKER_FORMAT, RamLayout, chunk_crcs_of, crc
 from .placement import transfer_pairs
 
-__all__ = ["replicate_step"]
+__all__ = ["replicate_step", "drop_old"]
 
 
-def replicate_step(
-    tg: TierGroup, layout: RamLayout, step: int, stepdir: str, raw0: bytes | None, chunk: int, keep: int
-) -> list[tuple[str, dict[str, Any]]]:
-    """Steps 1-4 of the module docstring; the (stepdir, marker) of the steps this host dropped."""
+def replicate_step(tg: TierGroup, layout: RamLayout, step: int, stepdir: str, raw0: bytes | None, chunk: int) -> None:
+    """Steps 1-4 of the module docstring (the retention of step 4 is ``drop_old``, called by
+    ``tier.RamTier`` after the durable copy when one is due)."""
     raw = tg.broadcast_bytes(raw0)
     md = decode_metadata(raw, f"{layout.root}/{stepdir}/{METADATA_FILE}")
     names = list(md.files)  # relative to the step folder: data/<save id>/...
@@ -97,7 +96,7 @@ def replicate_step(
     if failed:
         raise IntegrityError(f"step {step} was not committed in RAM: {'; '.join(failed[:3])}")
     if not tg.is_agent:
-        return []
+        return
     layout.write_marker(
         stepdir,
         {
@@ -111,7 +110,6 @@ def replicate_step(
             "files": held,
         },
     )
-    return _drop_old(layout, keep)
 
 
 def _entry(name: str, origin: str, where: str, sc: list[Any]) -> dict[str, Any]:
@@ -166,11 +164,16 @@ def _write_replica(
     os.replace(part, final)
 
 
-def _drop_old(layout: RamLayout, keep: int) -> list[tuple[str, dict[str, Any]]]:
+def drop_old(layout: RamLayout, keep: int, protect: str | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """This host's RAM retention (its agent): the committed steps beyond the newest ``keep``, but
+    never ``protect`` (a step due on the durable tier whose durable copy is not committed); the
+    (stepdir, marker) of each step dropped."""
     markers = layout.markers()
     order = sorted(markers, key=lambda s: int(markers[s]["step"]))
     dropped = []
     for stepdir in order[: max(0, len(order) - keep)]:
+        if stepdir == protect:
+            continue
         layout.drop_step(stepdir, markers[stepdir])
         dropped.append((stepdir, markers[stepdir]))
     return dropped

@@ -5,7 +5,9 @@ and durable managers; the fast one on ``shmnode://<name>``, the node-local form 
 ``shm://<name>``); then:
 
 * ``after_save(step, handle)`` (every rank, right after the fast tier's ``save``) queues
-  ``replicate.replicate_step`` on the tier's single worker thread, which waits for the save;
+  ``_replicate`` on the tier's single worker thread: it waits for the save, then
+  ``replicate.replicate_step``, then (every ``durable_every``-th step) ``durable.copy_to_durable``,
+  then the RAM retention (``replicate.drop_old``);
 * ``recover(durable_step)`` (every rank, from ``load_latest``) runs ``restore.recover`` on that
   same thread after every queued replication, and returns the decision and the report;
 * ``wait()`` raises the failures of queued replications (``AsyncSaveFailures``);
@@ -23,15 +25,16 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from ..errors import AsyncSaveFailures, ConfigurationError
+from ..errors import AsyncSaveFailures, CheckpointError, ConfigurationError
 from ..folder.probe import read_committed
 from ..manager import CheckpointManager
 from ..storage import open_storage, register_storage
 from ..storage.retry import unwrap
 from ..storage.shm import ShmStorage
+from .durable import copy_to_durable
 from .group import TierGroup
 from .inventory import RamLayout
-from .replicate import replicate_step
+from .replicate import drop_old, replicate_step
 from .restore import RecoveryReport, recover
 
 __all__ = ["RamTier", "NodeShmStorage", "RamStepsManager", "node_root"]
@@ -68,13 +71,16 @@ def node_root(fast_root: str) -> str:
 
 
 class RamTier:
-    def __init__(self, fast: Any, options: dict[str, Any], replicas: int, keep: int, chunk: int,
-                 timeout: float) -> None:  # fmt: skip
+    def __init__(self, fast: Any, durable: Any, durable_every: int, options: dict[str, Any], replicas: int,
+                 keep: int, chunk: int, timeout: float) -> None:  # fmt: skip
+
         digest = hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:16]
         self.tg = TierGroup.create(digest, replicas, timeout)
         self.fast = fast
         self.layout = RamLayout(unwrap(open_storage(fast.root)).root)
         self.keep, self.chunk = keep, chunk
+        self.durable, self.durable_every = durable, durable_every
+        self._protect: str | None = None  # a step due on the durable tier whose copy did not commit
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="unickpt-ram-tier")
         self._pending: list[tuple[int, Future[Any]]] = []
         self._lock = threading.Lock()
@@ -88,14 +94,27 @@ class RamTier:
             self._pending.append((step, future))
 
     def _replicate(self, step: int, handle: Any) -> None:
+        """On the worker thread: wait for the local save, replicate and commit in RAM, copy to the
+        durable tier when due (``durable.copy_to_durable``), then the RAM retention."""
         handle.wait()
         stepdir = self._stepdir(step)
         raw = read_committed(open_storage(self.fast.path_for(step))) if self.tg.rank == 0 else None
-        dropped = replicate_step(self.tg, self.layout, step, stepdir, raw, self.chunk, self.keep)
-        if self.tg.host == self.tg.rank_hosts[0]:  # the ordinary save's own files of rank 0's host
-            for _, rec in dropped:
-                gone = int(rec["step"])
-                self.fast._delete_checkpoint(gone, self.fast._scan().get(gone, []))
+        replicate_step(self.tg, self.layout, step, stepdir, raw, self.chunk)
+        error: BaseException | None = None
+        if step % self.durable_every == 0:
+            try:
+                copy_to_durable(self.tg, self.layout, stepdir, step, self.durable)
+                self._protect = None
+            except CheckpointError as e:
+                self._protect, error = stepdir, e  # kept in RAM until a newer durable copy commits
+        if self.tg.is_agent:
+            dropped = drop_old(self.layout, self.keep, self._protect)
+            if self.tg.host == self.tg.rank_hosts[0]:  # the ordinary save's own files of rank 0's host
+                for _, rec in dropped:
+                    gone = int(rec["step"])
+                    self.fast._delete_checkpoint(gone, self.fast._scan().get(gone, []))
+        if error is not None:
+            raise error
 
     def recover(self, durable_step: Callable[[], int | None], fetch: bool) -> tuple[dict[str, Any], RecoveryReport]:
         return self._worker.submit(recover, self.tg, self.layout, durable_step, fetch).result()

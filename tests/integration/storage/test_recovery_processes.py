@@ -117,6 +117,28 @@ def test_issue40_item3_all_copies_of_a_chunk_lost_falls_back_to_the_newest_durab
     assert res[0]["warnings"] and "step 3" in res[0]["warnings"][0]
 
 
+def test_issue40_item5_the_durable_tier_holds_exactly_the_durable_every_steps_copied_from_ram(tmp_path):
+    base, hosts = str(tmp_path), ["a", "b", "c"]
+    opts = {**OPTS, "durable_every": 2, "keep_fast": 1}
+    run_ranks(save_steps, 3, base, hosts, [1, 2, 3, 4, 5], opts)
+    assert sorted(os.listdir(os.path.join(base, "durable"))) == ["latest", "step_00000002", "step_00000004"]
+    os.system(f"rm -rf {base}/ram")  # every host's RAM is gone
+    res = run_ranks(recover, 3, base, hosts, opts)
+    assert [r["step"] for r in res] == [4, 4, 4] and all(r["exact"] for r in res), res
+    assert res[0]["tier"] == "durable"
+
+
+def test_issue40_item5_ram_keeps_the_step_due_on_the_durable_tier_until_its_durable_copy_commits(tmp_path):
+    base, hosts = str(tmp_path), ["a", "b"]
+    (tmp_path / "blocked").write_text("a file where the durable tier's folder should be")
+    opts = {**OPTS, "durable_every": 2, "keep_fast": 1, "_durable": str(tmp_path / "blocked" / "durable")}
+    out = run_ranks(save_steps, 2, base, hosts, [1, 2, 3], {**opts, "_expect_failure": True})
+    assert all(o is not None and "step 2 was not copied to the durable tier" in o for o in out), out
+    for h in hosts:  # keep_fast=1 kept step 3, and step 2 whose durable copy never committed
+        markers = sorted(os.listdir(os.path.join(base, "ram", h, f"unickpt-{os.getuid()}", "job", "recovery")))
+        assert markers == ["commit-step_00000002.json", "commit-step_00000003.json"], markers
+
+
 def test_issue40_item4_a_host_lost_and_the_job_restarted_on_one_host_fewer_reshards_from_ram(tmp_path):
     base = str(tmp_path)
     run_ranks(save_steps, 4, base, ["a", "a", "b", "c"], [1, 2], OPTS)  # host a runs two ranks
