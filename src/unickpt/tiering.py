@@ -51,6 +51,7 @@ from .format.records import METADATA_FILE, Metadata
 from .manager import CheckpointManager
 from .monitoring.phases import MAX_PHASES_BYTES, phases_name
 from .options import LoadOptions
+from .recovery.finite import nonfinite_names
 from .recovery.restore import RecoveryReport
 from .recovery.tier import RamStepsManager, RamTier, node_root
 from .storage import Storage, open_storage
@@ -112,11 +113,14 @@ class TieredCheckpointManager:
         checkpointer: Checkpointer | None = None,
         chunk_bytes: int = _CHUNK,
         timeout: float = 600.0,
+        check_finite: bool = False,
     ) -> None:
         """``replicas``: other hosts holding a copy of each host's RAM checkpoint (0: today's
         tiering, module docstring); ``durable_every`` (``replicas >= 1`` only; None: every step):
         the steps saved to the durable tier too; ``chunk_bytes``: the unit of replication and of
-        its CRC32C checks; ``timeout``: seconds a replication or recovery collective may wait."""
+        its CRC32C checks; ``timeout``: seconds a replication or recovery collective may wait;
+        ``check_finite`` (``replicas >= 1`` only): a step whose floating tensors hold NaN/Inf is
+        never promoted to the durable tier nor chosen by ``load_latest`` (a warning names them)."""
         if keep_fast < 1:
             raise ValueError(f"keep_fast must be >= 1, got {keep_fast}")
         if type(replicas) is not int or replicas < 0:
@@ -127,6 +131,9 @@ class TieredCheckpointManager:
             raise ConfigurationError(
                 "durable_every needs replicas >= 1: with replicas=0 every step is copied to the durable tier"
             )
+        if check_finite and not replicas:
+            raise ConfigurationError("check_finite needs replicas >= 1")
+        self.check_finite = check_finite
         if replicas and role is not None:
             raise ConfigurationError("replicas >= 1 does not support a role yet: leave role=None")
         self._ckpt = checkpointer or default_checkpointer()
@@ -145,7 +152,8 @@ class TieredCheckpointManager:
         self._lock = threading.Lock()
         if replicas:
             options = {"fast": fast_root, "durable": durable_root, "replicas": replicas,
-                       "durable_every": durable_every, "keep_fast": keep_fast, "chunk": chunk_bytes}  # fmt: skip
+                       "durable_every": durable_every, "keep_fast": keep_fast, "chunk": chunk_bytes,
+                       "check_finite": check_finite}  # fmt: skip
             self._ram = RamTier(self.fast, self.durable, durable_every or 1, options, replicas, keep_fast, chunk_bytes,
                                 timeout)  # fmt: skip
 
@@ -156,9 +164,10 @@ class TieredCheckpointManager:
     def save(self, step: int, state: MutableMapping[str, Any], **kwargs: Any) -> SaveHandle:
         """Save ``step`` to the fast tier (``CheckpointManager.save`` arguments); rank 0 then
         copies it to the durable tier in the background."""
+        nonfinite = nonfinite_names(state) if self.check_finite else None
         handle = self.fast.save(step, state, **kwargs)
         if self._ram is not None:
-            self._ram.after_save(step, handle)
+            self._ram.after_save(step, handle, nonfinite)
             return handle
         if self._ckpt.rank() == 0:
             future = self._copier.submit(self._promote, step, handle)

@@ -113,6 +113,23 @@ def construct(rank: int, ws: int, base: str, hosts: list[str], opts_by_rank: lis
     return ""
 
 
+def saves_a_nan_step(rank: int, ws: int, base: str, hosts: list[str], opts: dict[str, Any]) -> list[str]:
+    """Steps 1 and 2 saved with ``check_finite=True``, step 2's ``w`` holding a NaN in rank 1's
+    shard only; the warnings rank 0 got."""
+    enter_host(base, hosts[rank])
+    tiers = _tiers(base, {**opts, "check_finite": True})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tiers.save(1, _state(1, True))
+        state = _state(2, True)
+        if rank == 1:
+            with torch.no_grad():
+                state["model"].w.to_local()[0, 0] = float("nan")
+        tiers.save(2, state)
+        tiers.close()
+    return [str(w.message) for w in caught if "NaN" in str(w.message)]
+
+
 def dies_while_replicating(rank: int, ws: int, base: str, hosts: list[str], opts: dict[str, Any], victim: str) -> None:
     """Step 1 saved and replicated; during step 2's replication the process of host ``victim``
     SIGKILLs itself as it starts writing its first replica (before any host's commit marker)."""

@@ -5,7 +5,8 @@ markers its agent found and the files they name that are present with their size
 durable tier's newest step. A RAM step (a step folder and save id) is *complete* when every file
 its markers name as required has at least one holder; its copies' CRC32Cs are checked later, as
 they are read. The newest complete RAM step not in ``excluded`` (steps whose copies failed to
-verify in an earlier round) wins, unless the durable tier holds a newer step; a tie goes to RAM.
+verify in an earlier round) wins, unless the durable tier holds a newer step; a tie goes to
+RAM. A step whose markers record non-finite tensors (``check_finite``) is never chosen.
 The decision is broadcast and every host materialises or loads what it names.
 """
 
@@ -38,6 +39,10 @@ def choose(
         if key in skip:
             continue
         recs = saves[key]
+        bad = sorted({n for _, rec in recs for n in rec.get("nonfinite", [])})
+        if bad:  # check_finite found NaN/Inf when it was saved
+            incomplete.append([int(recs[0][1]["step"]), key[1], f"non-finite values in {', '.join(bad[:5])}"])
+            continue
         step, chunk = int(recs[0][1]["step"]), int(recs[0][1]["chunk"])
         required = list(recs[0][1]["required"])
         files: dict[str, list[Any]] = {}

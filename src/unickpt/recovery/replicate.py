@@ -37,7 +37,15 @@ from .placement import transfer_pairs
 __all__ = ["replicate_step", "drop_old"]
 
 
-def replicate_step(tg: TierGroup, layout: RamLayout, step: int, stepdir: str, raw0: bytes | None, chunk: int) -> None:
+def replicate_step(
+    tg: TierGroup,
+    layout: RamLayout,
+    step: int,
+    stepdir: str,
+    raw0: bytes | None,
+    chunk: int,
+    nonfinite: list[str] | None = None,
+) -> list[str]:
     """Steps 1-4 of the module docstring (the retention of step 4 is ``drop_old``, called by
     ``tier.RamTier`` after the durable copy when one is due)."""
     raw = tg.broadcast_bytes(raw0)
@@ -55,11 +63,12 @@ def replicate_step(tg: TierGroup, layout: RamLayout, step: int, stepdir: str, ra
             mine[name] = [size, chunk_crcs_of(path, size, chunk)]
         if tg.host == host0:
             mine[METADATA_FILE] = [len(raw), _crcs(raw, chunk)]
-    gathered = tg.all_gather({"host": tg.host, "files": mine} if tg.is_agent else None)
+    gathered = tg.all_gather({"host": tg.host, "files": mine if tg.is_agent else None, "bad": nonfinite or []})
+    bad = sorted({n for g in gathered for n in g["bad"]})
     origin_of: dict[str, str] = {}
     files: dict[str, list[Any]] = {}
     for g in gathered:
-        if g is None:
+        if g["files"] is None:
             continue
         for name, entry in g["files"].items():
             if name in origin_of:
@@ -96,7 +105,7 @@ def replicate_step(tg: TierGroup, layout: RamLayout, step: int, stepdir: str, ra
     if failed:
         raise IntegrityError(f"step {step} was not committed in RAM: {'; '.join(failed[:3])}")
     if not tg.is_agent:
-        return
+        return bad
     layout.write_marker(
         stepdir,
         {
@@ -108,8 +117,10 @@ def replicate_step(tg: TierGroup, layout: RamLayout, step: int, stepdir: str, ra
             "host": tg.host,
             "required": [*names, METADATA_FILE],
             "files": held,
+            "nonfinite": bad,
         },
     )
+    return bad
 
 
 def _entry(name: str, origin: str, where: str, sc: list[Any]) -> dict[str, Any]:

@@ -70,7 +70,8 @@ def recover(
         inventories = {h: i for h, i in gathered if i is not None}
         decision = choose(inventories, durable_step(), excluded) if tg.rank == 0 else None
         decision = tg.all_gather(decision)[0]
-        skipped += [f"step {s} (save {sid}): no copy of {n}" for s, sid, n in decision.pop("incomplete")]
+        skipped += [f"step {s} (save {sid}): " + (n if n.startswith("non-finite") else f"no copy of {n}")
+                    for s, sid, n in decision.pop("incomplete")]  # fmt: skip
         if decision["source"] != "ram":
             return decision, _report(tg, decision, {}, {}, failed_all, skipped)
         local, peers, failed, lacking = _materialise(tg, layout, decision, fetch)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import warnings
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -88,20 +89,26 @@ class RamTier:
     def _stepdir(self, step: int) -> str:
         return self.fast.path_for(step)[len(self.fast.root) + 1 :]
 
-    def after_save(self, step: int, handle: Any) -> None:
-        future = self._worker.submit(self._replicate, step, handle)
+    def after_save(self, step: int, handle: Any, nonfinite: list[str] | None = None) -> None:
+        future = self._worker.submit(self._replicate, step, handle, nonfinite)
         with self._lock:
             self._pending.append((step, future))
 
-    def _replicate(self, step: int, handle: Any) -> None:
+    def _replicate(self, step: int, handle: Any, nonfinite: list[str] | None) -> None:
         """On the worker thread: wait for the local save, replicate and commit in RAM, copy to the
         durable tier when due (``durable.copy_to_durable``), then the RAM retention."""
         handle.wait()
         stepdir = self._stepdir(step)
         raw = read_committed(open_storage(self.fast.path_for(step))) if self.tg.rank == 0 else None
-        replicate_step(self.tg, self.layout, step, stepdir, raw, self.chunk)
+        bad = replicate_step(self.tg, self.layout, step, stepdir, raw, self.chunk, nonfinite)
         error: BaseException | None = None
-        if step % self.durable_every == 0:
+        if bad and self.tg.rank == 0:
+            warnings.warn(
+                f"step {step} holds NaN/Inf in {', '.join(bad)}: it is kept in RAM but never loaded by "
+                "load_latest nor copied to the durable tier (check_finite=True)",
+                stacklevel=2,
+            )
+        if step % self.durable_every == 0 and not bad:
             try:
                 copy_to_durable(self.tg, self.layout, stepdir, step, self.durable)
                 self._protect = None

@@ -11,7 +11,7 @@ import os
 import pytest
 
 from tests.workers.harness import launch_ranks, run_ranks
-from tests.workers.recovery_workers import construct, dies_while_replicating, recover, save_steps
+from tests.workers.recovery_workers import construct, dies_while_replicating, recover, save_steps, saves_a_nan_step
 
 OPTS = {"replicas": 1, "keep_fast": 2, "durable_every": 100, "chunk_bytes": 16384}
 META = "unickpt.metadata.json"
@@ -137,6 +137,17 @@ def test_issue40_item5_ram_keeps_the_step_due_on_the_durable_tier_until_its_dura
     for h in hosts:  # keep_fast=1 kept step 3, and step 2 whose durable copy never committed
         markers = sorted(os.listdir(os.path.join(base, "ram", h, f"unickpt-{os.getuid()}", "job", "recovery")))
         assert markers == ["commit-step_00000002.json", "commit-step_00000003.json"], markers
+
+
+def test_issue40_item7_a_step_with_nan_is_neither_promoted_nor_loaded_and_the_warning_names_the_tensor(tmp_path):
+    base, hosts = str(tmp_path), ["a", "b"]
+    opts = {**OPTS, "durable_every": 1, "check_finite": True}
+    out = run_ranks(saves_a_nan_step, 2, base, hosts, opts)
+    assert len(out[0]) == 1 and "step 2 holds NaN/Inf in model.w" in out[0][0], out
+    assert sorted(os.listdir(os.path.join(base, "durable"))) == ["latest", "step_00000001"]
+    res = run_ranks(recover, 2, base, hosts, opts)
+    assert [r["step"] for r in res] == [1, 1] and all(r["exact"] for r in res), res
+    assert any("step 2" in s and "non-finite values in model.w" in s for s in res[0]["skipped"]), res[0]
 
 
 def test_issue40_item4_a_host_lost_and_the_job_restarted_on_one_host_fewer_reshards_from_ram(tmp_path):
