@@ -51,6 +51,10 @@ def replicate_step(
     raw = tg.broadcast_bytes(raw0)
     md = decode_metadata(raw, f"{layout.root}/{stepdir}/{METADATA_FILE}")
     names = list(md.files)  # relative to the step folder: data/<save id>/...
+    if tg.is_agent:  # this step saved again (a job resumed from an older step): the old copies go first
+        old = layout.markers().get(stepdir)
+        if old is not None and old["save_id"] != md.save_id:
+            layout.drop_step(stepdir, old)
     host0 = tg.rank_hosts[0]
     mine: dict[str, list[Any]] = {}
     if tg.is_agent:

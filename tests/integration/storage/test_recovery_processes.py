@@ -150,6 +150,19 @@ def test_issue40_item7_a_step_with_nan_is_neither_promoted_nor_loaded_and_the_wa
     assert any("step 2" in s and "non-finite values in model.w" in s for s in res[0]["skipped"]), res[0]
 
 
+def test_issue40_item2_a_step_saved_again_by_a_resumed_job_replaces_its_ram_copies(tmp_path):
+    base, hosts = str(tmp_path), ["a", "b", "c"]
+    run_ranks(save_steps, 3, base, hosts, [1, 2], OPTS)
+    first = {h: set(_held(base, h, "step_00000002")) for h in hosts}
+    run_ranks(save_steps, 3, base, hosts, [2], OPTS)  # resumed from step 1, saves step 2 again
+    second = {h: set(_held(base, h, "step_00000002")) for h in hosts}
+    for h in hosts:  # only the new save's files (new save id), none of the old save's replicas left
+        assert len({n.split("/")[1] for n in second[h] if n != META}) == 1, second[h]
+        assert second[h].isdisjoint(first[h] - {META})
+    res = run_ranks(recover, 3, base, hosts, OPTS)
+    assert [r["step"] for r in res] == [2, 2, 2] and all(r["exact"] for r in res), res
+
+
 def test_issue40_item4_a_host_lost_and_the_job_restarted_on_one_host_fewer_reshards_from_ram(tmp_path):
     base = str(tmp_path)
     run_ranks(save_steps, 4, base, ["a", "a", "b", "c"], [1, 2], OPTS)  # host a runs two ranks
