@@ -34,6 +34,8 @@ every chunk has a verified copy in some host's RAM, unless the durable tier hold
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import warnings
 from collections.abc import MutableMapping
@@ -114,13 +116,19 @@ class TieredCheckpointManager:
         chunk_bytes: int = _CHUNK,
         timeout: float = 600.0,
         check_finite: bool = False,
+        flush_on_sigterm: bool = True,
+        flush_budget: float = 60.0,
     ) -> None:
         """``replicas``: other hosts holding a copy of each host's RAM checkpoint (0: today's
         tiering, module docstring); ``durable_every`` (``replicas >= 1`` only; None: every step):
         the steps saved to the durable tier too; ``chunk_bytes``: the unit of replication and of
         its CRC32C checks; ``timeout``: seconds a replication or recovery collective may wait;
         ``check_finite`` (``replicas >= 1`` only): a step whose floating tensors hold NaN/Inf is
-        never promoted to the durable tier nor chosen by ``load_latest`` (a warning names them)."""
+        never promoted to the durable tier nor chosen by ``load_latest`` (a warning names them);
+        ``flush_on_sigterm`` (``replicas >= 1``, constructed on the main thread): on SIGTERM the
+        newest RAM step not yet durable is copied to the durable tier, waiting at most
+        ``flush_budget`` seconds, then the signal proceeds (the previous handler, or the default:
+        the process ends)."""
         if keep_fast < 1:
             raise ValueError(f"keep_fast must be >= 1, got {keep_fast}")
         if type(replicas) is not int or replicas < 0:
@@ -140,6 +148,8 @@ class TieredCheckpointManager:
         self.replicas, self.durable_every = replicas, durable_every
         self.last_recovery: RecoveryReport | None = None
         self._ram: RamTier | None = None
+        self._previous_sigterm: Any = None
+        self._flush_budget = flush_budget
         if replicas:
             fast_root = node_root(fast_root)
         fast_kind = RamStepsManager if replicas else CheckpointManager
@@ -154,6 +164,8 @@ class TieredCheckpointManager:
             options = {"fast": fast_root, "durable": durable_root, "replicas": replicas,
                        "durable_every": durable_every, "keep_fast": keep_fast, "chunk": chunk_bytes,
                        "check_finite": check_finite}  # fmt: skip
+            if flush_on_sigterm and threading.current_thread() is threading.main_thread():
+                self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
             self._ram = RamTier(self.fast, self.durable, durable_every or 1, options, replicas, keep_fast, chunk_bytes,
                                 timeout)  # fmt: skip
 
@@ -285,6 +297,26 @@ class TieredCheckpointManager:
         self._ckpt.load(manager.path_for(step), state, framework=framework, strict=strict, options=options)
         return step
 
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        """SIGTERM with replicas: flush the newest RAM step to the durable tier (within
+        ``flush_budget``), then hand the signal on; a flush that fails or runs out of time is
+        reported on stderr and the signal proceeds anyway."""
+        import sys
+
+        assert self._ram is not None
+        try:
+            step = self._ram.flush(self._flush_budget)
+            if step is not None:
+                print(f"unickpt: SIGTERM: step {step} flushed to {self.durable.root}", file=sys.stderr)
+        except Exception as e:  # the job is ending: say so, never stop the signal
+            print(f"unickpt: SIGTERM: no flush to {self.durable.root}: {type(e).__name__}: {e}", file=sys.stderr)
+        previous = self._previous_sigterm
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            os.kill(os.getpid(), signal.SIGTERM)
+
     def _emit(self, report: RecoveryReport) -> None:
         """The recovery's records: one ``load.transfer`` event per source (bytes, summed over the
         hosts) and one per copy that failed its CRC32C check."""
@@ -301,3 +333,6 @@ class TieredCheckpointManager:
             self._copier.shutdown(wait=True)
             if self._ram is not None:
                 self._ram.close()
+                if self._previous_sigterm is not None and threading.current_thread() is threading.main_thread():
+                    if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
+                        signal.signal(signal.SIGTERM, self._previous_sigterm)

@@ -130,6 +130,20 @@ def saves_a_nan_step(rank: int, ws: int, base: str, hosts: list[str], opts: dict
     return [str(w.message) for w in caught if "NaN" in str(w.message)]
 
 
+def saves_then_gets_sigterm(rank: int, ws: int, base: str, hosts: list[str], opts: dict[str, Any]) -> None:
+    """Steps 1-3 saved and committed in RAM (none due on the durable tier), then a real SIGTERM to
+    this process: the tier's handler flushes step 3, then the signal ends the process."""
+    import signal
+
+    enter_host(base, hosts[rank])
+    tiers = _tiers(base, opts)
+    for step in (1, 2, 3):
+        tiers.save(step, _state(step, True))
+    tiers.wait()
+    os.kill(os.getpid(), signal.SIGTERM)
+    raise AssertionError("SIGTERM did not end the process")
+
+
 def dies_while_replicating(rank: int, ws: int, base: str, hosts: list[str], opts: dict[str, Any], victim: str) -> None:
     """Step 1 saved and replicated; during step 2's replication the process of host ``victim``
     SIGKILLs itself as it starts writing its first replica (before any host's commit marker)."""

@@ -123,6 +123,31 @@ class RamTier:
         if error is not None:
             raise error
 
+    def flush(self, budget: float) -> int | None:
+        """Copy the newest step committed in every host's RAM to the durable tier unless it is
+        there already (every rank, e.g. from the SIGTERM handler; the copy runs on the worker
+        thread after the queued replications); waits at most ``budget`` seconds. The step
+        copied, or None."""
+        future = self._worker.submit(self._flush)
+        return future.result(timeout=budget)
+
+    def _flush(self) -> int | None:
+        newest = None
+        if self.tg.is_agent:
+            steps = [int(r["step"]) for r in self.layout.markers().values() if not r.get("nonfinite")]
+            newest = max(steps, default=None)
+        durable = self.durable.latest_step() if self.tg.rank == 0 else None
+        gathered = self.tg.all_gather([self.tg.is_agent, newest, durable])
+        agents = [n for a, n, _ in gathered if a]
+        if any(n is None for n in agents):
+            return None
+        target, done = min(agents), gathered[0][2]
+        if done is not None and done >= target:
+            return None
+        copy_to_durable(self.tg, self.layout, self._stepdir(target), target, self.durable)
+        self._protect = None
+        return target
+
     def recover(self, durable_step: Callable[[], int | None], fetch: bool) -> tuple[dict[str, Any], RecoveryReport]:
         return self._worker.submit(recover, self.tg, self.layout, durable_step, fetch).result()
 

@@ -11,7 +11,14 @@ import os
 import pytest
 
 from tests.workers.harness import launch_ranks, run_ranks
-from tests.workers.recovery_workers import construct, dies_while_replicating, recover, save_steps, saves_a_nan_step
+from tests.workers.recovery_workers import (
+    construct,
+    dies_while_replicating,
+    recover,
+    save_steps,
+    saves_a_nan_step,
+    saves_then_gets_sigterm,
+)
 
 OPTS = {"replicas": 1, "keep_fast": 2, "durable_every": 100, "chunk_bytes": 16384}
 META = "unickpt.metadata.json"
@@ -161,6 +168,17 @@ def test_issue40_item2_a_step_saved_again_by_a_resumed_job_replaces_its_ram_copi
         assert second[h].isdisjoint(first[h] - {META})
     res = run_ranks(recover, 3, base, hosts, OPTS)
     assert [r["step"] for r in res] == [2, 2, 2] and all(r["exact"] for r in res), res
+
+
+def test_issue40_item6_sigterm_flushes_the_newest_ram_step_to_the_durable_tier_then_ends_the_process(tmp_path):
+    base, hosts = str(tmp_path), ["a", "b", "c"]
+    opts = {**OPTS, "durable_every": 10}
+    out = launch_ranks(saves_then_gets_sigterm, 3, base, hosts, opts, timeout=120, grace=60)
+    assert [o.exitcode for o in out] == [-15, -15, -15], out
+    assert sorted(os.listdir(os.path.join(base, "durable"))) == ["latest", "step_00000003"]
+    os.system(f"rm -rf {base}/ram")
+    res = run_ranks(recover, 3, base, hosts, opts)
+    assert [r["step"] for r in res] == [3, 3, 3] and all(r["exact"] for r in res) and res[0]["tier"] == "durable"
 
 
 def test_issue40_item4_a_host_lost_and_the_job_restarted_on_one_host_fewer_reshards_from_ram(tmp_path):
