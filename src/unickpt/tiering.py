@@ -29,7 +29,9 @@ committed step is then copied from the RAM copies to the durable tier, each host
 (``recovery.durable``).
 ``load_latest`` makes one decision for the job (``recovery.restore``): the newest step of which
 every chunk has a verified copy in some host's RAM, unless the durable tier holds a newer one;
-``last_recovery`` says which source fed how many bytes. Guide: docs/guide/recovery.md.
+``last_recovery`` says which source fed how many bytes. Options: ``check_finite`` (a step with
+NaN/Inf is never promoted nor loaded), ``flush_on_sigterm`` (SIGTERM flushes the newest RAM step
+to the durable tier first). Guide: docs/guide/recovery.md.
 """
 
 from __future__ import annotations

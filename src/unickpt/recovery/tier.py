@@ -10,6 +10,8 @@ and durable managers; the fast one on ``shmnode://<name>``, the node-local form 
   then the RAM retention (``replicate.drop_old``);
 * ``recover(durable_step)`` (every rank, from ``load_latest``) runs ``restore.recover`` on that
   same thread after every queued replication, and returns the decision and the report;
+* ``flush(budget)`` (every rank, from ``TieredCheckpointManager``'s SIGTERM handler) copies the
+  newest step committed everywhere to the durable tier, on the worker thread, within ``budget``;
 * ``wait()`` raises the failures of queued replications (``AsyncSaveFailures``);
   ``close()`` waits, then stops the thread.
 
