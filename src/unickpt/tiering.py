@@ -18,20 +18,35 @@ Order of use (every rank calls ``save`` / ``load_latest`` / ``wait``):
             id, verified).
   ``load_latest`` -> rank 0 picks the newer of the two tiers' latest steps (the fast tier on a
             tie), all ranks load it.
-The fast tier must be visible to every rank that saves (``shm://`` for one node, a shared fast
-file system for several); copies run on rank 0 only.
+With ``replicas=0`` (the default) the fast tier must be visible to every rank that saves
+(``shm://`` for one node, a shared fast file system for several); copies run on rank 0 only.
+
+With ``replicas >= 1`` the fast tier is each host's own RAM (``shm://<name>`` resolved on every
+host; ``unickpt.recovery``): every rank's ``save`` writes its shards to its host's RAM, then the
+tier's worker thread copies each host's files to ``replicas`` other hosts through a gloo group of
+the tier's own and commits the step in RAM (``recovery.replicate``); every ``durable_every``-th
+committed step is then copied from the RAM copies to the durable tier, each host its own files
+(``recovery.durable``).
+``load_latest`` makes one decision for the job (``recovery.restore``): the newest step of which
+every chunk has a verified copy in some host's RAM, unless the durable tier holds a newer one;
+``last_recovery`` says which source fed how many bytes. Options: ``check_finite`` (a step with
+NaN/Inf is never promoted nor loaded), ``flush_on_sigterm`` (SIGTERM flushes the newest RAM step
+to the durable tier first). Guide: docs/guide/recovery.md.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
+import warnings
 from collections.abc import MutableMapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from .checkpointer import Checkpointer, default_checkpointer
 from .engine.runtime.worker import SaveHandle
-from .errors import AsyncSaveFailures, CheckpointError, ChecksumMismatchError
+from .errors import AsyncSaveFailures, CheckpointError, ChecksumMismatchError, ConfigurationError
 from .folder.markers import mark_save
 from .folder.probe import read_committed
 from .folder.publish import publisher_for
@@ -40,6 +55,9 @@ from .format.records import METADATA_FILE, Metadata
 from .manager import CheckpointManager
 from .monitoring.phases import MAX_PHASES_BYTES, phases_name
 from .options import LoadOptions
+from .recovery.finite import nonfinite_names
+from .recovery.restore import RecoveryReport
+from .recovery.tier import RamStepsManager, RamTier, node_root
 from .storage import Storage, open_storage
 
 __all__ = ["TieredCheckpointManager", "copy_checkpoint"]
@@ -91,21 +109,67 @@ class TieredCheckpointManager:
         fast_root: str,
         durable_root: str,
         *,
+        replicas: int = 0,
+        durable_every: int | None = None,
         keep_fast: int = 2,
         keep_durable: int | None = None,
         role: str | None = None,
         checkpointer: Checkpointer | None = None,
+        chunk_bytes: int = _CHUNK,
+        timeout: float = 600.0,
+        check_finite: bool = False,
+        flush_on_sigterm: bool = True,
+        flush_budget: float = 60.0,
     ) -> None:
+        """``replicas``: other hosts holding a copy of each host's RAM checkpoint (0: today's
+        tiering, module docstring); ``durable_every`` (``replicas >= 1`` only; None: every step):
+        the steps saved to the durable tier too; ``chunk_bytes``: the unit of replication and of
+        its CRC32C checks; ``timeout``: seconds a replication or recovery collective may wait;
+        ``check_finite`` (``replicas >= 1`` only): a step whose floating tensors hold NaN/Inf is
+        never promoted to the durable tier nor chosen by ``load_latest`` (a warning names them);
+        ``flush_on_sigterm`` (``replicas >= 1``, constructed on the main thread): on SIGTERM the
+        newest RAM step not yet durable is copied to the durable tier, waiting at most
+        ``flush_budget`` seconds, then the signal proceeds (the previous handler, or the default:
+        the process ends)."""
         if keep_fast < 1:
             raise ValueError(f"keep_fast must be >= 1, got {keep_fast}")
+        if type(replicas) is not int or replicas < 0:
+            raise ConfigurationError(f"replicas must be an int >= 0, got {replicas!r}")
+        if durable_every is not None and (type(durable_every) is not int or durable_every < 1):
+            raise ConfigurationError(f"durable_every must be an int >= 1 or None, got {durable_every!r}")
+        if replicas == 0 and durable_every not in (None, 1):
+            raise ConfigurationError(
+                "durable_every needs replicas >= 1: with replicas=0 every step is copied to the durable tier"
+            )
+        if check_finite and not replicas:
+            raise ConfigurationError("check_finite needs replicas >= 1")
+        self.check_finite = check_finite
+        if replicas and role is not None:
+            raise ConfigurationError("replicas >= 1 does not support a role yet: leave role=None")
         self._ckpt = checkpointer or default_checkpointer()
-        self.fast = CheckpointManager(fast_root, keep_last=None, role=role, checkpointer=self._ckpt)
+        self.replicas, self.durable_every = replicas, durable_every
+        self.last_recovery: RecoveryReport | None = None
+        self._ram: RamTier | None = None
+        self._previous_sigterm: Any = None
+        self._flush_budget = flush_budget
+        if replicas:
+            fast_root = node_root(fast_root)
+        fast_kind = RamStepsManager if replicas else CheckpointManager
+        self.fast = fast_kind(fast_root, keep_last=None, role=role, checkpointer=self._ckpt)
         self.durable = CheckpointManager(durable_root, keep_last=keep_durable, role=role, checkpointer=self._ckpt)
         self.keep_fast = keep_fast
         self.role = role
         self._copier = ThreadPoolExecutor(1, thread_name_prefix="unickpt-tiering")
         self._pending: list[tuple[int, Future[Metadata]]] = []
         self._lock = threading.Lock()
+        if replicas:
+            options = {"fast": fast_root, "durable": durable_root, "replicas": replicas,
+                       "durable_every": durable_every, "keep_fast": keep_fast, "chunk": chunk_bytes,
+                       "check_finite": check_finite}  # fmt: skip
+            if flush_on_sigterm and threading.current_thread() is threading.main_thread():
+                self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._ram = RamTier(self.fast, self.durable, durable_every or 1, options, replicas, keep_fast, chunk_bytes,
+                                timeout)  # fmt: skip
 
     def _storage(self, manager: CheckpointManager, step: int) -> Storage:
         url = manager.path_for(step) + (f"/{self.role}" if self.role else "")
@@ -114,7 +178,11 @@ class TieredCheckpointManager:
     def save(self, step: int, state: MutableMapping[str, Any], **kwargs: Any) -> SaveHandle:
         """Save ``step`` to the fast tier (``CheckpointManager.save`` arguments); rank 0 then
         copies it to the durable tier in the background."""
+        nonfinite = nonfinite_names(state) if self.check_finite else None
         handle = self.fast.save(step, state, **kwargs)
+        if self._ram is not None:
+            self._ram.after_save(step, handle, nonfinite)
+            return handle
         if self._ckpt.rank() == 0:
             future = self._copier.submit(self._promote, step, handle)
             with self._lock:
@@ -149,6 +217,9 @@ class TieredCheckpointManager:
         """Every save committed on the fast tier and copied to the durable one; raises
         ``AsyncSaveFailures`` naming every failed copy (and the fast tier's own failures)."""
         self.fast.wait()
+        if self._ram is not None:
+            self._ram.wait()
+            self.durable.wait()
         with self._lock:
             pending, self._pending = self._pending, []
         failures = []
@@ -173,6 +244,8 @@ class TieredCheckpointManager:
         options: LoadOptions | None = None,
     ) -> int | None:  # fmt: skip
         """Load the newest step found in either tier (every rank); None when there is none."""
+        if self._ram is not None:
+            return self._load_replicated(state, framework, strict, options)
         coord = self._ckpt.resources.coordinator("foreground", None, "tiered load_latest")
         choice: tuple[int | None, str] = self.latest_step() if coord.rank == 0 else (None, "")
         if coord.world_size > 1:
@@ -186,8 +259,82 @@ class TieredCheckpointManager:
         )
         return step
 
+    def _load_replicated(
+        self, state: MutableMapping[str, Any], framework: str, strict: bool, options: LoadOptions | None
+    ) -> int | None:
+        """``load_latest`` with replicas: the job's one decision (``recovery.restore``), then the
+        ordinary load of the chosen step from this host's RAM (or from the durable tier)."""
+        assert self._ram is not None
+        self.fast.wait()
+        # first from each host's own RAM only: a restart whose hosts kept their RAM moves no byte
+        # between hosts when every rank's load finds what it reads on its host
+        decision, report = self._ram.recover(self.durable.latest_step, fetch=False)
+        if report.tier == "ram" and not decision["complete"]:
+            loaded = False
+            if decision["metadata_everywhere"]:
+                try:
+                    self._ckpt.load(self.fast.path_for(int(decision["step"])), state, framework=framework,
+                                    strict=strict, options=options)  # fmt: skip
+                    loaded = True
+                except CheckpointError:
+                    pass  # a file this host lacks: fetch what is missing, then load again
+            if self._ram.all_ok(loaded):
+                self.last_recovery = report
+                self._emit(report)
+                return int(decision["step"])
+            decision, report = self._ram.recover(self.durable.latest_step, fetch=True)
+        self.last_recovery = report
+        self._emit(report)
+        rank = self._ckpt.rank()
+        if report.tier == "none":
+            return None
+        if report.tier == "durable" and report.skipped_steps and rank == 0:
+            warnings.warn(
+                f"no RAM step had a verified copy of every chunk ({'; '.join(report.skipped_steps[:3])}): "
+                f"loading step {report.step} from the durable tier {self.durable.root}",
+                stacklevel=3,
+            )
+        manager = self.fast if report.tier == "ram" else self.durable
+        step = int(decision["step"])
+        self._ckpt.load(manager.path_for(step), state, framework=framework, strict=strict, options=options)
+        return step
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        """SIGTERM with replicas: flush the newest RAM step to the durable tier (within
+        ``flush_budget``), then hand the signal on; a flush that fails or runs out of time is
+        reported on stderr and the signal proceeds anyway."""
+        import sys
+
+        assert self._ram is not None
+        try:
+            step = self._ram.flush(self._flush_budget)
+            if step is not None:
+                print(f"unickpt: SIGTERM: step {step} flushed to {self.durable.root}", file=sys.stderr)
+        except Exception as e:  # the job is ending: say so, never stop the signal
+            print(f"unickpt: SIGTERM: no flush to {self.durable.root}: {type(e).__name__}: {e}", file=sys.stderr)
+        previous = self._previous_sigterm
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def _emit(self, report: RecoveryReport) -> None:
+        """The recovery's records: one ``load.transfer`` event per source (bytes, summed over the
+        hosts) and one per copy that failed its CRC32C check."""
+        rank = self._ckpt.rank()
+        for source, n in report.bytes_by_source.items():
+            self._ckpt.events.emit("load.transfer", rank, nbytes=n, detail=f"ram recovery: {n} bytes from {source}")
+        for failed in report.failed_copies:
+            self._ckpt.events.emit("load.transfer", rank, detail=f"ram recovery: failed copy {failed}")
+
     def close(self) -> None:
         try:
             self.wait()
         finally:
             self._copier.shutdown(wait=True)
+            if self._ram is not None:
+                self._ram.close()
+                if self._previous_sigterm is not None and threading.current_thread() is threading.main_thread():
+                    if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
+                        signal.signal(signal.SIGTERM, self._previous_sigterm)

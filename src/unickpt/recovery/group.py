@@ -1,0 +1,125 @@
+"""The RAM tier's own gloo process group, its hosts, and the JSON collectives it runs.
+
+``TierGroup.create(options_digest, replicas)`` is called by ``TieredCheckpointManager.__init__``
+(``replicas >= 1``) on every rank, in the same order as every other group creation: it makes a
+gloo group over all ranks (``dist.new_group``), then runs the tier's first collective on the
+calling (main) thread: every rank's host id (``UNICKPT_HOST_ID``, else ``socket.gethostname()``),
+failure domain (``UNICKPT_FAILURE_DOMAIN``, else none) and the digest of the tier's options.
+Ranks disagreeing on the options, or ``replicas >= hosts``, raise ``ConfigurationError`` on every
+rank (all of them see the same gathered list). From then on the group is used by *one thread
+only*, the tier's worker thread (``replicate`` and ``restore``), never beside another collective
+of it. A host's *agent* is its lowest rank: it does the host's file work and transfers; other
+ranks take part in the collectives with nothing to offer.
+
+The collectives move JSON (and raw bytes) in uint8 tensors: nothing is pickled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..errors import ConfigurationError
+from .placement import ring_placement
+
+__all__ = ["TierGroup", "host_id", "HOST_ENV", "DOMAIN_ENV"]
+
+HOST_ENV = "UNICKPT_HOST_ID"
+DOMAIN_ENV = "UNICKPT_FAILURE_DOMAIN"
+
+
+def host_id() -> str:
+    """This process's host: ``UNICKPT_HOST_ID`` when set, else the machine's host name."""
+    return os.environ.get(HOST_ENV) or socket.gethostname()
+
+
+@dataclass(frozen=True)
+class TierGroup:
+    group: Any  # the gloo ProcessGroup (None in a one-process job)
+    rank: int
+    world_size: int
+    host: str
+    hosts: tuple[str, ...]  # sorted distinct host ids: the ring
+    rank_hosts: tuple[str, ...]  # host of every rank
+    agents: dict[str, int]  # host -> its agent (lowest rank)
+    placement: dict[str, tuple[str, ...]]
+
+    @property
+    def is_agent(self) -> bool:
+        return self.agents[self.host] == self.rank
+
+    @classmethod
+    def create(cls, digest: str, replicas: int, timeout: float) -> TierGroup:
+        me, domain = host_id(), os.environ.get(DOMAIN_ENV, "")
+        if dist.is_available() and dist.is_initialized():
+            rank, ws = dist.get_rank(), dist.get_world_size()
+            group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))
+        else:
+            rank, ws, group = 0, 1, None
+        gathered = all_gather_json(group, ws, [me, domain, digest])
+        digests = {g[2] for g in gathered}
+        if len(digests) > 1:
+            differing = sorted({f"rank {r} (host {g[0]})" for r, g in enumerate(gathered) if g[2] != gathered[0][2]})
+            raise ConfigurationError(
+                "the ranks' TieredCheckpointManager options differ (replicas, durable_every, keep_fast, chunk "
+                f"size, roots): {', '.join(differing)} disagree with rank 0; construct it with the same "
+                "arguments on every rank"
+            )
+        rank_hosts = tuple(g[0] for g in gathered)
+        domains: dict[str, str] = {}
+        for h, d, _ in gathered:
+            if domains.setdefault(h, d) != d:
+                raise ConfigurationError(
+                    f"host {h} has ranks with different {DOMAIN_ENV} values ({domains[h]!r}, {d!r}): "
+                    "give every rank of one host the same failure domain"
+                )
+        placement = ring_placement(rank_hosts, replicas, domains)  # ConfigurationError on every rank
+        agents: dict[str, int] = {}
+        for r, h in enumerate(rank_hosts):
+            agents.setdefault(h, r)
+        return cls(group, rank, ws, me, tuple(sorted(set(rank_hosts))), rank_hosts, agents, placement)
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        return all_gather_json(self.group, self.world_size, obj)
+
+    def broadcast_bytes(self, data: bytes | None, src: int = 0) -> bytes:
+        if self.group is None:
+            assert data is not None
+            return data
+        n = torch.tensor([len(data) if data is not None else 0], dtype=torch.int64)
+        dist.broadcast(n, src=src, group=self.group)
+        buf = torch.empty(int(n.item()), dtype=torch.uint8)
+        if self.rank == src:
+            assert data is not None
+            buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        dist.broadcast(buf, src=src, group=self.group)
+        return buf.numpy().tobytes()
+
+    def send(self, tensor: torch.Tensor, dst: int) -> None:
+        dist.send(tensor, dst=dst, group=self.group)
+
+    def recv(self, tensor: torch.Tensor, src: int) -> None:
+        dist.recv(tensor, src=src, group=self.group)
+
+
+def all_gather_json(group: Any, world_size: int, obj: Any) -> list[Any]:
+    """Every rank's ``obj`` (JSON values only), in rank order."""
+    raw = json.dumps(obj, separators=(",", ":")).encode()
+    if group is None:
+        return [json.loads(raw)]
+    size = torch.tensor([len(raw)], dtype=torch.int64)
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world_size)]
+    dist.all_gather(sizes, size, group=group)
+    most = max(int(s.item()) for s in sizes)
+    mine = torch.zeros(most, dtype=torch.uint8)
+    mine[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    bufs = [torch.empty(most, dtype=torch.uint8) for _ in range(world_size)]
+    dist.all_gather(bufs, mine, group=group)
+    return [json.loads(b[: int(s.item())].numpy().tobytes()) for b, s in zip(bufs, sizes)]

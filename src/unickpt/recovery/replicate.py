@@ -1,0 +1,194 @@
+"""Copy one committed step's files from each host's RAM to its replica hosts, then commit it in RAM.
+
+``replicate_step`` runs on the tier's worker thread of every rank (``tier.RamTier.after_save``
+queues it after the step's ordinary save on the node-local fast root has committed), steps in
+save order, so every rank runs the same collectives of the tier group in the same order:
+
+1. rank 0 broadcasts the step's metadata (it alone holds it: the save wrote it on its host);
+2. each host's agent lists the step's data files it holds (its ranks wrote them), with the CRC32C
+   of every ``chunk`` bytes, and all ranks gather the lists: each file must have exactly one
+   origin host;
+3. the transfers, in one global order (``placement.transfer_pairs``): for each (origin, target)
+   the origin's agent sends each file chunk by chunk (one chunk in flight, one buffer per side),
+   the target's agent checks each chunk's CRC32C on arrival and appends it to
+   ``replicas/<origin>/step_N/<name>.unickpt-part``, renamed when complete; every host but rank
+   0's also writes the metadata from step 1 as a replica;
+4. a gather of every rank's outcome; only when every copy on every host was written and
+   verified does each agent write its commit marker (``inventory.RamLayout.write_marker``), then
+   drops its steps beyond the newest ``keep`` committed ones (marker first, then the files it
+   names). A failure (or a crash) before step 4 leaves no marker: the previous committed step
+   stays the newest one offered.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from ..errors import IntegrityError
+from ..format.codec import decode_metadata
+from ..format.records import METADATA_FILE
+from .group import TierGroup
+from .inventory import MARKER_FORMAT, RamLayout, chunk_crcs_of, crc
+from .placement import transfer_pairs
+
+__all__ = ["replicate_step", "drop_old"]
+
+
+def replicate_step(
+    tg: TierGroup,
+    layout: RamLayout,
+    step: int,
+    stepdir: str,
+    raw0: bytes | None,
+    chunk: int,
+    nonfinite: list[str] | None = None,
+) -> list[str]:
+    """Steps 1-4 of the module docstring (the retention of step 4 is ``drop_old``, called by
+    ``tier.RamTier`` after the durable copy when one is due)."""
+    raw = tg.broadcast_bytes(raw0)
+    md = decode_metadata(raw, f"{layout.root}/{stepdir}/{METADATA_FILE}")
+    names = list(md.files)  # relative to the step folder: data/<save id>/...
+    if tg.is_agent:  # this step saved again (a job resumed from an older step): the old copies go first
+        old = layout.markers().get(stepdir)
+        if old is not None and old["save_id"] != md.save_id:
+            layout.drop_step(stepdir, old)
+    host0 = tg.rank_hosts[0]
+    mine: dict[str, list[Any]] = {}
+    if tg.is_agent:
+        for name in names:
+            path = layout.primary(stepdir, name)
+            try:
+                size = os.lstat(path).st_size
+            except FileNotFoundError:
+                continue
+            mine[name] = [size, chunk_crcs_of(path, size, chunk)]
+        if tg.host == host0:
+            mine[METADATA_FILE] = [len(raw), _crcs(raw, chunk)]
+    gathered = tg.all_gather({"host": tg.host, "files": mine if tg.is_agent else None, "bad": nonfinite or []})
+    bad = sorted({n for g in gathered for n in g["bad"]})
+    origin_of: dict[str, str] = {}
+    files: dict[str, list[Any]] = {}
+    for g in gathered:
+        if g["files"] is None:
+            continue
+        for name, entry in g["files"].items():
+            if name in origin_of:
+                raise IntegrityError(f"{stepdir}/{name} was written on two hosts ({origin_of[name]}, {g['host']})")
+            origin_of[name], files[name] = g["host"], entry
+    missing = [n for n in names if n not in origin_of]
+    if missing:
+        raise IntegrityError(
+            f"step {step}: {len(missing)} data file(s) are on no host's RAM, e.g. {missing[0]}: "
+            "the step is not replicated (the previous committed step stays in use)"
+        )
+    held: list[dict[str, Any]] = []
+    error = ""
+    try:
+        if tg.is_agent:
+            held += [_entry(n, tg.host, "primary", files[n]) for n in sorted(files) if origin_of[n] == tg.host]
+            if tg.host != host0:
+                _write_replica(layout, host0, stepdir, METADATA_FILE, [raw], files[METADATA_FILE], chunk)
+                held.append(_entry(METADATA_FILE, host0, "replica", files[METADATA_FILE]))
+        for origin, target in transfer_pairs(tg.placement):
+            theirs = sorted(n for n in files if origin_of[n] == origin and n != METADATA_FILE)
+            if tg.is_agent and tg.host == origin:
+                for name in theirs:
+                    _send_file(tg, layout.primary(stepdir, name), files[name][0], chunk, tg.agents[target])
+            elif tg.is_agent and tg.host == target:
+                for name in theirs:
+                    chunks = _recv_chunks(tg, files[name][0], chunk, tg.agents[origin])
+                    _write_replica(layout, origin, stepdir, name, chunks, files[name], chunk)
+                    held.append(_entry(name, origin, "replica", files[name]))
+    except IntegrityError as e:  # a chunk failed its CRC: keep the protocol in step, commit nothing
+        error = str(e)
+    outcomes = tg.all_gather(error)
+    failed = [f"rank {r}: {e}" for r, e in enumerate(outcomes) if e]
+    if failed:
+        raise IntegrityError(f"step {step} was not committed in RAM: {'; '.join(failed[:3])}")
+    if not tg.is_agent:
+        return bad
+    layout.write_marker(
+        stepdir,
+        {
+            "format": MARKER_FORMAT,
+            "stepdir": stepdir,
+            "step": step,
+            "save_id": md.save_id,
+            "chunk": chunk,
+            "host": tg.host,
+            "required": [*names, METADATA_FILE],
+            "files": held,
+            "nonfinite": bad,
+        },
+    )
+    return bad
+
+
+def _entry(name: str, origin: str, where: str, sc: list[Any]) -> dict[str, Any]:
+    return {"name": name, "origin": origin, "where": where, "size": sc[0], "crcs": sc[1]}
+
+
+def _crcs(raw: bytes, chunk: int) -> list[int]:
+    return [crc(raw[at : at + chunk]) for at in range(0, len(raw), chunk)]
+
+
+def _send_file(tg: TierGroup, path: str, size: int, chunk: int, dst: int) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        for at in range(0, size, chunk):
+            n = min(chunk, size - at)
+            buf = torch.zeros(n, dtype=torch.uint8)
+            got = os.preadv(fd, [buf.numpy().data], at)
+            if got != n:  # shrank since its CRC was taken: send zeros, the receiver's CRC check fails
+                buf[got:] = 0
+            tg.send(buf, dst)
+    finally:
+        os.close(fd)
+
+
+def _recv_chunks(tg: TierGroup, size: int, chunk: int, src: int) -> Any:
+    for at in range(0, size, chunk):
+        buf = torch.empty(min(chunk, size - at), dtype=torch.uint8)
+        tg.recv(buf, src)
+        yield buf.numpy()
+
+
+def _write_replica(
+    layout: RamLayout, origin: str, stepdir: str, name: str, chunks: Any, sc: list[Any], chunk: int
+) -> None:
+    """Write the chunks (iterable of buffers) as ``name``'s replica, each checked against its
+    CRC32C; a mismatch still consumes every chunk (the sender's stream), then raises."""
+    final = layout.replica(origin, stepdir, name)
+    part = final + ".unickpt-part"
+    fd = layout.create(part)
+    bad = []
+    try:
+        for i, data in enumerate(chunks):
+            view = memoryview(data).cast("B")
+            if crc(view) != sc[1][i]:
+                bad.append(i)
+            os.write(fd, view)
+    finally:
+        os.close(fd)
+    if bad:
+        os.unlink(part)
+        raise IntegrityError(f"replica of {origin}:{stepdir}/{name}: chunk(s) {bad[:5]} failed CRC32C on arrival")
+    os.replace(part, final)
+
+
+def drop_old(layout: RamLayout, keep: int, protect: str | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """This host's RAM retention (its agent): the committed steps beyond the newest ``keep``, but
+    never ``protect`` (a step due on the durable tier whose durable copy is not committed); the
+    (stepdir, marker) of each step dropped."""
+    markers = layout.markers()
+    order = sorted(markers, key=lambda s: int(markers[s]["step"]))
+    dropped = []
+    for stepdir in order[: max(0, len(order) - keep)]:
+        if stepdir == protect:
+            continue
+        layout.drop_step(stepdir, markers[stepdir])
+        dropped.append((stepdir, markers[stepdir]))
+    return dropped

@@ -1,0 +1,240 @@
+"""Materialise a chosen RAM step as a complete checkpoint folder in every host's own RAM.
+
+``recover`` runs on the tier's worker thread of every rank (``tier.RamTier.load_latest`` waits
+for it), after every queued replication:
+
+1. each host's agent reads its inventory (``RamLayout.local_inventory``); all ranks gather them;
+   rank 0 adds the durable tier's newest step and decides (``decide.choose``); the decision is
+   broadcast (JSON);
+2. for a RAM step, each agent builds ``step_N/`` of its own RAM root file by file (the metadata
+   last): a primary here whose every chunk verifies stays; otherwise the file is assembled in
+   ``<name>.unickpt-part`` from this host's other copy (a replica) chunk by chunk, each chunk's
+   CRC32C checked;
+3. the chunks still missing are fetched in rounds: all ranks gather every agent's requests (file,
+   chunk, hosts that already failed it); each request goes to the nearest holder (ring order from
+   the requester) that has not failed it; in one global order the holder's agent reads the chunk,
+   checks its CRC32C (a failing copy sends a refusal flag instead), sends it; the requester checks
+   the CRC32C again on arrival and writes it, or notes the failed copy for the next round;
+4. a gather of every agent's outcome: complete everywhere -> each ``.unickpt-part`` is renamed
+   (data first, the metadata last) and the agent's commit marker gains the materialised files;
+   a chunk no copy could supply -> the parts are removed and the step is excluded: back to 1.
+
+Then every rank loads ``step_N`` from its own host's RAM with the ordinary ``load`` (its planner
+reshards to the new layout). Cost: every host holds the whole chosen checkpoint once more than
+its primaries and replicas (the design's price for resharding through the ordinary planner).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..format.records import METADATA_FILE
+from .decide import choose
+from .group import TierGroup
+from .inventory import RamLayout, crc
+
+__all__ = ["recover", "RecoveryReport"]
+
+
+@dataclass(frozen=True)
+class RecoveryReport:
+    """What a ``load_latest`` with replicas loaded, from where (every host's counts, summed)."""
+
+    step: int | None
+    tier: str  # "ram", "durable" or "none"
+    bytes_by_source: dict[str, int] = field(default_factory=dict)  # "local", "peer", "durable"
+    peer_bytes_by_host: dict[str, int] = field(default_factory=dict)  # sending host -> bytes
+    failed_copies: tuple[str, ...] = ()  # "host:file#chunk (why)"
+    skipped_steps: tuple[str, ...] = ()  # RAM steps passed over, and why
+
+
+def recover(
+    tg: TierGroup, layout: RamLayout, durable_step: Any, fetch: bool = True
+) -> tuple[dict[str, Any], RecoveryReport]:
+    """Steps 1-4 (module docstring) until a RAM step is materialised on every host, or the
+    decision is the durable tier or nothing. ``durable_step()`` is called on rank 0 only.
+
+    ``fetch=False`` (the first try of ``load_latest``): no byte crosses the group; each host
+    completes the files it can from its own copies and the decision says
+    ``"complete"`` (every host has every file) and ``"metadata_everywhere"``."""
+    excluded: list[list[str]] = []
+    failed_all: list[str] = []
+    skipped: list[str] = []
+    while True:
+        inv = layout.local_inventory() if tg.is_agent else None
+        gathered = tg.all_gather([tg.host, inv])
+        inventories = {h: i for h, i in gathered if i is not None}
+        decision = choose(inventories, durable_step(), excluded) if tg.rank == 0 else None
+        decision = tg.all_gather(decision)[0]
+        skipped += [f"step {s} (save {sid}): " + (n if n.startswith("non-finite") else f"no copy of {n}")
+                    for s, sid, n in decision.pop("incomplete")]  # fmt: skip
+        if decision["source"] != "ram":
+            return decision, _report(tg, decision, {}, {}, failed_all, skipped)
+        local, peers, failed, lacking = _materialise(tg, layout, decision, fetch)
+        outcomes = tg.all_gather([not lacking, local, peers, failed, METADATA_FILE not in lacking])
+        failed_all += [f for o in outcomes for f in o[3]]
+        decision["complete"] = all(o[0] for o in outcomes)
+        decision["metadata_everywhere"] = all(o[4] for o in outcomes)
+        if decision["complete"] or not fetch:
+            if tg.is_agent:
+                _discard(layout, decision, lacking)
+                _finish(layout, decision, tg.host)
+            totals = {"local": sum(o[1] for o in outcomes), "peer": sum(sum(o[2].values()) for o in outcomes)}
+            by_host: dict[str, int] = {}
+            for o in outcomes:
+                for h, n in o[2].items():
+                    by_host[h] = by_host.get(h, 0) + n
+            return decision, _report(tg, decision, totals, by_host, failed_all, skipped)
+        if tg.is_agent:
+            _discard(layout, decision, decision["files"])
+        skipped.append(f"step {decision['step']} (save {decision['save_id']}): a chunk has no verified copy")
+        excluded.append([decision["stepdir"], decision["save_id"]])
+
+
+def _report(tg: TierGroup, d: dict[str, Any], totals: dict[str, int], by_host: dict[str, int],
+            failed: list[str], skipped: list[str]) -> RecoveryReport:  # fmt: skip
+    return RecoveryReport(d["step"], d["source"], totals, by_host, tuple(failed), tuple(skipped))
+
+
+def _path_on(layout: RamLayout, d: dict[str, Any], name: str, where: str, origin: str) -> str:
+    entry = {"name": name, "where": where, "origin": origin}
+    return layout.path_of(entry, d["stepdir"])
+
+
+def _read_chunk(path: str, i: int, size: int, chunk: int, want: int) -> bytes | None:
+    """Chunk ``i`` of the copy at ``path`` when its CRC32C is ``want``, else None."""
+    n = min(chunk, size - i * chunk)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        data = os.pread(fd, n, i * chunk)
+    finally:
+        os.close(fd)
+    return data if len(data) == n and crc(data) == want else None
+
+
+def _materialise(
+    tg: TierGroup, layout: RamLayout, d: dict[str, Any], fetch: bool
+) -> tuple[int, dict[str, int], list[str], list[str]]:
+    """Steps 2-3 on this rank (step 3 only with ``fetch``): (bytes from this host's RAM, bytes
+    per sending peer, failed copies, the files still lacking a chunk here)."""
+    chunk, stepdir = int(d["chunk"]), d["stepdir"]
+    local, peers, failed = 0, dict[str, int](), list[str]()
+    need: dict[str, dict[int, list[str]]] = {}  # name -> chunk -> hosts that failed it
+    parts: dict[str, int] = {}
+    try:
+        if tg.is_agent:
+            for name, (size, crcs) in d["files"].items():
+                final = layout.primary(stepdir, name)
+                mine = [h for h in d["holders"][name] if h[0] == tg.host]
+                ordered = sorted(mine, key=lambda h: h[1] != "primary")  # the primary here first
+                if ordered and ordered[0][1] == "primary":
+                    bad = [i for i, w in enumerate(crcs) if _read_chunk(final, i, size, chunk, w) is None]
+                    if not bad:
+                        local += size
+                        continue
+                    failed += [f"{tg.host}:{name}#{i} (CRC32C mismatch in this host's RAM)" for i in bad]
+                parts[name] = fd = layout.create(final + ".unickpt-part")
+                os.ftruncate(fd, size)
+                for i, want in enumerate(crcs):
+                    for h in ordered:
+                        data = _read_chunk(_path_on(layout, d, name, h[1], h[2]), i, size, chunk, want)
+                        if data is not None:
+                            os.pwrite(fd, data, i * chunk)
+                            local += len(data)
+                            break
+                        if h[1] != "primary":
+                            failed.append(f"{tg.host}:{name}#{i} (replica here failed CRC32C)")
+                    else:
+                        need.setdefault(name, {})[i] = [tg.host]
+        if fetch:
+            _fetch_rounds(tg, layout, d, need, parts, peers, failed)
+        return local, peers, failed, sorted(need)
+    finally:
+        for fd in parts.values():
+            os.close(fd)
+
+
+def _fetch_rounds(tg: TierGroup, layout: RamLayout, d: dict[str, Any], need: dict[str, dict[int, list[str]]],
+                  parts: dict[str, int], peers: dict[str, int], failed: list[str]) -> None:  # fmt: skip
+    chunk = int(d["chunk"])
+    ring = list(tg.hosts)
+    while True:
+        asks = tg.all_gather([tg.host, {n: {str(i): f for i, f in c.items()} for n, c in need.items()}])
+        plan = []
+        for requester, wants in sorted((h, w) for h, w in asks if w):
+            at = ring.index(requester)
+            nearest = [ring[(at + k) % len(ring)] for k in range(1, len(ring))]
+            for name in sorted(wants):
+                holders = {h[0]: h for h in d["holders"][name]}
+                for i in sorted(wants[name], key=int):
+                    src = next((h for h in nearest if h in holders and h not in wants[name][i]), None)
+                    if src is not None:
+                        plan.append((src, requester, name, int(i), holders[src]))
+        if not plan:
+            return
+        for src, requester, name, i, holder in plan:
+            size, crcs = d["files"][name]
+            n = min(chunk, size - i * chunk)
+            flag = torch.zeros(1, dtype=torch.int64)
+            if tg.is_agent and tg.host == src:
+                data = _read_chunk(_path_on(layout, d, name, holder[1], holder[2]), i, size, chunk, crcs[i])
+                flag[0] = int(data is not None)
+                tg.send(flag, tg.agents[requester])
+                if data is not None:
+                    tg.send(torch.frombuffer(bytearray(data), dtype=torch.uint8), tg.agents[requester])
+            elif tg.is_agent and tg.host == requester:
+                tg.recv(flag, tg.agents[src])
+                ok = False
+                if int(flag.item()):
+                    buf = torch.empty(n, dtype=torch.uint8)
+                    tg.recv(buf, tg.agents[src])
+                    ok = crc(buf.numpy()) == crcs[i]
+                    if ok:
+                        os.pwrite(parts[name], buf.numpy().data, i * chunk)
+                        peers[src] = peers.get(src, 0) + n
+                        del need[name][i]
+                        if not need[name]:
+                            del need[name]
+                if not ok:
+                    failed.append(f"{src}:{name}#{i} (its copy failed CRC32C)")
+                    need[name][i].append(src)
+
+
+def _finish(layout: RamLayout, d: dict[str, Any], host: str) -> None:
+    """Rename the parts (the metadata last) and record the materialised files in this host's
+    marker, so that retention removes them with the step."""
+    stepdir = d["stepdir"]
+    names = sorted(d["files"], key=lambda n: n == METADATA_FILE)
+    made = []
+    for name in names:
+        part = layout.primary(stepdir, name) + ".unickpt-part"
+        if os.path.lexists(part):
+            os.replace(part, layout.primary(stepdir, name))
+            made.append(name)
+    if not made:
+        return
+    rec = layout.markers().get(stepdir)
+    if rec is None or rec["save_id"] != d["save_id"]:
+        rec = {"format": "unickpt-ram-commit/1", "stepdir": stepdir, "step": d["step"], "save_id": d["save_id"],
+               "chunk": d["chunk"], "host": host, "required": list(d["files"]), "files": []}  # fmt: skip
+    kept = [e for e in rec["files"] if not (e["where"] == "primary" and e["name"] in made)]
+    for name in made:
+        size, crcs = d["files"][name]
+        origin = next(h[2] for h in d["holders"][name])
+        kept.append({"name": name, "origin": origin, "where": "primary", "size": size, "crcs": crcs})
+    layout.write_marker(stepdir, {**rec, "files": kept})
+
+
+def _discard(layout: RamLayout, d: dict[str, Any], names: Any) -> None:
+    """Remove the parts of ``names`` (files this host could not complete)."""
+    for name in names:
+        part = layout.primary(d["stepdir"], name) + ".unickpt-part"
+        if os.path.lexists(part):
+            os.unlink(part)

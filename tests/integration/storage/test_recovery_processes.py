@@ -1,0 +1,310 @@
+"""Fast recovery (issue 40): ``TieredCheckpointManager(replicas >= 1)`` on simulated hosts, each a
+set of gloo ranks with its own ``UNICKPT_HOST_ID`` and a private ``UNICKPT_SHM_ROOT`` folder as
+its RAM (no host's code reads another host's folder: replicas travel through the tier's process
+group). Expected values come from seeded generators (``recovery_workers.expected``), expected
+byte counts from the files found in each host's folder."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.workers.harness import launch_ranks, run_ranks
+from tests.workers.recovery_workers import (
+    construct,
+    dies_while_replicating,
+    recover,
+    save_steps,
+    saves_a_nan_step,
+    saves_then_gets_sigterm,
+)
+
+OPTS = {"replicas": 1, "keep_fast": 2, "durable_every": 100, "chunk_bytes": 16384}
+META = "unickpt.metadata.json"
+
+
+def _held(base: str, host: str, stepdir: str) -> dict[str, int]:
+    """The checkpoint files of ``stepdir`` in ``host``'s RAM folder (primaries and replicas): name -> size."""
+    out: dict[str, int] = {}
+    top = os.path.join(base, "ram", host)
+    for folder, _, files in os.walk(top):
+        for f in files:
+            path = os.path.join(folder, f)
+            rel = os.path.relpath(path, top).split(os.sep)
+            if stepdir not in rel:
+                continue
+            name = "/".join(rel[rel.index(stepdir) + 1 :])
+            if name == META or (name.startswith("data/") and name.endswith(".bin")):  # not the phase records
+                out[name] = os.path.getsize(path)
+    return out
+
+
+def test_issue40_item1_2_3_a_hosts_lost_ram_is_rebuilt_from_peers(tmp_path):
+    base, hosts = str(tmp_path), ["a", "b", "c"]
+    run_ranks(save_steps, 3, base, hosts, [1, 2, 3], OPTS)
+    held = {h: _held(base, h, "step_00000003") for h in hosts}
+    every = {n: s for h in hosts for n, s in held[h].items()}
+    assert all(len(held[h]) > 1 for h in hosts)
+    os.system(f"rm -rf {base}/ram/b")  # host b's RAM is gone
+    res = run_ranks(recover, 3, base, hosts, OPTS)
+    assert [r["step"] for r in res] == [3, 3, 3] and all(r["exact"] for r in res), res
+    total = sum(every.values())
+    local = sum(held["a"].values()) + sum(held["c"].values())
+    assert res[0]["bytes"] == {"local": local, "peer": 3 * total - local}
+    assert res[0]["tier"] == "ram" and res[0]["failed"] == []
+
+
+def test_issue40_item3_processes_killed_with_hosts_intact_move_no_byte_between_hosts(tmp_path):
+    base, hosts = str(tmp_path), ["a", "b", "c"]
+    run_ranks(save_steps, 3, base, hosts, [1, 2], OPTS, False)
+    res = run_ranks(recover, 3, base, hosts, OPTS, False)
+    assert [r["step"] for r in res] == [2, 2, 2] and all(r["exact"] for r in res), res
+    assert res[0]["bytes"].get("peer", 0) == 0 and res[0]["peer_by_host"] == {}, res[0]
+
+
+def test_issue40_item3_a_load_that_needs_a_file_its_host_lacks_fetches_it_and_loads_again(tmp_path):
+    # the bias is in rank 0's file, held by hosts a and b only: host c's rank must fetch it
+    base, hosts = str(tmp_path), ["a", "b", "c"]
+    run_ranks(save_steps, 3, base, hosts, [1], OPTS)
+    res = run_ranks(recover, 3, base, hosts, OPTS)
+    assert [r["step"] for r in res] == [1, 1, 1] and all(r["exact"] for r in res), res
+    assert res[0]["bytes"]["peer"] > 0 and res[0]["failed"] == []
+
+
+def _flip_every_file(folder: str) -> list[str]:
+    """Flip one byte in the middle of every checkpoint file under ``folder``; their paths."""
+    flipped = []
+    for top, _, files in os.walk(folder):
+        for f in files:
+            if f == META or f.endswith(".bin"):
+                path = os.path.join(top, f)
+                with open(path, "r+b") as fh:
+                    fh.seek(os.path.getsize(path) // 2)
+                    b = fh.read(1)
+                    fh.seek(-1, 1)
+                    fh.write(bytes([b[0] ^ 0xFF]))
+                flipped.append(path)
+    return flipped
+
+
+def test_issue40_item3_every_file_of_one_hosts_ram_corrupted_is_detected_and_other_copies_used(tmp_path):
+    base, hosts = str(tmp_path), ["a", "b", "c"]
+    run_ranks(save_steps, 3, base, hosts, [1], OPTS)
+    held_b = _held(base, "b", "step_00000001")
+    assert len(_flip_every_file(os.path.join(base, "ram", "b"))) == len(held_b) > 2
+    res = run_ranks(recover, 3, base, hosts, OPTS)
+    assert [r["step"] for r in res] == [1, 1, 1] and all(r["exact"] for r in res), res
+    named = {f.split("#")[0][len("b:") :] for f in res[0]["failed"] if f.startswith("b:")}
+    assert named == set(held_b), res[0]["failed"]
+    assert any("failed copy b:" in e for e in res[0]["events"])
+
+
+def test_issue40_item3_all_copies_of_a_chunk_lost_falls_back_to_the_newest_durable_step(tmp_path):
+    base, hosts = str(tmp_path), ["a", "b", "c"]
+    opts = {**OPTS, "durable_every": 2, "keep_fast": 1}
+    run_ranks(save_steps, 3, base, hosts, [1, 2, 3], opts)
+    assert sorted(os.listdir(os.path.join(base, "durable"))) == ["latest", "step_00000002"]
+    # rank 1's shard file of step 3: on host b (primary) and host c (replica); corrupt both
+    victims = [
+        os.path.join(top, f)
+        for h in ("b", "c")
+        for top, _, files in os.walk(os.path.join(base, "ram", h))
+        for f in files
+        if f == "r00001-00.bin" and "step_00000003" in top
+    ]
+    assert len(victims) == 2
+    for path in victims:
+        with open(path, "r+b") as fh:
+            fh.write(b"\x00\x01\x02\x03")
+    res = run_ranks(recover, 3, base, hosts, opts)
+    assert [r["step"] for r in res] == [2, 2, 2] and all(r["exact"] for r in res), res
+    assert res[0]["tier"] == "durable"
+    assert any(s.startswith("step 3 ") for s in res[0]["skipped"]), res[0]["skipped"]
+    assert res[0]["warnings"] and "step 3" in res[0]["warnings"][0]
+
+
+def test_issue40_item5_the_durable_tier_holds_exactly_the_durable_every_steps_copied_from_ram(tmp_path):
+    base, hosts = str(tmp_path), ["a", "b", "c"]
+    opts = {**OPTS, "durable_every": 2, "keep_fast": 1}
+    run_ranks(save_steps, 3, base, hosts, [1, 2, 3, 4, 5], opts)
+    assert sorted(os.listdir(os.path.join(base, "durable"))) == ["latest", "step_00000002", "step_00000004"]
+    os.system(f"rm -rf {base}/ram")  # every host's RAM is gone
+    res = run_ranks(recover, 3, base, hosts, opts)
+    assert [r["step"] for r in res] == [4, 4, 4] and all(r["exact"] for r in res), res
+    assert res[0]["tier"] == "durable"
+
+
+def test_issue40_item5_ram_keeps_the_step_due_on_the_durable_tier_until_its_durable_copy_commits(tmp_path):
+    base, hosts = str(tmp_path), ["a", "b"]
+    (tmp_path / "blocked").write_text("a file where the durable tier's folder should be")
+    opts = {**OPTS, "durable_every": 2, "keep_fast": 1, "_durable": str(tmp_path / "blocked" / "durable")}
+    out = run_ranks(save_steps, 2, base, hosts, [1, 2, 3], {**opts, "_expect_failure": True})
+    assert all(o is not None and "step 2 was not copied to the durable tier" in o for o in out), out
+    for h in hosts:  # keep_fast=1 kept step 3, and step 2 whose durable copy never committed
+        markers = sorted(os.listdir(os.path.join(base, "ram", h, f"unickpt-{os.getuid()}", "job", "recovery")))
+        assert markers == ["commit-step_00000002.json", "commit-step_00000003.json"], markers
+
+
+def test_issue40_item7_a_step_with_nan_is_neither_promoted_nor_loaded_and_the_warning_names_the_tensor(tmp_path):
+    base, hosts = str(tmp_path), ["a", "b"]
+    opts = {**OPTS, "durable_every": 1, "check_finite": True}
+    out = run_ranks(saves_a_nan_step, 2, base, hosts, opts)
+    assert len(out[0]) == 1 and "step 2 holds NaN/Inf in model.w" in out[0][0], out
+    assert sorted(os.listdir(os.path.join(base, "durable"))) == ["latest", "step_00000001"]
+    res = run_ranks(recover, 2, base, hosts, opts)
+    assert [r["step"] for r in res] == [1, 1] and all(r["exact"] for r in res), res
+    assert any("step 2" in s and "non-finite values in model.w" in s for s in res[0]["skipped"]), res[0]
+
+
+def test_issue40_item2_a_step_saved_again_by_a_resumed_job_replaces_its_ram_copies(tmp_path):
+    base, hosts = str(tmp_path), ["a", "b", "c"]
+    run_ranks(save_steps, 3, base, hosts, [1, 2], OPTS)
+    first = {h: set(_held(base, h, "step_00000002")) for h in hosts}
+    run_ranks(save_steps, 3, base, hosts, [2], OPTS)  # resumed from step 1, saves step 2 again
+    second = {h: set(_held(base, h, "step_00000002")) for h in hosts}
+    for h in hosts:  # only the new save's files (new save id), none of the old save's replicas left
+        assert len({n.split("/")[1] for n in second[h] if n != META}) == 1, second[h]
+        assert second[h].isdisjoint(first[h] - {META})
+    res = run_ranks(recover, 3, base, hosts, OPTS)
+    assert [r["step"] for r in res] == [2, 2, 2] and all(r["exact"] for r in res), res
+
+
+def test_issue40_item6_sigterm_flushes_the_newest_ram_step_to_the_durable_tier_then_ends_the_process(tmp_path):
+    base, hosts = str(tmp_path), ["a", "b", "c"]
+    opts = {**OPTS, "durable_every": 10}
+    out = launch_ranks(saves_then_gets_sigterm, 3, base, hosts, opts, timeout=120, grace=60)
+    assert [o.exitcode for o in out] == [-15, -15, -15], out
+    assert sorted(os.listdir(os.path.join(base, "durable"))) == ["latest", "step_00000003"]
+    os.system(f"rm -rf {base}/ram")
+    res = run_ranks(recover, 3, base, hosts, opts)
+    assert [r["step"] for r in res] == [3, 3, 3] and all(r["exact"] for r in res) and res[0]["tier"] == "durable"
+
+
+def test_issue40_item4_a_host_lost_and_the_job_restarted_on_one_host_fewer_reshards_from_ram(tmp_path):
+    base = str(tmp_path)
+    run_ranks(save_steps, 4, base, ["a", "a", "b", "c"], [1, 2], OPTS)  # host a runs two ranks
+    os.system(f"rm -rf {base}/ram/c")  # host c is gone for good: no spare
+    res = run_ranks(recover, 2, base, ["a", "b"], OPTS)
+    assert [r["step"] for r in res] == [2, 2] and all(r["exact"] for r in res), res
+    assert res[0]["tier"] == "ram" and res[0]["bytes"]["peer"] > 0
+
+
+def test_issue40_item2_a_kill_in_the_middle_of_replication_leaves_the_previous_step_in_use(tmp_path):
+    base, hosts = str(tmp_path), ["a", "b", "c"]
+    opts = {**OPTS, "timeout": 20.0}
+    out = launch_ranks(dies_while_replicating, 3, base, hosts, opts, "c", victim=2, timeout=120, grace=30)
+    assert out[2].exitcode == -9, out
+    assert all(os.path.exists(p) for p in _markers(base, "step_00000001"))
+    assert not any(os.path.exists(p) for p in _markers(base, "step_00000002")), "step 2 was committed somewhere"
+    res = run_ranks(recover, 3, base, hosts, OPTS)
+    assert [r["step"] for r in res] == [1, 1, 1] and all(r["exact"] for r in res), res
+
+
+def _markers(base: str, stepdir: str) -> list[str]:
+    return [os.path.join(base, "ram", h, f"unickpt-{os.getuid()}", "job", "recovery", f"commit-{stepdir}.json")
+            for h in "abc"]  # fmt: skip
+
+
+def test_issue40_item1_replicas_as_many_as_hosts_is_a_configuration_error_on_every_rank(tmp_path):
+    out = run_ranks(construct, 2, str(tmp_path), ["a", "b"], [{**OPTS, "replicas": 2}] * 2)
+    assert all(o.startswith("ConfigurationError: replicas=2 needs at least 3 hosts") for o in out), out
+
+
+def test_issue40_item1_hosts_disagreeing_on_the_options_is_a_configuration_error_on_every_rank(tmp_path):
+    out = run_ranks(construct, 2, str(tmp_path), ["a", "b"], [OPTS, {**OPTS, "keep_fast": 3}])
+    assert all(o.startswith("ConfigurationError: the ranks' TieredCheckpointManager options differ") for o in out)
+    assert all("rank 1 (host b)" in o for o in out), out
+
+
+def test_issue40_item1_foreign_files_in_the_ram_tier_are_never_deleted_and_a_bogus_marker_is_ignored(tmp_path):
+    base, hosts = str(tmp_path), ["a", "b"]
+    root = os.path.join(base, "ram", "b", f"unickpt-{os.getuid()}")
+    planted = [
+        os.path.join(root, "job", "replicas", "a", "step_00000001", "foreign.bin"),
+        os.path.join(root, "job", "step_00000001", "notes.txt"),
+        os.path.join(root, "job", "recovery", "commit-step_00000099.json"),
+    ]
+    os.makedirs(root, mode=0o700)
+    for path in planted:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        with open(path, "w") as fh:
+            fh.write('{"format": "unickpt-ram-commit/1", "stepdir": "step_00000099"}')
+    run_ranks(save_steps, 2, base, hosts, [1, 2, 3], {**OPTS, "keep_fast": 1})
+    assert all(os.path.exists(p) for p in planted)
+    assert _held(base, "b", "step_00000001") == {}  # unickpt's own copies of step 1: gone
+    res = run_ranks(recover, 2, base, hosts, {**OPTS, "keep_fast": 1})
+    assert [r["step"] for r in res] == [3, 3] and all(r["exact"] for r in res), res
+    assert all(os.path.exists(p) for p in planted)
+
+
+class _Host:
+    """A simulated host with a RAM no other host can see: a mount namespace (``unshare -m``)
+    holding a private tmpfs on ``ram``, kept alive by a holder process; its ranks enter it with
+    ``nsenter``. ``lose()`` ends the namespace: its tmpfs and everything in it are gone."""
+
+    def __init__(self, ram: str) -> None:
+        import subprocess
+
+        self.ram = ram
+        self.holder = subprocess.Popen(
+            ["unshare", "-m", "--propagation", "private", "sh", "-c",
+             f"mount -t tmpfs -o size=64m,mode=0700 tmpfs {ram} && echo ready && exec sleep 600"],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert self.holder.stdout is not None and self.holder.stdout.readline().strip() == "ready"
+
+    def rank(self, fn: str, rank: int, ws: int, port: int, out: str, args: list) -> object:
+        import json
+        import subprocess
+        import sys
+
+        cmd = ["nsenter", "-t", str(self.holder.pid), "-m", sys.executable, "-m", "tests.workers.recovery_workers",
+               fn, str(rank), str(ws), str(port), out, json.dumps(args)]  # fmt: skip
+        return subprocess.Popen(
+            cmd, env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "RECOVERY_TEST_RAM": self.ram}
+        )
+
+    def lose(self) -> None:
+        self.holder.kill()
+        self.holder.wait()
+
+
+def _job(hosts: dict[str, _Host], names: list[str], fn: str, args: list, tmp: str) -> list:
+    import json
+
+    from tests.workers.harness import free_port
+
+    port = free_port()
+    outs = [os.path.join(tmp, f"{fn}-{r}-{port}.json") for r in range(len(names))]
+    procs = [hosts[h].rank(fn, r, len(names), port, outs[r], [tmp, names, *args]) for r, h in enumerate(names)]
+    codes = [p.wait(timeout=300) for p in procs]
+    assert codes == [0] * len(names), codes
+    results = []
+    for out in outs:
+        with open(out) as fh:
+            results.append(json.load(fh))
+    return results
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces and tmpfs mounts need root")
+def test_issue40_item2_hosts_in_their_own_mount_namespaces_rebuild_a_lost_hosts_private_tmpfs(tmp_path):
+    """Three hosts, each a mount namespace with a private tmpfs at the same path ``ram``: a replica
+    can reach another host only through the process group. Host b's namespace ends (its tmpfs is
+    gone), b comes back with an empty one, the job restarts at the same size."""
+    ram = str(tmp_path / "ram-tmpfs")
+    os.makedirs(ram)
+    opts = {**OPTS, "durable_every": 100}
+    hosts = {h: _Host(ram) for h in "abc"}
+    try:
+        names = ["a", "b", "c"]
+        _job(hosts, names, "save_steps", [[1, 2], opts], str(tmp_path))
+        assert os.listdir(ram) == []  # nothing of any host's RAM is visible outside its namespace
+        hosts["b"].lose()
+        hosts["b"] = _Host(ram)
+        res = _job(hosts, names, "recover", [opts], str(tmp_path))
+        assert [r["step"] for r in res] == [2, 2, 2] and all(r["exact"] for r in res), res
+        assert res[0]["tier"] == "ram" and res[0]["bytes"]["peer"] > 0 and res[0]["failed"] == []
+    finally:
+        for h in hosts.values():
+            h.lose()

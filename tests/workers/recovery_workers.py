@@ -1,0 +1,184 @@
+"""Rank functions of ``tests/integration/storage/test_recovery_processes.py``: simulated hosts
+(``UNICKPT_HOST_ID`` and a private ``UNICKPT_SHM_ROOT`` per host) saving to and recovering from
+``TieredCheckpointManager(replicas >= 1)``."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+ROWS, COLS = 240, 96  # divisible by 1..6 ranks
+
+
+def enter_host(base: str, host: str) -> None:
+    """This process is on ``host``: its RAM is ``base/ram/<host>``, or ``RECOVERY_TEST_RAM`` (the
+    mount-namespace test: one path, a private tmpfs in each host's namespace)."""
+    os.environ["UNICKPT_HOST_ID"] = host
+    os.environ["UNICKPT_SHM_ROOT"] = os.environ.get("RECOVERY_TEST_RAM") or os.path.join(base, "ram", host)
+
+
+def expected(step: int) -> dict[str, torch.Tensor]:
+    """The state at ``step``, from a seeded generator (not from the code under test)."""
+    g = torch.Generator().manual_seed(1000 + step)
+    return {"w": torch.randn(ROWS, COLS, generator=g), "bias": torch.randn(16, generator=g)}
+
+
+def _state(step: int | None, with_bias: bool) -> dict[str, Any]:
+    """``{"model": m}``: ``m.w`` a DTensor sharded by rows over every rank, ``m.bias`` (when asked)
+    a plain buffer every rank holds (saved once, by rank 0)."""
+    from torch import nn
+    from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    values = expected(step) if step is not None else {k: torch.zeros_like(v) for k, v in expected(0).items()}
+    m = nn.Module()
+    m.w = nn.Parameter(distribute_tensor(values["w"], mesh, [Shard(0)]), requires_grad=False)
+    if with_bias:
+        m.register_buffer("bias", values["bias"].clone())
+    return {"model": m}
+
+
+def _tiers(base: str, opts: dict[str, Any]) -> Any:
+    import unickpt
+
+    opts = dict(opts)
+    opts.pop("_expect_failure", None)
+    durable = opts.pop("_durable", os.path.join(base, "durable"))
+    return unickpt.TieredCheckpointManager("shm://job", durable, **opts)
+
+
+def save_steps(rank: int, ws: int, base: str, hosts: list[str], steps: list[int], opts: dict[str, Any],
+               with_bias: bool = True) -> str | None:  # fmt: skip
+    """Save ``steps``; with ``opts["_expect_failure"]`` the message of the failures ``close``
+    raised (None if none)."""
+    import unickpt
+
+    enter_host(base, hosts[rank])
+    tiers = _tiers(base, opts)
+    for step in steps:
+        tiers.save(step, _state(step, with_bias), async_save=True).wait_snapshot()
+    try:
+        tiers.close()
+    except unickpt.AsyncSaveFailures as e:
+        if not opts.get("_expect_failure"):
+            raise
+        return str(e)
+    return None
+
+
+def recover(rank: int, ws: int, base: str, hosts: list[str], opts: dict[str, Any],
+            with_bias: bool = True) -> dict[str, Any]:  # fmt: skip
+    import unickpt
+
+    enter_host(base, hosts[rank])
+    tiers = _tiers(base, opts)
+    state = _state(None, with_bias)
+    events: list[str] = []
+    tiers._ckpt.events.add_listener(lambda e: events.append(e.detail) if e.detail.startswith("ram ") else None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step = tiers.load_latest(state)
+    tiers.close()
+    got = {"w": state["model"].w.full_tensor()}
+    if with_bias:
+        got["bias"] = state["model"].bias
+    want = expected(step) if step is not None else {}
+    r = tiers.last_recovery
+    assert r is not None
+    return {
+        "step": step,
+        "exact": step is not None and all(torch.equal(got[k], want[k]) for k in got),
+        "tier": r.tier,
+        "bytes": r.bytes_by_source,
+        "peer_by_host": r.peer_bytes_by_host,
+        "failed": list(r.failed_copies),
+        "skipped": list(r.skipped_steps),
+        "events": events,
+        "warnings": [str(w.message) for w in caught if "durable tier" in str(w.message)],
+        "unickpt": unickpt.__file__,
+    }
+
+
+def construct(rank: int, ws: int, base: str, hosts: list[str], opts_by_rank: list[dict[str, Any]]) -> str:
+    """Construct the tier with this rank's options; the error's class and message, or ''."""
+    enter_host(base, hosts[rank])
+    try:
+        _tiers(base, opts_by_rank[rank]).close()
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return ""
+
+
+def saves_a_nan_step(rank: int, ws: int, base: str, hosts: list[str], opts: dict[str, Any]) -> list[str]:
+    """Steps 1 and 2 saved with ``check_finite=True``, step 2's ``w`` holding a NaN in rank 1's
+    shard only; the warnings rank 0 got."""
+    enter_host(base, hosts[rank])
+    tiers = _tiers(base, {**opts, "check_finite": True})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tiers.save(1, _state(1, True))
+        state = _state(2, True)
+        if rank == 1:
+            with torch.no_grad():
+                state["model"].w.to_local()[0, 0] = float("nan")
+        tiers.save(2, state)
+        tiers.close()
+    return [str(w.message) for w in caught if "NaN" in str(w.message)]
+
+
+def saves_then_gets_sigterm(rank: int, ws: int, base: str, hosts: list[str], opts: dict[str, Any]) -> None:
+    """Steps 1-3 saved and committed in RAM (none due on the durable tier), then a real SIGTERM to
+    this process: the tier's handler flushes step 3, then the signal ends the process."""
+    import signal
+
+    enter_host(base, hosts[rank])
+    tiers = _tiers(base, opts)
+    for step in (1, 2, 3):
+        tiers.save(step, _state(step, True))
+    tiers.wait()
+    os.kill(os.getpid(), signal.SIGTERM)
+    raise AssertionError("SIGTERM did not end the process")
+
+
+def dies_while_replicating(rank: int, ws: int, base: str, hosts: list[str], opts: dict[str, Any], victim: str) -> None:
+    """Step 1 saved and replicated; during step 2's replication the process of host ``victim``
+    SIGKILLs itself as it starts writing its first replica (before any host's commit marker)."""
+    import signal
+
+    from unickpt.recovery import replicate
+
+    enter_host(base, hosts[rank])
+    tiers = _tiers(base, opts)
+    tiers.save(1, _state(1, True))
+    tiers.wait()
+    if hosts[rank] == victim:
+        replicate._write_replica = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)  # type: ignore[assignment]
+    tiers.save(2, _state(2, True))
+    tiers.close()
+
+
+def main() -> None:
+    """One rank as a plain process (the mount-namespace test starts it inside its host's mount
+    namespace with ``nsenter``): ``python -m tests.workers.recovery_workers FN RANK WS PORT OUT
+    ARGS_JSON``; writes ``fn(rank, ws, *args)`` as JSON to OUT."""
+    import json
+    import sys
+
+    fn_name, rank, ws, port, out, args = sys.argv[1], *map(int, sys.argv[2:5]), sys.argv[5], sys.argv[6]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=ws)
+    try:
+        result = {"save_steps": save_steps, "recover": recover}[fn_name](rank, ws, *json.loads(args))
+    finally:
+        dist.destroy_process_group()
+    with open(out, "w") as fh:
+        json.dump(result, fh)
+
+
+if __name__ == "__main__":
+    main()
