@@ -18,11 +18,12 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.azurite import az_container, azurite_server  # fixtures: Azurite per test process
 from tests.fixtures.gcsserver import gcs_bucket, gcs_server  # fixtures: a real GCS emulator per test process
 from tests.fixtures.s3server import s3_bucket, s3_server  # fixtures: a real SeaweedFS server per test process
 from tests.tiers import markers_for
 
-__all__ = ["gcs_bucket", "gcs_server", "s3_bucket", "s3_server"]
+__all__ = ["az_container", "azurite_server", "gcs_bucket", "gcs_server", "s3_bucket", "s3_server"]
 
 # --- tiers: markers and the process guard (rules in tests/tiers.py) -------------------------
 
