@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -32,6 +33,7 @@ import unickpt
 from tests.fixtures.contract import pattern
 from tests.unit.storage.test_tiering import _model, _values, fast_root  # noqa: F401 (a fixture)
 from tests.workers.harness import run_ranks
+from tests.workers.rel_workers import locked_save_worker
 from tests.workers.reshard_workers import check, load_phase, save_phase
 from tests.workers.s3_workers import tiny
 from unickpt.errors import StorageError
@@ -219,4 +221,39 @@ def test_issue42_cloud_server_killed_mid_save_keeps_the_previous_checkpoint(clou
     assert METADATA_FILE not in open_storage(manager.path_for(2)).list()
     fresh, fresh_optim = tiny(9)
     assert manager.load_latest({"model": fresh, "optimizer": fresh_optim}) == 1
+    assert all(torch.equal(fresh.state_dict()[k], v) for k, v in want.items())
+
+
+def test_issue42_cloud_two_savers_never_both_commit(cloud):
+    """A save held at its commit (an event listener waiting on a threading.Event) owns the save
+    lock, an exclusive create on the service; a second job (another process, its own client)
+    saving to the same checkpoint is refused with the holder named and writes no metadata; the
+    first save then commits and its state is what loads."""
+    url = cloud.url("race/step_1")
+    model, optim = tiny(11)
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    at_commit, go_on = threading.Event(), threading.Event()
+
+    def hold(ev) -> None:
+        if ev.phase == "save.commit.begin":
+            at_commit.set()
+            go_on.wait(120)
+
+    events = unickpt.default_checkpointer().events
+    events.add_listener(hold)
+    outcome: list[object] = []
+    first = threading.Thread(target=lambda: outcome.append(unickpt.save(url, {"model": model, "optimizer": optim})))
+    first.start()
+    try:
+        assert at_commit.wait(120)
+        second = run_ranks(locked_save_worker, 1, url)[0]
+        assert second["type"] == "ConcurrentSaveError", second
+        assert METADATA_FILE not in open_storage(url).list()
+    finally:
+        go_on.set()
+        first.join(120)
+        events.remove_listener(hold)
+    assert len(outcome) == 1 and METADATA_FILE in open_storage(url).list()
+    fresh, fresh_optim = tiny(12)
+    unickpt.load(url, {"model": fresh, "optimizer": fresh_optim})
     assert all(torch.equal(fresh.state_dict()[k], v) for k, v in want.items())
