@@ -12,7 +12,13 @@ BIN    := $(VENV)/bin
 # test suite's (everything: the test extras, megatron-core, transformers, SeaweedFS, torchtitan),
 # a superset built on top of the demo's.
 setup-demo: $(VENV)/.installed-demo
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed $(VENV)/azurite/.installed
+
+# Azurite, Azure Storage's emulator (tests/fixtures/azurite.py starts it), from the npm registry (node >= 18)
+$(VENV)/azurite/.installed: $(VENV)/.installed-demo
+	mkdir -p $(VENV)/azurite
+	cd $(VENV)/azurite && npm install --no-audit --no-fund --silent azurite@3.37.0
+	touch $@
 
 $(VENV)/.installed-demo: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -18,11 +18,13 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.azurite import az_container, azurite_server  # fixtures: Azurite per test process
+from tests.fixtures.gcsserver import gcs_bucket, gcs_server  # fixtures: a real GCS emulator per test process
 from tests.fixtures.s3server import s3_bucket, s3_server  # fixtures: a real SeaweedFS server per test process
 from tests.support import hypothesis_profiles
 from tests.tiers import markers_for
 
-__all__ = ["s3_bucket", "s3_server"]
+__all__ = ["az_container", "azurite_server", "gcs_bucket", "gcs_server", "s3_bucket", "s3_server"]
 
 # Hypothesis profiles `ci` (default, `make test`) and `fast` (`make test-fast`): before any test
 # module is imported, so module-level `settings(max_examples=examples(n))` read the loaded one.

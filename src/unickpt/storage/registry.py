@@ -1,7 +1,7 @@
 """Storage backends by URL scheme: a registry object, with lazily imported factories.
 
-``DEFAULT_REGISTRY`` knows ``file`` (also any path without ``scheme://``), ``memory``, ``shm`` and ``s3``;
-a backend is added the same way, one line each::
+``DEFAULT_REGISTRY`` knows ``file`` (also any path without ``scheme://``), ``memory``, ``shm``, ``s3``,
+``gs``, ``az`` / ``abfs`` and ``hdfs``; a backend is added the same way, one line each::
 
     DEFAULT_REGISTRY.register("s3", "unickpt.storage.s3:S3Storage", extra="s3")
 
@@ -124,11 +124,15 @@ class StorageRegistry:
 
 
 def builtin_registry() -> StorageRegistry:
-    """A registry with unickpt's built-in backends (``file``, ``memory``, ``s3``, ``shm``, ``hdfs``)."""
+    """A registry with unickpt's built-in backends (``file``, ``memory``, ``s3``, ``gs``, ``az``, ``abfs``,
+    ``shm``, ``hdfs``)."""
     reg = StorageRegistry()
     reg.register("file", "unickpt.storage.local:LocalStorage")
     reg.register("memory", "unickpt.storage.memory:MemoryStorage")
     reg.register("s3", "unickpt.storage.s3:S3Storage", extra="s3")
+    reg.register("gs", "unickpt.storage.gcs:GcsStorage", extra="gcs")
+    reg.register("az", "unickpt.storage.azure:AzureBlobStorage", extra="azure")
+    reg.register("abfs", "unickpt.storage.azure:abfs_storage", extra="azure")
     reg.register("shm", "unickpt.storage.shm:ShmStorage")
     reg.register("hdfs", "unickpt.storage.hdfs:HdfsStorage", extra="hdfs")
     return reg
