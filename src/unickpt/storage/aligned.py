@@ -27,6 +27,9 @@ def is_aligned(view: memoryview) -> bool:
     return address_of(view) % ALIGN == 0
 
 
+_NOTHING = memoryview(b"")  # the view of a closed buffer
+
+
 class AlignedBuffer:
     """A page-aligned, pre-faulted byte buffer of fixed capacity."""
 
@@ -35,14 +38,20 @@ class AlignedBuffer:
         # fault every page in now (the kernel does it in bulk with MAP_POPULATE, ~2x faster than
         # touching page by page), so the first real use runs at memcpy speed
         populate = getattr(mmap, "MAP_POPULATE", 0)
-        self._mm = mmap.mmap(-1, self.capacity, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)
-        self.view = memoryview(self._mm)
+        mm = mmap.mmap(-1, self.capacity, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | populate)
+        self._mm: mmap.mmap | None = mm
+        self.view = memoryview(mm)
         if not populate:
             np.frombuffer(self.view, dtype=np.uint8)[::ALIGN] = 0
 
     def close(self) -> None:
-        self.view.release()
-        self._mm.close()
+        """Give the memory back: unmapped at once when nothing views it any more, else when the
+        last view goes. ``torch.frombuffer(self.view)`` (the staging images) keeps a reference to
+        the view but no buffer export, so ``mmap.close()`` would unmap the pages under a live
+        tensor, and a late copy would write into unmapped memory or memory mapped again since
+        (the heap: issue 39, item 27). Dropping the references lets the last one unmap."""
+        self.view = _NOTHING
+        self._mm = None
 
 
 class BufferPool:

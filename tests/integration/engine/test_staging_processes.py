@@ -99,3 +99,45 @@ def test_issue39_item27_a_stage_failed_on_another_rank_returns_this_ranks_slot(t
     results = run_ranks(_stage_fails_twice_on_rank1, 2, str(tmp_path), timeout=120)
     assert results[0][2] == results[1][2] == "committed", results
     assert results[0][:2] == results[1][:2] and "committed" not in results[0][:2], results
+
+
+def _image_freed_under_a_running_copy(rank: int, ws: int) -> bool:
+    """Stage a 64 MiB tensor whose copy is deferred to the (held) snapshot thread, hand the slot
+    back early (as any ordering bug would) and stage another layout into it, which frees the
+    first images (``_fit``); then let the copy run. Whether the first images hold the tensor."""
+    import threading
+
+    from unickpt.engine.save.staging import StagingPool
+    from unickpt.planning.save import RankSavePlan, WriteEntry
+    from unickpt.planning.specs import SaveItem, ShardSpec
+
+    def item(n: int, seed: int) -> tuple[list[SaveItem], RankSavePlan]:
+        t = torch.arange(n, dtype=torch.float32) + seed
+        spec = ShardSpec("w", "float32", (n,), (0,), (n,))
+        return [SaveItem(spec, t)], RankSavePlan(0, f"s{seed}", (WriteEntry(0, "f", 0, 4 * n),))
+
+    pool = StagingPool(slots=1)
+    gate = threading.Event()
+    pool._snapshotter.submit(gate.wait)  # the snapshot thread is busy: the copy below waits
+    big, big_plan = item(SIDE * SIDE, 1)
+    first = pool.stage(big, big_plan, {}, later=lambda i: True)
+    pool._release(first._slot)  # out of order: the copy has not run yet
+    small, small_plan = item(1000, 2)
+    second = pool.stage(small, small_plan, {})  # another layout: frees the first images
+    gate.set()
+    first.wait_ready()  # the copy into the freed images; old code: SIGSEGV (or a heap written over)
+    got = torch.frombuffer(bytearray(first.parts["f"][0]), dtype=torch.float32)
+    second.release()
+    pool.close()
+    return bool(torch.equal(got, big[0].tensor))
+
+
+def test_issue39_item27_an_image_freed_under_a_running_copy_stays_mapped_until_the_copy_ends(tmp_path):
+    """The pool's images are ``torch.frombuffer`` views of mmaps, and such a tensor keeps no
+    buffer export: ``mmap.close()`` unmapped the pages under it. An image the pool frees now goes
+    with its last view, so an ordering bug of the pool can no longer make a copy write into
+    unmapped or reused memory."""
+    (job,) = run_jobs([(_image_freed_under_a_running_copy, ())], timeout=300)
+    # old code: the child dies by SIGSEGV in the snapshot thread's copy (exit code -11)
+    assert job.exitcode == 0 and job.status == "ok", job
+    assert job.result is True

@@ -98,3 +98,39 @@ def test_staged_images_hold_every_entry_s_bytes(specs):
         staged.release()
     finally:
         pool.close()
+
+
+def test_issue39_item27_a_stage_failing_after_its_background_copy_started_keeps_the_slot_until_the_copy_ends(
+    monkeypatch,
+):
+    """Issue 39 item 27 (a second look): ``StagingPool.stage`` that fails after handing the
+    deferred entries to the snapshot thread (an exception raised between that submit and the
+    return, e.g. a ``KeyboardInterrupt`` from an application's own SIGINT handler) must keep its
+    slot busy until the copy ended: the next ``stage`` of a free slot may unmap its images
+    (``_fit``) under the running copy. The snapshot thread is held busy (an ``Event``), so the
+    copy is still queued when ``stage`` fails."""
+    import threading
+
+    import pytest
+
+    from unickpt.engine.save import staging
+
+    items = [SaveItem(ShardSpec("t0", "float32", (64,), (0,), (64,)), torch.arange(64, dtype=torch.float32))]
+    plan = RankSavePlan(0, "s", (WriteEntry(0, "f", 0, 256),))
+    pool = staging.StagingPool(slots=1)
+    gate = threading.Event()
+    try:
+        pool._snapshotter.submit(gate.wait)  # the snapshot thread is busy: the copy waits behind it
+
+        def refuse(*a: object, **kw: object) -> None:
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(staging, "StagedFiles", refuse)  # fails right after the copy was submitted
+        with pytest.raises(KeyboardInterrupt):
+            pool.stage(items, plan, {}, later=lambda item: True)
+        assert pool._slots[0].busy, "the slot went back while its snapshot copy was still queued"
+    finally:
+        gate.set()
+        pool._snapshotter.shutdown(wait=True)  # the copy ran: the slot is free again
+        assert not pool._slots[0].busy
+        pool.close()

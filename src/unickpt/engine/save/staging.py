@@ -202,6 +202,7 @@ class StagingPool:
         if shared:
             self.writer.start()
         slot = self._acquire()
+        copied: Future[None] | None = None
         try:
             _fit(slot, [sizes[f] for f in files], pinned=cuda, shared=shared, free=self._free)
             images = {f: _as_uint8(slot.buffers[i])[: sizes[f]] for i, f in enumerate(files)}
@@ -232,7 +233,6 @@ class StagingPool:
                 f: [memoryview(images[f].numpy()).cast("B")] if sizes[f] else []  # type: ignore[arg-type]  # numpy stubs: __buffer__ only on 3.12+
                 for f in files
             }
-            copied = None
             if deferred:  # version counters read now, in the call: the state the save stands for
                 versions = [items[e.item_index].tensor._version for e in deferred]
                 copied = self._snapshotter.submit(_copy_checked, deferred, versions, items, images)
@@ -240,8 +240,11 @@ class StagingPool:
             if shared:
                 shared_images = {f: b for f, b in zip(files, slot.buffers) if isinstance(b, SharedImage)}
             return StagedFiles(parts, ready, self, slot, sum(sizes.values()), copied, shared_images)
-        except BaseException:
-            self._release(slot)
+        except BaseException:  # e.g. a KeyboardInterrupt of an application's own SIGINT handler
+            if copied is None:
+                self._release(slot)
+            else:  # the snapshot thread copies into the images: the slot goes back once it ended
+                copied.add_done_callback(lambda _: self._release(slot))
             raise
 
 

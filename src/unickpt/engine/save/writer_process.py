@@ -64,15 +64,19 @@ class SharedImage:
         try:
             os.ftruncate(self.fd, self.capacity)
             populate = getattr(mmap, "MAP_POPULATE", 0)
-            self._mm = mmap.mmap(self.fd, self.capacity, flags=mmap.MAP_SHARED | populate)
+            mm = mmap.mmap(self.fd, self.capacity, flags=mmap.MAP_SHARED | populate)
         except BaseException:
             os.close(self.fd)
             raise
-        self.view = memoryview(self._mm)
+        self._mm: mmap.mmap | None = mm
+        self.view = memoryview(mm)
 
     def close(self) -> None:
-        self.view.release()
-        self._mm.close()
+        """Close the descriptor; the mapping goes with its last view (``AlignedBuffer.close``:
+        a tensor of ``torch.frombuffer`` keeps no buffer export, an explicit unmap would pull the
+        pages from under it)."""
+        self.view = memoryview(b"")
+        self._mm = None
         os.close(self.fd)
 
 
