@@ -30,11 +30,12 @@ def save_three_steps(rank: int, ws: int, root: str, hosts: list[str]) -> dict[st
     return out
 
 
-def resume(rank: int, ws: int, root: str, hosts: list[str]) -> dict[str, Any]:
-    """A restarted job: fresh objects, ``load()`` (the tier's ``load_latest``), the state and next batch."""
+def resume(rank: int, ws: int, root: str, hosts: list[str], config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A restarted job: fresh objects (``config``: more config fields), ``load()`` (the tier's
+    ``load_latest``), the state and next batch."""
     del ws
     enter_host(root, hosts[rank])
-    t = build(root, interval=1, keep_latest_k=0, async_mode="async", **TIER)
+    t = build(root, interval=1, keep_latest_k=0, async_mode="async", **TIER, **(config or {}))
     loaded = t["manager"].load()
     report = t["manager"]._tiers.last_recovery
     t["data"] = iter(t["dataloader"])  # the trainer makes its data iterator after the load

@@ -35,6 +35,20 @@ def test_issue40_item8_torchtitan_config_resumes_from_peers_ram_without_the_fold
         assert r["next_batch"].equal(s["next_batch"])
 
 
+def test_issue40_item8_torchtitan_config_resumes_on_one_host_fewer_resharded_from_ram(tmp_path) -> None:
+    # saved by 3 hosts (FSDP2 over 3 ranks); host b is lost for good: the job restarts on hosts a
+    # and c (FSDP2 over 2 ranks), resharded from their RAM (the dataloader's per-rank state skipped)
+    root = str(tmp_path)
+    saved = run_ranks(save_three_steps, 3, root, ["a", "b", "c"], timeout=600)
+    shutil.rmtree(os.path.join(root, "checkpoint"))
+    shutil.rmtree(os.path.join(root, "ram", "b"))
+    res = run_ranks(resume, 2, root, ["a", "c"], {"dataloader_on_resize": "skip"}, timeout=600)
+    for r in res:
+        assert r["loaded"] and r["tier"] == "ram" and r["step"] == 3, r
+        for key in ("params", "optim", "lrs", "sched", "train_state"):
+            assert_same_tree(saved[0]["saved"][key], r["resumed"][key], key)
+
+
 def test_issue40_item8_torchtitan_config_refuses_a_fast_root_that_is_not_ram() -> None:
     from unickpt.integrations.torchtitan import UnickptCheckpointManager
 
