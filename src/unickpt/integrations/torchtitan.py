@@ -35,6 +35,16 @@ them; an ``initial_load_path`` load converts the saved dtypes to the model's (as
 ``last_save_in_hf`` / ``initial_load_in_hf``: Hugging Face safetensors through torchtitan's
 state-dict adapter (``_save_hf``, ``_load_hf``). Not supported: quantized HF checkpoints
 (refused by ``Config``).
+
+Fast recovery (``unickpt_fast_root="shm://<job>"``; docs/guide/recovery.md): the periodic saves
+go through a ``TieredCheckpointManager(unickpt_fast_root, <checkpoint folder>,
+replicas=unickpt_replicas, durable_every=unickpt_durable_every, keep_fast=unickpt_keep_fast,
+keep_durable=keep_latest_k or None)``: each host's RAM, copied to ``unickpt_replicas`` other
+hosts, and every ``unickpt_durable_every``-th step also to the checkpoint folder (its
+``step_NNNNNNNN`` folders, the tier's layout; the tier's retention replaces
+``_purge_stale_checkpoints``). ``load()`` (no step) is the tier's ``load_latest``: the newest
+step complete across every host's RAM and the folder; ``load(step)`` reads that step from the
+folder. The last step's model-only / HF saves stay ``step-N`` folders written as without the tier.
 """
 
 from __future__ import annotations
@@ -61,7 +71,7 @@ from torchtitan.components.checkpointer.dcp import CheckpointManager
 from torchtitan.config import TORCH_DTYPE_MAP, derive, override
 from torchtitan.tools import filesystem
 
-from .. import Checkpointer, SaveHandle
+from .. import Checkpointer, SaveHandle, TieredCheckpointManager
 from ..errors import CheckpointError
 from ..folder.cleanup import delete_checkpoint
 from ..format.records import METADATA_FILE
@@ -145,6 +155,20 @@ class UnickptCheckpointManager(BaseCheckpointManager):
         """torchtitan's dataloader state is per DP rank: after a change of world size ``"error"``
         refuses the load (nothing changed), ``"skip"`` leaves the dataloader fresh, with a warning."""
 
+        unickpt_fast_root: str = ""
+        """``"shm://<job>"``: periodic saves go to each host's RAM first, replicated to other hosts
+        (``unickpt.TieredCheckpointManager``, module docstring); ``""``: saves go to the folder only."""
+
+        unickpt_replicas: int = 1
+        """With ``unickpt_fast_root``: how many other hosts hold a copy of each host's RAM save."""
+
+        unickpt_durable_every: int | None = None
+        """With ``unickpt_fast_root``: the steps (multiples of it) also copied to the checkpoint
+        folder; ``None``: every saved step."""
+
+        unickpt_keep_fast: int = 2
+        """With ``unickpt_fast_root``: the newest steps each host keeps in RAM."""
+
         def __post_init__(self) -> None:
             BaseCheckpointManager.Config.__post_init__(self)
             self.async_mode = self.async_mode.lower()  # type: ignore[assignment]
@@ -154,6 +178,8 @@ class UnickptCheckpointManager(BaseCheckpointManager):
                 raise ValueError(f"Invalid dataloader_on_resize: {self.dataloader_on_resize}")
             if self.initial_load_in_hf_quantized:
                 raise ValueError("UnickptCheckpointManager does not read quantized Hugging Face checkpoints")
+            if self.unickpt_fast_root and not self.unickpt_fast_root.startswith("shm://"):
+                raise ValueError(f"unickpt_fast_root must be shm://<name>, got {self.unickpt_fast_root!r}")
 
     def __init__(
         self,
@@ -195,6 +221,13 @@ class UnickptCheckpointManager(BaseCheckpointManager):
         self.sd_adapter = sd_adapter
         self.checkpointer = Checkpointer()  # its own: events listeners, worker, staging memory
         self._storage: Storage | None = None
+        self._tiers: TieredCheckpointManager | None = None
+        if config.unickpt_fast_root:
+            self._tiers = TieredCheckpointManager(
+                config.unickpt_fast_root, self.folder, replicas=config.unickpt_replicas,
+                durable_every=config.unickpt_durable_every, keep_fast=config.unickpt_keep_fast,
+                keep_durable=self.keep_latest_k or None, checkpointer=self.checkpointer,
+            )  # fmt: skip
 
     def __del__(self) -> None:
         self.close()
@@ -243,10 +276,13 @@ class UnickptCheckpointManager(BaseCheckpointManager):
             return True
         async_save = self.async_save and not last_step
         with parameters_as_held(self.states[MODEL]):
-            handle = self.checkpointer.save(path, dict(self.states), async_save=async_save)
+            if self._tiers is not None:  # RAM, replicas, the folder every durable_every-th step
+                handle = self._tiers.save(curr_step, dict(self.states), async_save=async_save)
+            else:
+                handle = self.checkpointer.save(path, dict(self.states), async_save=async_save)
         if async_save:
             self.save_future, self._staging = handle, handle  # type: ignore[assignment]
-        elif not last_step:  # a full last-step save is not followed by a purge either
+        elif not last_step and self._tiers is None:  # a full last-step save is not followed by a purge either
             self._purge_stale_checkpoints()
         return True
 
@@ -293,7 +329,8 @@ class UnickptCheckpointManager(BaseCheckpointManager):
         self._staging = None
         assert handle is not None
         handle.wait()
-        self._purge_stale_checkpoints()
+        if self._tiers is None:  # the tier applies its own retention
+            self._purge_stale_checkpoints()
 
     def _purge_stale_checkpoints(self) -> None:
         """Rank 0: keep the ``keep_latest_k`` newest complete unickpt checkpoints."""
@@ -312,6 +349,8 @@ class UnickptCheckpointManager(BaseCheckpointManager):
             raise FileNotFoundError(
                 f"--checkpoint.load_step={step} not found because checkpoint.folder {self.folder} does not exist"
             )
+        if self._tiers is not None:
+            return self._load_tiered(step)
         complete = self._complete_steps()
         options = self.load_options
         load_step = (complete[-1] if complete else -1) if step == -1 else step
@@ -331,20 +370,52 @@ class UnickptCheckpointManager(BaseCheckpointManager):
             if load_step not in complete:
                 raise FileNotFoundError(f"--checkpoint.load_step={load_step} not found at {self.folder}")
             path, model_only = self._create_checkpoint_id(load_step), load_step == 0
+        self._load_into(path, model_only, options)
+        return True
+
+    def _state_to_load(self, model_only: bool) -> dict[str, Any]:
         for key in self.exclude_from_loading:
             if key not in self.states:
                 raise ValueError(f"{key} not found in state_dict.")
         if model_only:
-            state: dict[str, Any] = {MODEL: self.states[MODEL]}
-        else:
-            state = {k: v for k, v in self.states.items() if k not in self.exclude_from_loading}
+            return {MODEL: self.states[MODEL]}
+        return {k: v for k, v in self.states.items() if k not in self.exclude_from_loading}
+
+    def _load_into(self, path: str, model_only: bool, options: LoadOptions) -> None:
+        state = self._state_to_load(model_only)
         partial = len(state) < len(self.states)
         with warnings.catch_warnings():
             if partial:  # asked for a subset on purpose: the keys left out are not news
                 warnings.filterwarnings("ignore", message="non-strict load")
             with parameters_as_held(self.states[MODEL]):
                 self.checkpointer.load(path, state, strict=not partial, options=options)
-        return True
+
+    def _load_tiered(self, step: int) -> bool:
+        """``_load`` with ``unickpt_fast_root``: no step -> the tier's ``load_latest`` (every host's
+        RAM and the folder's ``step_NNNNNNNN``; nothing there: ``_load`` as without the tier, i.e.
+        ``step-N`` folders of a job that ran without it, then ``initial_load_path``); a step ->
+        that step from the folder's ``step_NNNNNNNN``."""
+        assert self._tiers is not None
+        if step != -1:
+            durable = self._tiers.durable
+            if step not in [c.step for c in durable.list_checkpoints()]:
+                raise FileNotFoundError(f"--checkpoint.load_step={step} not found at {self.folder}")
+            self._load_into(durable.path_for(step), False, self.load_options)
+            return True
+        state = self._state_to_load(False)
+        partial = len(state) < len(self.states)
+        with warnings.catch_warnings():
+            if partial:
+                warnings.filterwarnings("ignore", message="non-strict load")
+            with parameters_as_held(self.states[MODEL]):
+                loaded = self._tiers.load_latest(state, strict=not partial, options=self.load_options)
+        if loaded is not None:
+            return True
+        tiers, self._tiers = self._tiers, None
+        try:  # nothing in the tier: as without it (``step-N`` folders, then ``initial_load_path``)
+            return self._load(-1)
+        finally:
+            self._tiers = tiers
 
     def _load_hf(self, path: str) -> None:
         """The model from a Hugging Face safetensors folder through torchtitan's state-dict
@@ -397,7 +468,12 @@ class UnickptCheckpointManager(BaseCheckpointManager):
             finally:
                 self.save_future = None
                 self._staging = None
-                ckpt.close()
+                tiers, self._tiers = getattr(self, "_tiers", None), None
+                try:
+                    if tiers is not None:
+                        tiers.close()  # waits for the replication and durable copies
+                finally:
+                    ckpt.close()
 
 
 def unickpt_config(config: BaseCheckpointManager.Config, **changes: Any) -> UnickptCheckpointManager.Config:

@@ -23,6 +23,9 @@ from unickpt.integrations.torchtitan import UnickptCheckpointManager
 
 DOC = os.path.join(os.path.dirname(__file__), "..", "..", "..", "docs", "integrations", "torchtitan.md")
 TARGET = "unickpt.integrations.torchtitan.use_unickpt"
+# the fields only unickpt's Config has, at their documented defaults (the RAM tier off)
+OWN = {"dataloader_on_resize": "error", "unickpt_fast_root": "", "unickpt_replicas": 1,
+       "unickpt_durable_every": None, "unickpt_keep_fast": 2}  # fmt: skip
 
 
 def _fields(cfg: Any) -> dict[str, Any]:
@@ -47,14 +50,14 @@ def test_issue39_item23_command_line_selects_the_manager_and_keeps_every_field()
     ckpt = config.checkpoint
     assert type(ckpt) is UnickptCheckpointManager.Config
     assert type(ckpt)._owner is UnickptCheckpointManager  # what config.checkpoint.build() constructs
-    want = {**_job_fields(), "enable": True, "interval": 7, "dataloader_on_resize": "error"}
+    want = {**_job_fields(), **OWN, "enable": True, "interval": 7}
     assert _fields(ckpt) == want
 
 
 def test_issue39_item23_command_line_override_takes_unickpt_fields() -> None:
     config = _cli("--override.imports", f'{TARGET}={{"dataloader_on_resize": "skip"}}')
     assert type(config.checkpoint) is UnickptCheckpointManager.Config
-    assert _fields(config.checkpoint) == {**_job_fields(), "dataloader_on_resize": "skip"}
+    assert _fields(config.checkpoint) == {**_job_fields(), **OWN, "dataloader_on_resize": "skip"}
 
 
 def test_issue39_item23_documented_snippet_keeps_every_field() -> None:
@@ -66,5 +69,14 @@ def test_issue39_item23_documented_snippet_keeps_every_field() -> None:
     exec(compile(code, "docs/integrations/torchtitan.md", "exec"), names)
     ckpt = names["config"].checkpoint
     assert type(ckpt) is UnickptCheckpointManager.Config
-    want = {**_job_fields(), "enable": True, "interval": 10, "async_mode": "async", "dataloader_on_resize": "error"}
+    want = {**_job_fields(), **OWN, "enable": True, "interval": 10, "async_mode": "async"}
     assert _fields(ckpt) == want
+
+
+def test_issue40_item8_command_line_override_turns_the_ram_tier_on() -> None:
+    # the documented flag (docs/integrations/torchtitan.md, "Fast recovery")
+    tier = '{"unickpt_fast_root": "shm://llama3_8b", "unickpt_durable_every": 500}'
+    config = _cli("--checkpoint.enable", "--override.imports", f"{TARGET}={tier}")
+    want = {**_job_fields(), **OWN, "enable": True, "unickpt_fast_root": "shm://llama3_8b",
+            "unickpt_durable_every": 500}  # fmt: skip
+    assert _fields(config.checkpoint) == want
