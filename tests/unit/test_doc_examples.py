@@ -30,6 +30,10 @@ NOT_RUN = {  # first line of the block -> why it is not run here
     "import s3fs": "needs an S3 server (tests/integration/storage/test_s3_walkthrough.py runs it against SeaweedFS)",
     "model_chunks, optimizer = ...": "needs megatron-core (tests/integration/megatron/)",
     "from unickpt.data import TokenPackingLoader": "needs token files and 100+ batches (tests/integration/data/)",
+    "from google.cloud import storage": "needs a GCS server (tests/integration/storage/test_gcs_walkthrough.py runs it "
+    "against fake-gcs-server)",
+    'tiers = unickpt.TieredCheckpointManager("shm://job1", "s3://bucket/job1",': "needs several hosts and an S3 "
+    "server (tests/integration/storage/test_recovery_processes.py runs the tier on simulated hosts)",
 }
 DOCSTRING_MODULES = ("manager.py", "api.py", "checkpointer.py", "monitoring/sinks.py")
 RESUME_MARK = "manager.load_latest("  # the CheckpointManager resume loop: checked bit for bit
