@@ -94,3 +94,22 @@ def verl_on_url(rank: int, ws: int, url: str) -> dict[str, Any]:
     fresh["manager"].load_checkpoint(f"{url}/global_step_2/actor")
     out["resumed"] = snapshot(fresh)
     return out
+
+
+def torchtitan_on_url(rank: int, ws: int, url: str) -> dict[str, Any]:
+    """torchtitan's objects (FSDP2) with ``UnickptCheckpointManager`` and ``base_folder=url``:
+    6 steps, async saves at 2, 4, 6 keeping the newest 2; a fresh set resumed from the newest."""
+    from tests.workers.torchtitan_workers import SAVE_STEPS, build, snapshot, train_step
+
+    t = build(url, interval=2, keep_latest_k=2, async_mode="async")
+    out: dict[str, Any] = {"fresh_load": t["manager"].load()}
+    for _ in range(SAVE_STEPS):
+        train_step(t)
+    out["saved"] = snapshot(t)
+    t["manager"].maybe_wait_for_saving()
+    t["manager"].close()
+    t2 = build(url, interval=2, keep_latest_k=2)
+    out["loaded"] = t2["manager"].load()
+    out["resumed"] = snapshot(t2)
+    t2["manager"].close()
+    return out

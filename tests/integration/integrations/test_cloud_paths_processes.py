@@ -49,3 +49,18 @@ def test_issue42_item3_verl_manager_saves_retains_and_resumes_bit_exact(cloud): 
     hf = {n.rsplit("/", 1)[1] for n in names if n.startswith("global_step_2/actor/huggingface/")}
     assert {"config.json", "model.safetensors"} <= hf, names  # hf_model: config and weights
     assert f"global_step_2/actor/{METADATA_FILE}" in names
+
+
+def test_issue42_item3_torchtitan_manager_saves_retains_and_resumes_bit_exact(cloud):  # noqa: F811 (a fixture)
+    pytest.importorskip("torchtitan")
+    from tests.support.compare import assert_same_tree
+    from tests.workers.cloud_integration_workers import torchtitan_on_url
+    from tests.workers.torchtitan_workers import SAVE_STEPS
+
+    url = cloud.url("titan")
+    for out in run_ranks(torchtitan_on_url, 2, url, timeout=600):
+        assert out["fresh_load"] is False and out["loaded"] is True
+        assert_same_tree(out["saved"], out["resumed"], "resumed from the cloud")
+    names = open_storage(url).list()
+    kept = sorted({n.split("/")[1] for n in names if n.endswith(f"/{METADATA_FILE}")})
+    assert kept == [f"step-{SAVE_STEPS - 2}", f"step-{SAVE_STEPS}"], names  # keep_latest_k=2
