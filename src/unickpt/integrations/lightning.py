@@ -216,8 +216,9 @@ class _UnickptCheckpointing(_OwnsCheckpointer, _Base):
         if self._unickpt is not None:
             self._unickpt.wait()  # a pending save may be the one being removed
         if self.is_global_zero:
-            path = str(Path(filepath))
-            if os.path.islink(path):  # save_last="link": Lightning's link, removed itself, never followed
+            url = "://" in str(filepath)  # kept whole: Path("gs://b/x") is "gs:/b/x"
+            path = str(filepath) if url else str(Path(filepath))
+            if not url and os.path.islink(path):  # save_last="link": Lightning's link, removed itself, never followed
                 os.unlink(path)
             else:
                 delete_checkpoint(path)

@@ -243,7 +243,15 @@ class UnickptCheckpointManager(BaseCheckpointManager):
         return self._storage
 
     def _complete_steps(self) -> list[int]:
-        """Steps whose ``step-N`` folder holds a committed unickpt checkpoint, ascending."""
+        """Steps whose ``step-N`` folder holds a committed unickpt checkpoint, ascending. A
+        storage URL (``s3://``, ``gs://``, ``az://``...) is listed through unickpt's storage, not
+        torchtitan's fsspec helpers (which need s3fs / gcsfs / adlfs)."""
+        if filesystem.is_remote(self.folder):
+            names = self._root().list("step-")
+            found = (
+                _STEP_FOLDER.fullmatch(n[: -len(METADATA_FILE) - 1]) for n in names if n.endswith(f"/{METADATA_FILE}")
+            )
+            return sorted(int(m.group(1)) for m in found if m)
         if not filesystem.isdir(self.folder):
             return []
         steps = []
@@ -344,7 +352,7 @@ class UnickptCheckpointManager(BaseCheckpointManager):
 
     @torch.no_grad()
     def _load(self, step: int = -1) -> bool:
-        has_folder = filesystem.isdir(self.folder)
+        has_folder = filesystem.is_remote(self.folder) or filesystem.isdir(self.folder)  # no folders on a URL
         if step != -1 and not has_folder:
             raise FileNotFoundError(
                 f"--checkpoint.load_step={step} not found because checkpoint.folder {self.folder} does not exist"

@@ -46,6 +46,7 @@ so the actor's async save never waits for the critic's.
 from __future__ import annotations
 
 import os
+import tempfile
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -57,6 +58,7 @@ from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
 from .. import Checkpointer, PerRank, SaveHandle
 from ..errors import CheckpointError
+from ..storage import open_storage
 from ._delete import delete_checkpoint
 
 __all__ = ["UnickptFSDPCheckpointManager", "install", "uninstall", "INSTALL_TARGETS"]
@@ -200,6 +202,9 @@ class UnickptFSDPCheckpointManager(FSDPCheckpointManager):
         nothing when ``path`` or its ``huggingface`` folder is a link (never followed)."""
         folder = os.path.join(path, "huggingface")
         names = self._hf_files.pop(path, [])
+        if "://" in path:  # a storage URL: the objects this manager put there
+            open_storage(path).delete([f"huggingface/{name}" for name in names])
+            return
         if os.path.islink(path) or os.path.islink(folder):
             return
         for name in names:
@@ -214,7 +219,21 @@ class UnickptFSDPCheckpointManager(FSDPCheckpointManager):
 
     @contextmanager
     def _records_hf_files(self, path: str) -> Iterator[str]:
-        """Yields ``path/huggingface``; the files that appear there are recorded as this manager's."""
+        """Yields ``path/huggingface``; the files that appear there are recorded as this manager's.
+        For a storage URL (``s3://``, ``gs://``, ``az://``...) it yields a local temporary folder
+        whose files then go to ``path/huggingface/`` through unickpt's storage."""
+        if "://" in path:
+            with tempfile.TemporaryDirectory(prefix="unickpt-verl-hf-") as local:
+                yield local
+                new = sorted(n for n in os.listdir(local) if os.path.isfile(os.path.join(local, n)))
+                storage = open_storage(path)
+                for name in new:  # replaced, as save_pretrained replaces a local file
+                    with open(os.path.join(local, name), "rb") as f:
+                        data = f.read()
+                    storage.delete([f"huggingface/{name}"])
+                    storage.write(f"huggingface/{name}", [data])
+                self._hf_files[path] = sorted(set(self._hf_files.get(path, [])) | set(new))
+            return
         folder = os.path.join(path, "huggingface")
         os.makedirs(folder, exist_ok=True)
         before = set(os.listdir(folder))
