@@ -20,6 +20,7 @@ The worker thread is the only user of the tier's process group (``group.TierGrou
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import threading
@@ -48,7 +49,7 @@ class NodeShmStorage(ShmStorage):
     them (the save's commit does not look for other hosts' files; ``replicate`` checks every
     chunk of every file before the step counts as committed in RAM)."""
 
-    node_local = True
+    capabilities = dataclasses.replace(ShmStorage.capabilities, node_local=True)
 
     def __init__(self, path: str, options: Any = None) -> None:
         super().__init__(path, options)

@@ -120,6 +120,10 @@ class StorageCapabilities:
     # through the page cache, not with O_DIRECT): the load engine then gives each file one reader
     # (``engine.load.schedule``) instead of spreading one file's pieces over its threads.
     reads_ahead: bool = False
+    # Each host sees only the data files its own ranks wrote (a node-local RAM tier,
+    # ``recovery.tier.NodeShmStorage``): the commit cannot check other hosts' files by size, so the
+    # tier checks every chunk of every file itself (``recovery.replicate``) before a step counts.
+    node_local: bool = False
 
     def __post_init__(self) -> None:
         if self.rename_replaces and not self.atomic_rename:

@@ -261,9 +261,10 @@ class _Host:
 
         cmd = ["nsenter", "-t", str(self.holder.pid), "-m", sys.executable, "-m", "tests.workers.recovery_workers",
                fn, str(rank), str(ws), str(port), out, json.dumps(args)]  # fmt: skip
-        return subprocess.Popen(
-            cmd, env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "RECOVERY_TEST_RAM": self.ram}
-        )
+        repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        path = os.pathsep.join([repo, os.path.join(repo, "src"), os.environ.get("PYTHONPATH", "")])  # tests.workers
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1", "RECOVERY_TEST_RAM": self.ram}
+        return subprocess.Popen(cmd, env={**env, "PYTHONPATH": path}, cwd=repo)
 
     def lose(self) -> None:
         self.holder.kill()

@@ -43,7 +43,6 @@ from ...monitoring.phases import PhaseRecorder, encode_phases, phases_name
 from ...planning.objects import merge_rank_objects
 from ...planning.save.model import GlobalSavePlan, data_path
 from ...storage.base import Storage
-from ...storage.retry import unwrap
 
 __all__ = ["commit_stage", "check_written_files"]
 
@@ -98,7 +97,7 @@ def commit_stage(
             if gplan.files:  # the save's data folder
                 storage.sync(data_path(gplan.save_id, gplan.files[0]).rsplit("/", 1)[0])
             storage.sync(DATA_DIR)
-        if not getattr(unwrap(storage), "node_local", False):  # node-local RAM: recovery.replicate checks it
+        if not storage.capabilities.node_local:  # node-local RAM: recovery.replicate checks every chunk
             check_written_files(storage, gplan)
         if still_locked is not None:
             still_locked()
