@@ -30,16 +30,14 @@ import base64
 import errno
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, TypeVar
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from ..errors import (
     CheckpointError,
-    MissingDataFileError,
     SizeLimitError,
     StorageError,
     TransientStorageError,
-    TruncatedDataFileError,
 )
 from .base import (
     METADATA_LIMIT,
@@ -51,12 +49,12 @@ from .base import (
     size_limit_error,
     unsupported_error,
 )
+from .blob_store import BlobStore, SliceWriter
 from .options import StorageOptions
 from .s3 import SpanReader
 
 __all__ = ["AzureBlobStorage", "CAPABILITIES"]
 
-T = TypeVar("T")
 
 CAPABILITIES = StorageCapabilities(
     atomic_put=True,
@@ -93,21 +91,6 @@ def _is_connection_error(e: BaseException) -> bool:
     return isinstance(e, (ServiceRequestError, ServiceResponseError, ConnectionError, TimeoutError))
 
 
-class _SliceWriter:
-    """A write-only file over ``view[at:end]`` (what ``StorageStreamDownloader.readinto`` fills)."""
-
-    def __init__(self, view: memoryview, at: int, end: int) -> None:
-        self._view, self.at, self._end = view, at, end
-
-    def write(self, data: bytes) -> int:
-        n = min(len(data), self._end - self.at)
-        self._view[self.at : self.at + n] = data[:n]
-        self.at += n
-        if n < len(data):
-            raise StorageError(errno.EPROTO, "the server sent more bytes than the range asked for")
-        return len(data)
-
-
 def _service_client(account: str | None, options: StorageOptions) -> Any:
     from azure.storage.blob import BlobServiceClient
 
@@ -139,10 +122,11 @@ def _service_client(account: str | None, options: StorageOptions) -> Any:
     return BlobServiceClient(url, credential=credential, **kwargs)
 
 
-class AzureBlobStorage:
+class AzureBlobStorage(BlobStore):
     """The blobs under ``az://<container>/<prefix>``; ``path`` is ``container[@account-host]/prefix``."""
 
     capabilities = CAPABILITIES
+    _read_op = "Get Blob"
 
     def __init__(self, path: str, options: StorageOptions | None = None, scheme: str = "az") -> None:
         try:
@@ -174,23 +158,8 @@ class AzureBlobStorage:
 
     # ------------------------------------------------------------------ plumbing
 
-    def _key(self, name: str) -> str:
-        check_name(name, self.url)
-        return f"{self.prefix}/{name}" if self.prefix else name
-
-    def _where(self, name: str) -> str:
-        return f"{self.url}/{name}" if name else self.url
-
     def _blob(self, key: str) -> Any:
         return self._container.get_blob_client(key)
-
-    def _run(self, op: str, name: str, fn: Callable[[], T]) -> T:
-        try:
-            return fn()
-        except CheckpointError:
-            raise
-        except Exception as e:
-            raise self._translate(op, name, e) from e
 
     def _translate(self, op: str, name: str, e: BaseException) -> StorageError:
         where = self._where(name)
@@ -216,20 +185,6 @@ class AzureBlobStorage:
         if isinstance(e, OSError):
             return StorageError(e.errno if e.errno is not None else errno.EIO, text)
         return StorageError(errno.EPROTO, f"Azure {op} of {where} failed: {type(e).__name__}: {e}")
-
-    def _parallel(self, jobs: Sequence[Callable[[], None]]) -> None:
-        if len(jobs) == 1:
-            jobs[0]()
-            return
-        futures: list[Future[None]] = [self._pool.submit(job) for job in jobs]
-        first: BaseException | None = None
-        for f in futures:
-            try:
-                f.result()
-            except BaseException as e:  # re-raised below
-                first = first or e
-        if first is not None:
-            raise first
 
     def _missing_container(self, e: BaseException) -> bool:
         return _code(e) == "ContainerNotFound"
@@ -277,47 +232,17 @@ class AzureBlobStorage:
             "Put Blob" if total <= self._part else "Put Block List", name, single if total <= self._part else blocks
         )
 
-    def read_into(self, name: str, offset: int, out: memoryview) -> None:
-        key = self._key(name)
-        view = memoryview(out).cast("B")
-        if len(view) == 0:
-            if self.size(name) is None:
-                raise MissingDataFileError(f"data file {self._where(name)} is missing")
-            return
-        if offset < 0:
-            raise StorageError(errno.EINVAL, f"negative offset {offset} reading {self._where(name)}")
-        spans = [(s, min(s + self._part, len(view))) for s in range(0, len(view), self._part)]
-        blob = self._blob(key)
+    def _http_status(self, e: BaseException) -> int:
+        return _status(e)
 
-        def one(start: int, end: int) -> Callable[[], None]:
-            def run() -> None:
-                writer = _SliceWriter(view, start, end)
-                try:
-                    blob.download_blob(offset=offset + start, length=end - start, max_concurrency=1).readinto(writer)
-                except Exception as e:
-                    if _status(e) == 404 and not self._missing_container(e):
-                        raise MissingDataFileError(f"data file {self._where(name)} is missing") from e
-                    if _status(e) == 416:
-                        raise self._truncated(key, name, offset, len(view)) from e
-                    raise
-                if writer.at != end:
-                    raise self._truncated(key, name, offset, len(view))
+    def _missing_object(self, e: BaseException) -> bool:
+        return _status(e) == 404 and not self._missing_container(e)
 
-            return run
+    def _download_range(self, key: str, first: int, length: int, writer: SliceWriter) -> None:
+        self._blob(key).download_blob(offset=first, length=length, max_concurrency=1).readinto(writer)
 
-        self._run("Get Blob", name, lambda: self._parallel([one(s, e) for s, e in spans]))
-
-    def _truncated(self, key: str, name: str, offset: int, length: int) -> TruncatedDataFileError:
-        try:
-            size: int | str = int(self._blob(key).get_blob_properties().size)
-        except Exception:
-            size = "fewer"
-        return TruncatedDataFileError(
-            f"data file {self._where(name)} is truncated: wanted bytes [{offset}, {offset + length}) but it has {size}"
-        )
-
-    def read_into_cached(self, name: str, offset: int, out: memoryview) -> None:
-        self.read_into(name, offset, out)  # no cache shared between processes
+    def _object_size(self, key: str) -> int | None:
+        return int(self._blob(key).get_blob_properties().size)
 
     def size(self, name: str) -> int | None:
         key = self._key(name)

@@ -40,15 +40,13 @@ import errno
 import secrets
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, TypeVar
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from ..errors import (
     CheckpointError,
-    MissingDataFileError,
     StorageError,
     TransientStorageError,
-    TruncatedDataFileError,
 )
 from .base import (
     METADATA_LIMIT,
@@ -60,12 +58,12 @@ from .base import (
     size_limit_error,
     unsupported_error,
 )
+from .blob_store import BlobStore, SliceWriter
 from .options import StorageOptions
 from .s3 import SpanReader
 
 __all__ = ["GcsStorage", "CAPABILITIES", "PART_MARK"]
 
-T = TypeVar("T")
 
 CAPABILITIES = StorageCapabilities(
     atomic_put=True,
@@ -100,22 +98,7 @@ def _is_connection_error(e: BaseException) -> bool:
     return isinstance(e, kinds) or isinstance(e, (ConnectionError, TimeoutError))
 
 
-class _SliceWriter:
-    """A write-only file over ``view[at:end]`` (what ``Blob.download_to_file`` writes into)."""
-
-    def __init__(self, view: memoryview, at: int, end: int) -> None:
-        self._view, self.at, self._end = view, at, end
-
-    def write(self, data: bytes) -> int:
-        n = min(len(data), self._end - self.at)
-        self._view[self.at : self.at + n] = data[:n]
-        self.at += n
-        if n < len(data):
-            raise StorageError(errno.EPROTO, "the server sent more bytes than the range asked for")
-        return len(data)
-
-
-class GcsStorage:
+class GcsStorage(BlobStore):
     """The objects under ``gs://<bucket>/<prefix>``; ``path`` is ``bucket/prefix`` (registry)."""
 
     capabilities = CAPABILITIES
@@ -157,21 +140,6 @@ class GcsStorage:
 
     # ------------------------------------------------------------------ plumbing
 
-    def _key(self, name: str) -> str:
-        check_name(name, self.url)
-        return f"{self.prefix}/{name}" if self.prefix else name
-
-    def _where(self, name: str) -> str:
-        return f"{self.url}/{name}" if name else self.url
-
-    def _run(self, op: str, name: str, fn: Callable[[], T]) -> T:
-        try:
-            return fn()
-        except CheckpointError:
-            raise
-        except Exception as e:
-            raise self._translate(op, name, e) from e
-
     def _translate(self, op: str, name: str, e: BaseException, *, missing_bucket: bool = False) -> StorageError:
         where = self._where(name)
         status = _status(e)
@@ -192,21 +160,6 @@ class GcsStorage:
         if isinstance(e, OSError):
             return StorageError(e.errno if e.errno is not None else errno.EIO, text)
         return StorageError(errno.EPROTO, f"GCS {op} of {where} failed: {type(e).__name__}: {e}")
-
-    def _parallel(self, jobs: Sequence[Callable[[], None]]) -> None:
-        """Run ``jobs`` on the backend's pool; the first failure is raised once all are done."""
-        if len(jobs) == 1:
-            jobs[0]()
-            return
-        futures: list[Future[None]] = [self._pool.submit(job) for job in jobs]
-        first: BaseException | None = None
-        for f in futures:
-            try:
-                f.result()
-            except BaseException as e:  # re-raised below
-                first = first or e
-        if first is not None:
-            raise first
 
     def _upload(self, key: str, body: Any, size: int, **conditions: Any) -> None:
         blob = self._bucket.blob(key)
@@ -296,55 +249,17 @@ class GcsStorage:
         blob.content_type = "application/octet-stream"
         blob.compose([self._bucket.blob(s) for s in sources], if_generation_match=0, retry=None)
 
-    def read_into(self, name: str, offset: int, out: memoryview) -> None:
-        key = self._key(name)
-        view = memoryview(out).cast("B")
-        if len(view) == 0:
-            if self.size(name) is None:
-                raise MissingDataFileError(f"data file {self._where(name)} is missing")
-            return
-        if offset < 0:
-            raise StorageError(errno.EINVAL, f"negative offset {offset} reading {self._where(name)}")
-        spans = [(s, min(s + self._part, len(view))) for s in range(0, len(view), self._part)]
-        blob = self._bucket.blob(key)
+    def _http_status(self, e: BaseException) -> int:
+        return _status(e)
 
-        def one(start: int, end: int) -> Callable[[], None]:
-            def run() -> None:
-                writer = _SliceWriter(view, start, end)
-                try:
-                    blob.download_to_file(
-                        writer,
-                        start=offset + start,
-                        end=offset + end - 1,
-                        raw_download=True,
-                        checksum=None,
-                        retry=None,
-                    )
-                except Exception as e:
-                    if _status(e) == 404:
-                        raise MissingDataFileError(f"data file {self._where(name)} is missing") from e
-                    if _status(e) == 416:
-                        raise self._truncated(key, name, offset, len(view)) from e
-                    raise
-                if writer.at != end:
-                    raise self._truncated(key, name, offset, len(view))
-
-            return run
-
-        self._run("ranged download", name, lambda: self._parallel([one(s, e) for s, e in spans]))
-
-    def _truncated(self, key: str, name: str, offset: int, length: int) -> TruncatedDataFileError:
-        try:
-            blob = self._bucket.get_blob(key, retry=None)
-            size: int | str = "no" if blob is None else int(blob.size or 0)
-        except Exception:
-            size = "fewer"
-        return TruncatedDataFileError(
-            f"data file {self._where(name)} is truncated: wanted bytes [{offset}, {offset + length}) but it has {size}"
+    def _download_range(self, key: str, first: int, length: int, writer: SliceWriter) -> None:
+        self._bucket.blob(key).download_to_file(
+            writer, start=first, end=first + length - 1, raw_download=True, checksum=None, retry=None
         )
 
-    def read_into_cached(self, name: str, offset: int, out: memoryview) -> None:
-        self.read_into(name, offset, out)  # no cache shared between processes
+    def _object_size(self, key: str) -> int | None:
+        blob = self._bucket.get_blob(key, retry=None)
+        return None if blob is None else int(blob.size or 0)
 
     def size(self, name: str) -> int | None:
         key = self._key(name)
