@@ -47,7 +47,7 @@ from .engine.runtime.worker import ANY_OWNER, SaveHandle, SaveWorker
 from .engine.save.pipeline import SavePipeline
 from .engine.save.staging import StagingPool
 from .engine.save.step_guard import SnapshotGuard
-from .errors import CheckpointError, ForeignFolderError
+from .errors import ConfigurationError, ForeignFolderError
 from .folder.hf_files import hf_export_files, remove_hf_export
 from .folder.lock_owner import LockContext, LockTokens
 from .folder.probe import read_metadata_bytes
@@ -397,7 +397,7 @@ class Checkpointer:
 
     def _check_open(self) -> None:
         if self.closed:
-            raise CheckpointError("this Checkpointer is closed: create a new one")
+            raise ConfigurationError("this Checkpointer is closed: create a new one")
 
 
 def _save_what(path: str, role: str | None) -> str:

@@ -67,7 +67,7 @@ from typing import Any
 import torch
 
 from ..coordination import Coordinator, run_stage
-from ..errors import CheckpointError
+from ..errors import ConfigurationError, PlanningError
 from ..folder.target import prepare_output_folder
 from ..format.hf_layout import (
     HF_FOLDER,
@@ -141,7 +141,7 @@ def _local_path(path: str) -> str:
     if text.startswith("file://"):
         text = text[len("file://") :]
     elif "://" in text:
-        raise CheckpointError(
+        raise ConfigurationError(
             f"Hugging Face export into {text}: only a local (or shared POSIX) path can be written by every rank; "
             "export the committed checkpoint with `unickpt merge` instead"
         )
@@ -233,7 +233,7 @@ def assign(
             shape, offsets, lengths = tuple(shape_list), tuple(offsets_list), tuple(lengths_list)
             have = meta.setdefault(name, (shape, dtype))
             if have != (shape, dtype):
-                raise CheckpointError(
+                raise PlanningError(
                     f"Hugging Face export: ranks disagree on {name!r}: shape {list(have[0])} {have[1]} "
                     f"and {list(shape)} {dtype} (rank {rank}); two tensors renamed onto one name?"
                 )
@@ -248,7 +248,7 @@ def assign(
         shape, dtype_name = meta[name]
         dtype = out_dtype(_dtype(dtype_name), cast)
         if dtype not in SAFETENSORS_DTYPES:
-            raise CheckpointError(
+            raise ConfigurationError(
                 f"Hugging Face export: {name!r} has dtype {dtype_name}, which safetensors cannot hold"
             )
         _check_cover(name, shape, list(holders[name]))
@@ -272,7 +272,7 @@ def assign(
 def _dtype(name: str) -> torch.dtype:
     dtype = getattr(torch, name.removeprefix("torch."), None)
     if not isinstance(dtype, torch.dtype):
-        raise CheckpointError(f"Hugging Face export: unknown dtype {name!r}")
+        raise ConfigurationError(f"Hugging Face export: unknown dtype {name!r}")
     return dtype
 
 
@@ -282,12 +282,12 @@ def _check_cover(name: str, shape: tuple[int, ...], boxes: list[Box]) -> None:
     for i, (oa, la) in enumerate(nonempty):
         for ob, lb in nonempty[i + 1 :]:
             if all(a < b + m and b < a + n for a, n, b, m in zip(oa, la, ob, lb)):
-                raise CheckpointError(
+                raise PlanningError(
                     f"Hugging Face export: {name!r} has overlapping boxes "
                     f"{list(oa)}+{list(la)} and {list(ob)}+{list(lb)}"
                 )
     if sum(math.prod(b[1]) for b in nonempty) != math.prod(shape):
-        raise CheckpointError(f"Hugging Face export: the ranks' boxes of {name!r} do not cover its shape {list(shape)}")
+        raise PlanningError(f"Hugging Face export: the ranks' boxes of {name!r} do not cover its shape {list(shape)}")
 
 
 def export_pieces(
@@ -312,10 +312,10 @@ def export_pieces(
         mine = []
         for p in pieces:
             if tuple(p.tensor.shape) != tuple(p.lengths):
-                raise CheckpointError(f"Hugging Face export: {p.name!r}: local shape differs from its box")
+                raise ConfigurationError(f"Hugging Face export: {p.name!r}: local shape differs from its box")
             box = (tuple(p.offsets), tuple(p.lengths))
             if (p.name, box) in seen:
-                raise CheckpointError(f"Hugging Face export: two tensors are named {p.name!r}")
+                raise ConfigurationError(f"Hugging Face export: two tensors are named {p.name!r}")
             seen.add((p.name, box))
             dtype = str(p.tensor.dtype).removeprefix("torch.")
             mine.append([p.name, list(p.shape), dtype, list(p.offsets), list(p.lengths), p.replica_source, p.source])
@@ -429,7 +429,7 @@ def _index(out: str, layout: HFLayout, options: HFExport, record: HFManifest | N
         sizes[INDEX_FILE] = len(data)
     if options.config is not None:
         if not os.path.isfile(options.config):
-            raise CheckpointError(f"Hugging Face export: config {options.config} is not a file")
+            raise ConfigurationError(f"Hugging Face export: config {options.config} is not a file")
         tmp = os.path.join(out, "config.json" + PARTIAL)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         temps.append(tmp)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from ..errors import CheckpointError, OutputInsideSourceError
+from ..errors import ConfigurationError, OutputInsideSourceError, UnsafePathError
 from ..format.records import DATA_DIR
 from ..storage import Storage, StorageOptions, open_storage
 
@@ -49,12 +49,12 @@ def prepare_output_folder(out: str, what: str, *, refuse_linked_parent: bool = F
     are never overwritten)."""
     for p in (os.path.dirname(out), out) if refuse_linked_parent else (out,):
         if p and os.path.islink(p):
-            raise CheckpointError(f"{what}: refusing to write into {p}: it is a symbolic link")
+            raise UnsafePathError(f"{what}: refusing to write into {p}: it is a symbolic link")
     if os.path.lexists(out):
         if not os.path.isdir(out):
-            raise CheckpointError(f"{what}: {out} exists and is not a folder")
+            raise ConfigurationError(f"{what}: {out} exists and is not a folder")
         if os.listdir(out):
-            raise CheckpointError(f"{what}: {out} is not empty; {what} writes into a new or empty folder only")
+            raise ConfigurationError(f"{what}: {out} is not empty; {what} writes into a new or empty folder only")
     os.makedirs(out, exist_ok=True)
 
 

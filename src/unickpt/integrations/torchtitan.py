@@ -72,7 +72,7 @@ from torchtitan.config import TORCH_DTYPE_MAP, derive, override
 from torchtitan.tools import filesystem
 
 from .. import Checkpointer, SaveHandle, TieredCheckpointManager
-from ..errors import CheckpointError
+from ..errors import CorruptMetadataError, MissingKeysError, SizeLimitError
 from ..folder.cleanup import delete_checkpoint
 from ..format.records import METADATA_FILE
 from ..options import LoadOptions, RestoreOptions
@@ -442,7 +442,7 @@ class UnickptCheckpointManager(BaseCheckpointManager):
         index_path = os.path.join(path, "model.safetensors.index.json")
         if os.path.isfile(index_path):
             if os.path.getsize(index_path) > 64 << 20:
-                raise CheckpointError(f"{index_path} is larger than 64 MiB")
+                raise SizeLimitError(f"{index_path} is larger than 64 MiB")
             with open(index_path) as f:
                 files = sorted(set(json.load(f)["weight_map"].values()))
         else:
@@ -450,7 +450,7 @@ class UnickptCheckpointManager(BaseCheckpointManager):
         hf: dict[str, torch.Tensor] = {}
         for name in files:
             if not isinstance(name, str) or os.path.basename(name) != name or not name.endswith(".safetensors"):
-                raise CheckpointError(f"{index_path} names a file outside its folder: {name!r}")
+                raise CorruptMetadataError(f"{index_path} names a file outside its folder: {name!r}")
             hf.update(load_file(os.path.join(path, name)))
         full = self.sd_adapter.from_hf(hf)
         parts = self.states[MODEL]
@@ -462,7 +462,7 @@ class UnickptCheckpointManager(BaseCheckpointManager):
             for part in parts:
                 missing = sorted(set(part.state_dict()) - set(full))
                 if missing:
-                    raise CheckpointError(f"{path} lacks {len(missing)} tensor(s) of the model: {missing[:10]}")
+                    raise MissingKeysError(f"{path} lacks {len(missing)} tensor(s) of the model: {missing[:10]}")
                 set_model_state_dict(part, full, options=StateDictOptions(full_state_dict=True, strict=False))
 
     # ------------------------------------------------------------------ lifetime

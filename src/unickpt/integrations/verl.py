@@ -57,7 +57,7 @@ import torch.distributed as dist
 from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 
 from .. import Checkpointer, PerRank, SaveHandle
-from ..errors import CheckpointError
+from ..errors import ConfigurationError
 from ..storage import open_storage
 from ._delete import delete_checkpoint
 
@@ -127,11 +127,11 @@ class UnickptFSDPCheckpointManager(FSDPCheckpointManager):
         state: dict[str, Any] = {}
         if "model" in contents:
             if self.model is None:
-                raise CheckpointError("checkpoint contents name 'model' but the manager has no model")
+                raise ConfigurationError("checkpoint contents name 'model' but the manager has no model")
             state["model"] = self.model
         if "optimizer" in contents:
             if self.optimizer is None:
-                raise CheckpointError("checkpoint contents name 'optimizer' but the manager has no optimizer")
+                raise ConfigurationError("checkpoint contents name 'optimizer' but the manager has no optimizer")
             state["optimizer"] = self.optimizer
         if "extra" in contents:
             if self.lr_scheduler is not None:
@@ -265,7 +265,7 @@ class UnickptFSDPCheckpointManager(FSDPCheckpointManager):
         unwrapped = self._unwrapped()
         config = getattr(unwrapped, "config", None)
         if config is None:
-            raise CheckpointError("save_contents names 'hf_model' but the model has no Hugging Face config")
+            raise ConfigurationError("save_contents names 'hf_model' but the model has no Hugging Face config")
         full = get_fsdp_full_state_dict(self.model, offload_to_cpu=True, rank0_only=True)
         if self.rank == 0:
             self._write_hf_model(path, unwrapped, config, full)
@@ -286,7 +286,7 @@ class UnickptFSDPCheckpointManager(FSDPCheckpointManager):
         elif "ForConditionalGeneration" in arch:
             auto_cls = get_auto_model_for_vision2seq()
         else:
-            raise CheckpointError(f"hf_model: unknown architecture {arch!r}")
+            raise ConfigurationError(f"hf_model: unknown architecture {arch!r}")
         with init_empty_weights():
             hf_model = auto_cls.from_config(
                 config, torch_dtype=torch.bfloat16, trust_remote_code=self.trust_remote_code
@@ -351,7 +351,7 @@ def install() -> list[str]:
             setattr(module, attr, UnickptFSDPCheckpointManager)
         done.append(module_name)
     if not done:
-        raise CheckpointError("unickpt.integrations.verl.install(): no verl FSDP worker module was found to patch")
+        raise ConfigurationError("unickpt.integrations.verl.install(): no verl FSDP worker module was found to patch")
     return done
 
 

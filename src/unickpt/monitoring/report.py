@@ -19,7 +19,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigurationError
 
 __all__ = [
     "PHASE_COLUMNS",
@@ -68,7 +68,7 @@ _FIELDS = ("phase", "rank", "start_unix", "seconds", "bytes")
 def load_records(folder: str) -> list[dict[str, Any]]:
     """Every record of every ``rank*.jsonl`` file in ``folder`` (malformed lines are skipped)."""
     if not os.path.isdir(folder):
-        raise CheckpointError(f"{folder} is not a folder of unickpt metrics (rank<r>.jsonl files)")
+        raise ConfigurationError(f"{folder} is not a folder of unickpt metrics (rank<r>.jsonl files)")
     out: list[dict[str, Any]] = []
     for name in sorted(os.listdir(folder)):
         if not (name.startswith("rank") and name.endswith(".jsonl")):
@@ -84,7 +84,7 @@ def load_records(folder: str) -> list[dict[str, Any]]:
                 if isinstance(rec, dict) and all(k in rec for k in _FIELDS):
                     out.append(rec)
     if not out:
-        raise CheckpointError(f"{folder} holds no unickpt metrics records")
+        raise ConfigurationError(f"{folder} holds no unickpt metrics records")
     return out
 
 

@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from ..errors import CheckpointError
+from ..errors import ConfigurationError
 from ..folder.target import prepare_output_folder, refuse_nested_output
 from ..format.values import encode_value
 from ..frameworks.flat import FlatTensors
@@ -92,7 +92,7 @@ def _save_flat(
     from .dcp_layouts import ImportedLoaderState
 
     if os.path.exists(out) and os.listdir(out):
-        raise CheckpointError(f"convert: {out} is not empty; convert writes a new checkpoint only")
+        raise ConfigurationError(f"convert: {out} is not empty; convert writes a new checkpoint only")
     state: dict[str, Any] = {"model": FlatTensors(tensors, objects)}
     if extra_state is not None:
         state["extra_state"] = extra_state
@@ -133,11 +133,11 @@ def from_dcp(folder: str, out: str) -> ConvertResult:
         for k, v in (*state.items(), *plain.items()):
             key = part.prefix + k
             if key in tensors or key in values:
-                raise CheckpointError(f"convert: two DCP entries are named {key!r}")
+                raise ConfigurationError(f"convert: two DCP entries are named {key!r}")
             (tensors if isinstance(v, torch.Tensor) else values)[key] = v
     imported = dcp_layouts.map_import(tensors, values)
     if not imported.tensors:
-        raise CheckpointError(f"{folder}: no tensors to import")
+        raise ConfigurationError(f"{folder}: no tensors to import")
     objects = {k: encode_value(v, k) for k, v in imported.objects.items()}  # as the optimizer adapters save them
     _save_flat(imported.tensors, out, objects, imported.extra_state, imported.dataloader)
     return ConvertResult(out, len(imported.tensors), (*skipped, *imported.skipped), imported.layout)
@@ -179,10 +179,10 @@ def to_dcp(path: str, out: str, *, role: str | None = None, layout: str = "state
     from . import dcp_layouts
 
     if layout not in dcp_layouts.EXPORT_LAYOUTS:
-        raise CheckpointError(f"unknown DCP layout {layout!r}: one of {', '.join(dcp_layouts.EXPORT_LAYOUTS)}")
+        raise ConfigurationError(f"unknown DCP layout {layout!r}: one of {', '.join(dcp_layouts.EXPORT_LAYOUTS)}")
     refuse_nested_output(path, out, "convert")
     if os.path.exists(out) and os.listdir(out):
-        raise CheckpointError(f"convert: {out} is not empty")
+        raise ConfigurationError(f"convert: {out} is not empty")
     saved = dcp_layouts.read_unickpt(path, role)
     state, skipped = dcp_layouts.export_state(saved, layout)
     prepare_output_folder(out, "convert")

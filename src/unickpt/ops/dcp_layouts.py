@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import CheckpointError
+from ..errors import ConfigurationError, NotACheckpointError
 from .source_files import is_subfolder
 
 __all__ = [
@@ -116,7 +116,7 @@ def find_parts(folder: str) -> tuple[list[DcpPart], list[str]]:
     ``optimizer_0/`` (other indices and its pickled files listed), or ByteCheckpoint's ``model/``
     + ``optimizer/``. CheckpointError for anything else."""
     if not os.path.isdir(folder):
-        raise CheckpointError(f"no DCP checkpoint at {folder} (it is not a folder)")
+        raise NotACheckpointError(f"no DCP checkpoint at {folder} (it is not a folder)")
     names = sorted(os.listdir(folder))
     if os.path.isfile(os.path.join(folder, ".metadata")):  # its files: checked by the reader
         skipped = [f"{n} (Lightning's trainer state: a pickle, not imported)" for n in names if n == "meta.pt"]
@@ -139,7 +139,7 @@ def find_parts(folder: str) -> tuple[list[DcpPart], list[str]]:
     byte = [DcpPart(os.path.join(folder, p), f"{p}.") for p in ("model", "optimizer") if p in dcp_dirs]
     if byte:
         return byte, [f"{n}/ (not imported)" for n in names if n not in ("model", "optimizer")] + linked
-    raise CheckpointError(
+    raise NotACheckpointError(
         f"{folder} is neither a DCP checkpoint (.metadata) nor a folder of DCP checkpoints (Accelerate's "
         "pytorch_model_fsdp_0/ and optimizer_0/, ByteCheckpoint's model/ and optimizer/)"
     )
@@ -304,7 +304,7 @@ def map_import(tensors: dict[str, torch.Tensor], values: dict[str, Any]) -> Impo
         model = _model_prefix(optim.fqns(), tensor_keys)
         if model is None:
             absent = [f for f in optim.fqns() if not any(k == f or k.endswith("." + f) for k in tensor_keys)]
-            raise CheckpointError(
+            raise ConfigurationError(
                 f"the DCP checkpoint's optimizer ({optim.prefix!r}) updates parameters that are no tensors of one "
                 f"model state dict in it (e.g. {absent[:3] or optim.fqns()[:3]}): cannot tell which entries are "
                 "the model"
@@ -333,14 +333,14 @@ def map_import(tensors: dict[str, torch.Tensor], values: dict[str, Any]) -> Impo
             if rest:
                 slot = extra.setdefault(top, {})
                 if not isinstance(slot, dict):
-                    raise CheckpointError(f"the DCP checkpoint has both {top!r} and {key!r}")
+                    raise ConfigurationError(f"the DCP checkpoint has both {top!r} and {key!r}")
                 slot[rest] = value
             else:
                 extra[top] = value
             continue
         name = "model." + key[len(head) :] if key.startswith(head) else key
         if name in out:
-            raise CheckpointError(f"convert: two DCP entries map to {name!r}")
+            raise ConfigurationError(f"convert: two DCP entries map to {name!r}")
         out[name] = value
     objects: dict[str, Any] = {}
     if optim is not None:
@@ -444,7 +444,7 @@ def _merged_loader(per_rank: dict[int, Any]) -> tuple[Any, list[str]]:
 def export_state(saved: SavedUnickpt, layout: str) -> tuple[dict[str, Any], list[str]]:
     """The state dict ``dcp.save`` writes for ``layout`` (module docstring), and what it leaves out."""
     if layout not in EXPORT_LAYOUTS:
-        raise CheckpointError(f"unknown DCP layout {layout!r}: one of {', '.join(EXPORT_LAYOUTS)}")
+        raise ConfigurationError(f"unknown DCP layout {layout!r}: one of {', '.join(EXPORT_LAYOUTS)}")
     model = {k[len("model.") :]: t for k, t in saved.tensors.items() if k.startswith("model.")}
     state_of: dict[str, dict[str, Any]] = {}
     for key, t in saved.tensors.items():
@@ -466,7 +466,7 @@ def export_state(saved: SavedUnickpt, layout: str) -> tuple[dict[str, Any], list
             out["optimizer"] = {"state": state_of, "param_groups": groups}
         for key in others:
             if key.partition(".")[0] in out:
-                raise CheckpointError(f"tensor {key!r} would land inside DCP's {key.partition('.')[0]!r} entry")
+                raise ConfigurationError(f"tensor {key!r} would land inside DCP's {key.partition('.')[0]!r} entry")
             out[key] = saved.tensors[key]
         _place(out, saved.named, "state_dict layout")  # lr_scheduler ...: under its key, as dcp.save(state) writes it
         for name, value in (("extra_state", saved.extra_state), (_LOADER, saved.dataloader)):
@@ -490,7 +490,7 @@ def export_state(saved: SavedUnickpt, layout: str) -> tuple[dict[str, Any], list
         skipped.append("extra_state (not a dict of named entries: torchtitan's layout has no place for it)")
     for name, value in saved.named.items():  # lr_scheduler, train_state ...: Statefuls under their own key
         if name in names:
-            raise CheckpointError(
+            raise ConfigurationError(
                 f"torchtitan layout: the checkpoint has both a state key {name!r} and an extra_state entry of that "
                 "name; export with --layout state_dict"
             )
@@ -510,5 +510,5 @@ def _place(out: dict[str, Any], names: dict[str, Any], layout: str) -> None:
     for name, value in names.items():
         clash = [k for k in out if k == name or k.startswith(name + ".") or name.startswith(k + ".")]
         if clash:
-            raise CheckpointError(f"{layout}: the entry {name!r} would collide with {clash[0]!r}")
+            raise ConfigurationError(f"{layout}: the entry {name!r} would collide with {clash[0]!r}")
         out[name] = value

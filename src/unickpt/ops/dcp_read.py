@@ -42,7 +42,13 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..errors import CheckpointError, CorruptMetadataError, NotACheckpointError, TruncatedDataFileError
+from ..errors import (
+    CheckpointError,
+    ConfigurationError,
+    CorruptMetadataError,
+    NotACheckpointError,
+    TruncatedDataFileError,
+)
 from ..format.validation import box_coverage_problem
 from .source_files import open_regular, read_range, read_small_file
 from .torch_save_read import check_stored_tensor, check_value_bytes
@@ -212,7 +218,7 @@ def check_metadata(md: Any, where: str) -> None:
             raise bad(f"the storage entry of {index.fqn!r} names its file by a {type(info.relative_path).__name__}")
         transforms = getattr(info, "transform_descriptors", None)
         if transforms:  # DCP's _extensions (e.g. zstd): not read by convert
-            raise CheckpointError(
+            raise ConfigurationError(
                 f"{where}: entry {index.fqn!r} is stored with the transforms {_short(transforms)} (DCP's "
                 "_extensions, e.g. compression), which convert does not read: save it without extensions"
             )

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..errors import CheckpointError, CorruptMetadataError, NotACheckpointError, SizeLimitError
+from ..errors import CheckpointError, ConfigurationError, CorruptMetadataError, NotACheckpointError, SizeLimitError
 from .source_files import check_relative_name, open_regular, read_range, read_small_file
 
 __all__ = ["HF_INDEX", "HF_INDEX_LIMIT", "SAFETENSORS_HEADER_LIMIT", "hf_shard_names", "load_shard", "load_shards"]
@@ -97,4 +97,4 @@ def _fd_path(fd: int) -> str:
     for base in ("/proc/self/fd", "/dev/fd"):
         if os.path.isdir(base):
             return f"{base}/{fd}"
-    raise CheckpointError("convert --from hf needs /proc/self/fd or /dev/fd to read a checked file")
+    raise ConfigurationError("convert --from hf needs /proc/self/fd or /dev/fd to read a checked file")

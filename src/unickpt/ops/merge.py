@@ -40,7 +40,7 @@ import torch
 
 from ..coordination.single import SingleProcessCoordinator
 from ..engine.load.stage import read_stage
-from ..errors import CheckpointError
+from ..errors import ConfigurationError
 from ..folder.target import prepare_output_folder, refuse_nested_output
 from ..format import Metadata, dtype_from_name
 from ..format.hf_layout import (
@@ -103,7 +103,7 @@ def read_full_tensor(md: Metadata, storage: Storage, fqn: str, threads: int = 4)
     (``pieces.check_data_files``) so that a claim larger than the files allocates nothing."""
     rec = md.tensors.get(fqn)
     if rec is None:
-        raise CheckpointError(f"{storage.url} has no tensor {quoted(fqn)}")
+        raise ConfigurationError(f"{storage.url} has no tensor {quoted(fqn)}")
     dtype = dtype_from_name(rec.dtype)
     out = torch.empty(tuple(rec.shape), dtype=dtype)
     zeros = (0,) * len(rec.shape)
@@ -141,7 +141,7 @@ def select(
         if name is None:
             continue
         if name in seen:
-            raise CheckpointError(
+            raise ConfigurationError(
                 f"merge: {quoted(seen[name])} and {quoted(key)} both map to the output name {quoted(name)}"
             )
         seen[name] = key
@@ -222,13 +222,13 @@ def merge(
     if hf_config is not None:
         model_only = True
         if not os.path.isfile(hf_config):
-            raise CheckpointError(f"merge: --hf-config {hf_config} is not a file")
+            raise ConfigurationError(f"merge: --hf-config {hf_config} is not a file")
     refuse_nested_output(path, out, "merge")
     cast = CAST_DTYPES[dtype] if dtype is not None else None
     storage, md, _ = load_metadata(path, role)
     names = select(md, model_only, key_map)
     if not names:
-        raise CheckpointError(f"merge: {storage.url} has no tensors to merge (model_only={model_only})")
+        raise ConfigurationError(f"merge: {storage.url} has no tensors to merge (model_only={model_only})")
     check_data_files(storage, md, names)
     prepare_output_folder(out, "merge")
     say = report if report is not None else (lambda line: None)
@@ -284,7 +284,7 @@ def _write_safetensors(
     returns the bytes of the safetensors files."""
     for key in names:
         if _out_dtype(dtype_from_name(md.tensors[key].dtype), cast) not in SAFETENSORS_DTYPES:
-            raise CheckpointError(
+            raise ConfigurationError(
                 f"merge: {quoted(key)} has dtype {md.tensors[key].dtype}, which safetensors cannot hold"
             )
     layout = plan_layout(

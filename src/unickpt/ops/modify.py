@@ -17,7 +17,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..errors import CheckpointError
+from ..errors import ConfigurationError
 from ..folder.target import refuse_nested_output
 from ..format.keymap import remap
 from ..frameworks.flat import FlatTensors
@@ -59,9 +59,9 @@ def modify(
     refuse_nested_output(src, out, "modify")
     if os.path.lexists(out):
         if os.path.islink(out) or not os.path.isdir(out):
-            raise CheckpointError(f"modify: {out} exists and is not a folder; modify writes a new checkpoint only")
+            raise ConfigurationError(f"modify: {out} exists and is not a folder; modify writes a new checkpoint only")
         if os.listdir(out):
-            raise CheckpointError(f"modify: {out} is not empty; modify writes a new checkpoint only")
+            raise ConfigurationError(f"modify: {out} is not empty; modify writes a new checkpoint only")
     cast = CAST_DTYPES[dtype] if dtype is not None else None
     storage, md, _ = load_metadata(src)
 
@@ -80,7 +80,7 @@ def modify(
         t = read_full_tensor(md, storage, origin[new], threads)
         tensors[new] = t.to(cast) if cast is not None and t.is_floating_point() else t
     if not tensors:
-        raise CheckpointError(f"modify: every tensor of {storage.url} was dropped")
+        raise ConfigurationError(f"modify: every tensor of {storage.url} was dropped")
     objects = {
         k: v for k, v in mapped.objects.items() if k != "optimizer" or any(n.startswith("optimizer.") for n in tensors)
     }

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 
 from ..coordination.single import SingleProcessCoordinator
 from ..engine.load.data_files import check_data_files
-from ..errors import CheckpointError, ChecksumMismatchError
+from ..errors import CheckpointError, ChecksumMismatchError, ConfigurationError
 from ..format import Metadata, dtype_from_name
 from ..format.checksums import ChunkChecksums
 from ..storage import Storage
@@ -97,7 +97,7 @@ def iter_pieces(
 
     rec = md.tensors.get(fqn)
     if rec is None:
-        raise CheckpointError(f"{storage.url} has no tensor {quoted(fqn)}")
+        raise ConfigurationError(f"{storage.url} has no tensor {quoted(fqn)}")
     dtype = dtype_from_name(rec.dtype)
     shape = tuple(rec.shape)
     index = index if index is not None else ShardIndex(md)

@@ -119,7 +119,7 @@ def read_torch_checkpoint(path: str, *, lightning: bool, param_names: Sequence[s
         for raw, t in sd.items():
             name = clean_fqn(raw, True)
             if prefix + name in tensors:
-                raise CheckpointError(f"{path}: {key or 'the state dict'} names {name!r} twice (as {raw!r})")
+                raise ConfigurationError(f"{path}: {key or 'the state dict'} names {name!r} twice (as {raw!r})")
             tensors[prefix + name] = t
             if key == model_key:
                 model_names.append(name)
@@ -145,7 +145,7 @@ def read_torch_checkpoint(path: str, *, lightning: bool, param_names: Sequence[s
         try:
             data = dumps_value(rest, "the Lightning checkpoint dict")
         except (TypeError, ValueError, OverflowError, RecursionError) as e:
-            raise CheckpointError(f"{path}: cannot convert the Lightning checkpoint dict: {e}") from None
+            raise ConfigurationError(f"{path}: cannot convert the Lightning checkpoint dict: {e}") from None
         statefuls[LIGHTNING_KEY] = {"checkpoint": data}
     else:
         for key, value in top.items():
@@ -210,7 +210,7 @@ def _model_key(modules: dict[Any, Any], path: str) -> str:
     for name in MODEL_NAMES:
         if name in modules:
             return name
-    raise CheckpointError(
+    raise ConfigurationError(
         f"{path} holds several state dicts ({', '.join(map(repr, list(modules)[:5]))}) and none is named "
         f"{', '.join(MODEL_NAMES)}: cannot tell which is the model (re-save it under 'model')"
     )
@@ -228,7 +228,7 @@ def _valid_key(key: Any) -> bool:
 
 def _state_key(key: Any, path: str) -> str:
     if not _valid_key(key) or key in _RESERVED:
-        raise CheckpointError(
+        raise ConfigurationError(
             f"{path}: the state dict under {key!r} cannot become a unickpt state key (1-128 letters, digits, "
             f"'_', '-', '.', none of {sorted(_RESERVED)}): re-save it under another name"
         )
@@ -330,12 +330,12 @@ def optimizer_names(
             names, how = _inferred(label, sd, model_names, model_values, len(optims)), "inferred from the model's order"
         missing = [n for n in names if n not in known]
         if missing:
-            raise CheckpointError(
+            raise ConfigurationError(
                 f"{label} updates {missing[:3]}, which the model state dict lacks"
                 + (" (check param_names)" if how == "param_names given" else "")
             )
         if len(set(names)) != len(names):
-            raise CheckpointError(f"{label} lists a parameter twice ({_first_twice(names)!r})")
+            raise ConfigurationError(f"{label} lists a parameter twice ({_first_twice(names)!r})")
         offset += len(ids)
         per.append(names)
         hows.add(how)
@@ -345,7 +345,7 @@ def optimizer_names(
         )
     flat = [n for names in per for n in names]
     if len(set(flat)) != len(flat):
-        raise CheckpointError(
+        raise ConfigurationError(
             f"{where}: two optimizers update {_first_twice(flat)!r}; unickpt holds one state per parameter"
         )
     return per, ", ".join(sorted(hows))

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from ..errors import CheckpointError, CorruptMetadataError, NotACheckpointError
+from ..errors import ConfigurationError, CorruptMetadataError, NotACheckpointError
 from ..format.validation import box_coverage_problem
 from .source_files import read_small_file
 from .torch_save_read import Record, SubclassTensor, check_stored_tensor, read_torch_save
@@ -175,7 +175,7 @@ def tensor_boxes(value: SubclassTensor, what: str) -> list[Box]:
                 offsets[dim] += start
                 sizes[dim] = min(start + chunk, length) - start
             else:
-                raise CheckpointError(
+                raise ConfigurationError(
                     f"{what} is placed {kind.rpartition('.')[2] or placement!r}: convert reads Shard and Replicate"
                 )
         return [Box(tuple(offsets), tuple(sizes), local, primary)]
@@ -194,7 +194,7 @@ def tensor_boxes(value: SubclassTensor, what: str) -> list[Box]:
             lens = _ints(mds.get("shard_sizes"), f"{what}'s shard sizes")
             boxes.append(Box(offs, lens, tensor))
         return boxes
-    raise CheckpointError(f"{what} is a {value.kind}: convert reads DTensors and ShardedTensors")
+    raise ConfigurationError(f"{what} is a {value.kind}: convert reads DTensors and ShardedTensors")
 
 
 def assemble(what: str, size: tuple[int, ...], dtype: torch.dtype, boxes: list[Box]) -> torch.Tensor:
@@ -262,7 +262,7 @@ def import_verl_fsdp(folder: str, out: str) -> tuple[int, tuple[str, ...], str]:
     from ..state.items import PerRank
 
     if os.path.exists(out) and os.listdir(out):
-        raise CheckpointError(f"convert: {out} is not empty; convert writes a new checkpoint only")
+        raise ConfigurationError(f"convert: {out} is not empty; convert writes a new checkpoint only")
     rf = find_rank_files(folder)
     skipped: list[str] = []
     models = [_mapping(read_torch_save(folder, n, f"the verl checkpoint {folder}"), n) for n in rf.files["model"]]
@@ -344,7 +344,7 @@ def _optimizer(
                 f"{where}: the optimizer state names {stray[0]!r:.60}, not a parameter index 0..{len(params) - 1}"
             )
     if sorted(ids) != list(range(len(params))):
-        raise CheckpointError(
+        raise ConfigurationError(
             f"{where}: the optimizer updates {len(ids)} parameters, the model has {len(params)} distributed "
             "ones: cannot tell which state is whose (verl builds the optimizer over module.parameters())"
         )
@@ -359,7 +359,7 @@ def _optimizer(
             if isinstance(value, (torch.Tensor, SubclassTensor)):
                 whole, distributed = _whole(f"state[{i}][{key!r}]", [s.get(key) for s in per_rank], where)
                 if distributed and whole.shape != model[f"model.{name}"].shape:
-                    raise CheckpointError(
+                    raise ConfigurationError(
                         f"{where}: state {key!r} of parameter {i} has the shape {tuple(whole.shape)}, the "
                         f"{i}-th parameter of the model ({name}) {tuple(model[f'model.{name}'].shape)}"
                     )

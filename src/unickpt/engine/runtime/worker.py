@@ -34,7 +34,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING
 
-from ...errors import AsyncSaveFailures, CheckpointError, describe_exception
+from ...errors import AsyncSaveFailures, ConfigurationError, describe_exception
 from .exit_hook import run_before_thread_pools_shut_down
 
 if TYPE_CHECKING:
@@ -121,7 +121,7 @@ class SaveWorker:
     def submit(self, fn: Callable[[], object]) -> Future:
         with self._lock:
             if self._closed:
-                raise CheckpointError("this Checkpointer is closed: create a new one to save")
+                raise ConfigurationError("this Checkpointer is closed: create a new one to save")
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="unickpt-save", initializer=_lower_priority)
             if not self._exit_hook:

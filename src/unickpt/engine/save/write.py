@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from ...errors import CheckpointError
+from ...errors import InternalError
 from ...format.build import FileSums
 from ...format.checksums import chunk_crcs
 from ...monitoring.events import EventBus
@@ -37,7 +37,7 @@ def write_stage(
     for i, e in enumerate(plan.entries):
         if len(entry_bytes[i]) != e.byte_length:
             path = data_path(plan.save_id, e.file)
-            raise CheckpointError(f"{path}: entry {i} has {len(entry_bytes[i])} bytes, plan says {e.byte_length}")
+            raise InternalError(f"{path}: entry {i} has {len(entry_bytes[i])} bytes, plan says {e.byte_length}")
         sizes[e.file] = max(sizes.get(e.file, 0), e.byte_offset + e.byte_length)
         nbytes[e.file] = nbytes.get(e.file, 0) + e.byte_length
     sums: FileSums = {}
@@ -46,7 +46,7 @@ def write_stage(
         parts = file_parts.get(name, [])
         size = sum(memoryview(p).nbytes for p in parts)
         if size != sizes[name]:
-            raise CheckpointError(
+            raise InternalError(
                 f"{data_path(plan.save_id, name)}: the staged parts hold {size} bytes, "
                 f"the plan's entries end at {sizes[name]}"
             )
