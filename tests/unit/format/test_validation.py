@@ -39,7 +39,7 @@ from unickpt.format.validation import (
     overlap_problems,
     validate_metadata,
 )
-from unickpt.planning.load.targets import Strictness, check_targets
+from unickpt.planning.load.targets import check_targets
 from unickpt.planning.specs import ShardSpec
 
 SETTINGS = settings(max_examples=examples(300), deadline=None, derandomize=True, database=None)
@@ -155,32 +155,35 @@ def test_check_targets_error_class_follows_the_worst_problem() -> None:
 
 
 @pytest.mark.parametrize(
-    "strictness, raises, missing, unexpected",
+    "strict, raises, missing, unexpected",
     [
-        (Strictness.RAISE_ALL, MissingKeysError, (), ()),
-        (Strictness.RAISE_MISSING, MissingKeysError, (), ()),
-        (Strictness.RAISE_UNEXPECTED, UnexpectedKeysError, (), ()),
-        (Strictness.RETURN_ALL, None, ("new",), ("b", "old")),
+        (True, MissingKeysError, (), ()),
+        (False, None, ("new",), ("b", "old")),
     ],
 )
-def test_issue11_strictness_enum(strictness, raises, missing, unexpected) -> None:
+def test_issue11_strictness_enum(strict, raises, missing, unexpected) -> None:
     md = _targets_md()
     specs = [_spec("a", (2,)), _spec("new", (1,))]
     if raises is None:
-        report = check_targets(md, specs, strict=strictness, source="ck")
+        report = check_targets(md, specs, strict=strict, source="ck")
         assert (report.missing, report.unexpected) == (missing, unexpected)
     else:
         with pytest.raises(raises):
-            check_targets(md, specs, strict=strictness, source="ck")
+            check_targets(md, specs, strict=strict, source="ck")
 
 
-def test_strictness_lets_through_what_it_does_not_refuse() -> None:
+def test_issue41_item3_strictness_is_the_bool_load_takes() -> None:
+    """The four-mode enum is gone (its partial modes had no caller): a strict load refuses
+    unexpected keys alone with UnexpectedKeysError, a non-strict one returns both kinds."""
+    from unickpt.planning.load import targets
+
+    assert not hasattr(targets, "Strictness")
     md = _targets_md()
-    only_unexpected = [_spec("a", (2,))]
-    assert check_targets(md, only_unexpected, strict=Strictness.RAISE_MISSING, source="ck").unexpected == ("b", "old")
-    only_missing = [_spec("a", (2,)), _spec("b", (3,)), _spec("old", (1,)), _spec("new", (1,))]
-    assert check_targets(md, only_missing, strict=Strictness.RAISE_UNEXPECTED, source="ck").missing == ("new",)
-    assert Strictness.of(True) is Strictness.RAISE_ALL and Strictness.of(False) is Strictness.RETURN_ALL
+    with pytest.raises(UnexpectedKeysError, match="b, old"):
+        check_targets(md, [_spec("a", (2,))], strict=True, source="ck")
+    assert check_targets(md, [_spec("a", (2,))], strict=False, source="ck") == targets.KeyReport((), ("b", "old"))
+    everything = [_spec("a", (2,)), _spec("b", (3,)), _spec("old", (1,))]
+    assert check_targets(md, everything, strict=True, source="ck") == targets.KeyReport((), ())
 
 
 def test_planning_uses_format_validation() -> None:

@@ -15,7 +15,7 @@
 from .assign import ReadBatch, ReadPart, ShardKey, assign_reads
 from .overlap import CopyOp, ShardRead, plan_local_load
 from .shards import ShardIndex
-from .targets import KeyReport, Strictness, check_targets, keys_error
+from .targets import KeyReport, check_targets, keys_error
 
 __all__ = [
     "ReadBatch",
@@ -27,7 +27,6 @@ __all__ = [
     "plan_local_load",
     "ShardIndex",
     "KeyReport",
-    "Strictness",
     "check_targets",
     "keys_error",
 ]

@@ -2,8 +2,12 @@
 byte is read. Pure functions; each collects every problem and raises one error.
 
 Used on every rank in the load's validate stage: :func:`check_targets` (shapes, dtypes, then
-missing / unexpected keys under a :class:`Strictness`); after every rank's keys are combined,
-:func:`keys_error` for a strict load. Load targets are anything with ``fqn``, ``dtype`` and
+missing / unexpected keys: a strict load raises them, a non-strict one returns them in a
+:class:`KeyReport`); after every rank's keys are combined, :func:`keys_error` for a strict load.
+
+Strictness is a ``bool``, as ``load(strict=...)`` takes it: an enum with Megatron's partial modes
+(raise only missing / only unexpected keys) had no caller before the first release and went
+(issue 41). Load targets are anything with ``fqn``, ``dtype`` and
 ``global_shape`` (:class:`TargetSpec`; ``planning.specs.ShardSpec`` is one).
 """
 
@@ -11,11 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum
 from typing import Protocol
 
 from ...errors import (
-    CheckpointError,
     DtypeMismatchError,
     MissingKeysError,
     ShapeMismatchError,
@@ -23,43 +25,12 @@ from ...errors import (
 )
 from ...format.records import Metadata
 
-__all__ = ["Strictness", "KeyReport", "TargetSpec", "check_targets", "keys_error", "key_error_for", "rename_guess"]
-
-
-class Strictness(Enum):
-    """What a load does with keys only one side has ("missing": wanted by the live state, absent
-    from the checkpoint; "unexpected": in the checkpoint, not wanted). The model is
-    Megatron dist_checkpointing's ``StrictHandling``, reduced to the choices that change what
-    happens: raise, or return the keys to the caller (which warns and skips them).
-
-    ``strict=True`` is ``RAISE_ALL``, ``strict=False`` is ``RETURN_ALL``; ``RAISE_MISSING`` loads
-    part of a checkpoint (a backbone without its head) but refuses a live tensor the checkpoint
-    cannot fill; ``RAISE_UNEXPECTED`` lets new live tensors keep their initial values but
-    refuses to drop anything the checkpoint holds."""
-
-    RAISE_ALL = "raise_all"
-    RAISE_MISSING = "raise_missing"
-    RAISE_UNEXPECTED = "raise_unexpected"
-    RETURN_ALL = "return_all"
-
-    @classmethod
-    def of(cls, strict: bool | Strictness) -> Strictness:
-        if isinstance(strict, Strictness):
-            return strict
-        return cls.RAISE_ALL if strict else cls.RETURN_ALL
-
-    @property
-    def raises_missing(self) -> bool:
-        return self in (Strictness.RAISE_ALL, Strictness.RAISE_MISSING)
-
-    @property
-    def raises_unexpected(self) -> bool:
-        return self in (Strictness.RAISE_ALL, Strictness.RAISE_UNEXPECTED)
+__all__ = ["KeyReport", "TargetSpec", "check_targets", "keys_error", "rename_guess"]
 
 
 @dataclass(frozen=True, slots=True)
 class KeyReport:
-    """Keys a load skipped instead of raising (its strictness let them through)."""
+    """Keys a non-strict load skipped instead of raising (both empty after a strict one)."""
 
     missing: tuple[str, ...]  # wanted by the live state, absent from the checkpoint
     unexpected: tuple[str, ...]  # in the checkpoint, not wanted by the live state
@@ -82,7 +53,7 @@ def check_targets(
     md: Metadata,
     specs: Sequence[TargetSpec],
     *,
-    strict: bool | Strictness,
+    strict: bool,
     source: str,
     checkpoint_keys: set[str] | None = None,
     cast_dtypes: bool = False,
@@ -93,9 +64,8 @@ def check_targets(
     load of only the model does not call the optimizer's tensors unexpected. ``cast_dtypes``:
     differing dtypes are converted while loading instead of refused. Shape mismatches raise
     ``ShapeMismatchError``, else dtype mismatches ``DtypeMismatchError``, else keys the
-    strictness refuses ``keys_error``'s class; the message lists every problem of every kind.
-    Returns the keys the strictness let through."""
-    strictness = Strictness.of(strict)
+    ``strict`` load has ``keys_error``'s class; the message lists every problem of every kind.
+    Returns the keys a non-strict load lets through (none after a strict one)."""
     wanted = {s.fqn: s for s in specs}
     saved = set(md.tensors) if checkpoint_keys is None else checkpoint_keys
     missing = sorted(set(wanted) - set(md.tensors))
@@ -109,7 +79,7 @@ def check_targets(
             shape_problems.append(f"{fqn}: checkpoint shape {rec.shape}, live shape {spec.global_shape}")
         elif rec.dtype != spec.dtype and not cast_dtypes:
             dtype_problems.append(f"{fqn}: checkpoint dtype {rec.dtype}, live dtype {spec.dtype}")
-    keys = key_error_for(missing, unexpected, source, strictness)
+    keys = keys_error(missing, unexpected, source) if strict and (missing or unexpected) else None
     texts = []
     if shape_problems:
         texts.append(f"shape mismatch loading {source}:" + _listing(shape_problems, 10))
@@ -129,28 +99,12 @@ def check_targets(
         raise DtypeMismatchError("\n".join(texts))
     if keys is not None:
         raise keys
-    return KeyReport(
-        tuple(missing) if not strictness.raises_missing else (),
-        tuple(unexpected) if not strictness.raises_unexpected else (),
-    )
+    return KeyReport(tuple(missing), tuple(unexpected))
 
 
 def _listing(lines: list[str], cap: int) -> str:
     out = "".join(f"\n  {x}" for x in lines[:cap])
     return out + (f"\n  ... and {len(lines) - cap} more" if len(lines) > cap else "")
-
-
-def key_error_for(
-    missing: Sequence[str], unexpected: Sequence[str], source: str, strictness: bool | Strictness
-) -> CheckpointError | None:
-    """The error a load under ``strictness`` raises for these keys (``keys_error`` of the keys it
-    refuses), or None when it lets all of them through."""
-    s = Strictness.of(strictness)
-    refused_missing = list(missing) if s.raises_missing else []
-    refused_unexpected = list(unexpected) if s.raises_unexpected else []
-    if not refused_missing and not refused_unexpected:
-        return None
-    return keys_error(refused_missing, refused_unexpected, source)
 
 
 def keys_error(missing: list[str], unexpected: list[str], source: str) -> MissingKeysError | UnexpectedKeysError:
