@@ -1,21 +1,14 @@
 """The options of a save (``SaveOptions``) and of a load (``LoadOptions``, grouped: ``io`` =
 ``ReadOptions``, ``limits`` = ``LoadLimits``, ``restore`` = ``RestoreOptions``): small frozen,
 keyword-only dataclasses that validate their values when built. The caller builds them; the
-save and load pipelines (``engine.save``, ``engine.load``) only read them.
-
-``LoadOptions`` still takes the flat keywords of earlier releases (``io_threads=`` ...) and puts
-them into their group, with a DeprecationWarning (``_init_taking_flat_keywords``); reading a
-flat attribute works the same way (``_MovedField``)."""
+save and load pipelines (``engine.save``, ``engine.load``) only read them."""
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Generic, TypeVar, overload
+from typing import Any
 
 from .coordination.topology import CoordinationOptions
 from .format.checksums import MAX_CHUNK, MIN_CHUNK, is_chunk_size
@@ -184,46 +177,13 @@ class RestoreOptions:
         object.__setattr__(self, "loader_on_resize", loader)
 
 
-_T = TypeVar("_T")
-
-
-class _MovedField(Generic[_T]):
-    """A ``LoadOptions`` attribute that moved into a group: reading ``opts.io_threads`` still
-    gives ``opts.io.threads``, with a DeprecationWarning naming the new spelling."""
-
-    def __init__(self, group: str, name: str) -> None:
-        self.group, self.name = group, name
-
-    def __set_name__(self, owner: type, attr: str) -> None:
-        self.attr = attr
-
-    @overload
-    def __get__(self, obj: None, owner: type) -> _MovedField[_T]: ...
-    @overload
-    def __get__(self, obj: object, owner: type | None = None) -> _T: ...
-    def __get__(self, obj: object, owner: type | None = None) -> _T | _MovedField[_T]:
-        if obj is None:
-            return self
-        warnings.warn(
-            f"LoadOptions.{self.attr} is deprecated: read LoadOptions.{self.group}.{self.name}",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        value: _T = getattr(getattr(obj, self.group), self.name)
-        return value
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LoadOptions:
     """How one load runs: ``io`` (reads), ``limits`` (caps), ``restore`` (mapping saved state
     onto the job's), and the load's checks, deadline, storage and collector.
 
     Change one setting of a group with ``dataclasses.replace``, e.g.
-    ``replace(opts, io=replace(opts.io, threads=8))``. The flat keywords of earlier releases
-    (``LoadOptions(io_threads=8, key_map=f)``; ``dataclasses.replace(opts, io_threads=8)``) are
-    still accepted and put into their group, with a DeprecationWarning naming the new spelling;
-    a flat keyword given with its group overrides the group's field. Reading a flat attribute
-    (``opts.io_threads``) works the same way."""
+    ``replace(opts, io=replace(opts.io, threads=8))``."""
 
     io: ReadOptions = field(default_factory=ReadOptions)
     limits: LoadLimits = field(default_factory=LoadLimits)
@@ -241,17 +201,6 @@ class LoadOptions:
     # (see SaveOptions.pause_gc); False: the collector is left alone
     pause_gc: bool = True
 
-    # the flat attributes of earlier releases (deprecated; see the class docstring)
-    io_threads = _MovedField[int]("io", "threads")
-    dedup_reads = _MovedField[bool | None]("io", "dedup_reads")
-    max_metadata_bytes = _MovedField[int]("limits", "max_metadata_bytes")
-    max_blob_bytes = _MovedField[int]("limits", "max_blob_bytes")
-    key_map = _MovedField[Callable[[str], str | None] | None]("restore", "key_map")
-    transforms = _MovedField[Sequence[RowsTensor]]("restore", "transforms")
-    cast_dtypes = _MovedField[bool]("restore", "cast_dtypes")
-    extra_state_on_resize = _MovedField[ExtraStateOnResize]("restore", "extra_state_on_resize")
-    loader_on_resize = _MovedField[LoaderOnResize]("restore", "loader_on_resize")
-
     def __post_init__(self) -> None:
         for name, kind in _GROUPS.items():
             value = getattr(self, name)
@@ -261,41 +210,6 @@ class LoadOptions:
 
 
 _GROUPS: dict[str, type[Any]] = {"io": ReadOptions, "limits": LoadLimits, "restore": RestoreOptions}
-# flat keyword of earlier releases -> (its group, its name there)
-_MOVED_FIELDS: dict[str, tuple[str, str]] = {
-    attr: (v.group, v.name) for attr, v in vars(LoadOptions).items() if isinstance(v, _MovedField)
-}
-
-
-def _init_taking_flat_keywords(generated: Callable[..., None]) -> Callable[..., None]:
-    """``LoadOptions.__init__``: the dataclass's, after moving each flat keyword into its group
-    (built first, so that a refused value raises the group's error before any warning)."""
-
-    @functools.wraps(generated)
-    def __init__(self: LoadOptions, **kwargs: Any) -> None:
-        flat = {k: kwargs.pop(k) for k in [k for k in kwargs if k in _MOVED_FIELDS]}
-        if flat:
-            changes: dict[str, dict[str, Any]] = {}
-            for attr, value in flat.items():
-                group, name = _MOVED_FIELDS[attr]
-                changes.setdefault(group, {})[name] = value
-            for group, fields in changes.items():
-                base = kwargs.get(group, _GROUPS[group]())
-                if not isinstance(base, _GROUPS[group]):
-                    raise TypeError(f"LoadOptions.{group} must be a {_GROUPS[group].__name__}, got {base!r}")
-                kwargs[group] = dataclasses.replace(base, **fields)
-            warnings.warn("; ".join(_new_spelling(attr) for attr in flat), DeprecationWarning, stacklevel=2)
-        generated(self, **kwargs)
-
-    return __init__
-
-
-def _new_spelling(attr: str) -> str:
-    group, name = _MOVED_FIELDS[attr]
-    return f"LoadOptions({attr}=...) is deprecated: use LoadOptions({group}={_GROUPS[group].__name__}({name}=...))"
-
-
-LoadOptions.__init__ = _init_taking_flat_keywords(LoadOptions.__init__)  # type: ignore[method-assign]
 
 
 def _member(enum: type[StrEnum], value: object) -> StrEnum | None:
