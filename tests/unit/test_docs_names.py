@@ -109,12 +109,12 @@ def test_design_pages_name_only_what_exists():
 
 def test_the_check_sees_names_and_catches_a_wrong_one():
     names, paths = mentioned(
-        "`format.names.printable`, `unickpt.LoadOptions.cast_dtypes`, `engine/plan_cache.py`,\n"
+        "`format.names.printable`, `unickpt.LoadOptions.verify_checksums`, `engine/plan_cache.py`,\n"
         "`ops/{merge,nonexistent_tool}.py`, `planning.no_such_module`, read.read_metadata, docs/state.md"
     )
     assert [n for _, n in names] == [
         "format.names.printable",
-        "unickpt.LoadOptions.cast_dtypes",
+        "unickpt.LoadOptions.verify_checksums",
         "planning.no_such_module",
     ]
     assert [p for _, p in paths] == ["engine/plan_cache.py", "ops/{merge,nonexistent_tool}.py"]
