@@ -53,13 +53,16 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from ..errors import FrameworkError
 from ..format.records import JSONValue, Metadata
 from ..planning.specs import LoadItem, SaveItem, Shape, ShardSpec
+
+if TYPE_CHECKING:
+    from .plain import PlainTensor
 
 __all__ = [
     "MODEL_PREFIX",
@@ -255,3 +258,8 @@ class FrameworkAdapter(Protocol):
 
     def load_view(self, state: Mapping[str, Any], md: Metadata | None = None, strict: bool = True) -> LoadView:
         """Destinations for checkpoint ``md`` (None: only the live tensors); no side effects."""
+
+    def plain_tensors(self, state: Mapping[str, Any]) -> dict[str, PlainTensor]:
+        """Checkpoint key -> each live tensor this adapter loads as it is (no shard of a larger
+        one), which ``RestoreOptions(resize_plain_tensors=True)`` may replace by the saved shape
+        (``frameworks.plain``; ``views.DescribedAdapter``: none)."""

@@ -15,6 +15,7 @@ import torch
 from ..errors import FrameworkError
 from .base import SaveView, StateDescription
 from .module_state import tensor_piece
+from .plain import PlainTensor, flat_plain_tensors
 from .views import DescribedAdapter
 
 __all__ = ["FlatTensors", "FlatTensorsAdapter"]
@@ -71,6 +72,11 @@ class FlatTensorsAdapter(DescribedAdapter):
         if state.get("optimizer") is not None:
             raise FrameworkError('framework="tensors" holds optimizer tensors under their keys; pass no "optimizer"')
         return StateDescription(tuple(tensor_piece(k, t, 0 if _distributed() else None) for k, t in flat.items()))
+
+    def plain_tensors(self, state: Mapping[str, Any]) -> dict[str, PlainTensor]:
+        """Every entry of the ``FlatTensors`` (``frameworks.plain``); none for another model."""
+        flat = state.get("model")
+        return flat_plain_tensors(flat) if isinstance(flat, FlatTensors) else {}
 
     def save_view(self, state: Mapping[str, Any]) -> SaveView:
         view = super().save_view(state)

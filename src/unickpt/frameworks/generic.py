@@ -36,6 +36,7 @@ from .module_state import (
     tensor_piece,
 )
 from .parts import model_parts, part_name, part_prefix
+from .plain import PlainTensor, module_plain_tensors
 from .views import DescribedAdapter
 
 __all__ = ["ModuleAdapter", "TorchAdapter", "DDPAdapter", "FSDP2Adapter", "DTensorAdapter", "buffer_source"]
@@ -85,6 +86,11 @@ class ModuleAdapter(DescribedAdapter):
         for key, module in _parts_of(state) or ():
             check_loads_in_place(key, module)
         return super().load_view(state, md, strict)
+
+    def plain_tensors(self, state: Mapping[str, Any]) -> dict[str, PlainTensor]:
+        """Every parameter and buffer of the model parts that is no DTensor, bound in the module
+        inside DDP / ``torch.compile`` wrappers (``frameworks.plain``)."""
+        return module_plain_tensors(model_parts(state.get("model")) or (), self.strip_module)
 
     def describe(self, state: Mapping[str, Any]) -> StateDescription | None:
         parts = _parts_of(state)

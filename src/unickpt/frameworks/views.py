@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..format.records import Metadata
 from ..planning.specs import SaveItem
@@ -21,6 +21,9 @@ from .base import OPTIM_PREFIX, LoadView, Role, SaveView, StateDescription
 from .module_state import optimizer_save, refuse_meta
 from .optim_state import OptimizerLoad, read_saved
 from .targets import LoadTargets
+
+if TYPE_CHECKING:
+    from .plain import PlainTensor
 
 __all__ = ["DescribedAdapter", "save_view", "load_view"]
 
@@ -93,3 +96,7 @@ class DescribedAdapter:
 
     def load_view(self, state: Mapping[str, Any], md: Metadata | None = None, strict: bool = True) -> LoadView:
         return load_view(self.describe(state), md, strict)
+
+    def plain_tensors(self, state: Mapping[str, Any]) -> dict[str, PlainTensor]:
+        """None by default: sharded tensors (FSDP1, Megatron) keep their ShapeMismatchError."""
+        return {}

@@ -20,6 +20,11 @@ from tests.fixtures.metadata_reads import count_metadata_reads
 from unickpt.errors import ResizeRefusedError, ShapeMismatchError, TruncatedDataFileError
 from unickpt.format import METADATA_FILE, ShardRecord, decode_metadata
 from unickpt.format.codec import encode_metadata
+from unickpt.frameworks.base import StateDescription
+from unickpt.frameworks.module_state import tensor_piece
+from unickpt.frameworks.plain import flat_plain_tensors
+from unickpt.frameworks.registry import FRAMEWORKS
+from unickpt.frameworks.views import DescribedAdapter
 from unickpt.options import RestoreOptions
 
 RESIZE = unickpt.LoadOptions(restore=RestoreOptions(resize_plain_tensors=True))
@@ -168,3 +173,39 @@ def test_a_grown_buffer_on_the_gpu_loads_on_the_gpu(tmp_path) -> None:
     unickpt.load(path, {"model": fresh}, options=RESIZE)
     assert fresh.seen.device.type == "cuda" and torch.equal(fresh.seen.cpu(), torch.tensor(SEEN))
     assert torch.equal(fresh.fc.weight.cpu(), saved.fc.weight)
+
+
+class _Table(dict):  # type: ignore[type-arg]
+    """A framework's own container of tensors (no built-in adapter knows it)."""
+
+
+class _TableAdapter(DescribedAdapter):
+    """An adapter that owns its type: it describes a ``_Table`` and names its plain tensors."""
+
+    name = "issue41_table"
+
+    def matches(self, state):  # type: ignore[no-untyped-def]
+        return isinstance(state.get("model"), _Table)
+
+    def describe(self, state):  # type: ignore[no-untyped-def]
+        table = state.get("model")
+        return None if table is None else StateDescription(tuple(tensor_piece(k, t, None) for k, t in table.items()))
+
+    def plain_tensors(self, state):  # type: ignore[no-untyped-def]
+        return flat_plain_tensors(state["model"])
+
+
+def test_issue41_item3_an_adapter_resizes_its_own_types_through_plain_tensors(tmp_path) -> None:
+    """The engine's resize asks the adapter (``plain_tensors``) instead of testing for the built-in
+    adapters' types: a registered adapter of its own container resizes like FlatTensors."""
+    FRAMEWORKS.register(_TableAdapter(), priority=None)
+    try:
+        path = str(tmp_path / "ck")
+        unickpt.save(path, {"model": _Table(w=torch.arange(6.0), seen=torch.tensor(SEEN))}, framework="issue41_table")
+        live = _Table(w=torch.zeros(6), seen=torch.zeros(0))
+        with pytest.raises(ShapeMismatchError, match="seen"):
+            unickpt.load(path, {"model": live}, framework="issue41_table")
+        unickpt.load(path, {"model": live}, framework="issue41_table", options=RESIZE)
+        assert live["seen"].tolist() == SEEN and live["w"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    finally:
+        FRAMEWORKS.unregister("issue41_table")
