@@ -31,7 +31,7 @@ from typing import BinaryIO
 
 from ..errors import CheckpointError
 from ..format.hf_manifest import PARTIAL
-from ..storage._nofollow import open_dir
+from ..storage.local_files import open_dir
 from ..storage.local import LocalStorage, storage_error
 
 __all__ = ["OutputFiles", "STAGING"]
