@@ -16,13 +16,14 @@ descriptor (``*_at``). A link (or a FIFO, a device ...) where unickpt expects a 
 never reads ``data/<save_id>/...`` through a folder link); the readers of names (``walk_names``,
 ``open_chain`` for deletes) skip it, never descending into it.
 
-Writing: ``create_at`` creates a file exclusively (O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC: a file or
-link already there is refused, never written through), ``open_for_write_at`` opens an existing
-regular file (``open_file_at``: one another rank created, one rewritten in place), ``truncate``
-sizes it, ``write_all`` / ``pwrite_all`` write every byte (resuming
-after short writes), ``fsync`` makes a file's bytes durable and ``sync_folder`` the names in a
-folder; ``rename_at`` (replaces), ``link_at`` (an exclusive placement: refuses an existing name),
-``unlink_at``, ``make_folder_at`` and ``remove_folder_at`` change names. ``OSError`` passes
+Writing: ``create_at`` (``create_stream_at``: as a file object) creates a file exclusively
+(O_CREAT|O_EXCL|O_NOFOLLOW|O_CLOEXEC: a file or link already there is refused, never written
+through); ``open_file_at`` opens an existing regular file (one another rank created, one
+rewritten in place); ``truncate`` sizes it; ``write_all`` / ``pwrite_all`` write every byte
+(resuming after short writes); ``fsync`` makes a file's bytes durable and ``sync_folder`` the
+names in a folder; ``rename_at`` (replaces), ``link_at`` (an exclusive placement: refuses an
+existing name), ``unlink_at``, ``make_folders`` (a root), ``make_folder_at`` and
+``remove_folder_at`` change names. ``OSError`` passes
 through; ``storage_error`` turns one into the one-line ``StorageError`` callers raise.
 """
 
@@ -34,6 +35,7 @@ import os
 import stat
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import BinaryIO
 
 from ..errors import StorageError, UnsafePathError
 
@@ -50,6 +52,7 @@ __all__ = [
     "read_at_most",
     "CREATE_FLAGS",
     "create_at",
+    "create_stream_at",
     "open_file_at",
     "truncate",
     "write_all",
@@ -274,6 +277,17 @@ def open_file_at(dirfd: int, name: str, flags: int, mode: int = 0o644, path: str
         os.close(fd)
         raise unsafe(path or name, kind_of(kind), errno.EINVAL)
     return fd
+
+
+def create_stream_at(dirfd: int, name: str, mode: int = 0o644) -> BinaryIO:
+    """``create_at`` as a binary file object (for writers that take one: ``torch.save``); the
+    caller closes it, after ``fsync(f.fileno())`` when the bytes must be durable."""
+    fd = create_at(dirfd, name, mode)
+    try:
+        return os.fdopen(fd, "wb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def truncate(fd: int, size: int) -> None:
