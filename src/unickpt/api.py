@@ -12,7 +12,7 @@ from collections.abc import MutableMapping
 from typing import Any
 
 from .checkpointer import default_checkpointer, live_checkpointers
-from .engine.hf_export import HFExportResult
+from .engine.export.hf import HFExportResult
 from .engine.runtime.worker import SaveHandle
 from .errors import AsyncSaveFailures
 from .folder.target import check_role

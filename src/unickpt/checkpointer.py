@@ -35,10 +35,10 @@ from typing import Any
 
 import torch.distributed as dist
 
-from .coordination import run_stage
 from .coordination.topology import CoordinationOptions
 from .coordination.torch_dist import CheckpointGroups
-from .engine.hf_export import HFExportResult, export_state, hf_folder
+from .engine.export.hf import HFExportResult
+from .engine.export.stage import HFExportStage, run_export
 from .engine.load.pipeline import LoadPipeline
 from .engine.plan_cache import PlanCache
 from .engine.runtime.interrupts import SaveInterrupts, wait_through
@@ -47,18 +47,14 @@ from .engine.runtime.worker import ANY_OWNER, SaveHandle, SaveWorker
 from .engine.save.pipeline import SavePipeline
 from .engine.save.staging import StagingPool
 from .engine.save.step_guard import SnapshotGuard
-from .errors import ConfigurationError, ForeignFolderError
-from .folder.hf_files import hf_export_files, remove_hf_export
+from .errors import ConfigurationError
 from .folder.lock_owner import LockContext, LockTokens
-from .folder.probe import read_metadata_bytes
 from .folder.target import open_target
-from .format import decode_metadata
 from .format.hf_layout import HFExport
 from .format.records import Metadata
 from .monitoring.events import EventBus, Listener
 from .options import LoadOptions, SaveOptions
 from .storage import Storage
-from .storage.base import METADATA_LIMIT
 from .storage.retry import RetryingStorage
 
 __all__ = ["Checkpointer", "default_checkpointer", "live_checkpointers"]
@@ -132,26 +128,13 @@ class Checkpointer:
         failure nobody waited for is raised by its next save/load or ``wait()``, or reported at
         exit (the process then exits non-zero). Every rank must pass the same path, framework
         and role. ``options.hf_export``: after the commit, the model is exported into the
-        checkpoint's ``huggingface/`` folder (``engine.hf_export``), replacing the export of the
-        checkpoint it replaces; a file there unickpt did not write refuses the save before it
-        starts (``_check_export_folder``); the call (async too) returns once that export is
+        checkpoint's ``huggingface/`` folder (``engine.export.stage``), replacing the export of
+        the checkpoint it replaces; a file there unickpt did not write refuses the save before it
+        starts (``HFExportStage.check``); the call (async too) returns once that export is
         durable. Ctrl-C (SIGINT) during the call is deferred until the save committed or failed
         on every rank (an async one: until it is handed to the worker), then ``KeyboardInterrupt``
         is raised (``engine.runtime.interrupts``)."""
-        export = (options or self.save_options).hf_export
-        what = _save_what(path, role)
-        with SaveInterrupts(what, async_save and export is None):
-            if export is not None:
-                self._check_export_folder(path, role, options)
-            handle = self._start_save(path, state, framework, async_save, role, options, None, "")
-            md = None
-            if not async_save or export is not None:
-                md = wait_through(handle, what)
-            else:
-                self.resources.worker.track(handle)
-            if export is not None:
-                self._export_after_commit(path, role, state, export, framework, options, md)
-        return handle
+        return self._save(path, state, None, framework, async_save, role, options, None, "")
 
     def _submit_after(
         self,
@@ -170,84 +153,46 @@ class Checkpointer:
         on it: it runs after the save finished). The returned handle is ``then``'s; its failure
         is reported as ``owner``'s (``wait(owner)``), as are the unseen failures this save
         raises first. ``CheckpointManager`` uses it to move its ``latest`` pointer."""
-        export = (options or self.save_options).hf_export
+        return self._save(path, state, then, framework, async_save, role, options, owner, what)
+
+    def _save(
+        self,
+        path: str,
+        state: MutableMapping[str, Any],
+        then: Callable[[SaveHandle], Metadata | None] | None,
+        framework: str,
+        async_save: bool,
+        role: str | None,
+        options: SaveOptions | None,
+        owner: object,
+        what: str,
+    ) -> SaveHandle:
+        """``save`` and ``_submit_after``: the save, ``then`` on the worker after it (when given),
+        and the Hugging Face export around it (``SaveOptions.hf_export``: checked before, written
+        after the commit; an async save with an export waits for its commit)."""
+        opts = options or self.save_options
+        export = None
+        if opts.hf_export is not None:
+            export = HFExportStage(self.resources, path, role, state, opts.hf_export, framework, opts)
         this = _save_what(path, role)
         with SaveInterrupts(this, async_save and export is None):
             if export is not None:
-                self._check_export_folder(path, role, options)
-            inner = self._start_save(path, state, framework, async_save, role, options, owner, what)
-            # the outer handle's wait_snapshot() is the inner save's: callers change tensors after it
-            outer = SaveHandle(self.resources.worker.submit(lambda: then(inner)), snapshot=inner._snapshot, path=path)
+                export.check()
+            handle = self._start_save(path, state, framework, async_save, role, options, owner, what)
+            if then is not None:
+                inner = handle
+                # the outer handle's wait_snapshot() is the inner save's: callers change tensors after it
+                handle = SaveHandle(
+                    self.resources.worker.submit(lambda: then(inner)), snapshot=inner._snapshot, path=path
+                )
             md = None
             if not async_save or export is not None:
-                md = wait_through(outer, this)
+                md = wait_through(handle, this)
             else:
-                self.resources.worker.track(outer, owner)
+                self.resources.worker.track(handle, owner)
             if export is not None:
-                self._export_after_commit(path, role, state, export, framework, options, md)
-        return outer
-
-    def _export_after_commit(
-        self,
-        path: str,
-        role: str | None,
-        state: MutableMapping[str, Any],
-        export: HFExport,
-        framework: str,
-        options: SaveOptions | None,
-        md: Metadata | None,
-    ) -> None:
-        """``SaveOptions.hf_export``: the committed checkpoint's ``huggingface/`` folder, its
-        tensors in the order of the committed metadata as ``unickpt merge`` decodes it (rank 0
-        reads it back; ``md`` tells which ranks committed), so the files equal ``unickpt merge``'s.
-        After the commit, not before: the save refuses a folder holding files it did not write,
-        and a failed export leaves the committed checkpoint whole. Rank 0 first removes what is
-        left of an earlier export there (the commit normally did: ``folder.hf_files``) and
-        refuses files unickpt did not write that appeared since ``_check_export_folder``."""
-        opts = options or self.save_options
-        out = hf_folder(path, role)
-        coord = self.resources.coordinator("foreground", opts.timeout, f"Hugging Face export into {out}")
-
-        def prepare() -> tuple[list[str], str]:
-            if not isinstance(md, Metadata):  # ranks other than 0
-                return [], ""
-            storage = open_target(path, role, opts.storage)
-            order = list(decode_metadata(read_metadata_bytes(storage, METADATA_LIMIT), storage.url).tensors)
-            left = remove_hf_export(storage).foreign
-            if left:
-                raise ForeignFolderError(
-                    f"checkpoint {storage.url} (save {md.save_id}) is committed, but its Hugging Face export is "
-                    f"refused: {out} holds {len(left)} file(s) unickpt did not write, e.g. {list(left[:3])}; "
-                    "they stay. Move them away and export with `unickpt merge`"
-                )
-            return order, md.save_id
-
-        order, save_id = run_stage(coord, "hf export (replace)", prepare)
-        self._export_hf(out, state, export, framework, opts.timeout, order, save_id)
-
-    def _check_export_folder(self, path: str, role: str | None, options: SaveOptions | None) -> None:
-        """Before a save with ``hf_export`` writes anything (every rank, collective): refuse, on
-        every rank, a path the export cannot write (not local) and a ``huggingface/`` folder
-        holding anything unickpt did not write (``folder.hf_files``: a user's file, a link, a
-        sub-folder; rank 0 looks). The checkpoint there, if any, stays as it is."""
-        opts = options or self.save_options
-        out = hf_folder(path, role)  # raises alike on every rank for a path that is not local
-        coord = self.resources.coordinator("foreground", opts.timeout, f"Hugging Face export into {out}")
-
-        def check() -> None:
-            if coord.rank != 0:
-                return
-            storage = open_target(path, role, opts.storage)
-            found = hf_export_files(storage)
-            if found.foreign:
-                raise ForeignFolderError(
-                    f"refusing to save into {storage.url} with hf_export: {out} holds {len(found.foreign)} "
-                    f"file(s) unickpt did not write, e.g. {list(found.foreign[:3])}. Nothing was saved; the "
-                    "checkpoint there is unchanged. unickpt never deletes or overwrites them: move them away, "
-                    "or save without hf_export (the folder then stays as it is)"
-                )
-
-        run_stage(coord, "hf export (check)", check)
+                export.after_commit(md)
+        return handle
 
     def _start_save(
         self,
@@ -324,26 +269,10 @@ class Checkpointer:
         timeout: float | None = None,
     ) -> HFExportResult:
         """Write the model of ``state`` as a Hugging Face safetensors folder ``out`` (new or
-        empty), every rank its own share of each file (``engine.hf_export``); collective, on
+        empty), every rank its own share of each file (``engine.export.hf``); collective, on
         every rank. The files equal ``unickpt merge --model-only`` of a checkpoint of ``state``."""
         self._check_open()
-        return self._export_hf(out, state, options or HFExport(), framework, timeout)
-
-    def _export_hf(
-        self,
-        out: str,
-        state: MutableMapping[str, Any],
-        options: HFExport,
-        framework: str,
-        timeout: float | None,
-        order: list[str] | None = None,
-        manifest_save_id: str | None = None,
-    ) -> HFExportResult:
-        coord = self.resources.coordinator("foreground", timeout, f"Hugging Face export into {out}")
-        with self.events.phase("save.hf_export", coord.rank, path=out) as p:
-            result = export_state(out, state, options, coord, framework, order or (), manifest_save_id)
-            p.nbytes = result.bytes_written
-        return result
+        return run_export(self.resources, out, state, options or HFExport(), framework, timeout)
 
     def _watched(self, storage: Storage) -> Storage:
         """``storage`` reporting each retried transient failure as a ``storage.retry`` event

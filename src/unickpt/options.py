@@ -84,7 +84,7 @@ class SaveOptions:
     pause_gc: bool = True
     # a Hugging Face safetensors export of the model (format.hf_layout.HFExport: dtype, shard size,
     # config.json, renames) into the checkpoint's huggingface/ folder, every rank writing its own
-    # share (engine.hf_export), right after the commit; the call (async too) returns once those
+    # share (engine.export.hf), right after the commit; the call (async too) returns once those
     # files are durable. Local (or shared POSIX) paths only. None: no export
     hf_export: HFExport | None = None
     # who writes an async save's files: "threads" (writer threads in this process) or "process"

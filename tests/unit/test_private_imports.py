@@ -30,8 +30,8 @@ INTERNAL_USES = {  # (module, internal dotted name) -> the public call that woul
     ("unickpt.integrations.torchtitan", "unickpt.folder.cleanup.delete_checkpoint"): "the same, under the job's locks",
     ("unickpt.integrations.torchtitan", "unickpt.format.records.METADATA_FILE"): "is this folder a checkpoint",
     ("unickpt.integrations.hf_trainer", "unickpt.format.records.METADATA_FILE"): "is this folder a checkpoint",
-    ("unickpt.integrations.torchtitan", "unickpt.engine.hf_export.export_pieces"): "export_hf of renamed tensors",
-    ("unickpt.integrations.torchtitan", "unickpt.engine.hf_export.pieces_of_tensors"): "the same",
+    ("unickpt.integrations.torchtitan", "unickpt.engine.export.hf.export_pieces"): "export_hf of renamed tensors",
+    ("unickpt.integrations.torchtitan", "unickpt.engine.export.hf.pieces_of_tensors"): "the same",
     ("unickpt.integrations.lightning", "unickpt.format.values.dumps_value"): "a dict in the no-pickle value encoding",
     ("unickpt.integrations.lightning", "unickpt.format.values.loads_value"): "the same, decoded",
 }

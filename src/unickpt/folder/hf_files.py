@@ -17,7 +17,7 @@ never followed, nor deleted) and it has the size the manifest recorded; the expo
 (created exclusively under that name by the export, never by anyone else). While the record is
 incomplete (``complete: false``: an export interrupted before its end) it proves those
 temporaries only: the export writes its complete record before any file takes its final name
-(``engine.hf_export``), so a file under a final name beside an incomplete record (a user's
+(``engine.export.hf``), so a file under a final name beside an incomplete record (a user's
 ``config.json`` or ``model.safetensors`` put there after the interruption) is not unickpt's.
 Everything else in the folder (a user's file, a sub-folder, a link, the whole folder when it
 is a link or a file) is *foreign*: never deleted, reported. Without a readable manifest of this

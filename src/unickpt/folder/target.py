@@ -12,7 +12,7 @@ import os
 
 from ..errors import ConfigurationError, OutputInsideSourceError, UnsafePathError
 from ..format.records import DATA_DIR
-from ..storage import Storage, StorageOptions, open_storage
+from ..storage import Storage, StorageOptions, local_files, open_storage
 
 __all__ = ["check_role", "open_target", "claims", "prepare_output_folder", "refuse_nested_output"]
 
@@ -55,7 +55,7 @@ def prepare_output_folder(out: str, what: str, *, refuse_linked_parent: bool = F
             raise ConfigurationError(f"{what}: {out} exists and is not a folder")
         if os.listdir(out):
             raise ConfigurationError(f"{what}: {out} is not empty; {what} writes into a new or empty folder only")
-    os.makedirs(out, exist_ok=True)
+    local_files.make_folders(out)
 
 
 def refuse_nested_output(source: str, out: str, what: str) -> None:

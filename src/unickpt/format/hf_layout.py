@@ -1,7 +1,7 @@
 """The layout of a Hugging Face safetensors export, computed from shapes and dtypes alone.
 
 Pure (no I/O, no collectives): ``ops.merge`` (the offline ``unickpt merge``) and
-``engine.hf_export`` (every rank writes its share inside a save) both call ``plan_layout``, so
+``engine.export.hf`` (every rank writes its share inside a save) both call ``plan_layout``, so
 the two produce the same files byte for byte.
 
 A safetensors file is: 8 bytes little-endian N, N bytes of JSON header (padded with spaces so

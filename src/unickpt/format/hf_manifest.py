@@ -1,7 +1,7 @@
 """The record of a Hugging Face export inside a save: which files of the checkpoint's
 ``huggingface/`` folder unickpt wrote (``unickpt.hf_export.json``, versioned JSON, no torch).
 
-Written by rank 0 of the in-save export (``engine.hf_export.export_pieces`` with a
+Written by rank 0 of the in-save export (``engine.export.hf.export_pieces`` with a
 ``manifest_save_id``): first, before any export file exists, naming every file the export will
 write (``complete: false``, no sizes); then, once every file is written under its temporary
 name and before any takes its final name, with each file's size (``complete: true``). Read

@@ -310,13 +310,13 @@ class UnickptCheckpointManager(BaseCheckpointManager):
 
     def _save_hf(self, path: str) -> None:
         """The last step as Hugging Face safetensors through torchtitan's state-dict adapter,
-        written by every rank, each its own share (``engine.hf_export``; no rank gathers the
+        written by every rank, each its own share (``engine.export.hf``; no rank gathers the
         model): the model's canonical ``state_dict()`` as sharded (DTensors), cast to
         ``export_dtype``, ``sd_adapter.to_hf`` (renames; a reshape of a DTensor is DTensor's
         own), then ``model.safetensors`` and its index in the new ``step-N`` folder (a folder
         that is not empty is refused, never overwritten). Collective."""
         from .. import HFExport
-        from ..engine.hf_export import export_pieces, pieces_of_tensors
+        from ..engine.export.hf import export_pieces, pieces_of_tensors
 
         sharded: dict[str, torch.Tensor] = {}
         for part in self.states[MODEL]:

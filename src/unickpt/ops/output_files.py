@@ -3,16 +3,17 @@ under its final name before it is complete, and a failure leaves none behind.
 
 Each file is written under a temporary name (``<name>.unickpt-partial``, or DCP's whole output in
 the folder ``.unickpt-partial/``) and renamed to its final name once complete and fsynced
-(``storage.local.LocalStorage``: created exclusively, never through a link; ``rename`` relative to
-folder descriptors opened without following links). When the command fails or is interrupted
-(Ctrl-C, a full disk), every file this ``OutputFiles`` created, temporary or renamed, is removed
-again (only those: the folder was empty when the command started, ``folder.target.
-prepare_output_folder``), and the failure becomes one line naming the file: an ``OSError``
-anywhere in the error's chain (``torch.save``'s ``enforce fail at inline_container.cc`` wraps the
-``ENOSPC`` of its write; DCP's ``CheckpointException`` wraps its rank's error) is raised as the
-``StorageError`` of ``storage.local.storage_error`` ("write <file> failed (disk full): ..."); a
-``KeyboardInterrupt`` anywhere in it is raised as ``KeyboardInterrupt`` (the CLI: exit 130). A
-killed process (SIGKILL) leaves only temporary names behind.
+(``storage.local.LocalStorage`` and ``storage.local_files``: created exclusively, never through a
+link; ``rename`` relative to folder descriptors opened without following links). When the command
+fails or is interrupted (Ctrl-C, a full disk), every file this ``OutputFiles`` created, temporary
+or renamed, is removed again (only those: the folder was empty when the command started,
+``folder.target.prepare_output_folder``), and the failure becomes one line naming the file: an
+``OSError`` anywhere in the error's chain (``torch.save``'s ``enforce fail at
+inline_container.cc`` wraps the ``ENOSPC`` of its write; DCP's ``CheckpointException`` wraps its
+rank's error) is raised as the ``StorageError`` of ``storage.local_files.storage_error`` ("write
+<file> failed (disk full): ..."); a ``KeyboardInterrupt`` anywhere in it is raised as
+``KeyboardInterrupt`` (the CLI: exit 130). A killed process (SIGKILL) leaves only temporary names
+behind.
 
 Order of use (``merge.merge``, ``convert.to_dcp``): ``prepare_output_folder(out)`` -> ``with
 OutputFiles(out) as files:`` -> ``files.stream(name)`` (a file object, for data streamed in
@@ -25,19 +26,19 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from types import TracebackType
 from typing import BinaryIO
 
 from ..errors import CheckpointError
 from ..format.hf_manifest import PARTIAL
-from ..storage._nofollow import open_dir
-from ..storage.local import LocalStorage, storage_error
+from ..storage import local_files
+from ..storage.local import LocalStorage
+from ..storage.local_files import storage_error
 
 __all__ = ["OutputFiles", "STAGING"]
 
 STAGING = PARTIAL  # the folder inside OUT that DCP writes into before its files are renamed into OUT
-_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class OutputFiles:
@@ -69,6 +70,10 @@ class OutputFiles:
         if isinstance(cause, OSError) and _wraps_io(error):
             raise storage_error("write", about, cause) from error
 
+    def _folder(self) -> AbstractContextManager[int]:
+        """A descriptor of the output folder (``local_files.open_dir``)."""
+        return local_files.open_dir(self.out, [], create=False)
+
     def path(self, name: str) -> str:
         return os.path.join(self.out, name)
 
@@ -79,17 +84,17 @@ class OutputFiles:
         tmp = name + PARTIAL
         self._current = self.path(name)
         try:
-            with open_dir(self.out, [], create=False) as dfd:
-                fd = os.open(tmp, _CREATE, 0o644, dir_fd=dfd)
+            with self._folder() as dfd:
+                stream = local_files.create_stream_at(dfd, tmp)
         except CheckpointError:
             raise
         except OSError as e:
             raise storage_error("create", self.path(tmp), e) from None
         self._temps.append(tmp)
-        with os.fdopen(fd, "wb") as f:
+        with stream as f:
             yield f
             f.flush()
-            os.fsync(f.fileno())
+            local_files.fsync(f.fileno())
         self._publish(tmp, name)
 
     def write(self, name: str, data: bytes) -> None:
@@ -102,7 +107,8 @@ class OutputFiles:
 
     def staging(self) -> str:
         """The new folder ``OUT/.unickpt-partial`` for another writer (DCP) to fill."""
-        os.mkdir(self.path(STAGING), 0o755)
+        with self._folder() as dfd:
+            local_files.make_folder_at(dfd, STAGING, 0o755)
         self._staged = True
         return self.path(STAGING)
 
@@ -114,7 +120,8 @@ class OutputFiles:
             self._current = self.path(name)
             self.store.rename(f"{STAGING}/{name}", name)
             self._final.append(name)
-        os.rmdir(self.path(STAGING))
+        with self._folder() as dfd:
+            local_files.remove_folder_at(dfd, STAGING)
         self._staged = False
         self._current = None
         return names
@@ -139,9 +146,10 @@ class OutputFiles:
         self.store.delete([*self._temps, *self._final, *staged])
         self._temps.clear()
         self._final.clear()
-        if self._staged and os.path.isdir(self.path(STAGING)) and not os.path.islink(self.path(STAGING)):
+        if self._staged:
             try:
-                os.rmdir(self.path(STAGING))
+                with self._folder() as dfd:
+                    local_files.remove_folder_at(dfd, STAGING)  # a link or a file there: ENOTDIR, kept
             except OSError:
                 pass
 

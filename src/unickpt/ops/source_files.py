@@ -30,7 +30,7 @@ from ..errors import (
     TruncatedDataFileError,
     UnsafePathError,
 )
-from ..storage._nofollow import DIR_FLAGS, kind_of, read_at_most, unsafe
+from ..storage.local_files import DIR_FLAGS, kind_of, read_at_most, unsafe
 
 __all__ = ["check_relative_name", "is_subfolder", "open_regular", "read_range", "read_small_file"]
 

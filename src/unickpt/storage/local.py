@@ -22,7 +22,8 @@ reads on.
 
 Safety (see ``storage.base``): files are created with O_CREAT|O_EXCL|O_NOFOLLOW (data files,
 publication temporaries, locks, markers) and written, renamed and unlinked relative to
-folder descriptors opened without following links (``_nofollow``): a link inside the root is
+folder descriptors opened without following links (``local_files``, the one module that
+writes, renames and deletes local files): a link inside the root is
 never written or deleted through, a folder that is a link is refused for writes and skipped by
 ``list`` and ``delete``. Reads open with O_NOFOLLOW|O_NONBLOCK and accept regular files only
 (a FIFO cannot block a load); ``read`` stops at its ``limit``.
@@ -37,7 +38,6 @@ that never recreates a file that is gone).
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import errno
 import fcntl
@@ -52,7 +52,6 @@ from ..errors import (
     StorageError,
     TruncatedDataFileError,
 )
-from ._nofollow import kind_of, open_chain, open_dir, open_regular, open_root, read_at_most, stat_in, unsafe, walk_names
 from .aligned import ALIGN, BOUNCE_POOL, address_of, is_aligned
 from .base import (
     METADATA_LIMIT,
@@ -63,30 +62,34 @@ from .base import (
     exists_error,
     size_limit_error,
 )
+from .local_files import (
+    create_at,
+    fsync,
+    kind_of,
+    open_chain,
+    open_dir,
+    open_file_at,
+    open_regular,
+    open_root,
+    pwrite_all,
+    read_at_most,
+    remove_folder_at,
+    rename_at,
+    stat_in,
+    storage_error,
+    sync_folder,
+    truncate,
+    unlink_at,
+    unsafe,
+    walk_names,
+    write_all,
+)
 from .options import StorageOptions
 
 __all__ = ["LocalStorage", "storage_error"]
 
-_IOV_MAX = 512
-_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC  # never through a link
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # never blocks on a FIFO
 _DIRECT_MIN = 1 << 20  # smaller files are written buffered, smaller reads read buffered
-
-
-def _write_all(fd: int, views: list[memoryview]) -> None:
-    """writev in batches of at most IOV_MAX buffers, resuming after short writes."""
-    pending = collections.deque(v for v in views if len(v))  # an empty view would never drain
-    while pending:
-        batch = [pending[i] for i in range(min(_IOV_MAX, len(pending)))]
-        n = os.writev(fd, batch)
-        while n:
-            head = pending[0]
-            if n >= len(head):
-                n -= len(head)
-                pending.popleft()
-            else:
-                pending[0] = head[n:]
-                n = 0
 
 
 _SEGMENT = 64 << 20  # a direct-written file is cut into segments of this size ...
@@ -126,7 +129,7 @@ def _write_direct(fd: int, views: list[memoryview], total: int) -> None:
         with ThreadPoolExecutor(_SEGMENT_WRITERS, thread_name_prefix="unickpt-segment") as pool:
             for f in [pool.submit(_write_direct_at, fd, seg, pos) for pos, seg in segments]:
                 f.result()
-    os.ftruncate(fd, total)
+    truncate(fd, total)
 
 
 def _reserve(fd: int, size: int) -> None:
@@ -153,7 +156,7 @@ def _write_direct_at(fd: int, views: list[memoryview], pos: int) -> None:
                 if fill == 0 and len(v) - i >= ALIGN and is_aligned(v[i : i + ALIGN]):
                     n = (len(v) - i) // ALIGN * ALIGN
                     n = min(n, 64 << 20)
-                    _pwrite_all(fd, v[i : i + n], pos)
+                    pwrite_all(fd, v[i : i + n], pos)
                     pos += n
                     i += n
                     continue
@@ -162,21 +165,15 @@ def _write_direct_at(fd: int, views: list[memoryview], pos: int) -> None:
                 fill += n
                 i += n
                 if fill == chunk:
-                    _pwrite_all(fd, bounce.view[:chunk], pos)
+                    pwrite_all(fd, bounce.view[:chunk], pos)
                     pos += chunk
                     fill = 0
         if fill:
             padded = -(-fill // ALIGN) * ALIGN
             bounce.view[fill:padded] = bytes(padded - fill)
-            _pwrite_all(fd, bounce.view[:padded], pos)
+            pwrite_all(fd, bounce.view[:padded], pos)
     finally:
         BOUNCE_POOL.put(bounce)
-
-
-def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
-    done = 0
-    while done < len(view):
-        done += os.pwrite(fd, view[done:], offset + done)
 
 
 def _pread_full(fd: int, dst: memoryview, pos: int, direct: bool = False) -> int:
@@ -249,13 +246,6 @@ CAPABILITIES = StorageCapabilities(
 )
 
 
-def storage_error(op: str, path: str, e: OSError) -> StorageError:
-    """``e`` as the one-line ``StorageError`` of this module (its errno kept): ``"<op> <path>
-    failed (disk full): <reason>"``; also for the files ``ops.output_files`` streams."""
-    hint = " (disk full)" if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
-    return StorageError(e.errno, f"{op} {path} failed{hint}: {e.strerror or e}")
-
-
 class LocalStorage:
     """Files under the folder ``root`` (see the module docstring)."""
 
@@ -293,7 +283,7 @@ class LocalStorage:
         try:
             with open_dir(self.root, folders, create=True, mode=self.folder_mode) as dfd:
                 try:
-                    fd = os.open(base, _CREATE, self.file_mode, dir_fd=dfd)
+                    fd = create_at(dfd, base, self.file_mode)
                 except FileExistsError:
                     raise exists_error(self._path(name)) from None
                 try:
@@ -301,11 +291,11 @@ class LocalStorage:
                     if direct:
                         _write_direct(fd, views, total)
                     else:
-                        _write_all(fd, views)
-                    os.fsync(fd)
+                        write_all(fd, views)
+                    fsync(fd)
                 except OSError as e:
                     try:  # never leave a partial file behind (and give a full disk its space back)
-                        os.unlink(base, dir_fd=dfd)
+                        unlink_at(dfd, base)
                     except OSError:
                         pass
                     raise self._oserror("write", name, e) from None
@@ -443,7 +433,7 @@ class LocalStorage:
             dfd = chain[-1] if chain else rootfd
             for base in bases:
                 try:
-                    os.unlink(base, dir_fd=dfd)
+                    unlink_at(dfd, base)
                 except (FileNotFoundError, IsADirectoryError):
                     pass  # missing, or a folder (names are files): nothing to delete
                 except OSError as e:
@@ -451,7 +441,7 @@ class LocalStorage:
             parents = [rootfd, *chain[:-1]]
             for i in range(len(folders) - 1, -1, -1):  # folders left empty, deepest first
                 try:
-                    os.rmdir(folders[i], dir_fd=parents[i])
+                    remove_folder_at(parents[i], folders[i])
                 except OSError:
                     break
         finally:
@@ -463,27 +453,16 @@ class LocalStorage:
         only), fsync it and its folder. Not atomic for readers (``capabilities.atomic_put`` is
         False): unickpt publishes through ``folder.publish`` (temporary + rename) instead."""
         *folders, base = self._parts(name)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
             with open_dir(self.root, folders, create=True, mode=self.folder_mode) as dfd:
+                fd = open_file_at(dfd, base, os.O_WRONLY | os.O_CREAT, self.file_mode, self._path(name))
                 try:
-                    fd = os.open(base, flags, self.file_mode, dir_fd=dfd)
-                except OSError as e:
-                    if e.errno == errno.ELOOP:
-                        raise unsafe(self._path(name), "a symbolic link") from None
-                    if e.errno == errno.ENXIO:  # a FIFO without a reader (O_NONBLOCK)
-                        raise unsafe(self._path(name), "a FIFO", errno.EINVAL) from None
-                    raise
-                try:
-                    mode = os.fstat(fd).st_mode
-                    if not stat.S_ISREG(mode):
-                        raise unsafe(self._path(name), kind_of(mode), errno.EINVAL)
-                    os.ftruncate(fd, 0)
-                    _write_all(fd, [memoryview(data).cast("B")])
-                    os.fsync(fd)
+                    truncate(fd, 0)
+                    write_all(fd, [memoryview(data).cast("B")])
+                    fsync(fd)
                 finally:
                     os.close(fd)
-                os.fsync(dfd)
+                sync_folder(dfd)
         except CheckpointError:
             raise
         except OSError as e:
@@ -500,7 +479,7 @@ class LocalStorage:
                 open_dir(self.root, sfolders, create=False) as sfd,
                 open_dir(self.root, dfolders, create=True, mode=self.folder_mode) as dfd,
             ):
-                os.replace(sbase, dbase, src_dir_fd=sfd, dst_dir_fd=dfd)
+                rename_at(sfd, sbase, dfd, dbase)
         except CheckpointError:
             raise
         except FileNotFoundError:
@@ -512,7 +491,7 @@ class LocalStorage:
         """fsync a folder so that the names created, renamed or deleted in it are durable."""
         try:
             with open_dir(self.root, self._parts(folder) if folder else [], create=False) as dfd:
-                os.fsync(dfd)
+                sync_folder(dfd)
         except FileNotFoundError:
             return
         except CheckpointError:
@@ -527,19 +506,19 @@ class LocalStorage:
         try:
             with open_dir(self.root, folders, create=True, mode=self.folder_mode) as dfd:
                 try:
-                    fd = os.open(base, _CREATE, self.file_mode, dir_fd=dfd)
+                    fd = create_at(dfd, base, self.file_mode)
                 except FileExistsError:
                     return False
                 try:
                     try:
-                        _write_all(fd, [memoryview(data)])
-                        os.fsync(fd)
+                        write_all(fd, [memoryview(data)])
+                        fsync(fd)
                     finally:
                         os.close(fd)
-                    os.fsync(dfd)
+                    sync_folder(dfd)
                 except OSError:
                     try:
-                        os.unlink(base, dir_fd=dfd)
+                        unlink_at(dfd, base)
                     except OSError:
                         pass
                     raise
@@ -557,18 +536,15 @@ class LocalStorage:
         try:
             with open_dir(self.root, folders, create=False) as dfd:
                 try:
-                    fd = os.open(base, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+                    fd = open_file_at(dfd, base, os.O_RDWR, path=self._path(name))
                 except FileNotFoundError:
                     return False
                 try:
-                    mode = os.fstat(fd).st_mode
-                    if not stat.S_ISREG(mode):
-                        raise unsafe(self._path(name), kind_of(mode), errno.EINVAL)
                     if read_at_most(fd, len(expected)) != expected:
                         return False
-                    _pwrite_all(fd, memoryview(data), 0)
-                    os.ftruncate(fd, len(data))
-                    os.fsync(fd)
+                    pwrite_all(fd, memoryview(data), 0)
+                    truncate(fd, len(data))
+                    fsync(fd)
                 finally:
                     os.close(fd)
         except FileNotFoundError:

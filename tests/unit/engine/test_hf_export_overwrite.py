@@ -141,7 +141,7 @@ def test_retention_and_prune_delete_a_step_with_its_export(tmp_path, capsys) -> 
 
 
 def test_a_failed_export_leaves_its_record_and_the_next_save_replaces_it(tmp_path, monkeypatch) -> None:
-    from unickpt.engine import hf_export
+    from unickpt.storage import local_files
 
     path = str(tmp_path / "ck")
     real = os.pwrite
@@ -154,10 +154,10 @@ def test_a_failed_export_leaves_its_record_and_the_next_save_replaces_it(tmp_pat
         return real(fd, data, at)  # type: ignore[arg-type]
 
     with unickpt.Checkpointer() as ckpt:
-        monkeypatch.setattr(hf_export.os, "pwrite", failing)
+        monkeypatch.setattr(local_files.os, "pwrite", failing)
         with pytest.raises(unickpt.CheckpointError):
             ckpt.save(path, {"model": _model(1)}, options=_opts())
-        monkeypatch.setattr(hf_export.os, "pwrite", real)
+        monkeypatch.setattr(local_files.os, "pwrite", real)
         hf = os.path.join(path, "huggingface")
         assert os.listdir(hf) == [MANIFEST]  # the partial files went; the record says what was meant
         model = _model(2)
@@ -220,18 +220,18 @@ def test_issue39_item17_no_export_file_takes_its_final_name_before_the_complete_
     moment leaves either temporaries beside an incomplete record, or a complete record)."""
     import json
 
-    from unickpt.engine import hf_export
+    from unickpt.storage import local_files
 
-    real = os.rename
+    real = local_files.rename_at  # the export renames relative to its folder's descriptor
     seen: list[tuple[str, bool]] = []
 
-    def watched(src: str, dst: str) -> None:
+    def watched(src_dir: int, src: str, dst_dir: int, dst: str) -> None:
         if src.endswith(".unickpt-partial") and not dst.endswith(MANIFEST):
-            with open(os.path.join(os.path.dirname(dst), MANIFEST), "rb") as f:
+            with open(os.open(MANIFEST, os.O_RDONLY, dir_fd=dst_dir), "rb") as f:
                 seen.append((os.path.basename(dst), json.loads(f.read())["complete"]))
-        real(src, dst)
+        real(src_dir, src, dst_dir, dst)
 
-    monkeypatch.setattr(hf_export.os, "rename", watched)
+    monkeypatch.setattr(local_files, "rename_at", watched)
     config = tmp_path / "config.json"
     config.write_text('{"model_type": "test"}')
     opts = unickpt.SaveOptions(hf_export=unickpt.HFExport(max_shard_bytes=40, config=str(config)))

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import unickpt
-from unickpt.engine import hf_export
+from unickpt.storage import local_files
 
 pytest.importorskip("safetensors.torch")
 
@@ -55,7 +55,7 @@ def test_a_failed_write_leaves_no_file_and_raises(tmp_path, monkeypatch) -> None
             raise OSError(28, "No space left on device")
         return real(fd, data, at)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(hf_export.os, "pwrite", failing)
+    monkeypatch.setattr(local_files.os, "pwrite", failing)
     out = tmp_path / "hf"
     with pytest.raises(unickpt.CheckpointError):
         unickpt.export_hf(str(out), {"model": _model()}, unickpt.HFExport(max_shard_bytes=40))

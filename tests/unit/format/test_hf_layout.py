@@ -1,5 +1,5 @@
 """The layout math of a Hugging Face export (``format.hf_layout``) and the writer assignment
-(``engine.hf_export.assign``): headers per the safetensors spec (8-byte length, JSON, data
+(``engine.export.hf.assign``): headers per the safetensors spec (8-byte length, JSON, data
 8-byte aligned, offsets back to back), every byte of every tensor covered by exactly one run of
 exactly one box, refusals of overlapping or missing boxes. Oracles: ``json``, numpy slicing and
 arithmetic on shapes, never the code under test."""
@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support.hypothesis_profiles import examples
-from unickpt.engine.hf_export import assign
+from unickpt.engine.export.hf import assign
 from unickpt.errors import CheckpointError
 from unickpt.format.hf_layout import HFExport, box_runs, index_json, plan_layout
 

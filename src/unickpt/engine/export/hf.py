@@ -1,10 +1,11 @@
 """A Hugging Face safetensors export written by every rank, each its own share: no rank gathers
 the model.
 
-Callers: ``Checkpointer.save`` with ``SaveOptions(hf_export=HFExport(...))`` (into the
-checkpoint's ``huggingface/`` folder, after the commit: see below), ``unickpt.export_hf``
-/ ``Checkpointer.export_hf`` (any folder), and torchtitan's ``last_save_in_hf``
-(``integrations.torchtitan``: the pieces of ``sd_adapter.to_hf`` of the sharded state dict).
+Callers: ``engine.export.stage`` (``HFExportStage.after_commit`` for ``SaveOptions(hf_export=
+HFExport(...))``: into the checkpoint's ``huggingface/`` folder, after the commit: see below;
+``run_export`` for ``unickpt.export_hf`` / ``Checkpointer.export_hf``: any folder), and
+torchtitan's ``last_save_in_hf`` (``integrations.torchtitan``: the pieces of ``sd_adapter.to_hf``
+of the sharded state dict).
 
 Steps of ``export_pieces`` on every rank (* = collective, ``run_stage``: a failure anywhere is
 the same error on every rank):
@@ -39,7 +40,7 @@ name while the record is incomplete, so an incomplete record proves only the tem
 A failure after ``create`` removes the partial files (each owner its own). Memory: each rank
 holds at most one of its local boxes cast to the export dtype.
 
-In a save (``SaveOptions.hf_export``; ``Checkpointer.save``: a folder holding files unickpt did
+In a save (``SaveOptions.hf_export``; ``HFExportStage.check``: a folder holding files unickpt did
 not write refuses the save before it starts) the export runs right after the commit, on the caller's
 thread, and the call returns once every rank's HF files are durable and renamed (an async save
 with ``hf_export`` therefore returns after its commit: meant for the last save of a run). After
@@ -51,25 +52,28 @@ partial HF file: each appears under its final name only once complete, the index
 
 Storage: a path every rank sees through the local file system (a shared file system across
 hosts); other storages (``s3://`` ...) are refused: export with ``unickpt merge`` from the
-committed checkpoint instead.
+committed checkpoint instead. Every file is created, written, renamed, linked and removed
+through ``storage.local_files``, relative to a descriptor of the output folder opened without
+following a link (the rules of ``LocalStorage``): temporaries are created exclusively, a link in
+the folder is never written through.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import shutil
 import time
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ..coordination import Coordinator, run_stage
-from ..errors import ConfigurationError, PlanningError
-from ..folder.target import prepare_output_folder
-from ..format.hf_layout import (
+from ...coordination import Coordinator, run_stage
+from ...errors import ConfigurationError, PlanningError
+from ...folder.target import prepare_output_folder
+from ...format.hf_layout import (
     HF_FOLDER,
     INDEX_FILE,
     SAFETENSORS_DTYPES,
@@ -80,7 +84,8 @@ from ..format.hf_layout import (
     out_dtype,
     plan_layout,
 )
-from ..format.hf_manifest import MANIFEST_FILE, PARTIAL, HFManifest
+from ...format.hf_manifest import MANIFEST_FILE, PARTIAL, HFManifest
+from ...storage import local_files
 
 __all__ = [
     "ExportPiece",
@@ -152,8 +157,8 @@ def pieces_of_state(state: Mapping[str, Any], options: HFExport, framework: str 
     """The model's pieces of ``state`` as a save would name them (``model.<fqn>``), named
     without ``model.``, renamed by ``options.key_map`` (the names ``unickpt merge --model-only``
     writes). No collective."""
-    from ..frameworks import get_framework
-    from ..state.layout import StateLayout
+    from ...frameworks import get_framework
+    from ...state.layout import StateLayout
 
     layout = StateLayout.of(state)
     adapter = get_framework(framework, layout.framework_state)
@@ -186,7 +191,7 @@ def pieces_of_tensors(tensors: Mapping[str, torch.Tensor]) -> list[ExportPiece]:
     local box) or plain tensors (every rank the whole tensor; one of them writes it). A DTensor
     whose local part is not one box (a strided shard, a partial sum) is made whole first
     (``full_tensor``, a collective decided by its placements alone, so every rank takes it)."""
-    from ..frameworks._fsdp_internals import dtensor_local, dtensor_local_box
+    from ...frameworks._fsdp_internals import dtensor_local, dtensor_local_box
 
     out = []
     for name, value in tensors.items():
@@ -341,7 +346,8 @@ def export_pieces(
             return
         prepare_output_folder(out, "Hugging Face export", refuse_linked_parent=True)
         if record is not None:  # before any export file: every one of them is named as unickpt's
-            _write_atomically(os.path.join(out, MANIFEST_FILE), record.encode(), replace=False)
+            with _folder(out) as dfd:
+                _write_atomically(dfd, MANIFEST_FILE, record.encode(), replace=False)
 
     run_stage(coord, "hf export (folder)", folder)
     created: list[str] = []  # this rank's temporaries, removed on a failure
@@ -357,64 +363,74 @@ def export_pieces(
         run_stage(coord, "hf export (reveal)", lambda: _publish(out, later))
         later.clear()
     except BaseException:
-        for tmp in created + later:
-            if os.path.lexists(tmp):
-                os.unlink(tmp)
+        if created or later:
+            with _folder(out) as dfd:
+                for tmp in created + later:
+                    local_files.unlink_at(dfd, tmp, missing_ok=True)
         raise
     total = sum(f.size for f in files)
     return HFExportResult(out, tuple(names), len(plan.layout.where()), total, time.perf_counter() - t0)
 
 
+@contextmanager
+def _folder(out: str) -> Iterator[int]:
+    """A descriptor of the export folder ``out``, opened without following a link at ``out``."""
+    with local_files.open_dir(os.path.dirname(out), [os.path.basename(out)], create=False) as dfd:
+        yield dfd
+
+
 def _create(out: str, files: Sequence[Any], created: list[str]) -> None:
-    for f in files:
-        tmp = os.path.join(out, f.name + PARTIAL)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        created.append(tmp)
-        try:
-            os.pwrite(fd, f.header, 0)
-            os.ftruncate(fd, f.size)
-        finally:
-            os.close(fd)
+    """This rank's files under their temporary names (exclusive), each holding its header and
+    sized; their names are appended to ``created`` (removed on a failure)."""
+    with _folder(out) as dfd:
+        for f in files:
+            tmp = f.name + PARTIAL
+            fd = local_files.create_at(dfd, tmp)
+            created.append(tmp)
+            try:
+                local_files.pwrite_all(fd, memoryview(f.header), 0)
+                local_files.truncate(fd, f.size)
+            finally:
+                os.close(fd)
 
 
 def _write(out: str, plan: Assignment, pieces: Sequence[ExportPiece], rank: int, cast: torch.dtype | None) -> None:
+    """This rank's boxes into the temporaries (created by their owners), then fsync."""
     where = plan.layout.where()
     fds: dict[int, int] = {}
-    try:
-        for p in pieces:
-            box = (tuple(p.offsets), tuple(p.lengths))
-            if plan.writers.get((p.name, box)) != rank or math.prod(p.lengths) == 0:
-                continue
-            file_index, start = where[p.name]
-            if file_index not in fds:
-                path = os.path.join(out, plan.layout.files[file_index].name + PARTIAL)
-                fds[file_index] = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
-            fd = fds[file_index]
-            local = p.tensor.detach().to("cpu", out_dtype(p.tensor.dtype, cast)).contiguous()
-            data = memoryview(local.reshape(-1).view(torch.uint8).numpy().data).cast("B")
-            at = 0
-            for off, n in box_runs(p.shape, p.offsets, p.lengths, local.element_size()):
-                _pwrite_all(fd, data[at : at + n], start + off)
-                at += n
-            del local, data
-        for fd in fds.values():
-            os.fsync(fd)
-    finally:
-        for fd in fds.values():
-            os.close(fd)
-
-
-def _pwrite_all(fd: int, data: memoryview, at: int) -> None:
-    while len(data):
-        n = os.pwrite(fd, data, at)
-        data, at = data[n:], at + n
+    with _folder(out) as dfd:
+        try:
+            for p in pieces:
+                box = (tuple(p.offsets), tuple(p.lengths))
+                if plan.writers.get((p.name, box)) != rank or math.prod(p.lengths) == 0:
+                    continue
+                file_index, start = where[p.name]
+                if file_index not in fds:
+                    tmp = plan.layout.files[file_index].name + PARTIAL
+                    fds[file_index] = local_files.open_file_at(dfd, tmp, os.O_WRONLY, path=os.path.join(out, tmp))
+                fd = fds[file_index]
+                local = p.tensor.detach().to("cpu", out_dtype(p.tensor.dtype, cast)).contiguous()
+                data = memoryview(local.reshape(-1).view(torch.uint8).numpy().data).cast("B")
+                at = 0
+                for off, n in box_runs(p.shape, p.offsets, p.lengths, local.element_size()):
+                    local_files.pwrite_all(fd, data[at : at + n], start + off)
+                    at += n
+                del local, data
+            for fd in fds.values():
+                local_files.fsync(fd)
+        finally:
+            for fd in fds.values():
+                os.close(fd)
 
 
 def _publish(out: str, created: list[str]) -> None:
-    for tmp in created:
-        os.rename(tmp, tmp[: -len(PARTIAL)])
-    if created:
-        _sync_folder(out)
+    """Rename the temporaries ``created`` to their final names, then sync the folder."""
+    if not created:
+        return
+    with _folder(out) as dfd:
+        for tmp in created:
+            local_files.rename_at(dfd, tmp, dfd, tmp[: -len(PARTIAL)])
+        local_files.sync_folder(dfd)
 
 
 def _index(out: str, layout: HFLayout, options: HFExport, record: HFManifest | None, temps: list[str]) -> None:
@@ -423,58 +439,56 @@ def _index(out: str, layout: HFLayout, options: HFExport, record: HFManifest | N
     them), then (``record``) the complete manifest with every size, durable before any file
     takes its final name."""
     sizes = {f.name: f.size for f in layout.files}
-    if len(layout.files) > 1 or options.always_index:
-        data = index_json(layout)
-        temps.append(_write_temporary(os.path.join(out, INDEX_FILE), data))
-        sizes[INDEX_FILE] = len(data)
-    if options.config is not None:
-        if not os.path.isfile(options.config):
-            raise ConfigurationError(f"Hugging Face export: config {options.config} is not a file")
-        tmp = os.path.join(out, "config.json" + PARTIAL)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        temps.append(tmp)
-        with open(fd, "wb") as f, open(options.config, "rb") as src:
-            shutil.copyfileobj(src, f)
-            f.flush()
-            os.fsync(f.fileno())
-            sizes["config.json"] = os.fstat(f.fileno()).st_size
-    if record is not None:
-        done = HFManifest(record.save_id, True, tuple((n, sizes[n]) for n, _ in record.files))
-        _write_atomically(os.path.join(out, MANIFEST_FILE), done.encode())
-        _sync_folder(out)
+    with _folder(out) as dfd:
+        if len(layout.files) > 1 or options.always_index:
+            data = index_json(layout)
+            temps.append(_write_temporary(dfd, INDEX_FILE, data))
+            sizes[INDEX_FILE] = len(data)
+        if options.config is not None:
+            if not os.path.isfile(options.config):
+                raise ConfigurationError(f"Hugging Face export: config {options.config} is not a file")
+            tmp = "config.json" + PARTIAL
+            fd = local_files.create_at(dfd, tmp)
+            temps.append(tmp)
+            try:
+                with open(options.config, "rb") as src:
+                    while chunk := src.read(1 << 20):
+                        local_files.write_all(fd, [memoryview(chunk)])
+                local_files.fsync(fd)
+                sizes["config.json"] = os.fstat(fd).st_size
+            finally:
+                os.close(fd)
+        if record is not None:
+            done = HFManifest(record.save_id, True, tuple((n, sizes[n]) for n, _ in record.files))
+            _write_atomically(dfd, MANIFEST_FILE, done.encode())
+            local_files.sync_folder(dfd)
 
 
-def _write_temporary(final: str, data: bytes) -> str:
-    """``data`` into ``final``'s temporary (exclusive, no link followed, fsync); returns its path."""
+def _write_temporary(dfd: int, final: str, data: bytes) -> str:
+    """``data`` into ``final``'s temporary in the folder ``dfd`` (exclusive, no link followed,
+    fsync); returns the temporary's name."""
     tmp = final + PARTIAL
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    fd = local_files.create_at(dfd, tmp)
     try:
-        _pwrite_all(fd, memoryview(data), 0)
-        os.fsync(fd)
+        local_files.pwrite_all(fd, memoryview(data), 0)
+        local_files.fsync(fd)
     finally:
         os.close(fd)
     return tmp
 
 
-def _write_atomically(final: str, data: bytes, replace: bool = True) -> None:
-    """``data`` into ``final`` through a temporary (exclusive, fsync, rename); ``replace=False``:
-    an existing ``final`` is refused (hard-linked into place, then the temporary unlinked)."""
-    tmp = _write_temporary(final, data)
+def _write_atomically(dfd: int, final: str, data: bytes, replace: bool = True) -> None:
+    """``data`` into ``final`` in the folder ``dfd`` through a temporary (exclusive, fsync,
+    rename); ``replace=False``: an existing ``final`` is refused (hard-linked into place, then
+    the temporary unlinked)."""
+    tmp = _write_temporary(dfd, final, data)
     if replace:
-        os.rename(tmp, final)
+        local_files.rename_at(dfd, tmp, dfd, final)
         return
     try:
-        os.link(tmp, final, follow_symlinks=False)
+        local_files.link_at(dfd, tmp, dfd, final)
     finally:
-        os.unlink(tmp)
-
-
-def _sync_folder(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        local_files.unlink_at(dfd, tmp)
 
 
 def export_state(
