@@ -27,6 +27,7 @@ BEHAVIOUR = {
     "test_docs_names.py": "the dotted names docs/ mentions",
     "test_hypothesis_profiles.py": "the suite's Hypothesis profiles (tests/support)",
     "test_layout_of_tests.py": "this rule",
+    "test_module_docstrings.py": "every module's docstring",
     "test_private_imports.py": "private torch names over the whole tree",
     "test_public_surface.py": "unickpt's public names",
     "test_resume_single.py": "resume semantics through unickpt.save / load",
