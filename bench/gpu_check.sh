@@ -24,8 +24,8 @@ step() {  # step NAME SECONDS COMMAND...: one part, its log in $OUT/NAME.log, a 
   local rc=${PIPESTATUS[0]}
   echo "== $name rc=$rc" | tee -a "$OUT/$name.log"
 }
-step cuda_tests 70 python3 -m pytest -q -p no:cacheprovider -rs tests/unit/engine/test_load_cuda.py \
-  tests/unit/engine/test_async_save.py tests/unit/engine/test_resize_plain_tensors.py \
+step cuda_tests 70 python3 -m pytest -q -p no:cacheprovider -rs tests/unit/engine/load/test_device_cuda.py \
+  tests/unit/engine/save/test_pipeline_async.py tests/unit/engine/load/test_resize_plain_tensors.py \
   tests/unit/test_resume_single.py tests/unit/format/test_values.py
 step torchtitan 130 python3 -m pytest -q -p no:cacheprovider -rA tests/integration/integrations/test_torchtitan_trainer.py
 step fsdp 110 python3 -m pytest -q -p no:cacheprovider -rA tests/integration/integrations/test_fsdp_gpu.py

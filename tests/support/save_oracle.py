@@ -5,7 +5,7 @@ form; ``plan_reference`` adds ``regularize``'s split layouts (below), which is w
 ``unickpt.planning.save.plan_save`` must return (entry for entry) on every job, or the same
 error. This was the library's own fallback planner; the library now plans every job on rank
 groups (``planning.save.plan``) and the tests hold this one as the statement that is checked
-against (tests/unit/planning/test_save_planner.py, test_save_oracle.py).
+against (tests/unit/planning/save/test_plan_properties.py, test_plan.py).
 
 Steps (the coordinator's, on every rank's ``LocalSavePlan``):
 1. every rank agrees on each tensor's dtype and global shape (else ``PlanningError`` listing
@@ -112,6 +112,7 @@ __all__ = [
     "plan_problems",
     "rank_loads",
     "outcome",
+    "assert_same_plan",
 ]
 
 
@@ -289,6 +290,18 @@ def plan_problems(local_plans: list[LocalSavePlan], gplan: GlobalSavePlan, files
     if sorted(named) != sorted(gplan.files) or len(set(named)) != len(named):
         problems.append(f"plan lists files {sorted(gplan.files)}, its entries name {sorted(named)}")
     return problems
+
+
+def assert_same_plan(a: GlobalSavePlan, b: GlobalSavePlan) -> None:
+    """Assert ``a`` and ``b`` are the same plan, field by field (so a failure names the field),
+    tensors in the same order too, rank plans lazy or a tuple alike."""
+    assert a.save_id == b.save_id
+    assert a.tensors == b.tensors and list(a.tensors.items()) == list(b.tensors.items())
+    assert a.files == b.files
+    assert a.layouts == b.layouts
+    assert a.writers == b.writers
+    assert list(a.rank_plans) == list(b.rank_plans)
+    assert a == b
 
 
 def rank_loads(gplan: GlobalSavePlan) -> list[int]:

@@ -73,9 +73,9 @@ def test_issue11_boundaries_test_plumbing_never_pickles():
         os.path.join(TESTS, "unit", "coordination", "test_outcomes.py"),
         # a hostile DCP .metadata pickle, refused unrun; hand-written pickles that try to set attributes
         os.path.join(TESTS, "integration", "tools", "test_tools_convert.py"),
-        os.path.join(TESTS, "unit", "tools", "test_convert_hostile.py"),
+        os.path.join(TESTS, "unit", "ops", "test_convert_hostile.py"),
         # hand-written pickles: expanded views, numpy arrays without their bytes, colliding keys (refused unrun)
-        os.path.join(TESTS, "unit", "tools", "test_convert_bounds.py"),
+        os.path.join(TESTS, "unit", "ops", "test_convert_bounds.py"),
         # verl's own torch.save rank files with a pickle that carries code, refused unrun
         os.path.join(TESTS, "integration", "integrations", "test_verl.py"),
     }

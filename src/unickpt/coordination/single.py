@@ -1,4 +1,9 @@
-"""The one-process coordinator (framework="torch" or no process group)."""
+"""The one-process coordinator (framework="torch" or no process group): every collective of
+``coordination.base.Coordinator`` answers at once with this rank's own value (world size 1).
+
+``coordination.make_coordinator`` returns it when no process group is initialised (a
+single-process save or load); the offline tools (``ops.inspect``, ``ops.merge``, ``ops.pieces``)
+run their loads on it directly."""
 
 from __future__ import annotations
 

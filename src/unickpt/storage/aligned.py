@@ -2,7 +2,9 @@
 
 Touching fresh pages is several times slower than copying into pages already touched (figures:
 docs/performance.md, "Internals"), so buffers come from a process-wide pool and go back to it.
-Anonymous mmaps are page aligned, as O_DIRECT requires.
+Anonymous mmaps are page aligned, as O_DIRECT requires. Used by ``storage.local`` (the bounce
+buffers of direct I/O, ``BOUNCE_POOL``) and ``engine.save.staging`` (the async save's staging
+buffers).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from tests.workers.harness import run_ranks
 
 
 # The agreement rule itself is checked at world sizes 1, 2, 3 and 5 with thread-ranks
-# (tests/unit/coordination/test_run_stage.py); this gloo run proves its wiring into save and load.
+# (tests/unit/coordination/test_base_run_stage.py); this gloo run proves its wiring into save and load.
 @pytest.mark.parametrize("ws", [3])
 def test_issue9_item5_ranks_must_agree_on_path_framework_and_role(tmp_path, ws):
     base = str(tmp_path)

@@ -1,12 +1,12 @@
 """The tests that start processes (gloo ranks, subprocesses, an S3 server) of the subject of
-``tests/unit/engine/test_checkpointer.py``, which holds its single-process tests."""
+``tests/unit/test_checkpointer.py``, which holds its single-process tests."""
 
 from __future__ import annotations
 
 import torch
 
 import unickpt
-from tests.unit.engine.test_checkpointer import _model, _step
+from tests.unit.test_checkpointer import _model, _step
 from tests.workers.harness import run_ranks
 
 

@@ -1,12 +1,12 @@
 """The tests that start processes (gloo ranks, subprocesses, an S3 server) of the subject of
-``tests/unit/format/test_golden.py``, which holds its single-process tests."""
+``tests/unit/format/test_codec_golden.py``, which holds its single-process tests."""
 
 from __future__ import annotations
 
 import torch
 
 import unickpt
-from tests.unit.format.test_golden import _check_extra, _check_state, _collect, _fresh, _golden_copy
+from tests.unit.format.test_codec_golden import _check_extra, _check_state, _collect, _fresh, _golden_copy
 from tests.workers.harness import run_ranks
 
 

@@ -1,5 +1,5 @@
 """The tests that start processes (gloo ranks, subprocesses, an S3 server) of the subject of
-``tests/unit/frameworks/test_framework_registry.py``, which holds its single-process tests."""
+``tests/unit/frameworks/test_frameworks_registry.py``, which holds its single-process tests."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """The tests that start processes (gloo ranks, subprocesses, an S3 server) of the subject of
-``tests/unit/frameworks/test_optimizer_like.py``, which holds its single-process tests."""
+``tests/unit/frameworks/test_base_optimizer_like.py``, which holds its single-process tests."""
 
 from __future__ import annotations
 
-from tests.unit.frameworks.test_optimizer_like import _check, _load, _save
+from tests.unit.frameworks.test_base_optimizer_like import _check, _load, _save
 from tests.workers.harness import run_ranks
 
 

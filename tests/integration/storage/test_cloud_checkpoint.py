@@ -31,7 +31,7 @@ import torch
 
 import unickpt
 from tests.fixtures.contract import pattern
-from tests.unit.storage.test_tiering import _model, _values, fast_root  # noqa: F401 (a fixture)
+from tests.unit.test_tiering import _model, _values, fast_root  # noqa: F401 (a fixture)
 from tests.workers.harness import run_ranks
 from tests.workers.rel_workers import locked_save_worker
 from tests.workers.reshard_workers import check, load_phase, save_phase

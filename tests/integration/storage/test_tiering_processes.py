@@ -1,5 +1,5 @@
 """The tests that start processes (gloo ranks, subprocesses, an S3 server) of the subject of
-``tests/unit/storage/test_tiering.py``, which holds its single-process tests."""
+``tests/unit/test_tiering.py``, which holds its single-process tests."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import shutil
 import torch
 
 import unickpt
-from tests.unit.storage.test_tiering import (
+from tests.unit.test_tiering import (
     _model,
     _values,
     fast_root,  # noqa: F401 (a fixture)

@@ -1,5 +1,5 @@
 """The tests that start processes (gloo ranks, subprocesses, an S3 server) of the subject of
-``tests/unit/tools/test_cli_corpus.py``, which holds its single-process tests."""
+``tests/unit/cli/test_cli_corpus.py``, which holds its single-process tests."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.unit.tools.test_cli_corpus import (
+from tests.unit.cli.test_cli_corpus import (
     Corpus,
     _names,
     corpus,  # noqa: F401 (a fixture)

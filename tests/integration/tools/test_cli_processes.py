@@ -1,5 +1,5 @@
 """The tests that start processes (gloo ranks, subprocesses, an S3 server) of the subject of
-``tests/unit/tools/test_cli.py``, which holds its single-process tests."""
+``tests/unit/cli/test_cli.py``, which holds its single-process tests."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.tools.test_cli import (
+from tests.unit.cli.test_cli import (
     DEMO,
     saved,  # noqa: F401 (a fixture)
 )

@@ -1,12 +1,12 @@
 """The tests that start processes (gloo ranks, subprocesses, an S3 server) of the subject of
-``tests/unit/tools/test_convert_hostile.py``, which holds its single-process tests."""
+``tests/unit/ops/test_convert_hostile.py``, which holds its single-process tests."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from tests.unit.tools.test_convert_hostile import (
+from tests.unit.ops.test_convert_hostile import (
     _edit,
     _info,
     case,  # noqa: F401 (a fixture)

@@ -1,5 +1,5 @@
 """The tests that start processes (gloo ranks, subprocesses, an S3 server) of the subject of
-``tests/unit/tools/test_tools_keymap.py``, which holds its single-process tests."""
+``tests/unit/format/test_keymap.py``, which holds its single-process tests."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 import torch
 
 import unickpt
-from tests.unit.tools.test_tools_keymap import New, Old, _same_training_state, _trained
+from tests.unit.format.test_keymap import New, Old, _same_training_state, _trained
 
 
 def test_issue15_modify_renames_drops_and_casts_into_a_new_checkpoint(tmp_path):

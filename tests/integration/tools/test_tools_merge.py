@@ -3,7 +3,7 @@ world size 3 (the golden FSDP2 checkpoint) into safetensors, sharded with an ind
 a Hugging Face folder that ``transformers`` loads, and verify's exit codes on a corrupt copy.
 
 Expected values never come from unickpt: the golden checkpoint's closed formula
-(tests/unit/format/test_golden.py), ``safetensors``' own reader, torch's ``state_dict`` and
+(tests/unit/format/test_codec_golden.py), ``safetensors``' own reader, torch's ``state_dict`` and
 ``transformers``' loader."""
 
 from __future__ import annotations

@@ -192,13 +192,13 @@ def test_planning_uses_format_validation() -> None:
     imports planning."""
     from unickpt.planning import load
     from unickpt.planning.load import targets
-    from unickpt.planning.save import layout as columns
+    from unickpt.planning.save import layout as save_layout
     from unickpt.planning.save import rows
 
     assert load.check_targets is targets.check_targets and load.keys_error is targets.keys_error
     assert not hasattr(validation, "check_targets") and not hasattr(validation, "keys_error")
     assert rows.box_coverage_problem is validation.box_coverage_problem
-    assert columns.overlap_problems is validation.overlap_problems
+    assert save_layout.overlap_problems is validation.overlap_problems
     for path in (SRC / "format").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
@@ -238,15 +238,15 @@ def test_planner_self_checks_its_byte_layout() -> None:
     """plan_save refuses a layout whose entries overlap in a file (the decoder would refuse it):
     an invariant of the planner itself, so an ``InternalError``."""
     from unickpt.errors import InternalError
-    from unickpt.planning.save.layout import check_layout as _check_columns
+    from unickpt.planning.save.layout import check_layout
 
     def rows(*offsets: int) -> list[tuple[np.ndarray, ...]]:
         who, fidx, lens = np.arange(2), np.zeros(2, dtype=np.int64), np.full(2, 16, dtype=np.int64)
         return [(who, fidx, np.array(offsets, dtype=np.int64), lens)]
 
-    _check_columns(["f"], rows(0, 64), ["a", "b"])
+    check_layout(["f"], rows(0, 64), ["a", "b"])
     with pytest.raises(InternalError, match="byte ranges of 'a' and 'b' overlap in f"):
-        _check_columns(["f"], rows(0, 8), ["a", "b"])
+        check_layout(["f"], rows(0, 8), ["a", "b"])
 
 
 # --------------------------------------------------------------------------- shard rows and coverage

@@ -112,7 +112,7 @@ def test_issue11_run_stage_different_types_give_rank_failures_with_the_objects(w
             assert type(f1) is NotRebuildable  # its own object
         else:  # another rank's exception that cannot be rebuilt: its type, text and traceback
             assert isinstance(f1, RemoteRankError) and f1.type_name == "NotRebuildable"
-            assert "odd:7" in f1.message and "test_run_stage.py" in f1.traceback_text
+            assert "odd:7" in f1.message and "test_base_run_stage.py" in f1.traceback_text
         assert err.messages[0].startswith("PermissionError") and "odd:7" in err.messages[1]
 
 

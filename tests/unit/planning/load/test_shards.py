@@ -14,8 +14,8 @@ from tests.support.hypothesis_profiles import examples
 from unickpt.format.records import Metadata, ShardRecord, TensorRecord, Topology
 from unickpt.format.tiling import check_box_tiling
 from unickpt.planning.boxes import chunk_bounds, decompose_flat_range
-from unickpt.planning.load import overlap as load_plan
-from unickpt.planning.load import shards as shard_index
+from unickpt.planning.load import overlap as load_overlap
+from unickpt.planning.load import shards as load_shards
 from unickpt.planning.load.shards import INDEX_FROM, ShardIndex, scan_overlapping
 from unickpt.planning.specs import ShardSpec
 
@@ -134,13 +134,13 @@ def test_plan_local_load_is_unchanged(layout, stored_order, rnd, data):
         for o, n in data.draw(st.lists(target(shape), min_size=1, max_size=6))
         if all(a >= 0 and a + b <= s for a, b, s in zip(o, n, shape))
     ]
-    indexed = load_plan.plan_local_load(md, specs)
-    old = shard_index.INDEX_FROM
-    shard_index.INDEX_FROM = 10**9  # every tensor scanned (restored below; no fixture in @given)
+    indexed = load_overlap.plan_local_load(md, specs)
+    old = load_shards.INDEX_FROM
+    load_shards.INDEX_FROM = 10**9  # every tensor scanned (restored below; no fixture in @given)
     try:
-        scanned = load_plan.plan_local_load(md, specs)
+        scanned = load_overlap.plan_local_load(md, specs)
     finally:
-        shard_index.INDEX_FROM = old
+        load_shards.INDEX_FROM = old
     assert indexed == scanned
 
 
@@ -169,4 +169,4 @@ def test_index_of_another_metadata_is_refused():
     md = _metadata((4,), [((0,), (4,))], "sorted", None)
     other = _metadata((4,), [((0,), (4,))], "sorted", None)
     with pytest.raises(ValueError, match="another Metadata"):
-        load_plan.plan_local_load(md, [ShardSpec("w", "float32", (4,), (0,), (4,))], ShardIndex(other))
+        load_overlap.plan_local_load(md, [ShardSpec("w", "float32", (4,), (0,), (4,))], ShardIndex(other))

@@ -11,11 +11,9 @@ from hypothesis import strategies as st
 
 from tests.fixtures.read_fixtures import one_file_metadata as _md
 from tests.support.hypothesis_profiles import examples
-from unickpt.engine.load import exchange as read_exchange
+from unickpt.engine.load import exchange as load_exchange
 from unickpt.format.records import Metadata
-from unickpt.planning.load.assign import ReadPart, decode_part, own_keys, report_needs
-from unickpt.planning.load.assign import plain_batches as assign_reads
-from unickpt.planning.load.assign import plain_disjoint as disjoint_needs
+from unickpt.planning.load.assign import ReadPart, decode_part, own_keys, plain_batches, plain_disjoint, report_needs
 from unickpt.planning.load.runs import vectorized
 
 
@@ -32,7 +30,7 @@ def read_parts(md: Metadata, reports: list, dedup, page_cache, extent) -> list[R
     """The coordinator's parts as each rank decodes them (through the wire form)."""
     names = list(md.tensors)
     gathered = [(h, report_needs(md, rows, names)) for h, rows in reports]
-    wires = read_exchange.read_parts(md, gathered, dedup, page_cache, vectorized(extent))
+    wires = load_exchange.read_parts(md, gathered, dedup, page_cache, vectorized(extent))
     return [decode_part(w, names, list(rows), r) for r, (w, (_, rows)) in enumerate(zip(wires, reports))]
 
 
@@ -54,9 +52,9 @@ def test_parts_are_the_jobs_assignment_split_by_rank(sizes, world, data):
     assert len(parts) == world and all(isinstance(p, ReadPart) and p.batches is not None for p in parts)
     # the reference: the assignment every rank computed alone before, from every rank's needs
     by_rank = [{(f, 0): r for f, r in n.items()} for n in needs]
-    apart = disjoint_needs(md, by_rank, _exact)
+    apart = plain_disjoint(md, by_rank, _exact)
     job_needs = [[k for k in n if k not in apart] for n in by_rank]
-    job = assign_reads(md, job_needs, cover=_exact)  # no checksum chunks: every shard its own segment
+    job = plain_batches(md, job_needs, cover=_exact)  # no checksum chunks: every shard its own segment
     want_reader = {k: b.reader for b in job for k in b.keys}
     shared = {k for k in want_reader if sum(k in n for n in by_rank) > 1}
     for r, p in enumerate(parts):

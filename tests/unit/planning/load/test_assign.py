@@ -1,4 +1,4 @@
-"""assign_reads: every needed shard read exactly once, by a rank that needs it, balanced."""
+"""plain_batches: every needed shard read exactly once, by a rank that needs it, balanced."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from tests.fixtures.read_fixtures import one_file_metadata as _md
 from tests.support.hypothesis_profiles import examples
 from unickpt.format.records import Metadata, ShardRecord, TensorRecord, Topology
-from unickpt.planning.load.assign import plain_batches as assign_reads
+from unickpt.planning.load.assign import plain_batches
 
 
 @settings(max_examples=examples(200), deadline=None)
@@ -16,7 +16,7 @@ from unickpt.planning.load.assign import plain_batches as assign_reads
 def test_each_needed_shard_read_once_by_a_consumer(sizes, world, data):
     md = _md(sizes)
     needs = [[(f"t{i}", 0) for i in range(len(sizes)) if data.draw(st.booleans())] for _ in range(world)]
-    batches = assign_reads(md, needs, max_batch_bytes=data.draw(st.integers(1, 20000)))
+    batches = plain_batches(md, needs, max_batch_bytes=data.draw(st.integers(1, 20000)))
     read = [k for b in batches for k in b.keys]
     needed = {k for ks in needs for k in ks}
     assert sorted(read) == sorted(needed)  # exactly once
@@ -29,13 +29,13 @@ def test_each_needed_shard_read_once_by_a_consumer(sizes, world, data):
         assert all(a + sizes[int(k[0][1:])] <= c for k, a, c in zip(b.keys, b.offsets, b.offsets[1:]))
     assert [b.batch_id for b in batches] == list(range(len(batches)))
     # deterministic: every rank computes the same batches
-    assert assign_reads(md, needs, 20000) == assign_reads(md, needs, 20000)
+    assert plain_batches(md, needs, 20000) == plain_batches(md, needs, 20000)
 
 
 def test_replicated_load_is_spread_over_ranks():
     md = _md([1000] * 8)
     everyone = [(f"t{i}", 0) for i in range(8)]
-    batches = assign_reads(md, [everyone] * 4)
+    batches = plain_batches(md, [everyone] * 4)
     per_reader = {}
     for b in batches:
         per_reader[b.reader] = per_reader.get(b.reader, 0) + sum(1000 for _ in b.keys)
@@ -47,8 +47,8 @@ def test_vectorized_intersection_matches_scalar_path(monkeypatch):
     import random
 
     from unickpt.planning.boxes import chunk_bounds
-    from unickpt.planning.load import overlap as load_plan
-    from unickpt.planning.load import shards as shard_index
+    from unickpt.planning.load import overlap as load_overlap
+    from unickpt.planning.load import shards as load_shards
     from unickpt.planning.specs import ShardSpec
 
     rng = random.Random(0)
@@ -66,10 +66,10 @@ def test_vectorized_intersection_matches_scalar_path(monkeypatch):
         for j in range(tparts):
             o, n = chunk_bounds(shape[1], tparts, j)
             specs.append(ShardSpec("w", "float32", shape, (0, o), (shape[0], n)))
-        fast = load_plan.plan_local_load(md, specs)
+        fast = load_overlap.plan_local_load(md, specs)
         with monkeypatch.context() as m:
-            m.setattr(shard_index, "INDEX_FROM", 10**9)  # every tensor scanned
-            slow = load_plan.plan_local_load(md, specs)
+            m.setattr(load_shards, "INDEX_FROM", 10**9)  # every tensor scanned
+            slow = load_overlap.plan_local_load(md, specs)
         assert fast == slow
 
 
@@ -84,7 +84,7 @@ def test_chunk_aligned_segments_read_each_chunk_once(sizes, world, chunk):
     def cover(f, lo, hi):
         return lo // chunk * chunk, -(-hi // chunk) * chunk
 
-    batches = assign_reads(md, needs, cover=cover, segment_bytes=4 * chunk)
+    batches = plain_batches(md, needs, cover=cover, segment_bytes=4 * chunk)
     read_by = {}
     for b in batches:
         for k in b.keys:

@@ -233,7 +233,7 @@ def test_inspect_role(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
 # ----------------------------------------------------------------------------- demo
 
 
-DEMO = Path(__file__).resolve().parents[3] / "examples" / "demo.py"  # tests/unit/tools/ -> the root
+DEMO = Path(__file__).resolve().parents[3] / "examples" / "demo.py"  # tests/unit/cli/ -> the root
 
 
 def test_demo_report_flags_mismatches() -> None:

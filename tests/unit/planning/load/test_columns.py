@@ -21,11 +21,10 @@ from unickpt.errors import PlanningError
 from unickpt.format import Metadata, ShardRecord, TensorRecord, Topology
 from unickpt.format.checksums import ChunkChecksums
 from unickpt.format.layouts import SplitLayout, SplitShards
-from unickpt.planning.load import _columns as read_columns
+from unickpt.planning.load import _columns as load_columns
 from unickpt.planning.load._columns import _segments as column_segments
 from unickpt.planning.load.assign import _plain_segments as _segments
-from unickpt.planning.load.assign import assign_reads, decode_part, report_needs
-from unickpt.planning.load.assign import plain_parts as reference_parts
+from unickpt.planning.load.assign import assign_reads, decode_part, plain_parts, report_needs
 from unickpt.planning.load.runs import vectorized
 
 SETTINGS = settings(max_examples=examples(200), deadline=None, derandomize=True, database=None)
@@ -118,9 +117,9 @@ def test_each_ranks_part_is_the_references(job, mode, max_batch, block):
     hosts = ["h0"] * len(needs) if mode != "two hosts" else [f"h{r % 2}" for r in range(len(needs))]
     dedup = True if mode == "dedup" else None
     for extent in (md.checksums.extent, lambda f, lo, hi: (lo, hi)):  # verified reads, or not
-        with patch.object(read_columns, "BLOCK", block):
+        with patch.object(load_columns, "BLOCK", block):
             got = _parts(md, needs, hosts, dedup, True, extent, max_batch)
-        want = reference_parts(md, needs, hosts, dedup, True, extent, max_batch)
+        want = plain_parts(md, needs, hosts, dedup, True, extent, max_batch)
         assert [(p.batches, p.apart, p.shared) for p in got] == want
 
 
@@ -133,7 +132,7 @@ def test_assign_reads_one_call_at_a_time_gives_the_thread_pools_parts(job, block
     md, needs = job
     names = list(md.tensors)
     gathered = [(f"h{r % 2}", report_needs(md, n, names)) for r, n in enumerate(needs)]
-    with patch.object(read_columns, "BLOCK", block):
+    with patch.object(load_columns, "BLOCK", block):
         pooled = read_parts(md, gathered, True, False, md.checksums.extents)
         one_by_one = assign_reads(md, gathered, True, False, md.checksums.extents, run=map)
     assert one_by_one == pooled
@@ -172,9 +171,9 @@ def test_shards_every_rank_needs_are_the_references(world, rnd, block):
         needs.append(mine)
     hosts = [f"h{r % 2}" for r in range(world)]
     for dedup in (True, None):
-        with patch.object(read_columns, "BLOCK", block):
+        with patch.object(load_columns, "BLOCK", block):
             got = _parts(md, needs, hosts, dedup, True, md.checksums.extent)
-        want = reference_parts(md, needs, hosts, dedup, True, md.checksums.extent, 64 << 20)
+        want = plain_parts(md, needs, hosts, dedup, True, md.checksums.extent, 64 << 20)
         assert [(p.batches, p.apart, p.shared) for p in got] == want
 
 
@@ -252,7 +251,7 @@ def test_reports_out_of_range_are_refused():
     ]
     for block in (1 << 20, 1):
         for gathered, words in cases:
-            with patch.object(read_columns, "BLOCK", block), pytest.raises(PlanningError, match=words):
+            with patch.object(load_columns, "BLOCK", block), pytest.raises(PlanningError, match=words):
                 read_parts(md, gathered, True, False, vectorized(lambda f, lo, hi: (lo, hi)))
     wire = read_parts(md, [("h", ok), ("h", huge)], True, False, vectorized(lambda f, lo, hi: (lo, hi)))
     assert len(wire) == 2  # accepted: the rows are only compared, never used as sizes here
@@ -302,7 +301,7 @@ def test_shard_numbers_are_one_each_and_like_shards_adjacent(counts):
     """The job's shard numbering (``_numbering``) gives every (tensor, shard) a number of its
     own in [0, total); of tensors with equal shard counts, shard s of one tensor and shard s of
     the next such tensor are numbered one apart (one rank's needs fall together)."""
-    first, stride = read_columns._numbering(np.asarray(counts, dtype=np.int64))
+    first, stride = load_columns._numbering(np.asarray(counts, dtype=np.int64))
     numbers = [int(first[t] + s * stride[t]) for t, c in enumerate(counts) for s in range(c)]
     assert sorted(numbers) == list(range(sum(counts)))
     for t, u in zip(range(len(counts)), range(1, len(counts))):

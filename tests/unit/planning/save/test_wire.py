@@ -49,7 +49,7 @@ def test_local_plans_round_trip(shards, blobs, rank):
 
 def _encode_rows_plainly(plan: LocalSavePlan) -> bytes:
     """The encoder as it was (one Python row per spec): the bytes must not change."""
-    from unickpt.planning.save import wire as plan_codec
+    from unickpt.planning.save import wire as save_wire
 
     names: dict[str, int] = {}
     dtypes: dict[str, int] = {}
@@ -64,7 +64,7 @@ def _encode_rows_plainly(plan: LocalSavePlan) -> bytes:
         "dtypes": list(dtypes),
         "blobs": [[b.key, b.nbytes] for b in plan.blobs],
     }
-    return plan_codec._pack(plan_codec._LOCAL, header, np.array(rows, dtype=np.int64))
+    return save_wire._pack(save_wire._LOCAL, header, np.array(rows, dtype=np.int64))
 
 
 @settings(max_examples=examples(200), deadline=None)
@@ -94,10 +94,10 @@ def test_tables_round_trip_and_the_bytes_are_the_row_encoders(shards, blobs, ran
 def test_a_forged_local_plan_decodes_to_the_same_table_or_the_same_error(rows, n, names):
     """Whatever a buffer holds, the fast decoder agrees with the record decoder: the same
     PlanningError, or the table of the same records."""
-    from unickpt.planning.save import wire as plan_codec
+    from unickpt.planning.save import wire as save_wire
 
     header = {"rank": 3, "n": n, "names": names, "dtypes": ["float32", "int8"], "blobs": [["k", 4]]}
-    data = plan_codec._pack(plan_codec._LOCAL, header, np.array(rows, dtype=np.int64))
+    data = save_wire._pack(save_wire._LOCAL, header, np.array(rows, dtype=np.int64))
     try:
         want = decode_local_plan(data)
     except PlanningError as e:
@@ -135,17 +135,17 @@ def test_rank_plans_round_trip(entries):
 def test_a_forged_rank_plan_decodes_as_entry_by_entry(rows, files, blobs):
     """The vectorised rank-plan decoder agrees with the entry-by-entry one: same entries or
     the same PlanningError."""
-    from unickpt.planning.save import wire as plan_codec
+    from unickpt.planning.save import wire as save_wire
 
     header = {"rank": 1, "save_id": "s", "files": files, "blobs": blobs}
-    data = plan_codec._pack(plan_codec._RANK, header, np.array(rows, dtype=np.int64))
+    data = save_wire._pack(save_wire._RANK, header, np.array(rows, dtype=np.int64))
 
     def slow():
-        h, table = plan_codec._unpack(plan_codec._RANK, data, "rank save plan")
+        h, table = save_wire._unpack(save_wire._RANK, data, "rank save plan")
         if table.size % 5:
             raise PlanningError("rank save plan: truncated rows")
         try:
-            return plan_codec._decode_rank_rows(h, table.reshape(-1, 5))
+            return save_wire._decode_rank_rows(h, table.reshape(-1, 5))
         except PlanningError:
             raise
         except (KeyError, IndexError, TypeError, ValueError) as e:
@@ -186,10 +186,10 @@ def test_broken_buffers_are_refused():
             decode_local_plan(bad)
 
     def forged(rows: list[int]) -> bytes:  # a well-formed buffer holding these rows
-        from unickpt.planning.save import wire as plan_codec
+        from unickpt.planning.save import wire as save_wire
 
         header = {"rank": 0, "n": 1, "names": ["model.a"], "dtypes": ["float32"], "blobs": []}
-        return plan_codec._pack(plan_codec._LOCAL, header, np.array(rows))
+        return save_wire._pack(save_wire._LOCAL, header, np.array(rows))
 
     assert decode_local_plan(forged([0, 0, 1, -1, 4, 0, 4])).shards[0].fqn == "model.a"
     with pytest.raises(PlanningError, match="outside its table"):  # -1 must not wrap to the last name

@@ -1,56 +1,22 @@
-"""Regular layouts in save plans (``planning.regular``): on random jobs mixing tensors every rank
-holds one chunk of (FSDP ``Shard(0)`` over the job), replicated tensors and irregular shards, the
-planned bytes of every split tensor are exactly where the metadata's layout says they are, every
-other box keeps its row, and the metadata's size grows with the tensors, not with the ranks."""
+"""Split tensors in save plans (``planning.save.split``) on worked examples: the metadata of a
+regular job grows with the tensors, not with the ranks; tensors with empty tail chunks are laid
+out too; a rank left without a file keeps empty chunks as rows. The property on random jobs
+(split tensors land where their layout says): ``test_plan_properties.py``."""
 
 from __future__ import annotations
 
-import math
-
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from tests.support.hypothesis_profiles import examples
 from unickpt.format import decode_metadata, encode_metadata
 from unickpt.format.build import SaveSource, build_metadata
 from unickpt.format.checksums import ChunkChecksums
 from unickpt.format.layouts import SplitShards
-from unickpt.format.validation import validate_metadata
 from unickpt.planning.save import LocalSavePlan, plan_save
 from unickpt.planning.specs import ShardSpec
-
-SETTINGS = settings(max_examples=examples(60), deadline=None, derandomize=True, database=None)
 
 
 def _chunk(n: int, parts: int, i: int) -> tuple[int, int]:
     c = -(-n // parts)
     lo = min(n, i * c)
     return lo, min(n, lo + c) - lo
-
-
-@st.composite
-def jobs(draw):
-    world = draw(st.integers(2, 5))
-    specs: list[list[ShardSpec]] = [[] for _ in range(world)]
-    kinds = {}
-    for t in range(draw(st.integers(1, 6))):
-        kind = draw(st.sampled_from(["split", "split", "replicated", "rows-of-rank0"]))
-        shape = (draw(st.integers(1, 12)), draw(st.integers(1, 4)))
-        d = draw(st.integers(0, 1)) if kind == "split" else 0
-        fqn = f"model.t{t}"
-        kinds[fqn] = (kind, d)
-        for r in range(world):
-            if kind == "split":
-                lo, n = _chunk(shape[d], world, r)
-                offs = (lo, 0) if d == 0 else (0, lo)
-                lens = (n, shape[1]) if d == 0 else (shape[0], n)
-            elif kind == "replicated":
-                offs, lens = (0, 0), shape
-            else:  # rank 0 holds all of it, the others nothing
-                offs, lens = (0, 0), (shape if r == 0 else (0, shape[1]))
-            specs[r].append(ShardSpec(fqn, "float32", shape, offs, lens))
-    files = draw(st.integers(1, 3))
-    return [LocalSavePlan(r, tuple(s)) for r, s in enumerate(specs)], files, kinds
 
 
 def _metadata(gplan, world):
@@ -61,40 +27,6 @@ def _metadata(gplan, world):
             ends[e.file] = max(ends.get(e.file, 0), e.byte_offset + e.byte_length)
         sums.append((4096, {f: (n, [0] * -(-n // 4096)) for f, n in ends.items()}))
     return build_metadata(gplan, sums, SaveSource("fsdp2", None, ()), world, {})
-
-
-@given(jobs())
-@SETTINGS
-def test_split_tensors_land_where_their_layout_says(job) -> None:
-    plans, files, kinds = job
-    world = len(plans)
-    gplan = plan_save(plans, "20250101T000000-0123456789ab", files)
-    md = _metadata(gplan, world)
-    validate_metadata(md)
-    back = decode_metadata(encode_metadata(md))
-    planned = {}  # (fqn, rank) -> (file, offset, length), from the rank plans
-    for rp in gplan.rank_plans:
-        for e in rp.entries:
-            fqn = plans[rp.rank].shards[e.item_index].fqn
-            planned[(fqn, rp.rank)] = (gplan.files.index(e.file), e.byte_offset, e.byte_length)
-    for fqn, (kind, d) in kinds.items():
-        rec = back.tensors[fqn]
-        shape = rec.shape
-        every_chunk = kind == "split" and _chunk(shape[d], world, world - 1)[1] > 0
-        laid_out = isinstance(rec.shards, SplitShards)
-        if every_chunk:
-            assert laid_out, (fqn, kind)
-        if kind != "split":
-            assert not laid_out, (fqn, kind)
-        # split with empty tail chunks: a layout unless a rank would have no file of its part
-        if laid_out:
-            for r, s in enumerate(rec.shards):  # part r: rank r's chunk, at its planned bytes
-                if _chunk(shape[d], world, r)[1]:
-                    assert (s.file_index, s.byte_offset, s.byte_length) == planned[(fqn, r)]
-                else:
-                    assert s.byte_length == 0 and (fqn, r) not in planned
-        total = sum(s.byte_length for s in rec.shards)
-        assert total == math.prod(shape) * 4
 
 
 def test_metadata_of_a_regular_job_grows_with_tensors_not_ranks() -> None:
