@@ -57,7 +57,7 @@ from .monitoring.phases import MAX_PHASES_BYTES, phases_name
 from .options import LoadOptions
 from .recovery.finite import nonfinite_names
 from .recovery.restore import RecoveryReport
-from .recovery.tier import RamStepsManager, RamTier, node_root
+from .recovery.tier import RamStepsManager, RamTier, node_root, tier_group
 from .storage import Storage, open_storage
 
 __all__ = ["TieredCheckpointManager", "copy_checkpoint"]
@@ -152,8 +152,13 @@ class TieredCheckpointManager:
         self._ram: RamTier | None = None
         self._previous_sigterm: Any = None
         self._flush_budget = flush_budget
-        if replicas:
+        tg = None
+        if replicas:  # the tier's group first: every rank fails alike on unsafe RAM folders or options
             fast_root = node_root(fast_root)
+            options = {"fast": fast_root, "durable": durable_root, "replicas": replicas,
+                       "durable_every": durable_every, "keep_fast": keep_fast, "chunk": chunk_bytes,
+                       "check_finite": check_finite}  # fmt: skip
+            tg = tier_group(fast_root, options, replicas, timeout)
         fast_kind = RamStepsManager if replicas else CheckpointManager
         self.fast = fast_kind(fast_root, keep_last=None, role=role, checkpointer=self._ckpt)
         self.durable = CheckpointManager(durable_root, keep_last=keep_durable, role=role, checkpointer=self._ckpt)
@@ -162,14 +167,10 @@ class TieredCheckpointManager:
         self._copier = ThreadPoolExecutor(1, thread_name_prefix="unickpt-tiering")
         self._pending: list[tuple[int, Future[Metadata]]] = []
         self._lock = threading.Lock()
-        if replicas:
-            options = {"fast": fast_root, "durable": durable_root, "replicas": replicas,
-                       "durable_every": durable_every, "keep_fast": keep_fast, "chunk": chunk_bytes,
-                       "check_finite": check_finite}  # fmt: skip
+        if tg is not None:
             if flush_on_sigterm and threading.current_thread() is threading.main_thread():
                 self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
-            self._ram = RamTier(self.fast, self.durable, durable_every or 1, options, replicas, keep_fast, chunk_bytes,
-                                timeout)  # fmt: skip
+            self._ram = RamTier(tg, self.fast, self.durable, durable_every or 1, keep_fast, chunk_bytes)
 
     def _storage(self, manager: CheckpointManager, step: int) -> Storage:
         url = manager.path_for(step) + (f"/{self.role}" if self.role else "")
