@@ -232,7 +232,15 @@ class TieredCheckpointManager:
             raise AsyncSaveFailures(failures, f" to the durable tier {self.durable.root}")
 
     def latest_step(self) -> tuple[int | None, str]:
-        """The newest complete step of either tier and the tier holding it (fast on a tie)."""
+        """The newest complete step of either tier and the tier holding it (fast on a tie):
+        ``(step, "fast" | "durable")``, ``(None, "")`` when there is none. With ``replicas >= 1``
+        a collective (every rank calls it, after its saves) with the same answer on every rank:
+        the step ``load_latest`` would load, the newest of which every file has a copy in some
+        host's RAM, unless the durable tier holds a newer one (``RamTier.latest``)."""
+        if self._ram is not None:
+            self.fast.wait()
+            step, source = self._ram.latest(self.durable.latest_step)
+            return step, {"ram": "fast", "durable": "durable"}.get(source, "")
         fast, durable = self.fast.latest_step(), self.durable.latest_step()
         if fast is None and durable is None:
             return None, ""

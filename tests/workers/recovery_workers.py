@@ -103,6 +103,16 @@ def recover(rank: int, ws: int, base: str, hosts: list[str], opts: dict[str, Any
     }
 
 
+def latest_step(rank: int, ws: int, base: str, hosts: list[str], opts: dict[str, Any]) -> list[Any]:
+    """``TieredCheckpointManager.latest_step()`` as this rank sees it."""
+    enter_host(base, hosts[rank])
+    tiers = _tiers(base, opts)
+    try:
+        return list(tiers.latest_step())
+    finally:
+        tiers.close()
+
+
 def construct(rank: int, ws: int, base: str, hosts: list[str], opts_by_rank: list[dict[str, Any]]) -> str:
     """Construct the tier with this rank's options; the error's class and message, or ''."""
     enter_host(base, hosts[rank])

@@ -10,6 +10,10 @@ and durable managers; the fast one on ``shmnode://<name>``, the node-local form 
   then the RAM retention (``replicate.drop_old``);
 * ``recover(durable_step)`` (every rank, from ``load_latest``) runs ``restore.recover`` on that
   same thread after every queued replication, and returns the decision and the report;
+* ``latest(durable_step)`` (every rank, from ``TieredCheckpointManager.latest_step``) answers,
+  on that thread after every queued replication, with the step ``load_latest`` would choose
+  (``decide.choose`` over every host's inventory and the durable tier's newest step), the same
+  on every rank, without moving or verifying a byte;
 * ``flush(budget)`` (every rank, from ``TieredCheckpointManager``'s SIGTERM handler) copies the
   newest step committed everywhere to the durable tier, on the worker thread, within ``budget``;
 * ``wait()`` raises the failures of queued replications (``AsyncSaveFailures``);
@@ -37,6 +41,7 @@ from ..manager import CheckpointManager
 from ..storage import open_storage, register_storage
 from ..storage.retry import unwrap
 from ..storage.shm import ShmStorage, private_base, shm_base
+from .decide import choose
 from .durable import copy_to_durable
 from .group import TierGroup
 from .inventory import RamLayout
@@ -214,6 +219,22 @@ class RamTier:
         copy_to_durable(self.tg, self.layout, self._stepdir(target), target, self.durable)
         self._protect = None
         return target
+
+    def latest(self, durable_step: Callable[[], int | None]) -> tuple[int | None, str]:
+        """``(step, "ram" | "durable")`` of the newest step of which every file has a copy in some
+        host's RAM (CRC32Cs are checked when it is loaded), or the durable tier's newest when
+        newer (RAM on a tie); ``(None, "none")`` when neither holds one. Every rank, same answer."""
+        return self._worker.submit(self._latest, durable_step).result()
+
+    def _latest(self, durable_step: Callable[[], int | None]) -> tuple[int | None, str]:
+        inv = self.layout.local_inventory() if self.tg.is_agent else None
+        gathered = self.tg.all_gather([self.tg.host, inv])
+        answer = None
+        if self.tg.rank == 0:
+            decision = choose({h: i for h, i in gathered if i is not None}, durable_step())
+            answer = [decision["step"], decision["source"]]
+        step, source = self.tg.all_gather(answer)[0]
+        return step, source
 
     def recover(self, durable_step: Callable[[], int | None], fetch: bool) -> tuple[dict[str, Any], RecoveryReport]:
         return self._worker.submit(recover, self.tg, self.layout, durable_step, fetch).result()

@@ -14,6 +14,7 @@ from tests.workers.harness import launch_ranks, run_ranks
 from tests.workers.recovery_workers import (
     construct,
     dies_while_replicating,
+    latest_step,
     recover,
     save_steps,
     saves_a_nan_step,
@@ -392,3 +393,21 @@ def test_issue40_item1_ram_retention_never_deletes_through_a_link_it_did_not_mak
         assert markers == ["commit-step_00000003.json"], markers
     res = run_ranks(recover, 2, base, hosts, opts)
     assert [r["step"] for r in res] == [3, 3] and all(r["exact"] for r in res), res
+
+
+def test_issue40_item3_latest_step_answers_for_the_whole_job_on_every_rank(tmp_path):
+    """With replicas, ``latest_step()`` is the step ``load_latest`` would load, the same on every
+    rank: the newest step whose every file has a copy on some host, else the durable tier's."""
+    base, hosts = str(tmp_path), ["a", "b", "c"]
+    opts = {**OPTS, "durable_every": 2, "keep_fast": 2}
+    run_ranks(save_steps, 3, base, hosts, [1, 2, 3], opts)
+    assert run_ranks(latest_step, 3, base, hosts, opts) == [[3, "fast"]] * 3
+    # every copy of rank 1's file of step 3 (primary on b, replica on c) is gone: step 2, from RAM
+    victims = [os.path.join(top, f) for h in ("b", "c") for top, _, files in os.walk(os.path.join(base, "ram", h))
+               for f in files if f == "r00001-00.bin" and "step_00000003" in top]  # fmt: skip
+    assert len(victims) == 2
+    for path in victims:
+        os.unlink(path)
+    assert run_ranks(latest_step, 3, base, hosts, opts) == [[2, "fast"]] * 3
+    os.system(f"rm -rf {base}/ram")  # every host's RAM is gone: the durable tier's step 2
+    assert run_ranks(latest_step, 3, base, hosts, opts) == [[2, "durable"]] * 3
