@@ -214,7 +214,7 @@ class UnickptTrainerMixin(_Base):
         if not knobs.on:
             return None
         if self._unickpt_tier is None:
-            self._unickpt_tier = knobs.build(os.path.join(self.args.output_dir, "unickpt-tier"))
+            self._unickpt_tier = knobs.build(os.path.join(self.args.output_dir or os.getcwd(), "unickpt-tier"))
         return self._unickpt_tier
 
     def _unickpt_tier_step(self, checkpoint: str | None) -> int | None:
