@@ -330,13 +330,20 @@ def _files(top: str) -> dict[str, bytes]:
 @pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user needs root")
 @pytest.mark.parametrize(
     ("folder", "change"),
-    [("", "chown"), ("job", "chmod"), ("job/replicas/a", "chown"), ("job/step_00000001", "chmod")],
+    [
+        ("", "chown"),
+        ("job", "chmod"),
+        ("job/replicas/a", "chown"),
+        ("job/step_00000001", "chmod"),
+        ("job/replicas", "link"),
+    ],
 )
 def test_issue40_item1_a_ram_folder_another_user_controls_is_a_configuration_error_on_every_rank(
     tmp_path, folder, change
 ):
     """Host b's RAM folder (the shm base, the fast root, a host's replica folder in it, a step
-    folder) given to another user or opened to others: every rank fails at construction with a
+    folder) given to another user, opened to others, or a link planted in its place (the
+    replicas folder): every rank fails at construction with a
     ConfigurationError naming the host and the folder, and nothing in any host's RAM changes."""
     base, hosts = str(tmp_path), ["a", "b"]
     opts = {**OPTS, "timeout": 30.0}
@@ -346,14 +353,17 @@ def test_issue40_item1_a_ram_folder_another_user_controls_is_a_configuration_err
     assert os.path.isdir(target)
     if change == "chown":
         os.chown(target, 65534, 65534)
+    elif change == "link":  # the folder moved out, a link planted in its place
+        os.rename(target, tmp_path / "moved")
+        os.symlink(tmp_path / "moved", target)
     else:
         os.chmod(target, 0o777)
-    before = _files(ram)
+    before = {**_files(ram), **_files(str(tmp_path / "moved"))}
     out = run_ranks(construct, 2, base, hosts, [opts] * 2)
     for o in out:
         assert o.startswith("ConfigurationError: the RAM tier refuses 1 host(s) whose RAM folder is not"), out
         assert f"host b: {target} " in o, o
-    assert _files(ram) == before
+    assert {**_files(ram), **_files(str(tmp_path / "moved"))} == before
 
 
 def test_issue40_item1_ram_retention_never_deletes_through_a_link_it_did_not_make(tmp_path):
