@@ -57,7 +57,7 @@ from .monitoring.phases import MAX_PHASES_BYTES, phases_name
 from .options import LoadOptions
 from .recovery.finite import nonfinite_names
 from .recovery.restore import RecoveryReport
-from .recovery.tier import RamStepsManager, RamTier, node_root
+from .recovery.tier import RamStepsManager, RamTier, node_root, tier_group
 from .storage import Storage, open_storage
 
 __all__ = ["TieredCheckpointManager", "copy_checkpoint"]
@@ -152,8 +152,13 @@ class TieredCheckpointManager:
         self._ram: RamTier | None = None
         self._previous_sigterm: Any = None
         self._flush_budget = flush_budget
-        if replicas:
+        tg = None
+        if replicas:  # the tier's group first: every rank fails alike on unsafe RAM folders or options
             fast_root = node_root(fast_root)
+            options = {"fast": fast_root, "durable": durable_root, "replicas": replicas,
+                       "durable_every": durable_every, "keep_fast": keep_fast, "chunk": chunk_bytes,
+                       "check_finite": check_finite}  # fmt: skip
+            tg = tier_group(fast_root, options, replicas, timeout)
         fast_kind = RamStepsManager if replicas else CheckpointManager
         self.fast = fast_kind(fast_root, keep_last=None, role=role, checkpointer=self._ckpt)
         self.durable = CheckpointManager(durable_root, keep_last=keep_durable, role=role, checkpointer=self._ckpt)
@@ -162,14 +167,10 @@ class TieredCheckpointManager:
         self._copier = ThreadPoolExecutor(1, thread_name_prefix="unickpt-tiering")
         self._pending: list[tuple[int, Future[Metadata]]] = []
         self._lock = threading.Lock()
-        if replicas:
-            options = {"fast": fast_root, "durable": durable_root, "replicas": replicas,
-                       "durable_every": durable_every, "keep_fast": keep_fast, "chunk": chunk_bytes,
-                       "check_finite": check_finite}  # fmt: skip
+        if tg is not None:
             if flush_on_sigterm and threading.current_thread() is threading.main_thread():
                 self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
-            self._ram = RamTier(self.fast, self.durable, durable_every or 1, options, replicas, keep_fast, chunk_bytes,
-                                timeout)  # fmt: skip
+            self._ram = RamTier(tg, self.fast, self.durable, durable_every or 1, keep_fast, chunk_bytes)
 
     def _storage(self, manager: CheckpointManager, step: int) -> Storage:
         url = manager.path_for(step) + (f"/{self.role}" if self.role else "")
@@ -231,7 +232,15 @@ class TieredCheckpointManager:
             raise AsyncSaveFailures(failures, f" to the durable tier {self.durable.root}")
 
     def latest_step(self) -> tuple[int | None, str]:
-        """The newest complete step of either tier and the tier holding it (fast on a tie)."""
+        """The newest complete step of either tier and the tier holding it (fast on a tie):
+        ``(step, "fast" | "durable")``, ``(None, "")`` when there is none. With ``replicas >= 1``
+        a collective (every rank calls it, after its saves) with the same answer on every rank:
+        the step ``load_latest`` would load, the newest of which every file has a copy in some
+        host's RAM, unless the durable tier holds a newer one (``RamTier.latest``)."""
+        if self._ram is not None:
+            self.fast.wait()
+            step, source = self._ram.latest(self.durable.latest_step)
+            return step, {"ram": "fast", "durable": "durable"}.get(source, "")
         fast, durable = self.fast.latest_step(), self.durable.latest_step()
         if fast is None and durable is None:
             return None, ""

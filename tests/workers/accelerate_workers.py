@@ -246,3 +246,58 @@ def resume_trainer(rank: int, ws: int, root: str) -> dict[str, Any]:
         out[f"trainer/{backend}/resumed"] = _fit(backend, ws, target, True)
         out[f"trainer/{backend}/resumed-folders"] = sorted(os.listdir(target))
     return out
+
+
+# ---------------------------------------------------------------- the HF Trainer on the RAM tier
+
+
+class TierTrainer(_Recording, UnickptTrainerMixin, Trainer):
+    """The mixin with fast recovery turned on (issue 40: the RAM tier, one replica per host)."""
+
+    unickpt_async_save = True
+    unickpt_fast_root = "shm://hfjob"
+    unickpt_replicas = 1
+    unickpt_durable_every = 100  # no step reaches the durable folder: a resume reads RAM only
+    unickpt_keep_fast = 2
+
+
+def _fit_tier(cls: type, ws: int, out_dir: str, max_steps: int, resume: bool) -> tuple[list[float], Any]:
+    args = TrainingArguments(
+        output_dir=out_dir,
+        max_steps=max_steps,
+        per_device_train_batch_size=GLOBAL_BATCH // ws,
+        learning_rate=1e-2,
+        lr_scheduler_type="constant",  # the same schedule whatever max_steps is
+        save_steps=2,
+        use_cpu=True,
+        report_to="none",
+        disable_tqdm=True,
+        logging_strategy="no",
+        seed=0,
+    )
+    trainer = cls(model=_llama(100 if resume else 0), args=args, train_dataset=_Rows())
+    trainer.losses = []
+    trainer.train(resume_from_checkpoint=True if resume else None)
+    return trainer.losses, getattr(trainer, "unickpt_last_recovery", None)
+
+
+def trainer_on_the_ram_tier(rank: int, ws: int, root: str) -> dict[str, Any]:
+    """Rank r is on host "abc"[r] (its own RAM folder). An uninterrupted run of 6 steps (unickpt
+    without the tier); a run on the tier to step 4 (saves at 2 and 4); host b's RAM lost; a
+    resumed run to step 6 (``resume_from_checkpoint=True``, fresh weights): its losses, the
+    folders, and where the resume's bytes came from."""
+    from tests.workers.recovery_workers import enter_host
+
+    enter_host(root, "abc"[rank])
+    out: dict[str, Any] = {}
+    out["uninterrupted"], _ = _fit_tier(OursTrainer, ws, os.path.join(root, "plain"), 6, False)
+    tiered = os.path.join(root, "tiered")
+    out["first"], _ = _fit_tier(TierTrainer, ws, tiered, 4, False)
+    out["folders"] = {n: sorted(os.listdir(os.path.join(tiered, n))) for n in sorted(os.listdir(tiered))}
+    torch.distributed.barrier()
+    if rank == 0:
+        shutil.rmtree(os.path.join(root, "ram", "b"))  # host b's RAM is gone
+    torch.distributed.barrier()
+    out["resumed"], report = _fit_tier(TierTrainer, ws, tiered, 6, True)
+    out["recovery"] = {"step": report.step, "tier": report.tier, "bytes": report.bytes_by_source}
+    return out

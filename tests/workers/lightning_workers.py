@@ -176,3 +176,57 @@ def resume(rank: int, ws: int, root: str, which: str, kinds: str = ",".join(KIND
             out[f"keys-{kind}/{backend}"] = model.loaded_keys
             out[f"fabric-{kind}/{backend}"] = fabric_run(kind, backend, rank, ws, _fabric(root, kind, backend), True, 2)
     return out
+
+
+# ---------------------------------------------------------------- the RAM tier (issue 40)
+
+
+def _fit_tier(ws: int, dirpath: str, epochs: int, ckpt_path: str | None, tier: bool) -> tuple[Tiny, Any]:
+    """DDP ``Tiny`` to ``epochs`` epochs; with ``tier`` a checkpoint per epoch (and ``last.ckpt``)
+    through the strategy's RAM tier (one replica per host, nothing due on the durable folder)."""
+    torch.manual_seed(0 if ckpt_path is None else 1)  # a resumed run's weights come from the checkpoint
+    model = Tiny(False)
+    knobs = {"fast_root": "shm://ljob", "replicas": 1, "durable_every": 100, "keep_fast": 2} if tier else {}
+    strategy = UnickptDDPStrategy(async_save=True, **knobs)
+    callbacks = [ModelCheckpoint(dirpath=dirpath, filename="{epoch}-{step}", save_top_k=-1, every_n_epochs=1,
+                                 save_last=True)] if tier else []  # fmt: skip
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=ws,
+        num_nodes=1,
+        strategy=strategy,
+        max_epochs=epochs,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=tier,
+        default_root_dir=dirpath,
+        callbacks=callbacks,
+    )
+    trainer.fit(model, ckpt_path=ckpt_path)
+    return model, strategy.last_recovery
+
+
+def trainer_on_the_ram_tier(rank: int, ws: int, root: str) -> dict[str, Any]:
+    """Rank r is on host "abc"[r] (its own RAM folder). An uninterrupted run of 3 epochs; a run on
+    the tier for 2 epochs (a checkpoint per epoch, ``last.ckpt``); host b's RAM lost; a run resumed
+    with ``ckpt_path="last"`` to 3 epochs: losses, the checkpoint folder, the resume's sources."""
+    import shutil
+
+    from tests.workers.recovery_workers import enter_host
+
+    enter_host(root, "abc"[rank])
+    out: dict[str, Any] = {}
+    out["uninterrupted"] = _fit_tier(ws, os.path.join(root, "plain"), 3, None, False)[0].losses
+    tiered = os.path.join(root, "tiered")
+    out["first"] = _fit_tier(ws, tiered, 2, None, True)[0].losses
+    out["files"] = {n: os.path.getsize(os.path.join(tiered, n)) for n in sorted(os.listdir(tiered))
+                    if os.path.isfile(os.path.join(tiered, n))}  # fmt: skip
+    torch.distributed.barrier()
+    if rank == 0:
+        shutil.rmtree(os.path.join(root, "ram", "b"))  # host b's RAM is gone
+    torch.distributed.barrier()
+    model, report = _fit_tier(ws, tiered, 3, "last", True)
+    out["resumed"] = model.losses
+    out["recovery"] = {"step": report.step, "tier": report.tier, "bytes": report.bytes_by_source}
+    return out

@@ -103,6 +103,16 @@ def recover(rank: int, ws: int, base: str, hosts: list[str], opts: dict[str, Any
     }
 
 
+def latest_step(rank: int, ws: int, base: str, hosts: list[str], opts: dict[str, Any]) -> list[Any]:
+    """``TieredCheckpointManager.latest_step()`` as this rank sees it."""
+    enter_host(base, hosts[rank])
+    tiers = _tiers(base, opts)
+    try:
+        return list(tiers.latest_step())
+    finally:
+        tiers.close()
+
+
 def construct(rank: int, ws: int, base: str, hosts: list[str], opts_by_rank: list[dict[str, Any]]) -> str:
     """Construct the tier with this rank's options; the error's class and message, or ''."""
     enter_host(base, hosts[rank])
@@ -164,12 +174,19 @@ def dies_while_replicating(rank: int, ws: int, base: str, hosts: list[str], opts
 def main() -> None:
     """One rank as a plain process (the mount-namespace test starts it inside its host's mount
     namespace with ``nsenter``): ``python -m tests.workers.recovery_workers FN RANK WS PORT OUT
-    ARGS_JSON``; writes ``fn(rank, ws, *args)`` as JSON to OUT."""
+    ARGS_JSON``; writes ``fn(rank, ws, *args)`` as JSON to OUT. Under torchrun (the network-
+    namespace test: one torchrun node per host) ``FN env OUT ARGS_JSON``: the rank, world size
+    and master come from torchrun's environment, OUT gets ``.<rank>`` appended."""
     import json
     import sys
 
-    fn_name, rank, ws, port, out, args = sys.argv[1], *map(int, sys.argv[2:5]), sys.argv[5], sys.argv[6]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if sys.argv[2] == "env":
+        fn_name, out, args = sys.argv[1], sys.argv[3], sys.argv[4]
+        rank, ws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        out = f"{out}.{rank}"
+    else:
+        fn_name, rank, ws, port, out, args = sys.argv[1], *map(int, sys.argv[2:5]), sys.argv[5], sys.argv[6]
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=ws)
     try:

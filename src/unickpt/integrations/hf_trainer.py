@@ -57,6 +57,19 @@ What the Trainer calls, in its order, and what the mixin does there:
   leaves only uncommitted checkpoints; the resumed run's save at a skipped step replaces that
   folder's files with a committed checkpoint. A folder given by path raises as before.
 * ``train`` returns (or raises) after waiting for the pending asynchronous save.
+
+Fast recovery (``unickpt_fast_root = "shm://<job>"`` on the class or the instance, with
+``unickpt_replicas``, ``unickpt_durable_every``, ``unickpt_keep_fast``, ``unickpt_durable_root``;
+docs/guide/recovery.md): the training state goes to a ``TieredCheckpointManager`` (each host's
+RAM, copied to ``unickpt_replicas`` other hosts, every ``unickpt_durable_every``-th step also to
+the durable folder, by default ``<output_dir>/unickpt-tier``) as step ``state.global_step``, and
+``checkpoint-N`` gets ``unickpt-tier.json`` (``integrations._tier``: the path -> step map)
+instead of ``unickpt/``. A resume from such a folder (``resume_from_checkpoint=True`` picks the
+highest, as ever) loads step N through the tier's ``load_latest`` (own RAM, peers' RAM, durable
+folder) and raises ``IncompleteCheckpointError`` naming the tier's newest recoverable step when
+that is not N. The Trainer's rotation deletes the folders (the marker with them); the tier keeps
+its own retention. The Trainer still writes ``trainer_state.json`` and the model's weights
+(``save_model``) into each folder.
 """
 
 from __future__ import annotations
@@ -70,10 +83,11 @@ from transformers import Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from .. import PerRank, default_checkpointer, load, save, set_rng_state
-from ..errors import IncompleteCheckpointError, NotACheckpointError
+from ..errors import ConfigurationError, IncompleteCheckpointError, NotACheckpointError
 from ..format.records import METADATA_FILE
 from ..ops.inspect import load_metadata
 from ..options import LoadOptions, RestoreOptions
+from ._tier import MARKER_NAME, TierKnobs, load_step, read_step_marker, write_step_marker
 from .accelerate import RngState, accelerate_state
 
 __all__ = ["UnickptTrainerMixin", "UnickptTrainer", "UNICKPT_SUBDIR"]
@@ -184,6 +198,32 @@ class UnickptTrainerMixin(_Base):
     # during an asynchronous save) for the newest that did, with a warning; off: it raises
     unickpt_resume_fallback: bool = False
     _unickpt_previous_save: str | None = None  # the checkpoint-N folder this trainer saved last
+    # fast recovery (module docstring): "shm://<job>" turns the RAM tier on
+    unickpt_fast_root: str = ""
+    unickpt_replicas: int = 1
+    unickpt_durable_every: int | None = None
+    unickpt_keep_fast: int = 2
+    unickpt_durable_root: str | None = None  # None: <output_dir>/unickpt-tier
+    _unickpt_tier: Any = None  # the TieredCheckpointManager while train() runs
+    unickpt_last_recovery: Any = None  # the tier's RecoveryReport of the last resume
+
+    def _unickpt_tiers(self) -> Any:
+        """The tier (made on every rank at the first save or resume of a ``train``), or None when off."""
+        knobs = TierKnobs(self.unickpt_fast_root, self.unickpt_durable_root, self.unickpt_replicas,
+                          self.unickpt_durable_every, self.unickpt_keep_fast)  # fmt: skip
+        if not knobs.on:
+            return None
+        if self._unickpt_tier is None:
+            self._unickpt_tier = knobs.build(os.path.join(self.args.output_dir or os.getcwd(), "unickpt-tier"))
+        return self._unickpt_tier
+
+    def _unickpt_tier_step(self, checkpoint: str | None) -> int | None:
+        """The tier step ``checkpoint-N`` names (its ``unickpt-tier.json``), or None."""
+        return None if checkpoint is None else read_step_marker(os.path.join(checkpoint, MARKER_NAME))
+
+    def _unickpt_own(self, checkpoint: str | None) -> bool:
+        """Whether unickpt loads ``checkpoint`` (the tier's marker, or ``unickpt/``)."""
+        return self._unickpt_tier_step(checkpoint) is not None or self._unickpt_path(checkpoint) is not None
 
     def _unickpt_path(self, checkpoint: str | None) -> str | None:
         """``checkpoint/unickpt`` when it holds a committed unickpt checkpoint; None for a folder
@@ -256,6 +296,14 @@ class UnickptTrainerMixin(_Base):
         return any(n > here for n, _ in _numbered_checkpoints(os.path.dirname(os.path.abspath(output_dir))))
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        tiers = self._unickpt_tiers()
+        if tiers is not None:  # the tier's step, and the folder's marker naming it (rank 0)
+            step = int(self.state.global_step)
+            tiers.save(step, self._unickpt_state(RngState()), async_save=self.unickpt_async_save)
+            if self.args.process_index == 0:
+                write_step_marker(os.path.join(output_dir, MARKER_NAME), step)
+            self._unickpt_previous_save = output_dir
+            return
         default_checkpointer().wait()  # the previous save commits before the Trainer may rotate it away
         path = os.path.join(output_dir, UNICKPT_SUBDIR)
         async_save = self.unickpt_async_save and not self._commits_before_return(output_dir)
@@ -271,11 +319,25 @@ class UnickptTrainerMixin(_Base):
     # ---------------------------------------------------------------- load
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
-        if self._unickpt_path(resume_from_checkpoint) is None:
+        if not self._unickpt_own(resume_from_checkpoint):
             super()._load_from_checkpoint(resume_from_checkpoint, model)
         # else: the weights load after accelerator.prepare, with the optimizer
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        step = self._unickpt_tier_step(checkpoint)
+        if step is not None:
+            tiers = self._unickpt_tiers()
+            if tiers is None:
+                raise ConfigurationError(
+                    f"{checkpoint} names step {step} of a RAM tier: set unickpt_fast_root (and the tier's other "
+                    "options) as when it was saved to resume from it"
+                )
+            rng = RngState(apply=False)
+            assert checkpoint is not None
+            load_step(tiers, step, checkpoint, self._unickpt_state(rng), options=_RESUME_OPTIONS)
+            self.unickpt_last_recovery = tiers.last_recovery
+            self._unickpt_rng = rng.loaded
+            return
         path = self._unickpt_path(checkpoint)
         if path is None:
             super()._load_optimizer_and_scheduler(checkpoint)
@@ -286,11 +348,11 @@ class UnickptTrainerMixin(_Base):
         self._unickpt_rng = rng.loaded
 
     def _load_scaler(self, checkpoint: str | None) -> None:
-        if self._unickpt_path(checkpoint) is None:
+        if not self._unickpt_own(checkpoint):
             super()._load_scaler(checkpoint)
 
     def _load_rng_state(self, checkpoint: str | None) -> None:
-        if self._unickpt_path(checkpoint) is None:
+        if not self._unickpt_own(checkpoint):
             super()._load_rng_state(checkpoint)
             return
         loaded = getattr(self, "_unickpt_rng", None)
@@ -323,7 +385,12 @@ class UnickptTrainerMixin(_Base):
         try:
             return super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
-            default_checkpointer().wait()  # the last asynchronous save commits (or raises)
+            tiers, self._unickpt_tier = self._unickpt_tier, None
+            try:
+                if tiers is not None:
+                    tiers.close()  # the replications and durable copies done (or raised); RAM stays
+            finally:
+                default_checkpointer().wait()  # the last asynchronous save commits (or raises)
 
 
 class UnickptTrainer(UnickptTrainerMixin, Trainer):

@@ -34,6 +34,18 @@ rank 0, so the strategy's checkpoint hooks are the place, and Lightning calls th
   imports it once (model, optimizers, loops, callbacks, schedulers) into a checkpoint these
   strategies resume from at any world size.
 
+Fast recovery (docs/guide/recovery.md): the Trainer's strategies take ``fast_root="shm://<job>"``,
+``replicas=1``, ``durable_every=None``, ``keep_fast=2`` and ``durable_root=None`` (default: the
+folder ``unickpt-tier`` beside the checkpoint paths). With ``fast_root`` set, ``save_checkpoint``
+saves the state to a ``TieredCheckpointManager`` (each host's RAM, copied to ``replicas`` other
+hosts, every ``durable_every``-th step also to ``durable_root``) as step ``global_step`` (once per
+step: ``last.ckpt`` saved at the same step adds no second save), and rank 0 writes at the path
+only a step marker (``integrations._tier``); ``fit(ckpt_path=<such a path>)`` (``"last"``
+included) loads that step through the tier's ``load_latest`` (own RAM, peers' RAM, durable
+folder), refusing with ``IncompleteCheckpointError`` a step that is not the tier's newest
+recoverable one; ``remove_checkpoint`` deletes the marker only (the tier keeps its own
+retention); ``teardown`` waits for the tier's copies.
+
 Inference: ``load_from_checkpoint(LitModel, path, **kwargs)`` builds the module from the
 hyper-parameters the checkpoint holds (``save_hyperparameters``), ``kwargs`` overriding them, as
 Lightning's ``LitModel.load_from_checkpoint`` does for its own files, and loads the weights
@@ -66,9 +78,10 @@ from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParalle
 from typing_extensions import override
 
 from .. import Checkpointer, wait_all
-from ..errors import NotACheckpointError, UnsupportedValueError
+from ..errors import ConfigurationError, NotACheckpointError, UnsupportedValueError
 from ..format.values import dumps_value, loads_value
 from ._delete import delete_checkpoint
+from ._tier import TierKnobs, load_step, read_step_marker, write_step_marker
 
 __all__ = [
     "UnickptDDPStrategy",
@@ -152,6 +165,32 @@ def _file_hint(path: str) -> str:
 class _UnickptCheckpointing(_OwnsCheckpointer, _Base):
     """The checkpoint hooks shared by the strategies (see the module docstring)."""
 
+    def __init__(
+        self,
+        *args: Any,
+        fast_root: str = "",
+        replicas: int = 1,
+        durable_every: int | None = None,
+        keep_fast: int = 2,
+        durable_root: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.tier_knobs = TierKnobs(fast_root, durable_root, replicas, durable_every, keep_fast)
+        self._unickpt_tier: Any = None  # the TieredCheckpointManager, made at the first save or load
+        self._unickpt_tier_saved: int | None = None  # the step this strategy saved to it last
+        self.last_recovery: Any = None  # the tier's RecoveryReport of the last load
+
+    def _unickpt_tiers(self, path: str) -> Any:
+        """The tier (every rank, together: its construction is collective), its durable folder
+        by default beside ``path``; None when ``fast_root`` is not set."""
+        if not self.tier_knobs.on:
+            return None
+        if self._unickpt_tier is None:
+            beside = os.path.dirname(os.path.abspath(path)) if "://" not in path else path.rsplit("/", 1)[0]
+            self._unickpt_tier = self.tier_knobs.build(os.path.join(beside, "unickpt-tier"))
+        return self._unickpt_tier
+
     # ---------------------------------------------------------------- what Lightning asks
 
     @property
@@ -194,17 +233,40 @@ class _UnickptCheckpointing(_OwnsCheckpointer, _Base):
         }
         if "optimizer_states" in checkpoint and self.optimizers:
             state["optimizer"] = self._unickpt_optimizers()
-        self.checkpointer.save(path, state, async_save=self.async_save)
+        tiers = self._unickpt_tiers(path)
+        if tiers is None:
+            self.checkpointer.save(path, state, async_save=self.async_save)
+            return
+        step = int(checkpoint.get("global_step", 0))
+        if step != self._unickpt_tier_saved:  # last.ckpt at the same step: the marker only
+            tiers.save(step, state, async_save=self.async_save)
+            self._unickpt_tier_saved = step
+        if self.is_global_zero:
+            write_step_marker(path, step)
 
     @override
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        path = self._unickpt_load_path(checkpoint_path)
+        target = str(self.broadcast(str(checkpoint_path)))
+        step = self.broadcast(read_step_marker(target) if self.is_global_zero else None)
         holder = _LightningDict()
         module = self._unickpt_module()
         state: dict[str, Any] = {"model": module, LIGHTNING_KEY: holder}
         if self.optimizers:
             state["optimizer"] = self._unickpt_optimizers()
-        self.checkpointer.load(path, state, strict=self._unickpt_lightning_module().strict_loading)
+        strict = self._unickpt_lightning_module().strict_loading
+        if step is not None:  # a step marker: the step is in the RAM tier
+            path = target
+            tiers = self._unickpt_tiers(path)
+            if tiers is None:
+                raise ConfigurationError(
+                    f"{path} names step {step} of a RAM tier: construct the strategy with fast_root (and the "
+                    "tier's other options) as when it was saved to resume from it"
+                )
+            load_step(tiers, int(step), path, state, strict=strict)
+            self.last_recovery = tiers.last_recovery
+        else:
+            path = self._unickpt_load_path(checkpoint_path)
+            self.checkpointer.load(path, state, strict=strict)
         checkpoint = loads_value(holder.data, f"{path}: the Lightning checkpoint dict")
         if not isinstance(checkpoint, dict):
             raise UnsupportedValueError(f"{path}: the Lightning checkpoint dict is a {type(checkpoint).__name__}")
@@ -220,13 +282,18 @@ class _UnickptCheckpointing(_OwnsCheckpointer, _Base):
             path = str(filepath) if url else str(Path(filepath))
             if not url and os.path.islink(path):  # save_last="link": Lightning's link, removed itself, never followed
                 os.unlink(path)
+            elif not url and read_step_marker(path) is not None:  # the tier's marker: the step stays in the tier
+                os.unlink(path)
             else:
                 delete_checkpoint(path)
 
     @override
     def teardown(self) -> None:
         ckpt, self._unickpt = self._unickpt, None
+        tiers, self._unickpt_tier, self._unickpt_tier_saved = self._unickpt_tier, None, None
         try:
+            if tiers is not None:
+                tiers.close()  # the replications and durable copies done (or raised); RAM stays
             if ckpt is not None:
                 ckpt.close()  # drains pending saves; raises a failed one
         finally:

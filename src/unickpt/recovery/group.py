@@ -4,9 +4,11 @@
 (``replicas >= 1``) on every rank, in the same order as every other group creation: it makes a
 gloo group over all ranks (``dist.new_group``), then runs the tier's first collective on the
 calling (main) thread: every rank's host id (``UNICKPT_HOST_ID``, else ``socket.gethostname()``),
-failure domain (``UNICKPT_FAILURE_DOMAIN``, else none) and the digest of the tier's options.
-Ranks disagreeing on the options, or ``replicas >= hosts``, raise ``ConfigurationError`` on every
-rank (all of them see the same gathered list). From then on the group is used by *one thread
+failure domain (``UNICKPT_FAILURE_DOMAIN``, else none), the digest of the tier's options and
+what is wrong with its host's RAM folders (``tier.ram_folder_problem``, None when nothing).
+A RAM folder that is not the user's own, ranks disagreeing on the options, or
+``replicas >= hosts`` raise ``ConfigurationError`` on every rank (all of them see the same
+gathered list). From then on the group is used by *one thread
 only*, the tier's worker thread (``replicate`` and ``restore``), never beside another collective
 of it. A host's *agent* is its lowest rank: it does the host's file work and transfers; other
 ranks take part in the collectives with nothing to offer.
@@ -56,14 +58,20 @@ class TierGroup:
         return self.agents[self.host] == self.rank
 
     @classmethod
-    def create(cls, digest: str, replicas: int, timeout: float) -> TierGroup:
+    def create(cls, digest: str, replicas: int, timeout: float, problem: str | None = None) -> TierGroup:
         me, domain = host_id(), os.environ.get(DOMAIN_ENV, "")
         if dist.is_available() and dist.is_initialized():
             rank, ws = dist.get_rank(), dist.get_world_size()
             group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))
         else:
             rank, ws, group = 0, 1, None
-        gathered = all_gather_json(group, ws, [me, domain, digest])
+        gathered = all_gather_json(group, ws, [me, domain, digest, problem])
+        problems = sorted({f"host {g[0]}: {g[3]}" for g in gathered if g[3]})
+        if problems:
+            raise ConfigurationError(
+                f"the RAM tier refuses {len(problems)} host(s) whose RAM folder is not the user's own (nothing "
+                f"was read, written or deleted there): {'; '.join(problems[:3])}"
+            )
         digests = {g[2] for g in gathered}
         if len(digests) > 1:
             differing = sorted({f"rank {r} (host {g[0]})" for r, g in enumerate(gathered) if g[2] != gathered[0][2]})
@@ -74,7 +82,7 @@ class TierGroup:
             )
         rank_hosts = tuple(g[0] for g in gathered)
         domains: dict[str, str] = {}
-        for h, d, _ in gathered:
+        for h, d, *_ in gathered:
             if domains.setdefault(h, d) != d:
                 raise ConfigurationError(
                     f"host {h} has ranks with different {DOMAIN_ENV} values ({domains[h]!r}, {d!r}): "

@@ -15,7 +15,10 @@ Layout under the host's RAM root ``R`` (the fast root resolved on this host, e.g
 Called by ``replicate`` (``write_marker``, ``drop_old_steps``), ``restore`` (``held_files``) and
 the agent of each host in ``load_latest`` (``local_inventory``). A marker that does not parse or
 names a file outside the layout is ignored with a warning, never deleted; only files named by a
-marker of ours (and that marker) are ever deleted.
+marker of ours (and that marker) are ever deleted. Below the root every folder is opened without
+following a link (``storage._nofollow``, as ``LocalStorage`` does): markers are never read, files
+never created, stat'ed or deleted through a link planted where a folder belongs (``drop_step``
+leaves the names under such a link alone; ``create`` raises ``UnsafePathError``).
 """
 
 from __future__ import annotations
@@ -29,7 +32,9 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from ..errors import StorageError
+from ..errors import StorageError, UnsafePathError
+from ..storage._nofollow import open_dir, stat_in
+from ..storage.local import LocalStorage
 
 __all__ = ["RamLayout", "MARKER_FORMAT", "safe_host", "read_chunks", "chunk_crcs_of"]
 
@@ -95,25 +100,32 @@ class RamLayout:
         return os.path.join(self.root, "recovery", f"commit-{stepdir}.json")
 
     def path_of(self, entry: dict[str, Any], stepdir: str) -> str:
+        return os.path.join(self.root, *self.rel_of(entry, stepdir).split("/"))
+
+    def rel_of(self, entry: dict[str, Any], stepdir: str) -> str:
+        """``entry``'s file relative to the root, '/'-separated."""
         if entry["where"] == "primary":
-            return self.primary(stepdir, entry["name"])
-        return self.replica(entry["origin"], stepdir, entry["name"])
+            return f"{stepdir}/{_check_rel(entry['name'])}"
+        return f"replicas/{safe_host(entry['origin'])}/{stepdir}/{_check_rel(entry['name'])}"
 
     # -------------------------------------------------------------- writing
 
     def create(self, path: str) -> int:
-        """A new file at ``path`` (folders 0700, file 0600, never through a link); an old
-        ``.unickpt-part`` of ours at that name is replaced."""
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        try:
-            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        except FileExistsError:
-            if not path.endswith(".unickpt-part"):
-                raise StorageError(
-                    errno.EEXIST, f"{path} exists already: the RAM tier never overwrites a file it did not stage"
-                ) from None
-            os.unlink(path)
-            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        """A new file at ``path`` under the root (folders 0700, file 0600, never through a link:
+        ``UnsafePathError`` for a link where a folder belongs); an old ``.unickpt-part`` of ours at
+        that name is replaced."""
+        parts = os.path.relpath(path, self.root).split(os.sep)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        with open_dir(self.root, parts[:-1], create=True, mode=0o700) as dfd:
+            try:
+                return os.open(parts[-1], flags, 0o600, dir_fd=dfd)
+            except FileExistsError:
+                if not path.endswith(".unickpt-part"):
+                    raise StorageError(
+                        errno.EEXIST, f"{path} exists already: the RAM tier never overwrites a file it did not stage"
+                    ) from None
+                os.unlink(parts[-1], dir_fd=dfd)
+                return os.open(parts[-1], flags, 0o600, dir_fd=dfd)
 
     def write_marker(self, stepdir: str, record: dict[str, Any]) -> None:
         path = self.marker(stepdir)
@@ -130,27 +142,30 @@ class RamLayout:
     def markers(self) -> dict[str, dict[str, Any]]:
         """``stepdir -> marker record`` of every valid commit marker here (others: a warning)."""
         folder = os.path.join(self.root, "recovery")
-        try:
-            names = sorted(os.listdir(folder))
-        except FileNotFoundError:
-            return {}
         out: dict[str, dict[str, Any]] = {}
-        for base in names:
-            if not (base.startswith("commit-") and base.endswith(".json")):
-                continue
-            stepdir = base[len("commit-") : -len(".json")]
-            try:
-                rec = self._read_marker(os.path.join(folder, base), stepdir)
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                warnings.warn(f"ignoring {folder}/{base}: not a RAM-tier commit marker of unickpt ({e})", stacklevel=2)
-                continue
-            out[stepdir] = rec
+        try:
+            with open_dir(self.root, ["recovery"], create=False, reading=True) as dfd:
+                for base in sorted(os.listdir(dfd)):
+                    if not (base.startswith("commit-") and base.endswith(".json")):
+                        continue
+                    stepdir = base[len("commit-") : -len(".json")]
+                    try:
+                        out[stepdir] = self._read_marker(dfd, base, stepdir)
+                    except (OSError, ValueError, KeyError, TypeError) as e:
+                        warnings.warn(
+                            f"ignoring {folder}/{base}: not a RAM-tier commit marker of unickpt ({e})", stacklevel=2
+                        )
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
+        except UnsafePathError as e:  # a link where the markers' folder belongs: never read through it
+            warnings.warn(f"ignoring every RAM-tier commit marker of {self.root}: {e}", stacklevel=2)
+            return {}
         return out
 
-    def _read_marker(self, path: str, stepdir: str) -> dict[str, Any]:
+    def _read_marker(self, dfd: int, base: str, stepdir: str) -> dict[str, Any]:
         if not _STEP.match(stepdir):
             raise ValueError("not a step folder name")
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(base, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
         try:
             raw = os.read(fd, _MARKER_LIMIT + 1)
         finally:
@@ -178,8 +193,8 @@ class RamLayout:
             present = []
             for e in rec["files"]:
                 try:
-                    st = os.lstat(self.path_of(e, stepdir))
-                except OSError:
+                    st = stat_in(self.root, self.rel_of(e, stepdir).split("/"))
+                except OSError:  # missing, or under a link where a folder belongs (UnsafePathError)
                     continue
                 if stat.S_ISREG(st.st_mode) and st.st_size == e["size"]:
                     present.append(e)
@@ -190,22 +205,10 @@ class RamLayout:
 
     def drop_step(self, stepdir: str, rec: dict[str, Any]) -> None:
         """Delete the marker of ``stepdir`` (first), then the files it names, then the folders
-        left empty (``rmdir``: a folder holding anything else stays)."""
-        os.unlink(self.marker(stepdir))
-        folders = set()
-        for e in rec["files"]:
-            path = self.path_of(e, stepdir)
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
-            folders.add(os.path.dirname(path))
-        for leaf in sorted(folders, key=len, reverse=True):
-            stop = os.path.join(self.root, "replicas") if "/replicas/" in leaf else self.root
-            here = leaf
-            while here.startswith(stop + "/"):
-                try:
-                    os.rmdir(here)
-                except OSError:
-                    break
-                here = os.path.dirname(here)
+        left empty (a folder holding anything else stays), each relative to its folder's
+        descriptor opened without following a link (``LocalStorage.delete``): a link in a file's
+        place is removed, never followed; names under a link where a folder belongs are left
+        alone (unickpt did not make the link, nor write what it leads to)."""
+        files = LocalStorage(self.root)
+        files.delete([f"recovery/commit-{stepdir}.json"])
+        files.delete([self.rel_of(e, stepdir) for e in rec["files"]])

@@ -10,6 +10,10 @@ and durable managers; the fast one on ``shmnode://<name>``, the node-local form 
   then the RAM retention (``replicate.drop_old``);
 * ``recover(durable_step)`` (every rank, from ``load_latest``) runs ``restore.recover`` on that
   same thread after every queued replication, and returns the decision and the report;
+* ``latest(durable_step)`` (every rank, from ``TieredCheckpointManager.latest_step``) answers,
+  on that thread after every queued replication, with the step ``load_latest`` would choose
+  (``decide.choose`` over every host's inventory and the durable tier's newest step), the same
+  on every rank, without moving or verifying a byte;
 * ``flush(budget)`` (every rank, from ``TieredCheckpointManager``'s SIGTERM handler) copies the
   newest step committed everywhere to the durable tier, on the worker thread, within ``budget``;
 * ``wait()`` raises the failures of queued replications (``AsyncSaveFailures``);
@@ -23,25 +27,28 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
+import stat
 import threading
 import warnings
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from ..errors import AsyncSaveFailures, CheckpointError, ConfigurationError
+from ..errors import AsyncSaveFailures, CheckpointError, ConfigurationError, StorageError
 from ..folder.probe import read_committed
 from ..manager import CheckpointManager
 from ..storage import open_storage, register_storage
 from ..storage.retry import unwrap
-from ..storage.shm import ShmStorage
+from ..storage.shm import ShmStorage, private_base, shm_base
+from .decide import choose
 from .durable import copy_to_durable
 from .group import TierGroup
 from .inventory import RamLayout
 from .replicate import drop_old, replicate_step
 from .restore import RecoveryReport, recover
 
-__all__ = ["RamTier", "NodeShmStorage", "RamStepsManager", "node_root"]
+__all__ = ["RamTier", "NodeShmStorage", "RamStepsManager", "node_root", "ram_folder_problem", "tier_group"]
 
 
 class NodeShmStorage(ShmStorage):
@@ -74,12 +81,74 @@ def node_root(fast_root: str) -> str:
     return "shmnode://" + fast_root[len("shm://") :]
 
 
-class RamTier:
-    def __init__(self, fast: Any, durable: Any, durable_every: int, options: dict[str, Any], replicas: int,
-                 keep: int, chunk: int, timeout: float) -> None:  # fmt: skip
+def ram_folder_problem(node_url: str) -> str | None:
+    """What makes this host's RAM folders of ``shmnode://<name>`` unsafe, or None: the shm base
+    (``storage.shm.private_base``: this user's, mode 0700, no link), then every existing folder
+    from it down to the root, and the root's own folders (``recovery``, ``replicas``,
+    ``replicas/<host>``, ``step_N``): a link, no folder, another user's, or writable by the
+    group or others. Whoever controls one could plant, swap or delete the copies the job
+    recovers from. Called on every rank before the tier's first collective (``tier_group``)."""
+    base = shm_base()
+    try:
+        private_base(base)
+    except StorageError as e:  # UnsafePathError, or a base that cannot be created
+        return e.strerror or str(e)
+    path, folders = base, []
+    for part in node_url[len("shmnode://") :].strip("/").split("/"):
+        path = os.path.join(path, part)
+        folders.append(path)
+    root = path
+    folders += [os.path.join(root, "recovery"), os.path.join(root, "replicas")]
+    for folder in folders:
+        problem = _folder_problem(folder)
+        if problem is not None:
+            return problem
+    for sub, prefix in ((root, "step_"), (os.path.join(root, "replicas"), "")):
+        if os.path.isdir(sub):  # checked above: a real folder of ours, not a link
+            for name in sorted(os.listdir(sub)):
+                problem = _folder_problem(os.path.join(sub, name), listed=True) if name.startswith(prefix) else None
+                if problem is not None:
+                    return problem
+    return None
 
-        digest = hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:16]
-        self.tg = TierGroup.create(digest, replicas, timeout)
+
+def _folder_problem(path: str, listed: bool = False) -> str | None:
+    """Why the folder ``path`` is unsafe (``ram_folder_problem``), or None; a file found by
+    listing (``listed``) is some other file (the tier never reads it), not a folder out of place."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if listed and stat.S_ISREG(st.st_mode):
+        return None
+    what = None
+    if stat.S_ISLNK(st.st_mode):
+        what = "is a symbolic link"
+    elif not stat.S_ISDIR(st.st_mode):
+        what = "is not a folder"
+    elif st.st_uid != os.getuid():
+        what = f"belongs to another user (uid {st.st_uid}, you are uid {os.getuid()})"
+    elif st.st_mode & 0o022:
+        what = f"has mode {stat.S_IMODE(st.st_mode):04o}: other users may write in it"
+    if what is None:
+        return None
+    return (
+        f"{path} {what}; the RAM tier keeps this host's checkpoints and other hosts' replicas there, so it must "
+        "be a folder of yours that no one else can write: fix its owner and mode (chmod 700) or remove it"
+    )
+
+
+def tier_group(node_url: str, options: dict[str, Any], replicas: int, timeout: float) -> TierGroup:
+    """The tier's process group (``TierGroup.create``), made before anything touches the RAM
+    folders: a host whose folders are unsafe (``ram_folder_problem``) fails every rank."""
+    digest = hashlib.sha256(json.dumps(options, sort_keys=True).encode()).hexdigest()[:16]
+    return TierGroup.create(digest, replicas, timeout, ram_folder_problem(node_url))
+
+
+class RamTier:
+    def __init__(self, tg: TierGroup, fast: Any, durable: Any, durable_every: int, keep: int,
+                 chunk: int) -> None:  # fmt: skip
+        self.tg = tg
         self.fast = fast
         self.layout = RamLayout(unwrap(open_storage(fast.root)).root)
         self.keep, self.chunk = keep, chunk
@@ -150,6 +219,22 @@ class RamTier:
         copy_to_durable(self.tg, self.layout, self._stepdir(target), target, self.durable)
         self._protect = None
         return target
+
+    def latest(self, durable_step: Callable[[], int | None]) -> tuple[int | None, str]:
+        """``(step, "ram" | "durable")`` of the newest step of which every file has a copy in some
+        host's RAM (CRC32Cs are checked when it is loaded), or the durable tier's newest when
+        newer (RAM on a tie); ``(None, "none")`` when neither holds one. Every rank, same answer."""
+        return self._worker.submit(self._latest, durable_step).result()
+
+    def _latest(self, durable_step: Callable[[], int | None]) -> tuple[int | None, str]:
+        inv = self.layout.local_inventory() if self.tg.is_agent else None
+        gathered = self.tg.all_gather([self.tg.host, inv])
+        answer = None
+        if self.tg.rank == 0:
+            decision = choose({h: i for h, i in gathered if i is not None}, durable_step())
+            answer = [decision["step"], decision["source"]]
+        step, source = self.tg.all_gather(answer)[0]
+        return step, source
 
     def recover(self, durable_step: Callable[[], int | None], fetch: bool) -> tuple[dict[str, Any], RecoveryReport]:
         return self._worker.submit(recover, self.tg, self.layout, durable_step, fetch).result()

@@ -14,6 +14,7 @@ from tests.workers.harness import launch_ranks, run_ranks
 from tests.workers.recovery_workers import (
     construct,
     dies_while_replicating,
+    latest_step,
     recover,
     save_steps,
     saves_a_nan_step,
@@ -309,3 +310,114 @@ def test_issue40_item2_hosts_in_their_own_mount_namespaces_rebuild_a_lost_hosts_
     finally:
         for h in hosts.values():
             h.lose()
+
+
+def _files(top: str) -> dict[str, bytes]:
+    """Every file under ``top`` (links not followed): relative path -> contents (a link: its target)."""
+    out = {}
+    for folder, dirs, files in os.walk(top):
+        for f in files + [d for d in dirs if os.path.islink(os.path.join(folder, d))]:
+            path = os.path.join(folder, f)
+            rel = os.path.relpath(path, top)
+            if os.path.islink(path):
+                out[rel] = os.readlink(path).encode()
+            else:
+                with open(path, "rb") as fh:
+                    out[rel] = fh.read()
+    return out
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user needs root")
+@pytest.mark.parametrize(
+    ("folder", "change"),
+    [
+        ("", "chown"),
+        ("job", "chmod"),
+        ("job/replicas/a", "chown"),
+        ("job/step_00000001", "chmod"),
+        ("job/replicas", "link"),
+    ],
+)
+def test_issue40_item1_a_ram_folder_another_user_controls_is_a_configuration_error_on_every_rank(
+    tmp_path, folder, change
+):
+    """Host b's RAM folder (the shm base, the fast root, a host's replica folder in it, a step
+    folder) given to another user, opened to others, or a link planted in its place (the
+    replicas folder): every rank fails at construction with a
+    ConfigurationError naming the host and the folder, and nothing in any host's RAM changes."""
+    base, hosts = str(tmp_path), ["a", "b"]
+    opts = {**OPTS, "timeout": 30.0}
+    run_ranks(save_steps, 2, base, hosts, [1], opts)
+    ram = os.path.join(base, "ram")
+    target = os.path.join(ram, "b", f"unickpt-{os.getuid()}", *folder.split("/") if folder else [])
+    assert os.path.isdir(target)
+    if change == "chown":
+        os.chown(target, 65534, 65534)
+    elif change == "link":  # the folder moved out, a link planted in its place
+        os.rename(target, tmp_path / "moved")
+        os.symlink(tmp_path / "moved", target)
+    else:
+        os.chmod(target, 0o777)
+    before = {**_files(ram), **_files(str(tmp_path / "moved"))}
+    out = run_ranks(construct, 2, base, hosts, [opts] * 2)
+    for o in out:
+        assert o.startswith("ConfigurationError: the RAM tier refuses 1 host(s) whose RAM folder is not"), out
+        assert f"host b: {target} " in o, o
+    assert {**_files(ram), **_files(str(tmp_path / "moved"))} == before
+
+
+def test_issue40_item1_ram_retention_never_deletes_through_a_link_it_did_not_make(tmp_path):
+    """Links planted in step 1's folders of both hosts (a step folder of a replica, a data folder
+    of a primary, a data file) lead outside, to files named as the ones retention deletes: when
+    keep_fast=1 drops step 1, those files survive, the links are not followed, and the newer
+    steps still recover bit-exact."""
+    base, hosts = str(tmp_path), ["a", "b"]
+    opts = {**OPTS, "keep_fast": 1}
+    run_ranks(save_steps, 2, base, hosts, [1], opts)
+    root = {h: os.path.join(base, "ram", h, f"unickpt-{os.getuid()}", "job") for h in hosts}
+    outside = tmp_path / "outside"
+    planted = []
+    # host b: its replica of host a's step 1 becomes a link to a copy outside
+    rep = os.path.join(root["b"], "replicas", "a", "step_00000001")
+    os.rename(rep, outside / "rep" if outside.mkdir() is None else "")
+    os.symlink(outside / "rep", rep)
+    planted.append(rep)
+    # host a: its primary data folder of step 1 becomes a link to a copy outside
+    data = os.path.join(root["a"], "step_00000001", "data")
+    os.rename(data, outside / "data")
+    os.symlink(outside / "data", data)
+    planted.append(data)
+    # host a: one file of its replica of host b's step 1 becomes a link to a file outside
+    (victim,) = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(root["a"], "replicas", "b")) for f in fs
+                 if f.endswith(".bin")]  # fmt: skip
+    os.rename(victim, outside / "victim.bin")
+    os.symlink(outside / "victim.bin", victim)
+    outside_before = _files(str(outside))
+    assert len(outside_before) >= 4, outside_before
+    run_ranks(save_steps, 2, base, hosts, [2, 3], opts)
+    assert _files(str(outside)) == outside_before  # nothing outside deleted
+    assert all(os.path.islink(p) for p in planted[:2])  # links to folders: left alone, not followed
+    assert not os.path.lexists(victim)  # a link in a file's place: removed itself, never followed
+    for h in hosts:
+        markers = os.listdir(os.path.join(root[h], "recovery"))
+        assert markers == ["commit-step_00000003.json"], markers
+    res = run_ranks(recover, 2, base, hosts, opts)
+    assert [r["step"] for r in res] == [3, 3] and all(r["exact"] for r in res), res
+
+
+def test_issue40_item3_latest_step_answers_for_the_whole_job_on_every_rank(tmp_path):
+    """With replicas, ``latest_step()`` is the step ``load_latest`` would load, the same on every
+    rank: the newest step whose every file has a copy on some host, else the durable tier's."""
+    base, hosts = str(tmp_path), ["a", "b", "c"]
+    opts = {**OPTS, "durable_every": 2, "keep_fast": 2}
+    run_ranks(save_steps, 3, base, hosts, [1, 2, 3], opts)
+    assert run_ranks(latest_step, 3, base, hosts, opts) == [[3, "fast"]] * 3
+    # every copy of rank 1's file of step 3 (primary on b, replica on c) is gone: step 2, from RAM
+    victims = [os.path.join(top, f) for h in ("b", "c") for top, _, files in os.walk(os.path.join(base, "ram", h))
+               for f in files if f == "r00001-00.bin" and "step_00000003" in top]  # fmt: skip
+    assert len(victims) == 2
+    for path in victims:
+        os.unlink(path)
+    assert run_ranks(latest_step, 3, base, hosts, opts) == [[2, "fast"]] * 3
+    os.system(f"rm -rf {base}/ram")  # every host's RAM is gone: the durable tier's step 2
+    assert run_ranks(latest_step, 3, base, hosts, opts) == [[2, "durable"]] * 3
