@@ -26,6 +26,7 @@ from typing import Any
 
 from .. import TieredCheckpointManager
 from ..errors import ConfigurationError, IncompleteCheckpointError, StorageError
+from ..storage import local_files
 
 __all__ = ["TierKnobs", "MARKER_NAME", "write_step_marker", "read_step_marker", "load_step"]
 
@@ -75,16 +76,22 @@ def write_step_marker(path: str, step: int) -> None:
         raise StorageError(
             errno.EEXIST, f"{path} exists and is not a unickpt tier-step marker: the RAM tier never overwrites it"
         )
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    part = f"{path}.unickpt-part"
-    if os.path.lexists(part):
-        os.unlink(part)
-    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    folder, name = os.path.split(os.path.abspath(path))
+    local_files.make_folders(folder)
+    dfd = local_files.open_root(folder, create=False)
     try:
-        os.write(fd, json.dumps({"format": _FORMAT, "step": int(step)}).encode())
+        part = f"{name}.unickpt-part"
+        local_files.unlink_at(dfd, part, missing_ok=True)  # ours, left by a killed save
+        fd = local_files.create_at(dfd, part)
+        try:
+            local_files.write_all(fd, [memoryview(json.dumps({"format": _FORMAT, "step": int(step)}).encode())])
+            local_files.fsync(fd)
+        finally:
+            os.close(fd)
+        local_files.rename_at(dfd, part, dfd, name)
+        local_files.sync_folder(dfd)
     finally:
-        os.close(fd)
-    os.replace(part, path)
+        os.close(dfd)
 
 
 def read_step_marker(path: str) -> int | None:

@@ -16,7 +16,7 @@ Called by ``replicate`` (``write_marker``, ``drop_old_steps``), ``restore`` (``h
 the agent of each host in ``load_latest`` (``local_inventory``). A marker that does not parse or
 names a file outside the layout is ignored with a warning, never deleted; only files named by a
 marker of ours (and that marker) are ever deleted. Below the root every folder is opened without
-following a link (``storage._nofollow``, as ``LocalStorage`` does): markers are never read, files
+following a link (``storage.local_files``, as ``LocalStorage`` does): markers are never read, files
 never created, stat'ed or deleted through a link planted where a folder belongs (``drop_step``
 leaves the names under such a link alone; ``create`` raises ``UnsafePathError``).
 """
@@ -33,8 +33,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import StorageError, UnsafePathError
-from ..storage._nofollow import open_dir, stat_in
 from ..storage.local import LocalStorage
+from ..storage.local_files import open_dir, stat_in
 
 __all__ = ["RamLayout", "MARKER_FORMAT", "safe_host", "read_chunks", "chunk_crcs_of"]
 
