@@ -29,8 +29,11 @@ replicas=1, keep_fast=2, durable_every=<the last step>)``.
      c  intact     every host kept its RAM (a restart after the processes died)
      load          the plain ``unickpt.load`` of the step folder from this host's tmpfs, same
                    layout (after a recovery materialised it)
+     nocrc         the same load with ``LoadOptions(verify_checksums=False)`` (what the CRC32C
+                   check of every chunk costs)
      raw           ``preadv`` of the same data files from the same tmpfs into a pre-touched
                    buffer, no unickpt
+     rawcrc        raw plus ``crc32c`` of the bytes read (the least a verified read costs)
    Bytes by source come from the recovery's report (``last_recovery.bytes_by_source``), the
    load's ``load.read`` events and the veth counter (bytes the S3 server sent).
 Ratios printed: b/a (goal >= 5), a/c (goal <= 1.5), load/raw (goal <= 1.2), blocking ram/disk
@@ -58,7 +61,7 @@ from _common import GiB, fmt_s, machine_line, median, progress, spawn, table
 N_TENSORS = 16
 LOST = 1  # the rank whose host loses its RAM in arm a
 ARMS_SAVE = ("ram", "disk", "none")
-ARMS_LOAD = ("a", "b", "c", "load", "raw")
+ARMS_LOAD = ("a", "b", "c", "load", "nocrc", "raw", "rawcrc")
 
 
 # --------------------------------------------------------------------------------------------
@@ -208,7 +211,7 @@ def _reset(r: _Rank, arm: str) -> None:
     shutil.rmtree(r.ram, ignore_errors=True)
     if arm == "b" or (arm == "a" and r.rank == LOST):
         return
-    shutil.copytree(r.mat if arm in ("load", "raw") else r.snap, r.ram, copy_function=os.link)
+    shutil.copytree(r.mat if arm in ("load", "nocrc", "raw", "rawcrc") else r.snap, r.ram, copy_function=os.link)
 
 
 def _rx(r: _Rank) -> int:
@@ -242,14 +245,17 @@ def _load_arm(r: _Rank, arm: str, log) -> dict:
                    failed=list(rep.failed_copies))  # fmt: skip
         _barrier()
         out["rx"] = _rx(r) - rx0
-    elif arm == "load":
+    elif arm in ("load", "nocrc"):
+        opts = unickpt.LoadOptions(verify_checksums=arm == "load")
         log.take()
         _barrier()
         t0 = time.perf_counter()
-        unickpt.load(r.cfg["step_url"], r.state)
+        unickpt.load(r.cfg["step_url"], r.state, options=opts)
         out["wall"] = time.perf_counter() - t0
         step = last
-    else:  # raw: this rank's data files of the step, from this host's tmpfs
+    else:  # raw, rawcrc: this rank's data files of the step, from this host's tmpfs
+        import crc32c
+
         folder = os.path.join(r.ram, f"unickpt-{os.getuid()}", "job", r.cfg["stepdir"], "data")
         mine = sorted(
             os.path.join(top, f) for top, _, files in os.walk(folder) for f in files if f.startswith(f"r{r.rank:05d}-")
@@ -268,6 +274,9 @@ def _load_arm(r: _Rank, arm: str, log) -> dict:
                     done += os.preadv(fd, [view[at + done : at + size]], done)
             finally:
                 os.close(fd)
+            if arm == "rawcrc":
+                for lo in range(at, at + size, 64 << 20):
+                    crc32c.crc32c(view[lo : min(at + size, lo + (64 << 20))])
             at += size
         out["wall"] = time.perf_counter() - t0
         out["raw_bytes"] = at
@@ -276,7 +285,7 @@ def _load_arm(r: _Rank, arm: str, log) -> dict:
     events = log.take()
     out["read"] = sum(e.nbytes for e in events if e.phase == "load.read")
     out["phases"] = {e.phase: e.seconds for e in events if e.phase.startswith("load.")}
-    out["exact"] = True if arm == "raw" else r.exact(step)
+    out["exact"] = True if arm.startswith("raw") else r.exact(step)
     out["step"] = step
     _barrier()
     return out
@@ -394,7 +403,7 @@ def report(ranks: list[dict], cfg: dict, extra: str) -> None:
     # loads
     rows, med_l = [], {}
     labels = {"a": "a peers (h1 lost)", "b": "b durable S3", "c": "c intact", "load": "load (tmpfs)",
-              "raw": "raw preadv (tmpfs)"}  # fmt: skip
+              "nocrc": "load, no CRC check", "raw": "raw preadv (tmpfs)", "rawcrc": "raw preadv + crc32c"}  # fmt: skip
     for arm in ARMS_LOAD:
         per_round = {}
         for r in ranks:
@@ -416,6 +425,8 @@ def report(ranks: list[dict], cfg: dict, extra: str) -> None:
     print(f"peers / intact (a / c) = {med_l['a'] / med_l['c']:.2f} (goal <= 1.5)")
     print(f"load / raw preadv from tmpfs = {med_l['load'] / med_l['raw']:.2f} (goal <= 1.2); "
           f"intact recovery / raw = {med_l['c'] / med_l['raw']:.2f}")  # fmt: skip
+    print(f"load / (raw preadv + crc32c) = {med_l['load'] / med_l['rawcrc']:.2f}; "
+          f"load without CRC check / raw = {med_l['nocrc'] / med_l['raw']:.2f}")  # fmt: skip
     phases = {}
     for r in ranks:
         for s in r["load"]:
