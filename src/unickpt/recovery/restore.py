@@ -116,21 +116,31 @@ def _path_on(layout: RamLayout, d: dict[str, Any], name: str, where: str, origin
     return layout.path_of(entry, d["stepdir"])
 
 
-def _read_chunk(path: str, i: int, size: int, chunk: int, want: int) -> bytes | None:
-    """Chunk ``i`` of the copy at ``path`` when its CRC32C is ``want``, else None."""
+def _read_chunk(path: str, i: int, size: int, chunk: int, want: int, scratch: torch.Tensor) -> memoryview | None:
+    """Chunk ``i`` of the copy at ``path``, read into ``scratch`` (a reused buffer of at least
+    ``chunk`` bytes: no fresh memory per chunk), when its CRC32C is ``want``; else None. The view
+    is valid until the next read into ``scratch``."""
     n = min(chunk, size - i * chunk)
+    view = memoryview(scratch.numpy()).cast("B")[:n]
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
         return None
     try:
-        data = os.pread(fd, n, i * chunk)
+        got = 0
+        while got < n:
+            k = os.preadv(fd, [view[got:]], i * chunk + got)
+            if k <= 0:
+                return None
+            got += k
     finally:
         os.close(fd)
-    return data if len(data) == n and crc(data) == want else None
+    return view if crc(view) == want else None
 
 
-def _link_verified(layout: RamLayout, d: dict[str, Any], name: str, holder: list[str], part: str) -> bool:
+def _link_verified(
+    layout: RamLayout, d: dict[str, Any], name: str, holder: list[str], part: str, scratch: torch.Tensor
+) -> bool:
     """When every chunk of this host's copy ``holder`` of ``name`` verifies: hard-link it as
     ``part`` (no bytes copied; both names are unickpt's, recorded in the markers, and neither is
     ever written in place) and return True. False (nothing made) when a chunk fails: the caller
@@ -138,7 +148,7 @@ def _link_verified(layout: RamLayout, d: dict[str, Any], name: str, holder: list
     size, crcs = d["files"][name]
     chunk = int(d["chunk"])
     path = _path_on(layout, d, name, holder[1], holder[2])
-    if any(_read_chunk(path, i, size, chunk, w) is None for i, w in enumerate(crcs)):
+    if any(_read_chunk(path, i, size, chunk, w, scratch) is None for i, w in enumerate(crcs)):
         return False
     os.close(layout.create(part))  # the folders made, any stale part of ours replaced
     os.unlink(part)
@@ -160,6 +170,7 @@ def _materialise(
     need: dict[str, dict[int, list[str]]] = {}  # name -> chunk -> hosts that failed it
     parts: dict[str, int] = {}
     left: set[str] = set()  # files this pass does not complete here (fetch=False)
+    scratch = torch.empty(chunk if tg.is_agent else 0, dtype=torch.uint8)  # every chunk read goes here
     try:
         if tg.is_agent:
             for name, (size, crcs) in d["files"].items():
@@ -170,19 +181,19 @@ def _materialise(
                     continue
                 ordered = sorted(mine, key=lambda h: h[1] != "primary")  # the primary here first
                 if ordered and ordered[0][1] == "primary":
-                    bad = [i for i, w in enumerate(crcs) if _read_chunk(final, i, size, chunk, w) is None]
+                    bad = [i for i, w in enumerate(crcs) if _read_chunk(final, i, size, chunk, w, scratch) is None]
                     if not bad:
                         local += size
                         continue
                     failed += [f"{tg.host}:{name}#{i} (CRC32C mismatch in this host's RAM)" for i in bad]
-                elif ordered and _link_verified(layout, d, name, ordered[0], final + ".unickpt-part"):
+                elif ordered and _link_verified(layout, d, name, ordered[0], final + ".unickpt-part", scratch):
                     local += size  # this host's replica, every chunk verified: hard-linked, not copied
                     continue
                 parts[name] = fd = layout.create(final + ".unickpt-part")
                 os.ftruncate(fd, size)
                 for i, want in enumerate(crcs):
                     for h in ordered:
-                        data = _read_chunk(_path_on(layout, d, name, h[1], h[2]), i, size, chunk, want)
+                        data = _read_chunk(_path_on(layout, d, name, h[1], h[2]), i, size, chunk, want, scratch)
                         if data is not None:
                             os.pwrite(fd, data, i * chunk)
                             local += len(data)
@@ -194,7 +205,7 @@ def _materialise(
                 if not fetch and ordered and name in need:
                     left.add(name)  # a copy here failed: the fetch=True pass verifies and names every copy
                     del need[name]
-        _fetch_rounds(tg, layout, d, need, parts, peers, failed)  # fetch=False: files no copy here
+        _fetch_rounds(tg, layout, d, need, parts, peers, failed, scratch)  # fetch=False: files no copy here
         return local, peers, failed, sorted(set(need) | left)
     finally:
         for fd in parts.values():
@@ -202,7 +213,8 @@ def _materialise(
 
 
 def _fetch_rounds(tg: TierGroup, layout: RamLayout, d: dict[str, Any], need: dict[str, dict[int, list[str]]],
-                  parts: dict[str, int], peers: dict[str, int], failed: list[str]) -> None:  # fmt: skip
+                  parts: dict[str, int], peers: dict[str, int], failed: list[str],
+                  scratch: torch.Tensor) -> None:  # fmt: skip
     chunk = int(d["chunk"])
     ring = list(tg.hosts)
     while True:
@@ -224,16 +236,17 @@ def _fetch_rounds(tg: TierGroup, layout: RamLayout, d: dict[str, Any], need: dic
             n = min(chunk, size - i * chunk)
             flag = torch.zeros(1, dtype=torch.int64)
             if tg.is_agent and tg.host == src:
-                data = _read_chunk(_path_on(layout, d, name, holder[1], holder[2]), i, size, chunk, crcs[i])
+                path = _path_on(layout, d, name, holder[1], holder[2])
+                data = _read_chunk(path, i, size, chunk, crcs[i], scratch)
                 flag[0] = int(data is not None)
                 tg.send(flag, tg.agents[requester])
                 if data is not None:
-                    tg.send(torch.frombuffer(bytearray(data), dtype=torch.uint8), tg.agents[requester])
+                    tg.send(scratch[:n], tg.agents[requester])
             elif tg.is_agent and tg.host == requester:
                 tg.recv(flag, tg.agents[src])
                 ok = False
                 if int(flag.item()):
-                    buf = torch.empty(n, dtype=torch.uint8)
+                    buf = scratch[:n]
                     tg.recv(buf, tg.agents[src])
                     ok = crc(buf.numpy()) == crcs[i]
                     if ok:
