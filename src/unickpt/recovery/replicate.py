@@ -188,7 +188,7 @@ class _Incoming:
         if name != self.open_name:
             self.open_name, self.fd = name, self.layout.create(self._final(name) + ".unickpt-part")
         assert self.fd is not None
-        view = memoryview(data.numpy()).cast("B")
+        view = data.numpy().data.cast("B")
         if crc(view) != want:
             self.bad.setdefault(name, []).append(i)
         os.write(self.fd, view)
@@ -234,7 +234,8 @@ def _transfer(tg: TierGroup, sends: list[_Outgoing], recvs: list[_Incoming]) -> 
             arriving = [(r, r.slot()) for r in recvs if r.pieces]
             works += [dist.irecv(buf, src=r.peer, group=tg.group) for r, buf in arriving]
             for w in works:
-                w.wait()
+                if w is not None:  # None only for a rank outside the group: never here
+                    w.wait()
             for r, buf in arriving:
                 r.take(buf)
     finally:

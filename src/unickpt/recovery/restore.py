@@ -121,7 +121,7 @@ def _read_chunk(path: str, i: int, size: int, chunk: int, want: int, scratch: to
     ``chunk`` bytes: no fresh memory per chunk), when its CRC32C is ``want``; else None. The view
     is valid until the next read into ``scratch``."""
     n = min(chunk, size - i * chunk)
-    view = memoryview(scratch.numpy()).cast("B")[:n]
+    view = scratch.numpy().data.cast("B")[:n]
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
