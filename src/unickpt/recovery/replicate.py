@@ -8,11 +8,12 @@ save order, so every rank runs the same collectives of the tier group in the sam
 2. each host's agent lists the step's data files it holds (its ranks wrote them), with the CRC32C
    of every ``chunk`` bytes, and all ranks gather the lists: each file must have exactly one
    origin host;
-3. the transfers, in one global order (``placement.transfer_pairs``): for each (origin, target)
-   the origin's agent sends each file chunk by chunk (one chunk in flight, one buffer per side),
-   the target's agent checks each chunk's CRC32C on arrival and appends it to
-   ``replicas/<origin>/step_N/<name>.unickpt-part``, renamed when complete; every host but rank
-   0's also writes the metadata from step 1 as a replica;
+3. the transfers (``_transfer``), all (origin, target) pairs of the placement at once: each
+   agent streams its files chunk by chunk to each of its replica holders while it receives the
+   streams of the hosts it holds replicas for (``isend``/``irecv``, one chunk of each stream in
+   flight, one buffer per stream); the target's agent checks each chunk's CRC32C on arrival and
+   appends it to ``replicas/<origin>/step_N/<name>.unickpt-part``, renamed when complete; every
+   host but rank 0's also writes the metadata from step 1 as a replica (first);
 4. a gather of every rank's outcome; only when every copy on every host was written and
    verified does each agent write its commit marker (``inventory.RamLayout.write_marker``), then
    drops its steps beyond the newest ``keep`` committed ones (marker first, then the files it
@@ -92,16 +93,17 @@ def replicate_step(
             if tg.host != host0:
                 _write_replica(layout, host0, stepdir, METADATA_FILE, [raw], files[METADATA_FILE], chunk)
                 held.append(_entry(METADATA_FILE, host0, "replica", files[METADATA_FILE]))
-        for origin, target in transfer_pairs(tg.placement):
-            theirs = sorted(n for n in files if origin_of[n] == origin and n != METADATA_FILE)
-            if tg.is_agent and tg.host == origin:
-                for name in theirs:
-                    _send_file(tg, layout.primary(stepdir, name), files[name][0], chunk, tg.agents[target])
-            elif tg.is_agent and tg.host == target:
-                for name in theirs:
-                    chunks = _recv_chunks(tg, files[name][0], chunk, tg.agents[origin])
-                    _write_replica(layout, origin, stepdir, name, chunks, files[name], chunk)
-                    held.append(_entry(name, origin, "replica", files[name]))
+        if tg.is_agent:
+            sends, recvs = [], []
+            for origin, target in transfer_pairs(tg.placement):
+                theirs = sorted(n for n in files if origin_of[n] == origin and n != METADATA_FILE)
+                if tg.host == origin:
+                    sends.append(_Outgoing(layout, stepdir, theirs, files, chunk, tg.agents[target]))
+                elif tg.host == target:
+                    recvs.append(_Incoming(layout, origin, stepdir, theirs, files, chunk, tg.agents[origin]))
+            _transfer(tg, sends, recvs)
+            for stream in recvs:
+                held += [_entry(name, stream.origin, "replica", files[name]) for name in stream.names]
     except IntegrityError as e:  # a chunk failed its CRC: keep the protocol in step, commit nothing
         error = str(e)
     outcomes = tg.all_gather(error)
@@ -135,25 +137,112 @@ def _crcs(raw: bytes, chunk: int) -> list[int]:
     return [crc(raw[at : at + chunk]) for at in range(0, len(raw), chunk)]
 
 
-def _send_file(tg: TierGroup, path: str, size: int, chunk: int, dst: int) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+class _Outgoing:
+    """One (this host -> ``dst``) stream: the files' chunks in order (sorted names, offsets),
+    read into one reused buffer."""
+
+    def __init__(self, layout: RamLayout, stepdir: str, names: list[str], files: dict[str, list[Any]],
+                 chunk: int, dst: int) -> None:  # fmt: skip
+        self.peer = dst
+        self.pieces = [(layout.primary(stepdir, n), at, min(chunk, files[n][0] - at))
+                       for n in names for at in range(0, files[n][0], chunk)]  # fmt: skip
+        self.buf = torch.empty(max((p[2] for p in self.pieces), default=0), dtype=torch.uint8)
+
+    def next(self) -> torch.Tensor:
+        path, at, n = self.pieces.pop(0)
+        out = self.buf[:n]
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            got = os.preadv(fd, [out.numpy().data], at)
+        finally:
+            os.close(fd)
+        if got != n:  # shrank since its CRC was taken: send zeros, the receiver's CRC check fails
+            out[got:] = 0
+        return out
+
+
+class _Incoming:
+    """One (``src`` -> this host) stream: each file's chunks appended to its replica's
+    ``.unickpt-part``, each checked against its CRC32C, renamed when complete; a mismatch still
+    takes every chunk of the stream (the sender's order), then ``finish`` raises."""
+
+    def __init__(self, layout: RamLayout, origin: str, stepdir: str, names: list[str],
+                 files: dict[str, list[Any]], chunk: int, src: int) -> None:  # fmt: skip
+        self.peer, self.origin, self.names, self.layout, self.stepdir = src, origin, names, layout, stepdir
+        self.pieces = [(n, i, min(chunk, files[n][0] - at), files[n][1][i])
+                       for n in names for i, at in enumerate(range(0, files[n][0], chunk))]  # fmt: skip
+        self.buf = torch.empty(max((p[2] for p in self.pieces), default=0), dtype=torch.uint8)
+        self.fd: int | None = None
+        self.open_name = ""
+        self.bad: dict[str, list[int]] = {}
+        for name in names:
+            if files[name][0] == 0:  # no chunk will arrive: the empty replica now
+                os.close(layout.create(self._final(name) + ".unickpt-part"))
+                os.replace(self._final(name) + ".unickpt-part", self._final(name))
+
+    def slot(self) -> torch.Tensor:
+        return self.buf[: self.pieces[0][2]]
+
+    def take(self, data: torch.Tensor) -> None:
+        name, i, _, want = self.pieces.pop(0)
+        if name != self.open_name:
+            self.open_name, self.fd = name, self.layout.create(self._final(name) + ".unickpt-part")
+        assert self.fd is not None
+        view = data.numpy().data.cast("B")
+        if crc(view) != want:
+            self.bad.setdefault(name, []).append(i)
+        os.write(self.fd, view)
+        if not self.pieces or self.pieces[0][0] != name:
+            self._close(name)
+
+    def _final(self, name: str) -> str:
+        return self.layout.replica(self.origin, self.stepdir, name)
+
+    def _close(self, name: str) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd, self.open_name = None, ""
+        part = self._final(name) + ".unickpt-part"
+        if name in self.bad:
+            os.unlink(part)
+        else:
+            os.replace(part, self._final(name))
+
+    def abort(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def finish(self) -> None:
+        for name, bad in self.bad.items():
+            raise IntegrityError(
+                f"replica of {self.origin}:{self.stepdir}/{name}: chunk(s) {bad[:5]} failed CRC32C on arrival"
+            )
+
+
+def _transfer(tg: TierGroup, sends: list[_Outgoing], recvs: list[_Incoming]) -> None:
+    """Every stream of this host at once, one chunk of each in flight per round (``isend`` /
+    ``irecv``, then wait for all): a host sends its files to its replica holders while it
+    receives the files it holds for others, instead of the transfers running one pair after the
+    other. Each pair's chunks keep their order (point-to-point messages between two ranks of a
+    group arrive in the order sent). Bounded: one chunk buffer per stream."""
+    import torch.distributed as dist
+
     try:
-        for at in range(0, size, chunk):
-            n = min(chunk, size - at)
-            buf = torch.zeros(n, dtype=torch.uint8)
-            got = os.preadv(fd, [buf.numpy().data], at)
-            if got != n:  # shrank since its CRC was taken: send zeros, the receiver's CRC check fails
-                buf[got:] = 0
-            tg.send(buf, dst)
+        while any(s.pieces for s in sends) or any(r.pieces for r in recvs):
+            works = [dist.isend(s.next(), dst=s.peer, group=tg.group) for s in sends if s.pieces]
+            arriving = [(r, r.slot()) for r in recvs if r.pieces]
+            works += [dist.irecv(buf, src=r.peer, group=tg.group) for r, buf in arriving]
+            for w in works:
+                if w is not None:  # None only for a rank outside the group: never here
+                    w.wait()
+            for r, buf in arriving:
+                r.take(buf)
     finally:
-        os.close(fd)
-
-
-def _recv_chunks(tg: TierGroup, size: int, chunk: int, src: int) -> Any:
-    for at in range(0, size, chunk):
-        buf = torch.empty(min(chunk, size - at), dtype=torch.uint8)
-        tg.recv(buf, src)
-        yield buf.numpy()
+        for r in recvs:
+            r.abort()
+    for r in recvs:
+        r.finish()
 
 
 def _write_replica(

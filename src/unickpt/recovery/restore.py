@@ -7,9 +7,11 @@ for it), after every queued replication:
    rank 0 adds the durable tier's newest step and decides (``decide.choose``); the decision is
    broadcast (JSON);
 2. for a RAM step, each agent builds ``step_N/`` of its own RAM root file by file (the metadata
-   last): a primary here whose every chunk verifies stays; otherwise the file is assembled in
-   ``<name>.unickpt-part`` from this host's other copy (a replica) chunk by chunk, each chunk's
-   CRC32C checked;
+   last): a primary here whose every chunk verifies stays; a replica here whose every chunk
+   verifies is hard-linked as ``<name>.unickpt-part`` (no byte copied); otherwise the file is
+   assembled in ``<name>.unickpt-part`` from this host's copies chunk by chunk, each chunk's
+   CRC32C checked. The first pass of ``load_latest`` (``fetch=False``) does this only for the
+   files a restart at the same layout reads: the metadata and the host's own ranks' files;
 3. the chunks still missing are fetched in rounds: all ranks gather every agent's requests (file,
    chunk, hosts that already failed it); each request goes to the nearest holder (ring order from
    the requester) that has not failed it; in one global order the holder's agent reads the chunk,
@@ -20,8 +22,13 @@ for it), after every queued replication:
    a chunk no copy could supply -> the parts are removed and the step is excluded: back to 1.
 
 Then every rank loads ``step_N`` from its own host's RAM with the ordinary ``load`` (its planner
-reshards to the new layout). Cost: every host holds the whole chosen checkpoint once more than
-its primaries and replicas (the design's price for resharding through the ordinary planner).
+reshards to the new layout). A same-layout restart (every rank reads only its host's own files
+and the metadata) ends after the first pass: a host whose RAM was lost fetches its own files
+from its replica holders, the others read nothing but their primaries. Otherwise (the load
+failed on some rank: another layout, or values one rank saved for all) the second pass
+(``fetch=True``) completes every file on every host. Cost: every host then holds the whole
+chosen checkpoint once more than its primaries and replicas (the design's price for resharding
+through the ordinary planner; replicas here are hard links, not copies).
 """
 
 from __future__ import annotations
@@ -58,9 +65,13 @@ def recover(
     """Steps 1-4 (module docstring) until a RAM step is materialised on every host, or the
     decision is the durable tier or nothing. ``durable_step()`` is called on rank 0 only.
 
-    ``fetch=False`` (the first try of ``load_latest``): no byte crosses the group; each host
-    completes the files it can from its own copies and the decision says
-    ``"complete"`` (every host has every file) and ``"metadata_everywhere"``."""
+    ``fetch=False`` (the first try of ``load_latest``, the same-layout pass): each host completes
+    only what a restart at the same layout reads, the metadata and the files its own ranks wrote
+    (their origin is this host), from its own copies; one it holds no copy of at all (its RAM
+    was lost) comes from the peers; one whose copy here fails its CRC32C is left to the
+    ``fetch=True`` pass (which verifies and names every failing copy). A job whose hosts all
+    kept their RAM moves no byte between hosts. The decision says ``"complete"`` (every host
+    has every file) and ``"metadata_everywhere"``."""
     excluded: list[list[str]] = []
     failed_all: list[str] = []
     skipped: list[str] = []
@@ -105,46 +116,84 @@ def _path_on(layout: RamLayout, d: dict[str, Any], name: str, where: str, origin
     return layout.path_of(entry, d["stepdir"])
 
 
-def _read_chunk(path: str, i: int, size: int, chunk: int, want: int) -> bytes | None:
-    """Chunk ``i`` of the copy at ``path`` when its CRC32C is ``want``, else None."""
+def _read_chunk(path: str, i: int, size: int, chunk: int, want: int, scratch: torch.Tensor) -> memoryview | None:
+    """Chunk ``i`` of the copy at ``path``, read into ``scratch`` (a reused buffer of at least
+    ``chunk`` bytes: no fresh memory per chunk), when its CRC32C is ``want``; else None. The view
+    is valid until the next read into ``scratch``."""
     n = min(chunk, size - i * chunk)
+    view = scratch.numpy().data.cast("B")[:n]
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
         return None
     try:
-        data = os.pread(fd, n, i * chunk)
+        got = 0
+        while got < n:
+            k = os.preadv(fd, [view[got:]], i * chunk + got)
+            if k <= 0:
+                return None
+            got += k
     finally:
         os.close(fd)
-    return data if len(data) == n and crc(data) == want else None
+    return view if crc(view) == want else None
+
+
+def _link_verified(
+    layout: RamLayout, d: dict[str, Any], name: str, holder: list[str], part: str, scratch: torch.Tensor
+) -> bool:
+    """When every chunk of this host's copy ``holder`` of ``name`` verifies: hard-link it as
+    ``part`` (no bytes copied; both names are unickpt's, recorded in the markers, and neither is
+    ever written in place) and return True. False (nothing made) when a chunk fails: the caller
+    then assembles the file chunk by chunk and names the failing chunks."""
+    size, crcs = d["files"][name]
+    chunk = int(d["chunk"])
+    path = _path_on(layout, d, name, holder[1], holder[2])
+    if any(_read_chunk(path, i, size, chunk, w, scratch) is None for i, w in enumerate(crcs)):
+        return False
+    os.close(layout.create(part))  # the folders made, any stale part of ours replaced
+    os.unlink(part)
+    try:
+        os.link(path, part, follow_symlinks=False)
+    except OSError:
+        return False  # e.g. a file system without hard links: copied chunk by chunk instead
+    return True
 
 
 def _materialise(
     tg: TierGroup, layout: RamLayout, d: dict[str, Any], fetch: bool
 ) -> tuple[int, dict[str, int], list[str], list[str]]:
-    """Steps 2-3 on this rank (step 3 only with ``fetch``): (bytes from this host's RAM, bytes
-    per sending peer, failed copies, the files still lacking a chunk here)."""
+    """Steps 2-3 on this rank (``fetch=False``: the metadata and this host's own files only, and
+    step 3 only for those it holds no copy of): (bytes from this host's RAM, bytes per sending
+    peer, failed copies, the files not complete here)."""
     chunk, stepdir = int(d["chunk"]), d["stepdir"]
     local, peers, failed = 0, dict[str, int](), list[str]()
     need: dict[str, dict[int, list[str]]] = {}  # name -> chunk -> hosts that failed it
     parts: dict[str, int] = {}
+    left: set[str] = set()  # files this pass does not complete here (fetch=False)
+    scratch = torch.empty(chunk if tg.is_agent else 0, dtype=torch.uint8)  # every chunk read goes here
     try:
         if tg.is_agent:
             for name, (size, crcs) in d["files"].items():
                 final = layout.primary(stepdir, name)
                 mine = [h for h in d["holders"][name] if h[0] == tg.host]
+                if not fetch and name != METADATA_FILE and d["holders"][name][0][2] != tg.host:
+                    left.add(name)  # another host's file: not read by a same-layout restart
+                    continue
                 ordered = sorted(mine, key=lambda h: h[1] != "primary")  # the primary here first
                 if ordered and ordered[0][1] == "primary":
-                    bad = [i for i, w in enumerate(crcs) if _read_chunk(final, i, size, chunk, w) is None]
+                    bad = [i for i, w in enumerate(crcs) if _read_chunk(final, i, size, chunk, w, scratch) is None]
                     if not bad:
                         local += size
                         continue
                     failed += [f"{tg.host}:{name}#{i} (CRC32C mismatch in this host's RAM)" for i in bad]
+                elif ordered and _link_verified(layout, d, name, ordered[0], final + ".unickpt-part", scratch):
+                    local += size  # this host's replica, every chunk verified: hard-linked, not copied
+                    continue
                 parts[name] = fd = layout.create(final + ".unickpt-part")
                 os.ftruncate(fd, size)
                 for i, want in enumerate(crcs):
                     for h in ordered:
-                        data = _read_chunk(_path_on(layout, d, name, h[1], h[2]), i, size, chunk, want)
+                        data = _read_chunk(_path_on(layout, d, name, h[1], h[2]), i, size, chunk, want, scratch)
                         if data is not None:
                             os.pwrite(fd, data, i * chunk)
                             local += len(data)
@@ -153,16 +202,19 @@ def _materialise(
                             failed.append(f"{tg.host}:{name}#{i} (replica here failed CRC32C)")
                     else:
                         need.setdefault(name, {})[i] = [tg.host]
-        if fetch:
-            _fetch_rounds(tg, layout, d, need, parts, peers, failed)
-        return local, peers, failed, sorted(need)
+                if not fetch and ordered and name in need:
+                    left.add(name)  # a copy here failed: the fetch=True pass verifies and names every copy
+                    del need[name]
+        _fetch_rounds(tg, layout, d, need, parts, peers, failed, scratch)  # fetch=False: files no copy here
+        return local, peers, failed, sorted(set(need) | left)
     finally:
         for fd in parts.values():
             os.close(fd)
 
 
 def _fetch_rounds(tg: TierGroup, layout: RamLayout, d: dict[str, Any], need: dict[str, dict[int, list[str]]],
-                  parts: dict[str, int], peers: dict[str, int], failed: list[str]) -> None:  # fmt: skip
+                  parts: dict[str, int], peers: dict[str, int], failed: list[str],
+                  scratch: torch.Tensor) -> None:  # fmt: skip
     chunk = int(d["chunk"])
     ring = list(tg.hosts)
     while True:
@@ -184,16 +236,17 @@ def _fetch_rounds(tg: TierGroup, layout: RamLayout, d: dict[str, Any], need: dic
             n = min(chunk, size - i * chunk)
             flag = torch.zeros(1, dtype=torch.int64)
             if tg.is_agent and tg.host == src:
-                data = _read_chunk(_path_on(layout, d, name, holder[1], holder[2]), i, size, chunk, crcs[i])
+                path = _path_on(layout, d, name, holder[1], holder[2])
+                data = _read_chunk(path, i, size, chunk, crcs[i], scratch)
                 flag[0] = int(data is not None)
                 tg.send(flag, tg.agents[requester])
                 if data is not None:
-                    tg.send(torch.frombuffer(bytearray(data), dtype=torch.uint8), tg.agents[requester])
+                    tg.send(scratch[:n], tg.agents[requester])
             elif tg.is_agent and tg.host == requester:
                 tg.recv(flag, tg.agents[src])
                 ok = False
                 if int(flag.item()):
-                    buf = torch.empty(n, dtype=torch.uint8)
+                    buf = scratch[:n]
                     tg.recv(buf, tg.agents[src])
                     ok = crc(buf.numpy()) == crcs[i]
                     if ok:
