@@ -4,8 +4,10 @@ environment of the test at the time of its call (not the server's, fixed when it
 
 from __future__ import annotations
 
-from tests.workers.harness import PRELOAD, run_ranks
-from tests.workers.launch_workers import environment_and_modules
+import signal
+
+from tests.workers.harness import PRELOAD, launch_ranks, run_ranks
+from tests.workers.launch_workers import abort_on_a_thread, environment_and_modules
 
 GONE, NEW = "UNICKPT_TEST_LAUNCH_GONE", "UNICKPT_TEST_LAUNCH_NEW"
 
@@ -21,3 +23,15 @@ def test_ranks_start_with_the_preloaded_modules_and_the_callers_current_environm
     second = run_ranks(environment_and_modules, 2, [GONE, NEW], [])
     assert [r["env"] for r in second] == [{GONE: None, NEW: "set after the server started"}] * 2
     assert [r["world"] for r in second] == ["2", "2"]  # the launcher's own variables still apply
+
+
+def test_issue39_item27_a_rank_killed_by_sigabrt_leaves_every_threads_python_stack(tmp_path):
+    # item 27's only clue was glibc's one line before SIGABRT: a rank that dies by a fatal signal
+    # must also say where each of its threads was (faulthandler), and still die by that signal
+    err = tmp_path / "rank0.err"
+    (outcome,) = launch_ranks(abort_on_a_thread, 1, str(err), victim=0)
+    assert outcome.exitcode == -signal.SIGABRT, outcome
+    text = err.read_text(errors="replace")
+    assert "Fatal Python error: Aborted" in text, text
+    assert "in heap_check_fails_here" in text, text  # the aborting thread's frame
+    assert "in abort_on_a_thread" in text, text  # and the main thread, waiting in the rank function

@@ -6,7 +6,9 @@ test keeps that matrix running in a loop: every case of ``test_rel_crash.CASES``
 times (``UNICKPT_ITEM27_ROUNDS`` raises it for a soak), each rank with its stderr in a file of
 its own and glibc's malloc perturbation on (freed and new chunks filled with a byte, so that a
 use of freed memory shows sooner). Every victim must die by SIGKILL (-9, at the injected point)
-and no rank may print a glibc heap message.
+and no rank may print a glibc heap message. A rank that dies by a fatal signal also leaves every
+thread's Python stack in its file (``unickpt.testing.launch`` enables ``faulthandler``): the
+failure message carries it.
 
 The one raw-pointer write after free found in the save path (``StagedFiles.release`` returned
 a slot while the snapshot thread still copied into its images, which the next ``stage`` may
@@ -61,5 +63,8 @@ def test_issue39_item27_crash_matrix_loop_victims_die_by_sigkill_with_a_clean_he
                 if found:
                     lines = [ln for ln in text.splitlines() if any(m in ln for m in found)]
                     failures.append(f"round {round_no} {case}: {os.path.basename(path)}: {lines[:3]}")
+                if "Fatal Python error" in text:  # the launcher's faulthandler: every thread's stack
+                    stacks = text[text.index("Fatal Python error") :][:4000]
+                    failures.append(f"round {round_no} {case}: {os.path.basename(path)}:\n{stacks}")
     assert runs == ROUNDS * len(CASES)
     assert not failures, "\n".join(failures)

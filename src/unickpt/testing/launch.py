@@ -146,8 +146,19 @@ def _outlive_peers(spec: _Spec, limit_s: float = 60.0) -> None:
 
 
 def _entry(spec: _Spec, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-    """The child's main function: join the group, run ``fn``, write the report."""
+    """The child's main function: join the group, run ``fn``, write the report.
+
+    A process that dies by a fatal signal (SIGABRT of a glibc heap check, SIGSEGV, SIGBUS, SIGFPE,
+    SIGILL) first writes every thread's Python stack on its stderr (``faulthandler``): the one
+    clue left by a crash seen once in a long run (issue 39, item 27). The exit code stays the
+    signal's; SIGKILL (fault injection) is untouched."""
     import datetime
+    import faulthandler
+
+    try:
+        faulthandler.enable(all_threads=True)
+    except (RuntimeError, ValueError, OSError):  # no usable stderr: the run goes on without the stacks
+        pass
 
     import torch
     import torch.distributed as dist
