@@ -8,12 +8,16 @@ Importing ``unickpt`` is cheap: it does not import torch. Each public name is im
 module on first access (PEP 562 ``__getattr__`` below, table ``_LAZY``), so the command line's
 metadata commands (``unickpt ls``, ``latest``, ``prune``, ``inspect``) and ``--help`` never pay
 for torch, ``torch.distributed.tensor`` or sympy; ``unickpt.save`` pays for them once, on first
-use. ``from unickpt import X``, ``unickpt.X`` and ``dir(unickpt)`` work for every name in
-``__all__``; type checkers read the ``TYPE_CHECKING`` imports.
+use. A process that has imported torch before ``import unickpt`` (a training job; the metadata
+commands never import torch) imports the save and load machinery (``unickpt.api``) right away
+instead (``_preload``): its start-up pays that once, with its other imports, and its first
+``unickpt.load`` (a restart's critical path) pays none of it. ``from unickpt import X``,
+``unickpt.X`` and ``dir(unickpt)`` work for every name in ``__all__``; type checkers read the ``TYPE_CHECKING`` imports.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
 
 from ._lazy import lazy_exports
@@ -150,6 +154,19 @@ _LAZY: dict[str, tuple[str, str | None]] = {
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY)
+
+
+def _preload() -> None:
+    """In a process that has imported torch: import what ``save`` and ``load`` run (the public
+    names stay lazy: bound on first access). The command line never imports torch first, so its
+    metadata commands stay instant; a job pays for these modules here, once, not in its first
+    load (bench/cold_load_phases.py --no-preimport, docs/performance.md)."""
+    from . import api  # noqa: F401  # checkpointer -> the load and save pipelines, frameworks, storage
+    from .coordination import tree  # noqa: F401  # the first load's coordinator on large jobs
+
+
+if "torch" in sys.modules:
+    _preload()
 
 
 __all__ = [

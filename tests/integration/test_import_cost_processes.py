@@ -9,7 +9,9 @@ pytest process has imported torch long ago:
    commands print here, in a process where torch is loaded;
 3. every name of ``unickpt.__all__`` resolves on first access to the object its own module
    defines, ``dir(unickpt)`` lists them all, and ``save`` / ``load`` then round-trip a state bit
-   for bit.
+   for bit;
+4. a process that imported torch first (a job) has, after ``import unickpt``, every unickpt module
+   its first ``unickpt.load`` runs (issue #41 item 4: the first load imports nothing on its clock).
 
 No wall time is asserted (``bench/cli_startup.py`` measures it).
 """
@@ -176,3 +178,24 @@ def test_every_public_name_resolves_lazily_and_save_load_work(tmp_path: Path) ->
     # resolved on access, not at import: only the cheap modules are bound by ``import unickpt``
     assert not {"save", "load", "Checkpointer", "CheckpointManager", "PerRank"} & set(got["lazy_before"])
     assert got["exact"] is True and got["step"] == 7
+
+
+# argv[1]: a checkpoint of {"model": Linear(3, 2)}; prints the unickpt modules the first load imported
+_FIRST_LOAD = """
+import json, sys
+import torch
+import unickpt
+before = set(sys.modules)
+model = torch.nn.Linear(3, 2)
+unickpt.load(sys.argv[1], {"model": model})
+print(json.dumps({"imported": sorted(m for m in set(sys.modules) - before if m.startswith("unickpt"))}))
+"""
+
+
+def test_issue41_item4_a_job_that_imported_torch_has_what_a_load_runs_before_its_first_load(tmp_path: Path) -> None:
+    """A job imports torch, then unickpt: ``import unickpt`` brings the load machinery in then,
+    so the first ``unickpt.load`` (a restart's critical path) imports no unickpt module."""
+    path = str(tmp_path / "ckpt")
+    unickpt.save(path, {"model": torch.nn.Linear(3, 2)})
+    got = _fresh(_FIRST_LOAD, path)
+    assert got["imported"] == []

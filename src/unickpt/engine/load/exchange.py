@@ -22,7 +22,7 @@ from ...format.records import Metadata
 from ...planning.load.assign import PartWire, ReadPart, Report, assign_reads, decode_part, report_needs
 from ...planning.load.overlap import ShardRead
 from ...planning.load.runs import Extents
-from .page_advice import huge_pages_off
+from .page_advice import huge_pages_off_for
 
 __all__ = ["exchange_needs", "read_parts"]
 
@@ -62,6 +62,8 @@ def read_parts(
     max_batch_bytes: int = 64 << 20,
 ) -> list[PartWire]:
     """Every rank's part from every rank's report (the coordinator): ``assign_reads`` on a few
-    threads (numpy's loops release the GIL), with numpy's huge-page advice off (``page_advice``)."""
-    with huge_pages_off(), ThreadPoolExecutor(_THREADS, thread_name_prefix="unickpt-assign") as pool:
+    threads (numpy's loops release the GIL), with numpy's huge-page advice off when the reports
+    are large enough for numpy to advise any of its arrays (``page_advice.huge_pages_off_for``)."""
+    reported = sum(len(needs) for _, needs in gathered)
+    with huge_pages_off_for(reported), ThreadPoolExecutor(_THREADS, thread_name_prefix="unickpt-assign") as pool:
         return assign_reads(md, gathered, dedup, page_cache, extents, max_batch_bytes, pool.map)

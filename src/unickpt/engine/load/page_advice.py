@@ -9,19 +9,24 @@ passes markedly slower (figures: docs/performance.md, "Internals").
 ``huge_pages_off()`` turns the advice off for its block and restores it after; uses nest and
 overlap across threads (the first to enter records the setting, the last to leave restores it).
 A process-wide numpy setting: arrays other threads allocate meanwhile get ordinary pages, which
-changes only where the kernel puts them. Where numpy has no such switch (other platforms, other versions) this does
-nothing.
+changes only where the kernel puts them. ``huge_pages_off_for(nbytes)`` is the block the read
+assignment uses: the switch only where its input is large enough for numpy to advise any array
+(``NUMPY_ADVISED_MIN``), so that the loads of small jobs never touch the process's setting.
+Where numpy has no such switch (other platforms, other versions) this does nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import threading
 from collections.abc import Callable
 from types import TracebackType
 from typing import cast
 
-__all__ = ["huge_pages_off"]
+__all__ = ["NUMPY_ADVISED_MIN", "huge_pages_off", "huge_pages_off_for"]
+
+NUMPY_ADVISED_MIN = 4 << 20  # numpy advises huge pages only for arrays of at least 4 MiB
 
 
 def _switch() -> Callable[[bool], bool] | None:
@@ -70,3 +75,11 @@ class huge_pages_off:
 
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None) -> None:
         _ADVICE.leave()
+
+
+def huge_pages_off_for(nbytes: int) -> contextlib.AbstractContextManager[object]:
+    """``huge_pages_off()`` for a computation over ``nbytes`` of input (the read assignment: the
+    needs every rank reported, 24 bytes a need) that can allocate arrays numpy advises: from
+    ``NUMPY_ADVISED_MIN // 8`` bytes of input on (a margin of 8: its arrays hold a few 8-byte
+    columns a need); below, a block that leaves numpy's setting alone."""
+    return huge_pages_off() if nbytes >= NUMPY_ADVISED_MIN // 8 else contextlib.nullcontext()

@@ -78,3 +78,34 @@ def test_the_read_assignment_leaves_the_setting_as_it_was():
         assert get() is True
     finally:
         put(old)
+
+
+def test_issue41_item3_a_small_read_assignment_never_touches_numpys_setting():
+    """The read assignment of a small job (two ranks, a few needs: no array near numpy's 4 MiB
+    advice line) runs with numpy's setting as the process had it, not switched for the process;
+    a large one (reports of 1 MiB, 24 bytes a need) runs with the advice off. Seen from inside the
+    assignment: the extents callback it calls reads numpy's setting."""
+    from tests.fixtures.read_fixtures import split_metadata
+    from unickpt.engine.load.exchange import read_parts
+    from unickpt.planning.load.assign import report_needs
+    from unickpt.planning.load.runs import vectorized
+
+    md = split_metadata()
+    needs = report_needs(md, {("a", 0): (0, 4), ("a", 1): (0, 4)}, ["a"])
+    seen: list[bool] = []
+
+    def extents(f, lo, hi):
+        seen.append(get())
+        return lo, hi
+
+    old = put(True)
+    try:
+        read_parts(md, [("h0", needs), ("h1", needs)], True, False, vectorized(extents))
+        assert seen and set(seen) == {True}
+        seen.clear()
+        many = [("h0", needs)] * ((1 << 20) // len(needs) + 1)  # 1 MiB of reports
+        read_parts(md, many, True, False, vectorized(extents))
+        assert seen and set(seen) == {False}
+        assert get() is True
+    finally:
+        put(old)
