@@ -108,7 +108,11 @@ def test_a_failure_stops_the_readers_at_their_next_piece() -> None:
 
 def test_a_failure_is_raised_only_after_every_reader_stopped() -> None:
     """Two readers: "b"'s reader is inside its first piece when "a" fails; ``read_pieces``
-    returns (raising) only after that piece finished, and "b"'s later pieces are not read."""
+    returns (raising) only after that piece finished, and "b"'s later pieces are not read.
+
+    "b" is let go only once the scheduler has noted "a"'s failure (its ``failed`` appended it: a
+    profile hook on the read threads sees that ``append`` return), so that "b" reaching its next
+    piece before the failure was noted (a race of the test, not of the scheduler) cannot happen."""
     jobs, log, active = _jobs({"a": [[(0, 8), (8, 16)]], "b": [[(0, 4), (4, 8)]]})
     entered, release = threading.Event(), threading.Event()
     jobs[1].gate = (entered, release)
@@ -116,13 +120,21 @@ def test_a_failure_is_raised_only_after_every_reader_stopped() -> None:
 
     def fail_once_b_is_inside(p: int) -> None:  # "a" fails while "b" is mid-piece
         assert entered.wait(30)
-        release.set()
         a_read(p)
+
+    def noted(frame, event, arg):  # type: ignore[no-untyped-def]
+        if event == "c_return" and frame.f_code.co_name == "failed" and getattr(arg, "__name__", "") == "append":
+            release.set()
 
     jobs[0].read_piece = fail_once_b_is_inside  # type: ignore[method-assign]
     jobs[0].fail_at = 0
-    with pytest.raises(OSError, match="bad piece a:0"):
-        read_pieces(jobs, 2, {}, streams=True)
+    threading.setprofile(noted)  # the read threads read_pieces starts
+    try:
+        with pytest.raises(OSError, match="bad piece a:0"):
+            read_pieces(jobs, 2, {}, streams=True)
+    finally:
+        threading.setprofile(None)  # type: ignore[arg-type]
+    assert release.is_set()  # the failure was noted while "b" was inside its piece
     assert active["b"] == 0  # nobody is still reading
     assert ("b", 4) not in [(f, lo) for f, lo, _ in log]
 
