@@ -78,7 +78,18 @@ ALLOWED: dict[str, set[str]] = {
     },
     "cli": {"unickpt", "errors", "folder", "manager", "monitoring", "ops", "storage"},
     "integrations": {"unickpt", "engine", "errors", "folder", "format", "ops", "options", "storage"},
-    "unickpt": {"_lazy", "api", "checkpointer", "data", "errors", "format", "frameworks", "manager", "options"}
+    "unickpt": {
+        "_lazy",
+        "api",
+        "checkpointer",
+        "coordination",
+        "data",
+        "errors",
+        "format",
+        "frameworks",
+        "manager",
+        "options",
+    }
     | {"state", "tiering"},
     "__main__": {"cli"},
 }

@@ -26,7 +26,7 @@ from typing import Any
 
 from .. import TieredCheckpointManager
 from ..errors import ConfigurationError, IncompleteCheckpointError, StorageError
-from ..storage import local_files
+from ..storage import open_storage
 
 __all__ = ["TierKnobs", "MARKER_NAME", "write_step_marker", "read_step_marker", "load_step"]
 
@@ -77,21 +77,13 @@ def write_step_marker(path: str, step: int) -> None:
             errno.EEXIST, f"{path} exists and is not a unickpt tier-step marker: the RAM tier never overwrites it"
         )
     folder, name = os.path.split(os.path.abspath(path))
-    local_files.make_folders(folder)
-    dfd = local_files.open_root(folder, create=False)
-    try:
-        part = f"{name}.unickpt-part"
-        local_files.unlink_at(dfd, part, missing_ok=True)  # ours, left by a killed save
-        fd = local_files.create_at(dfd, part)
-        try:
-            local_files.write_all(fd, [memoryview(json.dumps({"format": _FORMAT, "step": int(step)}).encode())])
-            local_files.fsync(fd)
-        finally:
-            os.close(fd)
-        local_files.rename_at(dfd, part, dfd, name)
-        local_files.sync_folder(dfd)
-    finally:
-        os.close(dfd)
+    storage = open_storage(folder)  # the folder's files: exclusive create, no link followed
+    part = f"{name}.unickpt-part"
+    if storage.size(part) is not None:
+        storage.delete([part])  # ours, left by a killed save
+    storage.write(part, [json.dumps({"format": _FORMAT, "step": int(step)}).encode()])
+    storage.rename(part, name)
+    storage.sync()
 
 
 def read_step_marker(path: str) -> int | None:
