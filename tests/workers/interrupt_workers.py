@@ -63,9 +63,12 @@ def interrupted_saves(rank: int, ws: int, root: str, cases: list[dict[str, Any]]
         install_faulty_scheme(fail_op="write", fail_times=failing, errno_code=errno.ENOSPC, match="/data/")
         todo = list(case["signals"].get(str(rank), []))
 
-        def interrupt(ev: Event, todo: list[str] = todo) -> None:
+        at_kill: list[str] = []  # the SIGINT handler each signal met (in the failure message, if any)
+
+        def interrupt(ev: Event, todo: list[str] = todo, at_kill: list[str] = at_kill) -> None:
             if todo and ev.phase == todo[0] and ev.rank == rank:
                 todo.pop(0)
+                at_kill.append(f"{ev.phase}: {signal.getsignal(signal.SIGINT)!r}")
                 os.kill(os.getpid(), signal.SIGINT)  # a real signal, handled on the main thread
 
         if case["own_handler"]:
@@ -84,6 +87,9 @@ def interrupted_saves(rank: int, ws: int, root: str, cases: list[dict[str, Any]]
         seen = committed_id(path)  # the folder's state when the call returned or raised
         events.remove_listener(interrupt)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        out.append({"raised": raised, "message": message, "cause": cause, "seen": seen, "first": first, "left": todo})
+        out.append(
+            {"raised": raised, "message": message, "cause": cause, "seen": seen, "first": first, "left": todo}
+            | {"handler_at_kill": at_kill}
+        )
         torch.distributed.barrier()
     return out

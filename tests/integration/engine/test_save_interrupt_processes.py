@@ -48,7 +48,7 @@ def test_issue39_item10_ctrl_c_during_blocking_save_decides_before_raising(tmp_p
             got = results[i]
             assert got["left"] == [], (name, rank, got)  # every planned signal was sent
             if str(rank) in signals:
-                assert got["raised"] == "KeyboardInterrupt", (name, rank, got)
+                assert got["raised"] == "KeyboardInterrupt", (name, rank, got["handler_at_kill"], got)
                 if not commits:
                     assert "which failed first" in got["message"] and got["cause"], (name, rank, got)
                 else:  # deferred (unickpt's handler) / re-raised after the wait (the application's)
