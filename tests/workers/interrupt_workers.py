@@ -43,6 +43,10 @@ def interrupted_saves(rank: int, ws: int, root: str, cases: list[dict[str, Any]]
     of the second save fail with ENOSPC (``faulty://``), so the save fails on every rank."""
     from tests.workers.rel_faults import install_faulty_scheme
 
+    # Python's own SIGINT handler, as in any interactive run: a process started with SIGINT ignored
+    # (a background job of a non-interactive shell inherits SIG_IGN, and Python then installs no
+    # handler) would ignore the test's signals (the deferral needs default_int_handler: its docstring)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     model, optim = tiny_model(seed=5)
     state = {"model": model, "optimizer": optim}
     options = unickpt.SaveOptions(timeout=30)  # a rank left behind in a collective fails within 30 s
