@@ -40,7 +40,7 @@ from ..folder.probe import read_committed
 from ..manager import CheckpointManager
 from ..storage import open_storage, register_storage
 from ..storage.retry import unwrap
-from ..storage.shm import ShmStorage, private_base, shm_base
+from ..storage.shm import ShmStorage, folder_flaw, private_base, shm_base
 from .decide import choose
 from .durable import copy_to_durable
 from .group import TierGroup
@@ -121,15 +121,7 @@ def _folder_problem(path: str, listed: bool = False) -> str | None:
         return None
     if listed and stat.S_ISREG(st.st_mode):
         return None
-    what = None
-    if stat.S_ISLNK(st.st_mode):
-        what = "is a symbolic link"
-    elif not stat.S_ISDIR(st.st_mode):
-        what = "is not a folder"
-    elif st.st_uid != os.getuid():
-        what = f"belongs to another user (uid {st.st_uid}, you are uid {os.getuid()})"
-    elif st.st_mode & 0o022:
-        what = f"has mode {stat.S_IMODE(st.st_mode):04o}: other users may write in it"
+    what = folder_flaw(st, 0o022)
     if what is None:
         return None
     return (

@@ -27,7 +27,7 @@ from .base import check_name
 from .local import CAPABILITIES, LocalStorage
 from .options import StorageOptions
 
-__all__ = ["ShmStorage", "shm_base", "private_base"]
+__all__ = ["ShmStorage", "folder_flaw", "shm_base", "private_base"]
 
 SHM_ROOT_ENV = "UNICKPT_SHM_ROOT"
 
@@ -49,22 +49,36 @@ def private_base(base: str) -> None:
     except OSError as e:
         raise StorageError(e.errno, f"cannot create the shm:// folder {base}: {e.strerror or e}") from None
     st = os.lstat(base)
-    problem, fix = None, ""
-    if stat.S_ISLNK(st.st_mode):
-        problem = "is a symbolic link"
-    elif not stat.S_ISDIR(st.st_mode):
-        problem = "is not a folder"
-    elif st.st_uid != os.getuid():
-        problem = f"belongs to another user (uid {st.st_uid}, you are uid {os.getuid()})"
-    elif st.st_mode & 0o077:
-        problem = f"has mode {stat.S_IMODE(st.st_mode):04o}: other users may enter it"
-        fix = f" (or, if nothing of another user's is in it, chmod 700 {base})"
+    problem = folder_flaw(st, 0o077)
+    fix = (
+        f" (or, if nothing of another user's is in it, chmod 700 {base})"
+        if problem and problem.startswith("has mode")
+        else ""
+    )
     if problem is not None:
         raise UnsafePathError(
             errno.EPERM,
             f"{base} {problem}: shm:// keeps this user's checkpoints there, so it must be a folder of "
             f"yours with mode 0700; remove it{fix} or set {SHM_ROOT_ENV} to a folder of your own",
         )
+
+
+def folder_flaw(st: os.stat_result, others: int) -> str | None:
+    """What makes the folder of ``lstat`` result ``st`` unsafe to hold this user's files, in words
+    (a link, not a folder, another user's, mode bits of ``others`` set), or None. Called by
+    ``private_base`` (``others`` 0o077: no one else may enter) and the RAM tier's folder check
+    (``recovery.tier``: 0o022, no one else may write)."""
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a folder"
+    if st.st_uid != os.getuid():
+        return f"belongs to another user (uid {st.st_uid}, you are uid {os.getuid()})"
+    if st.st_mode & others:
+        return (
+            f"has mode {stat.S_IMODE(st.st_mode):04o}: other users may {'enter' if others & 0o011 else 'write in'} it"
+        )
+    return None
 
 
 class ShmStorage(LocalStorage):
