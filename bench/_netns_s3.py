@@ -21,11 +21,10 @@ import os
 import secrets
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repo root (tests.fixtures)
-from tests.fixtures.s3server import S3Endpoint, SeaweedServer, SeaweedStartError, _PortRace, find_weed
+from tests.fixtures.s3server import SeaweedServer, find_weed
 
 __all__ = ["LimitedS3"]
 
@@ -38,46 +37,12 @@ def _ip(*args: str) -> str:
 
 
 class _NsSeaweed(SeaweedServer):
-    """``SeaweedServer`` started inside namespace ``ns``, bound to ``addr`` (set after init)."""
+    """``SeaweedServer`` started inside namespace ``ns`` (its ``address``: the namespace's, set after init)."""
 
     ns: str = ""
-    addr: str = ""
 
     def _command(self, config: Path) -> list[str]:
-        cmd = super()._command(config)
-        cmd = [f"-ip={self.addr}" if a == "-ip=127.0.0.1" else a for a in cmd]
-        cmd = [f"-ip.bind={self.addr}" if a == "-ip.bind=127.0.0.1" else a for a in cmd]
-        return ["ip", "netns", "exec", self.ns, *cmd]
-
-    def start(self) -> S3Endpoint:  # SeaweedServer.start with the namespace's address in the URL
-        import json
-        import tempfile
-
-        from tests.fixtures.s3server import _reserve_ports, _s3_identity
-
-        t0 = time.monotonic()
-        self.root = Path(tempfile.mkdtemp(prefix="unickpt-weed-"))
-        try:
-            key, secret = "ak" + secrets.token_hex(8), "sk" + secrets.token_hex(16)
-            config = self.root / "s3.json"
-            config.write_text(json.dumps(_s3_identity(key, secret)))
-            (self.root / "home").mkdir()
-            for attempt in range(3):
-                self.ports = _reserve_ports(self._rng)
-                endpoint = S3Endpoint(f"http://{self.addr}:{self.ports['s3.port']}", key, secret, self.region)
-                self._launch(config, attempt)
-                try:
-                    self._wait_ready(endpoint, deadline=t0 + self.startup_timeout)
-                except _PortRace:
-                    self._reap(__import__("signal").SIGKILL)
-                    continue
-                self._endpoint = endpoint
-                self.startup_seconds = time.monotonic() - t0
-                return endpoint
-            raise SeaweedStartError("weed mini lost a port race three times in a row")
-        except BaseException:
-            self.stop()
-            raise
+        return ["ip", "netns", "exec", self.ns, *super()._command(config)]
 
 
 class LimitedS3:
@@ -127,7 +92,7 @@ class LimitedS3:
         _ip("tc", "qdisc", "add", "dev", self.host_if, *tbf)
         _ip("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", self.ns_if, *tbf)
         server = _NsSeaweed(weed)
-        server.ns, server.addr = ns, self.ns_addr
+        server.ns, server.address = ns, self.ns_addr
         self.server = server
         server.start()
 
