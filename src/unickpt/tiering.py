@@ -46,7 +46,7 @@ from typing import Any
 
 from .checkpointer import Checkpointer, default_checkpointer
 from .engine.runtime.worker import SaveHandle
-from .errors import AsyncSaveFailures, CheckpointError, ChecksumMismatchError, ConfigurationError
+from .errors import AsyncSaveFailures, CheckpointError, ChecksumMismatchError, ConfigurationError, IntegrityError
 from .folder.markers import mark_save
 from .folder.probe import read_committed
 from .folder.publish import publisher_for
@@ -276,17 +276,23 @@ class TieredCheckpointManager:
         assert self._ram is not None
         self.fast.wait()
         # first from each host's own RAM only: a restart whose hosts kept their RAM moves no byte
-        # between hosts when every rank's load finds what it reads on its host
-        decision, report = self._ram.recover(self.durable.latest_step, fetch=False)
-        if report.tier == "ram" and not decision["complete"]:
+        # between hosts when every rank's load finds what it reads on its host. When the load
+        # checks every chunk's CRC32C (the default), this pass reads no byte before it: a copy
+        # here that fails the load's check sends the job to the second pass, which verifies
+        # every copy before it uses one
+        verifies = options is None or options.verify_checksums
+        decision, report = self._ram.recover(self.durable.latest_step, fetch=False, load_verifies=verifies)
+        tried: int | None = None  # the step whose load began in the first pass
+        if report.tier == "ram":
             loaded = False
             if decision["metadata_everywhere"]:
+                tried = int(decision["step"])
                 try:
                     self._ckpt.load(self.fast.path_for(int(decision["step"])), state, framework=framework,
                                     strict=strict, options=options)  # fmt: skip
                     loaded = True
                 except CheckpointError:
-                    pass  # a file this host lacks: fetch what is missing, then load again
+                    pass  # a file this host lacks or a copy that failed: verify, fetch, load again
             if self._ram.all_ok(loaded):
                 self.last_recovery = report
                 self._emit(report)
@@ -296,6 +302,12 @@ class TieredCheckpointManager:
         self._emit(report)
         rank = self._ckpt.rank()
         if report.tier == "none":
+            if tried is not None:  # the first load may have written part of that step into the state
+                raise IntegrityError(
+                    f"no step can be recovered from {self.fast.root} or {self.durable.root} "
+                    f"({'; '.join(report.skipped_steps[:3])}), and a load of step {tried} "
+                    "had begun: the state may hold part of it; restart from your initial state"
+                )
             return None
         if report.tier == "durable" and report.skipped_steps and rank == 0:
             warnings.warn(

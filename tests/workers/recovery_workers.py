@@ -47,6 +47,7 @@ def _tiers(base: str, opts: dict[str, Any]) -> Any:
 
     opts = dict(opts)
     opts.pop("_expect_failure", None)
+    opts.pop("_verify", None)
     durable = opts.pop("_durable", os.path.join(base, "durable"))
     return unickpt.TieredCheckpointManager("shm://job", durable, **opts)
 
@@ -101,6 +102,59 @@ def recover(rank: int, ws: int, base: str, hosts: list[str], opts: dict[str, Any
         "warnings": [str(w.message) for w in caught if "durable tier" in str(w.message)],
         "unickpt": unickpt.__file__,
     }
+
+
+BIG_COLS = 2048  # a rank's shard of the big state: 1024 rows of 2048 float32 = 8 MiB
+
+
+def _big_state(step: int | None, ws: int) -> dict[str, Any]:
+    """``{"model": m}`` with one DTensor of ``ws`` x 8 MiB sharded by rows (a seeded generator's
+    values at ``step``; zeros for None)."""
+    from torch import nn
+    from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
+
+    mesh = init_device_mesh("cpu", (ws,))
+    full = torch.zeros(ws * 1024, BIG_COLS)
+    if step is not None:
+        full = torch.randn(ws * 1024, BIG_COLS, generator=torch.Generator().manual_seed(2000 + step))
+    m = nn.Module()
+    m.big = nn.Parameter(distribute_tensor(full, mesh, [Shard(0)]), requires_grad=False)
+    return {"model": m}
+
+
+def _bytes_read() -> int:
+    """What this process has passed to read()/pread()/preadv() so far (``rchar``)."""
+    with open("/proc/self/io", "rb") as fh:
+        return int(next(line for line in fh if line.startswith(b"rchar:")).split()[1])
+
+
+def save_big(rank: int, ws: int, base: str, hosts: list[str], opts: dict[str, Any]) -> None:
+    enter_host(base, hosts[rank])
+    tiers = _tiers(base, opts)
+    tiers.save(1, _big_state(1, ws), async_save=True).wait_snapshot()
+    tiers.close()
+
+
+def recover_big(rank: int, ws: int, base: str, hosts: list[str], opts: dict[str, Any]) -> dict[str, Any]:
+    """``load_latest`` of the big state: the step, whether every byte is the saved one, the bytes
+    this process read during the call, and the error (class: message) if it raised."""
+    import unickpt
+
+    enter_host(base, hosts[rank])
+    tiers = _tiers(base, opts)
+    state = _big_state(None, ws)
+    options = unickpt.LoadOptions(verify_checksums=opts.get("_verify", True))
+    before = _bytes_read()
+    try:
+        step = tiers.load_latest(state, options=options)
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}", "read": _bytes_read() - before}
+    finally:
+        tiers.close()
+    read = _bytes_read() - before
+    got = state["model"].big.full_tensor()
+    exact = step is not None and torch.equal(got, _big_state(step, ws)["model"].big.full_tensor())
+    return {"step": step, "exact": exact, "read": read, "error": ""}
 
 
 def latest_step(rank: int, ws: int, base: str, hosts: list[str], opts: dict[str, Any]) -> list[Any]:

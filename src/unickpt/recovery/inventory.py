@@ -34,7 +34,16 @@ from typing import Any
 
 from ..errors import StorageError, UnsafePathError
 from ..storage.local import LocalStorage
-from ..storage.local_files import open_dir, stat_in
+from ..storage.local_files import (
+    create_at,
+    link_at,
+    open_dir,
+    open_regular,
+    rename_at,
+    stat_in,
+    unlink_at,
+    write_all,
+)
 
 __all__ = ["RamLayout", "MARKER_FORMAT", "safe_host", "read_chunks", "chunk_crcs_of"]
 
@@ -56,10 +65,10 @@ def _check_rel(name: str) -> str:
     return name
 
 
-def read_chunks(path: str, size: int, chunk: int) -> Iterator[bytes]:
-    """The file at ``path`` in ``chunk``-byte pieces (bounded: one chunk at a time); a short
-    read ends early (the caller's CRC or size check fails)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+def read_chunks(layout: RamLayout, path: str, size: int, chunk: int) -> Iterator[bytes]:
+    """The file at ``path`` (under ``layout``'s root) in ``chunk``-byte pieces (bounded: one
+    chunk at a time); a short read ends early (the caller's CRC or size check fails)."""
+    fd = layout.open_read(path)
     try:
         for at in range(0, size, chunk):
             data = os.pread(fd, min(chunk, size - at), at)
@@ -77,8 +86,8 @@ def crc(data: Any) -> int:
     return int(crc32c.crc32c(data))
 
 
-def chunk_crcs_of(path: str, size: int, chunk: int) -> list[int]:
-    return [crc(c) for c in read_chunks(path, size, chunk)]
+def chunk_crcs_of(layout: RamLayout, path: str, size: int, chunk: int) -> list[int]:
+    return [crc(c) for c in read_chunks(layout, path, size, chunk)]
 
 
 class RamLayout:
@@ -110,32 +119,88 @@ class RamLayout:
 
     # -------------------------------------------------------------- writing
 
+    def _parts(self, path: str) -> list[str]:
+        """``path`` (a path this layout made) as the names below the root."""
+        parts = os.path.relpath(path, self.root).split(os.sep)
+        if any(p in ("", ".", "..") for p in parts):
+            raise ValueError(f"{path} is not below the RAM root {self.root}")
+        return parts
+
     def create(self, path: str) -> int:
         """A new file at ``path`` under the root (folders 0700, file 0600, never through a link:
         ``UnsafePathError`` for a link where a folder belongs); an old ``.unickpt-part`` of ours at
         that name is replaced."""
-        parts = os.path.relpath(path, self.root).split(os.sep)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        parts = self._parts(path)
         with open_dir(self.root, parts[:-1], create=True, mode=0o700) as dfd:
             try:
-                return os.open(parts[-1], flags, 0o600, dir_fd=dfd)
+                return create_at(dfd, parts[-1], 0o600)
             except FileExistsError:
                 if not path.endswith(".unickpt-part"):
                     raise StorageError(
                         errno.EEXIST, f"{path} exists already: the RAM tier never overwrites a file it did not stage"
                     ) from None
-                os.unlink(parts[-1], dir_fd=dfd)
-                return os.open(parts[-1], flags, 0o600, dir_fd=dfd)
+                unlink_at(dfd, parts[-1])
+                return create_at(dfd, parts[-1], 0o600)
+
+    def open_read(self, path: str) -> int:
+        """A read descriptor of the regular file ``path`` under the root, no folder on the way
+        and not the file itself followed through a link (``UnsafePathError``)."""
+        return open_regular(self.root, self._parts(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+    def exists(self, path: str) -> bool:
+        """Whether a name ``path`` is there (a link counts; nothing is followed)."""
+        try:
+            stat_in(self.root, self._parts(path))
+        except (OSError, UnsafePathError):
+            return False
+        return True
+
+    def replace(self, part: str, final: str) -> None:
+        """Rename ``part`` to ``final`` (one folder; ``final`` replaced, never followed)."""
+        parts, target = self._parts(part), self._parts(final)
+        if parts[:-1] != target[:-1]:
+            raise ValueError(f"{part} and {final} are not in one folder")
+        with open_dir(self.root, parts[:-1], create=False) as dfd:
+            rename_at(dfd, parts[-1], dfd, target[-1])
+
+    def unlink(self, path: str) -> None:
+        """Remove the name ``path`` (a link is removed, not followed); gone already is fine."""
+        parts = self._parts(path)
+        try:
+            with open_dir(self.root, parts[:-1], create=False) as dfd:
+                unlink_at(dfd, parts[-1], missing_ok=True)
+        except FileNotFoundError:
+            pass
+
+    def link(self, path: str, part: str) -> bool:
+        """Give the file ``path`` the second name ``part`` (a ``.unickpt-part`` of ours; a stale
+        one is replaced; its folders made), no folder followed; False where the file system has
+        no hard links (the caller copies instead)."""
+        src, dst = self._parts(path), self._parts(part)
+        if not part.endswith(".unickpt-part"):
+            raise ValueError(f"{part}: only a .unickpt-part is placed by a link")
+        with (
+            open_dir(self.root, src[:-1], create=False) as sfd,
+            open_dir(self.root, dst[:-1], create=True, mode=0o700) as dfd,
+        ):
+            unlink_at(dfd, dst[-1], missing_ok=True)
+            try:
+                link_at(sfd, src[-1], dfd, dst[-1])
+            except OSError as e:
+                if e.errno in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+                    return False
+                raise
+        return True
 
     def write_marker(self, stepdir: str, record: dict[str, Any]) -> None:
         path = self.marker(stepdir)
         part = path + ".unickpt-part"
         fd = self.create(part)
         try:
-            os.write(fd, json.dumps(record, separators=(",", ":")).encode())
+            write_all(fd, [memoryview(json.dumps(record, separators=(",", ":")).encode())])
         finally:
             os.close(fd)
-        os.replace(part, path)
+        self.replace(part, path)
 
     # -------------------------------------------------------------- reading
 

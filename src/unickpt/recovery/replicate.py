@@ -65,7 +65,7 @@ def replicate_step(
                 size = os.lstat(path).st_size
             except FileNotFoundError:
                 continue
-            mine[name] = [size, chunk_crcs_of(path, size, chunk)]
+            mine[name] = [size, chunk_crcs_of(layout, path, size, chunk)]
         if tg.host == host0:
             mine[METADATA_FILE] = [len(raw), _crcs(raw, chunk)]
     gathered = tg.all_gather({"host": tg.host, "files": mine if tg.is_agent else None, "bad": nonfinite or []})

@@ -11,7 +11,11 @@ for it), after every queued replication:
    verifies is hard-linked as ``<name>.unickpt-part`` (no byte copied); otherwise the file is
    assembled in ``<name>.unickpt-part`` from this host's copies chunk by chunk, each chunk's
    CRC32C checked. The first pass of ``load_latest`` (``fetch=False``) does this only for the
-   files a restart at the same layout reads: the metadata and the host's own ranks' files;
+   files a restart at the same layout reads: the metadata and the host's own ranks' files; and
+   when the load that follows verifies every chunk it reads (``LoadOptions.verify_checksums``,
+   the default) it reads no data file here at all: the primaries are taken as they are and a
+   replica of the host's own file is hard-linked, so each byte is read and checked once, by
+   the load (a copy failing there sends ``load_latest`` to the second pass);
 3. the chunks still missing are fetched in rounds: all ranks gather every agent's requests (file,
    chunk, hosts that already failed it); each request goes to the nearest holder (ring order from
    the requester) that has not failed it; in one global order the holder's agent reads the chunk,
@@ -39,6 +43,7 @@ from typing import Any
 
 import torch
 
+from ..errors import CheckpointError
 from ..format.records import METADATA_FILE
 from .decide import choose
 from .group import TierGroup
@@ -60,7 +65,7 @@ class RecoveryReport:
 
 
 def recover(
-    tg: TierGroup, layout: RamLayout, durable_step: Any, fetch: bool = True
+    tg: TierGroup, layout: RamLayout, durable_step: Any, fetch: bool = True, load_verifies: bool = False
 ) -> tuple[dict[str, Any], RecoveryReport]:
     """Steps 1-4 (module docstring) until a RAM step is materialised on every host, or the
     decision is the durable tier or nothing. ``durable_step()`` is called on rank 0 only.
@@ -85,7 +90,7 @@ def recover(
                     for s, sid, n in decision.pop("incomplete")]  # fmt: skip
         if decision["source"] != "ram":
             return decision, _report(tg, decision, {}, {}, failed_all, skipped)
-        local, peers, failed, lacking = _materialise(tg, layout, decision, fetch)
+        local, peers, failed, lacking = _materialise(tg, layout, decision, fetch, load_verifies)
         outcomes = tg.all_gather([not lacking, local, peers, failed, METADATA_FILE not in lacking])
         failed_all += [f for o in outcomes for f in o[3]]
         decision["complete"] = all(o[0] for o in outcomes)
@@ -116,61 +121,70 @@ def _path_on(layout: RamLayout, d: dict[str, Any], name: str, where: str, origin
     return layout.path_of(entry, d["stepdir"])
 
 
-def _read_chunk(path: str, i: int, size: int, chunk: int, want: int, scratch: torch.Tensor) -> memoryview | None:
-    """Chunk ``i`` of the copy at ``path``, read into ``scratch`` (a reused buffer of at least
+def _read_chunk(fd: int, i: int, size: int, chunk: int, want: int, scratch: torch.Tensor) -> memoryview | None:
+    """Chunk ``i`` of the copy open at ``fd``, read into ``scratch`` (a reused buffer of at least
     ``chunk`` bytes: no fresh memory per chunk), when its CRC32C is ``want``; else None. The view
     is valid until the next read into ``scratch``."""
     n = min(chunk, size - i * chunk)
     view = scratch.numpy().data.cast("B")[:n]
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return None
-    try:
-        got = 0
-        while got < n:
-            k = os.preadv(fd, [view[got:]], i * chunk + got)
-            if k <= 0:
-                return None
-            got += k
-    finally:
-        os.close(fd)
+    got = 0
+    while got < n:
+        k = os.preadv(fd, [view[got:]], i * chunk + got)
+        if k <= 0:
+            return None
+        got += k
     return view if crc(view) == want else None
 
 
-def _link_verified(
-    layout: RamLayout, d: dict[str, Any], name: str, holder: list[str], part: str, scratch: torch.Tensor
-) -> bool:
-    """When every chunk of this host's copy ``holder`` of ``name`` verifies: hard-link it as
-    ``part`` (no bytes copied; both names are unickpt's, recorded in the markers, and neither is
-    ever written in place) and return True. False (nothing made) when a chunk fails: the caller
-    then assembles the file chunk by chunk and names the failing chunks."""
-    size, crcs = d["files"][name]
-    chunk = int(d["chunk"])
-    path = _path_on(layout, d, name, holder[1], holder[2])
-    if any(_read_chunk(path, i, size, chunk, w, scratch) is None for i, w in enumerate(crcs)):
-        return False
-    os.close(layout.create(part))  # the folders made, any stale part of ours replaced
-    os.unlink(part)
-    try:
-        os.link(path, part, follow_symlinks=False)
-    except OSError:
-        return False  # e.g. a file system without hard links: copied chunk by chunk instead
-    return True
+class _Copies:
+    """Read descriptors of this host's copies, each opened once (never through a link: a copy
+    that cannot be opened so reads as missing); ``close`` closes them all."""
+
+    def __init__(self, layout: RamLayout) -> None:
+        self.layout = layout
+        self._fds: dict[str, int | None] = {}
+
+    def chunk(self, path: str, i: int, size: int, chunk: int, want: int, scratch: torch.Tensor) -> memoryview | None:
+        """``_read_chunk`` of the copy at ``path``; None when it is missing or fails its CRC32C."""
+        if path not in self._fds:
+            try:
+                self._fds[path] = self.layout.open_read(path)
+            except (OSError, CheckpointError):
+                self._fds[path] = None
+        fd = self._fds[path]
+        return None if fd is None else _read_chunk(fd, i, size, chunk, want, scratch)
+
+    def bad_chunks(self, path: str, size: int, chunk: int, crcs: list[int], scratch: torch.Tensor) -> list[int]:
+        """The chunks of the copy at ``path`` that do not verify (all of them when it is missing)."""
+        return [i for i, w in enumerate(crcs) if self.chunk(path, i, size, chunk, w, scratch) is None]
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            if fd is not None:
+                os.close(fd)
+        self._fds.clear()
 
 
 def _materialise(
-    tg: TierGroup, layout: RamLayout, d: dict[str, Any], fetch: bool
+    tg: TierGroup, layout: RamLayout, d: dict[str, Any], fetch: bool, load_verifies: bool
 ) -> tuple[int, dict[str, int], list[str], list[str]]:
     """Steps 2-3 on this rank (``fetch=False``: the metadata and this host's own files only, and
     step 3 only for those it holds no copy of): (bytes from this host's RAM, bytes per sending
-    peer, failed copies, the files not complete here)."""
+    peer, failed copies, the files not complete here).
+
+    ``load_verifies`` (``fetch=False`` only: the load that follows checks every chunk's CRC32C
+    against the metadata): a primary here is taken as it is and a replica here of one of this
+    host's files is hard-linked, without reading a byte; a copy that fails the load's check
+    sends ``load_latest`` to the ``fetch=True`` pass, which verifies every copy before use. The
+    metadata, which has no checksum of its own, is verified here always."""
     chunk, stepdir = int(d["chunk"]), d["stepdir"]
     local, peers, failed = 0, dict[str, int](), list[str]()
     need: dict[str, dict[int, list[str]]] = {}  # name -> chunk -> hosts that failed it
     parts: dict[str, int] = {}
     left: set[str] = set()  # files this pass does not complete here (fetch=False)
     scratch = torch.empty(chunk if tg.is_agent else 0, dtype=torch.uint8)  # every chunk read goes here
+    trust = load_verifies and not fetch
+    copies = _Copies(layout)
     try:
         if tg.is_agent:
             for name, (size, crcs) in d["files"].items():
@@ -180,20 +194,25 @@ def _materialise(
                     left.add(name)  # another host's file: not read by a same-layout restart
                     continue
                 ordered = sorted(mine, key=lambda h: h[1] != "primary")  # the primary here first
+                trusted = trust and name != METADATA_FILE  # the metadata has no checksum of its own
                 if ordered and ordered[0][1] == "primary":
-                    bad = [i for i, w in enumerate(crcs) if _read_chunk(final, i, size, chunk, w, scratch) is None]
+                    bad = [] if trusted else copies.bad_chunks(final, size, chunk, crcs, scratch)
                     if not bad:
                         local += size
                         continue
                     failed += [f"{tg.host}:{name}#{i} (CRC32C mismatch in this host's RAM)" for i in bad]
-                elif ordered and _link_verified(layout, d, name, ordered[0], final + ".unickpt-part", scratch):
-                    local += size  # this host's replica, every chunk verified: hard-linked, not copied
-                    continue
+                elif ordered:
+                    held = _path_on(layout, d, name, ordered[0][1], ordered[0][2])
+                    if (trusted or not copies.bad_chunks(held, size, chunk, crcs, scratch)) and layout.link(
+                        held, final + ".unickpt-part"
+                    ):
+                        local += size  # this host's replica (verified now or by the load): linked, not copied
+                        continue
                 parts[name] = fd = layout.create(final + ".unickpt-part")
                 os.ftruncate(fd, size)
                 for i, want in enumerate(crcs):
                     for h in ordered:
-                        data = _read_chunk(_path_on(layout, d, name, h[1], h[2]), i, size, chunk, want, scratch)
+                        data = copies.chunk(_path_on(layout, d, name, h[1], h[2]), i, size, chunk, want, scratch)
                         if data is not None:
                             os.pwrite(fd, data, i * chunk)
                             local += len(data)
@@ -205,16 +224,17 @@ def _materialise(
                 if not fetch and ordered and name in need:
                     left.add(name)  # a copy here failed: the fetch=True pass verifies and names every copy
                     del need[name]
-        _fetch_rounds(tg, layout, d, need, parts, peers, failed, scratch)  # fetch=False: files no copy here
+        _fetch_rounds(tg, layout, d, need, parts, peers, failed, scratch, copies)  # fetch=False: files no copy here
         return local, peers, failed, sorted(set(need) | left)
     finally:
+        copies.close()
         for fd in parts.values():
             os.close(fd)
 
 
 def _fetch_rounds(tg: TierGroup, layout: RamLayout, d: dict[str, Any], need: dict[str, dict[int, list[str]]],
                   parts: dict[str, int], peers: dict[str, int], failed: list[str],
-                  scratch: torch.Tensor) -> None:  # fmt: skip
+                  scratch: torch.Tensor, copies: _Copies) -> None:  # fmt: skip
     chunk = int(d["chunk"])
     ring = list(tg.hosts)
     while True:
@@ -236,8 +256,7 @@ def _fetch_rounds(tg: TierGroup, layout: RamLayout, d: dict[str, Any], need: dic
             n = min(chunk, size - i * chunk)
             flag = torch.zeros(1, dtype=torch.int64)
             if tg.is_agent and tg.host == src:
-                path = _path_on(layout, d, name, holder[1], holder[2])
-                data = _read_chunk(path, i, size, chunk, crcs[i], scratch)
+                data = copies.chunk(_path_on(layout, d, name, holder[1], holder[2]), i, size, chunk, crcs[i], scratch)
                 flag[0] = int(data is not None)
                 tg.send(flag, tg.agents[requester])
                 if data is not None:
@@ -268,8 +287,8 @@ def _finish(layout: RamLayout, d: dict[str, Any], host: str) -> None:
     made = []
     for name in names:
         part = layout.primary(stepdir, name) + ".unickpt-part"
-        if os.path.lexists(part):
-            os.replace(part, layout.primary(stepdir, name))
+        if layout.exists(part):
+            layout.replace(part, layout.primary(stepdir, name))
             made.append(name)
     if not made:
         return
@@ -288,6 +307,4 @@ def _finish(layout: RamLayout, d: dict[str, Any], host: str) -> None:
 def _discard(layout: RamLayout, d: dict[str, Any], names: Any) -> None:
     """Remove the parts of ``names`` (files this host could not complete)."""
     for name in names:
-        part = layout.primary(d["stepdir"], name) + ".unickpt-part"
-        if os.path.lexists(part):
-            os.unlink(part)
+        layout.unlink(layout.primary(d["stepdir"], name) + ".unickpt-part")

@@ -228,8 +228,10 @@ class RamTier:
         step, source = self.tg.all_gather(answer)[0]
         return step, source
 
-    def recover(self, durable_step: Callable[[], int | None], fetch: bool) -> tuple[dict[str, Any], RecoveryReport]:
-        return self._worker.submit(recover, self.tg, self.layout, durable_step, fetch).result()
+    def recover(
+        self, durable_step: Callable[[], int | None], fetch: bool, load_verifies: bool = False
+    ) -> tuple[dict[str, Any], RecoveryReport]:
+        return self._worker.submit(recover, self.tg, self.layout, durable_step, fetch, load_verifies).result()
 
     def all_ok(self, ok: bool) -> bool:
         """Whether every rank's ``ok`` is true (a collective of the tier group, on its thread)."""

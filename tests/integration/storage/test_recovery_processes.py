@@ -16,6 +16,8 @@ from tests.workers.recovery_workers import (
     dies_while_replicating,
     latest_step,
     recover,
+    recover_big,
+    save_big,
     save_steps,
     saves_a_nan_step,
     saves_then_gets_sigterm,
@@ -127,6 +129,44 @@ def test_issue40_item3_all_copies_of_a_chunk_lost_falls_back_to_the_newest_durab
     assert res[0]["tier"] == "durable"
     assert any(s.startswith("step 3 ") for s in res[0]["skipped"]), res[0]["skipped"]
     assert res[0]["warnings"] and "step 3" in res[0]["warnings"][0]
+
+
+def test_issue40_measured_a_recovery_whose_hosts_kept_their_ram_reads_each_byte_once(tmp_path):
+    # each rank's shard is 8 MiB: the load reads it once and checks every chunk's CRC32C; the
+    # recovery before it reads no data byte (before: it read and checked every primary first)
+    base, hosts = str(tmp_path), ["a", "b", "c"]
+    shard = 8 << 20
+    run_ranks(save_big, 3, base, hosts, OPTS)
+    res = run_ranks(recover_big, 3, base, hosts, OPTS)
+    assert all(r["error"] == "" and r["step"] == 1 and r["exact"] for r in res), res
+    assert all(shard <= r["read"] < 1.5 * shard for r in res), [r["read"] for r in res]
+    # with the load's check turned off, the recovery checks the copies itself: read twice
+    res = run_ranks(recover_big, 3, base, hosts, {**OPTS, "_verify": False})
+    assert all(r["error"] == "" and r["step"] == 1 and r["exact"] for r in res), res
+    assert all(r["read"] >= 2 * shard for r in res), [r["read"] for r in res]
+
+
+def test_issue40_item3_a_corrupt_copy_met_by_the_load_with_no_other_copy_and_no_durable_step_raises_on_every_rank(
+    tmp_path,
+):
+    # rank 1's shard file on host b (primary) and host c (replica) corrupted, nothing durable: the
+    # load of the first pass had begun writing into the state, so load_latest cannot return None
+    base, hosts = str(tmp_path), ["a", "b", "c"]
+    run_ranks(save_big, 3, base, hosts, OPTS)
+    victims = [
+        os.path.join(top, f)
+        for h in ("b", "c")
+        for top, _, files in os.walk(os.path.join(base, "ram", h))
+        for f in files
+        if f == "r00001-00.bin"
+    ]
+    assert len(victims) == 2
+    for path in victims:
+        with open(path, "r+b") as fh:
+            fh.write(b"\x00\x01\x02\x03")
+    res = run_ranks(recover_big, 3, base, hosts, OPTS)
+    assert all(r["error"].startswith("IntegrityError: no step can be recovered") for r in res), res
+    assert all("a load of step 1 had begun" in r["error"] for r in res), res
 
 
 def test_issue40_item5_the_durable_tier_holds_exactly_the_durable_every_steps_copied_from_ram(tmp_path):
