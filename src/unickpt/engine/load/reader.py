@@ -74,6 +74,7 @@ class ReadClock:
 
 
 PIECE = 16 << 20  # runs are read as parallel ranged reads cut at multiples of this file offset
+FUSED = 4 << 20  # local files: reads of this many bytes, each checksummed while in the cache
 
 
 @dataclass(eq=False)
@@ -138,6 +139,7 @@ class RunJob:
         copied: Callable[[float, float, int], None] | None = None,
         clock: ReadClock | None = None,
         device: DeviceCopies | None = None,
+        fused: int = 0,
     ) -> None:
         self.run, self.name, self.needs, self.units = run, name, list(needs), units
         self.device = device
@@ -174,6 +176,13 @@ class RunJob:
             for seg in self._segments_in(lo, hi):
                 seg.pending += 1
         self.nbytes = run.hi - run.lo
+        # fused checksums (``fused`` > 0, with ``verify``): host-memory reads are cut into reads of
+        # ``fused`` bytes and each is folded into the CRC32C of the units it covers right away,
+        # while its bytes are still in the core's cache; a unit whose bytes all arrived in file
+        # order is then checked without reading its memory again (``_check``)
+        self.fused = fused if verify else 0
+        self._unit_crc = [0] * len(units.starts)
+        self._unit_next = list(units.starts)  # the next offset the unit's running CRC expects (-1: broken)
 
     # ------------------------------------------------------------------ layout
 
@@ -277,10 +286,31 @@ class RunJob:
         lo, hi = self._pieces[p]
         for seg in self._segments_in(lo, hi):
             a, b = max(lo, seg.lo), min(hi, seg.hi)
-            memory = self._memory(seg)[a - seg.lo : b - seg.lo]
-            t0 = time.perf_counter()
-            self.read_into(self.name, a, memory)
-            self.clock.add_io(t0, time.perf_counter(), b - a)
+            memory = self._memory(seg)
+            step = self.fused if self.fused and seg.device is None else b - a
+            x = a
+            while x < b:
+                y = min(b, (x // step + 1) * step)
+                t0 = time.perf_counter()
+                self.read_into(self.name, x, memory[x - seg.lo : y - seg.lo])
+                self.clock.add_io(t0, time.perf_counter(), y - x)
+                if step != b - a:
+                    self._fold(x, y, memory[x - seg.lo : y - seg.lo])
+                x = y
+
+    def _fold(self, lo: int, hi: int, view: memoryview) -> None:
+        """Fold bytes ``[lo, hi)`` (just read into ``view``) into the running CRC32C of each unit
+        they overlap; a unit whose bytes do not arrive in file order is checked whole later."""
+        t0 = time.perf_counter()
+        for u in self._units_in(lo, hi):
+            a, b = max(lo, self.units.starts[u]), min(hi, self.units.ends[u])
+            with self._lock:
+                if self._unit_next[u] != a:
+                    self._unit_next[u] = -1
+                    continue
+                self._unit_crc[u] = crc32c.crc32c(view[a - lo : b - lo], self._unit_crc[u])
+                self._unit_next[u] = b
+        self.clock.add_checksum(t0, time.perf_counter(), hi - lo)
 
     def settle(self, p: int) -> None:
         """After ``read_bytes(p)``: verify the units piece ``p`` completed and hand on the needs
@@ -314,13 +344,18 @@ class RunJob:
 
     def _check(self, u: int) -> None:
         lo, hi, want = self.units.starts[u], self.units.ends[u], self.units.crcs[u]
-        crc = 0
-        t0 = time.perf_counter()
-        for seg in self._segments_in(lo, hi):
-            a, b = max(lo, seg.lo), min(hi, seg.hi)
-            assert seg.view is not None
-            crc = crc32c.crc32c(seg.view[a - seg.lo : b - seg.lo], crc)
-        self.clock.add_checksum(t0, time.perf_counter(), hi - lo)
+        with self._lock:
+            folded = self._unit_next[u] == hi and hi > lo
+        if folded:  # every byte was folded in as it was read (``_fold``)
+            crc = self._unit_crc[u]
+        else:
+            crc = 0
+            t0 = time.perf_counter()
+            for seg in self._segments_in(lo, hi):
+                a, b = max(lo, seg.lo), min(hi, seg.hi)
+                assert seg.view is not None
+                crc = crc32c.crc32c(seg.view[a - seg.lo : b - seg.lo], crc)
+            self.clock.add_checksum(t0, time.perf_counter(), hi - lo)
         if crc != want:
             named = self.holders(lo, hi) if self.holders is not None else [repr(n.what) for n in self._unit_needs[u]]
             holders = ", ".join(named[:6]) + (f" and {len(named) - 6} more" if len(named) > 6 else "")
@@ -443,6 +478,7 @@ def _run_jobs(
     """A ``RunJob`` per run: read through the shared page cache when one of its needs is, its
     checksum units, its needs."""
     cover = cover_of(md, verify)
+    fused = FUSED if storage.capabilities.reads_ahead else 0  # one reader per file, in file order
     jobs = []
     for run in runs:
         read = storage.read_into_cached if any(t in cached for t in run.tags) else storage.read_into
@@ -464,6 +500,7 @@ def _run_jobs(
                 copied=copied,
                 clock=clock,
                 device=device,
+                fused=fused,
             )
         )
     return jobs

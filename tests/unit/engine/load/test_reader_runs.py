@@ -1,7 +1,9 @@
 """The read engine's runs (``engine.load.reader.RunJob``) against a plain oracle: for random byte
 spans of a file, some landing straight in their destination and some in temporaries, pieces read
 in any order deliver every need exactly its bytes, exactly once; a flipped byte anywhere in a
-chunk is caught by whichever read needs that chunk, and names what the chunk holds. Needs with a
+chunk is caught by whichever read needs that chunk, and names what the chunk holds, also when
+reads are cut small and folded into their units' checksums as they arrive (``fused``, local files),
+in file order or not. Needs with a
 device destination (``Need.device``, a CUDA region in a real load) run here with CPU "device"
 targets through the same bounce-buffer pool (``DeviceCopies(pin=False)``): their bytes arrive
 exactly, and never before every checksum unit overlapping them is verified."""
@@ -41,10 +43,12 @@ def layouts(draw):
         spans.append((pos, pos + n, lands, list(zip([pos, *cuts], [*cuts, pos + n]))[:: draw(st.sampled_from([1, 2]))]))
         pos += n
     piece = draw(st.sampled_from([7, 64, 1 << 20]))
-    return data, chunk, spans, piece, draw(st.randoms())
+    fused = draw(st.sampled_from([0, 5, 33]))  # reads of this many bytes, each folded into its units' CRC
+    return data, chunk, spans, (piece, fused), draw(st.randoms())
 
 
-def _run_all(data: bytes, chunk: int, spans, piece: int, rnd, verify: bool = True):
+def _run_all(data: bytes, chunk: int, spans, cut: tuple[int, int], rnd, verify: bool = True):
+    piece, fused = cut
     sums = ChunkChecksums.from_files(chunk, [(len(data), chunk_crcs([data], chunk))])
     got: dict[int, list[bytes]] = {}
     dests: dict[int, torch.Tensor] = {}
@@ -80,7 +84,18 @@ def _run_all(data: bytes, chunk: int, spans, piece: int, rnd, verify: bool = Tru
     for run in runs:
         units = sums.cover(0, run.lo, run.hi) if verify else sums.cover(0, 0, 0)
         job = RunJob(
-            run, "f", [needs[t] for t in run.tags], units, read_into, verify, "mem://x", 0, None, piece, device=device
+            run,
+            "f",
+            [needs[t] for t in run.tags],
+            units,
+            read_into,
+            verify,
+            "mem://x",
+            0,
+            None,
+            piece,
+            device=device,
+            fused=fused,
         )
         job.start()
         jobs += [(job, p) for p in range(len(job.pieces()))]
@@ -131,7 +146,8 @@ def test_a_flipped_byte_is_caught_by_any_read_of_its_chunk(case, draw) -> None:
         run_bad()
 
 
-def _run_bad(bad: bytes, good: bytes, chunk: int, spans, piece: int, rnd):
+def _run_bad(bad: bytes, good: bytes, chunk: int, spans, cut: tuple[int, int], rnd):
+    piece, fused = cut
     sums = ChunkChecksums.from_files(chunk, [(len(good), chunk_crcs([good], chunk))])
     needs = [Need("f", lo, hi, lambda b: None, f"t{i}", None) for i, (lo, hi, *_) in enumerate(spans)]
 
@@ -144,9 +160,21 @@ def _run_bad(bad: bytes, good: bytes, chunk: int, spans, piece: int, rnd):
 
     for run in plan_runs([Span(0, lo, hi, i) for i, (lo, hi, *_) in enumerate(spans)], cover):
         job = RunJob(
-            run, "f", [needs[t] for t in run.tags], sums.cover(0, run.lo, run.hi), read_into, True, "x", 0, None, piece
+            run,
+            "f",
+            [needs[t] for t in run.tags],
+            sums.cover(0, run.lo, run.hi),
+            read_into,
+            True,
+            "x",
+            0,
+            None,
+            piece,
+            fused=fused,
         )
-        for p in range(len(job.pieces())):
+        order = list(range(len(job.pieces())))
+        rnd.shuffle(order)  # out of file order, a unit's folded checksum is dropped and the unit read again
+        for p in order:
             job.read_piece(p)
 
 
