@@ -14,7 +14,7 @@ import torch
 
 import unickpt
 from tests.workers.harness import run_jobs, run_ranks
-from tests.workers.rel_helpers import data_files, mismatches, snapshot, tiny_model
+from tests.workers.rel_helpers import data_files, lock_record, mismatches, snapshot, tiny_model, write_lock
 from tests.workers.rel_workers import locked_save_worker, looping_loader, racing_saver, repeated_saver, version_state
 from unickpt.folder.lock import LOCK_FILE, LockOwner, read_lock_owner, stale_reason, try_acquire
 from unickpt.format.records import METADATA_FILE
@@ -27,17 +27,11 @@ def _dead_pid() -> int:
     return p.pid
 
 
-def _write_lock(folder: str, owner: LockOwner) -> bytes:
-    os.makedirs(folder, exist_ok=True)
-    data = owner.encode()
-    with open(os.path.join(folder, LOCK_FILE), "wb") as f:
-        f.write(data)
-    return data
+HELD = f"{LOCK_FILE}.1"  # the generation ``write_lock`` plants
 
 
-def _live_owner(**kw) -> LockOwner:
-    me = LockOwner.for_this_process("someone-else")
-    return LockOwner(**{**{f: getattr(me, f) for f in LockOwner.__slots__}, **kw})
+def _lock_files(folder: str) -> list[str]:
+    return [f for f in data_files(folder) if f.startswith(LOCK_FILE)]
 
 
 def test_two_jobs_saving_at_once_exactly_one_commits(tmp_path):
@@ -55,7 +49,7 @@ def test_two_jobs_saving_at_once_exactly_one_commits(tmp_path):
     md = json.loads(open(f"{ckpt}/{METADATA_FILE}", "rb").read())
     assert md["save_id"] == winners[0]["save_id"]
     assert {f.split("/")[1] for f in data_files(ckpt) if f.startswith("data/")} == {md["save_id"]}
-    assert LOCK_FILE not in data_files(ckpt)  # released after the commit
+    assert not _lock_files(ckpt)  # released after the commit
     model, optim = tiny_model(seed=99)
     unickpt.load(ckpt, {"model": model, "optimizer": optim}, framework="torch")
     ref = torch.load(str(tmp_path / f"ref{winners[0]['seed']}.pt"), weights_only=True)
@@ -64,13 +58,13 @@ def test_two_jobs_saving_at_once_exactly_one_commits(tmp_path):
 
 def test_every_rank_refuses_when_another_job_holds_the_lock(tmp_path):
     ckpt = str(tmp_path / "ck")
-    data = _write_lock(ckpt, _live_owner())  # this (live) pytest process "holds" it
+    data = write_lock(ckpt, lock_record())  # this (live) pytest process "holds" it
     res = run_ranks(locked_save_worker, 2, ckpt)
     assert [r["type"] for r in res] == ["ConcurrentSaveError", "ConcurrentSaveError"], res
     assert "rank 0 reports: another save is in progress" in res[1]["msg"]
     assert f"pid {os.getpid()}" in res[0]["msg"]
-    assert data_files(ckpt) == [LOCK_FILE]  # nothing written
-    assert open(os.path.join(ckpt, LOCK_FILE), "rb").read() == data  # and the lock untouched
+    assert data_files(ckpt) == [HELD]  # nothing written
+    assert open(os.path.join(ckpt, HELD), "rb").read() == data  # and the lock untouched
 
 
 @pytest.mark.parametrize(
@@ -79,34 +73,34 @@ def test_every_rank_refuses_when_another_job_holds_the_lock(tmp_path):
 def test_stale_locks_are_broken_with_a_warning(tmp_path, case):
     ckpt = str(tmp_path / "ck")
     if case == "dead pid":
-        _write_lock(ckpt, _live_owner(pid=_dead_pid()))
+        write_lock(ckpt, lock_record(pid=_dead_pid()))
     elif case == "reused pid":
-        _write_lock(ckpt, _live_owner(pid=os.getppid(), pid_start=12345.0))
+        write_lock(ckpt, lock_record(pid=os.getppid(), pid_start=12345.0))
     elif case == "too old":
-        _write_lock(ckpt, _live_owner(host="another-host", created_unix=time.time() - 7200))
+        write_lock(ckpt, lock_record(host="another-host", created_unix=time.time() - 7200))
     elif case == "absurd pid":
-        _write_lock(ckpt, _live_owner(pid=-1))
+        write_lock(ckpt, lock_record(pid=-1))
     elif case == "dated in the future":
-        _write_lock(ckpt, _live_owner(host="another-host", created_unix=time.time() + 10**9))
+        write_lock(ckpt, lock_record(host="another-host", created_unix=time.time() + 10**9))
     elif case == "unreadable":
         os.makedirs(ckpt)
-        open(os.path.join(ckpt, LOCK_FILE), "wb").write(b"\x00garbage")
+        open(os.path.join(ckpt, HELD), "wb").write(b"\x00garbage")
     else:
-        _write_lock(ckpt, LockOwner.for_this_process("an-old-save-of-this-process"))
+        write_lock(ckpt, LockOwner.for_this_process("an-old-save-of-this-process"))
     model, optim = tiny_model()
     with pytest.warns(UserWarning, match="broke the stale save lock"):
         unickpt.save(ckpt, {"model": model, "optimizer": optim}, framework="torch")
     assert os.path.exists(os.path.join(ckpt, METADATA_FILE))
-    assert LOCK_FILE not in data_files(ckpt) and not [f for f in data_files(ckpt) if ".broken-" in f]
+    assert not _lock_files(ckpt) and not [f for f in data_files(ckpt) if ".broken-" in f]
 
 
 def test_live_lock_of_another_host_is_respected(tmp_path):
     ckpt = str(tmp_path / "ck")
-    _write_lock(ckpt, _live_owner(host="other-" + socket.gethostname(), pid=1))
+    write_lock(ckpt, lock_record(host="other-" + socket.gethostname(), pid=1))
     model, optim = tiny_model()
     with pytest.raises(unickpt.ConcurrentSaveError, match="on host other-"):
         unickpt.save(ckpt, {"model": model, "optimizer": optim}, framework="torch")
-    assert data_files(ckpt) == [LOCK_FILE]
+    assert data_files(ckpt) == [HELD]
 
 
 def test_lock_is_exclusive_within_and_across_calls(tmp_path):

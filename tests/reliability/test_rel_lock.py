@@ -19,7 +19,7 @@ import time
 import pytest
 
 import unickpt
-from tests.workers.rel_helpers import data_files, mismatches, snapshot, tiny_model
+from tests.workers.rel_helpers import data_files, lock_record, mismatches, snapshot, tiny_model, write_lock
 from unickpt.folder.lock import LOCK_FILE, LockOwner, read_lock_owner, stale_reason, try_acquire
 from unickpt.format.records import METADATA_FILE
 from unickpt.storage import open_storage
@@ -111,24 +111,19 @@ def test_item4_lock_holder_in_other_pid_namespace(tmp_path):
     assert _lock_files(ckpt) == []
 
 
-def _owner(**kw) -> LockOwner:
-    me = LockOwner.for_this_process("someone-else")
-    return LockOwner(**{**{f: getattr(me, f) for f in LockOwner.__slots__}, **kw})
-
-
 def test_item4_pids_are_judged_only_in_the_holders_own_namespace_and_boot():
     dead = _dead_pid()
-    me = _owner()
-    assert stale_reason(_owner(pid=dead)) is not None  # same host, boot and namespace: gone
-    assert stale_reason(_owner(pid=dead, pid_ns=me.pid_ns + 1)) is None  # another namespace
-    assert stale_reason(_owner(pid=dead, boot_id="0" * 32)) is None  # another boot of the host
-    assert stale_reason(_owner(pid=1, pid_ns=me.pid_ns + 1)) is None
-    assert stale_reason(_owner(pid=dead, host="elsewhere")) is None
+    me = lock_record()
+    assert stale_reason(lock_record(pid=dead)) is not None  # same host, boot and namespace: gone
+    assert stale_reason(lock_record(pid=dead, pid_ns=me.pid_ns + 1)) is None  # another namespace
+    assert stale_reason(lock_record(pid=dead, boot_id="0" * 32)) is None  # another boot of the host
+    assert stale_reason(lock_record(pid=1, pid_ns=me.pid_ns + 1)) is None
+    assert stale_reason(lock_record(pid=dead, host="elsewhere")) is None
     old = time.time() - 10 * me.lease_s
     for other in ({}, {"host": "elsewhere"}, {"pid_ns": me.pid_ns + 1}, {"boot_id": "0" * 32}):
-        why = stale_reason(_owner(renewed_unix=old, **other))  # no heartbeat for ten leases
+        why = stale_reason(lock_record(renewed_unix=old, **other))  # no heartbeat for ten leases
         assert why is not None and "heartbeat" in why, (other, why)
-    assert stale_reason(_owner(host="elsewhere", renewed_unix=time.time(), created_unix=old)) is None
+    assert stale_reason(lock_record(host="elsewhere", renewed_unix=time.time(), created_unix=old)) is None
 
 
 def test_item4_heartbeat_keeps_a_lock_alive_and_a_frozen_holder_loses_it_after_its_lease(tmp_path):
@@ -202,12 +197,8 @@ class _StallingStorage:
         return getattr(self._inner, attr)
 
 
-def _plant_stale(folder, name: str = LOCK_FILE) -> bytes:
-    os.makedirs(folder, exist_ok=True)
-    data = _owner(save_id="crashed", pid=_dead_pid()).encode()
-    with open(os.path.join(folder, name), "wb") as f:
-        f.write(data)
-    return data
+def _plant_stale(folder, generation: int = 1) -> bytes:
+    return write_lock(folder, lock_record(save_id="crashed", pid=_dead_pid()), generation)
 
 
 @pytest.mark.parametrize("order", ["simultaneous", "late"])
@@ -268,7 +259,7 @@ def test_item4_stalled_breaker_never_takes_a_newer_lock(tmp_path):
     """Breaker E reads a stale lock and stalls; meanwhile B breaks it, saves, releases, and C takes
     the free lock. When E acts on its old view it must neither hold nor disturb C's lock."""
     ckpt = str(tmp_path / "ck")
-    stale = _plant_stale(ckpt, f"{LOCK_FILE}.5")
+    stale = _plant_stale(ckpt, 5)
     storage = open_storage(ckpt)
     barrier, go = threading.Barrier(1), threading.Event()
     proxy = _StallingStorage(storage, stale, barrier, "stalled", go)
@@ -320,7 +311,7 @@ def test_item4_commit_refused_when_the_lock_was_taken_over(tmp_path):
     def take_over(ev):
         for name in _lock_files(ckpt):  # this save's lock now looks like a dead job's ...
             with open(os.path.join(ckpt, name), "wb") as f:
-                f.write(_owner(save_id=ev.save_id, pid=_dead_pid()).encode())
+                f.write(lock_record(save_id=ev.save_id, pid=_dead_pid()).encode())
         with pytest.warns(UserWarning, match="broke the stale save lock"):
             others.append(try_acquire(open_storage(ckpt), "other-job"))  # ... and is taken
 

@@ -7,7 +7,6 @@ import errno
 import json
 import os
 import re
-import socket
 import time
 import warnings
 
@@ -16,8 +15,8 @@ import pytest
 
 import unickpt
 from tests.workers.rel_faults import install_faulty_scheme
-from tests.workers.rel_helpers import data_files, mismatches, snapshot, step, tiny_model
-from unickpt.folder.lock import LOCK_FILE, LockOwner
+from tests.workers.rel_helpers import data_files, lock_record, mismatches, snapshot, step, tiny_model, write_lock
+from unickpt.folder.lock import LOCK_FILE
 from unickpt.format.records import METADATA_FILE
 
 
@@ -116,17 +115,17 @@ def test_retention_removes_old_leftovers_but_not_live_saves(tmp_path):
     st = _state()
     m.save(1, st, framework="torch")
     parent = psutil.Process(os.getppid())  # a live process of another "job"
-    live = LockOwner("live-save", socket.gethostname(), parent.pid, parent.create_time(), time.time())
+    live = lock_record(save_id="live-save", pid=parent.pid, pid_start=parent.create_time())
     for s, owner in ((2, live), (3, None)):
         d = tmp_path / f"step_{s:08d}"
         os.makedirs(d / "data" / "x")
         open(d / "data" / "x" / "r00000-00.bin", "wb").write(b"partial")
         open(d / "unickpt.data.x", "w").write("{}")  # the marker every save writes before its data
         if owner is not None:  # another save in progress there
-            open(d / LOCK_FILE, "wb").write(owner.encode())
+            write_lock(str(d), owner)
     m.save(4, st, framework="torch")
     assert sorted(os.listdir(tmp_path)) == ["latest", "step_00000001", "step_00000002", "step_00000004"]
-    os.unlink(tmp_path / "step_00000002" / LOCK_FILE)  # that save died: its leftovers go next time
+    os.unlink(tmp_path / "step_00000002" / f"{LOCK_FILE}.1")  # that save died: its leftovers go next time
     m.save(5, st, framework="torch")
     assert sorted(os.listdir(tmp_path)) == ["latest", "step_00000001", "step_00000004", "step_00000005"]
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import tempfile
 import time
 import warnings
@@ -28,7 +27,8 @@ from hypothesis import strategies as st
 
 import unickpt
 from tests.support.hypothesis_profiles import examples
-from unickpt.folder.lock import LOCK_FILE, LockOwner, lock_is_live
+from tests.workers.rel_helpers import lock_record
+from unickpt.folder.lock import LOCK_FILE, lock_is_live
 from unickpt.format.records import METADATA_FILE
 from unickpt.storage import open_storage
 
@@ -82,8 +82,9 @@ def template() -> Template:
 def _lock(live: bool) -> bytes:
     if live:  # a live process of another "job" that took the lock now
         parent = psutil.Process(os.getppid())
-        return LockOwner("live-save", socket.gethostname(), parent.pid, parent.create_time(), time.time()).encode()
-    return LockOwner("dead-save", "gone-host", 1, 0.0, time.time() - 10 * 86400).encode()  # lease long expired
+        return lock_record(save_id="live-save", pid=parent.pid, pid_start=parent.create_time()).encode()
+    old = time.time() - 10 * 86400  # its heartbeat stopped ten days ago: lease long expired
+    return lock_record(save_id="dead-save", host="gone-host", pid=1, created_unix=old, renewed_unix=old).encode()
 
 
 def _write(root: str, name: str, data: bytes) -> None:

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from tests.support.reference import full_state
+
+if TYPE_CHECKING:
+    from unickpt.folder.lock_owner import LockOwner
 
 # ----------------------------------------------------------------------------- tiny states
 
@@ -108,6 +111,31 @@ def kill_in_commit(where: str) -> None:
         os.replace = replace  # type: ignore[assignment]
     else:
         raise ValueError(where)
+
+
+# ----------------------------------------------------------------------------- save locks
+
+
+def lock_record(**fields: Any) -> LockOwner:
+    """A save-lock record of the current format: this process's (every field filled, a 60 s
+    lease), save ``someone-else``, with ``fields`` replaced (an old ``renewed_unix`` and
+    ``created_unix``: a holder whose heartbeat stopped; a dead ``pid``: a crashed one)."""
+    from unickpt.folder.lock_owner import LockOwner
+
+    me = LockOwner.for_this_process("someone-else")
+    return LockOwner(**{**{f: getattr(me, f) for f in LockOwner.__slots__}, **fields})
+
+
+def write_lock(folder: str, owner: LockOwner, generation: int = 1) -> bytes:
+    """Write ``owner`` as the save lock's generation ``generation`` (``unickpt.save.lock.<n>``)
+    in ``folder`` (created if missing), as another job holding the lock would; returns its bytes."""
+    from unickpt.folder.markers import LOCK_FILE
+
+    os.makedirs(folder, exist_ok=True)
+    data = owner.encode()
+    with open(os.path.join(folder, f"{LOCK_FILE}.{generation}"), "wb") as f:
+        f.write(data)
+    return data
 
 
 # ----------------------------------------------------------------------------- folders

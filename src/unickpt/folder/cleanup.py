@@ -19,20 +19,19 @@ A file of the user's anywhere in the folder stays, whatever its name.
 
 from __future__ import annotations
 
-import re
-
 from ..errors import CheckpointError
 from ..format.hf_manifest import HF_FOLDER, MANIFEST_FILE
 from ..format.records import DATA_DIR, METADATA_FILE
 from ..storage.base import Storage
 from .hf_files import hf_export_files
-from .lock import LOCK_FILE, lock_is_live
+from .lock import lock_is_live
 from .lock_owner import LockContext
 from .markers import (
     MARKER_PREFIX,
     delete_save_data,
     is_data_file_name,
     is_save_id,
+    lock_generation,
     mark_save,
     marked_save_ids,
     marker_name,
@@ -41,8 +40,6 @@ from .probe import committed_metadata
 from .publish import publisher_for
 
 __all__ = ["remove_stale_data", "lock_blocks_deletion", "checkpoint_files", "delete_files", "delete_checkpoint"]
-
-_LOCK_NAME = re.compile(re.escape(LOCK_FILE) + r"(?:\.\d{1,18})?")  # folder.lock's generations
 
 FileGroups = tuple[tuple[str, ...], ...]  # names to delete, group after group
 
@@ -106,7 +103,7 @@ def checkpoint_files(
     marked = {sid for sid in marked if is_save_id(sid)}
     save_ids = marked | ({md.save_id} if md is not None and is_save_id(md.save_id) else set())
     data = [r for r in rests if _is_data_file_of(r, save_ids)]
-    locks_found = [r for r in top if _LOCK_NAME.fullmatch(r)]
+    locks_found = [r for r in top if lock_generation(r) is not None]
     temps = [r for r in top if publisher.is_leftover(r, METADATA_FILE)]
     hf = hf_export_files(storage, prefix, names)
     hf_ours = [n[len(prefix) :] for n in hf.ours]

@@ -17,23 +17,27 @@ which on every rank, in the worker thread, before any data byte is written:
   4. ``SaveLock.release()`` — rank 0, after the commit or the failure.
 ``CheckpointManager`` retention asks ``lock_is_live`` (``folder.cleanup``) before deleting an incomplete folder.
 
-The lock. Lock files are *generations* ``unickpt.save.lock.<n>``: the holder is the record in
-the highest generation (a file named ``unickpt.save.lock``, from older unickpt versions, counts
-as generation 0). Taking a free lock creates generation 1 with O_CREAT|O_EXCL; breaking a stale
-generation ``g`` is one exclusive create of ``g+1``: of several breakers exactly one succeeds,
-the others find ``g+1`` taken and look again. The winner then checks that ``g`` still holds the
-bytes it judged stale (else its view was old — ``g`` was renewed, or broken, used and released
-by others meanwhile — and it withdraws), and removes the generations below its own. Release
-deletes the holder's own generation. No step ever leaves the lock name empty while it is held.
+The lock. Lock files are *generations* ``unickpt.save.lock.<n>``, n >= 1
+(``markers.lock_generation``): the holder is the record in the highest generation. Any other
+name, a bare ``unickpt.save.lock`` included, is not a lock: never read, never deleted (a folder
+holding nothing else is foreign, ``markers.check_save_folder``). Taking a free lock creates
+generation 1 with O_CREAT|O_EXCL; breaking a stale generation ``g`` is one exclusive create of
+``g+1``: of several breakers exactly one succeeds, the others find ``g+1`` taken and look again.
+The winner then checks that ``g`` still holds the bytes it judged stale (else its view was old —
+``g`` was renewed, or broken, used and released by others meanwhile — and it withdraws), and
+removes the generations below its own. Release deletes the holder's own generation. No step ever
+leaves the lock name empty while it is held.
 
-The holder record (``lock_owner.LockOwner``) names the save, host, pid and process start time,
-a random token (this acquisition), the host's boot id, the holder's PID-namespace inode and a
-lease: rank 0 runs a heartbeat thread that renews the record every ``lease_s / 6`` seconds
-(``SaveLock.renew``, an in-place rewrite that never recreates a file that is gone). A lock is
-*stale* (``lock_owner.stale_reason``) when its heartbeat is older than its lease, on any host;
-or — only when it was taken in this very boot and PID namespace of this host, where its pid
-means what it says — when its process is gone, its pid was reused, or it is this process's own
-leaked lock. A live job in another container (same host name, pid 1 in both) is never judged
+The holder record (``lock_owner.LockOwner``) names the save, host, pid and process start time, a
+random token (this acquisition), the host's boot id, the holder's PID-namespace inode and a
+lease; a record that lacks any of them, or whose lease is not positive, is invalid
+(``lock_owner.record_problem``) and treated as unreadable: not live, broken with a warning
+naming the problem. Rank 0 runs a heartbeat thread that renews the record every ``lease_s / 6``
+seconds (``SaveLock.renew``, an in-place rewrite that never recreates a file that is gone). A
+lock is *stale* (``lock_owner.stale_reason``) when its heartbeat is older than its lease, on any
+host; or — only when it was taken in this very boot and PID namespace of this host, where its
+pid means what it says — when its process is gone, its pid was reused, or it is this process's
+own leaked lock. A live job in another container (same host name, pid 1 in both) is never judged
 by pid. Clocks of the hosts sharing a folder must agree to well within a lease (NTP does).
 
 Storage operations (all declared in ``storage.base``): generations are created through the
@@ -52,7 +56,6 @@ itself stalls longer than the lease could be overtaken; leases far longer than s
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 import warnings
@@ -72,8 +75,8 @@ from ..errors import (
     UnsafePathError,
 )
 from ..storage.base import SMALL_FILE_LIMIT, Storage
-from .lock_owner import DEFAULT_LEASE_S, LockContext, LockOwner, stale_reason
-from .markers import LOCK_FILE, check_save_folder, delete_save_data, mark_save, marker_name
+from .lock_owner import DEFAULT_LEASE_S, LockContext, LockOwner, record_problem, stale_reason
+from .markers import LOCK_FILE, check_save_folder, delete_save_data, lock_generation, mark_save, marker_name
 from .probe import committed_save_id
 from .publish import publisher_for
 
@@ -103,28 +106,23 @@ _BEATS_PER_LEASE = 6
 _LEASE_RANGE = (1.0, 86400.0)
 _ATTEMPTS = 8
 _UNREADABLE_GRACE_S = 0.5
-_GEN = re.compile(re.escape(LOCK_FILE) + r"(?:\.(\d{1,18}))?")
 
 
 def _gen_name(gen: int, prefix: str = "") -> str:
-    return prefix + (LOCK_FILE if gen == 0 else f"{LOCK_FILE}.{gen}")
+    return f"{prefix}{LOCK_FILE}.{gen}"
 
 
 def lock_generations(storage: Storage, prefix: str = "") -> list[int]:
     """The generations of lock files at ``prefix`` (a folder inside ``storage``, '' or 'a/b/'),
-    sorted; 0 is an older unickpt's ``unickpt.save.lock``."""
-    out = []
-    for name in storage.list(prefix + LOCK_FILE):
-        m = _GEN.fullmatch(name[len(prefix) :])
-        if m is not None:
-            out.append(int(m.group(1) or 0))
-    return sorted(out)
+    sorted (``markers.lock_generation``: other names are not lock files)."""
+    gens = (lock_generation(name[len(prefix) :]) for name in storage.list(prefix + LOCK_FILE))
+    return sorted(g for g in gens if g is not None)
 
 
 def read_lock_owner(storage: Storage, prefix: str = "") -> tuple[bytes, LockOwner | None] | None:
-    """The raw bytes and decoded owner of the current lock (highest generation), or None when
-    the lock is free. Raises ``UnsafePathError`` / ``SizeLimitError`` for a lock file that is
-    not a small regular file."""
+    """The raw bytes and decoded owner of the current lock (highest generation; the owner is None
+    when the record is invalid), or None when the lock is free. Raises ``UnsafePathError`` /
+    ``SizeLimitError`` for a lock file that is not a small regular file."""
     gens = lock_generations(storage, prefix)
     if not gens:
         return None
@@ -165,7 +163,7 @@ class SaveLock:
     def _start_heartbeat(self) -> None:
         assert self.owner is not None
         self._thread = threading.Thread(
-            target=self._beat, args=(self.owner.lease / _BEATS_PER_LEASE,), name="unickpt-lock-heartbeat", daemon=True
+            target=self._beat, args=(self.owner.lease_s / _BEATS_PER_LEASE,), name="unickpt-lock-heartbeat", daemon=True
         )
         self._thread.start()
 
@@ -208,8 +206,7 @@ class SaveLock:
         if self.owner is None:
             return
         self.renew()
-        m = _GEN.fullmatch(self.name)
-        mine = int(m.group(1) or 0) if m is not None else 0
+        mine = lock_generation(self.name) or 0
         newer = [g for g in lock_generations(self.storage) if g > mine]
         if newer:
             with self._mutex:
@@ -231,7 +228,7 @@ class SaveLock:
                 self.storage.delete([self.name])
             elif holder is not None and holder[1] != self.owner:
                 warnings.warn(
-                    f"save lock {self.storage.url}/{LOCK_FILE} was taken over by "
+                    f"save lock {self.storage.url}/{self.name} was taken over by "
                     f"another job while {self.owner.save_id} ran; leaving it",
                     stacklevel=2,
                 )
@@ -284,7 +281,7 @@ def _attempt_once(storage: Storage, owner: LockOwner, data: bytes, ctx: LockCont
             time.sleep(_UNREADABLE_GRACE_S)  # its creator may be between create and write
             if storage.read(_gen_name(top), SMALL_FILE_LIMIT) != raw:
                 return None
-            reason = "its content is unreadable"
+            reason = f"it is not a valid lock record: {record_problem(raw)}"
         else:
             reason = stale_reason(holder, held_here=ctx.held_here)
             if reason is None:
@@ -301,9 +298,9 @@ def _attempt_once(storage: Storage, owner: LockOwner, data: bytes, ctx: LockCont
     older = [_gen_name(g) for g in lock_generations(storage) if g < mine]
     if older:
         storage.delete(older)
-    if reason is not None:
+    if reason is not None and top is not None:
         who = holder.describe() if holder is not None else "an unknown owner"
-        warnings.warn(f"broke the stale save lock {storage.url}/{_gen_name(top or 0)} of {who}: {reason}", stacklevel=4)
+        warnings.warn(f"broke the stale save lock {storage.url}/{_gen_name(top)} of {who}: {reason}", stacklevel=4)
     return SaveLock(storage, owner, _gen_name(mine), data, ctx)
 
 

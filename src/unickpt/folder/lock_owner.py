@@ -9,6 +9,10 @@ by a heartbeat (``renewed_unix``); a record whose heartbeat is older than its le
 any host. The tokens a checkpointer's saves hold live in its ``LockTokens``; ``LockContext``
 pairs them with a predicate over every live checkpointer of the process (``held_here``), so
 that a lock of this very process is told apart from a leaked one.
+
+A record is valid only whole: every field present with its type, and a positive lease
+(``record_problem`` names what is wrong otherwise). ``folder.lock`` treats an invalid record
+like any unreadable one: not a live holder, broken with a warning that names the problem.
 """
 
 from __future__ import annotations
@@ -27,15 +31,14 @@ import psutil
 
 __all__ = [
     "DEFAULT_LEASE_S",
-    "LEGACY_LEASE_S",
     "LockOwner",
+    "record_problem",
     "stale_reason",
     "LockTokens",
     "LockContext",
 ]
 
 DEFAULT_LEASE_S = 60.0
-LEGACY_LEASE_S = 3600.0  # records of unickpt versions without a heartbeat: judged by their age
 _PID_LIMIT = 1 << 22  # Linux pid_max can be at most 2^22
 
 
@@ -95,8 +98,9 @@ def _pid_namespace() -> int:
 
 @dataclass(frozen=True, slots=True)
 class LockOwner:
-    """Who holds a save lock: written into the lock file as JSON. Fields after ``created_unix``
-    are absent from locks of older unickpt versions (their defaults mean "unknown")."""
+    """Who holds a save lock: written into the lock file as JSON, every field (``decode`` accepts
+    nothing less). ``for_this_process`` fills them all; the defaults of ``token``, ``boot_id``
+    and ``pid_ns`` mean "unknown" (a holder judged by its lease alone)."""
 
     save_id: str
     host: str
@@ -106,7 +110,7 @@ class LockOwner:
     token: str = ""  # random, one per acquisition
     boot_id: str = ""  # the holder host's boot id
     pid_ns: int = 0  # inode of the holder's PID namespace
-    lease_s: float = 0.0  # the holder renews the record well within this (0: legacy, one hour)
+    lease_s: float = DEFAULT_LEASE_S  # seconds, > 0: the holder renews the record well within this
     renewed_unix: float = field(default=0.0, compare=False)  # last heartbeat (0: none yet)
 
     @staticmethod
@@ -125,10 +129,6 @@ class LockOwner:
         )
 
     @property
-    def lease(self) -> float:
-        return self.lease_s if self.lease_s > 0 else LEGACY_LEASE_S
-
-    @property
     def last_beat(self) -> float:
         return self.renewed_unix or self.created_unix
 
@@ -137,32 +137,44 @@ class LockOwner:
 
     @staticmethod
     def decode(data: bytes) -> LockOwner | None:
-        """The owner recorded in ``data``, or None when it is not a well-formed lock."""
-        try:
-            doc = json.loads(data.decode("utf-8"))
-            names = [f for f in LockOwner.__dataclass_fields__ if f in doc]
-            owner = LockOwner(**{f: doc[f] for f in names})
-        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
-            return None
-        number = (int, float)
-        if not (
-            isinstance(owner.save_id, str)
-            and isinstance(owner.host, str)
-            and type(owner.pid) is int
-            and type(owner.pid_ns) is int
-            and isinstance(owner.token, str)
-            and isinstance(owner.boot_id, str)
-            and all(
-                isinstance(v, number) and not isinstance(v, bool)
-                for v in (owner.pid_start, owner.created_unix, owner.lease_s, owner.renewed_unix)
-            )
-        ):
-            return None
-        return owner
+        """The owner recorded in ``data``, or None when it is not a valid lock record
+        (``record_problem`` says why)."""
+        return _parse(data)[0]
 
     def describe(self) -> str:
         age = time.time() - self.created_unix
         return f"save {self.save_id} of pid {self.pid} on host {self.host}, started {age:.0f}s ago"
+
+
+_FIELDS = tuple(LockOwner.__dataclass_fields__)
+_NUMBERS = ("pid_start", "created_unix", "lease_s", "renewed_unix")
+
+
+def _parse(data: bytes) -> tuple[LockOwner | None, str]:
+    """``(owner, "")`` for a valid lock record, else ``(None, what is wrong with it)``."""
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None, "it is not JSON"
+    if not isinstance(doc, dict):
+        return None, "it is not a JSON object"
+    missing = [f for f in _FIELDS if f not in doc]
+    if missing:
+        return None, f"fields {missing} are missing"
+    owner = LockOwner(**{f: doc[f] for f in _FIELDS})
+    wrong = [f for f in ("save_id", "host", "token", "boot_id") if not isinstance(doc[f], str)]
+    wrong += [f for f in ("pid", "pid_ns") if type(doc[f]) is not int]
+    wrong += [f for f in _NUMBERS if not isinstance(doc[f], (int, float)) or isinstance(doc[f], bool)]
+    if wrong:
+        return None, f"fields {wrong} have the wrong type"
+    if owner.lease_s <= 0:  # no lease: nothing says how long its holder may be silent
+        return None, f"its lease_s is {owner.lease_s!r}, not a positive number of seconds"
+    return owner, ""
+
+
+def record_problem(data: bytes) -> str | None:
+    """What makes ``data`` an invalid lock record (a few words for a warning), None when it is valid."""
+    return _parse(data)[1] or None
 
 
 def _same_process_space(owner: LockOwner) -> bool:
@@ -184,7 +196,7 @@ def stale_reason(
     ``held_here(token)``: whether a live checkpointer of this process holds ``token``; without it
     a lock of this process's own pid is judged by its lease alone."""
     now = time.time() if now is None else now
-    lease, beat = owner.lease, owner.last_beat
+    lease, beat = owner.lease_s, owner.last_beat
     if not all(math.isfinite(v) for v in (lease, beat, owner.created_unix)):
         return "its times are not finite numbers"
     if owner.created_unix - now > lease or beat - now > lease:

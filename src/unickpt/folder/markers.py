@@ -35,6 +35,7 @@ from .publish import Publisher, publisher_for
 __all__ = [
     "LOCK_FILE",
     "MARKER_PREFIX",
+    "lock_generation",
     "is_save_id",
     "is_unickpt_name",
     "check_save_folder",
@@ -45,8 +46,9 @@ __all__ = [
     "is_data_file_name",
 ]
 
-LOCK_FILE = "unickpt.save.lock"  # the lock's generations are LOCK_FILE + ".<n>" (folder.lock)
+LOCK_FILE = "unickpt.save.lock"  # the lock's generations are LOCK_FILE + ".<n>", n >= 1 (folder.lock)
 MARKER_PREFIX = "unickpt.data."
+_LOCK_GENERATION = re.compile(re.escape(LOCK_FILE) + r"\.([1-9][0-9]{0,17})")
 _SAVE_ID = re.compile(r"[0-9A-Za-z][0-9A-Za-z_-]{0,127}")
 # planning.save.model.file_name, and the save's phase records (monitoring.phases.PHASES_FILE)
 _DATA_FILE = re.compile(r"r\d{5,}-\d{2,}\.bin|phases\.json")
@@ -55,6 +57,14 @@ _DATA_FILE = re.compile(r"r\d{5,}-\d{2,}\.bin|phases\.json")
 def is_save_id(text: str) -> bool:
     """Whether ``text`` can be a unickpt save id (no '/', no '.', nothing that leaves a folder)."""
     return _SAVE_ID.fullmatch(text) is not None
+
+
+def lock_generation(name: str) -> int | None:
+    """The generation ``n`` of a save-lock file named ``unickpt.save.lock.<n>`` (as ``folder.lock``
+    writes it: n >= 1, no leading zero), None for any other name: a bare ``unickpt.save.lock``
+    is not a lock file of this format, and is neither read nor deleted."""
+    m = _LOCK_GENERATION.fullmatch(name)
+    return None if m is None else int(m.group(1))
 
 
 def is_data_file_name(base: str) -> bool:
@@ -68,7 +78,7 @@ def is_unickpt_name(name: str, publisher: Publisher) -> bool:
     return (
         name == METADATA_FILE
         or publisher.is_leftover(name, METADATA_FILE)
-        or name.startswith(LOCK_FILE)
+        or name.startswith(LOCK_FILE + ".")  # a lock generation, or its publisher's temporary
         or name.startswith(MARKER_PREFIX)
     )
 

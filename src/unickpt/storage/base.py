@@ -51,11 +51,13 @@ Baseline semantics (every backend)
 from __future__ import annotations
 
 import errno
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
-from ..errors import SizeLimitError, StorageError
+from ..errors import CheckpointError, MissingDataFileError, SizeLimitError, StorageError, TruncatedDataFileError
+
+T = TypeVar("T")
 
 Buffer = bytes | bytearray | memoryview
 
@@ -71,6 +73,9 @@ __all__ = [
     "exists_error",
     "is_exists_error",
     "unsupported_error",
+    "translated",
+    "read_spans",
+    "truncated_error",
 ]
 
 METADATA_LIMIT = 1 << 30  # default cap of a metadata read (LoadOptions.limits.max_metadata_bytes)
@@ -251,3 +256,44 @@ def is_exists_error(e: BaseException) -> bool:
 def unsupported_error(op: str, url: str) -> StorageError:
     """What a backend raises for an operation its capabilities say it does not have."""
     return StorageError(errno.ENOTSUP, f"{op} is not supported by the storage at {url} (see its capabilities)")
+
+
+def translated(
+    op: str, name: str, fn: Callable[[], T], translate: Callable[[str, str, BaseException], StorageError]
+) -> T:
+    """``fn()``: one request ``op`` of a remote back-end about ``name``. A ``CheckpointError``
+    passes unchanged; any other failure is raised as ``translate(op, name, e)`` (the back-end's
+    ``StorageError``, transient or not), from ``e``; ``storage.retry`` decides on retries from
+    it. The request wrapper of ``blob_store``, ``s3`` and ``hdfs``."""
+    try:
+        return fn()
+    except CheckpointError:
+        raise
+    except Exception as e:
+        raise translate(op, name, e) from e
+
+
+def read_spans(
+    out: memoryview, offset: int, part: int, where: str, size: Callable[[], int | None]
+) -> tuple[memoryview, list[tuple[int, int]]]:
+    """The start of a remote back-end's ``read_into`` (``blob_store``, ``s3``) of the object
+    ``where`` at ``offset`` into ``out``: ``out`` as bytes and its spans ``(start, end)`` of at
+    most ``part`` bytes, one ranged request each. An empty ``out`` has no span, once ``size()``
+    has shown that the object exists (``MissingDataFileError`` if not); a negative ``offset`` is
+    ``StorageError(EINVAL)``."""
+    view = memoryview(out).cast("B")
+    if len(view) == 0:
+        if size() is None:
+            raise MissingDataFileError(f"data file {where} is missing")
+        return view, []
+    if offset < 0:
+        raise StorageError(errno.EINVAL, f"negative offset {offset} reading {where}")
+    return view, [(s, min(s + part, len(view))) for s in range(0, len(view), part)]
+
+
+def truncated_error(where: str, offset: int, length: int, size: int | str) -> TruncatedDataFileError:
+    """What a remote back-end's ``read_into`` raises when the object ``where`` ended before byte
+    ``offset + length`` (``size``: its size, or "no" / "fewer" when it is gone or unknown)."""
+    return TruncatedDataFileError(
+        f"data file {where} is truncated: wanted bytes [{offset}, {offset + length}) but it has {size}"
+    )

@@ -7,12 +7,13 @@ implements ``_translate`` (an SDK failure -> ``StorageError``, transient or not)
 ``SliceWriter``) and ``_object_size`` (for the truncation message). Here, once for both:
 
 - names: ``_key`` (checked, under the prefix) and ``_where`` (for messages);
-- ``_run``: a request with every non-``CheckpointError`` failure translated (``storage.retry``
-  decides on retries from the result);
+- ``_run``: a request with every non-``CheckpointError`` failure translated (``base.translated``,
+  also ``s3``'s and ``hdfs``'s; ``storage.retry`` decides on retries from the result);
 - ``_parallel``: jobs on the pool, the first failure raised once all ended (no job left writing
   into a caller's buffer after ``read_into`` returns or raises);
-- ``read_into``: ranged GETs of ``part_size`` bytes in parallel, straight into the caller's
-  buffer; a missing object is ``MissingDataFileError``, a short one ``TruncatedDataFileError``.
+- ``read_into``: ranged GETs of ``part_size`` bytes in parallel (``base.read_spans``, as
+  ``s3``), straight into the caller's buffer; a missing object is ``MissingDataFileError``, a
+  short one ``TruncatedDataFileError``.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import ClassVar, TypeVar
 
-from ..errors import CheckpointError, MissingDataFileError, StorageError, TruncatedDataFileError
-from .base import check_name
+from ..errors import MissingDataFileError, StorageError, TruncatedDataFileError
+from .base import check_name, read_spans, translated, truncated_error
 
 __all__ = ["BlobStore", "SliceWriter"]
 
@@ -82,12 +83,7 @@ class BlobStore:
         return f"{self.url}/{name}" if name else self.url
 
     def _run(self, op: str, name: str, fn: Callable[[], T]) -> T:
-        try:
-            return fn()
-        except CheckpointError:
-            raise
-        except Exception as e:
-            raise self._translate(op, name, e) from e
+        return translated(op, name, fn, self._translate)
 
     def _parallel(self, jobs: Sequence[Callable[[], None]]) -> None:
         """Run ``jobs`` on the back-end's pool; the first failure is raised once all are done."""
@@ -106,14 +102,9 @@ class BlobStore:
 
     def read_into(self, name: str, offset: int, out: memoryview) -> None:
         key = self._key(name)
-        view = memoryview(out).cast("B")
-        if len(view) == 0:
-            if self.size(name) is None:
-                raise MissingDataFileError(f"data file {self._where(name)} is missing")
+        view, spans = read_spans(out, offset, self._part, self._where(name), lambda: self.size(name))
+        if not spans:
             return
-        if offset < 0:
-            raise StorageError(errno.EINVAL, f"negative offset {offset} reading {self._where(name)}")
-        spans = [(s, min(s + self._part, len(view))) for s in range(0, len(view), self._part)]
 
         def one(start: int, end: int) -> Callable[[], None]:
             def run() -> None:
@@ -139,9 +130,7 @@ class BlobStore:
             size: int | str = "no" if found is None else found
         except Exception:
             size = "fewer"
-        return TruncatedDataFileError(
-            f"data file {self._where(name)} is truncated: wanted bytes [{offset}, {offset + length}) but it has {size}"
-        )
+        return truncated_error(self._where(name), offset, length, size)
 
     def read_into_cached(self, name: str, offset: int, out: memoryview) -> None:
         self.read_into(name, offset, out)  # no cache shared between processes

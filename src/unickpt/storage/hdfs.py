@@ -57,6 +57,7 @@ from .base import (
     check_prefix,
     exists_error,
     size_limit_error,
+    translated,
 )
 from .options import StorageOptions
 
@@ -145,12 +146,7 @@ class HdfsStorage:
         return f"{self.url.rstrip('/')}/{name}" if name else self.url
 
     def _call(self, op: str, name: str, fn: Callable[[], T]) -> T:
-        try:
-            return fn()
-        except CheckpointError:
-            raise
-        except Exception as e:
-            raise self._translate(op, name, e) from e
+        return translated(op, name, fn, self._translate)
 
     def _translate(self, op: str, name: str, e: BaseException) -> StorageError:
         where = self._where(name)

@@ -39,7 +39,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from ..errors import (
-    CheckpointError,
     MissingDataFileError,
     SizeLimitError,
     StorageError,
@@ -53,7 +52,10 @@ from .base import (
     check_name,
     check_prefix,
     exists_error,
+    read_spans,
     size_limit_error,
+    translated,
+    truncated_error,
     unsupported_error,
 )
 from .options import StorageOptions
@@ -222,12 +224,7 @@ class S3Storage:
         async def call() -> T:
             return await make()
 
-        try:
-            return self._sync(self._fs.loop, call)
-        except CheckpointError:
-            raise
-        except Exception as e:
-            raise self._translate(op, name, e) from e
+        return translated(op, name, lambda: self._sync(self._fs.loop, call), self._translate)
 
     def _translate(self, op: str, name: str, e: BaseException) -> StorageError:
         where = self._where(name) if name else self.url
@@ -318,14 +315,9 @@ class S3Storage:
 
     def read_into(self, name: str, offset: int, out: memoryview) -> None:
         key = self._key(name)
-        view = memoryview(out).cast("B")
-        if len(view) == 0:
-            if self.size(name) is None:
-                raise MissingDataFileError(f"data file {self._where(name)} is missing")
+        view, spans = read_spans(out, offset, self._part, self._where(name), lambda: self.size(name))
+        if not spans:
             return
-        if offset < 0:
-            raise StorageError(errno.EINVAL, f"negative offset {offset} reading {self._where(name)}")
-        spans = [(s, min(s + self._part, len(view))) for s in range(0, len(view), self._part)]
         gate = asyncio.Semaphore(self._concurrency)
 
         async def one(start: int, end: int) -> None:
@@ -360,9 +352,7 @@ class S3Storage:
             size: int | str = int((await self._client.head_object(Bucket=self.bucket, Key=key))["ContentLength"])
         except Exception:
             size = "fewer"
-        return TruncatedDataFileError(
-            f"data file {self._where(name)} is truncated: wanted bytes [{offset}, {offset + length}) but it has {size}"
-        )
+        return truncated_error(self._where(name), offset, length, size)
 
     def read_into_cached(self, name: str, offset: int, out: memoryview) -> None:
         self.read_into(name, offset, out)  # no cache shared between processes
