@@ -127,15 +127,26 @@ class RamLayout:
                 os.unlink(parts[-1], dir_fd=dfd)
                 return os.open(parts[-1], flags, 0o600, dir_fd=dfd)
 
+    def finish_part(self, path: str, keep: bool = True) -> None:
+        """Rename ``path + '.unickpt-part'`` (made by ``create``) to ``path`` (``keep``), or remove
+        it, in its folder opened without following a link (``open_dir``: ``UnsafePathError`` for a
+        link planted where a folder belongs since the part was made): never through a link."""
+        parts = os.path.relpath(path, self.root).split(os.sep)
+        part = parts[-1] + ".unickpt-part"
+        with open_dir(self.root, parts[:-1], create=False) as dfd:
+            if keep:
+                os.replace(part, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
+            else:
+                os.unlink(part, dir_fd=dfd)
+
     def write_marker(self, stepdir: str, record: dict[str, Any]) -> None:
         path = self.marker(stepdir)
-        part = path + ".unickpt-part"
-        fd = self.create(part)
+        fd = self.create(path + ".unickpt-part")
         try:
             os.write(fd, json.dumps(record, separators=(",", ":")).encode())
         finally:
             os.close(fd)
-        os.replace(part, path)
+        self.finish_part(path)
 
     # -------------------------------------------------------------- reading
 
