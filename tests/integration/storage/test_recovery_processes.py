@@ -172,6 +172,8 @@ def test_issue40_item2_a_step_saved_again_by_a_resumed_job_replaces_its_ram_copi
     for h in hosts:  # only the new save's files (new save id), none of the old save's replicas left
         assert len({n.split("/")[1] for n in second[h] if n != META}) == 1, second[h]
         assert second[h].isdisjoint(first[h] - {META})
+    # the new save's own metadata on rank 0's host stays (the old save's marker named the same file)
+    assert os.path.isfile(os.path.join(base, "ram", "a", f"unickpt-{os.getuid()}", "job", "step_00000002", META))
     res = run_ranks(recover, 3, base, hosts, OPTS)
     assert [r["step"] for r in res] == [2, 2, 2] and all(r["exact"] for r in res), res
 
