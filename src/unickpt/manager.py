@@ -59,7 +59,8 @@ from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import CheckpointError, IncompleteCheckpointError
+from .coordination.outcomes import Outcome, pack, retitled, unpack
+from .errors import CheckpointError, IncompleteCheckpointError, RemoteRankError
 from .folder.cleanup import checkpoint_files, delete_checkpoint, delete_files, lock_blocks_deletion
 from .folder.lock_owner import LockContext
 from .folder.probe import committed_metadata
@@ -389,17 +390,22 @@ class CheckpointManager:
         self.wait()
         timeout = options.timeout if options is not None else None
         coord = self._ckpt.resources.coordinator("foreground", timeout, f"load_latest of {self.root}")
-        outcome: tuple[int | None, str | None] = (None, None)
+        outcome: tuple[int | None, Outcome | None] = (None, None)
+        local: CheckpointError | None = None
         if coord.rank == 0:
             try:
                 outcome = (self.latest_step(), None)
             except CheckpointError as e:
-                outcome = (None, f"{type(e).__name__}: {e}")
+                local, outcome = e, (None, pack(e))
         if coord.world_size > 1:
             outcome = coord.broadcast_object(outcome)
-        step, error = outcome
-        if error is not None:
-            raise CheckpointError(f"cannot find the latest checkpoint under {self.root}: {error}")
+        step, failure = outcome
+        if failure is not None:  # every rank raises rank 0's error type (its family), retitled
+            found = local if local is not None else unpack(0, failure)
+            if not isinstance(found, CheckpointError):  # rank 0 caught CheckpointErrors only
+                found = RemoteRankError(str(failure.error_type), failure.message, failure.traceback_text)
+            message = failure.message.split("] ", 1)[-1] if failure.message.startswith("[Errno ") else failure.message
+            raise retitled(found, f"cannot find the latest checkpoint under {self.root}: {message}")
         if step is None:
             return None
         self._ckpt.load(self.path_for(step), state, framework=framework, strict=strict, role=self.role, options=options)

@@ -46,7 +46,14 @@ from typing import Any
 
 from .checkpointer import Checkpointer, default_checkpointer
 from .engine.runtime.worker import SaveHandle
-from .errors import AsyncSaveFailures, CheckpointError, ChecksumMismatchError, ConfigurationError, IntegrityError
+from .errors import (
+    AsyncSaveFailures,
+    CheckpointError,
+    ChecksumMismatchError,
+    ConfigurationError,
+    IntegrityError,
+    MissingDataFileError,
+)
 from .folder.markers import mark_save
 from .folder.probe import read_committed
 from .folder.publish import publisher_for
@@ -73,15 +80,20 @@ def copy_checkpoint(src: Storage, dst: Storage) -> Metadata:
 
     raw = read_committed(src)
     if raw is None:
-        raise CheckpointError(f"{src.url} has no committed checkpoint to copy")
+        raise MissingDataFileError(
+            f"{src.url}/{METADATA_FILE} is missing: the fast tier holds no committed checkpoint to copy"
+        )
     md = decode_metadata(raw, f"{src.url}/{METADATA_FILE}")
     if read_committed(dst) is not None:
-        raise CheckpointError(f"{dst.url} holds a checkpoint already; tiering never overwrites one")
+        raise ConfigurationError(
+            f"{dst.url} holds a checkpoint already; tiering never overwrites one: move it away or point the "
+            "durable tier elsewhere"
+        )
     mark_save(dst, md.save_id)
     for name in md.files:
         size = src.size(name)
         if size is None:
-            raise CheckpointError(f"{src.url}/{name} is missing: the fast copy is incomplete")
+            raise MissingDataFileError(f"{src.url}/{name} is missing: the fast copy is incomplete")
         buf = bytearray(size)
         view = memoryview(buf)
         for at in range(0, size, _CHUNK):

@@ -14,9 +14,6 @@ from unickpt import errors
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/unit/ -> the root
 SRC = os.path.join(ROOT, "src", "unickpt")
 
-# Issue 40 (fast recovery) owns these while it is open; their bare raises are left for it.
-ISSUE40_FILES = ("tiering.py", "manager.py", "recovery/")
-
 FAMILIES = (
     "IntegrityError",
     "StateMismatchError",
@@ -55,9 +52,8 @@ def _bare_root_raises() -> list[str]:
 
 
 def test_issue41_item3_no_raise_of_the_bare_root_error():
-    found = _bare_root_raises()
-    left = [r for r in found if not r.startswith(ISSUE40_FILES)]
-    assert left == [], f"raise a family of unickpt.errors (or a member), not the bare CheckpointError: {left}"
+    found = _bare_root_raises()  # every file of src/unickpt, none exempt
+    assert found == [], f"raise a family of unickpt.errors (or a member), not the bare CheckpointError: {found}"
 
 
 def test_issue41_item3_the_scan_finds_every_spelling():

@@ -48,7 +48,7 @@ ALLOWED: dict[str, set[str]] = {
     },
     "checkpointer": {"coordination", "engine", "errors", "folder", "format", "monitoring", "options", "storage"},
     "api": {"checkpointer", "engine", "errors", "folder", "format", "options"},
-    "manager": {"checkpointer", "engine", "errors", "folder", "format", "options", "storage"},
+    "manager": {"checkpointer", "coordination", "engine", "errors", "folder", "format", "options", "storage"},
     "recovery": {"errors", "folder", "format", "manager", "storage"},
     "tiering": {
         "checkpointer",

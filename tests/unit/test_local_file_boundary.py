@@ -71,11 +71,6 @@ ALLOWED: dict[str, tuple[frozenset[str], str]] = {
         frozenset({"os.makedirs"}),
         "creates accelerate's project_dir/checkpoints folder, as accelerate's own save_state does",
     ),
-    # issue 40 (fast recovery) is open and owns these modules ("*": any call): they move onto
-    # storage.local_files when it closes
-    "unickpt.tiering": (frozenset({"*"}), "issue 40 is open and owns it (no file writes today)"),
-    "unickpt.manager": (frozenset({"*"}), "issue 40 is open and owns it (no file writes today)"),
-    "unickpt.recovery": (frozenset({"*"}), "issue 40 is open and owns it: its host-local copies and inventories"),
 }
 
 

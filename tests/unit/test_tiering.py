@@ -84,3 +84,40 @@ def test_issue14_a_corrupt_durable_copy_is_never_published(tmp_path, fast_root):
     assert tiers.durable.list_checkpoints() == []
     assert [c.step for c in tiers.fast.list_checkpoints()] == [1, 2]  # nothing dropped unverified
     tiers._copier.shutdown(wait=True)
+
+
+def test_issue40_item2_copy_checkpoint_raises_error_families(tmp_path):
+    """``copy_checkpoint``'s refusals are families, not the bare root: a destination holding a
+    checkpoint is the caller's set-up (ConfigurationError), a source without its metadata or a
+    data file is a copy missing a file (MissingDataFileError, an IntegrityError)."""
+    from unickpt.storage import open_storage
+    from unickpt.tiering import copy_checkpoint
+
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    unickpt.save(str(src), {"model": _model(0)})
+    unickpt.save(str(dst), {"model": _model(1)})
+    with pytest.raises(unickpt.ConfigurationError, match="holds a checkpoint already"):
+        copy_checkpoint(open_storage(str(src)), open_storage(str(dst)))
+    with pytest.raises(unickpt.MissingDataFileError, match="no committed checkpoint to copy"):
+        copy_checkpoint(open_storage(str(tmp_path / "empty")), open_storage(str(tmp_path / "new")))
+    data = sorted(os.path.join(d, f) for d, _, fs in os.walk(src / "data") for f in fs if f.endswith(".bin"))
+    os.unlink(data[0])
+    with pytest.raises(unickpt.IntegrityError, match="is missing: the fast copy is incomplete"):
+        copy_checkpoint(open_storage(str(src)), open_storage(str(tmp_path / "new2")))
+
+
+def test_issue40_item2_load_latest_keeps_the_type_of_the_error_that_hid_the_latest_step(tmp_path):
+    """``CheckpointManager.load_latest`` re-raises what stopped it finding the latest step with
+    that error's own type (so its family), not the bare root: a planted link as ``latest`` is the
+    storage's ``UnsafePathError``, an oversized one a ``SizeLimitError``."""
+    root = tmp_path / "run"
+    manager = unickpt.CheckpointManager(str(root))
+    root.mkdir(exist_ok=True)
+    (tmp_path / "elsewhere").write_text("3")
+    (root / "latest").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(unickpt.UnsafePathError, match=f"cannot find the latest checkpoint under {root}: .*link"):
+        manager.load_latest({})
+    (root / "latest").unlink()
+    (root / "latest").write_bytes(b"x" * (1 << 20))
+    with pytest.raises(unickpt.SizeLimitError, match=f"cannot find the latest checkpoint under {root}: "):
+        manager.load_latest({})

@@ -225,6 +225,61 @@ def dies_while_replicating(rank: int, ws: int, base: str, hosts: list[str], opts
     tiers.close()
 
 
+def saves_after_a_link_is_planted(rank: int, ws: int, base: str, hosts: list[str], opts: dict[str, Any],
+                                  victim: str, when: str, outside: str, aside: str) -> str:  # fmt: skip
+    """Step 1 saved and replicated, then step 2, the tier open on every rank; host ``victim``'s
+    rank (the attacker) swaps one of its RAM paths for a link to ``outside``, the original moved
+    to ``aside``. ``when``: ``"between_saves"`` (before step 2's save: the folder of the replicas
+    it holds for the first host, ``replicas/a``), ``"during_transfers"`` (the same folder, as
+    step 2's replication starts writing on that host, after the check before it) or
+    ``"before_durable_commit"`` (step 2's metadata in its own step folder, a link to the file
+    ``outside``, as the durable copy of step 2 copies that host's files, before rank 0 reads the
+    metadata to publish it). The failure ``close`` reports on this rank, as ``"Type: message"``
+    ('' if none)."""
+    import unickpt
+    from unickpt.recovery import durable, replicate
+
+    enter_host(base, hosts[rank])
+    root = os.path.join(base, "ram", victim, f"unickpt-{os.getuid()}", "job")
+    replicas = os.path.join(root, "replicas", hosts[0])
+
+    def plant(path: str) -> None:
+        os.rename(path, aside)
+        os.symlink(outside, path)
+
+    tiers = _tiers(base, opts)
+    tiers.save(1, _state(1, True))
+    tiers.wait()
+    if hosts[rank] == victim and when == "between_saves":
+        plant(replicas)
+    elif hosts[rank] == victim and when == "during_transfers":
+        write_replica = replicate._write_replica
+
+        def planting_write_replica(*args: Any, **kwargs: Any) -> None:
+            if not os.path.islink(replicas):
+                plant(replicas)
+            write_replica(*args, **kwargs)
+
+        replicate._write_replica = planting_write_replica  # type: ignore[assignment]
+    elif hosts[rank] == victim and when == "before_durable_commit":
+        copy_file = durable._copy_file
+        metadata = os.path.join(root, "step_00000002", "unickpt.metadata.json")
+
+        def planting_copy_file(*args: Any, **kwargs: Any) -> None:
+            copy_file(*args, **kwargs)
+            if not os.path.islink(metadata):
+                plant(metadata)
+
+        durable._copy_file = planting_copy_file  # type: ignore[assignment]
+    tiers.save(2, _state(2, True))
+    try:
+        tiers.close()
+    except unickpt.AsyncSaveFailures as e:
+        (_, error), *_ = e.failures
+        return f"{type(error).__name__}: {error}"
+    return ""
+
+
 def main() -> None:
     """One rank as a plain process (the mount-namespace test starts it inside its host's mount
     namespace with ``nsenter``): ``python -m tests.workers.recovery_workers FN RANK WS PORT OUT

@@ -21,69 +21,96 @@ durable tier is never dropped from RAM before its durable copy is committed:
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
-from ..errors import CheckpointError, IntegrityError
+from ..errors import ConfigurationError, IntegrityError
 from ..folder.markers import mark_save
 from ..folder.probe import read_committed
 from ..folder.publish import publisher_for
 from ..format.records import METADATA_FILE
 from ..storage import open_storage
+from .folders import as_unsafe_folder
 from .group import TierGroup
 from .inventory import RamLayout, crc
 
 __all__ = ["copy_to_durable"]
 
 
-def copy_to_durable(tg: TierGroup, layout: RamLayout, stepdir: str, step: int, durable: Any) -> None:
+def copy_to_durable(
+    tg: TierGroup, layout: RamLayout, stepdir: str, step: int, durable: Any,
+    check: Callable[[], str | None] | None = None,
+) -> None:  # fmt: skip
     """Steps 1-3 of the module docstring (every rank; ``durable``: the durable
-    ``CheckpointManager``)."""
-    dst = open_storage(durable.path_for(step))
-    rec = layout.markers().get(stepdir) if tg.is_agent else None
-    error = ""
-    if tg.rank == 0:
-        try:
-            if read_committed(dst) is not None:
-                raise CheckpointError(f"{dst.url} holds a checkpoint already; tiering never overwrites one")
+    ``CheckpointManager``; ``check``: what makes this host's folders of the step unsafe,
+    ``folders.step_folder_problem``). Each step ends in ``TierGroup.fail_together``: a rank whose
+    part fails (an unsafe folder, a commit marker gone, a file that no longer matches its CRC32C,
+    the durable tier's own errors) never raises alone, every rank raises the same error."""
+    dst: Any = None
+    rec = None
+    error: Exception | None = None
+    try:
+        dst = open_storage(durable.path_for(step))
+        if tg.is_agent:
+            problem = check() if check is not None else None
+            if problem is not None:
+                raise ConfigurationError(problem)
+            rec = layout.markers().get(stepdir)
+            if rec is None:
+                raise IntegrityError(f"{layout.marker(stepdir)} is gone: step {step} is no longer committed in RAM")
+        if tg.rank == 0:
             assert rec is not None
+            if read_committed(dst) is not None:
+                raise ConfigurationError(
+                    f"{dst.url} holds a checkpoint already; tiering never overwrites one: move it away or "
+                    "point the durable tier elsewhere"
+                )
             mark_save(dst, rec["save_id"])
-        except (CheckpointError, OSError) as e:
-            error = f"{type(e).__name__}: {e}"
-    first = tg.all_gather(error)[0]
-    if first:
-        raise CheckpointError(f"step {step} was not copied to the durable tier: rank 0: {first}")
+    except Exception as e:
+        error = e
+    tg.fail_together(error, f"step {step} was not copied to the durable tier")
+    url = dst.url
     try:
         if rec is not None:
             for entry in rec["files"]:
                 if entry["where"] == "primary" and entry["origin"] == tg.host and entry["name"] != METADATA_FILE:
-                    _copy_file(layout.primary(stepdir, entry["name"]), dst, entry, int(rec["chunk"]))
-    except (CheckpointError, OSError) as e:
-        error = f"{type(e).__name__}: {e}"
-    failed = [f"rank {r}: {m}" for r, m in enumerate(tg.all_gather(error)) if m]
-    if failed:
-        raise IntegrityError(f"step {step}'s durable copy at {dst.url} is not committed: {'; '.join(failed[:3])}")
-    if tg.rank == 0:
-        with open(layout.primary(stepdir, METADATA_FILE), "rb") as fh:
-            raw = fh.read()
-        assert rec is not None
-        meta = next(e for e in rec["files"] if e["name"] == METADATA_FILE)
-        if (
-            len(raw) != meta["size"]
-            or [crc(raw[i : i + rec["chunk"]]) for i in range(0, len(raw), rec["chunk"])] != meta["crcs"]
-        ):
-            raise IntegrityError(
-                f"{layout.primary(stepdir, METADATA_FILE)} changed since step {step} was committed in RAM"
-            )
-        publisher_for(dst).publish(METADATA_FILE, raw)
-        durable._publish_latest(step, rec["save_id"])
-        durable.apply_retention()
+                    _copy_file(layout, layout.primary(stepdir, entry["name"]), dst, entry, int(rec["chunk"]))
+    except Exception as e:
+        error = as_unsafe_folder(e, check)
+    tg.fail_together(error, f"step {step}'s durable copy at {url} is not committed")
+    try:
+        if tg.rank == 0:
+            assert rec is not None
+            meta = next(e for e in rec["files"] if e["name"] == METADATA_FILE)
+            raw = _read_verified(layout, layout.primary(stepdir, METADATA_FILE), meta, int(rec["chunk"]))
+            publisher_for(dst).publish(METADATA_FILE, raw)
+            durable._publish_latest(step, rec["save_id"])
+            durable.apply_retention()
+    except Exception as e:
+        error = as_unsafe_folder(e, check)
+    what = f"the commit of step {step}'s durable copy at {url} failed (its metadata, latest or the durable retention)"
+    tg.fail_together(error, what)
 
 
-def _copy_file(path: str, dst: Any, entry: dict[str, Any], chunk: int) -> None:
+def _read_verified(layout: RamLayout, path: str, entry: dict[str, Any], chunk: int) -> bytes:
+    """The file at ``path`` (no link followed; at most its recorded size read) when its size and
+    every chunk's CRC32C are those recorded at replication (``entry``); else ``IntegrityError``."""
+    size = int(entry["size"])
+    fd = layout.open_read(path)
+    try:
+        raw = os.pread(fd, size + 1, 0)
+    finally:
+        os.close(fd)
+    if len(raw) != size or [crc(raw[i : i + chunk]) for i in range(0, size, chunk)] != entry["crcs"]:
+        raise IntegrityError(f"{path} changed since it was committed in RAM: not copied to the durable tier")
+    return raw
+
+
+def _copy_file(layout: RamLayout, path: str, dst: Any, entry: dict[str, Any], chunk: int) -> None:
     size, crcs, name = int(entry["size"]), entry["crcs"], entry["name"]
     buf = bytearray(size)
     view = memoryview(buf)
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    fd = layout.open_read(path)
     try:
         got = os.preadv(fd, [view], 0)
     finally:

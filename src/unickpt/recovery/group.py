@@ -13,6 +13,10 @@ only*, the tier's worker thread (``replicate`` and ``restore``), never beside an
 of it. A host's *agent* is its lowest rank: it does the host's file work and transfers; other
 ranks take part in the collectives with nothing to offer.
 
+A rank whose file work fails never raises alone (its peers would wait in the next collective
+until the timeout): each phase catches its rank's error and ends with ``fail_together``, a
+gather after which every rank raises the same error, or none.
+
 The collectives move JSON (and raw bytes) in uint8 tensors: nothing is pickled.
 """
 
@@ -28,10 +32,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..errors import ConfigurationError
+from ..errors import (
+    CheckpointError,
+    ConcurrencyError,
+    ConfigurationError,
+    CoordinationError,
+    IntegrityError,
+    InternalError,
+    StateMismatchError,
+    StorageError,
+)
 from .placement import ring_placement
 
-__all__ = ["TierGroup", "host_id", "HOST_ENV", "DOMAIN_ENV"]
+__all__ = ["TierGroup", "host_id", "family_of", "FAMILY_ORDER", "HOST_ENV", "DOMAIN_ENV"]
 
 HOST_ENV = "UNICKPT_HOST_ID"
 DOMAIN_ENV = "UNICKPT_FAILURE_DOMAIN"
@@ -97,6 +110,25 @@ class TierGroup:
     def all_gather(self, obj: Any) -> list[Any]:
         return all_gather_json(self.group, self.world_size, obj)
 
+    def fail_together(self, error: BaseException | None, what: str, obj: Any = None) -> list[Any]:
+        """A collective (every rank, at the end of one phase): ``error`` is what this rank's part
+        of the phase raised (None: it succeeded). When any rank failed, every rank raises the same
+        error: of the family (``family_of``) first in ``FAMILY_ORDER`` among the failures (the
+        cause before what it caused elsewhere, e.g. an unsafe folder before the CRC mismatch of
+        the stream it cut), its message ``what`` and each failing rank's host, rank and message
+        (the first three); the failing rank's own error is its ``__cause__``. Otherwise every
+        rank's ``obj`` (JSON), in rank order: the phase's own gather, in the same collective."""
+        mine = None if error is None else [family_of(error).__name__, _describe(error)]
+        gathered = self.all_gather([obj, mine])
+        failed = [(r, g[1]) for r, g in enumerate(gathered) if g[1] is not None]
+        if not failed:
+            return [g[0] for g in gathered]
+        names = [f.__name__ for f in FAMILY_ORDER]
+        family = FAMILY_ORDER[min(names.index(f[0]) for _, f in failed)]
+        lines = [f"host {self.rank_hosts[r]} (rank {r}): {f[1]}" for r, f in failed[:3]]
+        more = f"; and {len(failed) - 3} more rank(s)" if len(failed) > 3 else ""
+        raise family(f"{what}: {'; '.join(lines)}{more}") from error
+
     def broadcast_bytes(self, data: bytes | None, src: int = 0) -> bytes:
         if self.group is None:
             assert data is not None
@@ -115,6 +147,35 @@ class TierGroup:
 
     def recv(self, tensor: torch.Tensor, src: int) -> None:
         dist.recv(tensor, src=src, group=self.group)
+
+
+# the order in which ``fail_together`` picks the family of a phase's failures
+FAMILY_ORDER: tuple[type[CheckpointError], ...] = (
+    ConfigurationError,
+    StorageError,
+    IntegrityError,
+    ConcurrencyError,
+    StateMismatchError,
+    CoordinationError,
+    InternalError,
+)
+
+
+def family_of(error: BaseException) -> type[CheckpointError]:
+    """The family of ``FAMILY_ORDER`` an error belongs to: its own; an ``OSError`` that is none of
+    unickpt's is a ``StorageError``; another ``CheckpointError`` (e.g. ``NotACheckpointError``: a
+    step's file gone from RAM) an ``IntegrityError``; anything else an ``InternalError``."""
+    for family in FAMILY_ORDER:
+        if isinstance(error, family):
+            return family
+    if isinstance(error, CheckpointError):
+        return IntegrityError
+    return StorageError if isinstance(error, OSError) else InternalError
+
+
+def _describe(error: BaseException) -> str:
+    """The error's message, with its class name unless it is a family itself."""
+    return str(error) if type(error) in FAMILY_ORDER else f"{type(error).__name__}: {error}"
 
 
 def all_gather_json(group: Any, world_size: int, obj: Any) -> list[Any]:

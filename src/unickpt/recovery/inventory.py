@@ -155,14 +155,6 @@ class RamLayout:
             return False
         return True
 
-    def replace(self, part: str, final: str) -> None:
-        """Rename ``part`` to ``final`` (one folder; ``final`` replaced, never followed)."""
-        parts, target = self._parts(part), self._parts(final)
-        if parts[:-1] != target[:-1]:
-            raise ValueError(f"{part} and {final} are not in one folder")
-        with open_dir(self.root, parts[:-1], create=False) as dfd:
-            rename_at(dfd, parts[-1], dfd, target[-1])
-
     def unlink(self, path: str) -> None:
         """Remove the name ``path`` (a link is removed, not followed); gone already is fine."""
         parts = self._parts(path)
@@ -192,15 +184,25 @@ class RamLayout:
                 raise
         return True
 
+    def finish_part(self, path: str, keep: bool = True) -> None:
+        """Rename ``path + '.unickpt-part'`` (made by ``create``) to ``path`` (``keep``), or remove
+        it, in its folder opened without following a link (``open_dir``: ``UnsafePathError`` for a
+        link planted where a folder belongs since the part was made): never through a link."""
+        parts = self._parts(path)
+        with open_dir(self.root, parts[:-1], create=False) as dfd:
+            if keep:
+                rename_at(dfd, parts[-1] + ".unickpt-part", dfd, parts[-1])
+            else:
+                unlink_at(dfd, parts[-1] + ".unickpt-part")
+
     def write_marker(self, stepdir: str, record: dict[str, Any]) -> None:
         path = self.marker(stepdir)
-        part = path + ".unickpt-part"
-        fd = self.create(part)
+        fd = self.create(path + ".unickpt-part")
         try:
             write_all(fd, [memoryview(json.dumps(record, separators=(",", ":")).encode())])
         finally:
             os.close(fd)
-        self.replace(part, path)
+        self.finish_part(path)
 
     # -------------------------------------------------------------- reading
 

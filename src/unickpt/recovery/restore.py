@@ -45,6 +45,7 @@ import torch
 
 from ..errors import CheckpointError
 from ..format.records import METADATA_FILE
+from ..storage.local_files import pwrite_all, truncate
 from .decide import choose
 from .group import TierGroup
 from .inventory import RamLayout, crc
@@ -81,32 +82,48 @@ def recover(
     failed_all: list[str] = []
     skipped: list[str] = []
     while True:
-        inv = layout.local_inventory() if tg.is_agent else None
-        gathered = tg.all_gather([tg.host, inv])
+        inv, error = None, None
+        if tg.is_agent:
+            try:
+                inv = layout.local_inventory()
+            except Exception as e:  # every rank raises it (fail_together), none waits alone
+                error = e
+        unlisted = "no recovery decision: a host's RAM tier could not be listed"
+        gathered = tg.fail_together(error, unlisted, [tg.host, inv])
         inventories = {h: i for h, i in gathered if i is not None}
-        decision = choose(inventories, durable_step(), excluded) if tg.rank == 0 else None
-        decision = tg.all_gather(decision)[0]
+        decision = None
+        if tg.rank == 0:
+            try:
+                decision = choose(inventories, durable_step(), excluded)
+            except Exception as e:
+                error = e
+        decision = tg.fail_together(error, "no recovery decision", decision)[0]
         skipped += [f"step {s} (save {sid}): " + (n if n.startswith("non-finite") else f"no copy of {n}")
                     for s, sid, n in decision.pop("incomplete")]  # fmt: skip
         if decision["source"] != "ram":
             return decision, _report(tg, decision, {}, {}, failed_all, skipped)
-        local, peers, failed, lacking = _materialise(tg, layout, decision, fetch, load_verifies)
-        outcomes = tg.all_gather([not lacking, local, peers, failed, METADATA_FILE not in lacking])
+        local, peers, failed, lacking, error = _materialise(tg, layout, decision, fetch, load_verifies)
+        what = f"step {decision['step']} could not be completed in the RAM tier"
+        outcomes = tg.fail_together(error, what, [not lacking, local, peers, failed, METADATA_FILE not in lacking])
         failed_all += [f for o in outcomes for f in o[3]]
         decision["complete"] = all(o[0] for o in outcomes)
         decision["metadata_everywhere"] = all(o[4] for o in outcomes)
-        if decision["complete"] or not fetch:
+        done = decision["complete"] or not fetch
+        try:
             if tg.is_agent:
-                _discard(layout, decision, lacking)
-                _finish(layout, decision, tg.host)
+                _discard(layout, decision, lacking if done else decision["files"])
+                if done:
+                    _finish(layout, decision, tg.host)
+        except Exception as e:
+            error = e
+        tg.fail_together(error, f"step {decision['step']}'s files could not be put in place in the RAM tier")
+        if done:
             totals = {"local": sum(o[1] for o in outcomes), "peer": sum(sum(o[2].values()) for o in outcomes)}
             by_host: dict[str, int] = {}
             for o in outcomes:
                 for h, n in o[2].items():
                     by_host[h] = by_host.get(h, 0) + n
             return decision, _report(tg, decision, totals, by_host, failed_all, skipped)
-        if tg.is_agent:
-            _discard(layout, decision, decision["files"])
         skipped.append(f"step {decision['step']} (save {decision['save_id']}): a chunk has no verified copy")
         excluded.append([decision["stepdir"], decision["save_id"]])
 
@@ -167,77 +184,104 @@ class _Copies:
 
 def _materialise(
     tg: TierGroup, layout: RamLayout, d: dict[str, Any], fetch: bool, load_verifies: bool
-) -> tuple[int, dict[str, int], list[str], list[str]]:
+) -> tuple[int, dict[str, int], list[str], list[str], Exception | None]:
     """Steps 2-3 on this rank (``fetch=False``: the metadata and this host's own files only, and
     step 3 only for those it holds no copy of): (bytes from this host's RAM, bytes per sending
-    peer, failed copies, the files not complete here).
+    peer, failed copies, the files not complete here, the first file error here: this host then
+    asks for nothing more but still serves and receives its part of every round, so that no
+    peer waits for it; ``recover`` raises it on every rank).
 
     ``load_verifies`` (``fetch=False`` only: the load that follows checks every chunk's CRC32C
     against the metadata): a primary here is taken as it is and a replica here of one of this
     host's files is hard-linked, without reading a byte; a copy that fails the load's check
     sends ``load_latest`` to the ``fetch=True`` pass, which verifies every copy before use. The
     metadata, which has no checksum of its own, is verified here always."""
-    chunk, stepdir = int(d["chunk"]), d["stepdir"]
-    local, peers, failed = 0, dict[str, int](), list[str]()
+    chunk = int(d["chunk"])
+    peers, failed = dict[str, int](), list[str]()
     need: dict[str, dict[int, list[str]]] = {}  # name -> chunk -> hosts that failed it
     parts: dict[str, int] = {}
     left: set[str] = set()  # files this pass does not complete here (fetch=False)
     scratch = torch.empty(chunk if tg.is_agent else 0, dtype=torch.uint8)  # every chunk read goes here
-    trust = load_verifies and not fetch
     copies = _Copies(layout)
+    errors: list[Exception] = []
+    local = 0
     try:
         if tg.is_agent:
-            for name, (size, crcs) in d["files"].items():
-                final = layout.primary(stepdir, name)
-                mine = [h for h in d["holders"][name] if h[0] == tg.host]
-                if not fetch and name != METADATA_FILE and d["holders"][name][0][2] != tg.host:
-                    left.add(name)  # another host's file: not read by a same-layout restart
-                    continue
-                ordered = sorted(mine, key=lambda h: h[1] != "primary")  # the primary here first
-                trusted = trust and name != METADATA_FILE  # the metadata has no checksum of its own
-                if ordered and ordered[0][1] == "primary":
-                    bad = [] if trusted else copies.bad_chunks(final, size, chunk, crcs, scratch)
-                    if not bad:
-                        local += size
-                        continue
-                    failed += [f"{tg.host}:{name}#{i} (CRC32C mismatch in this host's RAM)" for i in bad]
-                elif ordered:
-                    held = _path_on(layout, d, name, ordered[0][1], ordered[0][2])
-                    if (trusted or not copies.bad_chunks(held, size, chunk, crcs, scratch)) and layout.link(
-                        held, final + ".unickpt-part"
-                    ):
-                        local += size  # this host's replica (verified now or by the load): linked, not copied
-                        continue
-                parts[name] = fd = layout.create(final + ".unickpt-part")
-                os.ftruncate(fd, size)
-                for i, want in enumerate(crcs):
-                    for h in ordered:
-                        data = copies.chunk(_path_on(layout, d, name, h[1], h[2]), i, size, chunk, want, scratch)
-                        if data is not None:
-                            os.pwrite(fd, data, i * chunk)
-                            local += len(data)
-                            break
-                        if h[1] != "primary":
-                            failed.append(f"{tg.host}:{name}#{i} (replica here failed CRC32C)")
-                    else:
-                        need.setdefault(name, {})[i] = [tg.host]
-                if not fetch and ordered and name in need:
-                    left.add(name)  # a copy here failed: the fetch=True pass verifies and names every copy
-                    del need[name]
-        _fetch_rounds(tg, layout, d, need, parts, peers, failed, scratch, copies)  # fetch=False: files no copy here
-        return local, peers, failed, sorted(set(need) | left)
+            try:
+                local = _complete_here(tg.host, layout, d, fetch, load_verifies and not fetch, copies, scratch,
+                                       need, parts, left, failed)  # fmt: skip
+            except Exception as e:
+                errors.append(e)
+                need.clear()  # ask the peers for nothing: this host's part has failed
+        # fetch=False: only the files no copy here holds
+        _fetch_rounds(tg, layout, d, need, parts, peers, failed, scratch, copies, errors)
+        lacking = sorted(set(d["files"]) if errors else set(need) | left)
+        return local, peers, failed, lacking, (errors[0] if errors else None)
     finally:
         copies.close()
         for fd in parts.values():
             os.close(fd)
 
 
+def _complete_here(
+    host: str, layout: RamLayout, d: dict[str, Any], fetch: bool, trust: bool, copies: _Copies,
+    scratch: torch.Tensor, need: dict[str, dict[int, list[str]]], parts: dict[str, int], left: set[str],
+    failed: list[str],
+) -> int:  # fmt: skip
+    """Step 2 on a host's agent: each file this pass completes, from this host's own copies
+    (``trust``: the load verifies, so copies here are taken without reading them); fills
+    ``need`` (chunks no copy here supplied), ``parts`` (open ``.unickpt-part`` files), ``left``
+    and ``failed``; returns the bytes taken from this host's RAM."""
+    chunk, stepdir = int(d["chunk"]), d["stepdir"]
+    local = 0
+    for name, (size, crcs) in d["files"].items():
+        final = layout.primary(stepdir, name)
+        mine = [h for h in d["holders"][name] if h[0] == host]
+        if not fetch and name != METADATA_FILE and d["holders"][name][0][2] != host:
+            left.add(name)  # another host's file: not read by a same-layout restart
+            continue
+        ordered = sorted(mine, key=lambda h: h[1] != "primary")  # the primary here first
+        trusted = trust and name != METADATA_FILE  # the metadata has no checksum of its own
+        if ordered and ordered[0][1] == "primary":
+            bad = [] if trusted else copies.bad_chunks(final, size, chunk, crcs, scratch)
+            if not bad:
+                local += size
+                continue
+            failed += [f"{host}:{name}#{i} (CRC32C mismatch in this host's RAM)" for i in bad]
+        elif ordered:
+            held = _path_on(layout, d, name, ordered[0][1], ordered[0][2])
+            if (trusted or not copies.bad_chunks(held, size, chunk, crcs, scratch)) and layout.link(
+                held, final + ".unickpt-part"
+            ):
+                local += size  # this host's replica (verified now or by the load): linked, not copied
+                continue
+        parts[name] = fd = layout.create(final + ".unickpt-part")
+        truncate(fd, size)
+        for i, want in enumerate(crcs):
+            for h in ordered:
+                data = copies.chunk(_path_on(layout, d, name, h[1], h[2]), i, size, chunk, want, scratch)
+                if data is not None:
+                    pwrite_all(fd, data, i * chunk)
+                    local += len(data)
+                    break
+                if h[1] != "primary":
+                    failed.append(f"{host}:{name}#{i} (replica here failed CRC32C)")
+            else:
+                need.setdefault(name, {})[i] = [host]
+        if not fetch and ordered and name in need:
+            left.add(name)  # a copy here failed: the fetch=True pass verifies and names every copy
+            del need[name]
+    return local
+
+
 def _fetch_rounds(tg: TierGroup, layout: RamLayout, d: dict[str, Any], need: dict[str, dict[int, list[str]]],
                   parts: dict[str, int], peers: dict[str, int], failed: list[str],
-                  scratch: torch.Tensor, copies: _Copies) -> None:  # fmt: skip
+                  scratch: torch.Tensor, copies: _Copies, errors: list[Exception]) -> None:  # fmt: skip
     chunk = int(d["chunk"])
     ring = list(tg.hosts)
     while True:
+        if errors:
+            need.clear()  # this host has failed: it serves its peers but asks for nothing more
         asks = tg.all_gather([tg.host, {n: {str(i): f for i, f in c.items()} for n, c in need.items()}])
         plan = []
         for requester, wants in sorted((h, w) for h, w in asks if w):
@@ -269,7 +313,10 @@ def _fetch_rounds(tg: TierGroup, layout: RamLayout, d: dict[str, Any], need: dic
                     tg.recv(buf, tg.agents[src])
                     ok = crc(buf.numpy()) == crcs[i]
                     if ok:
-                        os.pwrite(parts[name], buf.numpy().data, i * chunk)
+                        try:
+                            pwrite_all(parts[name], buf.numpy().data.cast("B"), i * chunk)
+                        except OSError as e:  # keep receiving this round; ask for nothing more
+                            errors.append(e)
                         peers[src] = peers.get(src, 0) + n
                         del need[name][i]
                         if not need[name]:
@@ -286,9 +333,8 @@ def _finish(layout: RamLayout, d: dict[str, Any], host: str) -> None:
     names = sorted(d["files"], key=lambda n: n == METADATA_FILE)
     made = []
     for name in names:
-        part = layout.primary(stepdir, name) + ".unickpt-part"
-        if layout.exists(part):
-            layout.replace(part, layout.primary(stepdir, name))
+        if layout.exists(layout.primary(stepdir, name) + ".unickpt-part"):
+            layout.finish_part(layout.primary(stepdir, name))
             made.append(name)
     if not made:
         return

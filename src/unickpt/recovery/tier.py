@@ -5,7 +5,9 @@ and durable managers; the fast one on ``shmnode://<name>``, the node-local form 
 ``shm://<name>``); then:
 
 * ``after_save(step, handle)`` (every rank, right after the fast tier's ``save``) queues
-  ``_replicate`` on the tier's single worker thread: it waits for the save, then
+  ``_replicate`` on the tier's single worker thread: it waits for the save, checks this host's
+  folders of the step (``folders.step_folder_problem``: a link or a foreign folder planted since
+  construction is a ``ConfigurationError`` on every rank, before any byte moves), then
   ``replicate.replicate_step``, then (every ``durable_every``-th step) ``durable.copy_to_durable``,
   then the RAM retention (``replicate.drop_old``);
 * ``recover(durable_step)`` (every rank, from ``load_latest``) runs ``restore.recover`` on that
@@ -25,24 +27,24 @@ The worker thread is the only user of the tier's process group (``group.TierGrou
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
-import os
-import stat
 import threading
 import warnings
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from ..errors import AsyncSaveFailures, CheckpointError, ConfigurationError, StorageError
+from ..errors import AsyncSaveFailures, CheckpointError, ConfigurationError, IntegrityError
 from ..folder.probe import read_committed
 from ..manager import CheckpointManager
 from ..storage import open_storage, register_storage
 from ..storage.retry import unwrap
-from ..storage.shm import ShmStorage, folder_flaw, private_base, shm_base
+from ..storage.shm import ShmStorage
 from .decide import choose
 from .durable import copy_to_durable
+from .folders import ram_folder_problem, step_folder_problem
 from .group import TierGroup
 from .inventory import RamLayout
 from .replicate import drop_old, replicate_step
@@ -81,55 +83,6 @@ def node_root(fast_root: str) -> str:
     return "shmnode://" + fast_root[len("shm://") :]
 
 
-def ram_folder_problem(node_url: str) -> str | None:
-    """What makes this host's RAM folders of ``shmnode://<name>`` unsafe, or None: the shm base
-    (``storage.shm.private_base``: this user's, mode 0700, no link), then every existing folder
-    from it down to the root, and the root's own folders (``recovery``, ``replicas``,
-    ``replicas/<host>``, ``step_N``): a link, no folder, another user's, or writable by the
-    group or others. Whoever controls one could plant, swap or delete the copies the job
-    recovers from. Called on every rank before the tier's first collective (``tier_group``)."""
-    base = shm_base()
-    try:
-        private_base(base)
-    except StorageError as e:  # UnsafePathError, or a base that cannot be created
-        return e.strerror or str(e)
-    path, folders = base, []
-    for part in node_url[len("shmnode://") :].strip("/").split("/"):
-        path = os.path.join(path, part)
-        folders.append(path)
-    root = path
-    folders += [os.path.join(root, "recovery"), os.path.join(root, "replicas")]
-    for folder in folders:
-        problem = _folder_problem(folder)
-        if problem is not None:
-            return problem
-    for sub, prefix in ((root, "step_"), (os.path.join(root, "replicas"), "")):
-        if os.path.isdir(sub):  # checked above: a real folder of ours, not a link
-            for name in sorted(os.listdir(sub)):
-                problem = _folder_problem(os.path.join(sub, name), listed=True) if name.startswith(prefix) else None
-                if problem is not None:
-                    return problem
-    return None
-
-
-def _folder_problem(path: str, listed: bool = False) -> str | None:
-    """Why the folder ``path`` is unsafe (``ram_folder_problem``), or None; a file found by
-    listing (``listed``) is some other file (the tier never reads it), not a folder out of place."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    if listed and stat.S_ISREG(st.st_mode):
-        return None
-    what = folder_flaw(st, 0o022)
-    if what is None:
-        return None
-    return (
-        f"{path} {what}; the RAM tier keeps this host's checkpoints and other hosts' replicas there, so it must "
-        "be a folder of yours that no one else can write: fix its owner and mode (chmod 700) or remove it"
-    )
-
-
 def tier_group(node_url: str, options: dict[str, Any], replicas: int, timeout: float) -> TierGroup:
     """The tier's process group (``TierGroup.create``), made before anything touches the RAM
     folders: a host whose folders are unsafe (``ram_folder_problem``) fails every rank."""
@@ -158,15 +111,43 @@ class RamTier:
         with self._lock:
             self._pending.append((step, future))
 
+    def _problem(self, stepdir: str) -> str | None:
+        """What makes this host's RAM folders unsafe for ``stepdir`` (``folders.step_folder_problem``),
+        or None: the step folder, and the replica folders of the hosts whose copies this host holds
+        (and of rank 0's host, whose metadata every other host holds)."""
+        tg = self.tg
+        origins = {o for o, targets in tg.placement.items() if tg.host in targets}
+        if tg.host != tg.rank_hosts[0]:
+            origins.add(tg.rank_hosts[0])
+        return step_folder_problem(self.fast.root, stepdir, origins)
+
     def _replicate(self, step: int, handle: Any, nonfinite: list[str] | None) -> None:
-        """On the worker thread: wait for the local save, replicate and commit in RAM, copy to the
-        durable tier when due (``durable.copy_to_durable``), then the RAM retention."""
-        handle.wait()
-        stepdir = self._stepdir(step)
-        raw = read_committed(open_storage(self.fast.path_for(step))) if self.tg.rank == 0 else None
-        bad = replicate_step(self.tg, self.layout, step, stepdir, raw, self.chunk, nonfinite)
-        error: BaseException | None = None
-        if bad and self.tg.rank == 0:
+        """On the worker thread: wait for the local save, check this host's folders of the step
+        (``_problem``: a link or a foreign folder planted since the tier was made), replicate and
+        commit in RAM, copy to the durable tier when due (``durable.copy_to_durable``), then the
+        RAM retention. Each phase ends in a collective that fails every rank alike
+        (``TierGroup.fail_together``): no rank raises alone while its peers wait for it."""
+        tg, stepdir = self.tg, self._stepdir(step)
+        raw, error = None, None
+        try:
+            handle.wait()
+            problem = self._problem(stepdir) if tg.is_agent else None
+            if problem is not None:
+                raise ConfigurationError(problem)
+            if tg.rank == 0:
+                raw = read_committed(open_storage(self.fast.path_for(step)))
+                if raw is None:
+                    raise IntegrityError(f"{self.fast.path_for(step)} has no metadata: its save did not commit")
+        except Exception as e:
+            error = e
+        what = (
+            f"step {step} was not replicated (no byte sent, nothing deleted; the previous committed step stays in use)"
+        )
+        tg.fail_together(error, what)
+        check = functools.partial(self._problem, stepdir)
+        bad = replicate_step(tg, self.layout, step, stepdir, raw, self.chunk, nonfinite, check)
+        error = None
+        if bad and tg.rank == 0:
             warnings.warn(
                 f"step {step} holds NaN/Inf in {', '.join(bad)}: it is kept in RAM but never loaded by "
                 "load_latest nor copied to the durable tier (check_finite=True)",
@@ -174,16 +155,21 @@ class RamTier:
             )
         if step % self.durable_every == 0 and not bad:
             try:
-                copy_to_durable(self.tg, self.layout, stepdir, step, self.durable)
+                copy_to_durable(tg, self.layout, stepdir, step, self.durable, check)
                 self._protect = None
-            except CheckpointError as e:
+            except CheckpointError as e:  # raised on every rank alike
                 self._protect, error = stepdir, e  # kept in RAM until a newer durable copy commits
-        if self.tg.is_agent:
-            dropped = drop_old(self.layout, self.keep, self._protect)
-            if self.tg.host == self.tg.rank_hosts[0]:  # the ordinary save's own files of rank 0's host
-                for _, rec in dropped:
-                    gone = int(rec["step"])
-                    self.fast._delete_checkpoint(gone, self.fast._scan().get(gone, []))
+        failed = None
+        try:
+            if tg.is_agent:
+                dropped = drop_old(self.layout, self.keep, self._protect)
+                if tg.host == tg.rank_hosts[0]:  # the ordinary save's own files of rank 0's host
+                    for _, rec in dropped:
+                        gone = int(rec["step"])
+                        self.fast._delete_checkpoint(gone, self.fast._scan().get(gone, []))
+        except Exception as e:
+            failed = e
+        tg.fail_together(failed, f"the RAM retention after step {step} failed (step {step} is committed in RAM)")
         if error is not None:
             raise error
 
@@ -196,19 +182,23 @@ class RamTier:
         return future.result(timeout=budget)
 
     def _flush(self) -> int | None:
-        newest = None
-        if self.tg.is_agent:
-            steps = [int(r["step"]) for r in self.layout.markers().values() if not r.get("nonfinite")]
-            newest = max(steps, default=None)
-        durable = self.durable.latest_step() if self.tg.rank == 0 else None
-        gathered = self.tg.all_gather([self.tg.is_agent, newest, durable])
+        tg, newest, durable, error = self.tg, None, None, None
+        try:
+            if tg.is_agent:
+                steps = [int(r["step"]) for r in self.layout.markers().values() if not r.get("nonfinite")]
+                newest = max(steps, default=None)
+            durable = self.durable.latest_step() if tg.rank == 0 else None
+        except Exception as e:
+            error = e
+        gathered = tg.fail_together(error, "no step was flushed to the durable tier", [tg.is_agent, newest, durable])
         agents = [n for a, n, _ in gathered if a]
         if any(n is None for n in agents):
             return None
         target, done = min(agents), gathered[0][2]
         if done is not None and done >= target:
             return None
-        copy_to_durable(self.tg, self.layout, self._stepdir(target), target, self.durable)
+        stepdir = self._stepdir(target)
+        copy_to_durable(tg, self.layout, stepdir, target, self.durable, functools.partial(self._problem, stepdir))
         self._protect = None
         return target
 
@@ -219,13 +209,20 @@ class RamTier:
         return self._worker.submit(self._latest, durable_step).result()
 
     def _latest(self, durable_step: Callable[[], int | None]) -> tuple[int | None, str]:
-        inv = self.layout.local_inventory() if self.tg.is_agent else None
-        gathered = self.tg.all_gather([self.tg.host, inv])
-        answer = None
-        if self.tg.rank == 0:
-            decision = choose({h: i for h, i in gathered if i is not None}, durable_step())
-            answer = [decision["step"], decision["source"]]
-        step, source = self.tg.all_gather(answer)[0]
+        tg, inv, answer, error = self.tg, None, None, None
+        try:
+            inv = self.layout.local_inventory() if tg.is_agent else None
+        except Exception as e:
+            error = e
+        what = "the latest step of the RAM tier is unknown"
+        gathered = tg.fail_together(error, what, [tg.host, inv])
+        if tg.rank == 0:
+            try:
+                decision = choose({h: i for h, i in gathered if i is not None}, durable_step())
+                answer = [decision["step"], decision["source"]]
+            except Exception as e:
+                error = e
+        step, source = tg.fail_together(error, what, answer)[0]
         return step, source
 
     def recover(

@@ -20,6 +20,7 @@ from tests.workers.recovery_workers import (
     save_big,
     save_steps,
     saves_a_nan_step,
+    saves_after_a_link_is_planted,
     saves_then_gets_sigterm,
 )
 
@@ -146,6 +147,27 @@ def test_issue40_measured_a_recovery_whose_hosts_kept_their_ram_reads_each_byte_
     assert all(r["read"] >= 2 * shard for r in res), [r["read"] for r in res]
 
 
+def test_issue40_item1_a_link_planted_in_a_step_folder_before_recovery_is_the_same_error_on_every_rank(tmp_path):
+    """After the save, host b's ``step_1/data`` folder is swapped for a link to a folder outside
+    holding a canary: ``load_latest`` never reads or writes through it, and every rank raises the
+    same error naming host b (none waits for b until the timeout); the canary is untouched."""
+    base, hosts = str(tmp_path), ["a", "b", "c"]
+    opts = {**OPTS, "timeout": 30.0}
+    run_ranks(save_big, 3, base, hosts, opts)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "canary.txt").write_text("not unickpt's")
+    data = os.path.join(base, "ram", "b", f"unickpt-{os.getuid()}", "job", "step_00000001", "data")
+    os.rename(data, str(tmp_path / "aside"))
+    os.symlink(str(outside), data)
+    res = run_ranks(recover_big, 3, base, hosts, opts)
+    errors = [r["error"] for r in res]
+    assert len(set(errors)) == 1 and errors[0], errors  # the same error, word for word, on every rank
+    assert errors[0].split(":")[0] in ("UnsafePathError", "StorageError", "ConfigurationError"), errors[0]
+    assert "host b (rank 1)" in errors[0] and data in errors[0], errors[0]
+    assert _files(str(outside)) == {"canary.txt": b"not unickpt's"}
+
+
 def test_issue40_item3_a_corrupt_copy_met_by_the_load_with_no_other_copy_and_no_durable_step_raises_on_every_rank(
     tmp_path,
 ):
@@ -211,6 +233,8 @@ def test_issue40_item2_a_step_saved_again_by_a_resumed_job_replaces_its_ram_copi
     for h in hosts:  # only the new save's files (new save id), none of the old save's replicas left
         assert len({n.split("/")[1] for n in second[h] if n != META}) == 1, second[h]
         assert second[h].isdisjoint(first[h] - {META})
+    # the new save's own metadata on rank 0's host stays (the old save's marker named the same file)
+    assert os.path.isfile(os.path.join(base, "ram", "a", f"unickpt-{os.getuid()}", "job", "step_00000002", META))
     res = run_ranks(recover, 3, base, hosts, OPTS)
     assert [r["step"] for r in res] == [2, 2, 2] and all(r["exact"] for r in res), res
 
@@ -465,3 +489,59 @@ def test_issue40_item3_latest_step_answers_for_the_whole_job_on_every_rank(tmp_p
     assert run_ranks(latest_step, 3, base, hosts, opts) == [[2, "fast"]] * 3
     os.system(f"rm -rf {base}/ram")  # every host's RAM is gone: the durable tier's step 2
     assert run_ranks(latest_step, 3, base, hosts, opts) == [[2, "durable"]] * 3
+
+
+def test_issue40_item1_a_link_planted_after_construction_is_the_same_error_on_every_rank(tmp_path):
+    """Between two saves, the tier open on every rank, host b's folder of host a's replicas
+    (``replicas/a``) is swapped for a link to a folder outside holding a canary: step 2's
+    replication fails on every rank with the same ConfigurationError naming host b and the link,
+    before any transfer (no rank waits for b until the timeout), nothing written through the
+    link, the canary and the moved folder untouched."""
+    out, link, outside, aside = _plant_a_link(tmp_path, "between_saves")
+    assert out[0].startswith("ConfigurationError: step 2 was not replicated (no byte sent"), out[0]
+    assert f"host b (rank 1): {link} is a symbolic link" in out[0], out[0]
+    assert _files(str(outside)) == {"canary.txt": b"not unickpt's"}
+    moved = sorted(_files(str(aside)))  # host a's step 1 replica on b: kept, and nothing of step 2 added
+    assert moved and all(n.startswith("step_00000001" + os.sep) for n in moved), moved
+
+
+def test_issue40_item1_a_link_planted_during_the_transfers_is_the_same_error_on_every_rank(tmp_path):
+    """The same link, planted after the check before step 2's replication, as host b starts
+    writing its replicas: b's writes are refused (never through the link), its streams still
+    run to their end, and every rank raises the same ConfigurationError naming host b and the
+    link; no host commits step 2."""
+    out, link, outside, _ = _plant_a_link(tmp_path, "during_transfers")
+    assert out[0].startswith("ConfigurationError: step 2 was not committed in RAM"), out[0]
+    assert f"host b (rank 1): {link} is a symbolic link" in out[0], out[0]
+    assert _files(str(outside)) == {"canary.txt": b"not unickpt's"}
+    assert not any(os.path.exists(p) for p in _markers(str(tmp_path), "step_00000002"))
+
+
+def test_issue40_item5_a_link_planted_before_the_durable_commit_is_the_same_error_on_every_rank(tmp_path):
+    """Step 2 is due on the durable tier; while the hosts copy their files, rank 0's host's
+    metadata of step 2 is swapped for a link to a file outside: rank 0 never reads through it,
+    the durable step 2 is not committed, and every rank (not rank 0 alone) raises the same
+    ConfigurationError naming host a and the link."""
+    out, link, outside, _ = _plant_a_link(tmp_path, "before_durable_commit")
+    assert out[0].startswith("ConfigurationError: the commit of step 2's durable copy"), out[0]
+    assert f"host a (rank 0): {link} is a symbolic link" in out[0], out[0]
+    assert _files(str(outside)) == {"canary.txt": b"not unickpt's"}
+    assert not os.path.exists(tmp_path / "durable" / "step_00000002" / META)
+
+
+def _plant_a_link(tmp_path, when: str) -> tuple[list[str], str, object, object]:
+    """``saves_after_a_link_is_planted`` on hosts a, b, c (``when``: which path, when); every
+    rank's error (asserted the same, word for word), the link, the outside and the aside paths."""
+    base, hosts = str(tmp_path), ["a", "b", "c"]
+    outside, aside = tmp_path / "outside", tmp_path / "aside"
+    outside.mkdir()
+    (outside / "canary.txt").write_text("not unickpt's")
+    opts = {**OPTS, "timeout": 30.0, "durable_every": 2}
+    victim = "a" if when == "before_durable_commit" else "b"
+    target = outside / "canary.txt" if when == "before_durable_commit" else outside
+    out = run_ranks(saves_after_a_link_is_planted, 3, base, hosts, opts, victim, when, str(target), str(aside))
+    root = os.path.join(base, "ram", victim, f"unickpt-{os.getuid()}", "job")
+    link = os.path.join(root, "step_00000002", META) if victim == "a" else os.path.join(root, "replicas", "a")
+    assert os.path.islink(link)
+    assert len(set(out)) == 1 and out[0], out  # the same error, word for word, on every rank
+    return out, link, outside, aside
