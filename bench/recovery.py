@@ -444,7 +444,7 @@ def main() -> None:
     ap.add_argument("--hosts", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rate", default="1gbit", help="tc rate of the S3 server's link")
-    ap.add_argument("--chunk-mib", type=int, default=64, help="the tier's chunk (replication, CRC32C unit)")
+    ap.add_argument("--chunk-mib", type=int, default=16, help="the tier's chunk (replication, CRC32C; library default)")
     ap.add_argument("--mlp", type=int, default=512, help="width of the training step's MLP")
     ap.add_argument("--dir", default=None, help="local disk folder for the disk arm (default /tmp)")
     args = ap.parse_args()

@@ -69,7 +69,7 @@ from .storage import Storage, open_storage
 
 __all__ = ["TieredCheckpointManager", "copy_checkpoint"]
 
-_CHUNK = 64 << 20
+_CHUNK = 16 << 20
 
 
 def copy_checkpoint(src: Storage, dst: Storage) -> Metadata:

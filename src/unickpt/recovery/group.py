@@ -148,6 +148,13 @@ class TierGroup:
     def recv(self, tensor: torch.Tensor, src: int) -> None:
         dist.recv(tensor, src=src, group=self.group)
 
+    def isend(self, tensor: torch.Tensor, dst: int) -> Any:
+        """``dist.isend`` in the tier's group: its work (``wait()``); ``tensor`` must live until then."""
+        return dist.isend(tensor, dst=dst, group=self.group)
+
+    def irecv(self, tensor: torch.Tensor, src: int) -> Any:
+        return dist.irecv(tensor, src=src, group=self.group)
+
 
 # the order in which ``fail_together`` picks the family of a phase's failures
 FAMILY_ORDER: tuple[type[CheckpointError], ...] = (

@@ -18,9 +18,10 @@ for it), after every queued replication:
    the load (a copy failing there sends ``load_latest`` to the second pass);
 3. the chunks still missing are fetched in rounds: all ranks gather every agent's requests (file,
    chunk, hosts that already failed it); each request goes to the nearest holder (ring order from
-   the requester) that has not failed it; in one global order the holder's agent reads the chunk,
-   checks its CRC32C (a failing copy sends a refusal flag instead), sends it; the requester checks
-   the CRC32C again on arrival and writes it, or notes the failed copy for the next round;
+   the requester) that has not failed it; in one global order the holder's agent reads the chunk
+   and sends it with a flag (unreadable: no copy), up to two chunks in flight each way
+   (``_exchange``); the requester checks its CRC32C on arrival and writes it, or notes the
+   failed copy for the next round;
 4. a gather of every agent's outcome: complete everywhere -> each ``.unickpt-part`` is renamed
    (data first, the metadata last) and the agent's commit marker gains the materialised files;
    a chunk no copy could supply -> the parts are removed and the step is excluded: back to 1.
@@ -38,6 +39,7 @@ through the ordinary planner; replicas here are hard links, not copies).
 from __future__ import annotations
 
 import os
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -138,19 +140,23 @@ def _path_on(layout: RamLayout, d: dict[str, Any], name: str, where: str, origin
     return layout.path_of(entry, d["stepdir"])
 
 
+def _read_into(fd: int, i: int, size: int, chunk: int, view: memoryview) -> bool:
+    """Chunk ``i`` of the copy open at ``fd`` into ``view`` (its exact length); False when short."""
+    n, got = len(view), 0
+    while got < n:
+        k = os.preadv(fd, [view[got:]], i * chunk + got)
+        if k <= 0:
+            return False
+        got += k
+    return True
+
+
 def _read_chunk(fd: int, i: int, size: int, chunk: int, want: int, scratch: torch.Tensor) -> memoryview | None:
     """Chunk ``i`` of the copy open at ``fd``, read into ``scratch`` (a reused buffer of at least
     ``chunk`` bytes: no fresh memory per chunk), when its CRC32C is ``want``; else None. The view
     is valid until the next read into ``scratch``."""
-    n = min(chunk, size - i * chunk)
-    view = scratch.numpy().data.cast("B")[:n]
-    got = 0
-    while got < n:
-        k = os.preadv(fd, [view[got:]], i * chunk + got)
-        if k <= 0:
-            return None
-        got += k
-    return view if crc(view) == want else None
+    view = scratch.numpy().data.cast("B")[: min(chunk, size - i * chunk)]
+    return view if _read_into(fd, i, size, chunk, view) and crc(view) == want else None
 
 
 class _Copies:
@@ -161,15 +167,24 @@ class _Copies:
         self.layout = layout
         self._fds: dict[str, int | None] = {}
 
-    def chunk(self, path: str, i: int, size: int, chunk: int, want: int, scratch: torch.Tensor) -> memoryview | None:
-        """``_read_chunk`` of the copy at ``path``; None when it is missing or fails its CRC32C."""
+    def _fd(self, path: str) -> int | None:
         if path not in self._fds:
             try:
                 self._fds[path] = self.layout.open_read(path)
             except (OSError, CheckpointError):
                 self._fds[path] = None
-        fd = self._fds[path]
+        return self._fds[path]
+
+    def chunk(self, path: str, i: int, size: int, chunk: int, want: int, scratch: torch.Tensor) -> memoryview | None:
+        """``_read_chunk`` of the copy at ``path``; None when it is missing or fails its CRC32C."""
+        fd = self._fd(path)
         return None if fd is None else _read_chunk(fd, i, size, chunk, want, scratch)
+
+    def read(self, path: str, i: int, size: int, chunk: int, out: torch.Tensor) -> bool:
+        """Chunk ``i`` of the copy at ``path`` into ``out`` (its exact length), unchecked; False
+        when the copy is missing or short."""
+        fd = self._fd(path)
+        return fd is not None and _read_into(fd, i, size, chunk, out.numpy().data.cast("B"))
 
     def bad_chunks(self, path: str, size: int, chunk: int, crcs: list[int], scratch: torch.Tensor) -> list[int]:
         """The chunks of the copy at ``path`` that do not verify (all of them when it is missing)."""
@@ -214,7 +229,7 @@ def _materialise(
                 errors.append(e)
                 need.clear()  # ask the peers for nothing: this host's part has failed
         # fetch=False: only the files no copy here holds
-        _fetch_rounds(tg, layout, d, need, parts, peers, failed, scratch, copies, errors)
+        _fetch_rounds(tg, layout, d, need, parts, peers, failed, copies, errors)
         lacking = sorted(set(d["files"]) if errors else set(need) | left)
         return local, peers, failed, lacking, (errors[0] if errors else None)
     finally:
@@ -276,9 +291,9 @@ def _complete_here(
 
 def _fetch_rounds(tg: TierGroup, layout: RamLayout, d: dict[str, Any], need: dict[str, dict[int, list[str]]],
                   parts: dict[str, int], peers: dict[str, int], failed: list[str],
-                  scratch: torch.Tensor, copies: _Copies, errors: list[Exception]) -> None:  # fmt: skip
-    chunk = int(d["chunk"])
+                  copies: _Copies, errors: list[Exception]) -> None:  # fmt: skip
     ring = list(tg.hosts)
+    slots: list[torch.Tensor | None] = [None] * (2 * _WINDOW)
     while True:
         if errors:
             need.clear()  # this host has failed: it serves its peers but asks for nothing more
@@ -295,35 +310,87 @@ def _fetch_rounds(tg: TierGroup, layout: RamLayout, d: dict[str, Any], need: dic
                         plan.append((src, requester, name, int(i), holders[src]))
         if not plan:
             return
+        if tg.is_agent:
+            _exchange(tg, layout, d, plan, need, parts, peers, failed, copies, errors, slots)
+
+
+_WINDOW = 2  # chunks a host has in flight each way: the next read (or write) overlaps a transfer
+
+
+def _exchange(tg: TierGroup, layout: RamLayout, d: dict[str, Any], plan: list[Any],
+              need: dict[str, dict[int, list[str]]], parts: dict[str, int], peers: dict[str, int],
+              failed: list[str], copies: _Copies, errors: list[Exception],
+              slots: list[torch.Tensor | None]) -> None:  # fmt: skip
+    """This host's part of one round's transfers (step 3), ``plan`` in the same order on every
+    rank: as holder it reads each chunk it serves into a free send slot and sends a flag (read
+    or not) and the bytes (``isend``); as requester it posts the receives (``irecv``) ahead and
+    lands the oldest arrival when it needs its slot: CRC32C checked, then written into the
+    part, or the copy recorded as failed and asked of the next holder in the next round. Up to
+    ``_WINDOW`` chunks each way are in flight (``slots``: 2 x ``_WINDOW`` chunk buffers, made
+    when first used, kept for the next round), so a holder's next read and a requester's last
+    write overlap the transfers. Deadlock-free: every wait is for a transfer earlier in the
+    global order, whose two ends have both posted it."""
+    chunk = int(d["chunk"])
+    send_free, recv_free = list(range(_WINDOW)), list(range(_WINDOW, 2 * _WINDOW))
+    sending: deque[tuple[int, list[Any], torch.Tensor]] = deque()
+    receiving: deque[tuple[int, list[Any], torch.Tensor, tuple[str, str, int, int]]] = deque()
+
+    def buffer(slot: int, n: int) -> torch.Tensor:
+        if slots[slot] is None:
+            slots[slot] = torch.empty(chunk, dtype=torch.uint8)
+        out = slots[slot]
+        assert out is not None
+        return out[:n]
+
+    def land() -> None:
+        slot, works, flag, (src, name, i, n) = receiving.popleft()
+        for w in works:
+            w.wait()
+        recv_free.append(slot)
+        buf = buffer(slot, n)
+        sent = bool(flag.item())
+        if sent and crc(buf.numpy()) == d["files"][name][1][i]:
+            try:
+                pwrite_all(parts[name], buf.numpy().data.cast("B"), i * chunk)
+            except OSError as e:  # keep receiving this round; ask for nothing more
+                errors.append(e)
+            peers[src] = peers.get(src, 0) + n
+            del need[name][i]
+            if not need[name]:
+                del need[name]
+            return
+        failed.append(f"{src}:{name}#{i} (" + ("its copy failed CRC32C" if sent else "no readable copy") + ")")
+        need[name][i].append(src)
+
+    try:
         for src, requester, name, i, holder in plan:
-            size, crcs = d["files"][name]
+            size = d["files"][name][0]
             n = min(chunk, size - i * chunk)
-            flag = torch.zeros(1, dtype=torch.int64)
-            if tg.is_agent and tg.host == src:
-                data = copies.chunk(_path_on(layout, d, name, holder[1], holder[2]), i, size, chunk, crcs[i], scratch)
-                flag[0] = int(data is not None)
-                tg.send(flag, tg.agents[requester])
-                if data is not None:
-                    tg.send(scratch[:n], tg.agents[requester])
-            elif tg.is_agent and tg.host == requester:
-                tg.recv(flag, tg.agents[src])
-                ok = False
-                if int(flag.item()):
-                    buf = scratch[:n]
-                    tg.recv(buf, tg.agents[src])
-                    ok = crc(buf.numpy()) == crcs[i]
-                    if ok:
-                        try:
-                            pwrite_all(parts[name], buf.numpy().data.cast("B"), i * chunk)
-                        except OSError as e:  # keep receiving this round; ask for nothing more
-                            errors.append(e)
-                        peers[src] = peers.get(src, 0) + n
-                        del need[name][i]
-                        if not need[name]:
-                            del need[name]
-                if not ok:
-                    failed.append(f"{src}:{name}#{i} (its copy failed CRC32C)")
-                    need[name][i].append(src)
+            if tg.host == src:
+                if not send_free:
+                    slot, works, _ = sending.popleft()
+                    for w in works:
+                        w.wait()
+                    send_free.append(slot)
+                slot = send_free.pop()
+                buf = buffer(slot, n)
+                path = _path_on(layout, d, name, holder[1], holder[2])
+                flag = torch.tensor([int(copies.read(path, i, size, chunk, buf))], dtype=torch.int64)
+                dst = tg.agents[requester]
+                sending.append((slot, [tg.isend(flag, dst), tg.isend(buf, dst)], flag))
+            elif tg.host == requester:
+                if not recv_free:
+                    land()
+                slot = recv_free.pop()
+                flag = torch.zeros(1, dtype=torch.int64)
+                at = tg.agents[src]
+                receiving.append((slot, [tg.irecv(flag, at), tg.irecv(buffer(slot, n), at)], flag, (src, name, i, n)))
+        while receiving:
+            land()
+    finally:
+        for _, works, _ in sending:
+            for w in works:
+                w.wait()
 
 
 def _finish(layout: RamLayout, d: dict[str, Any], host: str) -> None:
