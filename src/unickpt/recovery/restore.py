@@ -77,7 +77,9 @@ def recover(
     only what a restart at the same layout reads, the metadata and the files its own ranks wrote
     (their origin is this host), from its own copies; one it holds no copy of at all (its RAM
     was lost) comes from the peers; one whose copy here fails its CRC32C is left to the
-    ``fetch=True`` pass (which verifies and names every failing copy). A job whose hosts all
+    ``fetch=True`` pass (which verifies and names every failing copy). With ``load_verifies``
+    the copies here are not read at all (``_materialise``): the load that follows checks them,
+    and a failure there is what sends ``load_latest`` to that pass. A job whose hosts all
     kept their RAM moves no byte between hosts. The decision says ``"complete"`` (every host
     has every file) and ``"metadata_everywhere"``."""
     excluded: list[list[str]] = []
