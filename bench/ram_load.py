@@ -30,14 +30,13 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import barrier, fmt_s, gather, machine_line, median, progress, spawn, table
+from _common import barrier, fmt_s, gather, machine_line, median, preadv_files, progress, spawn, table
 
 MiB = 1 << 20
 ARMS = ("load", "nocrc", "raw", "rawcrc")
 
 
 def rank_main(rank: int, ws: int, cfg: dict) -> dict | None:
-    import crc32c
     import torch
     from torch import nn
     from torch.distributed.tensor import Shard, distribute_tensor, init_device_mesh
@@ -65,19 +64,7 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict | None:
     view = memoryview(buf.numpy()).cast("B")
 
     def raw(check: bool) -> None:
-        at = 0
-        for path, size in zip(mine, sizes):
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                done = 0
-                while done < size:
-                    done += os.preadv(fd, [view[at + done : at + size]], done)
-            finally:
-                os.close(fd)
-            if check:
-                for lo in range(at, at + size, cfg["chunk"]):
-                    crc32c.crc32c(view[lo : min(at + size, lo + cfg["chunk"])])
-            at += size
+        preadv_files(mine, sizes, view, cfg["chunk"] if check else 0)
 
     def load(verify: bool) -> None:
         for p in m.parameters():

@@ -56,7 +56,7 @@ import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import GiB, fmt_s, machine_line, median, progress, spawn, table
+from _common import GiB, fmt_s, machine_line, median, preadv_files, progress, spawn, table
 
 N_TENSORS = 16
 LOST = 1  # the rank whose host loses its RAM in arm a
@@ -254,8 +254,6 @@ def _load_arm(r: _Rank, arm: str, log) -> dict:
         out["wall"] = time.perf_counter() - t0
         step = last
     else:  # raw, rawcrc: this rank's data files of the step, from this host's tmpfs
-        import crc32c
-
         folder = os.path.join(r.ram, f"unickpt-{os.getuid()}", "job", r.cfg["stepdir"], "data")
         mine = sorted(
             os.path.join(top, f) for top, _, files in os.walk(folder) for f in files if f.startswith(f"r{r.rank:05d}-")
@@ -265,19 +263,7 @@ def _load_arm(r: _Rank, arm: str, log) -> dict:
         view = memoryview(buf.numpy()).cast("B")
         _barrier()
         t0 = time.perf_counter()
-        at = 0
-        for path, size in zip(mine, sizes):
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                done = 0
-                while done < size:
-                    done += os.preadv(fd, [view[at + done : at + size]], done)
-            finally:
-                os.close(fd)
-            if arm == "rawcrc":
-                for lo in range(at, at + size, 64 << 20):
-                    crc32c.crc32c(view[lo : min(at + size, lo + (64 << 20))])
-            at += size
+        at = preadv_files(mine, sizes, view, (64 << 20) if arm == "rawcrc" else 0)
         out["wall"] = time.perf_counter() - t0
         out["raw_bytes"] = at
         del view, buf
