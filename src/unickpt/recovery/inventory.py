@@ -151,7 +151,7 @@ class RamLayout:
         """Whether a name ``path`` is there (a link counts; nothing is followed)."""
         try:
             stat_in(self.root, self._parts(path))
-        except (OSError, UnsafePathError):
+        except OSError:  # UnsafePathError included
             return False
         return True
 

@@ -45,7 +45,6 @@ from typing import Any
 
 import torch
 
-from ..errors import CheckpointError
 from ..format.records import METADATA_FILE
 from ..storage.local_files import pwrite_all, truncate
 from .decide import choose
@@ -142,11 +141,12 @@ def _path_on(layout: RamLayout, d: dict[str, Any], name: str, where: str, origin
     return layout.path_of(entry, d["stepdir"])
 
 
-def _read_into(fd: int, i: int, size: int, chunk: int, view: memoryview) -> bool:
-    """Chunk ``i`` of the copy open at ``fd`` into ``view`` (its exact length); False when short."""
+def _read_into(fd: int, at: int, view: memoryview) -> bool:
+    """The bytes at offset ``at`` of the copy open at ``fd`` into ``view`` (its exact length);
+    False when the copy is short."""
     n, got = len(view), 0
     while got < n:
-        k = os.preadv(fd, [view[got:]], i * chunk + got)
+        k = os.preadv(fd, [view[got:]], at + got)
         if k <= 0:
             return False
         got += k
@@ -158,7 +158,7 @@ def _read_chunk(fd: int, i: int, size: int, chunk: int, want: int, scratch: torc
     ``chunk`` bytes: no fresh memory per chunk), when its CRC32C is ``want``; else None. The view
     is valid until the next read into ``scratch``."""
     view = scratch.numpy().data.cast("B")[: min(chunk, size - i * chunk)]
-    return view if _read_into(fd, i, size, chunk, view) and crc(view) == want else None
+    return view if _read_into(fd, i * chunk, view) and crc(view) == want else None
 
 
 class _Copies:
@@ -173,7 +173,7 @@ class _Copies:
         if path not in self._fds:
             try:
                 self._fds[path] = self.layout.open_read(path)
-            except (OSError, CheckpointError):
+            except OSError:  # missing, or a link where a folder or the file belongs (UnsafePathError)
                 self._fds[path] = None
         return self._fds[path]
 
@@ -186,7 +186,7 @@ class _Copies:
         """Chunk ``i`` of the copy at ``path`` into ``out`` (its exact length), unchecked; False
         when the copy is missing or short."""
         fd = self._fd(path)
-        return fd is not None and _read_into(fd, i, size, chunk, out.numpy().data.cast("B"))
+        return fd is not None and _read_into(fd, i * chunk, out.numpy().data.cast("B"))
 
     def bad_chunks(self, path: str, size: int, chunk: int, crcs: list[int], scratch: torch.Tensor) -> list[int]:
         """The chunks of the copy at ``path`` that do not verify (all of them when it is missing)."""
