@@ -241,8 +241,9 @@ def _read_one(path: str, buf: RawBuffer, out: list[int], i: int) -> None:
 def preadv_files(paths: Sequence[str], sizes: Sequence[int], view: memoryview, crc_every: int = 0) -> int:
     """``preadv`` of whole files one after another into ``view`` (their bytes back to back; a
     pre-touched buffer, so no page fault is timed); ``crc_every``: then ``crc32c`` of each file's
-    bytes in pieces of that many bytes (the least a verified read costs). Returns the bytes read."""
-    import crc32c
+    bytes in pieces of that many bytes, with the implementation the load uses (the least a
+    verified read costs). Returns the bytes read."""
+    from unickpt.format.checksums import crc32c
 
     at = 0
     for path, size in zip(paths, sizes):
@@ -255,7 +256,7 @@ def preadv_files(paths: Sequence[str], sizes: Sequence[int], view: memoryview, c
             os.close(fd)
         if crc_every:
             for lo in range(at, at + size, crc_every):
-                crc32c.crc32c(view[lo : min(at + size, lo + crc_every)])
+                crc32c(view[lo : min(at + size, lo + crc_every)])
         at += size
     return at
 

@@ -8,8 +8,6 @@ dataloader blob, bounded and checksum-verified. The tensors' reads are ``engine.
 
 from __future__ import annotations
 
-import crc32c
-
 from ..coordination.base import Coordinator
 from ..errors import (
     CheckpointError,
@@ -19,6 +17,7 @@ from ..errors import (
 )
 from ..folder.files import data_files, raise_problem
 from ..folder.probe import read_metadata_bytes
+from ..format.checksums import crc32c
 from ..format.codec import decode_metadata
 from ..format.records import METADATA_FILE, BlobRecord, Metadata
 from ..planning.load.runs import cover_of
@@ -72,7 +71,7 @@ def read_blob(md: Metadata, storage: Storage, blob: BlobRecord, rank: int, cap: 
     out = bytearray(units.hi - units.lo)
     storage.read_into(name, units.lo, memoryview(out))
     for start, end, want in zip(units.starts, units.ends, units.crcs):
-        if crc32c.crc32c(memoryview(out)[start - units.lo : end - units.lo]) != want:
+        if crc32c(memoryview(out)[start - units.lo : end - units.lo]) != want:
             raise ChecksumMismatchError(
                 f"rank {rank}: checksum mismatch for {blob.key!r} in {storage.url}/{name} bytes [{start}, {end})"
             )

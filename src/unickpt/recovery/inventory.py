@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import StorageError, UnsafePathError
+from ..format.checksums import crc32c
 from ..storage.local import LocalStorage
 from ..storage.local_files import (
     create_at,
@@ -81,9 +82,7 @@ def read_chunks(layout: RamLayout, path: str, size: int, chunk: int) -> Iterator
 
 def crc(data: Any) -> int:
     """The CRC32C of a buffer (bytes, memoryview, numpy array)."""
-    import crc32c
-
-    return int(crc32c.crc32c(data))
+    return crc32c(data)
 
 
 def chunk_crcs_of(layout: RamLayout, path: str, size: int, chunk: int) -> list[int]:

@@ -32,12 +32,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import crc32c
 import torch
 
 from ...errors import ChecksumMismatchError
 from ...folder.files import data_files, raise_problem
-from ...format.checksums import Units
+from ...format.checksums import Units, crc32c
 from ...format.records import Metadata
 from ...planning.load.runs import MERGE_GAP, Run, Span, cover_of, extent_of, plan_runs
 from ...storage.base import Storage
@@ -308,7 +307,7 @@ class RunJob:
                 if self._unit_next[u] != a:
                     self._unit_next[u] = -1
                     continue
-                self._unit_crc[u] = crc32c.crc32c(view[a - lo : b - lo], self._unit_crc[u])
+                self._unit_crc[u] = crc32c(view[a - lo : b - lo], self._unit_crc[u])
                 self._unit_next[u] = b
         self.clock.add_checksum(t0, time.perf_counter(), hi - lo)
 
@@ -354,7 +353,7 @@ class RunJob:
             for seg in self._segments_in(lo, hi):
                 a, b = max(lo, seg.lo), min(hi, seg.hi)
                 assert seg.view is not None
-                crc = crc32c.crc32c(seg.view[a - seg.lo : b - seg.lo], crc)
+                crc = crc32c(seg.view[a - seg.lo : b - seg.lo], crc)
             self.clock.add_checksum(t0, time.perf_counter(), hi - lo)
         if crc != want:
             named = self.holders(lo, hi) if self.holders is not None else [repr(n.what) for n in self._unit_needs[u]]
