@@ -51,6 +51,7 @@ import torch.distributed as dist
 
 from ..errors import CheckpointError, CollectiveError, CollectiveTimeoutError, RankDisagreementError
 from . import _torch_private as private
+from . import objects
 from .store import StoreScope
 from .topology import CoordinationOptions, TreeLayout, TreeShape, host_sizes
 from .waits import OTHERS_NAME_THEM, WAITS, names_missing
@@ -70,6 +71,7 @@ class GroupLink:
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
         self.root = dist.get_global_rank(group, 0)
+        self.members = dist.get_process_group_ranks(group)
         self._timeout: float | None = None
 
     def set_timeout(self, seconds: float) -> None:
@@ -78,19 +80,15 @@ class GroupLink:
             self._timeout = seconds
 
     def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
-        out: list[Any] | None = [None] * self.size if self.rank == 0 else None
-        dist.gather_object(obj, out, dst=self.root, group=self.group)
-        return out
+        return objects.gather(self.group, self.size, obj, self.root, self.rank == 0, self.members)
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
-        box = [obj]
-        dist.broadcast_object_list(box, src=self.root, group=self.group)
-        return box[0]
+        return objects.broadcast(self.group, self.size, obj, self.root, self.rank == 0)
 
     def scatter_object(self, objs: list[Any] | None, src: int = 0) -> Any:
-        out: list[Any] = [None]
-        dist.scatter_object_list(out, objs if self.rank == 0 else None, src=self.root, group=self.group)
-        return out[0]
+        return objects.scatter(
+            self.group, self.size, objs if self.rank == 0 else None, self.root, self.rank == 0, self.members
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,31 +382,26 @@ class TorchDistCoordinator:
         return StoreScope(store, f"unickpt/barrier/{name}", limit, self.label, ch.warn_every, watch)
 
     def all_gather_object(self, obj: Any) -> list[Any]:
-        out: list[Any] = [None] * self.world_size
-        self._run("all_gather_object", lambda: dist.all_gather_object(out, obj, group=self.group))
-        return out
+        return self._run("all_gather_object", lambda: objects.all_gather(self.group, self.world_size, obj))
 
     def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
-        out: list[Any] | None = [None] * self.world_size if self.rank == dst else None
-        self._run("gather_object", lambda: dist.gather_object(obj, out, dst=self._global_ranks[dst], group=self.group))
-        return out
+        ranks, ws = self._global_ranks, self.world_size
+        return self._run(
+            "gather_object", lambda: objects.gather(self.group, ws, obj, ranks[dst], self.rank == dst, ranks)
+        )
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
-        box = [obj]
-        self._run(
-            "broadcast_object", lambda: dist.broadcast_object_list(box, src=self._global_ranks[src], group=self.group)
+        ranks, ws = self._global_ranks, self.world_size
+        return self._run(
+            "broadcast_object", lambda: objects.broadcast(self.group, ws, obj, ranks[src], self.rank == src)
         )
-        return box[0]
 
     def scatter_object(self, objs: list[Any] | None, src: int = 0) -> Any:
-        out: list[Any] = [None]
-        self._run(
+        ranks, ws, mine = self._global_ranks, self.world_size, self.rank == src
+        return self._run(
             "scatter_object",
-            lambda: dist.scatter_object_list(
-                out, objs if self.rank == src else None, src=self._global_ranks[src], group=self.group
-            ),
+            lambda: objects.scatter(self.group, ws, objs if mine else None, ranks[src], mine, ranks),
         )
-        return out[0]
 
     def barrier(self) -> None:
         self._run("barrier", lambda: dist.barrier(group=self.group))
