@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import torch.distributed as dist
 
     from .barrier import commit_barrier
-    from .base import Coordinator, Settle, run_stage
+    from .base import Coordinator, Settle, Share, run_stage
     from .single import SingleProcessCoordinator
     from .topology import CoordinationOptions, TreeLayout
     from .torch_dist import CheckpointGroups, TorchDistCoordinator
@@ -33,6 +33,7 @@ __all__ = [
     "Coordinator",
     "run_stage",
     "Settle",
+    "Share",
     "SingleProcessCoordinator",
     "TorchDistCoordinator",
     "CheckpointGroups",
@@ -47,6 +48,7 @@ _LAZY = {
     "commit_barrier": ".barrier",
     "Coordinator": ".base",
     "Settle": ".base",
+    "Share": ".base",
     "run_stage": ".base",
     "SingleProcessCoordinator": ".single",
     "CoordinationOptions": ".topology",

@@ -15,7 +15,7 @@ from typing import Any, Protocol, TypeVar
 from .outcomes import Outcome, disagreement, pack, stage_error
 from .store import StoreScope
 
-__all__ = ["Coordinator", "Settle", "run_stage"]
+__all__ = ["Coordinator", "Settle", "Share", "run_stage"]
 
 T = TypeVar("T")
 
@@ -56,6 +56,17 @@ class Settle:
     apply: Callable[[int], None]
 
 
+@dataclass(frozen=True, slots=True)
+class Share:
+    """A value that rides along a stage's all_gather: ``value(result)`` on every rank whose part
+    succeeded, then, once the stage succeeded, ``apply(every rank's value, in rank order)`` on
+    every rank. The load's validate stage (``engine.load.pipeline``) combines every rank's
+    missing and unexpected keys with it, in the stage's own round trip."""
+
+    value: Callable[[Any], object]
+    apply: Callable[[list[object]], None]
+
+
 def run_stage(
     coord: Coordinator,
     stage: str,
@@ -63,6 +74,7 @@ def run_stage(
     *,
     agree: Callable[[T], Mapping[str, object]] | None = None,
     settle: Settle | None = None,
+    share: Share | None = None,
 ) -> T:
     """Run ``fn`` locally, then agree across ranks (one all_gather; none for one process).
 
@@ -70,20 +82,22 @@ def run_stage(
     failing ranks' common ``CheckpointError`` type, else ``RankFailures``), at every world size.
     ``agree(result)``: values every rank must share, e.g. ``{"path": url}``; when they differ every
     rank raises ``RankDisagreementError`` (carried by the same all_gather, no extra round trip).
-    ``settle``: see ``Settle`` (same all_gather)."""
+    ``settle``: see ``Settle``; ``share``: see ``Share`` (both on the same all_gather)."""
     result: T | None = None
     error: BaseException | None = None
     claims: tuple[tuple[str, str], ...] = ()
+    shared: object = None
     try:
         result = fn()
         claims = () if agree is None else tuple((k, repr(v)) for k, v in agree(result).items())
+        shared = None if share is None else share.value(result)
     except Exception as e:  # reported to every rank below
         error = e
     count = settle.count() if settle is not None else 0
     if error is not None:
         mine = pack(error, transport=coord.world_size > 1, count=count)
     else:
-        mine = Outcome(claims=claims, count=count)
+        mine = Outcome(claims=claims, count=count, shared=shared)
     outcomes = [mine] if coord.world_size == 1 else coord.all_gather_object(mine)
     failed = {r: o for r, o in enumerate(outcomes) if o.error_type is not None}
     if failed:
@@ -93,4 +107,6 @@ def run_stage(
         raise refused
     if settle is not None:
         settle.apply(min(o.count for o in outcomes))
+    if share is not None:
+        share.apply([o.shared for o in outcomes])
     return result  # type: ignore[return-value]

@@ -27,6 +27,7 @@ import sys
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import CheckpointError, RankDisagreementError, RankFailures, RemoteRankError
 
@@ -47,6 +48,7 @@ class Outcome:
     pickled: bytes | None = None
     claims: tuple[tuple[str, str], ...] = ()  # (what, value as text), on success
     count: int = 0  # run_stage's ``settle`` count
+    shared: Any = None  # run_stage's ``share`` value, on success
 
 
 def pack(e: BaseException, transport: bool = True, count: int = 0) -> Outcome:

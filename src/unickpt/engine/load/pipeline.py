@@ -19,14 +19,15 @@
              dtypes), probes read (FSDP1 flat steps, into scratch), ``view.validate()``
              (param groups, hyper-parameter types, flat steps agree), the other items' blobs
              (``StateLayout.choose``) and the top-level keys (``keys_against``); then every
-             rank's missing and unexpected keys are combined (a key is unexpected only if no
-             rank responsible for it wants it: pipeline stages hold different parameters), so
-             every rank raises the same error under ``strict``. Nothing in the job changed yet.
+             rank's missing and unexpected keys are combined, in the stage's own all_gather
+             (``Share``; a key is unexpected only if no rank responsible for it wants it:
+             pipeline stages hold different parameters), so every rank raises the same error
+             under ``strict``. Nothing in the job changed yet.
   read*      ``engine.load.stage.read_stage`` fills the destinations: live tensors in place (a failure
              then says plainly that live tensors were partly overwritten), or with
              ``LoadOptions(stage_before_apply=True)`` staging buffers, every checksum verified
-             on every rank before anything live is touched; the other items' blobs read and
-             decoded.
+             on every rank before anything live is touched; then the other items' blobs read
+             and decoded, agreed on with the reads in one all_gather.
   apply*     the resized tensors handed to their modules (``Resizes.apply``), staging copied
              into the live tensors, ``view.apply()`` (optimizer state installed,
              state the checkpoint does not have removed, param groups set), then every other
@@ -39,13 +40,13 @@ A load changes the live state, so it is blocking by nature: ``run`` returns when
 from __future__ import annotations
 
 import time
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from ...coordination import Coordinator, SingleProcessCoordinator, run_stage
+from ...coordination import Coordinator, Share, SingleProcessCoordinator, run_stage
 from ...errors import CheckpointError, IntegrityError, RankFailures
 from ...folder.lock import checkpoint_replaced
 from ...folder.target import claims
@@ -175,16 +176,28 @@ def _load_once(
     source = storage.url
     layout, adapter = described
     own: dict[tuple[str, str], Any] = {}  # a Stateful's tensors, by (item, key)
+    agreed: list[tuple[list[str], list[str]]] = []  # every rank's missing/unexpected keys, combined
+    keys = Share(
+        lambda f: (sorted(set(f.missing)), sorted(set(f.unexpected)), f.view.prefixes),
+        lambda gathered: agreed.append(_agree_keys(gathered)),
+    )
     with events.phase("load.plan", coord.rank, path=source):
         found = run_stage(
-            coord, "load (validate)", lambda: _validate(md, storage, coord, layout, adapter, strict, options, own)
+            coord,
+            "load (validate)",
+            lambda: _validate(md, storage, coord, layout, adapter, strict, options, own),
+            share=keys,
         )
-        missing, unexpected = _agree_keys(coord, found.missing, found.unexpected, found.view.prefixes)
+    missing, unexpected = agreed[0]
     if strict and (missing or unexpected):
         raise keys_error(missing, unexpected, source)
     view = found.view
-    targets = _read(events, md, storage, coord, view, found.reads, options)
-    values = _read_extra(md, storage, coord, view, found.blobs, options)
+    values: dict[tuple[str, str], Any] = {}  # the other items' blobs, read within the read stage
+
+    def read_blobs() -> None:
+        values.update(_read_blobs(md, storage, found.blobs, coord.rank, options.limits.max_blob_bytes))
+
+    targets = _read(events, md, storage, coord, view, found.reads, options, read_blobs)
 
     def apply() -> None:
         if found.resizes:
@@ -268,10 +281,12 @@ def _read(
     view: LoadView,
     reads: list[ShardRead],
     options: LoadOptions,
+    then: Callable[[], None],
 ) -> list[LoadItem]:
     """Collective: the read stage into the destinations: the live tensors (returns
     ``view.items``), or with ``stage_before_apply`` staging buffers for every live one (returns
-    those targets). A failure after bytes may have landed in live tensors says so."""
+    those targets); ``then`` (the other items' blobs) runs after this rank's reads, within the
+    stage's one round trip. A failure after bytes may have landed in live tensors says so."""
     staged = options.stage_before_apply
     targets = [i if i.fresh else LoadItem(i.spec, _staging(i.tensor), True) for i in view.items] if staged else None
     try:
@@ -287,31 +302,12 @@ def _read(
                 options.io.dedup_reads,
                 events,
                 pinned_device_copies=options.io.pinned_device_copies,
+                then=then,
             )
     except CheckpointError as e:
         _say_partial_if(e, staged, view)
         raise
     return targets if targets is not None else view.items
-
-
-def _read_extra(
-    md: Metadata,
-    storage: Storage,
-    coord: Coordinator,
-    view: LoadView,
-    blobs: dict[tuple[str, str], str],
-    options: LoadOptions,
-) -> dict[tuple[str, str], Any]:
-    """Collective: the other items' blobs, read and decoded (after the tensors' reads)."""
-    try:
-        return run_stage(
-            coord,
-            "load (read extra state)",
-            lambda: _read_blobs(md, storage, blobs, coord.rank, options.limits.max_blob_bytes),
-        )
-    except CheckpointError as e:
-        _say_partial_if(e, options.stage_before_apply, view)
-        raise
 
 
 def _say_partial_if(e: CheckpointError, staged: bool, view: LoadView) -> None:
@@ -338,15 +334,11 @@ def _say_partial(e: CheckpointError) -> None:
         e.add_note(note)
 
 
-def _agree_keys(
-    coord: Coordinator, missing: list[str], unexpected: list[str], prefixes: tuple[str, ...]
-) -> tuple[list[str], list[str]]:
+def _agree_keys(gathered: list[Any]) -> tuple[list[str], list[str]]:
     """Every rank's missing keys (union) and the checkpoint keys no responsible rank wants (a
     key is unexpected when every rank whose view covers its prefix found it unexpected; a key no
-    view covers, such as ``dataloader``, when every rank found it unexpected)."""
-    if coord.world_size == 1:
-        return sorted(set(missing)), sorted(set(unexpected))
-    gathered = coord.all_gather_object((sorted(set(missing)), sorted(set(unexpected)), prefixes))
+    view covers, such as ``dataloader``, when every rank found it unexpected). ``gathered``:
+    each rank's (missing, unexpected, prefixes), in rank order."""
     all_missing = sorted({k for m, _, _ in gathered for k in m})
     candidates = {k for _, u, _ in gathered for k in u}
     sets = [(set(u), p) for _, u, p in gathered]

@@ -59,11 +59,14 @@ def read_stage(
     events: EventBus = NO_EVENTS,
     *,
     pinned_device_copies: bool = False,
+    then: Callable[[], None] | None = None,
 ) -> int:
     """Collective: read and place every needed shard; return the bytes this rank read.
     ``events``: the forwarding between ranks is reported as phase ``load.transfer``.
     ``pinned_device_copies`` (``ReadOptions``): CUDA destinations filled through the pinned
-    bounce buffers and side streams of ``engine.load.device``.
+    bounce buffers and side streams of ``engine.load.device``. ``then``: more of this rank's work
+    (the pipeline's blobs), run after its reads and before the stage's agreement, so that its
+    failure is agreed on in the same round trip.
 
     Each rank reads, of each saved shard it needs, the rows its copies touch. With ``dedup``
     (and several ranks), a shard whose needed rows several ranks share is read by one of them
@@ -101,7 +104,7 @@ def read_stage(
             error = e
         if transfer is not None:
             transfer.finish()  # sends what is still unsent (marked bad after a failure), waits for all
-        total = run_stage(coord, "load (read)", lambda: _raise_or(error, total))
+        total = run_stage(coord, "load (read)", lambda: _raise_or(error, total, then))
         if transfer is not None:
             t_apply = time.perf_counter()
             received = _place_received(md, items, mine, transfer, copies, device)
@@ -172,10 +175,13 @@ def _needs(
     return wanted, cached
 
 
-def _raise_or(error: Exception | None, total: int) -> int:
-    """What this rank tells the stage's agreement: its failure, or the bytes it read."""
+def _raise_or(error: Exception | None, total: int, then: Callable[[], None] | None) -> int:
+    """What this rank tells the stage's agreement: its failure, or (after ``then``, which may
+    fail) the bytes it read."""
     if error is not None:
         raise error
+    if then is not None:
+        then()
     return total
 
 
