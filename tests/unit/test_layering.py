@@ -49,7 +49,8 @@ ALLOWED: dict[str, set[str]] = {
     "checkpointer": {"coordination", "engine", "errors", "folder", "format", "monitoring", "options", "storage"},
     "api": {"checkpointer", "engine", "errors", "folder", "format", "options"},
     "manager": {"checkpointer", "coordination", "engine", "errors", "folder", "format", "options", "storage"},
-    "recovery": {"errors", "folder", "format", "manager", "storage"},
+    # recovery -> coordination: the RAM tier's group exchanges its values through coordination.objects
+    "recovery": {"coordination", "errors", "folder", "format", "manager", "storage"},
     "tiering": {
         "checkpointer",
         "engine",

@@ -71,3 +71,18 @@ def subgroup(rank: int, ws: int) -> dict[str, Any]:
             group, 2, [obj_of(7, True), obj_of(8, True)] if rank == 2 else None, 2, rank == 2, members
         ),
     }
+
+
+def codecs(rank: int, ws: int) -> dict[str, Any]:
+    """The RAM tier's codecs: JSON values (one of them large) and raw bytes (small and large)."""
+    from unickpt.coordination import objects
+
+    group = dist.new_group(backend="gloo")
+    value = {"rank": rank, "steps": list(range(rank * 3000))}  # rank 2's is over the slot
+    small = bytes([rank]) * 10 if rank == 0 else None
+    large = bytes([9]) * BIG if rank == 1 else None
+    return {
+        "json": objects.all_gather(group, ws, value, objects.JSON),
+        "raw_small": objects.broadcast(group, ws, small, 0, rank == 0, objects.RAW),
+        "raw_large": objects.broadcast(group, ws, large, 1, rank == 1, objects.RAW),
+    }

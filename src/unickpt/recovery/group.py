@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..coordination import objects
 from ..errors import (
     CheckpointError,
     ConcurrencyError,
@@ -133,14 +134,9 @@ class TierGroup:
         if self.group is None:
             assert data is not None
             return data
-        n = torch.tensor([len(data) if data is not None else 0], dtype=torch.int64)
-        dist.broadcast(n, src=src, group=self.group)
-        buf = torch.empty(int(n.item()), dtype=torch.uint8)
-        if self.rank == src:
-            assert data is not None
-            buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
-        dist.broadcast(buf, src=src, group=self.group)
-        return buf.numpy().tobytes()
+        assert self.rank != src or data is not None
+        global_src = dist.get_global_rank(self.group, src)
+        return bytes(objects.broadcast(self.group, self.world_size, data, global_src, self.rank == src, objects.RAW))
 
     def send(self, tensor: torch.Tensor, dst: int) -> None:
         dist.send(tensor, dst=dst, group=self.group)
@@ -186,16 +182,8 @@ def _describe(error: BaseException) -> str:
 
 
 def all_gather_json(group: Any, world_size: int, obj: Any) -> list[Any]:
-    """Every rank's ``obj`` (JSON values only), in rank order."""
-    raw = json.dumps(obj, separators=(",", ":")).encode()
+    """Every rank's ``obj`` (JSON values only), in rank order (one collective when every rank's
+    fits its slot: ``coordination.objects``)."""
     if group is None:
-        return [json.loads(raw)]
-    size = torch.tensor([len(raw)], dtype=torch.int64)
-    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world_size)]
-    dist.all_gather(sizes, size, group=group)
-    most = max(int(s.item()) for s in sizes)
-    mine = torch.zeros(most, dtype=torch.uint8)
-    mine[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-    bufs = [torch.empty(most, dtype=torch.uint8) for _ in range(world_size)]
-    dist.all_gather(bufs, mine, group=group)
-    return [json.loads(b[: int(s.item())].numpy().tobytes()) for b, s in zip(bufs, sizes)]
+        return [json.loads(json.dumps(obj, separators=(",", ":")))]
+    return objects.all_gather(group, world_size, obj, objects.JSON)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests.workers.harness import run_ranks
-from tests.workers.object_workers import BIG, collectives, obj_of, subgroup
+from tests.workers.object_workers import BIG, codecs, collectives, obj_of, subgroup
 
 
 @pytest.mark.parametrize("big_ranks", [[], [2], [0, 1, 2]], ids=["small", "one-big", "all-big"])
@@ -49,3 +49,12 @@ def test_object_collectives_on_a_subgroup_map_group_ranks_to_global_ones():
         assert got["broadcast"] == obj_of(2, True)
         assert got["gather"] == ([obj_of(1, True), obj_of(2, True)] if rank == 1 else None)
         assert got["scatter"] == obj_of(7 if rank == 1 else 8, True)
+
+
+def test_the_ram_tiers_codecs_carry_json_values_and_raw_bytes():
+    res = run_ranks(codecs, 3, timeout=120)
+    everyone = [{"rank": r, "steps": list(range(r * 3000))} for r in range(3)]
+    for got in res:
+        assert got["json"] == everyone
+        assert got["raw_small"] == bytes([0]) * 10
+        assert got["raw_large"] == bytes([9]) * BIG
