@@ -242,8 +242,12 @@ def preadv_files(paths: Sequence[str], sizes: Sequence[int], view: memoryview, c
     """``preadv`` of whole files one after another into ``view`` (their bytes back to back; a
     pre-touched buffer, so no page fault is timed); ``crc_every``: then ``crc32c`` of each file's
     bytes in pieces of that many bytes, with the implementation the load uses (the least a
-    verified read costs). Returns the bytes read."""
-    from unickpt.format.checksums import crc32c
+    verified read costs; the ``crc32c`` package under a ``--baseline-src`` tree from before
+    ``format.checksums.crc32c``). Returns the bytes read."""
+    try:
+        from unickpt.format.checksums import crc32c
+    except ImportError:
+        from crc32c import crc32c
 
     at = 0
     for path, size in zip(paths, sizes):
