@@ -28,7 +28,9 @@ def _cmd_merge(args: argparse.Namespace) -> int:
         threads=args.threads,
         piece_bytes=args.piece_size,
         progress=terminal,  # a tqdm bar on a terminal, a line per output file otherwise
-        report=None if terminal else (lambda line: print(f"unickpt merge: {printable(line)}", file=sys.stderr)),
+        # one write per line (print writes the text and its newline apart: a Ctrl-C between the
+        # two would start "interrupted" on the progress line)
+        report=None if terminal else (lambda line: sys.stderr.write(f"unickpt merge: {printable(line)}\n")),
     )
     print(
         f"merged {result.tensors} tensors into {printable(result.out)}: {', '.join(result.files)} "
