@@ -28,15 +28,19 @@ def _cmd_merge(args: argparse.Namespace) -> int:
         threads=args.threads,
         piece_bytes=args.piece_size,
         progress=terminal,  # a tqdm bar on a terminal, a line per output file otherwise
-        # one write per line (print writes the text and its newline apart: a Ctrl-C between the
-        # two would start "interrupted" on the progress line)
-        report=None if terminal else (lambda line: sys.stderr.write(f"unickpt merge: {printable(line)}\n")),
+        report=None if terminal else _report_line,
     )
     print(
         f"merged {result.tensors} tensors into {printable(result.out)}: {', '.join(result.files)} "
         f"({result.bytes_written} bytes in {result.seconds:.1f} s)"
     )
     return EXIT_OK
+
+
+def _report_line(line: str) -> None:
+    """A progress line of ``merge`` on stderr, in one write: ``print`` writes the text and its
+    newline apart, and a Ctrl-C between the two would start "interrupted" on the progress line."""
+    sys.stderr.write(f"unickpt merge: {printable(line)}\n")
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
