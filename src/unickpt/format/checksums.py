@@ -113,8 +113,8 @@ def crc32c(data: Buffer, value: int = 0) -> int:
 
     awscrt's ``aws-checksums``: carry-less-multiply folding (``PCLMULQDQ``, ``VPCLMULQDQ`` with
     AVX-512) where the CPU has it, the SSE4.2 ``crc32`` instruction or a table elsewhere; it
-    releases the GIL, so reader threads check in parallel (docs/performance.md, "Checksums": 1.6x
-    the ``crc32c`` package's throughput out of memory, 2x on cache-resident pieces). Imported on
+    releases the GIL, so reader threads check in parallel (docs/performance.md, "Checksums and
+    round trips": 1.5x the ``crc32c`` package's throughput, ``bench/checksums.py``). Imported on
     first use: decoding metadata (``unickpt ls`` / ``inspect``) computes no CRC."""
     return _implementation()(data, value)
 

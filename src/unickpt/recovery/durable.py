@@ -28,11 +28,12 @@ from ..errors import ConfigurationError, IntegrityError
 from ..folder.markers import mark_save
 from ..folder.probe import read_committed
 from ..folder.publish import publisher_for
+from ..format.checksums import chunk_crcs, crc32c
 from ..format.records import METADATA_FILE
 from ..storage import open_storage
 from .folders import as_unsafe_folder
 from .group import TierGroup
-from .inventory import RamLayout, crc
+from .inventory import RamLayout
 
 __all__ = ["copy_to_durable"]
 
@@ -101,7 +102,7 @@ def _read_verified(layout: RamLayout, path: str, entry: dict[str, Any], chunk: i
         raw = os.pread(fd, size + 1, 0)
     finally:
         os.close(fd)
-    if len(raw) != size or [crc(raw[i : i + chunk]) for i in range(0, size, chunk)] != entry["crcs"]:
+    if len(raw) != size or chunk_crcs([raw], chunk) != entry["crcs"]:
         raise IntegrityError(f"{path} changed since it was committed in RAM: not copied to the durable tier")
     return raw
 
@@ -118,7 +119,7 @@ def _copy_file(layout: RamLayout, path: str, dst: Any, entry: dict[str, Any], ch
     bad = [
         i
         for i, at in enumerate(range(0, size, chunk))
-        if got < min(size, at + chunk) or crc(view[at : at + chunk]) != crcs[i]
+        if got < min(size, at + chunk) or crc32c(view[at : at + chunk]) != crcs[i]
     ]
     if bad:
         raise IntegrityError(f"{path}: chunk(s) {bad[:5]} no longer match their CRC32C; not copied to {dst.url}")
@@ -126,5 +127,5 @@ def _copy_file(layout: RamLayout, path: str, dst: Any, entry: dict[str, Any], ch
     for i, at in enumerate(range(0, size, chunk)):  # read back from the durable tier
         piece = view[at : min(size, at + chunk)]
         dst.read_into(name, at, piece)
-        if crc(piece) != crcs[i]:
+        if crc32c(piece) != crcs[i]:
             raise IntegrityError(f"{dst.url}/{name}: chunk {i} read back from the durable tier failed CRC32C")

@@ -80,13 +80,8 @@ def read_chunks(layout: RamLayout, path: str, size: int, chunk: int) -> Iterator
         os.close(fd)
 
 
-def crc(data: Any) -> int:
-    """The CRC32C of a buffer (bytes, memoryview, numpy array)."""
-    return crc32c(data)
-
-
 def chunk_crcs_of(layout: RamLayout, path: str, size: int, chunk: int) -> list[int]:
-    return [crc(c) for c in read_chunks(layout, path, size, chunk)]
+    return [crc32c(c) for c in read_chunks(layout, path, size, chunk)]
 
 
 class RamLayout:

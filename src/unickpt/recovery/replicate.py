@@ -32,12 +32,13 @@ from typing import Any
 import torch
 
 from ..errors import IntegrityError
+from ..format.checksums import chunk_crcs, crc32c
 from ..format.codec import decode_metadata
 from ..format.records import METADATA_FILE
 from ..storage.local_files import write_all
 from .folders import as_unsafe_folder
 from .group import FAMILY_ORDER, TierGroup, family_of
-from .inventory import MARKER_FORMAT, RamLayout, chunk_crcs_of, crc
+from .inventory import MARKER_FORMAT, RamLayout, chunk_crcs_of
 from .placement import transfer_pairs
 
 __all__ = ["replicate_step", "drop_old"]
@@ -76,7 +77,7 @@ def replicate_step(
                     continue
                 mine[name] = [size, chunk_crcs_of(layout, path, size, chunk)]
             if tg.host == host0:
-                mine[METADATA_FILE] = [len(raw), _crcs(raw, chunk)]
+                mine[METADATA_FILE] = [len(raw), chunk_crcs([raw], chunk)]
         except Exception as e:
             error = as_unsafe_folder(e, check)
     listing = {"host": tg.host, "files": mine if tg.is_agent else None, "bad": nonfinite or []}
@@ -155,10 +156,6 @@ def _entry(name: str, origin: str, where: str, sc: list[Any]) -> dict[str, Any]:
     return {"name": name, "origin": origin, "where": where, "size": sc[0], "crcs": sc[1]}
 
 
-def _crcs(raw: bytes, chunk: int) -> list[int]:
-    return [crc(raw[at : at + chunk]) for at in range(0, len(raw), chunk)]
-
-
 class _Outgoing:
     """One (this host -> ``dst``) stream: the files' chunks in order (sorted names, offsets),
     read into one reused buffer."""
@@ -219,7 +216,7 @@ class _Incoming:
     def take(self, data: torch.Tensor) -> None:
         name, i, _, want = self.pieces.pop(0)
         view = data.numpy().data.cast("B")
-        if crc(view) != want:
+        if crc32c(view) != want:
             self.bad.setdefault(name, []).append(i)
         if self.error is not None:  # the stream is only drained
             return
@@ -293,7 +290,7 @@ def _write_replica(
     try:
         for i, data in enumerate(chunks):
             view = memoryview(data).cast("B")
-            if crc(view) != sc[1][i]:
+            if crc32c(view) != sc[1][i]:
                 bad.append(i)
             write_all(fd, [view])
     finally:

@@ -45,11 +45,12 @@ from typing import Any
 
 import torch
 
+from ..format.checksums import crc32c
 from ..format.records import METADATA_FILE
 from ..storage.local_files import pwrite_all, truncate
 from .decide import choose
 from .group import TierGroup
-from .inventory import RamLayout, crc
+from .inventory import RamLayout
 
 __all__ = ["recover", "RecoveryReport"]
 
@@ -158,7 +159,7 @@ def _read_chunk(fd: int, i: int, size: int, chunk: int, want: int, scratch: torc
     ``chunk`` bytes: no fresh memory per chunk), when its CRC32C is ``want``; else None. The view
     is valid until the next read into ``scratch``."""
     view = scratch.numpy().data.cast("B")[: min(chunk, size - i * chunk)]
-    return view if _read_into(fd, i * chunk, view) and crc(view) == want else None
+    return view if _read_into(fd, i * chunk, view) and crc32c(view) == want else None
 
 
 class _Copies:
@@ -351,7 +352,7 @@ def _exchange(tg: TierGroup, layout: RamLayout, d: dict[str, Any], plan: list[An
         recv_free.append(slot)
         buf = buffer(slot, n)
         sent = bool(flag.item())
-        if sent and crc(buf.numpy()) == d["files"][name][1][i]:
+        if sent and crc32c(buf.numpy().data) == d["files"][name][1][i]:
             try:
                 pwrite_all(parts[name], buf.numpy().data.cast("B"), i * chunk)
             except OSError as e:  # keep receiving this round; ask for nothing more
