@@ -108,6 +108,26 @@ def test_issue40_item3_every_file_of_one_hosts_ram_corrupted_is_detected_and_oth
     assert any("failed copy b:" in e for e in res[0]["events"])
 
 
+def test_issue40_item3_a_short_replica_is_no_copy_and_the_next_holder_supplies_the_file(tmp_path):
+    # replicas=2 on 3 hosts: host b's files are on a and c too. b's RAM is lost and c's copy of
+    # b's rank's file is cut short: c does not list it (a copy of another length is no copy), so
+    # a, the next holder from b, sends that file and c, the nearest, the metadata; no copy fails
+    base, hosts = str(tmp_path), ["a", "b", "c"]
+    opts = {**OPTS, "replicas": 2}
+    run_ranks(save_steps, 3, base, hosts, [1], opts, False)
+    held_b = _held(base, "b", "step_00000001")
+    [name] = [n for n in held_b if os.path.basename(n).startswith("r00001-")]
+    job_c = os.path.join(base, "ram", "c", f"unickpt-{os.getuid()}", "job")
+    path = os.path.join(job_c, "replicas", "b", "step_00000001", *name.split("/"))
+    size = os.path.getsize(path)
+    assert size > OPTS["chunk_bytes"] + 1, size
+    os.truncate(path, OPTS["chunk_bytes"] + 1)  # the first chunk whole, the last one short
+    os.system(f"rm -rf {base}/ram/b")
+    res = run_ranks(recover, 3, base, hosts, opts, False)
+    assert [r["step"] for r in res] == [1, 1, 1] and all(r["exact"] for r in res), res
+    assert res[0]["failed"] == [] and res[0]["peer_by_host"] == {"a": size, "c": held_b[META]}, res[0]
+
+
 def test_issue40_item3_all_copies_of_a_chunk_lost_falls_back_to_the_newest_durable_step(tmp_path):
     base, hosts = str(tmp_path), ["a", "b", "c"]
     opts = {**OPTS, "durable_every": 2, "keep_fast": 1}
