@@ -41,6 +41,8 @@ from __future__ import annotations
 import mmap
 import os
 from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,10 +71,15 @@ class RecoveryReport:
 
 
 def recover(
-    tg: TierGroup, layout: RamLayout, durable_step: Any, fetch: bool = True, load_verifies: bool = False
+    tg: TierGroup,
+    layout: RamLayout,
+    durable_step: Callable[[], int | None],
+    fetch: bool = True,
+    load_verifies: bool = False,
 ) -> tuple[dict[str, Any], RecoveryReport]:
     """Steps 1-4 (module docstring) until a RAM step is materialised on every host, or the
-    decision is the durable tier or nothing. ``durable_step()`` is called on rank 0 only.
+    decision is the durable tier or nothing. ``durable_step()`` is called on rank 0 only, once,
+    beside the inventories' gathering (``_asked_early``).
 
     ``fetch=False`` (the first try of ``load_latest``, the same-layout pass): each host completes
     only what a restart at the same layout reads, the metadata and the files its own ranks wrote
@@ -86,6 +93,7 @@ def recover(
     excluded: list[list[str]] = []
     failed_all: list[str] = []
     skipped: list[str] = []
+    durable = _asked_early(durable_step) if tg.rank == 0 else None
     while True:
         inv, error = None, None
         if tg.is_agent:
@@ -99,7 +107,8 @@ def recover(
         decision = None
         if tg.rank == 0:
             try:
-                decision = choose(inventories, durable_step(), excluded)
+                assert durable is not None
+                decision = choose(inventories, durable.result(), excluded)
             except Exception as e:
                 error = e
         decision = tg.fail_together(error, "no recovery decision", decision)[0]
@@ -131,6 +140,19 @@ def recover(
             return decision, _report(tg, decision, totals, by_host, failed_all, skipped)
         skipped.append(f"step {decision['step']} (save {decision['save_id']}): a chunk has no verified copy")
         excluded.append([decision["stepdir"], decision["save_id"]])
+
+
+def _asked_early(durable_step: Callable[[], int | None]) -> Future[int | None]:
+    """``durable_step()`` running on a thread of its own from the start of ``recover`` (rank 0),
+    so that the durable tier's answer (round trips to S3 or a NAS: ~0.05 s of a 0.2 s recovery
+    on the bench's S3) overlaps the listing and gathering of every host's inventory; its error,
+    if any, is raised by ``result()`` where the decision is made. The durable tier does not
+    change during a recovery, so one answer serves every round of the loop."""
+    pool = ThreadPoolExecutor(1, thread_name_prefix="unickpt-durable-latest")
+    try:
+        return pool.submit(durable_step)
+    finally:
+        pool.shutdown(wait=False)  # the thread ends with the call
 
 
 def _report(tg: TierGroup, d: dict[str, Any], totals: dict[str, int], by_host: dict[str, int],

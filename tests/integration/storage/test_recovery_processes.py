@@ -211,6 +211,24 @@ def test_issue40_item3_a_corrupt_copy_met_by_the_load_with_no_other_copy_and_no_
     assert all("a load of step 1 had begun" in r["error"] for r in res), res
 
 
+def test_issue40_item3_a_durable_tier_that_cannot_answer_is_the_same_error_on_every_rank(tmp_path):
+    # rank 0 asks the durable tier for its newest step on a thread of its own, beside the
+    # inventories' gathering: its failure (here a planted 100 KiB `latest` pointer, over the
+    # 64 KiB any pointer read stops at) still ends the decision with one error on every rank
+    base, hosts = str(tmp_path), ["a", "b", "c"]
+    opts = {**OPTS, "durable_every": 1}
+    run_ranks(save_big, 3, base, hosts, opts)
+    pointer = os.path.join(base, "durable", "latest")
+    assert os.path.isfile(pointer)
+    with open(pointer, "wb") as fh:
+        fh.write(b"x" * (100 << 10))
+    res = run_ranks(recover_big, 3, base, hosts, opts)
+    [error] = {r["error"] for r in res}
+    assert error.startswith("IntegrityError: no recovery decision: host a (rank 0): SizeLimitError: "), res
+    assert "latest" in error, error
+    assert all(r["read"] < (1 << 20) for r in res), res  # nothing of the state was loaded
+
+
 def test_issue40_item5_the_durable_tier_holds_exactly_the_durable_every_steps_copied_from_ram(tmp_path):
     base, hosts = str(tmp_path), ["a", "b", "c"]
     opts = {**OPTS, "durable_every": 2, "keep_fast": 1}
