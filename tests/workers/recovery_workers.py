@@ -158,11 +158,13 @@ def recover_big(rank: int, ws: int, base: str, hosts: list[str], opts: dict[str,
 
 
 def latest_step(rank: int, ws: int, base: str, hosts: list[str], opts: dict[str, Any]) -> list[Any]:
-    """``TieredCheckpointManager.latest_step()`` as this rank sees it."""
+    """``TieredCheckpointManager.latest_step()`` as this rank sees it, or ``["error", "<class>: <message>"]``."""
     enter_host(base, hosts[rank])
     tiers = _tiers(base, opts)
     try:
         return list(tiers.latest_step())
+    except Exception as e:
+        return ["error", f"{type(e).__name__}: {e}"]
     finally:
         tiers.close()
 

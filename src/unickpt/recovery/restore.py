@@ -55,7 +55,7 @@ from .decide import choose
 from .group import TierGroup
 from .inventory import RamLayout
 
-__all__ = ["recover", "RecoveryReport"]
+__all__ = ["recover", "RecoveryReport", "ask_durable_early"]
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ def recover(
 ) -> tuple[dict[str, Any], RecoveryReport]:
     """Steps 1-4 (module docstring) until a RAM step is materialised on every host, or the
     decision is the durable tier or nothing. ``durable_step()`` is called on rank 0 only, once,
-    beside the inventories' gathering (``_asked_early``).
+    beside the inventories' gathering (``ask_durable_early``).
 
     ``fetch=False`` (the first try of ``load_latest``, the same-layout pass): each host completes
     only what a restart at the same layout reads, the metadata and the files its own ranks wrote
@@ -93,7 +93,7 @@ def recover(
     excluded: list[list[str]] = []
     failed_all: list[str] = []
     skipped: list[str] = []
-    durable = _asked_early(durable_step) if tg.rank == 0 else None
+    durable = ask_durable_early(durable_step) if tg.rank == 0 else None
     while True:
         inv, error = None, None
         if tg.is_agent:
@@ -142,12 +142,13 @@ def recover(
         excluded.append([decision["stepdir"], decision["save_id"]])
 
 
-def _asked_early(durable_step: Callable[[], int | None]) -> Future[int | None]:
-    """``durable_step()`` running on a thread of its own from the start of ``recover`` (rank 0),
-    so that the durable tier's answer (round trips to S3 or a NAS: ~0.05 s of a 0.2 s recovery
-    on the bench's S3) overlaps the listing and gathering of every host's inventory; its error,
-    if any, is raised by ``result()`` where the decision is made. The durable tier does not
-    change during a recovery, so one answer serves every round of the loop."""
+def ask_durable_early(durable_step: Callable[[], int | None]) -> Future[int | None]:
+    """``durable_step()`` running on a thread of its own from the start of ``recover`` and of
+    ``tier.RamTier.latest`` (rank 0), so that the durable tier's answer (round trips to S3 or a
+    NAS: ~0.05 s of a 0.2 s recovery on the bench's S3) overlaps the listing and gathering of
+    every host's inventory; its error, if any, is raised by ``result()`` where the decision is
+    made. The durable tier does not change during a recovery, so one answer serves every round
+    of ``recover``'s loop."""
     pool = ThreadPoolExecutor(1, thread_name_prefix="unickpt-durable-latest")
     try:
         return pool.submit(durable_step)

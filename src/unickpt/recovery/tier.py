@@ -48,7 +48,7 @@ from .folders import ram_folder_problem, step_folder_problem
 from .group import TierGroup
 from .inventory import RamLayout
 from .replicate import drop_old, replicate_step
-from .restore import RecoveryReport, recover
+from .restore import RecoveryReport, ask_durable_early, recover
 
 __all__ = ["RamTier", "NodeShmStorage", "RamStepsManager", "node_root", "ram_folder_problem", "tier_group"]
 
@@ -210,6 +210,7 @@ class RamTier:
 
     def _latest(self, durable_step: Callable[[], int | None]) -> tuple[int | None, str]:
         tg, inv, answer, error = self.tg, None, None, None
+        durable = ask_durable_early(durable_step) if tg.rank == 0 else None
         try:
             inv = self.layout.local_inventory() if tg.is_agent else None
         except Exception as e:
@@ -218,7 +219,8 @@ class RamTier:
         gathered = tg.fail_together(error, what, [tg.host, inv])
         if tg.rank == 0:
             try:
-                decision = choose({h: i for h, i in gathered if i is not None}, durable_step())
+                assert durable is not None
+                decision = choose({h: i for h, i in gathered if i is not None}, durable.result())
                 answer = [decision["step"], decision["source"]]
             except Exception as e:
                 error = e

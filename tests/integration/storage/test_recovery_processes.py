@@ -527,6 +527,14 @@ def test_issue40_item3_latest_step_answers_for_the_whole_job_on_every_rank(tmp_p
     assert run_ranks(latest_step, 3, base, hosts, opts) == [[2, "fast"]] * 3
     os.system(f"rm -rf {base}/ram")  # every host's RAM is gone: the durable tier's step 2
     assert run_ranks(latest_step, 3, base, hosts, opts) == [[2, "durable"]] * 3
+    # a durable tier that cannot answer (a 100 KiB `latest` pointer, over the 64 KiB cap; rank 0
+    # asks it on a thread of its own beside the inventories' gathering): one error on every rank
+    with open(os.path.join(base, "durable", "latest"), "wb") as fh:
+        fh.write(b"x" * (100 << 10))
+    res = run_ranks(latest_step, 3, base, hosts, opts)
+    assert all(r[0] == "error" for r in res) and len({r[1] for r in res}) == 1, res
+    assert res[0][1].startswith("IntegrityError: the latest step of the RAM tier is unknown: host a (rank 0): "
+                                "SizeLimitError: "), res  # fmt: skip
 
 
 def test_issue40_item1_a_link_planted_after_construction_is_the_same_error_on_every_rank(tmp_path):
