@@ -194,7 +194,7 @@ class _Copies:
     def __init__(self, layout: RamLayout) -> None:
         self.layout = layout
         self._fds: dict[str, int | None] = {}
-        self._maps: dict[str, tuple[mmap.mmap, torch.Tensor] | None] = {}
+        self._maps: dict[str, torch.Tensor | None] = {}  # the tensor holds its mapping: dropped, unmapped
 
     def _fd(self, path: str) -> int | None:
         if path not in self._fds:
@@ -222,26 +222,19 @@ class _Copies:
             if fd is not None and size > 0 and os.fstat(fd).st_size >= size:
                 # MAP_PRIVATE + PROT_WRITE: a writable buffer for torch, copy-on-write, never written
                 m = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-                whole = (m, torch.frombuffer(m, dtype=torch.uint8))
+                whole = torch.frombuffer(m, dtype=torch.uint8)
             self._maps[path] = whole
         whole = self._maps[path]
-        return None if whole is None else whole[1][i * chunk : min(size, (i + 1) * chunk)]
+        return None if whole is None else whole[i * chunk : min(size, (i + 1) * chunk)]
 
     def bad_chunks(self, path: str, size: int, chunk: int, crcs: list[int], scratch: torch.Tensor) -> list[int]:
         """The chunks of the copy at ``path`` that do not verify (all of them when it is missing)."""
         return [i for i, w in enumerate(crcs) if self.chunk(path, i, size, chunk, w, scratch) is None]
 
     def close(self) -> None:
-        """After every send from a mapping has completed (``_exchange`` waits for them)."""
-        maps = [m for m in self._maps.values() if m is not None]
+        """After every send from a mapping has completed (``_exchange`` waits for them): each
+        mapping goes with the last tensor that views it."""
         self._maps.clear()
-        while maps:
-            m, whole = maps.pop()
-            del whole  # the tensor's export of the buffer ends before the mapping closes
-            try:
-                m.close()
-            except BufferError:  # a view still held somewhere: unmapped when the last one goes
-                pass
         for fd in self._fds.values():
             if fd is not None:
                 os.close(fd)
