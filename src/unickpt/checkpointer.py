@@ -228,19 +228,24 @@ class Checkpointer:
         strict: bool = True,
         role: str | None = None,
         options: LoadOptions | None = None,
+        source: Callable[[Storage], Storage] | None = None,
     ) -> None:
         """Load the checkpoint at ``path`` into ``state`` in place, resharding as needed.
 
         Everything is validated on every rank before anything in ``state`` changes
         (``engine.load.pipeline``); the optimizer's state becomes exactly the checkpoint's (a
         rollback: state the checkpoint does not have is removed, gradients are untouched).
-        Waits first for this checkpointer's saves in flight (one may target ``path``)."""
+        Waits first for this checkpointer's saves in flight (one may target ``path``).
+        ``source`` (the RAM tier's recovery, ``recovery.feed``): wraps the storage opened at
+        ``path``; the load reads through what it returns."""
         self._check_open()
         worker = self.resources.worker
         worker.drain()
         worker.raise_failures()
         options = options or self.load_options
         storage = self._watched(open_target(path, role, options.storage))
+        if source is not None:
+            storage = source(storage)
         pipeline = LoadPipeline(
             self.resources,
             storage,

@@ -36,6 +36,7 @@ to the durable tier first). Guide: docs/guide/recovery.md.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import threading
@@ -292,22 +293,33 @@ class TieredCheckpointManager:
         # checks every chunk's CRC32C (the default), this pass reads no byte before it: a copy
         # here that fails the load's check sends the job to the second pass, which verifies
         # every copy before it uses one
+        # A host that lost its RAM does not write its files back before the load: its ranks read
+        # them from their holders straight into the state (``recovery.feed``), and the files are
+        # written back into its RAM in the background after the load
         verifies = options is None or options.verify_checksums
-        decision, report = self._ram.recover(self.durable.latest_step, fetch=False, load_verifies=verifies)
+        decision, report = self._ram.recover(self.durable.latest_step, fetch=False, load_verifies=verifies,
+                                             feed=verifies)  # fmt: skip
         tried: int | None = None  # the step whose load began in the first pass
         if report.tier == "ram":
             loaded = False
-            if decision["metadata_everywhere"]:
-                tried = int(decision["step"])
-                try:
-                    self._ckpt.load(self.fast.path_for(int(decision["step"])), state, framework=framework,
-                                    strict=strict, options=options)  # fmt: skip
-                    loaded = True
-                except CheckpointError:
-                    pass  # a file this host lacks or a copy that failed: verify, fetch, load again
-            if self._ram.all_ok(loaded):
+            feed = self._ram.start_feed(decision)
+            try:
+                if decision["metadata_everywhere"]:
+                    tried = int(decision["step"])
+                    try:
+                        self._ckpt.load(self.fast.path_for(int(decision["step"])), state, framework=framework,
+                                        strict=strict, options=options, source=feed.wrap)  # fmt: skip
+                        loaded = True
+                    except CheckpointError:
+                        pass  # a file this host lacks or a copy that failed: verify, fetch, load again
+            finally:
+                loaded, fed = self._ram.finish_feed(feed, loaded)
+            if loaded:
+                report = _with_fed(report, fed)
                 self.last_recovery = report
                 self._emit(report)
+                if decision["feed"]:
+                    self._ram.rebuild_fed(int(decision["step"]), decision)
                 return int(decision["step"])
             decision, report = self._ram.recover(self.durable.latest_step, fetch=True)
         self.last_recovery = report
@@ -371,3 +383,17 @@ class TieredCheckpointManager:
                 if self._previous_sigterm is not None and threading.current_thread() is threading.main_thread():
                     if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
                         signal.signal(signal.SIGTERM, self._previous_sigterm)
+
+
+def _with_fed(report: RecoveryReport, fed: dict[str, int]) -> RecoveryReport:
+    """``report`` with the bytes the load read from other hosts' RAM (``recovery.feed``) added."""
+    if not fed:
+        return report
+    by_source = dict(report.bytes_by_source)
+    by_source["peer"] = by_source.get("peer", 0) + sum(fed.values())
+    by_host = dict(report.peer_bytes_by_host)
+    for host, n in fed.items():
+        by_host[host] = by_host.get(host, 0) + n
+    return dataclasses.replace(
+        report, bytes_by_source=by_source, peer_bytes_by_host=by_host, fed_bytes=sum(fed.values())
+    )

@@ -96,6 +96,7 @@ def recover(rank: int, ws: int, base: str, hosts: list[str], opts: dict[str, Any
         "tier": r.tier,
         "bytes": r.bytes_by_source,
         "peer_by_host": r.peer_bytes_by_host,
+        "fed": r.fed_bytes,
         "failed": list(r.failed_copies),
         "skipped": list(r.skipped_steps),
         "events": events,

@@ -11,7 +11,9 @@ for it), after every queued replication:
    verifies is hard-linked as ``<name>.unickpt-part`` (no byte copied); otherwise the file is
    assembled in ``<name>.unickpt-part`` from this host's copies chunk by chunk, each chunk's
    CRC32C checked. The first pass of ``load_latest`` (``fetch=False``) does this only for the
-   files a restart at the same layout reads: the metadata and the host's own ranks' files; and
+   files a restart at the same layout reads: the metadata and the host's own ranks' files (with
+   ``feed``, a data file no copy here holds is left to the load, which reads it from a holder:
+   ``recovery.feed``; ``rebuild`` writes it here afterwards); and
    when the load that follows verifies every chunk it reads (``LoadOptions.verify_checksums``,
    the default) it reads no data file here at all: the primaries are taken as they are and a
    replica of the host's own file is hard-linked, so each byte is read and checked once, by
@@ -48,14 +50,16 @@ from typing import Any
 
 import torch
 
+from ..errors import IntegrityError
 from ..format.checksums import crc32c
 from ..format.records import METADATA_FILE
 from ..storage.local_files import pwrite_all, truncate
 from .decide import choose
+from .feed import plan_feed
 from .group import TierGroup
 from .inventory import RamLayout
 
-__all__ = ["recover", "RecoveryReport", "ask_durable_early"]
+__all__ = ["recover", "rebuild", "RecoveryReport", "ask_durable_early"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,7 @@ class RecoveryReport:
     peer_bytes_by_host: dict[str, int] = field(default_factory=dict)  # sending host -> bytes
     failed_copies: tuple[str, ...] = ()  # "host:file#chunk (why)"
     skipped_steps: tuple[str, ...] = ()  # RAM steps passed over, and why
+    fed_bytes: int = 0  # of the "peer" bytes, those the load read straight from other hosts' RAM (``feed``)
 
 
 def recover(
@@ -76,6 +81,7 @@ def recover(
     durable_step: Callable[[], int | None],
     fetch: bool = True,
     load_verifies: bool = False,
+    feed: bool = False,
 ) -> tuple[dict[str, Any], RecoveryReport]:
     """Steps 1-4 (module docstring) until a RAM step is materialised on every host, or the
     decision is the durable tier or nothing. ``durable_step()`` is called on rank 0 only, once,
@@ -116,9 +122,13 @@ def recover(
                     for s, sid, n in decision.pop("incomplete")]  # fmt: skip
         if decision["source"] != "ram":
             return decision, _report(tg, decision, {}, {}, failed_all, skipped)
-        local, peers, failed, lacking, error = _materialise(tg, layout, decision, fetch, load_verifies)
+        feeds = feed and load_verifies and not fetch
+        local, peers, failed, lacking, fed, error = _materialise(tg, layout, decision, fetch, load_verifies, feeds)
         what = f"step {decision['step']} could not be completed in the RAM tier"
-        outcomes = tg.fail_together(error, what, [not lacking, local, peers, failed, METADATA_FILE not in lacking])
+        outcomes = tg.fail_together(
+            error, what, [not lacking, local, peers, failed, METADATA_FILE not in lacking, tg.host, fed]
+        )
+        decision["feed"] = plan_feed(tg, decision, {o[5]: o[6] for o in outcomes if o[6]})
         failed_all += [f for o in outcomes for f in o[3]]
         decision["complete"] = all(o[0] for o in outcomes)
         decision["metadata_everywhere"] = all(o[4] for o in outcomes)
@@ -140,6 +150,52 @@ def recover(
             return decision, _report(tg, decision, totals, by_host, failed_all, skipped)
         skipped.append(f"step {decision['step']} (save {decision['save_id']}): a chunk has no verified copy")
         excluded.append([decision["stepdir"], decision["save_id"]])
+
+
+def rebuild(tg: TierGroup, layout: RamLayout, d: dict[str, Any]) -> None:
+    """After a load that read files from their holders (``feed``; every rank, on the tier's
+    worker thread, in the background of the training that follows): write those files back
+    into their host's RAM, fetched as in step 3 (each chunk's CRC32C checked on arrival; a copy
+    that fails it is asked of the next holder), then renamed into place and recorded in the
+    host's marker, so that the step again has ``1 + replicas`` copies of them. A chunk no copy
+    supplies, or a write that fails, leaves the step as it was (the parts removed) and is one
+    error on every rank (``RamTier.wait`` raises it)."""
+    mine = sorted(d["feed"].get(tg.host, {})) if tg.is_agent else []
+    need: dict[str, dict[int, list[str]]] = {}
+    parts: dict[str, int] = {}
+    peers: dict[str, int] = {}
+    failed: list[str] = []
+    errors: list[Exception] = []
+    copies = Copies(layout)
+    try:
+        try:
+            for name in mine:
+                size, crcs = d["files"][name]
+                parts[name] = fd = layout.create(layout.primary(d["stepdir"], name) + ".unickpt-part")
+                truncate(fd, size)
+                need[name] = {i: [tg.host] for i in range(len(crcs))}
+        except Exception as e:
+            errors.append(e)
+        _fetch_rounds(tg, layout, d, need, parts, peers, failed, copies, errors)
+    finally:
+        copies.close()
+        for fd in parts.values():
+            os.close(fd)
+    error = errors[0] if errors else None
+    if error is None and need:
+        error = IntegrityError(f"no verified copy of {', '.join(sorted(need))} ({'; '.join(failed[:3])})")
+    try:
+        if mine:
+            if error is None:
+                _finish(layout, d, tg.host)
+            else:
+                _discard(layout, d, mine)
+    except Exception as e:
+        error = error or e
+    tg.fail_together(
+        error, f"the files of step {d['step']} the load read from other hosts were not written back into their "
+        "host's RAM (the load is complete; until a newer step commits, they have one copy fewer)",
+    )  # fmt: skip
 
 
 def ask_durable_early(durable_step: Callable[[], int | None]) -> Future[int | None]:
@@ -186,7 +242,7 @@ def _read_chunk(fd: int, i: int, size: int, chunk: int, want: int, scratch: torc
     return view if _read_into(fd, i * chunk, view) and crc32c(view) == want else None
 
 
-class _Copies:
+class Copies:
     """Read descriptors of this host's copies, each opened once (never through a link: a copy
     that cannot be opened so reads as missing), and the read-only mappings a holder sends
     from (``mapped``); ``close`` releases them all."""
@@ -242,8 +298,8 @@ class _Copies:
 
 
 def _materialise(
-    tg: TierGroup, layout: RamLayout, d: dict[str, Any], fetch: bool, load_verifies: bool
-) -> tuple[int, dict[str, int], list[str], list[str], Exception | None]:
+    tg: TierGroup, layout: RamLayout, d: dict[str, Any], fetch: bool, load_verifies: bool, feed: bool = False
+) -> tuple[int, dict[str, int], list[str], list[str], list[str], Exception | None]:
     """Steps 2-3 on this rank (``fetch=False``: the metadata and this host's own files only, and
     step 3 only for those it holds no copy of): (bytes from this host's RAM, bytes per sending
     peer, failed copies, the files not complete here, the first file error here: this host then
@@ -254,28 +310,32 @@ def _materialise(
     against the metadata): a primary here is taken as it is and a replica here of one of this
     host's files is hard-linked, without reading a byte; a copy that fails the load's check
     sends ``load_latest`` to the ``fetch=True`` pass, which verifies every copy before use. The
-    metadata, which has no checksum of its own, is verified here always."""
+    metadata, which has no checksum of its own, is verified here always. ``feed`` (with
+    ``load_verifies``): a data file no copy here holds is not fetched but returned in the fifth
+    place: the load reads it from its holder (``feed``)."""
     chunk = int(d["chunk"])
     peers, failed = dict[str, int](), list[str]()
     need: dict[str, dict[int, list[str]]] = {}  # name -> chunk -> hosts that failed it
     parts: dict[str, int] = {}
     left: set[str] = set()  # files this pass does not complete here (fetch=False)
+    fed: list[str] = []  # files the load reads from their holders (feed)
     scratch = torch.empty(chunk if tg.is_agent else 0, dtype=torch.uint8)  # every chunk read goes here
-    copies = _Copies(layout)
+    copies = Copies(layout)
     errors: list[Exception] = []
     local = 0
     try:
         if tg.is_agent:
             try:
                 local = _complete_here(tg.host, layout, d, fetch, load_verifies and not fetch, copies, scratch,
-                                       need, parts, left, failed)  # fmt: skip
+                                       need, parts, left, failed, fed if feed else None)  # fmt: skip
             except Exception as e:
                 errors.append(e)
                 need.clear()  # ask the peers for nothing: this host's part has failed
+                fed.clear()
         # fetch=False: only the files no copy here holds
         _fetch_rounds(tg, layout, d, need, parts, peers, failed, copies, errors)
         lacking = sorted(set(d["files"]) if errors else set(need) | left)
-        return local, peers, failed, lacking, (errors[0] if errors else None)
+        return local, peers, failed, lacking, sorted(fed), (errors[0] if errors else None)
     finally:
         copies.close()
         for fd in parts.values():
@@ -283,14 +343,15 @@ def _materialise(
 
 
 def _complete_here(
-    host: str, layout: RamLayout, d: dict[str, Any], fetch: bool, trust: bool, copies: _Copies,
+    host: str, layout: RamLayout, d: dict[str, Any], fetch: bool, trust: bool, copies: Copies,
     scratch: torch.Tensor, need: dict[str, dict[int, list[str]]], parts: dict[str, int], left: set[str],
-    failed: list[str],
+    failed: list[str], fed: list[str] | None = None,
 ) -> int:  # fmt: skip
     """Step 2 on a host's agent: each file this pass completes, from this host's own copies
     (``trust``: the load verifies, so copies here are taken without reading them); fills
     ``need`` (chunks no copy here supplied), ``parts`` (open ``.unickpt-part`` files), ``left``
-    and ``failed``; returns the bytes taken from this host's RAM."""
+    and ``failed``, and ``fed`` (when given: the data files no copy here holds, left to the
+    load to read from their holders); returns the bytes taken from this host's RAM."""
     chunk, stepdir = int(d["chunk"]), d["stepdir"]
     local = 0
     for name, (size, crcs) in d["files"].items():
@@ -300,6 +361,9 @@ def _complete_here(
             left.add(name)  # another host's file: not read by a same-layout restart
             continue
         ordered = sorted(mine, key=lambda h: h[1] != "primary")  # the primary here first
+        if not ordered and fed is not None and name != METADATA_FILE:
+            fed.append(name)  # the load reads it from a holder (``feed``); ``rebuild`` writes it here after
+            continue
         trusted = trust and name != METADATA_FILE  # the metadata has no checksum of its own
         if ordered and ordered[0][1] == "primary":
             bad = [] if trusted else copies.bad_chunks(final, size, chunk, crcs, scratch)
@@ -335,7 +399,7 @@ def _complete_here(
 
 def _fetch_rounds(tg: TierGroup, layout: RamLayout, d: dict[str, Any], need: dict[str, dict[int, list[str]]],
                   parts: dict[str, int], peers: dict[str, int], failed: list[str],
-                  copies: _Copies, errors: list[Exception]) -> None:  # fmt: skip
+                  copies: Copies, errors: list[Exception]) -> None:  # fmt: skip
     ring = list(tg.hosts)
     slots: list[torch.Tensor | None] = [None] * (2 * _WINDOW)
     while True:
@@ -363,11 +427,11 @@ _WINDOW = 2  # chunks a host has in flight each way: the next read (or write) ov
 
 def _exchange(tg: TierGroup, layout: RamLayout, d: dict[str, Any], plan: list[Any],
               need: dict[str, dict[int, list[str]]], parts: dict[str, int], peers: dict[str, int],
-              failed: list[str], copies: _Copies, errors: list[Exception],
+              failed: list[str], copies: Copies, errors: list[Exception],
               slots: list[torch.Tensor | None]) -> None:  # fmt: skip
     """This host's part of one round's transfers (step 3), ``plan`` in the same order on every
     rank: as holder it sends (``isend``), for each chunk it serves, a flag (a copy here or not)
-    and the chunk straight from a mapping of its copy (``_Copies.mapped``; without a copy, a
+    and the chunk straight from a mapping of its copy (``Copies.mapped``; without a copy, a
     free send slot's bytes, so that the requester's receive completes); as requester it posts
     the receives (``irecv``) ahead and lands the oldest arrival when it needs its slot: CRC32C
     checked, then written into the part, or the copy recorded as failed and asked of the next

@@ -11,7 +11,11 @@ and durable managers; the fast one on ``shmnode://<name>``, the node-local form 
   ``replicate.replicate_step``, then (every ``durable_every``-th step) ``durable.copy_to_durable``,
   then the RAM retention (``replicate.drop_old``);
 * ``recover(durable_step)`` (every rank, from ``load_latest``) runs ``restore.recover`` on that
-  same thread after every queued replication, and returns the decision and the report;
+  same thread after every queued replication, and returns the decision and the report; with
+  ``feed=True`` (the first pass) it is followed by ``start_feed(decision)`` (every rank: the
+  ``feed.Feed`` the load reads through; a holder's agent queues ``feed.serve``), the load, then
+  ``finish_feed(feed, loaded)`` (every rank: whether every rank loaded, the bytes fed) and, after
+  a load that succeeded, ``rebuild_fed`` (every rank: ``restore.rebuild`` queued);
 * ``latest(durable_step)`` (every rank, from ``TieredCheckpointManager.latest_step``) answers,
   on that thread after every queued replication, with the step ``load_latest`` would choose
   (``decide.choose`` over every host's inventory and the durable tier's newest step), the same
@@ -21,7 +25,9 @@ and durable managers; the fast one on ``shmnode://<name>``, the node-local form 
 * ``wait()`` raises the failures of queued replications (``AsyncSaveFailures``);
   ``close()`` waits, then stops the thread.
 
-The worker thread is the only user of the tier's process group (``group.TierGroup``).
+The worker thread is the only user of the tier's process group (``group.TierGroup``), but for
+a feed's requests and replies: point-to-point messages with tags of their own, sent by the
+load's reader threads of a host that lost its RAM while its holders' worker threads serve them.
 """
 
 from __future__ import annotations
@@ -44,11 +50,12 @@ from ..storage.retry import unwrap
 from ..storage.shm import ShmStorage
 from .decide import choose
 from .durable import copy_to_durable
+from .feed import Feed, serve
 from .folders import ram_folder_problem, step_folder_problem
 from .group import TierGroup
 from .inventory import RamLayout
 from .replicate import drop_old, replicate_step
-from .restore import RecoveryReport, ask_durable_early, recover
+from .restore import Copies, RecoveryReport, ask_durable_early, rebuild, recover
 
 __all__ = ["RamTier", "NodeShmStorage", "RamStepsManager", "node_root", "ram_folder_problem", "tier_group"]
 
@@ -101,6 +108,7 @@ class RamTier:
         self._protect: str | None = None  # a step due on the durable tier whose copy did not commit
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="unickpt-ram-tier")
         self._pending: list[tuple[int, Future[Any]]] = []
+        self._serving: Future[int] | None = None  # this host's ``serve`` of a feed (``start_feed``)
         self._lock = threading.Lock()
 
     def _stepdir(self, step: int) -> str:
@@ -228,13 +236,55 @@ class RamTier:
         return step, source
 
     def recover(
-        self, durable_step: Callable[[], int | None], fetch: bool, load_verifies: bool = False
+        self, durable_step: Callable[[], int | None], fetch: bool, load_verifies: bool = False, feed: bool = False
     ) -> tuple[dict[str, Any], RecoveryReport]:
-        return self._worker.submit(recover, self.tg, self.layout, durable_step, fetch, load_verifies).result()
+        return self._worker.submit(recover, self.tg, self.layout, durable_step, fetch, load_verifies, feed).result()
 
-    def all_ok(self, ok: bool) -> bool:
-        """Whether every rank's ``ok`` is true (a collective of the tier group, on its thread)."""
-        return all(self._worker.submit(self.tg.all_gather, ok).result())
+    def start_feed(self, decision: dict[str, Any]) -> Feed:
+        """After ``recover(feed=True)`` chose a RAM step (every rank): this rank's ``Feed`` (the
+        storage wrapper its load reads through), and on a host that sends fed files, its agent's
+        ``serve`` queued on the worker thread (``finish_feed`` runs after it)."""
+        plan = decision.get("feed", {})
+        feed = Feed(self.tg, decision, plan)
+        sends = self.tg.is_agent and any(self.tg.host in files.values() for files in plan.values())
+        self._serving = self._worker.submit(self._serve, decision, plan) if sends else None
+        return feed
+
+    def _serve(self, decision: dict[str, Any], plan: dict[str, dict[str, str]]) -> int:
+        copies = Copies(self.layout)
+        try:
+            return serve(self.tg, self.layout, decision, plan, copies)
+        finally:
+            copies.close()
+
+    def finish_feed(self, feed: Feed, loaded: bool) -> tuple[bool, dict[str, int]]:
+        """After the load (every rank, also when it failed or did not run): tell the holders this
+        rank is done (``Feed.close``), then, once this host's ``serve`` has ended, whether every
+        rank loaded and served without error, and the bytes every rank received from each
+        sending host (summed). A failed ``serve`` counts as a failed load (the second pass)."""
+        try:
+            feed.close()
+        except Exception:  # a holder gone: its own error (and the timeout of the gather) tells
+            loaded = False
+        serving, self._serving = self._serving, None
+
+        def gather() -> list[Any]:
+            ok = loaded and (serving is None or serving.exception() is None)
+            return self.tg.all_gather([ok, feed.received])
+
+        gathered = self._worker.submit(gather).result()
+        by_host: dict[str, int] = {}
+        for _, received in gathered:
+            for h, n in received.items():
+                by_host[h] = by_host.get(h, 0) + int(n)
+        return all(ok for ok, _ in gathered), by_host
+
+    def rebuild_fed(self, step: int, decision: dict[str, Any]) -> None:
+        """After a load that read files from their holders (every rank): ``restore.rebuild`` on
+        the worker thread, in the background; its failure is raised by ``wait``."""
+        future = self._worker.submit(rebuild, self.tg, self.layout, decision)
+        with self._lock:
+            self._pending.append((step, future))
 
     def wait(self) -> None:
         with self._lock:

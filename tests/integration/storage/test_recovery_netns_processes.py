@@ -173,10 +173,9 @@ def test_issue40_item2_hosts_in_own_mount_and_network_namespaces_rebuild_a_lost_
     res = _torchrun_job(hosts, "recover", [OPTS], tmp)
     assert [r["step"] for r in res] == [2, 2, 2] and all(r["exact"] for r in res), res
     assert all(r["unickpt"].startswith(os.path.join(REPO, "src")) for r in res), res[0]["unickpt"]
-    # the first pass fetches what a same-layout restart reads on b (its rank's file, the metadata);
-    # the second completes every file on every host, and by then b holds those two in its RAM
-    own_b = sum(s for n, s in every.items() if n == META or os.path.basename(n).startswith("r00001-"))
-    local = sum(held["a"].values()) + sum(held["c"].values()) + own_b
+    # the first pass fetches the metadata b lacks, and b's load reads its rank's file from a holder
+    # (recovery.feed); the second completes every file on every host, b's metadata (only) in its RAM
+    local = sum(held["a"].values()) + sum(held["c"].values()) + every[META]
     assert res[0]["tier"] == "ram" and res[0]["failed"] == [], res[0]
     assert res[0]["bytes"] == {"local": local, "peer": 3 * total - local}, (res[0]["bytes"], total, local)
     # b's first pass is fed by a and c only; in the second, b may send what it rebuilt to the others

@@ -6,6 +6,7 @@ byte counts from the files found in each host's folder."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -54,11 +55,11 @@ def test_issue40_item1_2_3_a_hosts_lost_ram_is_rebuilt_from_peers(tmp_path):
     res = run_ranks(recover, 3, base, hosts, OPTS)
     assert [r["step"] for r in res] == [3, 3, 3] and all(r["exact"] for r in res), res
     total = sum(every.values())
-    # first pass: b fetches what a same-layout restart reads there (its rank's file, the metadata);
-    # the bias lives in rank 0's file, so the load misses it on b and c: the second pass completes
-    # every file on every host, b's own file and metadata being in its RAM by then
-    own_b = sum(s for n, s in every.items() if n == META or os.path.basename(n).startswith("r00001-"))
-    local = sum(held["a"].values()) + sum(held["c"].values()) + own_b
+    # first pass: b fetches the metadata, and its rank's load reads its own file from a holder
+    # (recovery.feed: not written into b's RAM first); the bias lives in rank 0's file, so the load
+    # misses it on b and c: the second pass completes every file on every host, b's metadata (only)
+    # being in its RAM by then
+    local = sum(held["a"].values()) + sum(held["c"].values()) + every[META]
     assert res[0]["bytes"] == {"local": local, "peer": 3 * total - local}
     assert res[0]["tier"] == "ram" and res[0]["failed"] == []
 
@@ -126,6 +127,81 @@ def test_issue40_item3_a_short_replica_is_no_copy_and_the_next_holder_supplies_t
     res = run_ranks(recover, 3, base, hosts, opts, False)
     assert [r["step"] for r in res] == [1, 1, 1] and all(r["exact"] for r in res), res
     assert res[0]["failed"] == [] and res[0]["peer_by_host"] == {"a": size, "c": held_b[META]}, res[0]
+
+
+def _job_root(base: str, host: str) -> str:
+    return os.path.join(base, "ram", host, f"unickpt-{os.getuid()}", "job")
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def test_issue40_item3_a_lost_hosts_file_is_read_from_its_holder_then_written_back_into_its_ram(tmp_path):
+    # replicas=1 on 3 hosts (ring a -> b -> c): b's files are replicated on c. b's RAM is lost; its
+    # rank's load reads b's file from c straight into the state (no copy in b's RAM first), then the
+    # file is written back into b's RAM in the background (tiers.close waits for it). Proof that the
+    # copy written back is complete and committed: c's RAM is lost next, and the job recovers again
+    # with b's file read from b's own RAM and c's from a
+    base, hosts = str(tmp_path), ["a", "b", "c"]
+    run_ranks(save_steps, 3, base, hosts, [1], OPTS, False)
+    stepdir = "step_00000001"
+    held = {h: _held(base, h, stepdir) for h in hosts}
+    [name_b] = [n for n in held["b"] if os.path.basename(n).startswith("r00001-")]
+    [name_c] = [n for n in held["c"] if os.path.basename(n).startswith("r00002-")]
+    primary_b = os.path.join(_job_root(base, "b"), stepdir, *name_b.split("/"))
+    before = _read(primary_b)
+    os.system(f"rm -rf {base}/ram/b")
+    res = run_ranks(recover, 3, base, hosts, OPTS, False)
+    assert [r["step"] for r in res] == [1, 1, 1] and all(r["exact"] for r in res), res
+    assert res[0]["failed"] == [] and res[0]["peer_by_host"] == {"c": len(before) + held["c"][META]}, res[0]
+    assert res[0]["fed"] == len(before)  # read by the load itself, not written into b's RAM before it
+    assert _read(primary_b) == before  # written back after the load
+    assert _held(base, "b", stepdir) == {name_b: len(before), META: held["c"][META]}
+    with open(_markers(base, stepdir)[1]) as fh:
+        assert {e["name"] for e in json.load(fh)["files"]} == {name_b, META}
+    os.system(f"rm -rf {base}/ram/c")
+    res = run_ranks(recover, 3, base, hosts, OPTS, False)
+    assert [r["step"] for r in res] == [1, 1, 1] and all(r["exact"] for r in res), res
+    assert res[0]["failed"] == [] and res[0]["peer_by_host"] == {"a": held["c"][name_c] + held["c"][META]}, res[0]
+    assert res[0]["fed"] == held["c"][name_c]
+
+
+def test_issue40_item3_a_lost_host_with_two_ranks_reads_both_files_from_its_holder(tmp_path):
+    # host a runs two ranks; its RAM is lost. Each of its ranks reads its own file from b (a's ring
+    # successor, its replica holder), which serves both until both have said they are done; then
+    # both files are written back into a's RAM
+    base, hosts = str(tmp_path), ["a", "a", "b", "c"]
+    run_ranks(save_steps, 4, base, hosts, [1], OPTS, False)
+    stepdir = "step_00000001"
+    held_a = _held(base, "a", stepdir)
+    own = {n: s for n, s in held_a.items() if os.path.basename(n).startswith(("r00000-", "r00001-"))}
+    assert len(own) == 2, held_a
+    os.system(f"rm -rf {base}/ram/a")
+    res = run_ranks(recover, 4, base, hosts, OPTS, False)
+    assert [r["step"] for r in res] == [1] * 4 and all(r["exact"] for r in res), res
+    assert res[0]["failed"] == [] and res[0]["fed"] == sum(own.values()), res[0]
+    assert res[0]["peer_by_host"] == {"b": sum(own.values()) + held_a[META]}, res[0]
+    assert _held(base, "a", stepdir) == {**own, META: held_a[META]}
+
+
+def test_issue40_item3_a_holders_copy_that_fails_the_loads_check_is_named_and_the_next_copy_used(tmp_path):
+    # replicas=2: b's files are on c and a. b's RAM is lost and c's copy of b's rank's file has a
+    # flipped byte: b's load reads it from c (the nearest holder), the load's CRC32C check fails,
+    # and the second pass verifies every copy, names c's and completes b's file from a's
+    base, hosts = str(tmp_path), ["a", "b", "c"]
+    opts = {**OPTS, "replicas": 2}
+    run_ranks(save_steps, 3, base, hosts, [1], opts, False)
+    stepdir = "step_00000001"
+    [name] = [n for n in _held(base, "b", stepdir) if os.path.basename(n).startswith("r00001-")]
+    replica = os.path.join(_job_root(base, "c"), "replicas", "b", stepdir, *name.split("/"))
+    assert _flip_every_file(os.path.dirname(replica)) == [replica]
+    os.system(f"rm -rf {base}/ram/b")
+    res = run_ranks(recover, 3, base, hosts, opts, False)
+    assert [r["step"] for r in res] == [1, 1, 1] and all(r["exact"] for r in res), res
+    assert {f.split("#")[0] for f in res[0]["failed"]} == {f"c:{name}"}, res[0]["failed"]
+    assert res[0]["peer_by_host"]["a"] >= os.path.getsize(replica), res[0]
 
 
 def test_issue40_item3_all_copies_of_a_chunk_lost_falls_back_to_the_newest_durable_step(tmp_path):
