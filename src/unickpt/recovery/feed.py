@@ -35,6 +35,7 @@ it on every holder, and requesters only send point to point).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 from collections import deque
@@ -186,7 +187,10 @@ class FedStorage:
 
     def __init__(self, inner: Storage, feed: Feed) -> None:
         self.inner, self.feed = inner, feed
-        self.url, self.capabilities = inner.url, inner.capabilities
+        self.url = inner.url
+        # every read of a fed file is a round trip: the load's reader threads each ask for a whole
+        # piece, several in flight, instead of one reader per file asking for its reads in turn
+        self.capabilities = dataclasses.replace(inner.capabilities, reads_ahead=False)
 
     def __getattr__(self, attr: str) -> Any:  # everything else is the RAM folder's
         return getattr(self.inner, attr)
