@@ -183,3 +183,26 @@ def test_issue40_item2_hosts_in_own_mount_and_network_namespaces_rebuild_a_lost_
     assert set(by_host) <= {"a", "b", "c"} and by_host.get("a", 0) + by_host.get("c", 0) > 0, res[0]
     # host b rebuilt the whole checkpoint from its peers: at least its bytes crossed b's veth
     assert hosts["b"].rx_bytes() - rx_before >= total
+
+
+def test_issue40_item3_a_lost_hosts_rank_reads_its_file_from_a_holder_over_the_network_then_it_is_written_back(
+    netns_hosts, tmp_path
+):
+    """The same hosts, a state every rank's load finds on its own host (no value saved by one rank
+    for all): after b's RAM is lost, b's rank reads its file from its holder over the bridge
+    straight into the state (``recovery.feed``), and the file is then written back into b's new
+    tmpfs in the background, crossing the network a second time."""
+    hosts, tmp = netns_hosts, str(tmp_path)
+    _torchrun_job(hosts, "save_steps", [[1], OPTS, False], tmp)
+    held = {h: hosts[h].held("step_00000001") for h in hosts}
+    own_b = {n: s for n, s in held["b"].items() if os.path.basename(n).startswith("r00001-")}
+    assert len(own_b) == 1, held["b"]
+    hosts["b"].lose()
+    hosts["b"] = _NetHost(hosts["b"].netns, hosts["b"].address, hosts["b"].ram)
+    rx_before = hosts["b"].rx_bytes()
+    res = _torchrun_job(hosts, "recover", [OPTS, False], tmp)
+    assert [r["step"] for r in res] == [1, 1, 1] and all(r["exact"] for r in res), res
+    assert res[0]["tier"] == "ram" and res[0]["failed"] == [], res[0]
+    assert res[0]["fed"] == sum(own_b.values()), res[0]
+    assert hosts["b"].held("step_00000001") == {**own_b, META: held["b"][META]}
+    assert hosts["b"].rx_bytes() - rx_before >= 2 * sum(own_b.values())
