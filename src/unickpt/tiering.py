@@ -64,7 +64,7 @@ from .manager import CheckpointManager
 from .monitoring.phases import MAX_PHASES_BYTES, phases_name
 from .options import LoadOptions
 from .recovery.finite import nonfinite_names
-from .recovery.restore import RecoveryReport
+from .recovery.restore import RecoveryReport, rebuilds
 from .recovery.tier import RamStepsManager, RamTier, node_root, tier_group
 from .storage import Storage, open_storage
 
@@ -318,7 +318,7 @@ class TieredCheckpointManager:
                 report = _with_fed(report, fed)
                 self.last_recovery = report
                 self._emit(report)
-                if decision["feed"]:
+                if rebuilds(decision):
                     self._ram.rebuild_fed(int(decision["step"]), decision)
                 return int(decision["step"])
             decision, report = self._ram.recover(self.durable.latest_step, fetch=True)

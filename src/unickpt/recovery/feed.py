@@ -1,31 +1,33 @@
-"""Peers as load sources: a lost host's ranks read their files straight from their holders' RAM.
+"""Peers as load sources: a host's ranks read what their host lacks straight from the holders' RAM.
 
 A host whose RAM was lost (it holds no copy at all of some of its own ranks' files) used to get
 those files written back into its tmpfs before the ordinary load read them there again
 (``restore._fetch_rounds``): every byte crossed the group, was checked, written into fresh
 tmpfs pages (allocated and zeroed 4 KiB at a time: the largest part of a recovery after a lost
-host on the bench) and read once more by the load. With a load that verifies every byte it
-reads (``LoadOptions.verify_checksums``, the default) the same-layout pass of ``load_latest``
-instead *feeds* those files:
+host on the bench) and read once more by the load; and a restart in another layout got the
+whole checkpoint copied into every host's RAM first. With a load that verifies every byte it
+reads (``LoadOptions.verify_checksums``, the default) the first pass of ``load_latest``
+instead *feeds* every data file a host holds no copy of:
 
-1. ``restore.recover(feed=True)`` leaves a data file no copy here holds to this module; every
-   rank computes the same ``plan_feed``: requesting host -> file -> the nearest holder (ring
-   order from the requester, as ``restore._fetch_rounds`` picks), from the gathered outcomes;
+1. ``restore.recover(feed=True)`` leaves such a file to this module; every rank computes the
+   same ``plan_feed``: requesting host -> file -> the nearest holder (ring order from the
+   requester, as ``restore._fetch_rounds`` picks), from the gathered outcomes;
 2. each holder's agent runs ``serve`` on the tier's worker thread: it answers requests
    (``[reply tag, file, lo, hi]``, received from any rank) with a flag and the bytes, sent from a
    private mapping of its copy (``restore.Copies``), until every rank of every host it feeds
    has said it is done;
-3. every rank of a requesting host loads through ``FedStorage``: reads of a fed file become
-   requests to its holder, received straight into the load's own memory (the destination
-   tensor, or the load's temporary), then checked by the load like any read; then it tells each
-   of its holders it is done (``Feed.close``, also after a failed load);
+3. every rank of a requesting host loads through ``FedStorage``: its reads of a fed file (only
+   the ranges its layout needs) become requests to the file's holder, received straight into
+   the load's own memory (the destination tensor, or the load's temporary), then checked by the
+   load like any read; then it tells each of its holders it is done (``Feed.close``, also after
+   a failed load);
 4. ``tier.RamTier.finish_feed`` gathers, after ``serve`` has ended, whether every rank loaded
    and the bytes each rank received from each holder (the recovery's records); a copy that
    fails the load's check sends ``load_latest`` to its second pass (which verifies every copy
    before use), as a copy here failing it does;
-5. after a load that succeeded, ``restore.rebuild`` writes the fed files back into the
-   requesting host's RAM in the background (on the worker thread, every rank), so the step has
-   its ``1 + replicas`` copies again.
+5. after a load that succeeded, ``restore.rebuild`` writes the host's own fed files (those it
+   lost with its RAM) back into its RAM in the background (on the worker thread, every rank),
+   so the step has its ``1 + replicas`` copies again.
 
 The requests and replies are point-to-point messages of the tier's group with tags of their
 own (``REQUEST_TAG``, one reply tag per request), so the load's reader threads can ask in

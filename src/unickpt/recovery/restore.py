@@ -10,14 +10,14 @@ for it), after every queued replication:
    last): a primary here whose every chunk verifies stays; a replica here whose every chunk
    verifies is hard-linked as ``<name>.unickpt-part`` (no byte copied); otherwise the file is
    assembled in ``<name>.unickpt-part`` from this host's copies chunk by chunk, each chunk's
-   CRC32C checked. The first pass of ``load_latest`` (``fetch=False``) does this only for the
-   files a restart at the same layout reads: the metadata and the host's own ranks' files (with
-   ``feed``, a data file no copy here holds is left to the load, which reads it from a holder:
-   ``recovery.feed``; ``rebuild`` writes it here afterwards); and
-   when the load that follows verifies every chunk it reads (``LoadOptions.verify_checksums``,
-   the default) it reads no data file here at all: the primaries are taken as they are and a
-   replica of the host's own file is hard-linked, so each byte is read and checked once, by
-   the load (a copy failing there sends ``load_latest`` to the second pass);
+   CRC32C checked. In the first pass of ``load_latest`` (``fetch=False``), when the load that
+   follows verifies every chunk it reads (``LoadOptions.verify_checksums``, the default:
+   ``feed``), it reads no data file here at all: every primary is taken as it is and every
+   replica here is hard-linked, so each byte is read and checked once, by the load (a copy
+   failing there sends ``load_latest`` to the second pass); a data file no copy here holds is
+   left to the load, which reads the ranges it needs from a holder (``recovery.feed``), and
+   ``rebuild`` writes the host's own such files here afterwards. Without the load's check it
+   completes only the metadata and the host's own ranks' files, verifying them here;
 3. the chunks still missing are fetched in rounds: all ranks gather every agent's requests (file,
    chunk, hosts that already failed it); each request goes to the nearest holder (ring order from
    the requester) that has not failed it; in one global order the holder's agent reads the chunk
@@ -29,13 +29,14 @@ for it), after every queued replication:
    a chunk no copy could supply -> the parts are removed and the step is excluded: back to 1.
 
 Then every rank loads ``step_N`` from its own host's RAM with the ordinary ``load`` (its planner
-reshards to the new layout). A same-layout restart (every rank reads only its host's own files
-and the metadata) ends after the first pass: a host whose RAM was lost fetches its own files
-from its replica holders, the others read nothing but their primaries. Otherwise (the load
-failed on some rank: another layout, or values one rank saved for all) the second pass
-(``fetch=True``) completes every file on every host. Cost: every host then holds the whole
-chosen checkpoint once more than its primaries and replicas (the design's price for resharding
-through the ordinary planner; replicas here are hard links, not copies).
+reshards to the new layout), the holders feeding what the host lacks. A restart whose hosts
+kept their RAM reads nothing but the primaries and moves no byte between hosts; a host whose
+RAM was lost reads its own files from their holders; a resharded restart reads the ranges it
+needs of the files its host lacks. When the load fails on some rank (a copy that failed its
+check, a range a holder could not serve; without the load's check: another layout, or values
+one rank saved for all) the second pass (``fetch=True``) verifies and completes every file on
+every host. Cost: every host then holds the whole chosen checkpoint once more than its
+primaries and replicas (replicas here are hard links, not copies).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ from .feed import plan_feed
 from .group import TierGroup
 from .inventory import RamLayout
 
-__all__ = ["recover", "rebuild", "RecoveryReport", "ask_durable_early"]
+__all__ = ["recover", "rebuild", "rebuilds", "RecoveryReport", "ask_durable_early"]
 
 
 @dataclass(frozen=True)
@@ -93,9 +94,12 @@ def recover(
     was lost) comes from the peers; one whose copy here fails its CRC32C is left to the
     ``fetch=True`` pass (which verifies and names every failing copy). With ``load_verifies``
     the copies here are not read at all (``_materialise``): the load that follows checks them,
-    and a failure there is what sends ``load_latest`` to that pass. A job whose hosts all
-    kept their RAM moves no byte between hosts. The decision says ``"complete"`` (every host
-    has every file) and ``"metadata_everywhere"``."""
+    and a failure there is what sends ``load_latest`` to that pass. ``feed`` (with
+    ``load_verifies``, ``fetch=False``): every copy here is placed (not only the host's own
+    files), and a data file no copy here holds is not fetched: the decision's ``"feed"`` says
+    which holder feeds it to the load (``recovery.feed``). A job whose hosts all kept their
+    RAM moves no byte between hosts. The decision says ``"complete"`` (every host has every
+    file), ``"metadata_everywhere"`` and ``"feed"``."""
     excluded: list[list[str]] = []
     failed_all: list[str] = []
     skipped: list[str] = []
@@ -154,13 +158,16 @@ def recover(
 
 def rebuild(tg: TierGroup, layout: RamLayout, d: dict[str, Any]) -> None:
     """After a load that read files from their holders (``feed``; every rank, on the tier's
-    worker thread, in the background of the training that follows): write those files back
-    into their host's RAM, fetched as in step 3 (each chunk's CRC32C checked on arrival; a copy
-    that fails it is asked of the next holder), then renamed into place and recorded in the
-    host's marker, so that the step again has ``1 + replicas`` copies of them. A chunk no copy
+    worker thread, in the background of the training that follows): write those of a host's
+    own files (it wrote them: it lost them with its RAM) back into its RAM, fetched as in step
+    3 (each chunk's CRC32C checked on arrival; a copy that fails it is asked of the next
+    holder), then renamed into place and recorded in the host's marker, so that the step again
+    has ``1 + replicas`` copies of them (another host's files the load read are not kept: their
+    copies are where placement put them). A chunk no copy
     supplies, or a write that fails, leaves the step as it was (the parts removed) and is one
     error on every rank (``RamTier.wait`` raises it)."""
-    mine = sorted(d["feed"].get(tg.host, {})) if tg.is_agent else []
+    fed = d["feed"].get(tg.host, {}) if tg.is_agent else {}
+    mine = sorted(n for n in fed if d["holders"][n][0][2] == tg.host)  # its own files, lost with its RAM
     need: dict[str, dict[int, list[str]]] = {}
     parts: dict[str, int] = {}
     peers: dict[str, int] = {}
@@ -196,6 +203,11 @@ def rebuild(tg: TierGroup, layout: RamLayout, d: dict[str, Any]) -> None:
         error, f"the files of step {d['step']} the load read from other hosts were not written back into their "
         "host's RAM (the load is complete; until a newer step commits, they have one copy fewer)",
     )  # fmt: skip
+
+
+def rebuilds(d: dict[str, Any]) -> bool:
+    """Whether ``rebuild`` has a file to write back on some host (the same answer on every rank)."""
+    return any(d["holders"][n][0][2] == h for h, files in d.get("feed", {}).items() for n in files)
 
 
 def ask_durable_early(durable_step: Callable[[], int | None]) -> Future[int | None]:
@@ -357,12 +369,13 @@ def _complete_here(
     for name, (size, crcs) in d["files"].items():
         final = layout.primary(stepdir, name)
         mine = [h for h in d["holders"][name] if h[0] == host]
-        if not fetch and name != METADATA_FILE and d["holders"][name][0][2] != host:
+        own = name == METADATA_FILE or d["holders"][name][0][2] == host
+        if not fetch and not own and fed is None:
             left.add(name)  # another host's file: not read by a same-layout restart
             continue
         ordered = sorted(mine, key=lambda h: h[1] != "primary")  # the primary here first
         if not ordered and fed is not None and name != METADATA_FILE:
-            fed.append(name)  # the load reads it from a holder (``feed``); ``rebuild`` writes it here after
+            fed.append(name)  # the load reads what it needs of it from a holder (``feed``)
             continue
         trusted = trust and name != METADATA_FILE  # the metadata has no checksum of its own
         if ordered and ordered[0][1] == "primary":
@@ -376,7 +389,9 @@ def _complete_here(
             if (trusted or not copies.bad_chunks(held, size, chunk, crcs, scratch)) and layout.link(
                 held, final + ".unickpt-part"
             ):
-                local += size  # this host's replica (verified now or by the load): linked, not copied
+                # this host's replica (verified now or by the load): linked, not copied; another
+                # host's file (``feed``) counts only if the load reads it (not known here)
+                local += size if own or fetch else 0
                 continue
         parts[name] = fd = layout.create(final + ".unickpt-part")
         truncate(fd, size)

@@ -54,13 +54,18 @@ def test_issue40_item1_2_3_a_hosts_lost_ram_is_rebuilt_from_peers(tmp_path):
     os.system(f"rm -rf {base}/ram/b")  # host b's RAM is gone
     res = run_ranks(recover, 3, base, hosts, OPTS)
     assert [r["step"] for r in res] == [3, 3, 3] and all(r["exact"] for r in res), res
-    total = sum(every.values())
-    # first pass: b fetches the metadata, and its rank's load reads its own file from a holder
-    # (recovery.feed: not written into b's RAM first); the bias lives in rank 0's file, so the load
-    # misses it on b and c: the second pass completes every file on every host, b's metadata (only)
-    # being in its RAM by then
-    local = sum(held["a"].values()) + sum(held["c"].values()) + every[META]
-    assert res[0]["bytes"] == {"local": local, "peer": 3 * total - local}
+    # one pass: b fetches the metadata; b's rank reads its own file from c (b's ring successor, its
+    # replica holder); the bias lives in rank 0's file, which b and c do not hold: their loads read
+    # its bytes from a. What each host takes from its own RAM: its own file and the metadata
+    own = [{n: s for n, s in every.items() if os.path.basename(n).startswith(f"r0000{i}-")} for i in range(3)]
+    r0, r1, r2 = (sum(o.values()) for o in own)
+    own_b = own[1]
+    assert res[0]["bytes"]["local"] == r0 + r2 + 2 * every[META], res[0]
+    by_host = res[0]["peer_by_host"]
+    assert by_host["c"] == r1 + every[META] and 0 < by_host["a"] <= 2 * r0, res[0]
+    assert set(by_host) == {"a", "c"} and res[0]["bytes"]["peer"] == sum(by_host.values())
+    assert res[0]["fed"] == res[0]["bytes"]["peer"] - every[META]
+    assert _held(base, "b", "step_00000003") == {**own_b, META: every[META]}  # its own file written back
     assert res[0]["tier"] == "ram" and res[0]["failed"] == []
 
 
@@ -367,10 +372,17 @@ def test_issue40_item6_sigterm_flushes_the_newest_ram_step_to_the_durable_tier_t
 def test_issue40_item4_a_host_lost_and_the_job_restarted_on_one_host_fewer_reshards_from_ram(tmp_path):
     base = str(tmp_path)
     run_ranks(save_steps, 4, base, ["a", "a", "b", "c"], [1, 2], OPTS)  # host a runs two ranks
+    c_files = {n: s for n, s in _held(base, "c", "step_00000002").items() if os.path.basename(n).startswith("r00003-")}
+    assert len(c_files) == 1, c_files
     os.system(f"rm -rf {base}/ram/c")  # host c is gone for good: no spare
     res = run_ranks(recover, 2, base, ["a", "b"], OPTS)
     assert [r["step"] for r in res] == [2, 2] and all(r["exact"] for r in res), res
-    assert res[0]["tier"] == "ram" and res[0]["bytes"]["peer"] > 0
+    assert res[0]["tier"] == "ram" and res[0]["failed"] == []
+    # rank 1 (on b) now holds the rows ranks 2 (b) and 3 (c) saved: it reads c's file from a, which
+    # holds c's replica; nothing else crosses, and c's file is not copied into b's RAM (no host
+    # gets the whole checkpoint: one pass, no materialisation)
+    assert res[0]["fed"] == sum(c_files.values()) and res[0]["peer_by_host"] == {"a": sum(c_files.values())}
+    assert not set(c_files) & set(_held(base, "b", "step_00000002"))
 
 
 def test_issue40_item2_a_kill_in_the_middle_of_replication_leaves_the_previous_step_in_use(tmp_path):
