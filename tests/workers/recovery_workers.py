@@ -211,6 +211,30 @@ def saves_then_gets_sigterm(rank: int, ws: int, base: str, hosts: list[str], opt
     raise AssertionError("SIGTERM did not end the process")
 
 
+def recovers_then_gets_sigterm(rank: int, ws: int, base: str, hosts: list[str], opts: dict[str, Any]) -> None:
+    """``load_latest`` (the step newest in RAM, not yet on the durable tier), then a real SIGTERM
+    to this process: the tier's handler flushes that step to the durable tier, then the signal
+    ends the process."""
+    import signal
+
+    enter_host(base, hosts[rank])
+    tiers = _tiers(base, opts)
+    tiers.load_latest(_state(None, True))
+    tiers.wait()
+    os.kill(os.getpid(), signal.SIGTERM)
+    raise AssertionError("SIGTERM did not end the process")
+
+
+def loads_the_durable_step(rank: int, ws: int, base: str, hosts: list[str], step: int) -> bool:
+    """A plain ``unickpt.load`` of ``step`` from the durable folder; whether it is bit-exact."""
+    import unickpt
+
+    state = _state(None, True)
+    unickpt.load(os.path.join(base, "durable", f"step_{step:08d}"), state)
+    want = expected(step)
+    return torch.equal(state["model"].w.full_tensor(), want["w"]) and torch.equal(state["model"].bias, want["bias"])
+
+
 def dies_while_replicating(rank: int, ws: int, base: str, hosts: list[str], opts: dict[str, Any], victim: str) -> None:
     """Step 1 saved and replicated; during step 2's replication the process of host ``victim``
     SIGKILLs itself as it starts writing its first replica (before any host's commit marker)."""

@@ -8,9 +8,11 @@ durable tier is never dropped from RAM before its durable copy is committed:
 1. rank 0 checks that the durable folder holds no committed checkpoint and writes the save's
    marker (``folder.markers.mark_save``); the ranks learn its outcome (a gather);
 2. each host's agent copies the data files its host originated (its *primaries*, as its commit
-   marker names them) from its RAM to the durable tier, one file in memory at a time, each chunk
-   checked against the CRC32C recorded at replication before it is written and again when read
-   back from the durable tier;
+   marker names them), and those of a host that is no longer in the job (a restart on fewer
+   hosts, or on hosts of other names) when it is the first (sorted) holding a copy (``_copiers``,
+   from every host's marker gathered in 1), from its RAM to the durable tier, one file in memory
+   at a time, each chunk checked against the CRC32C recorded at replication before it is
+   written and again when read back from the durable tier;
 3. a gather of every host's outcome; only when every file was written and verified does rank 0
    publish the metadata (written last, as in ``tiering.copy_checkpoint``), move the durable
    ``latest`` and apply the durable retention. A failure leaves no metadata: the durable step is
@@ -69,13 +71,15 @@ def copy_to_durable(
             mark_save(dst, rec["save_id"])
     except Exception as e:
         error = e
-    tg.fail_together(error, f"step {step} was not copied to the durable tier")
+    held = None if rec is None else [rec["required"], _held(rec)]
+    gathered = tg.fail_together(error, f"step {step} was not copied to the durable tier", [tg.host, held])
+    copiers = _copiers(gathered, step)  # IntegrityError on every rank alike: a file no host holds
     url = dst.url
     try:
         if rec is not None:
-            for entry in rec["files"]:
-                if entry["where"] == "primary" and entry["origin"] == tg.host and entry["name"] != METADATA_FILE:
-                    _copy_file(layout, layout.primary(stepdir, entry["name"]), dst, entry, int(rec["chunk"]))
+            for name, entry in sorted(_held(rec).items()):
+                if copiers.get(name) == tg.host:
+                    _copy_file(layout, layout.path_of(entry, stepdir), dst, entry, int(rec["chunk"]))
     except Exception as e:
         error = as_unsafe_folder(e, check)
     tg.fail_together(error, f"step {step}'s durable copy at {url} is not committed")
@@ -91,6 +95,38 @@ def copy_to_durable(
         error = as_unsafe_folder(e, check)
     what = f"the commit of step {step}'s durable copy at {url} failed (its metadata, latest or the durable retention)"
     tg.fail_together(error, what)
+
+
+def _held(rec: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The step's data files a host's marker names: name -> its entry (its primary here before
+    a replica)."""
+    out: dict[str, dict[str, Any]] = {}
+    for entry in sorted(rec["files"], key=lambda e: e["where"] != "primary"):
+        if entry["name"] != METADATA_FILE:
+            out.setdefault(entry["name"], entry)
+    return out
+
+
+def _copiers(gathered: list[Any], step: int) -> dict[str, str]:
+    """Who copies each data file of the step (the same on every rank): the host that wrote it
+    when it holds a copy, else the first host (sorted) that holds one: a job restarted on fewer
+    hosts (or on hosts of other names) still copies every file, from the copies its hosts hold.
+    ``IntegrityError`` for a required file no host holds (nothing was written yet)."""
+    holders: dict[str, list[str]] = {}  # name -> hosts holding a copy, sorted
+    origins: dict[str, str] = {}
+    required: list[str] = []
+    for host, held in sorted((h, x) for h, x in gathered if x is not None):
+        required = required or [n for n in held[0] if n != METADATA_FILE]
+        for name, entry in held[1].items():
+            holders.setdefault(name, []).append(host)
+            origins[name] = entry["origin"]
+    lacking = [n for n in required if n not in holders]
+    if lacking:
+        raise IntegrityError(
+            f"step {step} cannot be copied to the durable tier: no host's RAM holds {', '.join(lacking[:3])}"
+            + (f" and {len(lacking) - 3} more" if len(lacking) > 3 else "")
+        )
+    return {name: origins[name] if origins[name] in hosts else hosts[0] for name, hosts in holders.items()}
 
 
 def _read_verified(layout: RamLayout, path: str, entry: dict[str, Any], chunk: int) -> bytes:

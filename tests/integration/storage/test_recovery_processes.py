@@ -16,8 +16,10 @@ from tests.workers.recovery_workers import (
     construct,
     dies_while_replicating,
     latest_step,
+    loads_the_durable_step,
     recover,
     recover_big,
+    recovers_then_gets_sigterm,
     save_big,
     save_steps,
     saves_a_nan_step,
@@ -383,6 +385,20 @@ def test_issue40_item4_a_host_lost_and_the_job_restarted_on_one_host_fewer_resha
     # gets the whole checkpoint: one pass, no materialisation)
     assert res[0]["fed"] == sum(c_files.values()) and res[0]["peer_by_host"] == {"a": sum(c_files.values())}
     assert not set(c_files) & set(_held(base, "b", "step_00000002"))
+
+
+def test_issue40_item6_a_flush_after_a_restart_on_one_host_fewer_copies_the_lost_hosts_files_too(tmp_path):
+    # step 2 is in RAM only (durable_every=10); host c is gone for good and the job restarts on a
+    # and b. A SIGTERM then flushes step 2 to the durable tier: c's file must be copied by a host
+    # that holds a copy of it (a holds c's replica), or the durable step would lack it
+    base = str(tmp_path)
+    opts = {**OPTS, "durable_every": 10}
+    run_ranks(save_steps, 4, base, ["a", "a", "b", "c"], [1, 2], opts)
+    os.system(f"rm -rf {base}/ram/c")
+    out = launch_ranks(recovers_then_gets_sigterm, 2, base, ["a", "b"], opts, timeout=120, grace=60)
+    assert [o.exitcode for o in out] == [-15, -15], out
+    assert sorted(os.listdir(os.path.join(base, "durable"))) == ["latest", "step_00000002"]
+    assert run_ranks(loads_the_durable_step, 3, base, ["x", "y", "z"], 2) == [True] * 3
 
 
 def test_issue40_item2_a_kill_in_the_middle_of_replication_leaves_the_previous_step_in_use(tmp_path):
