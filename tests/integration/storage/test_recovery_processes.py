@@ -401,6 +401,26 @@ def test_issue40_item6_a_flush_after_a_restart_on_one_host_fewer_copies_the_lost
     assert run_ranks(loads_the_durable_step, 3, base, ["x", "y", "z"], 2) == [True] * 3
 
 
+def test_issue40_item3_a_host_replaced_by_a_machine_of_another_name_recovers_and_flushes_the_step_whole(tmp_path):
+    # host b is replaced by a new machine, d (another host name, empty RAM), at the same size: d's
+    # rank reads b's rank's rows from c (which holds b's replica) and the bias from a; nothing of
+    # b's is written into d's RAM (d did not write it). A SIGTERM then flushes the recovered step:
+    # b's file is copied to the durable tier from c's copy, and the durable step loads bit-exact
+    base = str(tmp_path)
+    opts = {**OPTS, "durable_every": 10}
+    run_ranks(save_steps, 3, base, ["a", "b", "c"], [1], opts)
+    [name_b] = [n for n in _held(base, "b", "step_00000001") if os.path.basename(n).startswith("r00001-")]
+    os.system(f"rm -rf {base}/ram/b")
+    res = run_ranks(recover, 3, base, ["a", "d", "c"], opts)
+    assert [r["step"] for r in res] == [1, 1, 1] and all(r["exact"] for r in res), res
+    assert res[0]["tier"] == "ram" and res[0]["failed"] == [] and res[0]["fed"] > 0, res[0]
+    assert name_b not in _held(base, "d", "step_00000001")
+    out = launch_ranks(recovers_then_gets_sigterm, 3, base, ["a", "d", "c"], opts, timeout=120, grace=60)
+    assert [o.exitcode for o in out] == [-15] * 3, out
+    assert sorted(os.listdir(os.path.join(base, "durable"))) == ["latest", "step_00000001"]
+    assert run_ranks(loads_the_durable_step, 2, base, ["x", "y"], 1) == [True] * 2
+
+
 def test_issue40_item2_a_kill_in_the_middle_of_replication_leaves_the_previous_step_in_use(tmp_path):
     base, hosts = str(tmp_path), ["a", "b", "c"]
     opts = {**OPTS, "timeout": 20.0}
