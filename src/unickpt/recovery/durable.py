@@ -71,13 +71,14 @@ def copy_to_durable(
             mark_save(dst, rec["save_id"])
     except Exception as e:
         error = e
-    held = None if rec is None else [rec["required"], _held(rec)]
-    gathered = tg.fail_together(error, f"step {step} was not copied to the durable tier", [tg.host, held])
+    held = {} if rec is None else _held(rec)
+    mine = None if rec is None else [rec["required"], held]
+    gathered = tg.fail_together(error, f"step {step} was not copied to the durable tier", [tg.host, mine])
     copiers = _copiers(gathered, step)  # IntegrityError on every rank alike: a file no host holds
     url = dst.url
     try:
         if rec is not None:
-            for name, entry in sorted(_held(rec).items()):
+            for name, entry in sorted(held.items()):
                 if copiers.get(name) == tg.host:
                     _copy_file(layout, layout.path_of(entry, stepdir), dst, entry, int(rec["chunk"]))
     except Exception as e:

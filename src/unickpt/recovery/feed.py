@@ -50,6 +50,7 @@ from ..errors import MissingDataFileError
 from ..storage.base import Storage
 from .group import TierGroup
 from .inventory import RamLayout
+from .placement import ring_after
 
 __all__ = ["Feed", "FedStorage", "plan_feed", "serve", "REQUEST_TAG"]
 
@@ -68,8 +69,7 @@ def plan_feed(tg: TierGroup, d: dict[str, Any], fed: dict[str, list[str]]) -> di
     for requester, names in sorted(fed.items()):
         if not names:
             continue
-        at = ring.index(requester)
-        nearest = [ring[(at + k) % len(ring)] for k in range(1, len(ring))]
+        nearest = ring_after(ring, requester)
         for name in sorted(names):
             holders = {h[0] for h in d["holders"][name]}
             plan.setdefault(requester, {})[name] = next(h for h in nearest if h in holders)
@@ -82,18 +82,17 @@ def _askers(tg: TierGroup, plan: dict[str, dict[str, str]], holder: str) -> int:
 
 
 def serve(tg: TierGroup, layout: RamLayout, d: dict[str, Any], plan: dict[str, dict[str, str]],
-          copies: Any) -> int:  # fmt: skip
+          copies: Any) -> None:  # fmt: skip
     """Step 2 on a holder's agent (the worker thread): answer requests until every rank that may
-    ask has said it is done; the bytes sent. A request for a file this host does not feed to the
+    ask has said it is done. A request for a file this host does not feed to the
     asker's host, a range outside the file, or a copy missing or shorter than recorded is
     answered with flag 0 and no bytes (the asker's load then fails and ``load_latest`` falls to
     its second pass). ``copies``: a ``restore.Copies`` of this host's RAM (closed by the caller
     after this returns: every send has completed by then)."""
     names = sorted(d["files"])
     left = _askers(tg, plan, tg.host)
-    sending: deque[list[Any]] = deque()
+    sending: deque[tuple[list[Any], torch.Tensor]] = deque()  # each reply's works and its flag (alive until sent)
     request = torch.empty(4, dtype=torch.int64)
-    sent = 0
     try:
         while left:
             asker = dist.recv(request, src=None, group=tg.group, tag=REQUEST_TAG)
@@ -111,23 +110,20 @@ def serve(tg: TierGroup, layout: RamLayout, d: dict[str, Any], plan: dict[str, d
                                                          d["stepdir"]), 0, size, size)  # fmt: skip
                     view = None if whole is None else whole[lo:hi]
             flag = torch.tensor([int(view is not None)], dtype=torch.int64)
-            works = [dist.isend(flag, asker, group=tg.group, tag=tag), flag]
+            works = [dist.isend(flag, asker, group=tg.group, tag=tag)]
             if view is not None:
                 works.append(dist.isend(view, asker, group=tg.group, tag=tag))
-                sent += hi - lo
-            sending.append(works)
+            sending.append((works, flag))
             if len(sending) > _IN_FLIGHT:
-                _settle(sending.popleft())
+                _settle(sending.popleft()[0])
     finally:
         while sending:
-            _settle(sending.popleft())
-    return sent
+            _settle(sending.popleft()[0])
 
 
 def _settle(works: list[Any]) -> None:
     for w in works:
-        if not isinstance(w, torch.Tensor):
-            w.wait()
+        w.wait()
 
 
 class Feed:

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 
 from ..errors import ConfigurationError
 
-__all__ = ["ring_placement", "transfer_pairs"]
+__all__ = ["ring_after", "ring_placement", "transfer_pairs"]
 
 
 def ring_placement(
@@ -35,13 +35,21 @@ def ring_placement(
         )
     domain = dict(domains or {})
     out: dict[str, tuple[str, ...]] = {}
-    for i, host in enumerate(ring):
-        after = [ring[(i + k) % len(ring)] for k in range(1, len(ring))]
+    for host in ring:
+        after = ring_after(ring, host)
         mine = domain.get(host, "")
         other = [h for h in after if domain.get(h, "") != mine]
         same = [h for h in after if domain.get(h, "") == mine]
         out[host] = tuple((other + same)[:replicas])
     return out
+
+
+def ring_after(ring: Sequence[str], host: str) -> list[str]:
+    """The other hosts of ``ring`` in ring order from ``host``: its replica targets in that
+    order (``ring_placement``), and the order in which a recovery asks holders for what it lacks
+    (nearest first: ``restore._fetch_rounds``, ``feed.plan_feed``)."""
+    at = list(ring).index(host)
+    return [ring[(at + k) % len(ring)] for k in range(1, len(ring))]
 
 
 def transfer_pairs(placement: Mapping[str, Sequence[str]]) -> list[tuple[str, str]]:

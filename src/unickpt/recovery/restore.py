@@ -59,6 +59,7 @@ from .decide import choose
 from .feed import plan_feed
 from .group import TierGroup
 from .inventory import RamLayout
+from .placement import ring_after
 
 __all__ = ["recover", "rebuild", "rebuilds", "RecoveryReport", "ask_durable_early"]
 
@@ -166,8 +167,7 @@ def rebuild(tg: TierGroup, layout: RamLayout, d: dict[str, Any]) -> None:
     copies are where placement put them). A chunk no copy
     supplies, or a write that fails, leaves the step as it was (the parts removed) and is one
     error on every rank (``RamTier.wait`` raises it)."""
-    fed = d["feed"].get(tg.host, {}) if tg.is_agent else {}
-    mine = sorted(n for n in fed if d["holders"][n][0][2] == tg.host)  # its own files, lost with its RAM
+    mine = _own_fed(d, tg.host) if tg.is_agent else []
     need: dict[str, dict[int, list[str]]] = {}
     parts: dict[str, int] = {}
     peers: dict[str, int] = {}
@@ -207,7 +207,12 @@ def rebuild(tg: TierGroup, layout: RamLayout, d: dict[str, Any]) -> None:
 
 def rebuilds(d: dict[str, Any]) -> bool:
     """Whether ``rebuild`` has a file to write back on some host (the same answer on every rank)."""
-    return any(d["holders"][n][0][2] == h for h, files in d.get("feed", {}).items() for n in files)
+    return any(_own_fed(d, host) for host in d.get("feed", {}))
+
+
+def _own_fed(d: dict[str, Any], host: str) -> list[str]:
+    """The files fed to ``host``'s load that ``host`` wrote (it lost them with its RAM), sorted."""
+    return sorted(n for n in d.get("feed", {}).get(host, {}) if d["holders"][n][0][2] == host)
 
 
 def ask_durable_early(durable_step: Callable[[], int | None]) -> Future[int | None]:
@@ -423,8 +428,7 @@ def _fetch_rounds(tg: TierGroup, layout: RamLayout, d: dict[str, Any], need: dic
         asks = tg.all_gather([tg.host, {n: {str(i): f for i, f in c.items()} for n, c in need.items()}])
         plan = []
         for requester, wants in sorted((h, w) for h, w in asks if w):
-            at = ring.index(requester)
-            nearest = [ring[(at + k) % len(ring)] for k in range(1, len(ring))]
+            nearest = ring_after(ring, requester)
             for name in sorted(wants):
                 holders = {h[0]: h for h in d["holders"][name]}
                 for i in sorted(wants[name], key=int):

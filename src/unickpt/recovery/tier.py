@@ -38,6 +38,7 @@ import hashlib
 import json
 import threading
 import warnings
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -108,7 +109,7 @@ class RamTier:
         self._protect: str | None = None  # a step due on the durable tier whose copy did not commit
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="unickpt-ram-tier")
         self._pending: list[tuple[int, Future[Any]]] = []
-        self._serving: Future[int] | None = None  # this host's ``serve`` of a feed (``start_feed``)
+        self._serving: Future[None] | None = None  # this host's ``serve`` of a feed (``start_feed``)
         self._lock = threading.Lock()
 
     def _stepdir(self, step: int) -> str:
@@ -250,10 +251,10 @@ class RamTier:
         self._serving = self._worker.submit(self._serve, decision, plan) if sends else None
         return feed
 
-    def _serve(self, decision: dict[str, Any], plan: dict[str, dict[str, str]]) -> int:
+    def _serve(self, decision: dict[str, Any], plan: dict[str, dict[str, str]]) -> None:
         copies = Copies(self.layout)
         try:
-            return serve(self.tg, self.layout, decision, plan, copies)
+            serve(self.tg, self.layout, decision, plan, copies)
         finally:
             copies.close()
 
@@ -273,11 +274,10 @@ class RamTier:
             return self.tg.all_gather([ok, feed.received])
 
         gathered = self._worker.submit(gather).result()
-        by_host: dict[str, int] = {}
+        by_host: Counter[str] = Counter()
         for _, received in gathered:
-            for h, n in received.items():
-                by_host[h] = by_host.get(h, 0) + int(n)
-        return all(ok for ok, _ in gathered), by_host
+            by_host.update(received)
+        return all(ok for ok, _ in gathered), dict(by_host)
 
     def rebuild_fed(self, step: int, decision: dict[str, Any]) -> None:
         """After a load that read files from their holders (every rank): ``restore.rebuild`` on
