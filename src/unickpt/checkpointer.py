@@ -40,6 +40,7 @@ from .coordination.torch_dist import CheckpointGroups
 from .engine.export.hf import HFExportResult
 from .engine.export.stage import HFExportStage, run_export
 from .engine.load.pipeline import LoadPipeline
+from .engine.load.schedule import ReaderThreads
 from .engine.plan_cache import PlanCache
 from .engine.runtime.interrupts import SaveInterrupts, wait_through
 from .engine.runtime.resources import Resources
@@ -105,6 +106,7 @@ class Checkpointer:
             worker=SaveWorker(),
             locks=LockContext(self._tokens, _lock_held_here),
             events=self.events,
+            readers=ReaderThreads(),
         )
         self.closed = False
         _LIVE.add(self)
@@ -320,6 +322,7 @@ class Checkpointer:
         worker.close()
         self.resources.guard.wait()
         self.resources.staging.close()
+        self.resources.readers.close()
         self.resources.plans.clear()
         worker.raise_failures(ANY_OWNER)
 

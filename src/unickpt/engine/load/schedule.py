@@ -25,18 +25,26 @@ bound on the temporaries held). Every piece is still settled (verified) before
 
 Either way a failure stops the readers at their next piece and the first failure is raised
 once every reader and verifier has stopped (no thread is left writing into a destination).
+
+The threads: a ``ReaderThreads`` (one per ``Checkpointer``, in its ``Resources``) keeps the
+reader and verifier threads between that checkpointer's loads, so a load borrows threads that
+are already running; without one (``ops``), ``read_pieces`` starts and stops its own.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager, nullcontext
 from typing import Protocol, runtime_checkable
 
-__all__ = ["BACKLOG", "PieceJob", "SplitJob", "read_pieces"]
+from ...errors import ConfigurationError
+
+__all__ = ["BACKLOG", "PieceJob", "SplitJob", "ReaderThreads", "read_pieces"]
 
 BACKLOG = 4  # pieces per reader read and waiting for their verification
 
@@ -63,10 +71,74 @@ class SplitJob(Protocol):
     def settle(self, p: int) -> None: ...
 
 
-def read_pieces(jobs: Sequence[PieceJob], threads: int, spans: dict[str, list[float]], streams: bool) -> None:
+class ReaderThreads:
+    """The reader and verifier threads of one checkpointer's loads, kept between them.
+
+    ``Checkpointer`` creates one (``Resources.readers``) and closes it in ``close``; each load's
+    ``read_pieces`` borrows ``pool(kind, n)`` (``kind``: "read" or "verify"; at least ``n``
+    threads) instead of starting and joining threads of its own: on a host whose cores the ranks
+    fill, starting a load's 3-6 threads and waiting for each to run cost about 1-2 ms a load
+    (docs/performance.md, "Load from RAM"). A pool too small for a load is replaced by a larger
+    one (the old one finishes what it runs, then its threads exit). A process forked from this
+    one has none of these threads: it starts its own on first use. Any thread may call."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pools: dict[str, tuple[ThreadPoolExecutor, int]] = {}
+        self._pid = os.getpid()
+        self._closed = False
+
+    def pool(self, kind: str, n: int) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._closed:
+                raise ConfigurationError("this Checkpointer is closed: create a new one")
+            if self._pid != os.getpid():  # a forked child: the parent's threads are not here
+                self._pools, self._pid = {}, os.getpid()
+            have = self._pools.get(kind)
+            if have is not None and have[1] >= n:
+                return have[0]
+            pool = ThreadPoolExecutor(n, thread_name_prefix=f"unickpt-{kind}")
+            self._pools[kind] = (pool, n)
+        if have is not None:
+            have[0].shutdown(wait=False)
+        return pool
+
+    def close(self) -> None:
+        """Stop the threads once they finished what they run (idempotent)."""
+        with self._lock:
+            self._closed = True
+            pools, self._pools = self._pools, {}
+            mine = self._pid == os.getpid()
+        if mine:
+            for pool, _ in pools.values():
+                pool.shutdown(wait=True)
+
+
+@contextmanager
+def _threads(kind: str, n: int, kept: ReaderThreads | None) -> Iterator[ThreadPoolExecutor]:
+    """``n`` threads for one ``read_pieces``: borrowed from ``kept``, else started here and
+    stopped on exit. The caller waits for every task it submitted before leaving."""
+    if kept is not None:
+        yield kept.pool(kind, n)
+        return
+    pool = ThreadPoolExecutor(n, thread_name_prefix=f"unickpt-{kind}")
+    try:
+        yield pool
+    finally:
+        pool.shutdown(wait=True)
+
+
+def read_pieces(
+    jobs: Sequence[PieceJob],
+    threads: int,
+    spans: dict[str, list[float]],
+    streams: bool,
+    kept: ReaderThreads | None = None,
+) -> None:
     """Read every piece of ``jobs`` (``streams``: one thread per file at a time, else one pool
     over all pieces); each piece's time and bytes added to its file's entry of ``spans``
-    (``[first start, last end, bytes]``). Raises the first failure after all readers stopped."""
+    (``[first start, last end, bytes]``); ``kept``: the checkpointer's threads to run on (else
+    threads of this call's own). Raises the first failure after all readers stopped."""
     lock = threading.Lock()
 
     def piece(job: PieceJob, p: int, n: int, bytes_only: bool = False) -> None:
@@ -83,26 +155,39 @@ def read_pieces(jobs: Sequence[PieceJob], threads: int, spans: dict[str, list[fl
     for job in jobs:
         job.start()
     if streams:
-        _by_file(jobs, threads, piece)
+        _by_file(jobs, threads, piece, kept)
     else:
-        _pool(jobs, threads, piece)
+        _pool(jobs, threads, piece, kept)
 
 
-def _pool(jobs: Sequence[PieceJob], threads: int, piece: Callable[[PieceJob, int, int, bool], None]) -> None:
+def _pool(
+    jobs: Sequence[PieceJob],
+    threads: int,
+    piece: Callable[[PieceJob, int, int, bool], None],
+    kept: ReaderThreads | None,
+) -> None:
     """One pool of ``threads`` over every piece, in run order; after a failure the pieces not
     started yet are dropped."""
-    pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="unickpt-read")
-    try:
-        futures = [
-            pool.submit(piece, job, p, hi - lo, False) for job in jobs for p, (lo, hi) in enumerate(job.pieces())
-        ]
-        for f in futures:
-            f.result()
-    finally:  # after a failure: drop the pieces not started yet
-        pool.shutdown(wait=True, cancel_futures=True)
+    with _threads("read", max(1, threads), kept) as pool:
+        futures: list[Future[None]] = []
+        try:
+            for job in jobs:
+                for p, (lo, hi) in enumerate(job.pieces()):
+                    futures.append(pool.submit(piece, job, p, hi - lo, False))
+            for f in futures:
+                f.result()
+        finally:  # after a failure: drop the pieces not started yet, wait for the others
+            for f in futures:
+                f.cancel()
+            wait(futures)
 
 
-def _by_file(jobs: Sequence[PieceJob], threads: int, piece: Callable[[PieceJob, int, int, bool], None]) -> None:
+def _by_file(
+    jobs: Sequence[PieceJob],
+    threads: int,
+    piece: Callable[[PieceJob, int, int, bool], None],
+    kept: ReaderThreads | None = None,
+) -> None:
     """Each file's pieces in file order by one thread; up to ``threads`` files at a time, the
     largest first (the last file to start is a small one). Pieces of a ``SplitJob`` are settled
     on verifier threads (module docstring)."""
@@ -118,7 +203,7 @@ def _by_file(jobs: Sequence[PieceJob], threads: int, piece: Callable[[PieceJob, 
     workers = min(max(1, threads), len(streams))
     # decided once per job, not per piece (a runtime-checkable protocol's isinstance reads attributes)
     split_jobs = {id(job) for job in jobs if isinstance(job, SplitJob)}
-    verify_pool = ThreadPoolExecutor(verifiers(workers), thread_name_prefix="unickpt-verify") if split_jobs else None
+    settling: list[Future[None]] = []  # the verifiers' tasks (split jobs only)
     slots = threading.BoundedSemaphore(BACKLOG * workers)
 
     def failed(e: BaseException) -> None:
@@ -134,18 +219,19 @@ def _by_file(jobs: Sequence[PieceJob], threads: int, piece: Callable[[PieceJob, 
         finally:
             slots.release()
 
-    def read_split(job: PieceJob, p: int, n: int) -> None:
+    def read_split(job: PieceJob, p: int, n: int, verify_pool: ThreadPoolExecutor) -> None:
         """``piece`` for a split job: times only its read; its settling queued to a verifier."""
-        assert verify_pool is not None
         slots.acquire()
         try:
             piece(job, p, n, True)
         except BaseException:
             slots.release()
             raise
-        verify_pool.submit(settle, job, p)  # type: ignore[arg-type]  # in split_jobs: a SplitJob
+        task = verify_pool.submit(settle, job, p)  # type: ignore[arg-type]  # in split_jobs: a SplitJob
+        with take:
+            settling.append(task)
 
-    def reader() -> None:
+    def reader(verify_pool: ThreadPoolExecutor | None) -> None:
         while True:
             with take:
                 if failures or not queue:
@@ -155,24 +241,32 @@ def _by_file(jobs: Sequence[PieceJob], threads: int, piece: Callable[[PieceJob, 
                 if failures:  # another reader (or a verifier) failed: stop at this piece
                     return
                 try:
-                    if id(job) in split_jobs:
-                        read_split(job, p, hi - lo)
+                    if verify_pool is not None and id(job) in split_jobs:
+                        read_split(job, p, hi - lo, verify_pool)
                     else:
                         piece(job, p, hi - lo, False)
                 except BaseException as e:
                     failed(e)
                     return
 
-    try:
-        if workers <= 1:
-            reader()
-        else:
-            with ThreadPoolExecutor(workers, thread_name_prefix="unickpt-read") as pool:
-                for f in [pool.submit(reader) for _ in range(workers)]:
-                    f.result()
-    finally:
-        if verify_pool is not None:  # every piece read is settled (or skipped after a failure)
-            verify_pool.shutdown(wait=True)
+    verifying = _threads("verify", verifiers(workers), kept) if split_jobs else nullcontext(None)
+    with verifying as verify_pool:
+        try:
+            if workers <= 1:
+                reader(verify_pool)
+            else:
+                with _threads("read", workers, kept) as pool:
+                    started = [pool.submit(reader, verify_pool) for _ in range(workers)]
+                    try:
+                        wait(started)  # a reader records its failure and returns: none raises
+                    except BaseException as e:  # interrupted: readers stop at their next piece
+                        failed(e)
+                        wait(started)
+                        raise
+        finally:  # every piece read is settled (or skipped after a failure)
+            with take:
+                tasks = list(settling)
+            wait(tasks)
     if failures:
         raise failures[0]
 

@@ -14,6 +14,7 @@ from ...coordination import Coordinator, make_coordinator
 from ...coordination.torch_dist import CheckpointGroups
 from ...folder.lock_owner import LockContext
 from ...monitoring.events import EventBus
+from ..load.schedule import ReaderThreads
 from ..plan_cache import PlanCache
 from ..save.staging import StagingPool
 from ..save.step_guard import SnapshotGuard
@@ -30,7 +31,8 @@ class Resources:
     ``plans``: cached global save plans; ``staging``: file images of async snapshots; ``guard``:
     optimizer step hooks waiting for background snapshot copies; ``worker``: the background
     thread for write + commit and the failure reports of async saves; ``locks``: its save-lock
-    tokens; ``events``: its per-phase event listeners."""
+    tokens; ``events``: its per-phase event listeners; ``readers``: its loads' reader and
+    verifier threads, kept between loads."""
 
     groups: CheckpointGroups
     group: dist.ProcessGroup | None
@@ -40,6 +42,7 @@ class Resources:
     worker: SaveWorker
     locks: LockContext
     events: EventBus
+    readers: ReaderThreads
 
     def coordinator(self, channel: str, timeout: float | None, label: str) -> Coordinator:
         """The collectives of one save/load on ``channel`` ("foreground": the caller's thread;
