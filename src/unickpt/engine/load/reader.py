@@ -42,7 +42,7 @@ from ...planning.load.runs import MERGE_GAP, Run, Span, cover_of, extent_of, pla
 from ...storage.base import Storage
 from ..bytes_view import tensor_bytes
 from .device import Bounce, DeviceCopies
-from .schedule import read_pieces
+from .schedule import ReaderThreads, read_pieces
 
 __all__ = ["Need", "RunJob", "ReadClock", "PIECE", "read_needs"]
 
@@ -71,9 +71,22 @@ class ReadClock:
             self.checksum += t1 - t0
             self.checksum_bytes += nbytes
 
+    def add_folded(self, t0: float, t1: float, io: tuple[float, int], checksum: tuple[float, int]) -> None:
+        """A stretch read with its checksums folded in (``RunJob._read_folded``), from ``t0``
+        to ``t1``: ``io`` and ``checksum`` are its (seconds, bytes) in read calls and in CRC32C."""
+        with self._lock:
+            self.io += io[0]
+            self.io_bytes += io[1]
+            self.checksum += checksum[0]
+            self.checksum_bytes += checksum[1]
+            self.first, self.last = min(self.first, t0), max(self.last, t1)
+
 
 PIECE = 16 << 20  # runs are read as parallel ranged reads cut at multiples of this file offset
-FUSED = 4 << 20  # local files: reads of this many bytes, each checksummed while in the cache
+# local files: reads of this many bytes, each folded into its unit's CRC32C right after it lands,
+# while its bytes are still in the core's L2 cache (docs/performance.md, "Load from RAM": 1 MiB
+# pieces cost less CPU than 4 MiB ones, whose bytes the CRC read back from L3 or memory)
+FUSED = 1 << 20
 
 
 @dataclass(eq=False)
@@ -176,9 +189,9 @@ class RunJob:
                 seg.pending += 1
         self.nbytes = run.hi - run.lo
         # fused checksums (``fused`` > 0, with ``verify``): host-memory reads are cut into reads of
-        # ``fused`` bytes and each is folded into the CRC32C of the units it covers right away,
-        # while its bytes are still in the core's cache; a unit whose bytes all arrived in file
-        # order is then checked without reading its memory again (``_check``)
+        # ``fused`` bytes and each is folded into the CRC32C of its unit right away, while its
+        # bytes are still in the core's cache (``_read_folded``); a unit whose bytes all arrived
+        # in file order is then checked without reading its memory again (``_check``)
         self.fused = fused if verify else 0
         self._unit_crc = [0] * len(units.starts)
         self._unit_next = list(units.starts)  # the next offset the unit's running CRC expects (-1: broken)
@@ -286,30 +299,55 @@ class RunJob:
         for seg in self._segments_in(lo, hi):
             a, b = max(lo, seg.lo), min(hi, seg.hi)
             memory = self._memory(seg)
-            step = self.fused if self.fused and seg.device is None else b - a
-            x = a
-            while x < b:
-                y = min(b, (x // step + 1) * step)
-                t0 = time.perf_counter()
-                self.read_into(self.name, x, memory[x - seg.lo : y - seg.lo])
-                self.clock.add_io(t0, time.perf_counter(), y - x)
-                if step != b - a:
-                    self._fold(x, y, memory[x - seg.lo : y - seg.lo])
-                x = y
+            if self.fused and seg.device is None:
+                self._read_folded(a, b, seg.lo, memory)
+                continue
+            t0 = time.perf_counter()
+            self.read_into(self.name, a, memory[a - seg.lo : b - seg.lo])
+            self.clock.add_io(t0, time.perf_counter(), b - a)
 
-    def _fold(self, lo: int, hi: int, view: memoryview) -> None:
-        """Fold bytes ``[lo, hi)`` (just read into ``view``) into the running CRC32C of each unit
-        they overlap; a unit whose bytes do not arrive in file order is checked whole later."""
-        t0 = time.perf_counter()
-        for u in self._units_in(lo, hi):
-            a, b = max(lo, self.units.starts[u]), min(hi, self.units.ends[u])
+    def _read_folded(self, a: int, b: int, base: int, memory: memoryview) -> None:
+        """Read bytes ``[a, b)`` of the file (landing at ``memory[x - base]``) in reads of
+        ``fused`` bytes, each folded into its unit's running CRC32C right after it lands. Only
+        the thread that finds a unit expecting exactly its offset (``_unit_next``) folds it,
+        marking it -2 meanwhile; one that reaches a unit out of order marks it -1, and such a
+        unit is checked whole once read (``_check``). Bytes outside every unit are only read."""
+        read, starts, ends, step = self.read_into, self.units.starts, self.units.ends, self.fused
+        t_first = time.perf_counter()
+        io = crc_s = 0.0
+        folded = 0
+        x = a
+        for u in [*self._units_in(a, b), None]:
+            ua, ub = (b, b) if u is None else (max(a, starts[u]), min(b, ends[u]))
+            if x < ua:  # bytes before this unit (or after the last one)
+                t0 = time.perf_counter()
+                read(self.name, x, memory[x - base : ua - base])
+                io += time.perf_counter() - t0
+            if u is None:
+                break
             with self._lock:
-                if self._unit_next[u] != a:
-                    self._unit_next[u] = -1
-                    continue
-                self._unit_crc[u] = crc32c(view[a - lo : b - lo], self._unit_crc[u])
-                self._unit_next[u] = b
-        self.clock.add_checksum(t0, time.perf_counter(), hi - lo)
+                mine = self._unit_next[u] == ua
+                self._unit_next[u] = -2 if mine else -1
+                crc = self._unit_crc[u]
+            y = ua
+            while y < ub:
+                z = min(ub, (y // step + 1) * step)
+                view = memory[y - base : z - base]
+                t0 = time.perf_counter()
+                read(self.name, y, view)
+                t1 = time.perf_counter()
+                io += t1 - t0
+                if mine:
+                    crc = crc32c(view, crc)
+                    crc_s += time.perf_counter() - t1
+                y = z
+            if mine:
+                folded += ub - ua
+                with self._lock:
+                    if self._unit_next[u] == -2:  # nobody reached it out of order meanwhile
+                        self._unit_crc[u], self._unit_next[u] = crc, ub
+            x = ub
+        self.clock.add_folded(t_first, time.perf_counter(), (io, b - a), (crc_s, folded))
 
     def settle(self, p: int) -> None:
         """After ``read_bytes(p)``: verify the units piece ``p`` completed and hand on the needs
@@ -345,7 +383,7 @@ class RunJob:
         lo, hi, want = self.units.starts[u], self.units.ends[u], self.units.crcs[u]
         with self._lock:
             folded = self._unit_next[u] == hi and hi > lo
-        if folded:  # every byte was folded in as it was read (``_fold``)
+        if folded:  # every byte was folded in as it was read (``_read_folded``)
             crc = self._unit_crc[u]
         else:
             crc = 0
@@ -444,13 +482,15 @@ def read_needs(
     copied: Copied,
     clock: ReadClock | None = None,
     device: DeviceCopies | None = None,
+    kept: ReaderThreads | None = None,
 ) -> int:
     """Read every need of this rank (``cached``: the indices of those read through the shared
     page cache): spans -> runs (``planning.load.runs``) -> one reader pool over the pieces of
     all runs; returns the bytes read. ``spans`` (monitoring): per file, the first piece's start,
     the last piece's end and the bytes read; ``copied`` times the runs' copies of small needs
     into place (``Need.into``); ``clock`` (monitoring) sums the time in read calls and checksums;
-    ``device``: the bounce buffers of needs with a CUDA destination (``engine.load.device``)."""
+    ``device``: the bounce buffers of needs with a CUDA destination (``engine.load.device``);
+    ``kept``: the checkpointer's reader threads (``schedule.ReaderThreads``; None: this call's own)."""
     index = {f: i for i, f in enumerate(md.files)}
     names = {index[n.name]: n.what for n in wanted}
     wanted, cached = _group_small(wanted, cached)
@@ -458,7 +498,7 @@ def read_needs(
     runs = plan_runs(tagged, extent_of(md, verify))
     _check_files(md, storage, runs, names, rank)
     jobs = _run_jobs(md, storage, runs, wanted, cached, verify, rank, copied, clock, device)
-    read_pieces(jobs, threads, spans, streams=storage.capabilities.reads_ahead)
+    read_pieces(jobs, threads, spans, storage.capabilities.reads_ahead, kept)
     return sum(job.nbytes for job in jobs)
 
 

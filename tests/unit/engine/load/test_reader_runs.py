@@ -178,6 +178,48 @@ def _run_bad(bad: bytes, good: bytes, chunk: int, spans, cut: tuple[int, int], r
             job.read_piece(p)
 
 
+@pytest.mark.parametrize("in_order", [True, False])
+def test_fused_reads_fold_each_chunk_as_it_lands_and_check_a_chunk_reached_out_of_order_once(
+    in_order: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """100 bytes in chunks of 40 ([0, 40), [40, 80), [80, 100)), one need over all of them, pieces
+    of 32 bytes, fused reads of 5. In file order every CRC32C call covers one read of at most 5
+    bytes (each folded into its chunk as it lands). With the second piece read first, chunk 0 is
+    reached at byte 32 before its start: it is checked whole (one call over its 40 bytes) once
+    read, while chunks 1 and 2 are still folded. Either way every byte is checksummed once."""
+    from unickpt.engine.load import reader
+
+    calls: list[int] = []
+    plain = reader.crc32c
+    monkeypatch.setattr(reader, "crc32c", lambda b, v=0: calls.append(len(b)) or plain(b, v))
+    data = bytes((7 * i) % 256 for i in range(100))
+    sums = ChunkChecksums.from_files(40, [(100, chunk_crcs([data], 40))])
+    got: list[bytes] = []
+    clock = reader.ReadClock()
+    job = RunJob(
+        plan_runs([Span(0, 0, 100, 0)], lambda f, a, b: (a, b))[0],
+        "f",
+        [Need("f", 0, 100, lambda b: got.append(bytes(b.numpy())), "t", None)],
+        sums.cover(0, 0, 100),
+        lambda n, o, out: out.__setitem__(slice(None), data[o : o + len(out)]),
+        True,
+        "x",
+        0,
+        None,
+        32,
+        clock=clock,
+        fused=5,
+    )
+    job.start()
+    for p in [0, 1, 2, 3] if in_order else [1, 0, 2, 3]:
+        job.read_piece(p)
+    assert got == [data]
+    assert (clock.io_bytes, clock.checksum_bytes) == (100, 100)
+    whole = [n for n in calls if n > 5]
+    assert whole == ([] if in_order else [40])
+    assert sum(calls) == 100  # chunk 0 out of order: none of its bytes folded, all checked once
+
+
 def test_checksum_error_names_what_the_chunk_holds() -> None:
     data = bytes(range(200))
     sums = ChunkChecksums.from_files(64, [(200, chunk_crcs([data], 64))])
