@@ -9,7 +9,10 @@
              (``load.begin`` and ``load.end`` start where this stage started);
 
   describe*  the state dict is valid (``state.layout``: every key and its kind) and every rank
-             loads the same path, framework and role (before anything is read);
+             loads the same path, framework and role (before anything is read); each rank's
+             host name, and whether its storage reads only through that host's page cache,
+             ride along (``Share``): a load whose ranks all run on one host and all read so
+             needs no exchange of needs in ``read`` (``one_cache``, the same on every rank);
   metadata*  rank 0 reads the metadata (bounded), every rank decodes the same bytes;
   validate*  ``adapter.load_view(state, md, strict)`` (destinations; fresh tensors for optimizer
              state the live optimizer lacks, nothing installed), with
@@ -39,6 +42,7 @@ A load changes the live state, so it is blocking by nature: ``run`` returns when
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
@@ -68,6 +72,7 @@ from ..gc_pause import gc_paused
 from ..read import read_blob, read_metadata
 from ..runtime.resources import Resources
 from .resize import NO_RESIZES, Resizes, plan_resizes
+from .schedule import ReaderThreads
 from .stage import read_stage
 
 __all__ = ["LoadPipeline"]
@@ -97,19 +102,30 @@ class LoadPipeline:
         self.t0 = time.perf_counter()  # the load starts here: process groups may be created next
         self.coord: Coordinator = res.coordinator("foreground", options.timeout, f"load of {storage.url}")
         self.t_groups = time.perf_counter()  # the "load.groups" phase: self.t0 .. here
+        self.one_cache = False  # every rank reads through one host's page cache (``describe``)
 
     def describe(self) -> tuple[StateLayout, FrameworkAdapter]:
-        """Collective: every rank has a valid state and agrees on what it loads."""
+        """Collective: every rank has a valid state and agrees on what it loads; ``one_cache``
+        set from every rank's host name and storage, shared in the same round trip (a rank of
+        the RAM tier's recovery may read through a wrapper of its own, ``recovery.feed``)."""
 
         def local() -> tuple[StateLayout, FrameworkAdapter]:
             layout = StateLayout.of(self.state)
             return layout, get_framework(self.framework, layout.framework_state)
+
+        caps = self.storage.capabilities
+        mine = (socket.gethostname(), caps.shared_page_cache and caps.reads_ahead)  # no direct reads
+
+        def hosts(seen: list[object]) -> None:
+            pairs = [tuple(s) for s in seen if isinstance(s, (tuple, list)) and len(s) == 2]
+            self.one_cache = len(pairs) == len(seen) and len({h for h, _ in pairs}) == 1 and all(c for _, c in pairs)
 
         return run_stage(
             self.coord,
             "load (describe state)",
             local,
             agree=lambda d: claims("load", self.storage.url, d[1].name, self.role),
+            share=Share(lambda _: mine, hosts),
         )
 
     @instrumented("load.metadata")
@@ -137,7 +153,16 @@ class LoadPipeline:
             md = self.metadata()
             try:
                 skipped = _load_once(
-                    self.res.events, md, storage, coord, (layout, adapter), self.state, self.strict, self.options
+                    self.res.events,
+                    md,
+                    storage,
+                    coord,
+                    (layout, adapter),
+                    self.state,
+                    self.strict,
+                    self.options,
+                    one_cache=self.one_cache,
+                    kept=self.res.readers,
                 )
                 break
             except (IntegrityError, RankFailures):
@@ -170,9 +195,13 @@ def _load_once(
     state: MutableMapping[str, Any],
     strict: bool,
     options: LoadOptions,
+    *,
+    one_cache: bool = False,
+    kept: ReaderThreads | None = None,
 ) -> tuple[list[str], list[str]]:
     """Validate, read and apply ``md`` into ``state`` (one attempt; the caller, ``run``, keeps
-    the cyclic collector paused throughout)."""
+    the cyclic collector paused throughout); ``one_cache``: every rank reads through one host's page cache;
+    ``kept``: the checkpointer's reader threads."""
     source = storage.url
     layout, adapter = described
     own: dict[tuple[str, str], Any] = {}  # a Stateful's tensors, by (item, key)
@@ -197,7 +226,7 @@ def _load_once(
     def read_blobs() -> None:
         values.update(_read_blobs(md, storage, found.blobs, coord.rank, options.limits.max_blob_bytes))
 
-    targets = _read(events, md, storage, coord, view, found.reads, options, read_blobs)
+    targets = _read(events, md, storage, coord, view, found.reads, options, read_blobs, one_cache, kept)
 
     def apply() -> None:
         if found.resizes:
@@ -282,6 +311,8 @@ def _read(
     reads: list[ShardRead],
     options: LoadOptions,
     then: Callable[[], None],
+    one_cache: bool = False,
+    kept: ReaderThreads | None = None,
 ) -> list[LoadItem]:
     """Collective: the read stage into the destinations: the live tensors (returns
     ``view.items``), or with ``stage_before_apply`` staging buffers for every live one (returns
@@ -303,6 +334,8 @@ def _read(
                 events,
                 pinned_device_copies=options.io.pinned_device_copies,
                 then=then,
+                one_cache=one_cache,
+                kept=kept,
             )
     except CheckpointError as e:
         _say_partial_if(e, staged, view)

@@ -13,10 +13,9 @@ succeeded -> received batches copied into place (``_place_received``) -> with CU
 destinations and ``ReadOptions.pinned_device_copies``, every host-to-device copy completed
 (``engine.load.device.DeviceCopies``: made before the needs, whose contiguous CUDA regions it
 bounces, finished whatever happened; without the option each piece is read into host memory and
-copied with a blocking copy) ->
-monitoring events
-(``load.exchange``, ``load.read.file`` per file, ``load.read.io`` and ``load.checksum``: the
-readers' thread-seconds in read calls and in checksums, ``load.transfer``, ``load.copy``).
+copied with a blocking copy) -> monitoring events (``load.exchange`` when the needs were
+exchanged, ``load.read.file`` per file, ``load.read.io`` and ``load.checksum``: the readers'
+thread-seconds in read calls and in checksums, ``load.transfer``, ``load.copy``).
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ from .device import DeviceCopies
 from .exchange import exchange_needs
 from .forwarding import Transfer
 from .reader import PIECE, Need, ReadClock, read_needs
-from .schedule import BACKLOG
+from .schedule import BACKLOG, ReaderThreads
 
 __all__ = ["read_stage"]
 
@@ -60,13 +59,16 @@ def read_stage(
     *,
     pinned_device_copies: bool = False,
     then: Callable[[], None] | None = None,
+    one_cache: bool = False,
+    kept: ReaderThreads | None = None,
 ) -> int:
     """Collective: read and place every needed shard; return the bytes this rank read.
     ``events``: the forwarding between ranks is reported as phase ``load.transfer``.
     ``pinned_device_copies`` (``ReadOptions``): CUDA destinations filled through the pinned
     bounce buffers and side streams of ``engine.load.device``. ``then``: more of this rank's work
     (the pipeline's blobs), run after its reads and before the stage's agreement, so that its
-    failure is agreed on in the same round trip.
+    failure is agreed on in the same round trip. ``kept``: the checkpointer's reader threads
+    (``schedule.ReaderThreads``; None: the stage starts its own).
 
     Each rank reads, of each saved shard it needs, the rows its copies touch. With ``dedup``
     (and several ranks), a shard whose needed rows several ranks share is read by one of them
@@ -74,14 +76,17 @@ def read_stage(
     shards several ranks need in disjoint rows (a resharding load to another world size) are not
     forwarded: each rank reads its own rows. ``dedup=None`` forwards nothing when all ranks run
     on one host over storage that shares its page cache (local files): shared bytes are read
-    through that cache (``read_into_cached``), so the device delivers each byte once. The
+    through that cache (``read_into_cached``), so the device delivers each byte once; when the
+    caller knows (``one_cache``: agreed by every rank in the load pipeline's describe stage) that
+    every rank runs on one host and reads only through its page cache, no needs are exchanged
+    at all. The
     batches of a rank that fails are sent too, marked bad, so nobody waits on them (module
     docstring for the order)."""
     me = coord.rank
     mine = {(r.fqn, r.shard_index): r for r in reads}
     t_exchange = time.perf_counter()
-    part = _assign(md, storage, coord, mine, verify, dedup)
-    if coord.world_size > 1:
+    part, exchanged = _assign(md, coord, mine, verify, dedup, one_cache, storage.capabilities.shared_page_cache)
+    if exchanged:
         events.emit("load.exchange", me, t_exchange, path=storage.url)
     clock = ReadClock()  # thread-seconds in read calls and in checksums (monitoring)
     batches = list(part.batches or ())  # the coordinator's: shards others need too
@@ -99,7 +104,7 @@ def read_stage(
     try:
         try:
             wanted, cached = _needs(md, items, mine, part, me, transfer, copies, device)
-            total = read_needs(md, storage, wanted, cached, threads, verify, me, spans, copies.add, clock, device)
+            total = read_needs(md, storage, wanted, cached, threads, verify, me, spans, copies.add, clock, device, kept)
         except Exception as e:  # agreed on below, after every transfer has completed
             error = e
         if transfer is not None:
@@ -129,19 +134,27 @@ def read_stage(
 
 def _assign(
     md: Metadata,
-    storage: Storage,
     coord: Coordinator,
     mine: dict[ShardKey, ShardRead],
     verify: bool,
     dedup: bool | None,
-) -> ReadPart:
+    one_cache: bool,
+    page_cache: bool,
+) -> tuple[ReadPart, bool]:
     """Collective when several ranks deduplicate reads: this rank's part of the job's read
-    assignment (``engine.load.exchange``); alone, or with nothing forwarded, it reads all it
-    needs."""
+    assignment (``engine.load.exchange``), and whether the needs were exchanged for it; alone,
+    or with nothing forwarded, it reads all it needs.
+
+    ``dedup=None`` when every rank runs on one host and reads only through its page cache
+    (``one_cache``, the same on every rank): the coordinator's rule would forward nothing and
+    have each rank read all it needs, the shards others need too through the shared cache
+    (``assign_reads``), so each rank takes that part itself, every shard through the cache,
+    without the round trip."""
     if coord.world_size > 1 and dedup is not False:  # the coordinator assigns; each rank gets its part
-        page_cache = storage.capabilities.shared_page_cache
-        return exchange_needs(coord, md, mine.values(), dedup, page_cache, extents_of(md, verify))
-    return ReadPart(None)
+        if dedup is None and one_cache:
+            return ReadPart(None, shared=frozenset(mine)), False
+        return exchange_needs(coord, md, mine.values(), dedup, page_cache, extents_of(md, verify)), True
+    return ReadPart(None), False
 
 
 def _needs(
