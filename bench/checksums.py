@@ -5,9 +5,10 @@ installed with the ``test`` and ``bench`` extras), on the same buffers in the sa
     python bench/checksums.py
     python bench/checksums.py --mib 512 --repeat 9
 
-Cases: 64 KiB pieces of one cache-resident buffer (the verifier folds 4 MiB reads while they are
-in the cache: ``engine.load.reader.FUSED``), 4 MiB pieces of a ``--mib`` buffer (out of memory),
-and the same split over 2 threads (both libraries release the GIL). GB = 1e9 bytes; best of
+Cases: 64 KiB pieces of one cache-resident buffer (the verifier folds each read of local files
+into its CRC while the bytes are in the cache: ``engine.load.reader.FUSED``, 1 MiB; what that
+saves: ``bench/fused_reads.py``), 4 MiB pieces of a ``--mib`` buffer (out of memory), and the
+same split over 2 threads (both libraries release the GIL). GB = 1e9 bytes; best of
 ``--repeat`` runs; every checksum compared between the two.
 """
 
