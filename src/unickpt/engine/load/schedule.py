@@ -79,12 +79,14 @@ class ReaderThreads:
     threads) instead of starting and joining threads of its own: on a host whose cores the ranks
     fill, starting a load's 3-6 threads and waiting for each to run cost about 1-2 ms a load
     (docs/performance.md, "Load from RAM"). A pool too small for a load is replaced by a larger
-    one (the old one finishes what it runs, then its threads exit). A process forked from this
-    one has none of these threads: it starts its own on first use. Any thread may call."""
+    one; the old one stays open until ``close`` (a load on another thread may still be handing
+    it tasks). A process forked from this one has none of these threads: it starts its own on
+    first use. Any thread may call."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._pools: dict[str, tuple[ThreadPoolExecutor, int]] = {}
+        self._retired: list[ThreadPoolExecutor] = []  # replaced by larger ones, shut down by close
         self._pid = os.getpid()
         self._closed = False
 
@@ -93,24 +95,25 @@ class ReaderThreads:
             if self._closed:
                 raise ConfigurationError("this Checkpointer is closed: create a new one")
             if self._pid != os.getpid():  # a forked child: the parent's threads are not here
-                self._pools, self._pid = {}, os.getpid()
+                self._pools, self._retired, self._pid = {}, [], os.getpid()
             have = self._pools.get(kind)
             if have is not None and have[1] >= n:
                 return have[0]
+            if have is not None:
+                self._retired.append(have[0])
             pool = ThreadPoolExecutor(n, thread_name_prefix=f"unickpt-{kind}")
             self._pools[kind] = (pool, n)
-        if have is not None:
-            have[0].shutdown(wait=False)
-        return pool
+            return pool
 
     def close(self) -> None:
         """Stop the threads once they finished what they run (idempotent)."""
         with self._lock:
             self._closed = True
-            pools, self._pools = self._pools, {}
+            pools = [p for p, _ in self._pools.values()] + self._retired
+            self._pools, self._retired = {}, []
             mine = self._pid == os.getpid()
         if mine:
-            for pool, _ in pools.values():
+            for pool in pools:
                 pool.shutdown(wait=True)
 
 

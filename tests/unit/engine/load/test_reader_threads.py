@@ -1,6 +1,7 @@
 """A checkpointer's loads read on threads it keeps between them (``engine.load.schedule.ReaderThreads``,
 ``Resources.readers``): the second and later loads start no reader or verifier thread; ``close``
-stops them; a pool too small for a load is replaced by a larger one. (A process forked from one
+stops them; a pool too small for a load is replaced by a larger one, the old one still serving
+a load that holds it until ``close``. (A process forked from one
 that has them: tests/integration/distributed/test_load_round_trips.py.)"""
 
 from __future__ import annotations
@@ -74,9 +75,12 @@ def test_a_pool_too_small_is_replaced_by_a_larger_one() -> None:
         assert kept.pool("read", 1) is small and kept.pool("read", 2) is small
         larger = kept.pool("read", 4)
         assert larger is not small
+        assert small.submit(lambda: 7).result(timeout=60) == 7  # a load still using it keeps working
         done = threading.Barrier(4)  # four tasks that can only finish together: four threads at once
         tasks = [larger.submit(done.wait, 30) for _ in range(4)]
         assert all(isinstance(t.result(timeout=60), int) for t in tasks)
         assert kept.pool("verify", 1) is not larger  # one pool per kind
     finally:
         kept.close()
+    with pytest.raises(RuntimeError):  # close stopped the replaced pool too
+        small.submit(lambda: 7)
