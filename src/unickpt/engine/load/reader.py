@@ -41,45 +41,13 @@ from ...format.records import Metadata
 from ...planning.load.runs import MERGE_GAP, Run, Span, cover_of, extent_of, plan_runs
 from ...storage.base import Storage
 from ..bytes_view import tensor_bytes
+from .clock import ReadClock
 from .device import Bounce, DeviceCopies
 from .schedule import ReaderThreads, read_pieces
 
 __all__ = ["Need", "RunJob", "ReadClock", "PIECE", "read_needs"]
 
 Copied = Callable[[float, float, int], None]  # (start, end, bytes) of a batch of copies into place
-
-
-class ReadClock:
-    """Thread-seconds one rank's readers spent in read calls (``io``, with their bytes) and in
-    checksum verification (``checksum``, with the bytes verified): monitoring's ``load.read.io``
-    and ``load.checksum`` (``engine.load.stage`` emits them). Any reader thread adds."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.io = self.checksum = 0.0
-        self.io_bytes = self.checksum_bytes = 0
-        self.first, self.last = float("inf"), 0.0
-
-    def add_io(self, t0: float, t1: float, nbytes: int) -> None:
-        with self._lock:
-            self.io += t1 - t0
-            self.io_bytes += nbytes
-            self.first, self.last = min(self.first, t0), max(self.last, t1)
-
-    def add_checksum(self, t0: float, t1: float, nbytes: int) -> None:
-        with self._lock:
-            self.checksum += t1 - t0
-            self.checksum_bytes += nbytes
-
-    def add_folded(self, t0: float, t1: float, io: tuple[float, int], checksum: tuple[float, int]) -> None:
-        """A stretch read with its checksums folded in (``RunJob._read_folded``), from ``t0``
-        to ``t1``: ``io`` and ``checksum`` are its (seconds, bytes) in read calls and in CRC32C."""
-        with self._lock:
-            self.io += io[0]
-            self.io_bytes += io[1]
-            self.checksum += checksum[0]
-            self.checksum_bytes += checksum[1]
-            self.first, self.last = min(self.first, t0), max(self.last, t1)
 
 
 PIECE = 16 << 20  # runs are read as parallel ranged reads cut at multiples of this file offset
