@@ -143,3 +143,57 @@ def test_issue39_item14_ctrl_c_at_any_moment_is_one_line_and_130(folders: dict[s
             assert all(line.startswith(f"unickpt {command}: wrote ") for line in lines), run
             assert not run.sent or run.moment not in ("0.05", "unickpt", "unickpt.cli", "numpy"), run
     assert interrupted >= 5, runs  # the early moments always interrupt
+
+
+# the child's sitecustomize for the deferral test: a SIGINT to itself as the import of
+# torch.autograd begins (inside ``import torch``, from within torch.nn's import), and, at exit, on
+# fd $UNICKPT_TEST_REPORT_FD whether torch's own imports ran to their end ("whole": torch.nn and
+# torch.distributed, which torch imports after that point, were imported)
+SELF_INTERRUPT = """
+import atexit, os, signal, sys
+_fd = int(os.environ["UNICKPT_TEST_REPORT_FD"])
+_sent = []
+def _hook(event, args):
+    if event == "import" and args[0] == "torch.autograd" and not _sent:
+        _sent.append(1)
+        os.kill(os.getpid(), signal.SIGINT)
+sys.addaudithook(_hook)
+def _report():
+    whole = "torch.nn" in sys.modules and "torch.distributed" in sys.modules
+    os.write(_fd, (f"sent={len(_sent)} whole={whole}\\n").encode())
+atexit.register(_report)
+"""
+
+
+def test_a_ctrl_c_inside_the_import_of_torch_is_raised_when_that_import_returns(
+    folders: dict[str, Path], tmp_path: Path
+) -> None:
+    """A SIGINT delivered while torch is being imported (its native initialisers call back into
+    Python, and an exception raised there aborted the process: SIGABRT, seen in CI) is deferred
+    to the end of that import: torch's own imports run to their end, then the command stops with
+    the one line and 130 (the import of torch itself fails with the KeyboardInterrupt, as a
+    Ctrl-C during any import does)."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SELF_INTERRUPT)
+    read, write = os.pipe()
+    env = dict(os.environ, PYTHONWARNINGS="ignore", UNICKPT_TEST_REPORT_FD=str(write))
+    env["PYTHONPATH"] = os.pathsep.join([str(hook), str(REPO / "src"), env.get("PYTHONPATH", "")])
+    argv = ["convert", "--to", "dcp", str(folders["ck"]), str(tmp_path / "out")]
+    try:
+        p = subprocess.Popen(
+            [sys.executable, str(folders["script"]), *argv],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=env,
+            pass_fds=(write,),
+        )
+    finally:
+        os.close(write)
+    _, stderr = p.communicate(timeout=180)
+    with os.fdopen(read, "rb") as report:
+        said = report.read().decode()
+    assert said == "sent=1 whole=True\n"  # the signal came inside the import, which still finished
+    assert p.returncode == 130
+    assert stderr.decode() == "unickpt convert: interrupted\n"
+    assert not (tmp_path / "out").exists()  # stopped before the command wrote anything
