@@ -90,16 +90,17 @@ def _commands(f: dict[str, Path], out: str) -> dict[str, list[str]]:
     }
 
 
-def _interrupt(f: dict[str, Path], argv: list[str], moment: str) -> Run:
-    """Start the command, send SIGINT at ``moment``: when the import of a ``MARKERS`` module
-    begins, or a delay in seconds after the import of ``ENTRY`` began."""
-    marker = moment if moment in MARKERS else ENTRY
+def _start(script: Path, argv: list[str], hook: Path, fd_var: str, **env_vars: str) -> tuple[subprocess.Popen, int]:
+    """The console script with ``argv``, the folder ``hook`` (its ``sitecustomize``) first on its
+    path, stderr piped; the write end of a new pipe passed to it in ``$fd_var``. Returns the
+    process and the pipe's read end."""
     read, write = os.pipe()
-    env = dict(os.environ, PYTHONWARNINGS="ignore", UNICKPT_TEST_IMPORT_FD=str(write), UNICKPT_TEST_IMPORTS=marker)
-    env["PYTHONPATH"] = os.pathsep.join([str(f["hook"]), str(REPO / "src"), env.get("PYTHONPATH", "")])
+    env = dict(os.environ, PYTHONWARNINGS="ignore", **env_vars)
+    env[fd_var] = str(write)
+    env["PYTHONPATH"] = os.pathsep.join([str(hook), str(REPO / "src"), env.get("PYTHONPATH", "")])
     try:
         p = subprocess.Popen(
-            [sys.executable, str(f["script"]), *argv],
+            [sys.executable, str(script), *argv],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             env=env,
@@ -107,6 +108,14 @@ def _interrupt(f: dict[str, Path], argv: list[str], moment: str) -> Run:
         )
     finally:
         os.close(write)
+    return p, read
+
+
+def _interrupt(f: dict[str, Path], argv: list[str], moment: str) -> Run:
+    """Start the command, send SIGINT at ``moment``: when the import of a ``MARKERS`` module
+    begins, or a delay in seconds after the import of ``ENTRY`` began."""
+    marker = moment if moment in MARKERS else ENTRY
+    p, read = _start(f["script"], argv, f["hook"], "UNICKPT_TEST_IMPORT_FD", UNICKPT_TEST_IMPORTS=marker)
     with os.fdopen(read, "rb") as began:
         seen = began.readline()  # blocks until that import begins (b"": the process exited first)
     if seen and moment not in MARKERS:
@@ -176,20 +185,8 @@ def test_a_ctrl_c_inside_the_import_of_torch_is_raised_when_that_import_returns(
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(SELF_INTERRUPT)
-    read, write = os.pipe()
-    env = dict(os.environ, PYTHONWARNINGS="ignore", UNICKPT_TEST_REPORT_FD=str(write))
-    env["PYTHONPATH"] = os.pathsep.join([str(hook), str(REPO / "src"), env.get("PYTHONPATH", "")])
     argv = ["convert", "--to", "dcp", str(folders["ck"]), str(tmp_path / "out")]
-    try:
-        p = subprocess.Popen(
-            [sys.executable, str(folders["script"]), *argv],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env=env,
-            pass_fds=(write,),
-        )
-    finally:
-        os.close(write)
+    p, read = _start(folders["script"], argv, hook, "UNICKPT_TEST_REPORT_FD")
     _, stderr = p.communicate(timeout=180)
     with os.fdopen(read, "rb") as report:
         said = report.read().decode()
