@@ -21,10 +21,7 @@ class ReadClock:
         self.first, self.last = float("inf"), 0.0
 
     def add_io(self, t0: float, t1: float, nbytes: int) -> None:
-        with self._lock:
-            self.io += t1 - t0
-            self.io_bytes += nbytes
-            self.first, self.last = min(self.first, t0), max(self.last, t1)
+        self.add_folded(t0, t1, (t1 - t0, nbytes), (0.0, 0))
 
     def add_checksum(self, t0: float, t1: float, nbytes: int) -> None:
         with self._lock:

@@ -116,9 +116,8 @@ class LoadPipeline:
         caps = self.storage.capabilities
         mine = (socket.gethostname(), caps.shared_page_cache and caps.reads_ahead)  # no direct reads
 
-        def hosts(seen: list[object]) -> None:
-            pairs = [tuple(s) for s in seen if isinstance(s, (tuple, list)) and len(s) == 2]
-            self.one_cache = len(pairs) == len(seen) and len({h for h, _ in pairs}) == 1 and all(c for _, c in pairs)
+        def hosts(seen: list[Any]) -> None:  # every rank's ``mine``, in rank order
+            self.one_cache = len({h for h, _ in seen}) == 1 and all(c for _, c in seen)
 
         return run_stage(
             self.coord,

@@ -285,14 +285,12 @@ class RunJob:
         io = crc_s = 0.0
         folded = 0
         x = a
-        for u in [*self._units_in(a, b), None]:
-            ua, ub = (b, b) if u is None else (max(a, starts[u]), min(b, ends[u]))
-            if x < ua:  # bytes before this unit (or after the last one)
+        for u in self._units_in(a, b):
+            ua, ub = max(a, starts[u]), min(b, ends[u])
+            if x < ua:  # bytes before this unit
                 t0 = time.perf_counter()
                 read(self.name, x, memory[x - base : ua - base])
                 io += time.perf_counter() - t0
-            if u is None:
-                break
             with self._lock:
                 mine = self._unit_next[u] == ua
                 self._unit_next[u] = -2 if mine else -1
@@ -315,6 +313,10 @@ class RunJob:
                     if self._unit_next[u] == -2:  # nobody reached it out of order meanwhile
                         self._unit_crc[u], self._unit_next[u] = crc, ub
             x = ub
+        if x < b:  # bytes after the last unit
+            t0 = time.perf_counter()
+            read(self.name, x, memory[x - base : b - base])
+            io += time.perf_counter() - t0
         self.clock.add_folded(t_first, time.perf_counter(), (io, b - a), (crc_s, folded))
 
     def settle(self, p: int) -> None:
