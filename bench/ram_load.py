@@ -3,6 +3,7 @@ load from RAM within 1.2x of a ``readinto`` of the same bytes), at a chosen numb
 
     python bench/ram_load.py                 # 1 rank, then 2 ranks; 512 MiB a rank; 5 rounds
     python bench/ram_load.py --ranks 4 --mib 256
+    python bench/ram_load.py --ranks 2 --dir /var/tmp --cold    # from the disk, page cache dropped
 
 Each rank holds ``--mib`` MiB of fp32 in 4 DTensors sharded by rows (1024 columns), saved once
 with ``unickpt.save`` to a folder under /dev/shm (``--chunk-mib``: the checksum chunk). Then, in
@@ -12,6 +13,9 @@ rounds of rotating order, every rank (slowest rank's wall time):
   nocrc    the same with ``LoadOptions(verify_checksums=False)``
   raw      ``preadv`` of this rank's data files into one pre-touched buffer (no unickpt)
   rawcrc   raw, then ``crc32c`` of the bytes per chunk (the least a verified read costs)
+
+With ``--dir`` on a disk and ``--cold`` (root: ``drop_caches`` before every arm) the same arms
+compare a cold load from the disk with a cold raw read of the same files, in the same processes.
 
 Every load is checked bit for bit against the saved values. A rank's reads compete for the cores
 with the other ranks': with fewer ranks than cores the load's verifier threads run beside its
@@ -30,7 +34,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import barrier, fmt_s, gather, machine_line, median, preadv_files, progress, spawn, table
+from _common import barrier, drop_page_cache, fmt_s, gather, machine_line, median, preadv_files, progress, spawn, table
 
 MiB = 1 << 20
 ARMS = ("load", "nocrc", "raw", "rawcrc")
@@ -78,6 +82,10 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict | None:
             if arm in ("load", "nocrc"):
                 for p in m.parameters():
                     p.to_local().zero_()
+            if cfg["cold"]:
+                barrier()
+                if rank == 0:
+                    drop_page_cache([root])
             barrier()
             t0 = time.perf_counter()
             run[arm]()
@@ -96,15 +104,17 @@ def main() -> None:
     ap.add_argument("--mib", type=int, default=512, help="MiB of state a rank holds")
     ap.add_argument("--chunk-mib", type=int, default=16, help="checksum chunk (the RAM tier's default)")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--dir", default="/dev/shm", help="where the checkpoint is saved (a tmpfs: RAM)")
+    ap.add_argument("--cold", action="store_true", help="drop the page cache before every arm (a disk --dir)")
     args = ap.parse_args()
     print(machine_line())
     rows = []
     for ws in args.ranks:
-        root = tempfile.mkdtemp(prefix="unickpt-ramload-", dir="/dev/shm")
+        root = tempfile.mkdtemp(prefix="unickpt-ramload-", dir=args.dir)
         try:
             progress(f"{ws} rank(s), {args.mib} MiB a rank")
             cfg = {"root": os.path.join(root, "ckpt"), "mib": args.mib, "chunk": args.chunk_mib * MiB,
-                   "rounds": args.rounds}  # fmt: skip
+                   "rounds": args.rounds, "cold": args.cold}  # fmt: skip
             res = spawn(rank_main, ws, cfg, threads=1)[0]
         finally:
             shutil.rmtree(root, ignore_errors=True)
@@ -113,7 +123,8 @@ def main() -> None:
                      f"{med['load'] / med['rawcrc']:.2f}", f"{med['nocrc'] / med['raw']:.2f}",
                      "yes" if res["exact"] else "NO"])  # fmt: skip
     header = ["ranks", "load s", "nocrc s", "raw s", "rawcrc s", "load/raw", "load/rawcrc", "nocrc/raw", "exact"]
-    print(table(f"load from a tmpfs vs raw preadv ({args.mib} MiB a rank; medians of {args.rounds})", header, rows))
+    where = "a tmpfs" if args.dir.startswith("/dev/shm") else args.dir + (", cold" if args.cold else "")
+    print(table(f"load from {where} vs raw preadv ({args.mib} MiB a rank; medians of {args.rounds})", header, rows))
     print(f"\non {os.cpu_count()} cores; goal: load/raw <= 1.2")
 
 

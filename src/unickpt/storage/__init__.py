@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import os
 
-from .base import Buffer, Storage, StorageCapabilities
+from .base import Buffer, FileReader, Storage, StorageCapabilities
 from .options import StorageOptions
 from .registry import DEFAULT_REGISTRY, Factory, StorageRegistry
 from .retry import RetryPolicy, unwrap
 
 __all__ = [
+    "FileReader",
     "Storage",
     "StorageCapabilities",
     "Buffer",
