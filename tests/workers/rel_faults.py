@@ -15,28 +15,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from unickpt.storage import register_storage
-from unickpt.storage.base import Buffer, FileReader
+from unickpt.storage.base import Buffer
 from unickpt.storage.local import LocalStorage
 
 _LOCK = threading.Lock()
-
-
-class _FaultyReader:
-    """An open data file whose reads fail as ``FaultyStorage.read_into`` does."""
-
-    def __init__(self, storage: FaultyStorage, name: str, inner: FileReader) -> None:
-        self.storage, self.name, self.inner = storage, name, inner
-
-    def read_into(self, offset: int, out: memoryview) -> None:
-        self.storage._maybe_fail("read", self.name)
-        self.inner.read_into(offset, out)
-
-    def read_into_cached(self, offset: int, out: memoryview) -> None:
-        self.storage._maybe_fail("read", self.name)
-        self.inner.read_into_cached(offset, out)
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 class FaultyStorage(LocalStorage):
@@ -72,9 +54,6 @@ class FaultyStorage(LocalStorage):
     def read_into_cached(self, name: str, offset: int, out: memoryview) -> None:
         self._maybe_fail("read", name)
         super().read_into_cached(name, offset, out)
-
-    def open_reader(self, name: str) -> FileReader:  # the load reads local files through one
-        return _FaultyReader(self, name, super().open_reader(name))
 
     def rename(self, src: str, dst: str) -> None:  # the metadata commit's publication step
         self._maybe_fail("rename", dst)

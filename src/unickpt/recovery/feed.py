@@ -47,7 +47,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import MissingDataFileError
-from ..storage.base import FileReader, Storage, unsupported_error
+from ..storage.base import Storage
 from .group import TierGroup
 from .inventory import RamLayout
 from .placement import ring_after
@@ -201,9 +201,6 @@ class FedStorage:
             self.feed.fetch(name, offset, memoryview(out).cast("B"))
         else:
             self.inner.read_into(name, offset, out)
-
-    def open_reader(self, name: str) -> FileReader:
-        raise unsupported_error("open_reader", self.url)  # reads_ahead is False: reads stay per call
 
     def read_into_cached(self, name: str, offset: int, out: memoryview) -> None:
         if name in self.feed.sources:

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import os
 
-from .base import Buffer, FileReader, Storage, StorageCapabilities
+from .base import Buffer, Storage, StorageCapabilities
 from .options import StorageOptions
 from .registry import DEFAULT_REGISTRY, Factory, StorageRegistry
 from .retry import RetryPolicy, unwrap
 
 __all__ = [
-    "FileReader",
     "Storage",
     "StorageCapabilities",
     "Buffer",

@@ -23,8 +23,7 @@ What each step of a save and a load asks of a backend:
   load   rank 0: ``read`` of the metadata (``list`` only on the error path, for a precise
          message); every rank: ``size`` of the files it reads, then ``read_into`` (or
          ``read_into_cached`` for bytes other ranks of its host read too) of byte ranges, in
-         parallel threads; where ``reads_ahead``, through one ``open_reader`` handle a file,
-         held by the one thread reading that file front to back and closed after its last read.
+         parallel threads.
   manager (rank 0) ``list``, ``read`` of metadata and of the ``latest`` pointer, publication of
          the pointer, ``delete`` for retention. Tools: ``read``, ``size``, ``read_into``.
 
@@ -63,7 +62,6 @@ T = TypeVar("T")
 Buffer = bytes | bytearray | memoryview
 
 __all__ = [
-    "FileReader",
     "Storage",
     "StorageCapabilities",
     "Buffer",
@@ -125,8 +123,7 @@ class StorageCapabilities:
     shared_page_cache: bool
     # The kernel reads ahead of one reader going through a file front to back (local files read
     # through the page cache, not with O_DIRECT): the load engine then gives each file one reader
-    # (``engine.load.schedule``) instead of spreading one file's pieces over its threads, and that
-    # reader holds the file open (``open_reader``). False: ``open_reader`` raises ENOTSUP.
+    # (``engine.load.schedule``) instead of spreading one file's pieces over its threads.
     reads_ahead: bool = False
     # Each host sees only the data files its own ranks wrote (a node-local RAM tier,
     # ``recovery.tier.NodeShmStorage``): the commit cannot check other hosts' files by size, so the
@@ -136,18 +133,6 @@ class StorageCapabilities:
     def __post_init__(self) -> None:
         if self.rename_replaces and not self.atomic_rename:
             raise ValueError("StorageCapabilities: rename_replaces needs atomic_rename")
-
-
-class FileReader(Protocol):
-    """One data file held open for the reads of one reader (``Storage.open_reader``): ranged
-    reads as ``Storage.read_into`` / ``read_into_cached`` of that file, then ``close`` (once;
-    a second ``close`` does nothing)."""
-
-    def read_into(self, offset: int, out: memoryview) -> None: ...
-
-    def read_into_cached(self, offset: int, out: memoryview) -> None: ...
-
-    def close(self) -> None: ...
 
 
 @runtime_checkable
@@ -175,14 +160,6 @@ class Storage(Protocol):
         """``read_into`` for bytes that other processes of this host read as well: through the
         host's shared cache where ``shared_page_cache`` (never bypassing it, e.g. with direct
         I/O), so the device delivers them once; backends without one read as ``read_into``."""
-
-    def open_reader(self, name: str) -> FileReader:
-        """``name`` opened once for many reads (``reads_ahead`` backends; elsewhere
-        ``unsupported_error``): the handle's ``read_into`` / ``read_into_cached`` read as the
-        storage's methods of those names do, raise the same errors, and keep reading the object
-        that was opened; the caller closes it. One open a file instead of one per read: no path
-        walk per read, and the kernel's read-ahead follows the one open file. Raises what
-        ``read_into`` raises for a missing or unsafe name."""
 
     def size(self, name: str) -> int | None:
         """Size in bytes, or None when missing (a folder is not a name: None)."""

@@ -24,7 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import ClassVar, TypeVar
 
 from ..errors import MissingDataFileError, StorageError, TruncatedDataFileError
-from .base import FileReader, check_name, read_spans, translated, truncated_error, unsupported_error
+from .base import check_name, read_spans, translated, truncated_error
 
 __all__ = ["BlobStore", "SliceWriter"]
 
@@ -134,9 +134,6 @@ class BlobStore:
 
     def read_into_cached(self, name: str, offset: int, out: memoryview) -> None:
         self.read_into(name, offset, out)  # no cache shared between processes
-
-    def open_reader(self, name: str) -> FileReader:
-        raise unsupported_error("open_reader", self.url)  # no read-ahead: reads stay per call
 
     def size(self, name: str) -> int | None:
         raise NotImplementedError

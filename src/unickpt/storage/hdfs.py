@@ -52,14 +52,12 @@ from ..errors import (
 from .base import (
     METADATA_LIMIT,
     Buffer,
-    FileReader,
     StorageCapabilities,
     check_name,
     check_prefix,
     exists_error,
     size_limit_error,
     translated,
-    unsupported_error,
 )
 from .options import StorageOptions
 
@@ -253,9 +251,6 @@ class HdfsStorage:
 
     def read_into_cached(self, name: str, offset: int, out: memoryview) -> None:
         self.read_into(name, offset, out)  # no cache shared between processes
-
-    def open_reader(self, name: str) -> FileReader:
-        raise unsupported_error("open_reader", self.url)  # no read-ahead: reads stay per call
 
     def size(self, name: str) -> int | None:
         path = self._path(name)

@@ -11,9 +11,7 @@ big sequential chunks (``StorageOptions.direct_writes``, on by default): page-al
 the disk straight from their memory (the async snapshot's file images), others through a reused
 aligned bounce buffer; this skips the page cache copy, so a background save costs the training job
 little CPU. Filesystems without O_DIRECT fall back to buffered ``writev``. Reads use buffered
-``preadv`` into the caller's memory by default; the load engine reads each data file front to
-back through one descriptor (``open_reader``), so the kernel's read-ahead follows it and no read
-walks the path again. With ``StorageOptions.direct_reads`` (default:
+``preadv`` into the caller's memory by default. With ``StorageOptions.direct_reads`` (default:
 ``UNICKPT_DIRECT_READS=1`` when the backend is created) large reads (>= 1 MiB) bypass the page
 cache: O_DIRECT ``preadv`` of the page-aligned cover of the range, straight into the caller's
 memory where its address has the file offset's page phase, else into a reused aligned bounce
@@ -58,13 +56,11 @@ from .aligned import ALIGN, BOUNCE_POOL, address_of, is_aligned
 from .base import (
     METADATA_LIMIT,
     Buffer,
-    FileReader,
     StorageCapabilities,
     check_name,
     check_prefix,
     exists_error,
     size_limit_error,
-    unsupported_error,
 )
 from .local_files import (
     create_at,
@@ -250,38 +246,6 @@ CAPABILITIES = StorageCapabilities(
 )
 
 
-def _check_full(path: str, offset: int, length: int, got: int) -> None:
-    if got < length:
-        raise TruncatedDataFileError(
-            f"data file {path} is truncated: wanted bytes [{offset}, {offset + length}) but it ends at {offset + got}"
-        )
-
-
-class LocalFileReader:
-    """``LocalStorage.open_reader``'s handle: buffered ``preadv`` on the one descriptor."""
-
-    def __init__(self, storage: LocalStorage, name: str, fd: int) -> None:
-        self.storage, self.name, self.fd = storage, name, fd
-
-    def read_into(self, offset: int, out: memoryview) -> None:
-        view = memoryview(out).cast("B")
-        if self.fd < 0:
-            raise StorageError(errno.EBADF, f"read {self.storage._path(self.name)}: the reader was closed")
-        try:
-            got = _pread_full(self.fd, view, offset)
-        except OSError as e:
-            raise self.storage._oserror("read", self.name, e) from None
-        _check_full(self.storage._path(self.name), offset, len(view), got)
-
-    def read_into_cached(self, offset: int, out: memoryview) -> None:
-        self.read_into(offset, out)  # buffered either way: through the page cache
-
-    def close(self) -> None:
-        fd, self.fd = self.fd, -1
-        if fd >= 0:
-            os.close(fd)
-
-
 class LocalStorage:
     """Files under the folder ``root`` (see the module docstring)."""
 
@@ -357,16 +321,8 @@ class LocalStorage:
         otherwise). OSError passes through."""
         return open_regular(self.root, self._parts(name), flags | _READ)
 
-    def open_reader(self, name: str) -> FileReader:
-        """``name`` opened once (as ``read_into`` opens it) for buffered reads through the page
-        cache; refused with ENOTSUP where reads are direct (no read-ahead to follow)."""
-        if not self.capabilities.reads_ahead:
-            raise unsupported_error("open_reader", self.url)
-        return LocalFileReader(self, name, self._open_data(name, False)[0])
-
-    def _open_data(self, name: str, direct: bool) -> tuple[int, bool]:
-        """A descriptor of the data file ``name`` and whether it reads with O_DIRECT (asked for
-        and supported by the filesystem); MissingDataFileError, UnsafePathError, StorageError."""
+    def _read(self, name: str, offset: int, view: memoryview, direct: bool) -> None:
+        path = self._path(name)
         fd = -1
         try:
             if direct:
@@ -379,22 +335,22 @@ class LocalStorage:
             if fd < 0:
                 fd = self._open_regular(name, 0)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-            raise MissingDataFileError(f"data file {self._path(name)} is missing") from None
+            raise MissingDataFileError(f"data file {path} is missing") from None
         except CheckpointError:
             raise
         except OSError as e:
             raise self._oserror("open", name, e) from None
-        return fd, direct
-
-    def _read(self, name: str, offset: int, view: memoryview, direct: bool) -> None:
-        fd, direct = self._open_data(name, direct)
         try:
             got = _read_direct(fd, view, offset) if direct else _pread_full(fd, view, offset)
         except OSError as e:
             raise self._oserror("read", name, e) from None
         finally:
             os.close(fd)
-        _check_full(self._path(name), offset, len(view), got)
+        if got < len(view):
+            raise TruncatedDataFileError(
+                f"data file {path} is truncated: wanted bytes [{offset}, {offset + len(view)}) "
+                f"but it ends at {offset + got}"
+            )
 
     def read(self, name: str, limit: int = METADATA_LIMIT) -> bytes | None:
         """The whole file (a regular file of at most ``limit`` bytes), or None when missing."""

@@ -22,13 +22,11 @@ from ..errors import MissingDataFileError, StorageError, TruncatedDataFileError
 from .base import (
     METADATA_LIMIT,
     Buffer,
-    FileReader,
     StorageCapabilities,
     check_name,
     check_prefix,
     exists_error,
     size_limit_error,
-    unsupported_error,
 )
 from .options import StorageOptions
 
@@ -109,9 +107,6 @@ class MemoryStorage:
 
     def read_into_cached(self, name: str, offset: int, out: memoryview) -> None:
         self.read_into(name, offset, out)  # no cache shared with other processes
-
-    def open_reader(self, name: str) -> FileReader:
-        raise unsupported_error("open_reader", self.url)  # no read-ahead: reads stay per call
 
     def read(self, name: str, limit: int = METADATA_LIMIT) -> bytes | None:
         data = self._get(name)

@@ -23,9 +23,8 @@ the stage (``coordination.run_stage`` -> ``RankFailures``).
 with one idempotency decision each, for a failure whose effect is unknown (a timeout after the
 request left, a lost reply):
 
-- repeated as they are: ``read``, ``read_into``, ``read_into_cached``, ``open_reader`` and
-  the reads of its handle, ``size``, ``list`` (reads), ``delete`` (missing names are ignored),
-  ``put`` (the same bytes again), ``sync``;
+- repeated as they are: ``read``, ``read_into``, ``read_into_cached``, ``size``, ``list``
+  (reads), ``delete`` (missing names are ignored), ``put`` (the same bytes again), ``sync``;
 - ``write`` (exclusive): repeated; when the repeat finds the name taken after an earlier failed
   attempt, the object is read back and compared with the parts: ours (the earlier attempt landed,
   its reply was lost) is success, anything else stays the ``exists`` error;
@@ -48,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..errors import CheckpointError, SizeLimitError, StorageError, TransientStorageError
-from .base import METADATA_LIMIT, Buffer, FileReader, Storage, StorageCapabilities, is_exists_error
+from .base import METADATA_LIMIT, Buffer, Storage, StorageCapabilities, is_exists_error
 
 __all__ = [
     "RetryPolicy",
@@ -177,23 +176,6 @@ def with_attempts(
             sleep(pause)
 
 
-class _RetryingReader:
-    """``RetryingStorage.open_reader``'s handle: each read of the inner handle retried as
-    ``read_into`` is (a repeat reads the same range of the same open file again)."""
-
-    def __init__(self, storage: RetryingStorage, name: str, inner: FileReader) -> None:
-        self.storage, self.name, self.inner = storage, name, inner
-
-    def read_into(self, offset: int, out: memoryview) -> None:
-        self.storage._run("read", self.name, lambda _: self.inner.read_into(offset, out))
-
-    def read_into_cached(self, offset: int, out: memoryview) -> None:
-        self.storage._run("read", self.name, lambda _: self.inner.read_into_cached(offset, out))
-
-    def close(self) -> None:
-        self.inner.close()
-
-
 class RetryingStorage:
     """A ``Storage`` that retries transient failures of ``inner`` under ``policy`` (see the
     module docstring for the decision made for each method)."""
@@ -222,9 +204,6 @@ class RetryingStorage:
 
     def read_into_cached(self, name: str, offset: int, out: memoryview) -> None:
         self._run("read", name, lambda _: self.inner.read_into_cached(name, offset, out))
-
-    def open_reader(self, name: str) -> FileReader:
-        return _RetryingReader(self, name, self._run("open", name, lambda _: self.inner.open_reader(name)))
 
     def read(self, name: str, limit: int = METADATA_LIMIT) -> bytes | None:
         return self._run("read", name, lambda _: self.inner.read(name, limit))

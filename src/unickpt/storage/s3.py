@@ -48,7 +48,6 @@ from ..errors import (
 from .base import (
     METADATA_LIMIT,
     Buffer,
-    FileReader,
     StorageCapabilities,
     check_name,
     check_prefix,
@@ -357,9 +356,6 @@ class S3Storage:
 
     def read_into_cached(self, name: str, offset: int, out: memoryview) -> None:
         self.read_into(name, offset, out)  # no cache shared between processes
-
-    def open_reader(self, name: str) -> FileReader:
-        raise unsupported_error("open_reader", self.url)  # no read-ahead: reads stay per call
 
     def size(self, name: str) -> int | None:
         key = self._key(name)

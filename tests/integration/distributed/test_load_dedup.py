@@ -23,21 +23,16 @@ def _save_then_load(rank: int, ws: int, ckpt: str) -> dict:
     train_step(model, optim, 0)
     unickpt.save(ckpt, {"model": model, "optimizer": optim}, options=unickpt.SaveOptions(checksum_chunk_bytes=4096))
     ref = full_state(model, optim)
-    from unickpt.storage.local import LocalFileReader, LocalStorage
+    from unickpt.storage.local import LocalStorage
 
     cached = {"n": 0}
-    plain, plain_open = LocalStorage.read_into_cached, LocalFileReader.read_into_cached
+    plain = LocalStorage.read_into_cached
 
-    def counting(self, name, offset, out):  # a read of its own
+    def counting(self, name, offset, out):
         cached["n"] += len(out)
         plain(self, name, offset, out)
 
-    def counting_open(self, offset, out):  # a read of a file the reader holds open
-        cached["n"] += len(out)
-        plain_open(self, offset, out)
-
     LocalStorage.read_into_cached = counting  # type: ignore[method-assign]
-    LocalFileReader.read_into_cached = counting_open  # type: ignore[method-assign]
     read: list[int] = []
     unickpt.default_checkpointer().events.add_listener(
         lambda ev: read.append(ev.nbytes) if ev.phase == "load.read" else None

@@ -42,7 +42,7 @@ def _load_counting(rank: int, ws: int, ckpt: str, hosts: bool, wrapped: int = -1
     import unickpt
     from tests.support.reference import full_state
     from unickpt.coordination.torch_dist import TorchDistCoordinator
-    from unickpt.storage.local import LocalFileReader, LocalStorage
+    from unickpt.storage.local import LocalStorage
     from unickpt.testing.toy import build, train_step
 
     model, optim = build("ddp", seed=0)
@@ -58,15 +58,11 @@ def _load_counting(rank: int, ws: int, ckpt: str, hosts: bool, wrapped: int = -1
         return run(self, op, fn)
 
     cached = {"n": 0}
-    plain, plain_open = LocalStorage.read_into_cached, LocalFileReader.read_into_cached
+    plain = LocalStorage.read_into_cached
 
-    def counting(self, name, offset, out):  # a read of its own
+    def counting(self, name, offset, out):
         cached["n"] += len(out)
         plain(self, name, offset, out)
-
-    def counting_open(self, offset, out):  # a read of a file the reader holds open
-        cached["n"] += len(out)
-        plain_open(self, offset, out)
 
     phases: list[str] = []
     read: list[int] = []
@@ -80,14 +76,12 @@ def _load_counting(rank: int, ws: int, ckpt: str, hosts: bool, wrapped: int = -1
     model2, optim2 = build("ddp", seed=7)
     TorchDistCoordinator._run = counted  # type: ignore[method-assign]
     LocalStorage.read_into_cached = counting  # type: ignore[method-assign]
-    LocalFileReader.read_into_cached = counting_open  # type: ignore[method-assign]
     try:
         state = {"model": model2, "optimizer": optim2}
         unickpt.default_checkpointer().load(ckpt, state, source=_NoReadAhead if rank == wrapped else None)
     finally:
         TorchDistCoordinator._run = run  # type: ignore[method-assign]
         LocalStorage.read_into_cached = plain  # type: ignore[method-assign]
-        LocalFileReader.read_into_cached = plain_open  # type: ignore[method-assign]
     got = full_state(model2, optim2)
     return {
         "exact": all(torch.equal(ref[k], got[k]) for k in ref),

@@ -12,8 +12,6 @@ from typing import Any
 import pytest
 
 from tests.fixtures.contract import StorageContract
-from unickpt.errors import MissingDataFileError
-from unickpt.storage.local import LocalStorage
 from unickpt.storage.memory import CAPABILITIES, MemoryStorage, MemoryStore
 
 _CONTRACT_FAILURES = (AssertionError, pytest.fail.Exception)
@@ -123,36 +121,3 @@ def test_a5_contract_suite_catches_a_broken_backend(broken, test, kwargs, report
     getattr(contract, test)(lambda root: MemoryStorage(root, store=control), **kwargs)  # the control passes
     with pytest.raises(_CONTRACT_FAILURES, match=report):
         getattr(contract, test)(_factories()[broken](), **kwargs)
-
-
-class _ByName:
-    """A handle that does not hold its file: every read opens the name again."""
-
-    def __init__(self, storage: LocalStorage, name: str) -> None:
-        self.storage, self.name = storage, name
-
-    def read_into(self, offset: int, out: memoryview) -> None:
-        self.storage.read_into(self.name, offset, out)
-
-    def read_into_cached(self, offset: int, out: memoryview) -> None:
-        self.storage.read_into_cached(self.name, offset, out)
-
-    def close(self) -> None:
-        pass
-
-
-class ReopensByName(LocalStorage):
-    """``open_reader`` hands out a handle that reads by name (a later object under that name
-    is read instead of the opened one)."""
-
-    def open_reader(self, name: str) -> Any:
-        if self.size(name) is None:
-            raise MissingDataFileError(f"data file {self.root}/{name} is missing")
-        return _ByName(self, name)
-
-
-def test_the_contract_catches_an_open_reader_that_does_not_hold_its_file(tmp_path):
-    test = StorageContract().test_an_open_reader_reads_the_opened_file_until_closed
-    test(lambda root: LocalStorage(f"{tmp_path}/control/{root}"))  # the control passes
-    with pytest.raises(_CONTRACT_FAILURES, match="must read the file it opened"):
-        test(lambda root: ReopensByName(f"{tmp_path}/broken/{root}"))

@@ -43,7 +43,6 @@ from ...storage.base import Storage
 from ..bytes_view import tensor_bytes
 from .clock import ReadClock
 from .device import Bounce, DeviceCopies
-from .open_files import OpenFiles
 from .schedule import ReaderThreads, read_pieces
 
 __all__ = ["Need", "RunJob", "ReadClock", "PIECE", "read_needs"]
@@ -468,13 +467,8 @@ def read_needs(
     tagged = [Span(index[n.name], n.lo, n.hi, t) for t, n in enumerate(wanted)]
     runs = plan_runs(tagged, extent_of(md, verify))
     _check_files(md, storage, runs, names, rank)
-    files = OpenFiles(storage) if storage.capabilities.reads_ahead else None  # one open a file
-    try:
-        jobs = _run_jobs(md, storage, runs, wanted, cached, verify, rank, copied, clock, device, files)
-        read_pieces(jobs, threads, spans, files is not None, kept, files.stream if files is not None else None)
-    finally:
-        if files is not None:
-            files.close()
+    jobs = _run_jobs(md, storage, runs, wanted, cached, verify, rank, copied, clock, device)
+    read_pieces(jobs, threads, spans, storage.capabilities.reads_ahead, kept)
     return sum(job.nbytes for job in jobs)
 
 
@@ -489,16 +483,14 @@ def _run_jobs(
     copied: Copied,
     clock: ReadClock | None = None,
     device: DeviceCopies | None = None,
-    files: OpenFiles | None = None,
 ) -> list[RunJob]:
     """A ``RunJob`` per run: read through the shared page cache when one of its needs is, its
-    checksum units, its needs; ``files``: read through the handles the file's reader holds."""
+    checksum units, its needs."""
     cover = cover_of(md, verify)
     fused = FUSED if storage.capabilities.reads_ahead else 0  # one reader per file, in file order
-    source: Storage | OpenFiles = files if files is not None else storage
     jobs = []
     for run in runs:
-        read = source.read_into_cached if any(t in cached for t in run.tags) else source.read_into
+        read = storage.read_into_cached if any(t in cached for t in run.tags) else storage.read_into
         units = cover(run.file_index, run.lo, run.hi)
         holders = functools.partial(_holders, md, run.file_index)
         needs = [wanted[t] for t in run.tags]

@@ -39,7 +39,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import Protocol, runtime_checkable
 
 from ...errors import ConfigurationError
@@ -137,14 +137,11 @@ def read_pieces(
     spans: dict[str, list[float]],
     streams: bool,
     kept: ReaderThreads | None = None,
-    opened: Callable[[str], AbstractContextManager[None]] | None = None,
 ) -> None:
     """Read every piece of ``jobs`` (``streams``: one thread per file at a time, else one pool
     over all pieces); each piece's time and bytes added to its file's entry of ``spans``
     (``[first start, last end, bytes]``); ``kept``: the checkpointer's threads to run on (else
-    threads of this call's own); ``opened(name)`` (streams only): held by a file's reader around
-    its pieces (``open_files.OpenFiles.stream``: the file open once). Raises the first failure
-    after all readers stopped."""
+    threads of this call's own). Raises the first failure after all readers stopped."""
     lock = threading.Lock()
 
     def piece(job: PieceJob, p: int, n: int, bytes_only: bool = False) -> None:
@@ -161,7 +158,7 @@ def read_pieces(
     for job in jobs:
         job.start()
     if streams:
-        _by_file(jobs, threads, piece, kept, opened)
+        _by_file(jobs, threads, piece, kept)
     else:
         _pool(jobs, threads, piece, kept)
 
@@ -193,17 +190,16 @@ def _by_file(
     threads: int,
     piece: Callable[[PieceJob, int, int, bool], None],
     kept: ReaderThreads | None = None,
-    opened: Callable[[str], AbstractContextManager[None]] | None = None,
 ) -> None:
-    """Each file's pieces in file order by one thread (holding ``opened(name)`` around them);
-    up to ``threads`` files at a time, the largest first (the last file to start is a small
-    one). Pieces of a ``SplitJob`` are settled on verifier threads (module docstring)."""
+    """Each file's pieces in file order by one thread; up to ``threads`` files at a time, the
+    largest first (the last file to start is a small one). Pieces of a ``SplitJob`` are settled
+    on verifier threads (module docstring)."""
     files: dict[str, list[tuple[int, int, PieceJob, int]]] = {}
     for job in jobs:
         for p, (lo, hi) in enumerate(job.pieces()):
             files.setdefault(job.name, []).append((lo, hi, job, p))
-    streams = [(name, sorted(ps, key=lambda x: x[0])) for name, ps in files.items()]
-    streams.sort(key=lambda s: -sum(hi - lo for lo, hi, _, _ in s[1]))
+    streams = [sorted(ps, key=lambda x: x[0]) for ps in files.values()]
+    streams.sort(key=lambda s: -sum(hi - lo for lo, hi, _, _ in s))
     queue = deque(streams)
     take = threading.Lock()
     failures: list[BaseException] = []
@@ -243,19 +239,18 @@ def _by_file(
             with take:
                 if failures or not queue:
                     return
-                name, stream = queue.popleft()
-            try:
-                with opened(name) if opened is not None else nullcontext():
-                    for lo, hi, job, p in stream:
-                        if failures:  # another reader (or a verifier) failed: stop at this piece
-                            return
-                        if verify_pool is not None and id(job) in split_jobs:
-                            read_split(job, p, hi - lo, verify_pool)
-                        else:
-                            piece(job, p, hi - lo, False)
-            except BaseException as e:
-                failed(e)
-                return
+                stream = queue.popleft()
+            for lo, hi, job, p in stream:
+                if failures:  # another reader (or a verifier) failed: stop at this piece
+                    return
+                try:
+                    if verify_pool is not None and id(job) in split_jobs:
+                        read_split(job, p, hi - lo, verify_pool)
+                    else:
+                        piece(job, p, hi - lo, False)
+                except BaseException as e:
+                    failed(e)
+                    return
 
     verifying = _threads("verify", verifiers(workers), kept) if split_jobs else nullcontext(None)
     with verifying as verify_pool:
