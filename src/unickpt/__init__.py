@@ -163,6 +163,9 @@ def _preload() -> None:
     load (bench/cold_load_phases.py --no-preimport, docs/performance.md)."""
     from . import api  # noqa: F401  # checkpointer -> the load and save pipelines, frameworks, storage
     from .coordination import tree  # noqa: F401  # the first load's coordinator on large jobs
+    from .format import checksums
+
+    checksums.preload()  # awscrt, imported by the first checksum otherwise
 
 
 if "torch" in sys.modules:

@@ -106,6 +106,13 @@ def _implementation() -> Callable[[Buffer, int], int]:
     return implementation
 
 
+def preload() -> None:
+    """Import the CRC32C implementation now. ``unickpt._preload`` calls it in a process that
+    imported torch (a job), so that the first load of a restarted job does not pay for it:
+    awscrt's import seeds its library's random generator from CPU jitter, 40-60 ms here."""
+    _implementation()
+
+
 def crc32c(data: Buffer, value: int = 0) -> int:
     """The CRC32C (Castagnoli) of ``data`` continuing ``value`` (the CRC of the bytes before it):
     the one implementation of every checksum unickpt writes or checks (the save's writers through
