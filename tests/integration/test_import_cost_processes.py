@@ -180,8 +180,9 @@ def test_every_public_name_resolves_lazily_and_save_load_work(tmp_path: Path) ->
     assert got["exact"] is True and got["step"] == 7
 
 
-# argv[1]: a checkpoint of {"model": Linear(3, 2)}; prints the unickpt modules (and those of
-# awscrt, the CRC32C: its import seeds a random generator, tens of ms) the first load imported
+# argv[1]: a checkpoint of {"model": Linear(3, 2)}; prints the modules the first load imported
+# of unickpt, of awscrt (the CRC32C: its import seeds a random generator, tens of ms) and of
+# torch's FSDP (the framework's detection: no model of a process that never imported it is wrapped)
 _FIRST_LOAD = """
 import json, sys
 import torch
@@ -189,13 +190,15 @@ import unickpt
 before = set(sys.modules)
 model = torch.nn.Linear(3, 2)
 unickpt.load(sys.argv[1], {"model": model})
-print(json.dumps({"imported": sorted(m for m in set(sys.modules) - before if m.startswith(("unickpt", "awscrt")))}))
+watched = ("unickpt", "awscrt", "torch.distributed.fsdp")
+print(json.dumps({"imported": sorted(m for m in set(sys.modules) - before if m.startswith(watched))}))
 """
 
 
 def test_issue41_item4_a_job_that_imported_torch_has_what_a_load_runs_before_its_first_load(tmp_path: Path) -> None:
     """A job imports torch, then unickpt: ``import unickpt`` brings the load machinery in then,
-    so the first ``unickpt.load`` (a restart's critical path) imports no unickpt module."""
+    so the first ``unickpt.load`` (a restart's critical path) imports no unickpt module, nor the
+    CRC32C library, nor torch's FSDP package for a model that is not wrapped by FSDP."""
     path = str(tmp_path / "ckpt")
     unickpt.save(path, {"model": torch.nn.Linear(3, 2)})
     got = _fresh(_FIRST_LOAD, path)

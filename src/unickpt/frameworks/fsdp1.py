@@ -34,6 +34,7 @@ parameters: loading differing per-parameter values into it is refused.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -182,6 +183,20 @@ def flat_layouts(model: nn.Module) -> list[FlatLayout]:
     return out
 
 
+def fsdp_package() -> Any | None:
+    """``torch.distributed.fsdp`` where this process has imported it, else None: then no module
+    is wrapped by FSDP1 or FSDP2 (``fully_shard``, also reached through
+    ``torch.distributed._composable.fsdp``, imports it), and the framework's detection skips
+    importing it (0.05-0.5 s of a plain model's first save or load: DDP, one process)."""
+    return sys.modules.get("torch.distributed.fsdp")
+
+
+def holds_fsdp1(model: nn.Module) -> bool:
+    """Whether ``model`` holds an FSDP1 module (``FullyShardedDataParallel``)."""
+    fsdp = fsdp_package()
+    return fsdp is not None and any(isinstance(m, fsdp.FullyShardedDataParallel) for m in model.modules())
+
+
 class _Index:
     """Lookups from live parameters to layouts, built once per ``describe``."""
 
@@ -327,10 +342,8 @@ class FSDP1Adapter(DescribedAdapter):
     name = "fsdp"
 
     def matches(self, state: Mapping[str, Any]) -> bool:
-        from torch.distributed.fsdp import FullyShardedDataParallel
-
         model = state.get("model")
-        return isinstance(model, nn.Module) and any(isinstance(m, FullyShardedDataParallel) for m in model.modules())
+        return isinstance(model, nn.Module) and holds_fsdp1(model)
 
     def describe(self, state: Mapping[str, Any]) -> StateDescription | None:
         model = module_of(state)

@@ -26,6 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ..errors import FrameworkError
 from ..format.records import Metadata
 from .base import LoadView, OptimizerDescription, ParamState, Piece, StateDescription
+from .fsdp1 import fsdp_package, holds_fsdp1
 from .module_state import (
     BoxMemo,
     TensorState,
@@ -77,9 +78,7 @@ class ModuleAdapter(DescribedAdapter):
 
     def check(self, module: nn.Module) -> None:
         """Reject objects that clearly belong to another framework."""
-        from torch.distributed.fsdp import FullyShardedDataParallel
-
-        if any(isinstance(m, FullyShardedDataParallel) for m in module.modules()):
+        if holds_fsdp1(module):
             raise FrameworkError(f"framework={self.name!r} got an FSDP1 model; use framework='fsdp'")
 
     def load_view(self, state: Mapping[str, Any], md: Metadata | None = None, strict: bool = True) -> LoadView:
@@ -165,9 +164,10 @@ class FSDP2Adapter(ModuleAdapter):
     name = "fsdp2"
 
     def matches(self, state: Mapping[str, Any]) -> bool:
-        from torch.distributed.fsdp import FSDPModule
-
-        return _any_module(state, lambda model: any(isinstance(m, FSDPModule) for m in model.modules()))
+        fsdp = fsdp_package()
+        return fsdp is not None and _any_module(
+            state, lambda model: any(isinstance(m, fsdp.FSDPModule) for m in model.modules())
+        )
 
 
 class DTensorAdapter(ModuleAdapter):
