@@ -34,6 +34,14 @@ replicas=1, keep_fast=2, durable_every=<the last step>)``.
      raw           ``preadv`` of the same data files from the same tmpfs into a pre-touched
                    buffer, no unickpt
      rawcrc        raw plus ``crc32c`` of the bytes read (the least a verified read costs)
+4. Restart (``--restarts`` rounds, arms a, b and c in rotating order): the job restarted as
+   torchrun restarts it, in fresh interpreters, one per host (``python bench/recovery.py
+   --restart-child``), each host's RAM reset as in 3. Each process marks the wall-clock time
+   after ``import torch``, ``import unickpt``, ``init_process_group``, building the job's state
+   (its own model: not unickpt's), ``TieredCheckpointManager(...)`` and ``load_latest``; printed
+   per step, the slowest host's, from the moment the processes were started (medians over
+   rounds). This is what "back in seconds" costs end to end; the interpreters compile unickpt's
+   sources where bytecode is not written (``PYTHONDONTWRITEBYTECODE``, as on this VM).
    Bytes by source come from the recovery's report (``last_recovery.bytes_by_source``), the
    load's ``load.read`` events and the veth counter (bytes the S3 server sent).
 Ratios printed: b/a (goal >= 5), a/c (goal <= 1.5), load/raw (goal <= 1.2), blocking ram/disk
@@ -46,8 +54,10 @@ Cleans up the namespace, qdiscs, server and folders in ``finally`` blocks.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -56,7 +66,7 @@ import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _common import GiB, fmt_s, machine_line, median, preadv_files, progress, spawn, table
+from _common import GiB, fmt_s, free_port, machine_line, median, preadv_files, progress, spawn, table
 
 N_TENSORS = 16
 LOST = 1  # the rank whose host loses its RAM in arm a
@@ -345,7 +355,89 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict | None:
 
 
 # --------------------------------------------------------------------------------------------
+# 4. restarts in fresh processes
+
+MARKS = ("torch", "unickpt", "group", "state", "manager", "loaded")
+
+
+def restart_child(spec: dict) -> None:
+    """One host's process of the restarted job (``--restart-child``): its marks to ``spec["out"]``."""
+    marks = {}
+    import torch
+
+    marks["torch"] = time.time()
+    import unickpt  # noqa: F401  # after torch, as a job imports it
+
+    marks["unickpt"] = time.time()
+    import torch.distributed as dist
+
+    _quiet()
+    rank, ws = spec["rank"], spec["ws"]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{spec['port']}", rank=rank, world_size=ws)
+    marks["group"] = time.time()
+    torch.set_num_threads(1)
+    r = _Rank(rank, ws, spec["cfg"])
+    marks["state"] = time.time()
+    tiers = r.tiers()
+    marks["manager"] = time.time()
+    step = tiers.load_latest(r.state)
+    marks["loaded"] = time.time()
+    out = {"marks": marks, "exact": r.exact(step), "tier": tiers.last_recovery.tier}
+    tiers.wait()
+    tiers.close()
+    dist.destroy_process_group()
+    with open(spec["out"], "w") as f:
+        json.dump(out, f)
+
+
+def restart(cfg: dict, hosts: int, arm: str) -> dict:
+    """Arm ``arm`` of 4: every host's RAM reset (as ``_reset``), then the job's processes started
+    at once; returns the slowest host's seconds from their start to each mark."""
+    for h in range(hosts):
+        ram, snap = (os.path.join(cfg["base"], kind, f"h{h}") for kind in ("ram", "snap"))
+        shutil.rmtree(ram, ignore_errors=True)
+        if not (arm == "b" or (arm == "a" and h == LOST)):
+            shutil.copytree(snap, ram, copy_function=os.link)
+    port, procs, outs = free_port(), [], []
+    t0 = time.time()
+    for h in range(hosts):
+        env = {**os.environ, **cfg["s3env"], "UNICKPT_HOST_ID": f"h{h}", "OMP_NUM_THREADS": "1",
+               "UNICKPT_SHM_ROOT": os.path.join(cfg["base"], "ram", f"h{h}")}  # fmt: skip
+        outs.append(os.path.join(cfg["base"], f"restart-h{h}.json"))
+        spec = {"cfg": cfg, "rank": h, "ws": hosts, "port": port, "out": outs[-1]}
+        procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), "--restart-child", json.dumps(spec)],
+                                      env=env))  # fmt: skip
+    for p in procs:
+        if p.wait(timeout=1200) != 0:
+            raise SystemExit(f"a restarted host's process failed (exit {p.returncode})")
+    got = []
+    for path in outs:
+        with open(path) as f:
+            got.append(json.load(f))
+    if not all(g["exact"] for g in got):
+        raise AssertionError(f"restart arm {arm}: a host did not restore the step bit for bit")
+    return {"tier": got[0]["tier"], **{m: max(g["marks"][m] for g in got) - t0 for m in MARKS}}
+
+
+# --------------------------------------------------------------------------------------------
 # report
+
+
+def report_restarts(runs: list[tuple[str, dict]]) -> None:
+    rows, total = [], {}
+    for arm, label in (("a", "a peers (h1 lost)"), ("b", "b durable S3"), ("c", "c intact")):
+        mine = [r for a, r in runs if a == arm]
+        med = {m: median([r[m] for r in mine]) for m in MARKS}
+        total[arm] = med["loaded"]
+        steps = [med["torch"]] + [med[b] - med[a] for a, b in zip(MARKS, MARKS[1:])]
+        rows.append([label, *(f"{s:.2f}" for s in steps), f"{med['loaded']:.2f}", mine[0]["tier"]])
+    print(table("a restart in fresh processes: seconds per step, slowest host, from the processes' start (medians)",
+                ["arm", "import torch", "import unickpt", "process group", "job's state", "manager",
+                 "load_latest", "total", "tier"], rows))  # fmt: skip
+    print(
+        f"restart from S3 / from peers (b / a) = {total['b'] / total['a']:.2f}; "
+        f"from peers / intact (a / c) = {total['a'] / total['c']:.2f}"
+    )
 
 
 def report(ranks: list[dict], cfg: dict, extra: str) -> None:
@@ -441,13 +533,19 @@ def main() -> None:
     ap.add_argument("--chunk-mib", type=int, default=16, help="the tier's chunk (replication, CRC32C; library default)")
     ap.add_argument("--mlp", type=int, default=512, help="width of the training step's MLP")
     ap.add_argument("--dir", default=None, help="local disk folder for the disk arm (default /tmp)")
+    ap.add_argument("--restarts", type=int, default=2, help="rounds of 4. (0: none)")
+    ap.add_argument("--restart-child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.restart_child is not None:
+        restart_child(json.loads(args.restart_child))
+        return
     gib = args.gib if args.gib is not None else (1 / 16 if args.quick else 1.0)
     from _netns_s3 import LimitedS3
 
     base = tempfile.mkdtemp(prefix="unickpt-recbench-", dir="/dev/shm")
     disk = tempfile.mkdtemp(prefix="unickpt-recbench-", dir=args.dir)
     t_start = time.monotonic()
+    runs: list[tuple[str, dict]] = []
     try:
         with LimitedS3(args.rate) as s3:
             bucket = s3.server.create_bucket("rec")
@@ -460,10 +558,17 @@ def main() -> None:
             extra = f"S3: SeaweedFS in netns {s3.ns} behind tc ({s3.qdiscs()})"
             progress(f"S3 server up at {s3.server.endpoint.url}; starting {args.hosts} ranks")
             ranks = spawn(rank_main, args.hosts, cfg, timeout=7200, threads=1)[0]
+            for rnd in range(args.restarts):
+                for arm in ("a", "b", "c")[rnd % 3 :] + ("a", "b", "c")[: rnd % 3]:
+                    runs.append((arm, restart(cfg, args.hosts, arm)))
+                    progress(f"restart round {rnd} {arm}: {runs[-1][1]['loaded']:.2f} s")
     finally:
         shutil.rmtree(base, ignore_errors=True)
         shutil.rmtree(disk, ignore_errors=True)
     report(ranks, cfg, extra)
+    if runs:
+        print()
+        report_restarts(runs)
     print(f"\n(total {time.monotonic() - t_start:.0f} s)")
 
 
