@@ -5,7 +5,10 @@
 #   2. bench/cuda_load.py: cold load onto the GPU vs PyTorch DCP and the raw bytes;
 #   3. bench/step_interference.py --device cuda: training steps during a background save;
 #   4. the trainer integrations on one GPU: torchtitan's own Trainer, Lightning's FSDPStrategy,
-#      Accelerate's FSDP plugin.
+#      Accelerate's FSDP plugin;
+#   5. bench/recovery.py --device cuda: the RAM tier on CUDA state (issue 40: a RAM save's blocking
+#      time and the step time during replication against an async disk save, recovery from peers
+#      and intact hosts onto the GPU, a restart in fresh processes; a local durable tier).
 # Wheels the machine's image lacks travel in .whl (see the device notes in docs/notes/gpu.md).
 set -o pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -31,3 +34,4 @@ step torchtitan 130 python3 -m pytest -q -p no:cacheprovider -rA tests/integrati
 step fsdp 110 python3 -m pytest -q -p no:cacheprovider -rA tests/integration/integrations/test_fsdp_gpu.py
 step cuda_load 130 python3 bench/cuda_load.py --gib 2 --rounds 3 --dirs /tmp,/dev/shm
 step step_interference 90 python3 bench/step_interference_cuda.py --gib 2 --rounds 4 --dir /tmp
+step recovery 60 python3 bench/recovery.py --device cuda --durable-dir /tmp --hosts 2 --gib 0.25 --rounds 1 --restarts 1

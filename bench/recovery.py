@@ -2,8 +2,14 @@
 
     python bench/recovery.py --quick     # ~64 MiB state, about a minute
     python bench/recovery.py             # 1 GiB state, 3 rounds (several minutes)
+    python bench/recovery.py --device cuda --durable-dir /tmp --hosts 2   # bench/gpu_check.sh
 
-Set-up (needs root): ``--hosts`` simulated hosts (default 4), one gloo rank each (``UNICKPT_HOST_ID``
+``--device cuda``: the state and the training step on the GPU (every simulated host's rank
+shares it), so saves copy device to host and loads host to device, and the raw arms add the
+copy of the bytes read (pinned) to the GPU. ``--durable-dir``: a local folder as the durable
+tier instead of S3 (no root, no network namespace; arm b then restores from that folder).
+
+Set-up (needs root for the S3 tier): ``--hosts`` simulated hosts (default 4), one gloo rank each (``UNICKPT_HOST_ID``
 = ``h<rank>``, ``UNICKPT_SHM_ROOT`` = a folder of its own under /dev/shm: its "RAM", a tmpfs);
 the state is ``--gib`` GiB of fp32 tensors (16 DTensors sharded by rows over the ranks: each rank
 holds 1/hosts of it) plus a small MLP that trains; the durable tier is S3 on SeaweedFS running in
@@ -54,6 +60,7 @@ Cleans up the namespace, qdiscs, server and folders in ``finally`` blocks.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -91,16 +98,20 @@ class _Rank:
         from torch.distributed.tensor import DTensor, Shard, init_device_mesh
 
         self.rank, self.ws, self.cfg = rank, ws, cfg
+        self.cuda = cfg.get("device", "cpu") == "cuda"
+        if self.cuda:  # several simulated hosts may share one GPU
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+        dev = torch.device("cuda", torch.cuda.current_device()) if self.cuda else torch.device("cpu")
         self.host = f"h{rank}"
         self.ram = os.path.join(cfg["base"], "ram", self.host)
         self.snap = os.path.join(cfg["base"], "snap", self.host)  # the RAM right after the saves
         self.mat = os.path.join(cfg["base"], "mat", self.host)  # ... after a recovery materialised it
         cols = 1024
         rows = max(1, cfg["bytes"] // (4 * cols * N_TENSORS * ws))
-        mesh = init_device_mesh("cpu", (ws,))
+        mesh = init_device_mesh(dev.type, (ws,))
         g = torch.Generator().manual_seed(1000 + rank)
-        self.base = [torch.randn(rows, cols, generator=g) for _ in range(N_TENSORS)]
-        self.local = [torch.empty(rows, cols) for _ in range(N_TENSORS)]
+        self.base = [torch.randn(rows, cols, generator=g).to(dev) for _ in range(N_TENSORS)]
+        self.local = [torch.empty(rows, cols, device=dev) for _ in range(N_TENSORS)]
         self.module = torch.nn.Module()
         for i, t in enumerate(self.local):
             dt = DTensor.from_local(t, mesh, [Shard(0)], run_check=False)
@@ -110,9 +121,9 @@ class _Rank:
         self.shard_bytes = sum(t.numel() * 4 for t in self.local)
         torch.manual_seed(7)
         d = cfg["mlp"]
-        self.mlp = torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.ReLU(), torch.nn.Linear(d, d))
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.ReLU(), torch.nn.Linear(d, d)).to(dev)
         self.opt = torch.optim.Adam(self.mlp.parameters(), lr=1e-4)
-        self.x = torch.randn(64, d)
+        self.x = torch.randn(64, d, device=dev)
 
     def tiers(self):
         import unickpt
@@ -139,10 +150,14 @@ class _Rank:
         )
 
     def train_step(self) -> float:
+        import torch
+
         t0 = time.perf_counter()
         self.mlp(self.x).square().mean().backward()
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
+        if self.cuda:
+            torch.cuda.synchronize()
         return time.perf_counter() - t0
 
 
@@ -225,6 +240,8 @@ def _reset(r: _Rank, arm: str) -> None:
 
 
 def _rx(r: _Rank) -> int:
+    if r.cfg["rx"] is None:  # a local durable tier (--durable-dir): no link to count
+        return 0
     with open(r.cfg["rx"]) as f:
         return int(f.read())
 
@@ -272,11 +289,16 @@ def _load_arm(r: _Rank, arm: str, log) -> dict:
             os.path.join(top, f) for top, _, files in os.walk(folder) for f in files if f.startswith(f"r{r.rank:05d}-")
         )
         sizes = [os.path.getsize(p) for p in mine]
-        buf = torch.ones(sum(sizes), dtype=torch.uint8)  # touched: no page faults inside the clock
+        # touched: no page faults inside the clock; on CUDA pinned, then copied to the GPU
+        buf = torch.ones(sum(sizes), dtype=torch.uint8, pin_memory=r.cuda)
         view = memoryview(buf.numpy()).cast("B")
+        gpu = torch.empty_like(buf, device="cuda") if r.cuda else None
         _barrier()
         t0 = time.perf_counter()
         at = preadv_files(mine, sizes, view, (64 << 20) if arm == "rawcrc" else 0)
+        if gpu is not None:
+            gpu.copy_(buf, non_blocking=True)
+            torch.cuda.synchronize()
         out["wall"] = time.perf_counter() - t0
         out["raw_bytes"] = at
         del view, buf
@@ -330,7 +352,7 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict | None:
     tiers.close()
     _barrier()
     if rank == 0:
-        progress(f"step {last} saved to RAM, replicated and copied to S3 in {res['durable_save']:.1f} s")
+        progress(f"step {last} saved to RAM, replicated and copied to the durable tier in {res['durable_save']:.1f} s")
 
     # 2. RAM per host
     res["ram"] = _ram_bytes(r.ram)
@@ -423,9 +445,9 @@ def restart(cfg: dict, hosts: int, arm: str) -> dict:
 # report
 
 
-def report_restarts(runs: list[tuple[str, dict]]) -> None:
+def report_restarts(runs: list[tuple[str, dict]], durable_kind: str) -> None:
     rows, total = [], {}
-    for arm, label in (("a", "a peers (h1 lost)"), ("b", "b durable S3"), ("c", "c intact")):
+    for arm, label in (("a", "a peers (h1 lost)"), ("b", f"b durable {durable_kind}"), ("c", "c intact")):
         mine = [r for a, r in runs if a == arm]
         med = {m: median([r[m] for r in mine]) for m in MARKS}
         total[arm] = med["loaded"]
@@ -435,7 +457,7 @@ def report_restarts(runs: list[tuple[str, dict]]) -> None:
                 ["arm", "import torch", "import unickpt", "process group", "job's state", "manager",
                  "load_latest", "total", "tier"], rows))  # fmt: skip
     print(
-        f"restart from S3 / from peers (b / a) = {total['b'] / total['a']:.2f}; "
+        f"restart from the durable tier / from peers (b / a) = {total['b'] / total['a']:.2f}; "
         f"from peers / intact (a / c) = {total['a'] / total['c']:.2f}"
     )
 
@@ -467,7 +489,7 @@ def report(ranks: list[dict], cfg: dict, extra: str) -> None:
     print(f"blocking ram / disk = {med['ram'][0] / med['disk'][0]:.2f} (goal <= 1)")
     print(f"step time during replication / without a save = {med['ram'][2] / med['none'][2]:.2f}; "
           f"during the disk save / without = {med['disk'][2] / med['none'][2]:.2f}")  # fmt: skip
-    print(f"last step: RAM + replication + durable copy to S3: {ranks[0]['durable_save']:.1f} s\n")
+    print(f"last step: RAM + replication + durable copy: {ranks[0]['durable_save']:.1f} s\n")
 
     # RAM
     rows = []
@@ -483,8 +505,9 @@ def report(ranks: list[dict], cfg: dict, extra: str) -> None:
 
     # loads
     rows, med_l = [], {}
-    labels = {"a": "a peers (h1 lost)", "b": "b durable S3", "c": "c intact", "load": "load (tmpfs)",
-              "nocrc": "load, no CRC check", "raw": "raw preadv (tmpfs)", "rawcrc": "raw preadv + crc32c"}  # fmt: skip
+    labels = {"a": "a peers (h1 lost)", "b": f"b durable {cfg['durable_kind']}", "c": "c intact",
+              "load": "load (tmpfs)", "nocrc": "load, no CRC check", "raw": "raw preadv (tmpfs)",
+              "rawcrc": "raw preadv + crc32c"}  # fmt: skip
     for arm in ARMS_LOAD:
         per_round = {}
         for r in ranks:
@@ -502,7 +525,7 @@ def report(ranks: list[dict], cfg: dict, extra: str) -> None:
                      f"{read / 2**20:.0f}", f"{rx / 2**20:.0f}", first[0].get("tier", "-")])  # fmt: skip
     print(table("recovery of the last step (load wall, slowest rank; bytes in MiB, first round)",
                 ["arm", "median s", "range", "own RAM", "peers", "load read", "S3 wire", "tier"], rows))  # fmt: skip
-    print(f"durable S3 / peers (b / a) = {med_l['b'] / med_l['a']:.2f} (goal >= 5)")
+    print(f"durable {cfg['durable_kind']} / peers (b / a) = {med_l['b'] / med_l['a']:.2f} (goal >= 5 for S3)")
     print(f"peers / intact (a / c) = {med_l['a'] / med_l['c']:.2f} (goal <= 1.5)")
     fed = [s for r in ranks for s in r["load"] if s["arm"] == "a"]
     after = median([max(x["after"] for x in fed if x["round"] == k) for k in {x["round"] for x in fed}])
@@ -534,29 +557,41 @@ def main() -> None:
     ap.add_argument("--mlp", type=int, default=512, help="width of the training step's MLP")
     ap.add_argument("--dir", default=None, help="local disk folder for the disk arm (default /tmp)")
     ap.add_argument("--restarts", type=int, default=2, help="rounds of 4. (0: none)")
+    ap.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="where the state lives (cuda: the GPU check)"
+    )
+    ap.add_argument("--durable-dir", default=None, help="a local folder as the durable tier, not S3 behind tc")
     ap.add_argument("--restart-child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.restart_child is not None:
         restart_child(json.loads(args.restart_child))
         return
     gib = args.gib if args.gib is not None else (1 / 16 if args.quick else 1.0)
-    from _netns_s3 import LimitedS3
-
     base = tempfile.mkdtemp(prefix="unickpt-recbench-", dir="/dev/shm")
     disk = tempfile.mkdtemp(prefix="unickpt-recbench-", dir=args.dir)
     t_start = time.monotonic()
     runs: list[tuple[str, dict]] = []
+    cfg = {
+        "base": base, "disk": disk, "bytes": int(gib * GiB), "rounds": args.rounds, "last": args.rounds + 2,
+        "chunk": args.chunk_mib << 20, "mlp": args.mlp, "none_steps": 20, "device": args.device,
+    }  # fmt: skip
     try:
-        with LimitedS3(args.rate) as s3:
-            bucket = s3.server.create_bucket("rec")
-            cfg = {
-                "base": base, "disk": disk, "bytes": int(gib * GiB), "rounds": args.rounds,
-                "last": args.rounds + 2, "chunk": args.chunk_mib << 20, "mlp": args.mlp, "none_steps": 20,
-                "durable": f"s3://{bucket.name}/job", "s3env": s3.server.endpoint.env(),
-                "rx": f"/sys/class/net/{s3.host_if}/statistics/rx_bytes",
-            }  # fmt: skip
-            extra = f"S3: SeaweedFS in netns {s3.ns} behind tc ({s3.qdiscs()})"
-            progress(f"S3 server up at {s3.server.endpoint.url}; starting {args.hosts} ranks")
+        with contextlib.ExitStack() as stack:
+            if args.durable_dir is not None:
+                durable = tempfile.mkdtemp(prefix="unickpt-recbench-durable-", dir=args.durable_dir)
+                stack.callback(shutil.rmtree, durable, ignore_errors=True)
+                cfg.update(durable=durable, s3env={}, rx=None, durable_kind="local folder")
+                extra = f"durable tier: the local folder {durable}"
+            else:
+                from _netns_s3 import LimitedS3
+
+                s3 = stack.enter_context(LimitedS3(args.rate))
+                bucket = s3.server.create_bucket("rec")
+                cfg.update(durable=f"s3://{bucket.name}/job", s3env=s3.server.endpoint.env(),
+                           rx=f"/sys/class/net/{s3.host_if}/statistics/rx_bytes", durable_kind="S3")  # fmt: skip
+                extra = f"S3: SeaweedFS in netns {s3.ns} behind tc ({s3.qdiscs()})"
+                progress(f"S3 server up at {s3.server.endpoint.url}")
+            progress(f"starting {args.hosts} ranks, state on {args.device}")
             ranks = spawn(rank_main, args.hosts, cfg, timeout=7200, threads=1)[0]
             for rnd in range(args.restarts):
                 for arm in ("a", "b", "c")[rnd % 3 :] + ("a", "b", "c")[: rnd % 3]:
@@ -568,7 +603,7 @@ def main() -> None:
     report(ranks, cfg, extra)
     if runs:
         print()
-        report_restarts(runs)
+        report_restarts(runs, cfg["durable_kind"])
     print(f"\n(total {time.monotonic() - t_start:.0f} s)")
 
 
