@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import shutil
 import statistics
 import sys
 import threading
@@ -133,10 +134,7 @@ def main() -> None:
         for p in procs:
             p.join()
     finally:
-        for top, _, names in os.walk(folder):
-            for name in names:
-                os.unlink(os.path.join(top, name))
-        os.rmdir(folder)
+        shutil.rmtree(folder, ignore_errors=True)
     rows = []
     for arm in ARMS:
         walls = [max(t for _, rr, a, t, _ in got if a == arm and rr == r) for r in range(args.rounds)]

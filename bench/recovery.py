@@ -102,10 +102,7 @@ class _Rank:
         if self.cuda:  # several simulated hosts may share one GPU
             torch.cuda.set_device(rank % torch.cuda.device_count())
         dev = torch.device("cuda", torch.cuda.current_device()) if self.cuda else torch.device("cpu")
-        self.host = f"h{rank}"
-        self.ram = os.path.join(cfg["base"], "ram", self.host)
-        self.snap = os.path.join(cfg["base"], "snap", self.host)  # the RAM right after the saves
-        self.mat = os.path.join(cfg["base"], "mat", self.host)  # ... after a recovery materialised it
+        self.ram = _folder(cfg, "ram", rank)
         cols = 1024
         rows = max(1, cfg["bytes"] // (4 * cols * N_TENSORS * ws))
         mesh = init_device_mesh(dev.type, (ws,))
@@ -230,13 +227,26 @@ def _ram_bytes(folder: str) -> dict:
     return out
 
 
-def _reset(r: _Rank, arm: str) -> None:
-    """This host's RAM for arm ``arm``: wiped (a: host h1; b: every host), else the snapshot
+def _folder(cfg: dict, kind: str, rank: int) -> str:
+    """Host ``rank``'s folder of ``kind``: "ram" (its RAM: ``UNICKPT_SHM_ROOT``), "snap" (that
+    RAM right after the saves) or "mat" (... after a recovery materialised the step)."""
+    return os.path.join(cfg["base"], kind, f"h{rank}")
+
+
+def _host_env(cfg: dict, rank: int) -> dict:
+    """The environment that makes a process host ``rank`` of the simulated job."""
+    return {**cfg["s3env"], "UNICKPT_HOST_ID": f"h{rank}", "UNICKPT_SHM_ROOT": _folder(cfg, "ram", rank)}
+
+
+def _reset(cfg: dict, rank: int, arm: str) -> None:
+    """Host ``rank``'s RAM for arm ``arm``: wiped (a: host h1; b: every host), else the snapshot
     (hard links: nothing copied; the recovery never writes into an existing file)."""
-    shutil.rmtree(r.ram, ignore_errors=True)
-    if arm == "b" or (arm == "a" and r.rank == LOST):
+    ram = _folder(cfg, "ram", rank)
+    shutil.rmtree(ram, ignore_errors=True)
+    if arm == "b" or (arm == "a" and rank == LOST):
         return
-    shutil.copytree(r.mat if arm in ("load", "nocrc", "raw", "rawcrc") else r.snap, r.ram, copy_function=os.link)
+    kept = _folder(cfg, "mat" if arm in ("load", "nocrc", "raw", "rawcrc") else "snap", rank)
+    shutil.copytree(kept, ram, copy_function=os.link)
 
 
 def _rx(r: _Rank) -> int:
@@ -252,7 +262,7 @@ def _load_arm(r: _Rank, arm: str, log) -> dict:
     import unickpt
 
     _barrier()
-    _reset(r, arm)
+    _reset(r.cfg, r.rank, arm)
     for t in r.local:
         t.zero_()
     _barrier()
@@ -313,10 +323,7 @@ def _load_arm(r: _Rank, arm: str, log) -> dict:
 
 
 def rank_main(rank: int, ws: int, cfg: dict) -> dict | None:
-    host = f"h{rank}"
-    os.environ.update(cfg["s3env"])
-    os.environ["UNICKPT_HOST_ID"] = host
-    os.environ["UNICKPT_SHM_ROOT"] = os.path.join(cfg["base"], "ram", host)
+    os.environ.update(_host_env(cfg, rank))
     _quiet()
     import torch
 
@@ -358,11 +365,11 @@ def rank_main(rank: int, ws: int, cfg: dict) -> dict | None:
     res["ram"] = _ram_bytes(r.ram)
 
     # 3. recovery: snapshot, one untimed recovery (materialises the step: the "load"/"raw" arms' files)
-    shutil.copytree(r.ram, r.snap, copy_function=os.link)
+    shutil.copytree(r.ram, _folder(cfg, "snap", rank), copy_function=os.link)
     _barrier()
     warm = _load_arm(r, "c", log)
     assert warm["exact"], warm
-    shutil.copytree(r.ram, r.mat, copy_function=os.link)
+    shutil.copytree(r.ram, _folder(cfg, "mat", rank), copy_function=os.link)
     for rnd in range(cfg["rounds"]):
         k = rnd % len(ARMS_LOAD)
         for arm in ARMS_LOAD[k:] + ARMS_LOAD[:k]:
@@ -416,15 +423,11 @@ def restart(cfg: dict, hosts: int, arm: str) -> dict:
     """Arm ``arm`` of 4: every host's RAM reset (as ``_reset``), then the job's processes started
     at once; returns the slowest host's seconds from their start to each mark."""
     for h in range(hosts):
-        ram, snap = (os.path.join(cfg["base"], kind, f"h{h}") for kind in ("ram", "snap"))
-        shutil.rmtree(ram, ignore_errors=True)
-        if not (arm == "b" or (arm == "a" and h == LOST)):
-            shutil.copytree(snap, ram, copy_function=os.link)
+        _reset(cfg, h, arm)
     port, procs, outs = free_port(), [], []
     t0 = time.time()
     for h in range(hosts):
-        env = {**os.environ, **cfg["s3env"], "UNICKPT_HOST_ID": f"h{h}", "OMP_NUM_THREADS": "1",
-               "UNICKPT_SHM_ROOT": os.path.join(cfg["base"], "ram", f"h{h}")}  # fmt: skip
+        env = {**os.environ, **_host_env(cfg, h), "OMP_NUM_THREADS": "1"}
         outs.append(os.path.join(cfg["base"], f"restart-h{h}.json"))
         spec = {"cfg": cfg, "rank": h, "ws": hosts, "port": port, "out": outs[-1]}
         procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__), "--restart-child", json.dumps(spec)],
